@@ -1,0 +1,307 @@
+//! Sparse optimizers: their configuration, state layout and per-row update.
+//!
+//! Every optimizer is "exact" about duplicate keys: a batch's gradients for
+//! one key are summed first and the row takes one update, as
+//! torch.optim.SparseAdam (which coalesces) and FBGEMM's exact optimizers do.
+//! Rows that a batch does not touch do not change ("lazy" updates). The step
+//! counter `t` is the table's, incremented once per `apply_gradients` call.
+
+use crate::error::{Result, invalid};
+use crate::simd::{AdamParams, AdamWParams, Backend, FtrlParams};
+
+/// An optimizer and its hyper-parameters.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Optimizer {
+    /// `w -= lr * g`. No state.
+    Sgd {
+        /// Learning rate.
+        lr: f32,
+    },
+    /// torch.optim.Adagrad. State `h[dim]`.
+    Adagrad {
+        /// Learning rate.
+        lr: f32,
+        /// Starting value of `h`.
+        initial_accumulator_value: f32,
+        /// Added to `sqrt(h)`.
+        eps: f32,
+    },
+    /// FBGEMM's row-wise Adagrad. State: one float `h` per row.
+    RowWiseAdagrad {
+        /// Learning rate.
+        lr: f32,
+        /// Added to `sqrt(h)`.
+        eps: f32,
+    },
+    /// torch.optim.SparseAdam. State `m[dim], v[dim]`.
+    Adam {
+        /// Learning rate.
+        lr: f32,
+        /// First-moment decay.
+        beta1: f32,
+        /// Second-moment decay.
+        beta2: f32,
+        /// Added to `sqrt(v)`.
+        eps: f32,
+    },
+    /// torch.optim.AdamW applied to touched rows only. State `m[dim], v[dim]`.
+    AdamW {
+        /// Learning rate.
+        lr: f32,
+        /// First-moment decay.
+        beta1: f32,
+        /// Second-moment decay.
+        beta2: f32,
+        /// Added to the bias-corrected `sqrt(v)`.
+        eps: f32,
+        /// Decoupled weight decay.
+        weight_decay: f32,
+    },
+    /// FTRL-Proximal as tf.keras.optimizers.Ftrl with learning_rate_power=-0.5.
+    /// State `z[dim]` (linear), `n[dim]` (accumulator).
+    Ftrl {
+        /// Learning rate.
+        lr: f32,
+        /// L1 regularization strength.
+        l1: f32,
+        /// L2 regularization strength.
+        l2: f32,
+        /// Beta as in keras' Ftrl.
+        beta: f32,
+        /// Starting value of `n`.
+        initial_accumulator_value: f32,
+    },
+}
+
+/// Constants of one optimizer step, computed once per call from `t`.
+#[derive(Debug, Clone, Copy)]
+pub enum StepConsts {
+    /// SGD.
+    Sgd(f32),
+    /// Adagrad (lr, eps).
+    Adagrad(f32, f32),
+    /// Row-wise Adagrad (lr, eps).
+    RowWiseAdagrad(f32, f32),
+    /// Adam.
+    Adam(AdamParams),
+    /// AdamW.
+    AdamW(AdamWParams),
+    /// FTRL.
+    Ftrl(FtrlParams),
+}
+
+fn check(arg: &'static str, v: f32, ok: bool, expected: &str) -> Result<()> {
+    if v.is_finite() && ok {
+        Ok(())
+    } else {
+        Err(invalid(arg, format!("expected {expected}, got {v}")))
+    }
+}
+
+impl Optimizer {
+    /// The optimizer's name as `embstore.optim` spells its class.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Optimizer::Sgd { .. } => "SGD",
+            Optimizer::Adagrad { .. } => "Adagrad",
+            Optimizer::RowWiseAdagrad { .. } => "RowWiseAdagrad",
+            Optimizer::Adam { .. } => "Adam",
+            Optimizer::AdamW { .. } => "AdamW",
+            Optimizer::Ftrl { .. } => "Ftrl",
+        }
+    }
+
+    /// Floats of optimizer state per row for a table of `dim` columns.
+    pub fn state_len(&self, dim: usize) -> usize {
+        match self {
+            Optimizer::Sgd { .. } => 0,
+            Optimizer::RowWiseAdagrad { .. } => 1,
+            Optimizer::Adagrad { .. } => dim,
+            Optimizer::Adam { .. } | Optimizer::AdamW { .. } | Optimizer::Ftrl { .. } => 2 * dim,
+        }
+    }
+
+    /// Names of the state blocks, in their order within a row's state.
+    pub fn state_names(&self) -> &'static [&'static str] {
+        match self {
+            Optimizer::Sgd { .. } => &[],
+            Optimizer::Adagrad { .. } | Optimizer::RowWiseAdagrad { .. } => &["sum"],
+            Optimizer::Adam { .. } | Optimizer::AdamW { .. } => &["exp_avg", "exp_avg_sq"],
+            Optimizer::Ftrl { .. } => &["linear", "accumulator"],
+        }
+    }
+
+    /// Checks every hyper-parameter; the error names the first bad one.
+    pub fn validate(&self) -> Result<()> {
+        let lr_ok = |lr: f32| check("lr", lr, lr > 0.0, "a finite lr > 0");
+        let eps_ok = |e: f32| check("eps", e, e >= 0.0, "a finite eps >= 0");
+        let beta_ok = |arg, b: f32| check(arg, b, (0.0..1.0).contains(&b), "0 <= beta < 1");
+        match *self {
+            Optimizer::Sgd { lr } => lr_ok(lr),
+            Optimizer::Adagrad {
+                lr,
+                initial_accumulator_value,
+                eps,
+            } => {
+                lr_ok(lr)?;
+                check(
+                    "initial_accumulator_value",
+                    initial_accumulator_value,
+                    initial_accumulator_value >= 0.0,
+                    "a finite value >= 0",
+                )?;
+                eps_ok(eps)
+            }
+            Optimizer::RowWiseAdagrad { lr, eps } => {
+                lr_ok(lr)?;
+                eps_ok(eps)
+            }
+            Optimizer::Adam {
+                lr,
+                beta1,
+                beta2,
+                eps,
+            } => {
+                lr_ok(lr)?;
+                beta_ok("beta1", beta1)?;
+                beta_ok("beta2", beta2)?;
+                eps_ok(eps)
+            }
+            Optimizer::AdamW {
+                lr,
+                beta1,
+                beta2,
+                eps,
+                weight_decay,
+            } => {
+                lr_ok(lr)?;
+                beta_ok("beta1", beta1)?;
+                beta_ok("beta2", beta2)?;
+                eps_ok(eps)?;
+                check(
+                    "weight_decay",
+                    weight_decay,
+                    weight_decay >= 0.0 && lr * weight_decay < 1.0,
+                    "a finite weight_decay >= 0 with lr * weight_decay < 1",
+                )
+            }
+            Optimizer::Ftrl {
+                lr,
+                l1,
+                l2,
+                beta,
+                initial_accumulator_value,
+            } => {
+                lr_ok(lr)?;
+                check("l1", l1, l1 >= 0.0, "a finite l1 >= 0")?;
+                check("l2", l2, l2 >= 0.0, "a finite l2 >= 0")?;
+                check("beta", beta, beta >= 0.0, "a finite beta >= 0")?;
+                check(
+                    "initial_accumulator_value",
+                    initial_accumulator_value,
+                    initial_accumulator_value > 0.0,
+                    "a finite value > 0",
+                )
+            }
+        }
+    }
+
+    /// Writes the state of a new (or newly assigned) row.
+    pub fn init_state(&self, state: &mut [f32]) {
+        match *self {
+            Optimizer::Adagrad {
+                initial_accumulator_value: v,
+                ..
+            } => state.fill(v),
+            Optimizer::Ftrl {
+                initial_accumulator_value: v,
+                ..
+            } => {
+                let half = state.len() / 2;
+                state[..half].fill(0.0);
+                state[half..].fill(v);
+            }
+            _ => state.fill(0.0),
+        }
+    }
+
+    /// The constants of step number `t` (1 for the first step).
+    pub fn step_consts(&self, t: u64) -> StepConsts {
+        let t = t.min(i32::MAX as u64) as i32;
+        match *self {
+            Optimizer::Sgd { lr } => StepConsts::Sgd(lr),
+            Optimizer::Adagrad { lr, eps, .. } => StepConsts::Adagrad(lr, eps),
+            Optimizer::RowWiseAdagrad { lr, eps } => StepConsts::RowWiseAdagrad(lr, eps),
+            Optimizer::Adam {
+                lr,
+                beta1,
+                beta2,
+                eps,
+            } => {
+                let (b1, b2) = (f64::from(beta1), f64::from(beta2));
+                let bc1 = 1.0 - b1.powi(t);
+                let bc2 = 1.0 - b2.powi(t);
+                StepConsts::Adam(AdamParams {
+                    one_minus_b1: (1.0 - b1) as f32,
+                    one_minus_b2: (1.0 - b2) as f32,
+                    step_size: (f64::from(lr) * bc2.sqrt() / bc1) as f32,
+                    eps,
+                })
+            }
+            Optimizer::AdamW {
+                lr,
+                beta1,
+                beta2,
+                eps,
+                weight_decay,
+            } => {
+                let (b1, b2) = (f64::from(beta1), f64::from(beta2));
+                let bc1 = 1.0 - b1.powi(t);
+                let bc2 = 1.0 - b2.powi(t);
+                StepConsts::AdamW(AdamWParams {
+                    decay: (1.0 - f64::from(lr) * f64::from(weight_decay)) as f32,
+                    one_minus_b1: (1.0 - b1) as f32,
+                    b2: beta2,
+                    one_minus_b2: (1.0 - b2) as f32,
+                    step_size: (f64::from(lr) / bc1) as f32,
+                    bc2_sqrt: bc2.sqrt() as f32,
+                    eps,
+                })
+            }
+            Optimizer::Ftrl {
+                lr, l1, l2, beta, ..
+            } => StepConsts::Ftrl(FtrlParams {
+                lr,
+                l1,
+                l2_total: (2.0 * f64::from(l2) + f64::from(beta) / f64::from(lr)) as f32,
+            }),
+        }
+    }
+}
+
+impl StepConsts {
+    /// Applies one step with summed gradient `g` to a row's weights `w` and
+    /// its optimizer state `state` (laid out as [`Optimizer::state_names`]).
+    #[inline]
+    pub fn apply(&self, b: Backend, w: &mut [f32], state: &mut [f32], g: &[f32]) {
+        match self {
+            StepConsts::Sgd(lr) => b.sgd(w, g, *lr),
+            StepConsts::Adagrad(lr, eps) => b.adagrad(w, state, g, *lr, *eps),
+            StepConsts::RowWiseAdagrad(lr, eps) => {
+                b.rowwise_adagrad(w, &mut state[0], g, *lr, *eps)
+            }
+            StepConsts::Adam(p) => {
+                let (m, v) = state.split_at_mut(w.len());
+                b.adam(w, m, v, g, p)
+            }
+            StepConsts::AdamW(p) => {
+                let (m, v) = state.split_at_mut(w.len());
+                b.adamw(w, m, v, g, p)
+            }
+            StepConsts::Ftrl(p) => {
+                let (z, n) = state.split_at_mut(w.len());
+                b.ftrl(w, z, n, g, p)
+            }
+        }
+    }
+}

@@ -1,0 +1,110 @@
+//! The kernel bodies, written once as plain loops over slices. Each backend
+//! module instantiates them inside a `#[target_feature]` function so that LLVM
+//! vectorizes the same loop for that instruction set. No loop here lets the
+//! compiler reorder or fuse float operations (Rust never contracts a*b+c into
+//! an FMA, nor reassociates a reduction), so every backend computes the same
+//! IEEE operations in the same order and its results are bit-identical to the
+//! scalar backend's; `tests` in `simd/mod.rs` checks exactly that.
+
+use super::{AdamParams, AdamWParams, FtrlParams};
+
+/// `acc += x`.
+#[inline(always)]
+pub fn add_assign(acc: &mut [f32], x: &[f32]) {
+    for (a, &v) in acc.iter_mut().zip(x) {
+        *a += v;
+    }
+}
+
+/// `acc += a * x`.
+#[inline(always)]
+pub fn axpy(acc: &mut [f32], a: f32, x: &[f32]) {
+    for (o, &v) in acc.iter_mut().zip(x) {
+        *o += a * v;
+    }
+}
+
+/// `x *= a`.
+#[inline(always)]
+pub fn scale(x: &mut [f32], a: f32) {
+    for v in x.iter_mut() {
+        *v *= a;
+    }
+}
+
+/// SGD: `w -= lr * g`.
+#[inline(always)]
+pub fn sgd(w: &mut [f32], g: &[f32], lr: f32) {
+    for (w, &g) in w.iter_mut().zip(g) {
+        *w -= lr * g;
+    }
+}
+
+/// Adagrad as torch.optim.Adagrad: `h += g^2; w += -lr * (g / (sqrt(h) + eps))`.
+#[inline(always)]
+pub fn adagrad(w: &mut [f32], h: &mut [f32], g: &[f32], lr: f32, eps: f32) {
+    for ((w, h), &g) in w.iter_mut().zip(h.iter_mut()).zip(g) {
+        *h += g * g;
+        *w += -lr * (g / (h.sqrt() + eps));
+    }
+}
+
+/// Row-wise Adagrad as FBGEMM: `h += mean(g^2); w -= lr * g / (sqrt(h) + eps)`.
+#[inline(always)]
+pub fn rowwise_adagrad(w: &mut [f32], h: &mut f32, g: &[f32], lr: f32, eps: f32) {
+    let mut sq = 0.0f32;
+    for &g in g {
+        sq += g * g;
+    }
+    *h += sq / g.len() as f32;
+    let step = lr / (h.sqrt() + eps);
+    for (w, &g) in w.iter_mut().zip(g) {
+        *w -= step * g;
+    }
+}
+
+/// Adam as torch.optim.SparseAdam:
+/// `m += (g - m)(1 - b1); v += (g^2 - v)(1 - b2); w += -step * (m / (sqrt(v) + eps))`
+/// with `step = lr * sqrt(1 - b2^t) / (1 - b1^t)`.
+#[inline(always)]
+pub fn adam(w: &mut [f32], m: &mut [f32], v: &mut [f32], g: &[f32], p: &AdamParams) {
+    for (((w, m), v), &g) in w.iter_mut().zip(m.iter_mut()).zip(v.iter_mut()).zip(g) {
+        *m += (g - *m) * p.one_minus_b1;
+        *v += (g * g - *v) * p.one_minus_b2;
+        *w += -p.step_size * (*m / (v.sqrt() + p.eps));
+    }
+}
+
+/// AdamW as torch.optim.AdamW: `w *= 1 - lr*wd`, then
+/// `m += (g - m)(1 - b1); v = v*b2 + (1 - b2) g^2;
+///  w += -lr/(1 - b1^t) * (m / (sqrt(v)/sqrt(1 - b2^t) + eps))`.
+#[inline(always)]
+pub fn adamw(w: &mut [f32], m: &mut [f32], v: &mut [f32], g: &[f32], p: &AdamWParams) {
+    for (((w, m), v), &g) in w.iter_mut().zip(m.iter_mut()).zip(v.iter_mut()).zip(g) {
+        *w *= p.decay;
+        *m += (g - *m) * p.one_minus_b1;
+        *v = *v * p.b2 + p.one_minus_b2 * (g * g);
+        *w += -p.step_size * (*m / (v.sqrt() / p.bc2_sqrt + p.eps));
+    }
+}
+
+/// FTRL-Proximal as tf.keras.optimizers.Ftrl (learning_rate_power = -0.5):
+/// `n' = n + g^2; z += g - (sqrt(n') - sqrt(n))/lr * w;
+///  w = |z| > l1 ? (sign(z) l1 - z) / (sqrt(n')/lr + 2 l2 + beta/lr) : 0`.
+#[inline(always)]
+pub fn ftrl(w: &mut [f32], z: &mut [f32], n: &mut [f32], g: &[f32], p: &FtrlParams) {
+    for (((w, z), n), &g) in w.iter_mut().zip(z.iter_mut()).zip(n.iter_mut()).zip(g) {
+        let n_new = *n + g * g;
+        let sqrt_new = n_new.sqrt();
+        *z += g - (sqrt_new - n.sqrt()) / p.lr * *w;
+        *n = n_new;
+        let quadratic = sqrt_new / p.lr + p.l2_total;
+        let zs = *z;
+        let l1 = if zs < 0.0 { -p.l1 } else { p.l1 };
+        *w = if zs.abs() > p.l1 {
+            (l1 - zs) / quadratic
+        } else {
+            0.0
+        };
+    }
+}

@@ -1,0 +1,379 @@
+//! SIMD kernels behind one interface, picked once at run time.
+//!
+//! Every backend runs the same kernel bodies ([`kernels`]), compiled for its
+//! instruction set, so results are bit-identical across backends. The backend
+//! is chosen when a table is built: the best the CPU supports, or the one the
+//! environment variable `EMBSTORE_SIMD` names (`scalar`, `avx2`, `avx512`,
+//! `neon`), for tests and benchmarks.
+
+#[cfg(all(target_arch = "aarch64", not(miri)))]
+mod aarch64_neon;
+mod kernels;
+mod scalar;
+#[cfg(all(target_arch = "x86_64", not(miri)))]
+mod x86_avx2;
+#[cfg(all(target_arch = "x86_64", not(miri)))]
+mod x86_avx512;
+
+use crate::error::{Result, invalid};
+
+/// Per-call constants of an Adam (SparseAdam) step.
+#[derive(Debug, Clone, Copy)]
+pub struct AdamParams {
+    /// `1 - beta1`.
+    pub one_minus_b1: f32,
+    /// `1 - beta2`.
+    pub one_minus_b2: f32,
+    /// `lr * sqrt(1 - beta2^t) / (1 - beta1^t)`.
+    pub step_size: f32,
+    /// Epsilon.
+    pub eps: f32,
+}
+
+/// Per-call constants of an AdamW step.
+#[derive(Debug, Clone, Copy)]
+pub struct AdamWParams {
+    /// `1 - lr * weight_decay`.
+    pub decay: f32,
+    /// `1 - beta1`.
+    pub one_minus_b1: f32,
+    /// `beta2`.
+    pub b2: f32,
+    /// `1 - beta2`.
+    pub one_minus_b2: f32,
+    /// `lr / (1 - beta1^t)`.
+    pub step_size: f32,
+    /// `sqrt(1 - beta2^t)`.
+    pub bc2_sqrt: f32,
+    /// Epsilon.
+    pub eps: f32,
+}
+
+/// Constants of an FTRL step.
+#[derive(Debug, Clone, Copy)]
+pub struct FtrlParams {
+    /// Learning rate.
+    pub lr: f32,
+    /// L1 strength.
+    pub l1: f32,
+    /// `2 * l2 + beta / lr`.
+    pub l2_total: f32,
+}
+
+/// An instruction-set backend for the kernels.
+///
+/// Invariant: a value other than `Scalar` exists only if the running CPU
+/// supports its instruction set ([`Backend::detect`] and [`Backend::from_name`]
+/// check), which is what makes the `unsafe` calls in the dispatch sound.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    /// Portable code with no target features beyond the build's baseline.
+    Scalar,
+    /// x86-64 AVX2 + FMA.
+    Avx2,
+    /// x86-64 AVX-512F.
+    Avx512,
+    /// AArch64 NEON.
+    Neon,
+}
+
+impl Backend {
+    /// Name as `EMBSTORE_SIMD` spells it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Backend::Scalar => "scalar",
+            Backend::Avx2 => "avx2",
+            Backend::Avx512 => "avx512",
+            Backend::Neon => "neon",
+        }
+    }
+
+    /// Whether the running CPU supports this backend.
+    pub fn supported(self) -> bool {
+        match self {
+            Backend::Scalar => true,
+            #[cfg(all(target_arch = "x86_64", not(miri)))]
+            Backend::Avx2 => {
+                std::arch::is_x86_feature_detected!("avx2")
+                    && std::arch::is_x86_feature_detected!("fma")
+            }
+            #[cfg(all(target_arch = "x86_64", not(miri)))]
+            Backend::Avx512 => std::arch::is_x86_feature_detected!("avx512f"),
+            #[cfg(all(target_arch = "aarch64", not(miri)))]
+            Backend::Neon => std::arch::is_aarch64_feature_detected!("neon"),
+            #[allow(unreachable_patterns)]
+            _ => false,
+        }
+    }
+
+    /// Every backend the running CPU supports, scalar first.
+    pub fn available() -> Vec<Backend> {
+        [
+            Backend::Scalar,
+            Backend::Avx2,
+            Backend::Avx512,
+            Backend::Neon,
+        ]
+        .into_iter()
+        .filter(|b| b.supported())
+        .collect()
+    }
+
+    /// The best supported backend.
+    pub fn detect() -> Backend {
+        *Backend::available().last().unwrap_or(&Backend::Scalar)
+    }
+
+    /// The backend named `name`, if this CPU supports it.
+    ///
+    /// # Errors
+    /// [`crate::StoreError::InvalidArgument`] for an unknown or unsupported name.
+    pub fn from_name(name: &str) -> Result<Backend> {
+        let b = match name.trim().to_ascii_lowercase().as_str() {
+            "scalar" => Backend::Scalar,
+            "avx2" => Backend::Avx2,
+            "avx512" => Backend::Avx512,
+            "neon" => Backend::Neon,
+            other => {
+                return Err(invalid(
+                    "EMBSTORE_SIMD",
+                    format!("expected one of scalar, avx2, avx512, neon; got {other:?}"),
+                ));
+            }
+        };
+        if b.supported() {
+            Ok(b)
+        } else {
+            Err(invalid(
+                "EMBSTORE_SIMD",
+                format!("{name:?} is not supported by this CPU"),
+            ))
+        }
+    }
+
+    /// The backend `EMBSTORE_SIMD` names, or the best supported one when unset.
+    ///
+    /// # Errors
+    /// When the variable names an unknown or unsupported backend.
+    pub fn from_env() -> Result<Backend> {
+        match std::env::var("EMBSTORE_SIMD") {
+            Ok(v) if !v.trim().is_empty() => Backend::from_name(&v),
+            _ => Ok(Backend::detect()),
+        }
+    }
+}
+
+/// Dispatches `$f(args)` to the backend's instantiation.
+macro_rules! dispatch {
+    ($self:expr, $f:ident($($arg:expr),*)) => {
+        match $self {
+            #[cfg(all(target_arch = "x86_64", not(miri)))]
+            // SAFETY: a `Backend::Avx2` exists only when the CPU has AVX2 and
+            // FMA (type invariant of `Backend`).
+            Backend::Avx2 => unsafe { x86_avx2::$f($($arg),*) },
+            #[cfg(all(target_arch = "x86_64", not(miri)))]
+            // SAFETY: a `Backend::Avx512` exists only when the CPU has AVX-512F
+            // (type invariant of `Backend`).
+            Backend::Avx512 => unsafe { x86_avx512::$f($($arg),*) },
+            #[cfg(all(target_arch = "aarch64", not(miri)))]
+            // SAFETY: a `Backend::Neon` exists only when the CPU has NEON
+            // (type invariant of `Backend`).
+            Backend::Neon => unsafe { aarch64_neon::$f($($arg),*) },
+            _ => scalar::$f($($arg),*),
+        }
+    };
+}
+
+impl Backend {
+    /// `acc += x`.
+    #[inline]
+    pub fn add_assign(self, acc: &mut [f32], x: &[f32]) {
+        dispatch!(self, add_assign(acc, x))
+    }
+    /// `acc += a * x`.
+    #[inline]
+    pub fn axpy(self, acc: &mut [f32], a: f32, x: &[f32]) {
+        dispatch!(self, axpy(acc, a, x))
+    }
+    /// `x *= a`.
+    #[inline]
+    pub fn scale(self, x: &mut [f32], a: f32) {
+        dispatch!(self, scale(x, a))
+    }
+    /// SGD step on one row.
+    #[inline]
+    pub fn sgd(self, w: &mut [f32], g: &[f32], lr: f32) {
+        dispatch!(self, sgd(w, g, lr))
+    }
+    /// Adagrad step on one row.
+    #[inline]
+    pub fn adagrad(self, w: &mut [f32], h: &mut [f32], g: &[f32], lr: f32, eps: f32) {
+        dispatch!(self, adagrad(w, h, g, lr, eps))
+    }
+    /// Row-wise Adagrad step on one row.
+    #[inline]
+    pub fn rowwise_adagrad(self, w: &mut [f32], h: &mut f32, g: &[f32], lr: f32, eps: f32) {
+        dispatch!(self, rowwise_adagrad(w, h, g, lr, eps))
+    }
+    /// Adam step on one row.
+    #[inline]
+    pub fn adam(self, w: &mut [f32], m: &mut [f32], v: &mut [f32], g: &[f32], p: &AdamParams) {
+        dispatch!(self, adam(w, m, v, g, p))
+    }
+    /// AdamW step on one row.
+    #[inline]
+    pub fn adamw(self, w: &mut [f32], m: &mut [f32], v: &mut [f32], g: &[f32], p: &AdamWParams) {
+        dispatch!(self, adamw(w, m, v, g, p))
+    }
+    /// FTRL step on one row.
+    #[inline]
+    pub fn ftrl(self, w: &mut [f32], z: &mut [f32], n: &mut [f32], g: &[f32], p: &FtrlParams) {
+        dispatch!(self, ftrl(w, z, n, g, p))
+    }
+}
+
+/// Instantiates every kernel of [`kernels`] as a function of this module,
+/// with the given attributes (a `#[target_feature]` for SIMD backends).
+macro_rules! instantiate {
+    ($(#[$attr:meta])*) => {
+        use super::kernels;
+        use super::{AdamParams, AdamWParams, FtrlParams};
+
+        $(#[$attr])*
+        pub fn add_assign(acc: &mut [f32], x: &[f32]) { kernels::add_assign(acc, x) }
+        $(#[$attr])*
+        pub fn axpy(acc: &mut [f32], a: f32, x: &[f32]) { kernels::axpy(acc, a, x) }
+        $(#[$attr])*
+        pub fn scale(x: &mut [f32], a: f32) { kernels::scale(x, a) }
+        $(#[$attr])*
+        pub fn sgd(w: &mut [f32], g: &[f32], lr: f32) { kernels::sgd(w, g, lr) }
+        $(#[$attr])*
+        pub fn adagrad(w: &mut [f32], h: &mut [f32], g: &[f32], lr: f32, eps: f32) {
+            kernels::adagrad(w, h, g, lr, eps)
+        }
+        $(#[$attr])*
+        pub fn rowwise_adagrad(w: &mut [f32], h: &mut f32, g: &[f32], lr: f32, eps: f32) {
+            kernels::rowwise_adagrad(w, h, g, lr, eps)
+        }
+        $(#[$attr])*
+        pub fn adam(w: &mut [f32], m: &mut [f32], v: &mut [f32], g: &[f32], p: &AdamParams) {
+            kernels::adam(w, m, v, g, p)
+        }
+        $(#[$attr])*
+        pub fn adamw(w: &mut [f32], m: &mut [f32], v: &mut [f32], g: &[f32], p: &AdamWParams) {
+            kernels::adamw(w, m, v, g, p)
+        }
+        $(#[$attr])*
+        pub fn ftrl(w: &mut [f32], z: &mut [f32], n: &mut [f32], g: &[f32], p: &FtrlParams) {
+            kernels::ftrl(w, z, n, g, p)
+        }
+    };
+}
+use instantiate;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Deterministic pseudo-random values in [-2, 2), with some zeros.
+    fn values(seed: u64, n: usize) -> Vec<f32> {
+        (0..n)
+            .map(|i| {
+                let b = crate::hash::draw(seed, i as u64);
+                if b % 17 == 0 {
+                    0.0
+                } else {
+                    ((b >> 40) as f32 / (1u64 << 24) as f32) * 4.0 - 2.0
+                }
+            })
+            .collect()
+    }
+
+    /// Runs every kernel on one backend over odd and even lengths and returns
+    /// all outputs, to compare bit for bit with the scalar backend.
+    fn run_all(b: Backend) -> Vec<u32> {
+        let mut out = Vec::new();
+        for (k, dim) in [1usize, 3, 7, 8, 15, 16, 17, 31, 64, 100, 128]
+            .into_iter()
+            .enumerate()
+        {
+            let s = k as u64 * 10;
+            let g = values(s, dim);
+            let w0 = values(s + 1, dim);
+            let pos: Vec<f32> = values(s + 2, dim).iter().map(|v| v.abs() + 0.1).collect();
+
+            let mut w = w0.clone();
+            b.add_assign(&mut w, &g);
+            b.axpy(&mut w, 0.37, &g);
+            b.scale(&mut w, -1.3);
+            b.sgd(&mut w, &g, 0.01);
+            out.extend(w.iter().map(|v| v.to_bits()));
+
+            let (mut w, mut h) = (w0.clone(), pos.clone());
+            b.adagrad(&mut w, &mut h, &g, 0.1, 1e-10);
+            out.extend(w.iter().chain(&h).map(|v| v.to_bits()));
+
+            let (mut w, mut h) = (w0.clone(), 0.3f32);
+            b.rowwise_adagrad(&mut w, &mut h, &g, 0.1, 1e-10);
+            out.extend(w.iter().map(|v| v.to_bits()));
+            out.push(h.to_bits());
+
+            let (mut w, mut m, mut v) = (w0.clone(), values(s + 3, dim), pos.clone());
+            let p = AdamParams {
+                one_minus_b1: 0.1,
+                one_minus_b2: 0.001,
+                step_size: 0.003,
+                eps: 1e-8,
+            };
+            b.adam(&mut w, &mut m, &mut v, &g, &p);
+            out.extend(w.iter().chain(&m).chain(&v).map(|v| v.to_bits()));
+
+            let (mut w, mut m, mut v) = (w0.clone(), values(s + 3, dim), pos.clone());
+            let p = AdamWParams {
+                decay: 0.99,
+                one_minus_b1: 0.1,
+                b2: 0.999,
+                one_minus_b2: 0.001,
+                step_size: 0.01,
+                bc2_sqrt: 0.05,
+                eps: 1e-8,
+            };
+            b.adamw(&mut w, &mut m, &mut v, &g, &p);
+            out.extend(w.iter().chain(&m).chain(&v).map(|v| v.to_bits()));
+
+            let (mut w, mut z, mut n) = (w0.clone(), values(s + 4, dim), pos.clone());
+            let p = FtrlParams {
+                lr: 0.1,
+                l1: 0.5,
+                l2_total: 0.2,
+            };
+            b.ftrl(&mut w, &mut z, &mut n, &g, &p);
+            out.extend(w.iter().chain(&z).chain(&n).map(|v| v.to_bits()));
+        }
+        out
+    }
+
+    #[test]
+    fn every_backend_matches_scalar_bit_for_bit() {
+        let reference = run_all(Backend::Scalar);
+        let available = Backend::available();
+        for b in available {
+            assert_eq!(
+                run_all(b),
+                reference,
+                "backend {} differs from scalar",
+                b.name()
+            );
+        }
+    }
+
+    #[test]
+    fn from_name_refuses_unknown_names() {
+        assert!(Backend::from_name("sse9").is_err());
+        assert_eq!(Backend::from_name("scalar").unwrap(), Backend::Scalar);
+        assert_eq!(
+            Backend::from_name(Backend::detect().name()).unwrap(),
+            Backend::detect()
+        );
+    }
+}

@@ -1,0 +1,3 @@
+//! The portable backend: the kernel bodies compiled for the build's baseline.
+
+super::instantiate!(#[inline]);

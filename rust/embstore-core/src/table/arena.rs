@@ -1,0 +1,182 @@
+//! Row storage of one shard: keys and fixed-stride float rows in segments
+//! that double in size. A segment is allocated once at its full capacity and
+//! never reallocated, so rows never move in memory when the shard grows, no
+//! growth copies the arena, and untouched capacity stays unmapped (the OS
+//! gives pages on first write), which keeps resident memory equal to the rows
+//! stored.
+
+/// Rows in the first segment (a power of two); segment `k` holds `FIRST << k`.
+const FIRST_SHIFT: u32 = 6;
+const FIRST: usize = 1 << FIRST_SHIFT;
+
+/// Segment and offset of row `r`.
+#[inline(always)]
+fn locate(r: usize) -> (usize, usize) {
+    let x = r + FIRST;
+    let k = (usize::BITS - 1 - x.leading_zeros() - FIRST_SHIFT) as usize;
+    (k, x - (FIRST << k))
+}
+
+/// Keys and rows of one shard, indexed densely from 0 to `len`.
+#[derive(Debug)]
+pub struct Arena {
+    stride: usize,
+    len: usize,
+    keys: Vec<Vec<i64>>,
+    rows: Vec<Vec<f32>>,
+}
+
+impl Arena {
+    /// An empty arena of rows of `stride` floats.
+    pub fn new(stride: usize) -> Self {
+        Arena {
+            stride,
+            len: 0,
+            keys: Vec::new(),
+            rows: Vec::new(),
+        }
+    }
+
+    /// Number of rows.
+    #[inline]
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Bytes of the keys and rows stored (what is resident).
+    pub fn bytes(&self) -> usize {
+        self.len * (8 + 4 * self.stride)
+    }
+
+    /// The key of row `r`.
+    ///
+    /// # Panics
+    /// If `r >= len`.
+    #[inline]
+    pub fn key(&self, r: usize) -> i64 {
+        let (k, o) = locate(r);
+        self.keys[k][o]
+    }
+
+    /// Row `r`: its `stride` floats.
+    ///
+    /// # Panics
+    /// If `r >= len`.
+    #[inline]
+    pub fn row(&self, r: usize) -> &[f32] {
+        let (k, o) = locate(r);
+        &self.rows[k][o * self.stride..(o + 1) * self.stride]
+    }
+
+    /// Row `r`, mutably.
+    ///
+    /// # Panics
+    /// If `r >= len`.
+    #[inline]
+    pub fn row_mut(&mut self, r: usize) -> &mut [f32] {
+        let (k, o) = locate(r);
+        let s = self.stride;
+        &mut self.rows[k][o * s..(o + 1) * s]
+    }
+
+    /// Appends a row for `key`, filled by `fill`, and returns its index.
+    #[inline]
+    pub fn push(&mut self, key: i64, fill: impl FnOnce(&mut [f32])) -> usize {
+        let r = self.len;
+        let (k, _) = locate(r);
+        if k == self.keys.len() {
+            let cap = FIRST << k;
+            self.keys.push(Vec::with_capacity(cap));
+            self.rows.push(Vec::with_capacity(cap * self.stride));
+        }
+        self.keys[k].push(key);
+        let seg = &mut self.rows[k];
+        let start = seg.len();
+        seg.resize(start + self.stride, 0.0);
+        fill(&mut seg[start..]);
+        self.len += 1;
+        r
+    }
+
+    /// Removes row `r` by moving the last row into its place. Returns the key
+    /// of the moved row when one moved (it now lives at `r`).
+    ///
+    /// # Panics
+    /// If `r >= len`.
+    pub fn swap_remove(&mut self, r: usize) -> Option<i64> {
+        assert!(r < self.len, "row {r} out of range {}", self.len);
+        let last = self.len - 1;
+        let moved = if r != last {
+            let key = self.key(last);
+            let s = self.stride;
+            let (lk, lo) = locate(last);
+            let (rk, ro) = locate(r);
+            self.keys[rk][ro] = key;
+            if lk == rk {
+                self.rows[rk].copy_within(lo * s..(lo + 1) * s, ro * s);
+            } else {
+                let (a, b) = self.rows.split_at_mut(lk);
+                a[rk][ro * s..(ro + 1) * s].copy_from_slice(&b[0][lo * s..(lo + 1) * s]);
+            }
+            Some(key)
+        } else {
+            None
+        };
+        let (lk, _) = locate(last);
+        self.keys[lk].pop();
+        let new_len = self.rows[lk].len() - self.stride;
+        self.rows[lk].truncate(new_len);
+        if self.keys[lk].is_empty() && lk + 1 == self.keys.len() && lk > 0 {
+            // Give back an emptied top segment (but keep the first one).
+            self.keys.pop();
+            self.rows.pop();
+        }
+        self.len = last;
+        moved
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn locate_covers_rows_contiguously() {
+        let mut expect = (0usize, 0usize);
+        for r in 0..10_000 {
+            let (k, o) = locate(r);
+            assert_eq!((k, o), expect, "row {r}");
+            expect = if o + 1 == FIRST << k {
+                (k + 1, 0)
+            } else {
+                (k, o + 1)
+            };
+        }
+    }
+
+    #[test]
+    fn push_and_swap_remove_keep_keys_and_rows_together() {
+        let mut a = Arena::new(3);
+        for key in 0..500i64 {
+            a.push(key, |row| row.fill(key as f32));
+        }
+        // Remove row 10 (key 10): the last row (key 499) moves there.
+        assert_eq!(a.swap_remove(10), Some(499));
+        assert_eq!(a.key(10), 499);
+        assert_eq!(a.row(10), &[499.0; 3]);
+        assert_eq!(a.len(), 499);
+        // Remove the last row: nothing moves.
+        assert_eq!(a.swap_remove(498), None);
+        while a.len() > 0 {
+            let r = a.len() / 2;
+            let moved = a.swap_remove(r);
+            if r < a.len() {
+                let k = moved.unwrap();
+                assert_eq!(a.row(r), &[k as f32; 3]);
+            }
+        }
+        assert_eq!(a.bytes(), 0);
+        a.push(7, |row| row.fill(1.0));
+        assert_eq!(a.key(0), 7);
+    }
+}

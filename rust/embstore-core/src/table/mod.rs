@@ -1,0 +1,585 @@
+//! The sharded table: every row this process owns.
+//!
+//! A batch call hashes its keys once, groups their positions by shard
+//! (a stable counting sort), and processes the shards in parallel on the
+//! rayon pool; each shard's lock is taken once per call, and nothing in the
+//! per-key loop takes a lock or touches an atomic. Rows are read and written
+//! only under their shard's lock, so a concurrent reader sees a row wholly
+//! before or wholly after an update.
+
+mod arena;
+mod shard;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
+
+use crossbeam_utils::CachePadded;
+use rayon::prelude::*;
+
+use crate::error::{Result, StoreError, invalid};
+use crate::hash::{key_hash, shard_of};
+use crate::init::Initializer;
+use crate::optim::Optimizer;
+use crate::simd::Backend;
+use shard::Shard;
+
+/// The most shards a table may have.
+pub const MAX_SHARDS: usize = 1 << 16;
+
+/// How a [`Table`] is built.
+#[derive(Debug, Clone)]
+pub struct TableConfig {
+    /// Columns per row (>= 1).
+    pub dim: usize,
+    /// The optimizer, or `None` for a table that is only read and assigned.
+    pub optimizer: Option<Optimizer>,
+    /// How new rows are filled.
+    pub initializer: Initializer,
+    /// Seed of the initializer's streams.
+    pub seed: u64,
+    /// Number of shards; `None` picks `(available_parallelism * 4).next_power_of_two()`.
+    pub num_shards: Option<usize>,
+    /// SIMD backend; `None` reads `EMBSTORE_SIMD` or picks the best supported.
+    pub backend: Option<Backend>,
+}
+
+impl TableConfig {
+    /// A config with defaults for everything but `dim`.
+    pub fn new(dim: usize) -> Self {
+        TableConfig {
+            dim,
+            optimizer: None,
+            initializer: Initializer::default(),
+            seed: 0,
+            num_shards: None,
+            backend: None,
+        }
+    }
+}
+
+/// The default number of shards: four per core, a power of two.
+pub fn default_num_shards() -> usize {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    (cores * 4).next_power_of_two()
+}
+
+/// A batch's keys grouped by shard.
+struct Plan {
+    hashes: Vec<u64>,
+    /// Positions in the batch, grouped by shard, in batch order within a shard.
+    order: Vec<u32>,
+    /// `order[starts[s]..starts[s + 1]]` are shard `s`'s positions.
+    starts: Vec<usize>,
+}
+
+impl Plan {
+    fn positions(&self, s: usize) -> &[u32] {
+        &self.order[self.starts[s]..self.starts[s + 1]]
+    }
+}
+
+/// A raw pointer to an output buffer that shards fill in parallel, each
+/// writing only the rows of its own batch positions.
+///
+/// Invariant: `ptr` is valid for writes of `len` floats for the lifetime of
+/// the call that created it, and no two writers receive the same position.
+#[derive(Clone, Copy)]
+struct SharedOut {
+    ptr: *mut f32,
+    len: usize,
+}
+
+// SAFETY: a `SharedOut` is only used to write disjoint ranges (one batch
+// position belongs to exactly one shard of a plan), so sending it to other
+// threads cannot produce overlapping writes.
+unsafe impl Send for SharedOut {}
+// SAFETY: as for `Send`: concurrent users write disjoint ranges only.
+unsafe impl Sync for SharedOut {}
+
+impl SharedOut {
+    fn new(out: &mut [f32]) -> Self {
+        SharedOut {
+            ptr: out.as_mut_ptr(),
+            len: out.len(),
+        }
+    }
+
+    /// The `dim` floats of batch position `i`.
+    ///
+    /// # Safety
+    /// No other live reference may cover position `i`: each position is
+    /// handed to exactly one writer (the shard that owns its key).
+    #[allow(clippy::mut_from_ref)]
+    unsafe fn row(&self, i: usize, dim: usize) -> &mut [f32] {
+        assert!((i + 1) * dim <= self.len, "output position out of range");
+        // SAFETY: in bounds by the assert; exclusive by this function's
+        // contract; the buffer outlives the call (type invariant).
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.add(i * dim), dim) }
+    }
+}
+
+/// Sharded hash table from int64 keys to rows of `dim` floats plus optimizer
+/// state.
+#[derive(Debug)]
+pub struct Table {
+    dim: usize,
+    state_len: usize,
+    optimizer: Option<Optimizer>,
+    initializer: Initializer,
+    seed: u64,
+    backend: Backend,
+    step: AtomicU64,
+    shards: Box<[CachePadded<RwLock<Shard>>]>,
+}
+
+/// A table's figures, as `stats()` reports them.
+#[derive(Debug, Clone)]
+pub struct Stats {
+    /// Rows held.
+    pub rows: usize,
+    /// Bytes held by rows, keys and index.
+    pub bytes: usize,
+    /// Rows of each shard.
+    pub shard_rows: Vec<usize>,
+    /// Optimizer steps taken.
+    pub step: u64,
+}
+
+fn read(lock: &RwLock<Shard>) -> RwLockReadGuard<'_, Shard> {
+    lock.read().unwrap_or_else(PoisonError::into_inner)
+}
+
+fn write(lock: &RwLock<Shard>) -> RwLockWriteGuard<'_, Shard> {
+    lock.write().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Fails with the flat index of the first non-finite value.
+pub fn check_finite(arg: &'static str, data: &[f32]) -> Result<()> {
+    match data
+        .par_iter()
+        .with_min_len(1 << 14)
+        .position_first(|v| !v.is_finite())
+    {
+        None => Ok(()),
+        Some(index) => Err(StoreError::NonFinite { arg, index }),
+    }
+}
+
+fn check_len(arg: &'static str, expected: usize, got: usize) -> Result<()> {
+    if expected == got {
+        Ok(())
+    } else {
+        Err(StoreError::ShapeMismatch { arg, expected, got })
+    }
+}
+
+impl Table {
+    /// Builds an empty table.
+    ///
+    /// # Errors
+    /// `InvalidArgument` for `dim < 1`, a bad shard count, bad optimizer or
+    /// initializer parameters, or an unknown `EMBSTORE_SIMD`.
+    pub fn new(cfg: TableConfig) -> Result<Table> {
+        if cfg.dim < 1 || cfg.dim > (1 << 20) {
+            return Err(invalid(
+                "dim",
+                format!("expected 1 <= dim <= 1048576, got {}", cfg.dim),
+            ));
+        }
+        let num_shards = cfg.num_shards.unwrap_or_else(default_num_shards);
+        if !(1..=MAX_SHARDS).contains(&num_shards) {
+            return Err(invalid(
+                "num_shards",
+                format!("expected 1 <= num_shards <= {MAX_SHARDS}, got {num_shards}"),
+            ));
+        }
+        if let Some(opt) = &cfg.optimizer {
+            opt.validate()?;
+        }
+        cfg.initializer.validate()?;
+        let backend = match cfg.backend {
+            Some(b) if b.supported() => b,
+            Some(b) => {
+                return Err(invalid(
+                    "backend",
+                    format!("{} is not supported by this CPU", b.name()),
+                ));
+            }
+            None => Backend::from_env()?,
+        };
+        let state_len = cfg.optimizer.map_or(0, |o| o.state_len(cfg.dim));
+        let stride = cfg.dim + state_len;
+        let shards = (0..num_shards)
+            .map(|_| CachePadded::new(RwLock::new(Shard::new(stride))))
+            .collect();
+        Ok(Table {
+            dim: cfg.dim,
+            state_len,
+            optimizer: cfg.optimizer,
+            initializer: cfg.initializer,
+            seed: cfg.seed,
+            backend,
+            step: AtomicU64::new(0),
+            shards,
+        })
+    }
+
+    /// Columns per row.
+    pub fn dim(&self) -> usize {
+        self.dim
+    }
+    /// Floats of optimizer state per row.
+    pub fn state_len(&self) -> usize {
+        self.state_len
+    }
+    /// The optimizer.
+    pub fn optimizer(&self) -> Option<&Optimizer> {
+        self.optimizer.as_ref()
+    }
+    /// The initializer.
+    pub fn initializer(&self) -> &Initializer {
+        &self.initializer
+    }
+    /// The initializer's seed.
+    pub fn seed(&self) -> u64 {
+        self.seed
+    }
+    /// The SIMD backend in use.
+    pub fn backend(&self) -> Backend {
+        self.backend
+    }
+    /// Number of shards.
+    pub fn num_shards(&self) -> usize {
+        self.shards.len()
+    }
+    /// Optimizer steps taken.
+    pub fn step(&self) -> u64 {
+        self.step.load(Ordering::Acquire)
+    }
+    /// Sets the step counter (used when restoring a table).
+    pub fn set_step(&self, step: u64) {
+        self.step.store(step, Ordering::Release);
+    }
+
+    /// Rows held.
+    pub fn len(&self) -> usize {
+        self.shards.iter().map(|s| read(s).len()).sum()
+    }
+
+    /// Whether the table holds no row.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Rows, bytes and per-shard rows.
+    pub fn stats(&self) -> Stats {
+        let mut shard_rows = Vec::with_capacity(self.shards.len());
+        let mut bytes = std::mem::size_of::<Self>()
+            + self.shards.len() * std::mem::size_of::<CachePadded<RwLock<Shard>>>();
+        for s in self.shards.iter() {
+            let g = read(s);
+            shard_rows.push(g.len());
+            bytes += g.bytes();
+        }
+        Stats {
+            rows: shard_rows.iter().sum(),
+            bytes,
+            shard_rows,
+            step: self.step(),
+        }
+    }
+
+    /// Fills a new row (weights from the initializer, state from the optimizer).
+    #[inline]
+    fn fill_new(&self, key: i64, row: &mut [f32]) {
+        let (w, state) = row.split_at_mut(self.dim);
+        self.initializer.fill(self.seed, key, w);
+        if let Some(o) = &self.optimizer {
+            o.init_state(state);
+        }
+    }
+
+    /// Hashes `keys` and groups their positions by shard.
+    fn plan(&self, keys: &[i64]) -> Plan {
+        let n_shards = self.shards.len();
+        let hashes: Vec<u64> = keys
+            .par_iter()
+            .with_min_len(1 << 14)
+            .map(|&k| key_hash(k))
+            .collect();
+        let mut shard_ids: Vec<u32> = Vec::with_capacity(keys.len());
+        let mut counts = vec![0usize; n_shards + 1];
+        for &h in &hashes {
+            let s = shard_of(h, n_shards);
+            shard_ids.push(s as u32);
+            counts[s + 1] += 1;
+        }
+        for s in 0..n_shards {
+            counts[s + 1] += counts[s];
+        }
+        let starts = counts.clone();
+        let mut next = counts;
+        let mut order = vec![0u32; keys.len()];
+        for (i, &s) in shard_ids.iter().enumerate() {
+            let slot = &mut next[s as usize];
+            order[*slot] = i as u32;
+            *slot += 1;
+        }
+        Plan {
+            hashes,
+            order,
+            starts,
+        }
+    }
+
+    fn check_batch(keys: &[i64]) -> Result<()> {
+        if keys.len() > u32::MAX as usize {
+            return Err(invalid(
+                "keys",
+                format!(
+                    "expected at most 2^32 - 1 keys per call, got {}",
+                    keys.len()
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Writes the rows of `keys` into `out` (`keys.len() * dim` floats).
+    /// With `insert`, missing keys get a new row from the initializer;
+    /// without, `out` gets the initializer's row and nothing is stored.
+    ///
+    /// # Errors
+    /// `ShapeMismatch` when `out` has the wrong length.
+    pub fn lookup(&self, keys: &[i64], insert: bool, out: &mut [f32]) -> Result<()> {
+        Self::check_batch(keys)?;
+        let dim = self.dim;
+        check_len("out", keys.len() * dim, out.len())?;
+        let plan = self.plan(keys);
+        let out = SharedOut::new(out);
+        self.shards.par_iter().enumerate().for_each(|(s, lock)| {
+            let pos = plan.positions(s);
+            if pos.is_empty() {
+                return;
+            }
+            if insert {
+                let mut g = write(lock);
+                for &i in pos {
+                    let i = i as usize;
+                    let (r, _) = g
+                        .find_or_insert(keys[i], plan.hashes[i], |row| self.fill_new(keys[i], row));
+                    // SAFETY: position i belongs to this shard only (plan).
+                    let dst = unsafe { out.row(i, dim) };
+                    dst.copy_from_slice(&g.arena.row(r)[..dim]);
+                }
+            } else {
+                let g = read(lock);
+                for &i in pos {
+                    let i = i as usize;
+                    // SAFETY: position i belongs to this shard only (plan).
+                    let dst = unsafe { out.row(i, dim) };
+                    match g.find(keys[i], plan.hashes[i]) {
+                        Some(r) => dst.copy_from_slice(&g.arena.row(r)[..dim]),
+                        None => self.initializer.fill(self.seed, keys[i], dst),
+                    }
+                }
+            }
+        });
+        Ok(())
+    }
+
+    /// Whether each key has a row; `out` gets one bool per key.
+    ///
+    /// # Errors
+    /// `ShapeMismatch` when `out` has the wrong length.
+    pub fn contains(&self, keys: &[i64], out: &mut [bool]) -> Result<()> {
+        Self::check_batch(keys)?;
+        check_len("out", keys.len(), out.len())?;
+        let plan = self.plan(keys);
+        let mut found = vec![false; keys.len()];
+        let shared = SharedBools(found.as_mut_ptr());
+        self.shards.par_iter().enumerate().for_each(|(s, lock)| {
+            let pos = plan.positions(s);
+            if pos.is_empty() {
+                return;
+            }
+            let g = read(lock);
+            let shared = &shared;
+            for &i in pos {
+                let i = i as usize;
+                let hit = g.find(keys[i], plan.hashes[i]).is_some();
+                // SAFETY: i < keys.len() == found.len(), and position i belongs
+                // to this shard only, so no other thread writes it.
+                unsafe { *shared.0.add(i) = hit };
+            }
+        });
+        out.copy_from_slice(&found);
+        Ok(())
+    }
+
+    /// Inserts or overwrites the rows of `keys` with `values` (`keys.len() *
+    /// dim` floats), resetting their optimizer state. Where a key repeats,
+    /// its last value wins.
+    ///
+    /// # Errors
+    /// `ShapeMismatch` for a wrong `values` length; `NonFinite` for NaN/inf.
+    pub fn assign(&self, keys: &[i64], values: &[f32]) -> Result<()> {
+        Self::check_batch(keys)?;
+        let dim = self.dim;
+        check_len("values", keys.len() * dim, values.len())?;
+        check_finite("values", values)?;
+        let plan = self.plan(keys);
+        self.shards.par_iter().enumerate().for_each(|(s, lock)| {
+            let pos = plan.positions(s);
+            if pos.is_empty() {
+                return;
+            }
+            let mut g = write(lock);
+            for &i in pos {
+                let i = i as usize;
+                let (r, _) = g.find_or_insert(keys[i], plan.hashes[i], |_| {});
+                let row = g.arena.row_mut(r);
+                let (w, state) = row.split_at_mut(dim);
+                w.copy_from_slice(&values[i * dim..(i + 1) * dim]);
+                if let Some(o) = &self.optimizer {
+                    o.init_state(state);
+                }
+            }
+        });
+        Ok(())
+    }
+
+    /// Removes the rows of `keys`; returns how many were present.
+    ///
+    /// # Errors
+    /// Only for batches of more than 2^32 - 1 keys.
+    pub fn remove(&self, keys: &[i64]) -> Result<usize> {
+        Self::check_batch(keys)?;
+        let plan = self.plan(keys);
+        Ok(self
+            .shards
+            .par_iter()
+            .enumerate()
+            .map(|(s, lock)| {
+                let pos = plan.positions(s);
+                if pos.is_empty() {
+                    return 0;
+                }
+                let mut g = write(lock);
+                pos.iter()
+                    .filter(|&&i| g.remove(keys[i as usize], plan.hashes[i as usize]))
+                    .count()
+            })
+            .sum())
+    }
+
+    /// One optimizer step: the gradients of repeated keys are summed, missing
+    /// keys get a row from the initializer first, every touched row takes one
+    /// update, and the step counter goes up by one. `grads` holds
+    /// `keys.len() * dim` floats.
+    ///
+    /// # Errors
+    /// `NoOptimizer`, `ShapeMismatch`, `NonFinite`; in each case nothing
+    /// changed.
+    pub fn apply_gradients(&self, keys: &[i64], grads: &[f32]) -> Result<()> {
+        let Some(opt) = self.optimizer else {
+            return Err(StoreError::NoOptimizer);
+        };
+        Self::check_batch(keys)?;
+        let dim = self.dim;
+        check_len("grads", keys.len() * dim, grads.len())?;
+        check_finite("grads", grads)?;
+        let t = self.step.fetch_add(1, Ordering::AcqRel) + 1;
+        let consts = opt.step_consts(t);
+        let backend = self.backend;
+        let plan = self.plan(keys);
+        self.shards.par_iter().enumerate().for_each(|(s, lock)| {
+            let pos = plan.positions(s);
+            if pos.is_empty() {
+                return;
+            }
+            let mut g = write(lock);
+            // (row << 32 | position), sorted: each row's positions in batch order.
+            let mut pairs: Vec<u64> = pos
+                .iter()
+                .map(|&i| {
+                    let iu = i as usize;
+                    let (r, _) = g.find_or_insert(keys[iu], plan.hashes[iu], |row| {
+                        self.fill_new(keys[iu], row)
+                    });
+                    ((r as u64) << 32) | u64::from(i)
+                })
+                .collect();
+            pairs.sort_unstable();
+            let mut acc = vec![0.0f32; dim];
+            let mut j = 0;
+            while j < pairs.len() {
+                let r = (pairs[j] >> 32) as usize;
+                let i0 = (pairs[j] & 0xFFFF_FFFF) as usize;
+                let mut end = j + 1;
+                while end < pairs.len() && (pairs[end] >> 32) as usize == r {
+                    end += 1;
+                }
+                let first = &grads[i0 * dim..(i0 + 1) * dim];
+                let gsum: &[f32] = if end - j == 1 {
+                    first
+                } else {
+                    acc.copy_from_slice(first);
+                    for &p in &pairs[j + 1..end] {
+                        let i = (p & 0xFFFF_FFFF) as usize;
+                        backend.add_assign(&mut acc, &grads[i * dim..(i + 1) * dim]);
+                    }
+                    &acc
+                };
+                let (w, state) = g.arena.row_mut(r).split_at_mut(dim);
+                consts.apply(backend, w, state, gsum);
+                j = end;
+            }
+        });
+        Ok(())
+    }
+
+    /// Every row: keys ascending, their weights (`n * dim`), and with
+    /// `with_state` their optimizer state (`n * state_len`). One consistent
+    /// snapshot: every shard is read-locked for the whole copy.
+    pub fn export(&self, with_state: bool) -> (Vec<i64>, Vec<f32>, Vec<f32>) {
+        let guards: Vec<_> = self.shards.iter().map(|s| read(s)).collect();
+        let mut refs: Vec<(i64, u32, u32)> =
+            Vec::with_capacity(guards.iter().map(|g| g.len()).sum());
+        for (s, g) in guards.iter().enumerate() {
+            for r in 0..g.len() {
+                refs.push((g.arena.key(r), s as u32, r as u32));
+            }
+        }
+        refs.par_sort_unstable_by_key(|&(k, _, _)| k);
+        let (dim, sl) = (self.dim, self.state_len);
+        let n = refs.len();
+        let keys: Vec<i64> = refs.iter().map(|r| r.0).collect();
+        let mut rows = vec![0.0f32; n * dim];
+        let mut state = vec![0.0f32; if with_state { n * sl } else { 0 }];
+        rows.par_chunks_mut(dim)
+            .zip(refs.par_iter())
+            .for_each(|(dst, &(_, s, r))| {
+                dst.copy_from_slice(&guards[s as usize].arena.row(r as usize)[..dim]);
+            });
+        if with_state && sl > 0 {
+            state
+                .par_chunks_mut(sl)
+                .zip(refs.par_iter())
+                .for_each(|(dst, &(_, s, r))| {
+                    dst.copy_from_slice(&guards[s as usize].arena.row(r as usize)[dim..]);
+                });
+        }
+        (keys, rows, state)
+    }
+}
+
+/// Like [`SharedOut`], for bools.
+///
+/// Invariant: the pointer is valid for the call that made it and each
+/// position is written by one thread only.
+struct SharedBools(*mut bool);
+// SAFETY: positions are written by exactly one shard task each (plan).
+unsafe impl Sync for SharedBools {}
+// SAFETY: as for `Sync`.
+unsafe impl Send for SharedBools {}
