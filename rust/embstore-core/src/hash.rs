@@ -31,11 +31,11 @@ pub const fn draw(stream: u64, i: u64) -> u64 {
     mix64(stream.wrapping_add(i.wrapping_add(1).wrapping_mul(GOLDEN)))
 }
 
-/// Shard of a hash among `n` shards, from bits the in-shard index does not use
-/// for its tag (hashbrown takes the top 7 bits as tag, the low bits as slot).
+/// Shard of a hash among `n` shards, from the high 32 bits; the in-shard
+/// index uses the low 32 bits only, so the two are independent.
 #[inline(always)]
 pub const fn shard_of(hash: u64, n: usize) -> usize {
-    ((((hash >> 25) & 0xFFFF_FFFF) * n as u64) >> 32) as usize
+    (((hash >> 32) * n as u64) >> 32) as usize
 }
 
 #[cfg(test)]

@@ -1,1 +1,54 @@
-//! placeholder
+//! `embstore._core`: the thin PyO3 binding of `embstore-core`. It converts
+//! arguments, releases the GIL around every O(n) call, maps errors to Python
+//! exceptions, and does nothing else.
+
+mod convert;
+mod error;
+mod store;
+
+use pyo3::prelude::*;
+
+/// The native module.
+#[pymodule(gil_used = false)]
+mod _core {
+    use std::collections::HashMap;
+
+    use embstore_core::Backend;
+    use pyo3::prelude::*;
+
+    #[pymodule_export]
+    use crate::store::PyTable;
+
+    /// Names of the SIMD backends this CPU supports, scalar first.
+    #[pyfunction]
+    fn simd_backends() -> Vec<&'static str> {
+        Backend::available()
+            .into_iter()
+            .map(Backend::name)
+            .collect()
+    }
+
+    /// Validates an optimizer's parameters (ValueError naming the bad one).
+    #[pyfunction]
+    fn check_optimizer(name: &str, params: HashMap<String, f64>) -> PyResult<()> {
+        crate::convert::optimizer(name, &params).map(|_| ())
+    }
+
+    /// Validates an initializer's parameters (ValueError naming the bad one).
+    #[pyfunction]
+    fn check_initializer(name: &str, params: HashMap<String, f64>) -> PyResult<()> {
+        crate::convert::initializer(name, &params).map(|_| ())
+    }
+
+    /// Number of threads of the native pool.
+    #[pyfunction]
+    fn num_threads() -> usize {
+        rayon::current_num_threads()
+    }
+
+    #[pymodule_init]
+    fn init(m: &Bound<'_, PyModule>) -> PyResult<()> {
+        m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+        Ok(())
+    }
+}

@@ -3,15 +3,39 @@
 use hashbrown::HashTable;
 
 use super::arena::Arena;
-use crate::hash::key_hash;
+
+/// An index entry: the row number in the high 32 bits, the low 32 bits of
+/// the key's hash in the low 32 bits. Keeping the hash in the entry lets the
+/// index grow without reading the arena, and filters probes before the key
+/// comparison.
+type Entry = u64;
+
+/// The hash hashbrown sees for an entry: a function of the stored 32 hash
+/// bits only, with those bits in both halves so that the slot (low bits) and
+/// the tag (top 7 bits) both vary. The table picks shards from the other 32
+/// bits of the key hash ([`crate::hash::shard_of`]).
+#[inline(always)]
+fn index_hash(h32: u32) -> u64 {
+    u64::from(h32) | (u64::from(h32) << 32)
+}
+
+#[inline(always)]
+fn entry(row: usize, h32: u32) -> Entry {
+    ((row as u64) << 32) | u64::from(h32)
+}
+
+#[inline(always)]
+fn entry_row(e: Entry) -> usize {
+    (e >> 32) as usize
+}
 
 /// A shard's index and rows. Not synchronized: the table wraps each shard in
 /// a lock and takes it once per call.
 #[derive(Debug)]
 #[allow(clippy::len_without_is_empty)]
 pub struct Shard {
-    /// Row numbers, hashed by their key (the key lives in the arena).
-    index: HashTable<u32>,
+    /// Row numbers and hash bits ([`Entry`]); the key lives in the arena.
+    index: HashTable<Entry>,
     /// Keys and rows.
     pub arena: Arena,
 }
@@ -40,9 +64,12 @@ impl Shard {
     #[inline]
     pub fn find(&self, key: i64, hash: u64) -> Option<usize> {
         let arena = &self.arena;
+        let h32 = hash as u32;
         self.index
-            .find(hash, |&r| arena.key(r as usize) == key)
-            .map(|&r| r as usize)
+            .find(index_hash(h32), |&e| {
+                e as u32 == h32 && arena.key(entry_row(e)) == key
+            })
+            .map(|&e| entry_row(e))
     }
 
     /// The row of `key`, created by `fill` when missing; `true` when created.
@@ -54,16 +81,17 @@ impl Shard {
         fill: impl FnOnce(&mut [f32]),
     ) -> (usize, bool) {
         let arena = &self.arena;
+        let h32 = hash as u32;
         match self.index.entry(
-            hash,
-            |&r| arena.key(r as usize) == key,
-            |&r| key_hash(arena.key(r as usize)),
+            index_hash(h32),
+            |&e| e as u32 == h32 && arena.key(entry_row(e)) == key,
+            |&e| index_hash(e as u32),
         ) {
-            hashbrown::hash_table::Entry::Occupied(e) => (*e.get() as usize, false),
+            hashbrown::hash_table::Entry::Occupied(e) => (entry_row(*e.get()), false),
             hashbrown::hash_table::Entry::Vacant(e) => {
                 let r = self.arena.push(key, fill);
-                let r32 = u32::try_from(r).expect("a shard holds at most 2^32 rows");
-                e.insert(r32);
+                assert!(r <= u32::MAX as usize, "a shard holds at most 2^32 rows");
+                e.insert(entry(r, h32));
                 (r, true)
             }
         }
@@ -72,20 +100,22 @@ impl Shard {
     /// Removes `key`; `true` when it was present.
     pub fn remove(&mut self, key: i64, hash: u64) -> bool {
         let arena = &self.arena;
-        let Ok(entry) = self
-            .index
-            .find_entry(hash, |&r| arena.key(r as usize) == key)
-        else {
+        let h32 = hash as u32;
+        let Ok(found) = self.index.find_entry(index_hash(h32), |&e| {
+            e as u32 == h32 && arena.key(entry_row(e)) == key
+        }) else {
             return false;
         };
-        let (r, _) = entry.remove();
-        let last = (self.arena.len() - 1) as u32;
-        if let Some(moved) = self.arena.swap_remove(r as usize) {
+        let (e, _) = found.remove();
+        let r = entry_row(e);
+        let last = self.arena.len() - 1;
+        if let Some(moved) = self.arena.swap_remove(r) {
+            let mh = crate::hash::key_hash(moved) as u32;
             let slot = self
                 .index
-                .find_mut(key_hash(moved), |&x| x == last)
+                .find_mut(index_hash(mh), |&x| x == entry(last, mh))
                 .expect("index holds every arena row");
-            *slot = r;
+            *slot = entry(r, mh);
         }
         true
     }

@@ -1,0 +1,59 @@
+"""Conversion and checking of array arguments, shared by every tier.
+
+Each helper returns a C-contiguous array of the native dtype, or raises a
+TypeError/ValueError that names the argument and what was expected. They run
+before any native call, so a refused call changes nothing.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+_I64_MAX = np.iinfo(np.int64).max
+
+
+def as_keys(keys: Any, arg: str = "keys") -> npt.NDArray[np.int64]:
+    """Return ``keys`` as a 1-D C-contiguous int64 array.
+
+    Integer arrays of other dtypes are widened. Floats, bools, strings and
+    objects raise TypeError; uint64 values above 2**63-1 and arrays that are
+    not 1-D raise ValueError.
+    """
+    arr = np.asarray(keys)
+    if arr.dtype == np.int64 and arr.ndim == 1:
+        return np.ascontiguousarray(arr)
+    if arr.size == 0 and arr.dtype.kind == "f" and arr.ndim == 1 and not isinstance(keys, np.ndarray):
+        # An empty Python list comes out as float64: it holds no float key.
+        return np.empty(0, dtype=np.int64)
+    kind = arr.dtype.kind
+    if kind == "b":
+        raise TypeError(f"{arg}: expected an integer array, got bool")
+    if kind not in "iu":
+        raise TypeError(f"{arg}: expected an integer array, got dtype {arr.dtype}")
+    if arr.ndim != 1:
+        raise ValueError(f"{arg}: expected a 1-D array, got shape {arr.shape}")
+    if kind == "u" and arr.dtype.itemsize == 8 and arr.size and int(arr.max()) > _I64_MAX:
+        raise ValueError(
+            f"{arg}: expected keys <= 2**63-1, got uint64 value {int(arr.max())}"
+        )
+    return np.ascontiguousarray(arr, dtype=np.int64)
+
+
+def as_rows(values: Any, n: int, dim: int, arg: str) -> npt.NDArray[np.float32]:
+    """Return ``values`` as a C-contiguous float32 array of shape (n, dim)."""
+    arr = np.asarray(values)
+    if arr.dtype.kind not in "fiu" or arr.dtype.kind == "b":
+        raise TypeError(f"{arg}: expected a float array, got dtype {arr.dtype}")
+    if arr.shape != (n, dim):
+        raise ValueError(f"{arg}: expected shape ({n}, {dim}), got {arr.shape}")
+    return np.ascontiguousarray(arr, dtype=np.float32)
+
+
+def check_real(arg: str, value: Any) -> float:
+    """Return a hyper-parameter as float; TypeError unless a real number."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise TypeError(f"{arg}: expected a real number, got {type(value).__name__}")
+    return float(value)

@@ -1,0 +1,92 @@
+"""Sparse optimizers for :class:`embstore.Table`.
+
+Each is a frozen configuration; the table runs the update natively, on the
+rows a batch touches only ("lazy"), after summing the gradients of repeated
+keys (one update per distinct key per step). Formulas are those of DESIGN.md
+and of the named reference implementation.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from embstore import _core
+from embstore._convert import check_real
+
+__all__ = ["SGD", "Adagrad", "Adam", "AdamW", "Ftrl", "Optimizer", "RowWiseAdagrad"]
+
+
+@dataclass(frozen=True)
+class Optimizer:
+    """Base class: a named set of hyper-parameters, validated natively."""
+
+    def __post_init__(self) -> None:
+        for name, value in asdict(self).items():
+            object.__setattr__(self, name, check_real(name, value))
+        _core.check_optimizer(*self._native())
+
+    def _native(self) -> tuple[str, dict[str, float]]:
+        return type(self).__name__, {k: float(v) for k, v in asdict(self).items()}
+
+
+@dataclass(frozen=True)
+class SGD(Optimizer):
+    """``w -= lr * g``. No state."""
+
+    lr: float
+
+
+@dataclass(frozen=True)
+class Adagrad(Optimizer):
+    """torch.optim.Adagrad: ``h += g**2; w -= lr * g / (sqrt(h) + eps)``. State ``h[dim]``."""
+
+    lr: float
+    initial_accumulator_value: float = 0.0
+    eps: float = 1e-10
+
+
+@dataclass(frozen=True)
+class RowWiseAdagrad(Optimizer):
+    """FBGEMM row-wise Adagrad: ``h += mean(g**2); w -= lr * g / (sqrt(h) + eps)``.
+
+    State: one float per row.
+    """
+
+    lr: float
+    eps: float = 1e-10
+
+
+@dataclass(frozen=True)
+class Adam(Optimizer):
+    """torch.optim.SparseAdam. State ``exp_avg[dim], exp_avg_sq[dim]``."""
+
+    lr: float = 1e-3
+    beta1: float = 0.9
+    beta2: float = 0.999
+    eps: float = 1e-8
+
+
+@dataclass(frozen=True)
+class AdamW(Optimizer):
+    """torch.optim.AdamW on touched rows: ``w *= 1 - lr*wd``, then Adam's step
+    with eps added after bias correction. State as Adam."""
+
+    lr: float = 1e-3
+    beta1: float = 0.9
+    beta2: float = 0.999
+    eps: float = 1e-8
+    weight_decay: float = 0.01
+
+
+@dataclass(frozen=True)
+class Ftrl(Optimizer):
+    """FTRL-Proximal as tf.keras.optimizers.Ftrl (learning_rate_power=-0.5).
+
+    State ``linear[dim], accumulator[dim]``.
+    """
+
+    lr: float
+    l1: float = 0.0
+    l2: float = 0.0
+    beta: float = 0.0
+    initial_accumulator_value: float = 0.1

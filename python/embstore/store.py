@@ -1,0 +1,212 @@
+"""The host tier: :class:`Table`, every row this process owns."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from embstore import _core
+from embstore._convert import as_keys, as_rows
+from embstore.init import Initializer, Uniform
+from embstore.optim import Optimizer
+
+__all__ = ["Table"]
+
+_DTYPES = ("float32",)
+
+
+class Table:
+    """A growable table from int64 keys to float32 rows and optimizer state.
+
+    Rows live in native sharded hash tables. Every method takes a whole batch,
+    releases the GIL and runs on all cores; any number of Python threads may
+    call any method at once.
+
+    Parameters
+    ----------
+    dim:
+        Columns per row (>= 1).
+    optimizer:
+        An :mod:`embstore.optim` optimizer, or None for a table that is only
+        read and assigned (then :meth:`apply_gradients` raises ValueError).
+    initializer:
+        An :mod:`embstore.init` initializer; default ``Uniform(-0.05, 0.05)``.
+    seed:
+        Seed of the initializer (0 <= seed < 2**64).
+    num_shards:
+        Number of shards; default four per core, a power of two.
+    dtype:
+        Row storage dtype; "float32".
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        *,
+        optimizer: Optimizer | None = None,
+        initializer: Initializer | None = None,
+        seed: int = 0,
+        num_shards: int | None = None,
+        dtype: str = "float32",
+    ) -> None:
+        if isinstance(dim, bool) or not isinstance(dim, (int, np.integer)):
+            raise TypeError(f"dim: expected an int, got {type(dim).__name__}")
+        if dim < 1:
+            raise ValueError(f"dim: expected dim >= 1, got {dim}")
+        if optimizer is not None and not isinstance(optimizer, Optimizer):
+            raise TypeError(
+                f"optimizer: expected an embstore.optim optimizer or None, "
+                f"got {type(optimizer).__name__}"
+            )
+        if initializer is None:
+            initializer = Uniform()
+        if not isinstance(initializer, Initializer):
+            raise TypeError(
+                f"initializer: expected an embstore.init initializer, "
+                f"got {type(initializer).__name__}"
+            )
+        if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
+            raise TypeError(f"seed: expected an int, got {type(seed).__name__}")
+        if not 0 <= seed < 2**64:
+            raise ValueError(f"seed: expected 0 <= seed < 2**64, got {seed}")
+        if num_shards is not None:
+            if isinstance(num_shards, bool) or not isinstance(num_shards, (int, np.integer)):
+                raise TypeError(f"num_shards: expected an int, got {type(num_shards).__name__}")
+            if num_shards < 1:
+                raise ValueError(f"num_shards: expected num_shards >= 1, got {num_shards}")
+        if dtype not in _DTYPES:
+            raise ValueError(f"dtype: expected one of {_DTYPES}, got {dtype!r}")
+        self._optimizer = optimizer
+        self._initializer = initializer
+        self._dtype = dtype
+        self._inner = _core.Table(
+            int(dim),
+            optimizer._native() if optimizer is not None else None,
+            initializer._native(),
+            int(seed),
+            None if num_shards is None else int(num_shards),
+        )
+
+    # -- properties ---------------------------------------------------------
+
+    @property
+    def dim(self) -> int:
+        """Columns per row."""
+        return int(self._inner.dim)
+
+    @property
+    def step(self) -> int:
+        """Optimizer steps taken (one per apply call)."""
+        return int(self._inner.step)
+
+    @property
+    def optimizer(self) -> Optimizer | None:
+        """The optimizer configuration."""
+        return self._optimizer
+
+    @property
+    def initializer(self) -> Initializer:
+        """The initializer configuration."""
+        return self._initializer
+
+    @property
+    def dtype(self) -> str:
+        """Row storage dtype."""
+        return self._dtype
+
+    @property
+    def state_len(self) -> int:
+        """Floats of optimizer state per row."""
+        return int(self._inner.state_len)
+
+    @property
+    def state_names(self) -> list[str]:
+        """Names of the state blocks, in order within a row's state."""
+        return list(self._inner.state_names)
+
+    @property
+    def num_shards(self) -> int:
+        """Number of shards."""
+        return int(self._inner.num_shards)
+
+    @property
+    def simd(self) -> str:
+        """The SIMD backend of the optimizer kernels."""
+        return str(self._inner.simd)
+
+    def __len__(self) -> int:
+        return int(self._inner.__len__())
+
+    def __repr__(self) -> str:
+        return (
+            f"Table(dim={self.dim}, rows={len(self)}, optimizer={self._optimizer!r}, "
+            f"step={self.step}, num_shards={self.num_shards})"
+        )
+
+    # -- batch protocol ------------------------------------------------------
+
+    def lookup(self, keys: Any, *, insert: bool = True) -> npt.NDArray[np.float32]:
+        """Rows of ``keys (n,)`` as float32 ``(n, dim)``.
+
+        With ``insert=True`` a missing key gets a row from the initializer;
+        with ``insert=False`` (serving) it gets the initializer's row and
+        nothing is stored.
+        """
+        k = as_keys(keys)
+        return self._inner.lookup(k, bool(insert))
+
+    def contains(self, keys: Any) -> npt.NDArray[np.bool_]:
+        """Whether each of ``keys (n,)`` has a row: bool ``(n,)``."""
+        return self._inner.contains(as_keys(keys))
+
+    def assign(self, keys: Any, values: Any) -> None:
+        """Insert or overwrite rows: ``keys (n,)``, ``values (n, dim)``.
+
+        Optimizer state of the assigned rows is reset; for a repeated key the
+        last value wins.
+        """
+        k = as_keys(keys)
+        v = as_rows(values, k.shape[0], self.dim, "values")
+        self._inner.assign(k, v)
+
+    def remove(self, keys: Any) -> int:
+        """Remove the rows of ``keys (n,)``; returns how many were present."""
+        return int(self._inner.remove(as_keys(keys)))
+
+    def apply_gradients(self, keys: Any, grads: Any) -> None:
+        """One optimizer step: ``keys (n,)``, ``grads (n, dim)``.
+
+        Gradients of repeated keys are summed first (one update per distinct
+        key), missing keys are created from the initializer, only touched
+        rows change, and :attr:`step` goes up by one. Non-finite gradients
+        raise ValueError and change nothing.
+        """
+        if self._optimizer is None:
+            raise ValueError(
+                "optimizer: this table was built with optimizer=None; pass an optimizer to train it"
+            )
+        k = as_keys(keys)
+        g = as_rows(grads, k.shape[0], self.dim, "grads")
+        self._inner.apply_gradients(k, g)
+
+    def export(
+        self, *, with_state: bool = False
+    ) -> (
+        tuple[npt.NDArray[np.int64], npt.NDArray[np.float32]]
+        | tuple[npt.NDArray[np.int64], npt.NDArray[np.float32], npt.NDArray[np.float32]]
+    ):
+        """Every row, keys ascending: ``(keys (n,), rows (n, dim))``, and with
+        ``with_state=True`` also the optimizer state ``(n, state_len)``.
+
+        One consistent snapshot, even while other threads call the table.
+        """
+        keys, rows, state = self._inner.export(bool(with_state))
+        if with_state:
+            return keys, rows, state
+        return keys, rows
+
+    def stats(self) -> dict[str, Any]:
+        """Figures of the table: rows, bytes, shard_rows, step, ..."""
+        return dict(self._inner.stats())

@@ -1,0 +1,219 @@
+//! `embstore._core.Table`: a frozen, thread-safe handle on a core table.
+//!
+//! Array arguments arrive as C-contiguous NumPy arrays of the right dtype
+//! (the Python wrapper converts and checks them). Their borrows are taken
+//! before the GIL is released and live until the call returns. As with any
+//! buffer shared with Python, another Python thread that writes into an
+//! input array during a call races with it; that is the caller's bug and
+//! is not guarded against here (rust-numpy's borrow checking covers Rust
+//! borrows only).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use embstore_core::{Backend, Table, TableConfig};
+use numpy::{IntoPyArray, PyArray1, PyArray2, PyArrayMethods, PyReadonlyArray1, PyReadonlyArray2};
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+
+use crate::convert::EnterStore;
+
+type Config = Option<(String, HashMap<String, f64>)>;
+
+/// The native table; see `embstore.Table` for the documented interface.
+#[pyclass(frozen, name = "Table", module = "embstore._core")]
+pub struct PyTable {
+    /// The core table, shared by every Python reference and by running calls.
+    inner: Arc<Table>,
+}
+
+fn slice<'a, T: numpy::Element>(arr: &'a PyReadonlyArray1<'_, T>, arg: &str) -> PyResult<&'a [T]> {
+    arr.as_slice()
+        .map_err(|_| PyValueError::new_err(format!("{arg}: expected a C-contiguous array")))
+}
+
+fn slice2<'a, T: numpy::Element>(arr: &'a PyReadonlyArray2<'_, T>, arg: &str) -> PyResult<&'a [T]> {
+    arr.as_slice()
+        .map_err(|_| PyValueError::new_err(format!("{arg}: expected a C-contiguous array")))
+}
+
+fn to_2d(
+    py: Python<'_>,
+    v: Vec<f32>,
+    rows: usize,
+    cols: usize,
+) -> PyResult<Bound<'_, PyArray2<f32>>> {
+    v.into_pyarray(py).reshape([rows, cols])
+}
+
+#[pymethods]
+impl PyTable {
+    #[new]
+    #[pyo3(signature = (dim, optimizer=None, initializer=None, seed=0, num_shards=None, simd=None))]
+    fn new(
+        dim: usize,
+        optimizer: Config,
+        initializer: Config,
+        seed: u64,
+        num_shards: Option<usize>,
+        simd: Option<&str>,
+    ) -> PyResult<Self> {
+        let mut cfg = TableConfig::new(dim);
+        cfg.optimizer = match optimizer {
+            Some((name, params)) => Some(crate::convert::optimizer(&name, &params)?),
+            None => None,
+        };
+        if let Some((name, params)) = initializer {
+            cfg.initializer = crate::convert::initializer(&name, &params)?;
+        }
+        cfg.seed = seed;
+        cfg.num_shards = num_shards;
+        cfg.backend = match simd {
+            Some(name) => Some(Backend::from_name(name).map_err(crate::error::PyStoreError)?),
+            None => None,
+        };
+        let table = Table::new(cfg).map_err(crate::error::PyStoreError)?;
+        Ok(PyTable {
+            inner: Arc::new(table),
+        })
+    }
+
+    /// Columns per row.
+    #[getter]
+    fn dim(&self) -> usize {
+        self.inner.dim()
+    }
+
+    /// Floats of optimizer state per row.
+    #[getter]
+    fn state_len(&self) -> usize {
+        self.inner.state_len()
+    }
+
+    /// Optimizer steps taken.
+    #[getter]
+    fn step(&self) -> u64 {
+        self.inner.step()
+    }
+
+    /// Number of shards.
+    #[getter]
+    fn num_shards(&self) -> usize {
+        self.inner.num_shards()
+    }
+
+    /// Name of the SIMD backend in use.
+    #[getter]
+    fn simd(&self) -> &'static str {
+        self.inner.backend().name()
+    }
+
+    /// Names of the optimizer state blocks.
+    #[getter]
+    fn state_names(&self) -> Vec<&'static str> {
+        self.inner
+            .optimizer()
+            .map_or_else(Vec::new, |o| o.state_names().to_vec())
+    }
+
+    fn __len__(&self) -> usize {
+        self.inner.len()
+    }
+
+    #[pyo3(signature = (keys, insert=true))]
+    fn lookup<'py>(
+        &self,
+        py: Python<'py>,
+        keys: PyReadonlyArray1<'py, i64>,
+        insert: bool,
+    ) -> PyResult<Bound<'py, PyArray2<f32>>> {
+        let k = slice(&keys, "keys")?;
+        let dim = self.inner.dim();
+        let table = &self.inner;
+        let out = py.enter_store(|| {
+            let mut out = vec![0.0f32; k.len() * dim];
+            table.lookup(k, insert, &mut out).map(|()| out)
+        })?;
+        to_2d(py, out, k.len(), dim)
+    }
+
+    fn contains<'py>(
+        &self,
+        py: Python<'py>,
+        keys: PyReadonlyArray1<'py, i64>,
+    ) -> PyResult<Bound<'py, PyArray1<bool>>> {
+        let k = slice(&keys, "keys")?;
+        let table = &self.inner;
+        let out = py.enter_store(|| {
+            let mut out = vec![false; k.len()];
+            table.contains(k, &mut out).map(|()| out)
+        })?;
+        Ok(out.into_pyarray(py))
+    }
+
+    fn assign(
+        &self,
+        py: Python<'_>,
+        keys: PyReadonlyArray1<'_, i64>,
+        values: PyReadonlyArray2<'_, f32>,
+    ) -> PyResult<()> {
+        let (k, v) = (slice(&keys, "keys")?, slice2(&values, "values")?);
+        let table = &self.inner;
+        py.enter_store(|| table.assign(k, v))
+    }
+
+    fn remove(&self, py: Python<'_>, keys: PyReadonlyArray1<'_, i64>) -> PyResult<usize> {
+        let k = slice(&keys, "keys")?;
+        let table = &self.inner;
+        py.enter_store(|| table.remove(k))
+    }
+
+    fn apply_gradients(
+        &self,
+        py: Python<'_>,
+        keys: PyReadonlyArray1<'_, i64>,
+        grads: PyReadonlyArray2<'_, f32>,
+    ) -> PyResult<()> {
+        let (k, g) = (slice(&keys, "keys")?, slice2(&grads, "grads")?);
+        let table = &self.inner;
+        py.enter_store(|| table.apply_gradients(k, g))
+    }
+
+    #[pyo3(signature = (with_state=false))]
+    #[allow(clippy::type_complexity)]
+    fn export<'py>(
+        &self,
+        py: Python<'py>,
+        with_state: bool,
+    ) -> PyResult<(
+        Bound<'py, PyArray1<i64>>,
+        Bound<'py, PyArray2<f32>>,
+        Bound<'py, PyArray2<f32>>,
+    )> {
+        let table = &self.inner;
+        let (keys, rows, state) = py.enter_store(|| Ok(table.export(with_state)))?;
+        let n = keys.len();
+        let sl = if with_state { table.state_len() } else { 0 };
+        Ok((
+            keys.into_pyarray(py),
+            to_2d(py, rows, n, table.dim())?,
+            to_2d(py, state, n, sl)?,
+        ))
+    }
+
+    fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let table = &self.inner;
+        let s = py.enter_store(|| Ok(table.stats()))?;
+        let d = PyDict::new(py);
+        d.set_item("rows", s.rows)?;
+        d.set_item("bytes", s.bytes)?;
+        d.set_item("shard_rows", s.shard_rows)?;
+        d.set_item("num_shards", table.num_shards())?;
+        d.set_item("step", s.step)?;
+        d.set_item("dim", table.dim())?;
+        d.set_item("state_len", table.state_len())?;
+        d.set_item("simd", table.backend().name())?;
+        Ok(d)
+    }
+}
