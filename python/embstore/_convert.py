@@ -25,7 +25,12 @@ def as_keys(keys: Any, arg: str = "keys") -> npt.NDArray[np.int64]:
     arr = np.asarray(keys)
     if arr.dtype == np.int64 and arr.ndim == 1:
         return np.ascontiguousarray(arr)
-    if arr.size == 0 and arr.dtype.kind == "f" and arr.ndim == 1 and not isinstance(keys, np.ndarray):
+    if (
+        arr.size == 0
+        and arr.dtype.kind == "f"
+        and arr.ndim == 1
+        and not isinstance(keys, np.ndarray)
+    ):
         # An empty Python list comes out as float64: it holds no float key.
         return np.empty(0, dtype=np.int64)
     kind = arr.dtype.kind
@@ -36,9 +41,7 @@ def as_keys(keys: Any, arg: str = "keys") -> npt.NDArray[np.int64]:
     if arr.ndim != 1:
         raise ValueError(f"{arg}: expected a 1-D array, got shape {arr.shape}")
     if kind == "u" and arr.dtype.itemsize == 8 and arr.size and int(arr.max()) > _I64_MAX:
-        raise ValueError(
-            f"{arg}: expected keys <= 2**63-1, got uint64 value {int(arr.max())}"
-        )
+        raise ValueError(f"{arg}: expected keys <= 2**63-1, got uint64 value {int(arr.max())}")
     return np.ascontiguousarray(arr, dtype=np.int64)
 
 

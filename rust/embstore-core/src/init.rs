@@ -13,31 +13,31 @@ pub enum Initializer {
     /// Uniform in `[low, high)`.
     Uniform {
         /// Lower bound (inclusive).
-        low: f32,
+        low: f64,
         /// Upper bound (exclusive).
-        high: f32,
+        high: f64,
     },
     /// Normal(mean, std) by Box-Muller.
     Normal {
         /// Mean.
-        mean: f32,
+        mean: f64,
         /// Standard deviation.
-        std: f32,
+        std: f64,
     },
     /// Normal(mean, std) redrawn until within two standard deviations, as
     /// `tf.random.truncated_normal` and `torch.nn.init.trunc_normal_(a=-2, b=2)`.
     TruncatedNormal {
         /// Mean.
-        mean: f32,
+        mean: f64,
         /// Standard deviation.
-        std: f32,
+        std: f64,
     },
     /// Every value 0.
     Zeros,
     /// Every value `value`.
     Constant {
         /// The value.
-        value: f32,
+        value: f64,
     },
 }
 
@@ -65,7 +65,7 @@ fn std_normal(bits: u64) -> f64 {
 impl Initializer {
     /// Checks the parameters; the error names the bad one.
     pub fn validate(&self) -> Result<()> {
-        let finite = |arg: &'static str, v: f32| {
+        let finite = |arg: &'static str, v: f64| {
             if v.is_finite() {
                 Ok(())
             } else {
@@ -101,7 +101,7 @@ impl Initializer {
         match *self {
             Initializer::Uniform { low, high } => {
                 let s = row_stream(seed, key);
-                let (low, span) = (f64::from(low), f64::from(high) - f64::from(low));
+                let span = high - low;
                 for (c, o) in out.iter_mut().enumerate() {
                     let u = (draw(s, c as u64) >> 11) as f64 * INV_2_53;
                     *o = (low + span * u) as f32;
@@ -111,7 +111,7 @@ impl Initializer {
                 let s = row_stream(seed, key);
                 for (c, o) in out.iter_mut().enumerate() {
                     let z = std_normal(draw(s, c as u64));
-                    *o = (f64::from(mean) + f64::from(std) * z) as f32;
+                    *o = (mean + std * z) as f32;
                 }
             }
             Initializer::TruncatedNormal { mean, std } => {
@@ -127,11 +127,11 @@ impl Initializer {
                         }
                         i += dim;
                     };
-                    *o = (f64::from(mean) + f64::from(std) * z) as f32;
+                    *o = (mean + std * z) as f32;
                 }
             }
             Initializer::Zeros => out.fill(0.0),
-            Initializer::Constant { value } => out.fill(value),
+            Initializer::Constant { value } => out.fill(value as f32),
         }
     }
 }

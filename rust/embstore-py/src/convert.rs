@@ -27,9 +27,9 @@ impl EnterStore for Python<'_> {
     }
 }
 
-fn param(params: &HashMap<String, f64>, name: &str, default: Option<f64>) -> PyResult<f32> {
+fn param(params: &HashMap<String, f64>, name: &str, default: Option<f64>) -> PyResult<f64> {
     match params.get(name).copied().or(default) {
-        Some(v) => Ok(v as f32),
+        Some(v) => Ok(v),
         None => Err(PyValueError::new_err(format!("{name}: missing parameter"))),
     }
 }

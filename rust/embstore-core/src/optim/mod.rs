@@ -15,61 +15,61 @@ pub enum Optimizer {
     /// `w -= lr * g`. No state.
     Sgd {
         /// Learning rate.
-        lr: f32,
+        lr: f64,
     },
     /// torch.optim.Adagrad. State `h[dim]`.
     Adagrad {
         /// Learning rate.
-        lr: f32,
+        lr: f64,
         /// Starting value of `h`.
-        initial_accumulator_value: f32,
+        initial_accumulator_value: f64,
         /// Added to `sqrt(h)`.
-        eps: f32,
+        eps: f64,
     },
     /// FBGEMM's row-wise Adagrad. State: one float `h` per row.
     RowWiseAdagrad {
         /// Learning rate.
-        lr: f32,
+        lr: f64,
         /// Added to `sqrt(h)`.
-        eps: f32,
+        eps: f64,
     },
     /// torch.optim.SparseAdam. State `m[dim], v[dim]`.
     Adam {
         /// Learning rate.
-        lr: f32,
+        lr: f64,
         /// First-moment decay.
-        beta1: f32,
+        beta1: f64,
         /// Second-moment decay.
-        beta2: f32,
+        beta2: f64,
         /// Added to `sqrt(v)`.
-        eps: f32,
+        eps: f64,
     },
     /// torch.optim.AdamW applied to touched rows only. State `m[dim], v[dim]`.
     AdamW {
         /// Learning rate.
-        lr: f32,
+        lr: f64,
         /// First-moment decay.
-        beta1: f32,
+        beta1: f64,
         /// Second-moment decay.
-        beta2: f32,
+        beta2: f64,
         /// Added to the bias-corrected `sqrt(v)`.
-        eps: f32,
+        eps: f64,
         /// Decoupled weight decay.
-        weight_decay: f32,
+        weight_decay: f64,
     },
     /// FTRL-Proximal as tf.keras.optimizers.Ftrl with learning_rate_power=-0.5.
     /// State `z[dim]` (linear), `n[dim]` (accumulator).
     Ftrl {
         /// Learning rate.
-        lr: f32,
+        lr: f64,
         /// L1 regularization strength.
-        l1: f32,
+        l1: f64,
         /// L2 regularization strength.
-        l2: f32,
+        l2: f64,
         /// Beta as in keras' Ftrl.
-        beta: f32,
+        beta: f64,
         /// Starting value of `n`.
-        initial_accumulator_value: f32,
+        initial_accumulator_value: f64,
     },
 }
 
@@ -90,7 +90,7 @@ pub enum StepConsts {
     Ftrl(FtrlParams),
 }
 
-fn check(arg: &'static str, v: f32, ok: bool, expected: &str) -> Result<()> {
+fn check(arg: &'static str, v: f64, ok: bool, expected: &str) -> Result<()> {
     if v.is_finite() && ok {
         Ok(())
     } else {
@@ -133,9 +133,9 @@ impl Optimizer {
 
     /// Checks every hyper-parameter; the error names the first bad one.
     pub fn validate(&self) -> Result<()> {
-        let lr_ok = |lr: f32| check("lr", lr, lr > 0.0, "a finite lr > 0");
-        let eps_ok = |e: f32| check("eps", e, e >= 0.0, "a finite eps >= 0");
-        let beta_ok = |arg, b: f32| check(arg, b, (0.0..1.0).contains(&b), "0 <= beta < 1");
+        let lr_ok = |lr: f64| check("lr", lr, lr > 0.0, "a finite lr > 0");
+        let eps_ok = |e: f64| check("eps", e, e >= 0.0, "a finite eps >= 0");
+        let beta_ok = |arg, b: f64| check(arg, b, (0.0..1.0).contains(&b), "0 <= beta < 1");
         match *self {
             Optimizer::Sgd { lr } => lr_ok(lr),
             Optimizer::Adagrad {
@@ -212,14 +212,14 @@ impl Optimizer {
             Optimizer::Adagrad {
                 initial_accumulator_value: v,
                 ..
-            } => state.fill(v),
+            } => state.fill(v as f32),
             Optimizer::Ftrl {
                 initial_accumulator_value: v,
                 ..
             } => {
                 let half = state.len() / 2;
                 state[..half].fill(0.0);
-                state[half..].fill(v);
+                state[half..].fill(v as f32);
             }
             _ => state.fill(0.0),
         }
@@ -229,23 +229,24 @@ impl Optimizer {
     pub fn step_consts(&self, t: u64) -> StepConsts {
         let t = t.min(i32::MAX as u64) as i32;
         match *self {
-            Optimizer::Sgd { lr } => StepConsts::Sgd(lr),
-            Optimizer::Adagrad { lr, eps, .. } => StepConsts::Adagrad(lr, eps),
-            Optimizer::RowWiseAdagrad { lr, eps } => StepConsts::RowWiseAdagrad(lr, eps),
+            Optimizer::Sgd { lr } => StepConsts::Sgd(lr as f32),
+            Optimizer::Adagrad { lr, eps, .. } => StepConsts::Adagrad(lr as f32, eps as f32),
+            Optimizer::RowWiseAdagrad { lr, eps } => {
+                StepConsts::RowWiseAdagrad(lr as f32, eps as f32)
+            }
             Optimizer::Adam {
                 lr,
                 beta1,
                 beta2,
                 eps,
             } => {
-                let (b1, b2) = (f64::from(beta1), f64::from(beta2));
-                let bc1 = 1.0 - b1.powi(t);
-                let bc2 = 1.0 - b2.powi(t);
+                let bc1 = 1.0 - beta1.powi(t);
+                let bc2 = 1.0 - beta2.powi(t);
                 StepConsts::Adam(AdamParams {
-                    one_minus_b1: (1.0 - b1) as f32,
-                    one_minus_b2: (1.0 - b2) as f32,
-                    step_size: (f64::from(lr) * bc2.sqrt() / bc1) as f32,
-                    eps,
+                    one_minus_b1: (1.0 - beta1) as f32,
+                    one_minus_b2: (1.0 - beta2) as f32,
+                    step_size: (lr * bc2.sqrt() / bc1) as f32,
+                    eps: eps as f32,
                 })
             }
             Optimizer::AdamW {
@@ -255,25 +256,24 @@ impl Optimizer {
                 eps,
                 weight_decay,
             } => {
-                let (b1, b2) = (f64::from(beta1), f64::from(beta2));
-                let bc1 = 1.0 - b1.powi(t);
-                let bc2 = 1.0 - b2.powi(t);
+                let bc1 = 1.0 - beta1.powi(t);
+                let bc2 = 1.0 - beta2.powi(t);
                 StepConsts::AdamW(AdamWParams {
-                    decay: (1.0 - f64::from(lr) * f64::from(weight_decay)) as f32,
-                    one_minus_b1: (1.0 - b1) as f32,
-                    b2: beta2,
-                    one_minus_b2: (1.0 - b2) as f32,
-                    step_size: (f64::from(lr) / bc1) as f32,
+                    decay: (1.0 - lr * weight_decay) as f32,
+                    one_minus_b1: (1.0 - beta1) as f32,
+                    b2: beta2 as f32,
+                    one_minus_b2: (1.0 - beta2) as f32,
+                    step_size: (lr / bc1) as f32,
                     bc2_sqrt: bc2.sqrt() as f32,
-                    eps,
+                    eps: eps as f32,
                 })
             }
             Optimizer::Ftrl {
                 lr, l1, l2, beta, ..
             } => StepConsts::Ftrl(FtrlParams {
-                lr,
-                l1,
-                l2_total: (2.0 * f64::from(l2) + f64::from(beta) / f64::from(lr)) as f32,
+                lr: lr as f32,
+                l1: l1 as f32,
+                l2_total: (2.0 * l2 + beta / lr) as f32,
             }),
         }
     }
