@@ -52,7 +52,12 @@ def as_rows(values: Any, n: int, dim: int, arg: str) -> npt.NDArray[np.float32]:
         raise TypeError(f"{arg}: expected a float array, got dtype {arr.dtype}")
     if arr.shape != (n, dim):
         raise ValueError(f"{arg}: expected shape ({n}, {dim}), got {arr.shape}")
-    return np.ascontiguousarray(arr, dtype=np.float32)
+    if arr.dtype == np.float32:
+        return np.ascontiguousarray(arr)
+    # Values beyond float32's range become inf here, which the native
+    # finiteness check then refuses with the argument's name.
+    with np.errstate(over="ignore"):
+        return np.ascontiguousarray(arr, dtype=np.float32)
 
 
 def check_real(arg: str, value: Any) -> float:
