@@ -155,13 +155,26 @@ fn write(lock: &RwLock<Shard>) -> RwLockWriteGuard<'_, Shard> {
 
 /// Fails with the flat index of the first non-finite value.
 pub fn check_finite(arg: &'static str, data: &[f32]) -> Result<()> {
-    match data
-        .par_iter()
-        .with_min_len(1 << 14)
-        .position_first(|v| !v.is_finite())
-    {
+    const CHUNK: usize = 1 << 16;
+    // A branch-free scan that vectorizes: an exponent of all ones is NaN/inf.
+    let bad = |c: &[f32]| {
+        c.iter()
+            .fold(false, |acc, v| acc | (v.to_bits() & 0x7F80_0000 == 0x7F80_0000))
+    };
+    let first_bad_chunk = data.par_chunks(CHUNK).position_first(bad);
+    match first_bad_chunk {
         None => Ok(()),
-        Some(index) => Err(StoreError::NonFinite { arg, index }),
+        Some(c) => {
+            let start = c * CHUNK;
+            let offset = data[start..]
+                .iter()
+                .position(|v| !v.is_finite())
+                .expect("the chunk holds a non-finite value");
+            Err(StoreError::NonFinite {
+                arg,
+                index: start + offset,
+            })
+        }
     }
 }
 

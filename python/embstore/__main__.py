@@ -1,0 +1,24 @@
+"""Command line: ``python -m embstore bench``."""
+
+from __future__ import annotations
+
+import sys
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    commands = {"bench": "embstore.bench"}
+    if not args or args[0] not in commands:
+        print(
+            "usage: python -m embstore {bench} [options]; --help after a command for more",
+            file=sys.stderr,
+        )
+        return 2
+    import importlib
+
+    module = importlib.import_module(commands[args[0]])
+    return int(module.main(args[1:]))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
