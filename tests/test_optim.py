@@ -50,9 +50,7 @@ def touched(pool: np.ndarray, steps: list[tuple[np.ndarray, np.ndarray]]) -> np.
     return np.unique(np.concatenate([k for k, _ in steps]))
 
 
-def check_rows(
-    table: embstore.Table, pool: np.ndarray, steps: list, weights: np.ndarray
-) -> None:
+def check_rows(table: embstore.Table, pool: np.ndarray, steps: list, weights: np.ndarray) -> None:
     keys, rows = table.export()
     np.testing.assert_array_equal(keys, touched(pool, steps))
     expect = weights[dense_index(pool, keys)]

@@ -17,9 +17,7 @@ from embstore import init, optim
 def test_concurrent_sgd_loses_no_update() -> None:
     table = embstore.Table(8, optimizer=optim.SGD(lr=1.0), initializer=init.Zeros())
     n_threads, calls, n = 6, 40, 2000
-    batches = [
-        np.random.default_rng(s).integers(0, 500, size=(calls, n)) for s in range(n_threads)
-    ]
+    batches = [np.random.default_rng(s).integers(0, 500, size=(calls, n)) for s in range(n_threads)]
 
     def work(b: np.ndarray) -> None:
         for keys in b:

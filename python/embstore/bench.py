@@ -136,7 +136,6 @@ def compare(args: argparse.Namespace) -> dict[str, Any]:
     rows_dict = {int(k): row for k, row in zip(all_keys, weight.numpy(), strict=True)}
     id_list = ids.tolist()
     dict_lookup = _best(lambda: np.stack([rows_dict[k] for k in id_list]), 1)
-    del rows_dict
 
     res.update(
         lookup_s=ours_lookup,
@@ -168,7 +167,6 @@ def compare(args: argparse.Namespace) -> dict[str, Any]:
     t0 = time.perf_counter()
     plain.assign(new_keys, values)
     res["assign_new_rows_per_s"] = distinct / (time.perf_counter() - t0)
-    del table, weight, param, sparse_adam, plain
 
     one = _child("core", args, threads=1)
     two = _child("core", args, threads=2)

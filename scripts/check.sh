@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# The whole test suite: Rust format, lints and tests, Python lints, the stub
+# check of the native module, and pytest. Run after `pip install ".[test]"`.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+echo "== cargo fmt --check"
+cargo fmt --all -- --check
+echo "== cargo clippy -D warnings"
+cargo clippy --workspace --all-targets -- -D warnings
+echo "== cargo test"
+cargo test --workspace
+echo "== ruff"
+ruff check python tests benches
+ruff format --check python tests benches
+echo "== mypy (package) and stubtest (native module against _core.pyi)"
+python -m mypy
+python -m mypy.stubtest embstore._core --allowlist .mypy-stubtest-allowlist
+echo "== pytest"
+python -m pytest -q -p no:randomly "$@"
