@@ -158,8 +158,9 @@ pub fn check_finite(arg: &'static str, data: &[f32]) -> Result<()> {
     const CHUNK: usize = 1 << 16;
     // A branch-free scan that vectorizes: an exponent of all ones is NaN/inf.
     let bad = |c: &[f32]| {
-        c.iter()
-            .fold(false, |acc, v| acc | (v.to_bits() & 0x7F80_0000 == 0x7F80_0000))
+        c.iter().fold(false, |acc, v| {
+            acc | (v.to_bits() & 0x7F80_0000 == 0x7F80_0000)
+        })
     };
     let first_bad_chunk = data.par_chunks(CHUNK).position_first(bad);
     match first_bad_chunk {
