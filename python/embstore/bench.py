@@ -153,7 +153,7 @@ def compare(args: argparse.Namespace) -> dict[str, Any]:
         param.grad = torch.sparse_coo_tensor(
             tids[None, :], tgrads, param.shape, check_invariants=False
         )
-        sparse_adam.step()
+        sparse_adam.step()  # type: ignore[no-untyped-call]
 
     torch_apply = _best(torch_step, reps)
     res.update(apply_adam_s=ours_apply, torch_sparse_adam_s=torch_apply)
