@@ -7,7 +7,8 @@ before any native call, so a refused call changes nothing.
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import asdict, dataclass
+from typing import Any, ClassVar
 
 import numpy as np
 import numpy.typing as npt
@@ -65,3 +66,24 @@ def check_real(arg: str, value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
         raise TypeError(f"{arg}: expected a real number, got {type(value).__name__}")
     return float(value)
+
+
+@dataclass(frozen=True)
+class NativeConfig:
+    """A frozen set of named real parameters that the native module checks.
+
+    Subclasses set ``_kind`` ("optimizer" or "initializer"); the class name
+    and the fields are what the native side receives.
+    """
+
+    _kind: ClassVar[str]
+
+    def __post_init__(self) -> None:
+        for name, value in asdict(self).items():
+            object.__setattr__(self, name, check_real(name, value))
+        from embstore import _core
+
+        getattr(_core, f"check_{self._kind}")(*self._native())
+
+    def _native(self) -> tuple[str, dict[str, float]]:
+        return type(self).__name__, {k: float(v) for k, v in asdict(self).items()}

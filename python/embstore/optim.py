@@ -8,25 +8,18 @@ and of the named reference implementation.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
-from embstore import _core
-from embstore._convert import check_real
+from embstore._convert import NativeConfig
 
 __all__ = ["SGD", "Adagrad", "Adam", "AdamW", "Ftrl", "Optimizer", "RowWiseAdagrad"]
 
 
 @dataclass(frozen=True)
-class Optimizer:
-    """Base class: a named set of hyper-parameters, validated natively."""
+class Optimizer(NativeConfig):
+    """Base class: a named set of parameters, validated natively."""
 
-    def __post_init__(self) -> None:
-        for name, value in asdict(self).items():
-            object.__setattr__(self, name, check_real(name, value))
-        _core.check_optimizer(*self._native())
-
-    def _native(self) -> tuple[str, dict[str, float]]:
-        return type(self).__name__, {k: float(v) for k, v in asdict(self).items()}
+    _kind = "optimizer"
 
 
 @dataclass(frozen=True)

@@ -346,6 +346,39 @@ impl Table {
         }
     }
 
+    /// Runs `f(shard, positions)` under each shard's write lock, in parallel,
+    /// for the shards that own at least one of the plan's keys; sums results.
+    fn par_shards_mut<F>(&self, plan: &Plan, f: F) -> usize
+    where
+        F: Fn(&mut Shard, &[u32]) -> usize + Sync,
+    {
+        self.shards
+            .par_iter()
+            .enumerate()
+            .map(|(s, lock)| {
+                let pos = plan.positions(s);
+                if pos.is_empty() {
+                    0
+                } else {
+                    f(&mut write(lock), pos)
+                }
+            })
+            .sum()
+    }
+
+    /// As [`Self::par_shards_mut`], under read locks.
+    fn par_shards<F>(&self, plan: &Plan, f: F)
+    where
+        F: Fn(&Shard, &[u32]) + Sync,
+    {
+        self.shards.par_iter().enumerate().for_each(|(s, lock)| {
+            let pos = plan.positions(s);
+            if !pos.is_empty() {
+                f(&read(lock), pos);
+            }
+        });
+    }
+
     fn check_batch(keys: &[i64]) -> Result<()> {
         if keys.len() > u32::MAX as usize {
             return Err(invalid(
@@ -371,13 +404,8 @@ impl Table {
         check_len("out", keys.len() * dim, out.len())?;
         let plan = self.plan(keys);
         let out = SharedOut::new(out);
-        self.shards.par_iter().enumerate().for_each(|(s, lock)| {
-            let pos = plan.positions(s);
-            if pos.is_empty() {
-                return;
-            }
-            if insert {
-                let mut g = write(lock);
+        if insert {
+            self.par_shards_mut(&plan, |g, pos| {
                 for &i in pos {
                     let i = i as usize;
                     let (r, _) = g
@@ -386,8 +414,10 @@ impl Table {
                     let dst = unsafe { out.row(i, dim) };
                     dst.copy_from_slice(&g.arena.row(r)[..dim]);
                 }
-            } else {
-                let g = read(lock);
+                0
+            });
+        } else {
+            self.par_shards(&plan, |g, pos| {
                 for &i in pos {
                     let i = i as usize;
                     // SAFETY: position i belongs to this shard only (plan).
@@ -397,8 +427,8 @@ impl Table {
                         None => self.initializer.fill(self.seed, keys[i], dst),
                     }
                 }
-            }
-        });
+            });
+        }
         Ok(())
     }
 
@@ -412,12 +442,7 @@ impl Table {
         let plan = self.plan(keys);
         let mut found = vec![false; keys.len()];
         let shared = SharedBools(found.as_mut_ptr());
-        self.shards.par_iter().enumerate().for_each(|(s, lock)| {
-            let pos = plan.positions(s);
-            if pos.is_empty() {
-                return;
-            }
-            let g = read(lock);
+        self.par_shards(&plan, |g, pos| {
             let shared = &shared;
             for &i in pos {
                 let i = i as usize;
@@ -443,12 +468,7 @@ impl Table {
         check_len("values", keys.len() * dim, values.len())?;
         check_finite("values", values)?;
         let plan = self.plan(keys);
-        self.shards.par_iter().enumerate().for_each(|(s, lock)| {
-            let pos = plan.positions(s);
-            if pos.is_empty() {
-                return;
-            }
-            let mut g = write(lock);
+        self.par_shards_mut(&plan, |g, pos| {
             for &i in pos {
                 let i = i as usize;
                 let (r, _) = g.find_or_insert(keys[i], plan.hashes[i], |_| {});
@@ -459,6 +479,7 @@ impl Table {
                     o.init_state(state);
                 }
             }
+            0
         });
         Ok(())
     }
@@ -470,21 +491,11 @@ impl Table {
     pub fn remove(&self, keys: &[i64]) -> Result<usize> {
         Self::check_batch(keys)?;
         let plan = self.plan(keys);
-        Ok(self
-            .shards
-            .par_iter()
-            .enumerate()
-            .map(|(s, lock)| {
-                let pos = plan.positions(s);
-                if pos.is_empty() {
-                    return 0;
-                }
-                let mut g = write(lock);
-                pos.iter()
-                    .filter(|&&i| g.remove(keys[i as usize], plan.hashes[i as usize]))
-                    .count()
-            })
-            .sum())
+        Ok(self.par_shards_mut(&plan, |g, pos| {
+            pos.iter()
+                .filter(|&&i| g.remove(keys[i as usize], plan.hashes[i as usize]))
+                .count()
+        }))
     }
 
     /// One optimizer step: the gradients of repeated keys are summed, missing
@@ -507,12 +518,7 @@ impl Table {
         let consts = opt.step_consts(t);
         let backend = self.backend;
         let plan = self.plan(keys);
-        self.shards.par_iter().enumerate().for_each(|(s, lock)| {
-            let pos = plan.positions(s);
-            if pos.is_empty() {
-                return;
-            }
-            let mut g = write(lock);
+        self.par_shards_mut(&plan, |g, pos| {
             // (row << 32 | position), sorted: each row's positions in batch order.
             let mut pairs: Vec<u64> = pos
                 .iter()
@@ -549,6 +555,7 @@ impl Table {
                 consts.apply(backend, w, state, gsum);
                 j = end;
             }
+            0
         });
         Ok(())
     }
