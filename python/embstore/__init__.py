@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from embstore import init, optim
 from embstore._core import __version__
+from embstore.collection import Collection
 from embstore.store import Table
 
-__all__ = ["Table", "__version__", "init", "optim"]
+__all__ = ["Collection", "Table", "__version__", "init", "optim"]

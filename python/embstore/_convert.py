@@ -61,6 +61,29 @@ def as_rows(values: Any, n: int, dim: int, arg: str) -> npt.NDArray[np.float32]:
         return np.ascontiguousarray(arr, dtype=np.float32)
 
 
+def as_weights(weights: Any, n: int) -> npt.NDArray[np.float32] | None:
+    """Return per-id weights as a C-contiguous float32 array of shape (n,), or None."""
+    if weights is None:
+        return None
+    arr = np.asarray(weights)
+    if arr.dtype.kind not in "fiu" or arr.dtype.kind == "b":
+        raise TypeError(f"weights: expected a float array, got dtype {arr.dtype}")
+    if arr.shape != (n,):
+        raise ValueError(f"weights: expected shape ({n},) (one per id), got {arr.shape}")
+    with np.errstate(over="ignore"):
+        return np.ascontiguousarray(arr, dtype=np.float32)
+
+
+COMBINERS = ("sum", "mean", "sqrtn")
+
+
+def check_combiner(combiner: Any) -> str:
+    """Return ``combiner`` if it names a combiner; ValueError otherwise."""
+    if combiner not in COMBINERS:
+        raise ValueError(f"combiner: expected one of {COMBINERS}, got {combiner!r}")
+    return str(combiner)
+
+
 def check_real(arg: str, value: Any) -> float:
     """Return a hyper-parameter as float; TypeError unless a real number."""
     if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):

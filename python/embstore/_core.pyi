@@ -36,6 +36,22 @@ class Table:
     def lookup(
         self, keys: npt.NDArray[np.int64], insert: bool = True
     ) -> npt.NDArray[np.float32]: ...
+    def lookup_pooled(
+        self,
+        ids: npt.NDArray[np.int64],
+        offsets: npt.NDArray[np.int64],
+        weights: npt.NDArray[np.float32] | None = None,
+        combiner: str = "sum",
+        insert: bool = True,
+    ) -> npt.NDArray[np.float32]: ...
+    def apply_pooled_gradients(
+        self,
+        ids: npt.NDArray[np.int64],
+        offsets: npt.NDArray[np.int64],
+        grads: npt.NDArray[np.float32],
+        weights: npt.NDArray[np.float32] | None = None,
+        combiner: str = "sum",
+    ) -> None: ...
     def contains(self, keys: npt.NDArray[np.int64]) -> npt.NDArray[np.bool_]: ...
     def assign(self, keys: npt.NDArray[np.int64], values: npt.NDArray[np.float32]) -> None: ...
     def remove(self, keys: npt.NDArray[np.int64]) -> int: ...
@@ -51,3 +67,19 @@ def simd_backends() -> list[str]: ...
 def num_threads() -> int: ...
 def check_optimizer(name: str, params: dict[str, float]) -> None: ...
 def check_initializer(name: str, params: dict[str, float]) -> None: ...
+def collection_lookup_pooled(
+    tables: list[Table],
+    ids: list[npt.NDArray[np.int64]],
+    offsets: list[npt.NDArray[np.int64]],
+    weights: list[npt.NDArray[np.float32] | None],
+    combiners: list[str],
+    insert: bool = True,
+) -> npt.NDArray[np.float32]: ...
+def collection_apply_pooled_gradients(
+    tables: list[Table],
+    ids: list[npt.NDArray[np.int64]],
+    offsets: list[npt.NDArray[np.int64]],
+    weights: list[npt.NDArray[np.float32] | None],
+    combiners: list[str],
+    grads: npt.NDArray[np.float32],
+) -> None: ...

@@ -8,7 +8,7 @@ import numpy as np
 import numpy.typing as npt
 
 from embstore import _core
-from embstore._convert import as_keys, as_rows
+from embstore._convert import as_keys, as_rows, as_weights, check_combiner
 from embstore.init import Initializer, Uniform
 from embstore.optim import Optimizer
 
@@ -183,13 +183,69 @@ class Table:
         rows change, and :attr:`step` goes up by one. Non-finite gradients
         raise ValueError and change nothing.
         """
+        self._require_optimizer()
+        k = as_keys(keys)
+        g = as_rows(grads, k.shape[0], self.dim, "grads")
+        self._inner.apply_gradients(k, g)
+
+    def lookup_pooled(
+        self,
+        ids: Any,
+        offsets: Any,
+        *,
+        combiner: str = "sum",
+        weights: Any = None,
+        insert: bool = True,
+    ) -> npt.NDArray[np.float32]:
+        """Pooled rows of bags: float32 ``(batch, dim)``.
+
+        CSR input as ``torch.nn.EmbeddingBag(include_last_offset=True)``: bag
+        ``b`` holds ``ids[offsets[b]:offsets[b+1]]``; ``offsets (batch+1,)``
+        starts at 0, never decreases and ends at ``len(ids)``. ``combiner`` is
+        "sum" (sum of w*x), "mean" (sum of w*x over sum of w) or "sqrtn" (sum
+        of w*x over sqrt of sum of w**2); ``weights (nnz,)`` are optional
+        per-id weights (1 without). An empty bag pools to zeros.
+        """
+        i, o, w, c = self._bags(ids, offsets, weights, combiner)
+        return self._inner.lookup_pooled(i, o, w, c, bool(insert))
+
+    def apply_pooled_gradients(
+        self,
+        ids: Any,
+        offsets: Any,
+        grads: Any,
+        *,
+        combiner: str = "sum",
+        weights: Any = None,
+    ) -> None:
+        """Backward of :meth:`lookup_pooled` and one optimizer step.
+
+        ``grads (batch, dim)`` is spread back to the ids as EmbeddingBag's
+        backward spreads it (id i of bag b gets ``w_i / denominator_b *
+        grads[b]``), then the step proceeds as :meth:`apply_gradients`.
+        """
+        self._require_optimizer()
+        i, o, w, c = self._bags(ids, offsets, weights, combiner)
+        g = as_rows(grads, o.shape[0] - 1 if o.shape[0] else 0, self.dim, "grads")
+        self._inner.apply_pooled_gradients(i, o, g, w, c)
+
+    def _bags(
+        self, ids: Any, offsets: Any, weights: Any, combiner: str
+    ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.float32] | None, str]:
+        i = as_keys(ids, "ids")
+        o = as_keys(offsets, "offsets")
+        if o.shape[0] == 0:
+            raise ValueError(
+                "offsets: expected batch + 1 >= 1 offsets (include_last_offset=True), "
+                "got an empty array"
+            )
+        return i, o, as_weights(weights, i.shape[0]), check_combiner(combiner)
+
+    def _require_optimizer(self) -> None:
         if self._optimizer is None:
             raise ValueError(
                 "optimizer: this table was built with optimizer=None; pass an optimizer to train it"
             )
-        k = as_keys(keys)
-        g = as_rows(grads, k.shape[0], self.dim, "grads")
-        self._inner.apply_gradients(k, g)
 
     def export(
         self, *, with_state: bool = False

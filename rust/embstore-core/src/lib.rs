@@ -22,6 +22,7 @@
 
 #![deny(unsafe_op_in_unsafe_fn)]
 
+pub mod collection;
 pub mod error;
 pub mod hash;
 pub mod init;
@@ -33,4 +34,4 @@ pub use error::{Result, StoreError};
 pub use init::Initializer;
 pub use optim::Optimizer;
 pub use simd::Backend;
-pub use table::{Stats, Table, TableConfig};
+pub use table::{Bags, Combiner, Stats, Table, TableConfig};

@@ -2,6 +2,7 @@
 //! arguments, releases the GIL around every O(n) call, maps errors to Python
 //! exceptions, and does nothing else.
 
+mod collection;
 mod convert;
 mod error;
 mod store;
@@ -16,6 +17,8 @@ mod _core {
     use embstore_core::Backend;
     use pyo3::prelude::*;
 
+    #[pymodule_export]
+    use crate::collection::{collection_apply_pooled_gradients, collection_lookup_pooled};
     #[pymodule_export]
     use crate::store::PyTable;
 

@@ -11,7 +11,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use embstore_core::{Backend, Table, TableConfig};
+use embstore_core::{Backend, Bags, Combiner, Table, TableConfig};
 use numpy::{IntoPyArray, PyArray1, PyArray2, PyArrayMethods, PyReadonlyArray1, PyReadonlyArray2};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
@@ -25,7 +25,7 @@ type Config = Option<(String, HashMap<String, f64>)>;
 #[pyclass(frozen, name = "Table", module = "embstore._core")]
 pub struct PyTable {
     /// The core table, shared by every Python reference and by running calls.
-    inner: Arc<Table>,
+    pub(crate) inner: Arc<Table>,
 }
 
 fn slice<'a, T: numpy::Element>(arr: &'a PyReadonlyArray1<'_, T>, arg: &str) -> PyResult<&'a [T]> {
@@ -36,6 +36,26 @@ fn slice<'a, T: numpy::Element>(arr: &'a PyReadonlyArray1<'_, T>, arg: &str) -> 
 fn slice2<'a, T: numpy::Element>(arr: &'a PyReadonlyArray2<'_, T>, arg: &str) -> PyResult<&'a [T]> {
     arr.as_slice()
         .map_err(|_| PyValueError::new_err(format!("{arg}: expected a C-contiguous array")))
+}
+
+/// The combiner named `name`.
+pub(crate) fn combiner(name: &str) -> PyResult<Combiner> {
+    Ok(Combiner::from_name(name).map_err(crate::error::PyStoreError)?)
+}
+
+/// Bags over borrowed slices.
+pub(crate) fn bags<'a>(
+    ids: &'a PyReadonlyArray1<'_, i64>,
+    offsets: &'a PyReadonlyArray1<'_, i64>,
+    weights: Option<&'a PyReadonlyArray1<'_, f32>>,
+    combiner_name: &str,
+) -> PyResult<Bags<'a>> {
+    Ok(Bags {
+        ids: slice(ids, "ids")?,
+        offsets: slice(offsets, "offsets")?,
+        weights: weights.map(|w| slice(w, "weights")).transpose()?,
+        combiner: combiner(combiner_name)?,
+    })
 }
 
 fn to_2d(
@@ -139,6 +159,43 @@ impl PyTable {
             py.enter_store(|| table.lookup(k, insert, dst))?;
         }
         Ok(out)
+    }
+
+    #[pyo3(signature = (ids, offsets, weights=None, combiner="sum", insert=true))]
+    fn lookup_pooled<'py>(
+        &self,
+        py: Python<'py>,
+        ids: PyReadonlyArray1<'py, i64>,
+        offsets: PyReadonlyArray1<'py, i64>,
+        weights: Option<PyReadonlyArray1<'py, f32>>,
+        combiner: &str,
+        insert: bool,
+    ) -> PyResult<Bound<'py, PyArray2<f32>>> {
+        let b = bags(&ids, &offsets, weights.as_ref(), combiner)?;
+        let table = &self.inner;
+        let out = PyArray2::<f32>::zeros(py, [b.batch(), table.dim()], false);
+        {
+            let mut rw = out.readwrite();
+            let dst = rw.as_slice_mut()?;
+            py.enter_store(|| table.lookup_pooled(&b, insert, dst))?;
+        }
+        Ok(out)
+    }
+
+    #[pyo3(signature = (ids, offsets, grads, weights=None, combiner="sum"))]
+    fn apply_pooled_gradients(
+        &self,
+        py: Python<'_>,
+        ids: PyReadonlyArray1<'_, i64>,
+        offsets: PyReadonlyArray1<'_, i64>,
+        grads: PyReadonlyArray2<'_, f32>,
+        weights: Option<PyReadonlyArray1<'_, f32>>,
+        combiner: &str,
+    ) -> PyResult<()> {
+        let b = bags(&ids, &offsets, weights.as_ref(), combiner)?;
+        let g = slice2(&grads, "grads")?;
+        let table = &self.inner;
+        py.enter_store(|| table.apply_pooled_gradients(&b, g))
     }
 
     fn contains<'py>(

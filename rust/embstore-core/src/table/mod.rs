@@ -8,6 +8,7 @@
 //! before or wholly after an update.
 
 mod arena;
+mod pooled;
 mod shard;
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -21,6 +22,7 @@ use crate::hash::{key_hash, shard_of};
 use crate::init::Initializer;
 use crate::optim::Optimizer;
 use crate::simd::Backend;
+pub use pooled::{Bags, Combiner};
 use shard::Shard;
 
 /// The most shards a table may have.
@@ -79,42 +81,63 @@ impl Plan {
 }
 
 /// A raw pointer to an output buffer that shards fill in parallel, each
-/// writing only the rows of its own batch positions.
+/// writing only the rows of its own batch positions. Row `i` starts at
+/// `i * stride + col` (a Collection writes each feature into its columns of
+/// one wide array).
 ///
 /// Invariant: `ptr` is valid for writes of `len` floats for the lifetime of
-/// the call that created it, and no two writers receive the same position.
+/// the call that created it, and no two writers receive the same row.
 #[derive(Clone, Copy)]
-struct SharedOut {
+pub(crate) struct SharedOut {
     ptr: *mut f32,
     len: usize,
+    stride: usize,
+    col: usize,
 }
 
-// SAFETY: a `SharedOut` is only used to write disjoint ranges (one batch
-// position belongs to exactly one shard of a plan), so sending it to other
+// SAFETY: a `SharedOut` is only used to write disjoint rows (one batch
+// position or bag belongs to exactly one writer), so sending it to other
 // threads cannot produce overlapping writes.
 unsafe impl Send for SharedOut {}
-// SAFETY: as for `Send`: concurrent users write disjoint ranges only.
+// SAFETY: as for `Send`: concurrent users write disjoint rows only.
 unsafe impl Sync for SharedOut {}
 
 impl SharedOut {
-    fn new(out: &mut [f32]) -> Self {
+    /// Rows of `dim` floats packed back to back in `out`.
+    pub(crate) fn new(out: &mut [f32], dim: usize) -> Self {
+        Self::strided(out, dim, 0)
+    }
+
+    /// Rows of `stride` floats in `out`, writing columns `col..col + dim`.
+    pub(crate) fn strided(out: &mut [f32], stride: usize, col: usize) -> Self {
         SharedOut {
             ptr: out.as_mut_ptr(),
             len: out.len(),
+            stride,
+            col,
         }
     }
 
-    /// The `dim` floats of batch position `i`.
+    /// The same buffer, writing from column `col`.
+    pub(crate) fn with_col(self, col: usize) -> Self {
+        SharedOut { col, ..self }
+    }
+
+    /// The `dim` floats of output row `i`.
     ///
     /// # Safety
-    /// No other live reference may cover position `i`: each position is
-    /// handed to exactly one writer (the shard that owns its key).
+    /// No other live reference may cover row `i`: each row is handed to
+    /// exactly one writer (the shard that owns the key, or the bag's task).
     #[allow(clippy::mut_from_ref)]
-    unsafe fn row(&self, i: usize, dim: usize) -> &mut [f32] {
-        assert!((i + 1) * dim <= self.len, "output position out of range");
+    pub(crate) unsafe fn row(&self, i: usize, dim: usize) -> &mut [f32] {
+        let start = i * self.stride + self.col;
+        assert!(
+            self.col + dim <= self.stride && start + dim <= self.len,
+            "output row out of range"
+        );
         // SAFETY: in bounds by the assert; exclusive by this function's
         // contract; the buffer outlives the call (type invariant).
-        unsafe { std::slice::from_raw_parts_mut(self.ptr.add(i * dim), dim) }
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.add(start), dim) }
     }
 }
 
@@ -130,6 +153,12 @@ pub struct Table {
     backend: Backend,
     step: AtomicU64,
     shards: Box<[CachePadded<RwLock<Shard>>]>,
+    /// Taken shared by every call that changes rows, on the calling thread,
+    /// and exclusively by [`Table::export`] for a snapshot of one moment.
+    /// Never taken inside a rayon job, and no shard lock is held across a
+    /// rayon call, so a worker blocked on a lock never holds up a job that
+    /// would release it.
+    gate: RwLock<()>,
 }
 
 /// A table's figures, as `stats()` reports them.
@@ -179,7 +208,7 @@ pub fn check_finite(arg: &'static str, data: &[f32]) -> Result<()> {
     }
 }
 
-fn check_len(arg: &'static str, expected: usize, got: usize) -> Result<()> {
+pub(crate) fn check_len(arg: &'static str, expected: usize, got: usize) -> Result<()> {
     if expected == got {
         Ok(())
     } else {
@@ -235,6 +264,7 @@ impl Table {
             backend,
             step: AtomicU64::new(0),
             shards,
+            gate: RwLock::new(()),
         })
     }
 
@@ -403,8 +433,9 @@ impl Table {
         let dim = self.dim;
         check_len("out", keys.len() * dim, out.len())?;
         let plan = self.plan(keys);
-        let out = SharedOut::new(out);
+        let out = SharedOut::new(out, dim);
         if insert {
+            let _gate = self.enter();
             self.par_shards_mut(&plan, |g, pos| {
                 for &i in pos {
                     let i = i as usize;
@@ -467,6 +498,7 @@ impl Table {
         let dim = self.dim;
         check_len("values", keys.len() * dim, values.len())?;
         check_finite("values", values)?;
+        let _gate = self.enter();
         let plan = self.plan(keys);
         self.par_shards_mut(&plan, |g, pos| {
             for &i in pos {
@@ -490,6 +522,7 @@ impl Table {
     /// Only for batches of more than 2^32 - 1 keys.
     pub fn remove(&self, keys: &[i64]) -> Result<usize> {
         Self::check_batch(keys)?;
+        let _gate = self.enter();
         let plan = self.plan(keys);
         Ok(self.par_shards_mut(&plan, |g, pos| {
             pos.iter()
@@ -507,13 +540,36 @@ impl Table {
     /// `NoOptimizer`, `ShapeMismatch`, `NonFinite`; in each case nothing
     /// changed.
     pub fn apply_gradients(&self, keys: &[i64], grads: &[f32]) -> Result<()> {
-        let Some(opt) = self.optimizer else {
+        if self.optimizer.is_none() {
             return Err(StoreError::NoOptimizer);
-        };
+        }
         Self::check_batch(keys)?;
         let dim = self.dim;
         check_len("grads", keys.len() * dim, grads.len())?;
         check_finite("grads", grads)?;
+        let _gate = self.enter();
+        self.apply_in(keys, |i| (&grads[i * dim..(i + 1) * dim], 1.0));
+        Ok(())
+    }
+
+    /// Takes the gate shared, for a call that changes rows.
+    pub(crate) fn enter(&self) -> RwLockReadGuard<'_, ()> {
+        self.gate.read().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// One optimizer step where position `i` of `keys` contributes
+    /// `coef * grad` with `(grad, coef) = grad_of(i)`: contributions to one
+    /// key are summed in batch order, then the row takes one update.
+    /// The caller has checked the inputs and holds the gate; a table without
+    /// an optimizer does nothing.
+    pub(crate) fn apply_in<'g, G>(&self, keys: &[i64], grad_of: G)
+    where
+        G: Fn(usize) -> (&'g [f32], f32) + Sync,
+    {
+        let Some(opt) = self.optimizer else {
+            return;
+        };
+        let dim = self.dim;
         let t = self.step.fetch_add(1, Ordering::AcqRel) + 1;
         let consts = opt.step_consts(t);
         let backend = self.backend;
@@ -535,19 +591,22 @@ impl Table {
             let mut j = 0;
             while j < pairs.len() {
                 let r = (pairs[j] >> 32) as usize;
-                let i0 = (pairs[j] & 0xFFFF_FFFF) as usize;
                 let mut end = j + 1;
                 while end < pairs.len() && (pairs[end] >> 32) as usize == r {
                     end += 1;
                 }
-                let first = &grads[i0 * dim..(i0 + 1) * dim];
-                let gsum: &[f32] = if end - j == 1 {
+                let (first, c0) = grad_of((pairs[j] & 0xFFFF_FFFF) as usize);
+                let gsum: &[f32] = if end - j == 1 && c0 == 1.0 {
                     first
                 } else {
-                    acc.copy_from_slice(first);
-                    for &p in &pairs[j + 1..end] {
-                        let i = (p & 0xFFFF_FFFF) as usize;
-                        backend.add_assign(&mut acc, &grads[i * dim..(i + 1) * dim]);
+                    acc.fill(0.0);
+                    for &p in &pairs[j..end] {
+                        let (gr, c) = grad_of((p & 0xFFFF_FFFF) as usize);
+                        if c == 1.0 {
+                            backend.add_assign(&mut acc, gr);
+                        } else {
+                            backend.axpy(&mut acc, c, gr);
+                        }
                     }
                     &acc
                 };
@@ -557,13 +616,16 @@ impl Table {
             }
             0
         });
-        Ok(())
     }
 
     /// Every row: keys ascending, their weights (`n * dim`), and with
     /// `with_state` their optimizer state (`n * state_len`). One consistent
-    /// snapshot: every shard is read-locked for the whole copy.
+    /// snapshot of one moment, even while other threads call the table.
     pub fn export(&self, with_state: bool) -> (Vec<i64>, Vec<f32>, Vec<f32>) {
+        // Exclusive gate: no call that changes rows is running or can start,
+        // so the shard read locks below wait for nobody, and the parallel
+        // copy under them cannot be held up by a job that needs a write lock.
+        let _gate = self.gate.write().unwrap_or_else(PoisonError::into_inner);
         let guards: Vec<_> = self.shards.iter().map(|s| read(s)).collect();
         let mut refs: Vec<(i64, u32, u32)> =
             Vec::with_capacity(guards.iter().map(|g| g.len()).sum());

@@ -1,0 +1,143 @@
+"""Grouped pooled lookups: many features in one native call."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from embstore import _core
+from embstore._convert import as_keys, as_rows, as_weights, check_combiner
+from embstore.store import Table
+
+__all__ = ["Collection"]
+
+Batch = Mapping[str, tuple[Any, ...]]
+
+
+class Collection:
+    """Feature names mapped to tables, served together.
+
+    Like TorchRec's EmbeddingBagCollection: one call pools every feature's
+    bags and returns them side by side as ``(batch, sum of dims)`` in the
+    collection's feature order. Features may share a table (e.g. "item" and
+    "hist"); a shared table takes one optimizer step per
+    :meth:`apply_pooled_gradients` call over all its features' gradients.
+
+    Parameters
+    ----------
+    features:
+        Feature name -> :class:`Table`, in output order.
+    combiner:
+        Default combiner of every feature ("sum", "mean" or "sqrtn").
+    combiners:
+        Per-feature combiners overriding the default.
+    """
+
+    def __init__(
+        self,
+        features: Mapping[str, Table],
+        *,
+        combiner: str = "sum",
+        combiners: Mapping[str, str] | None = None,
+    ) -> None:
+        if not isinstance(features, Mapping) or not features:
+            raise ValueError("features: expected a non-empty mapping of name -> Table")
+        for name, table in features.items():
+            if not isinstance(table, Table):
+                raise TypeError(
+                    f"features: expected embstore.Table values, got {type(table).__name__} "
+                    f"for {name!r}"
+                )
+        combiners = dict(combiners or {})
+        unknown = set(combiners) - set(features)
+        if unknown:
+            raise ValueError(f"combiners: names not in features: {sorted(unknown)}")
+        self._features = dict(features)
+        self._combiners = {n: check_combiner(combiners.get(n, combiner)) for n in self._features}
+
+    @property
+    def features(self) -> list[str]:
+        """Feature names in output order."""
+        return list(self._features)
+
+    @property
+    def tables(self) -> dict[str, Table]:
+        """Feature name -> table."""
+        return dict(self._features)
+
+    @property
+    def dims(self) -> list[int]:
+        """Each feature's width in the output."""
+        return [t.dim for t in self._features.values()]
+
+    @property
+    def dim(self) -> int:
+        """Width of the output: the sum of the features' dims."""
+        return sum(self.dims)
+
+    def _args(self, batch: Batch) -> tuple[list[Any], list[Any], list[Any], list[Any], int]:
+        if not isinstance(batch, Mapping):
+            raise TypeError(
+                f"batch: expected a mapping of feature -> (ids, offsets[, weights]), "
+                f"got {type(batch).__name__}"
+            )
+        missing = [n for n in self._features if n not in batch]
+        extra = [n for n in batch if n not in self._features]
+        if missing or extra:
+            raise ValueError(
+                f"batch: expected features {self.features}; missing {missing}, unknown {extra}"
+            )
+        ids, offsets, weights = [], [], []
+        size = None
+        for name in self._features:
+            entry = batch[name]
+            if not isinstance(entry, tuple) or len(entry) not in (2, 3):
+                raise ValueError(
+                    f"batch[{name!r}]: expected (ids, offsets) or (ids, offsets, weights)"
+                )
+            i = as_keys(entry[0], f"batch[{name!r}] ids")
+            o = as_keys(entry[1], f"batch[{name!r}] offsets")
+            if o.shape[0] == 0:
+                raise ValueError(f"batch[{name!r}] offsets: expected batch + 1 >= 1 offsets")
+            if size is None:
+                size = o.shape[0] - 1
+            elif o.shape[0] - 1 != size:
+                raise ValueError(
+                    f"batch[{name!r}] offsets: expected batch size {size} like the "
+                    f"first feature, got {o.shape[0] - 1}"
+                )
+            ids.append(i)
+            offsets.append(o)
+            weights.append(as_weights(entry[2], i.shape[0]) if len(entry) == 3 else None)
+        return ids, offsets, weights, [self._combiners[n] for n in self._features], size or 0
+
+    def _inners(self) -> list[Any]:
+        return [t._inner for t in self._features.values()]
+
+    def lookup_pooled(self, batch: Batch, *, insert: bool = True) -> npt.NDArray[np.float32]:
+        """Pooled rows of every feature: float32 ``(batch, sum of dims)``.
+
+        ``batch`` maps each feature name to ``(ids, offsets)`` or
+        ``(ids, offsets, weights)`` in the CSR form of
+        :meth:`Table.lookup_pooled`; every feature has the same batch size.
+        """
+        ids, offsets, weights, combiners, _ = self._args(batch)
+        return _core.collection_lookup_pooled(
+            self._inners(), ids, offsets, weights, combiners, bool(insert)
+        )
+
+    def apply_pooled_gradients(self, batch: Batch, grads: Any) -> None:
+        """Backward of :meth:`lookup_pooled` (``grads`` has its output's
+        layout) and one optimizer step per distinct table."""
+        for name, table in self._features.items():
+            if table.optimizer is None:
+                raise ValueError(f"optimizer: the table of feature {name!r} has no optimizer")
+        ids, offsets, weights, combiners, size = self._args(batch)
+        g = as_rows(grads, size, self.dim, "grads")
+        _core.collection_apply_pooled_gradients(self._inners(), ids, offsets, weights, combiners, g)
+
+    def __repr__(self) -> str:
+        return f"Collection({', '.join(f'{n}: dim {t.dim}' for n, t in self._features.items())})"

@@ -1,0 +1,124 @@
+//! Grouped pooled lookups: many features, each a batch of bags over its
+//! table, served in one call and one parallel pass. Features may share a
+//! table; a shared table takes one optimizer step per call, over the
+//! gradients of all the features that use it.
+
+use rayon::prelude::*;
+
+use crate::error::{Result, StoreError, invalid};
+use crate::table::{Bags, SharedOut, Table, check_finite, check_len};
+
+/// One feature of a grouped call: its table and its bags.
+#[derive(Debug, Clone, Copy)]
+pub struct Feature<'a> {
+    /// The table serving this feature.
+    pub table: &'a Table,
+    /// This feature's bags; every feature of a call has the same batch.
+    pub bags: Bags<'a>,
+}
+
+/// Checks every feature and returns (batch, total columns).
+fn check(features: &[Feature<'_>]) -> Result<(usize, usize)> {
+    let Some(first) = features.first() else {
+        return Err(invalid("features", "expected at least one feature"));
+    };
+    let batch = first.bags.batch();
+    for f in features {
+        f.bags.validate()?;
+        if f.bags.batch() != batch {
+            return Err(invalid(
+                "offsets",
+                format!(
+                    "expected every feature to have the same batch size {batch}, got {}",
+                    f.bags.batch()
+                ),
+            ));
+        }
+    }
+    Ok((batch, features.iter().map(|f| f.table.dim()).sum()))
+}
+
+/// Each feature's first column in the wide output.
+fn columns(features: &[Feature<'_>]) -> Vec<usize> {
+    features
+        .iter()
+        .scan(0, |c, f| {
+            let col = *c;
+            *c += f.table.dim();
+            Some(col)
+        })
+        .collect()
+}
+
+/// The distinct tables of `features`, in order of first appearance, each
+/// with the indices of the features that use it.
+fn groups<'a>(features: &[Feature<'a>]) -> Vec<(&'a Table, Vec<usize>)> {
+    let mut out: Vec<(&Table, Vec<usize>)> = Vec::new();
+    for (i, f) in features.iter().enumerate() {
+        match out.iter_mut().find(|(t, _)| std::ptr::eq(*t, f.table)) {
+            Some((_, idx)) => idx.push(i),
+            None => out.push((f.table, vec![i])),
+        }
+    }
+    out
+}
+
+/// Pooled rows of every feature into `out` (`batch * sum of dims`), feature
+/// after feature along each row.
+///
+/// # Errors
+/// Bad CSR input, differing batch sizes, a wrong `out` length; nothing changed.
+pub fn lookup_pooled(features: &[Feature<'_>], insert: bool, out: &mut [f32]) -> Result<()> {
+    let (batch, total) = check(features)?;
+    check_len("out", batch * total, out.len())?;
+    let cols = columns(features);
+    // Gates are taken here, on the calling thread, never inside a job.
+    let gates: Vec<_> = if insert {
+        groups(features).iter().map(|(t, _)| t.enter()).collect()
+    } else {
+        Vec::new()
+    };
+    let shared = SharedOut::strided(out, total, 0);
+    features.par_iter().zip(cols).for_each(|(f, col)| {
+        let out = shared.with_col(col);
+        f.table.lookup_pooled_in(&f.bags, insert, out);
+    });
+    drop(gates);
+    Ok(())
+}
+
+/// The backward of [`lookup_pooled`] and one optimizer step per distinct
+/// table; `grads` has the layout of the forward's output.
+///
+/// # Errors
+/// `NoOptimizer` for a table without one, bad CSR input, a wrong `grads`
+/// length, non-finite values; nothing changed.
+pub fn apply_pooled_gradients(features: &[Feature<'_>], grads: &[f32]) -> Result<()> {
+    let (batch, total) = check(features)?;
+    if features.iter().any(|f| f.table.optimizer().is_none()) {
+        return Err(StoreError::NoOptimizer);
+    }
+    check_len("grads", batch * total, grads.len())?;
+    check_finite("grads", grads)?;
+    let cols = columns(features);
+    let groups = groups(features);
+    let gates: Vec<_> = groups.iter().map(|(t, _)| t.enter()).collect();
+    groups.par_iter().for_each(|(table, idx)| {
+        let dim = table.dim();
+        // Every id of every feature on this table, with the flat offset of
+        // its bag's gradient row and its coefficient.
+        let mut keys = Vec::new();
+        let mut src = Vec::new();
+        let mut coef = Vec::new();
+        for &fi in idx {
+            let f = &features[fi];
+            let c = f.bags.coefs();
+            keys.extend_from_slice(f.bags.ids);
+            src.extend(c.bag_of.iter().map(|&b| b as usize * total + cols[fi]));
+            coef.extend_from_slice(&c.coef);
+        }
+        table.apply_in(&keys, |i| (&grads[src[i]..src[i] + dim], coef[i]));
+    });
+    drop(gates);
+    Ok(())
+}

@@ -1,0 +1,267 @@
+//! Pooled lookups and their backward: CSR bags of ids, as
+//! `torch.nn.EmbeddingBag(include_last_offset=True)` and TF's
+//! `embedding_lookup_sparse` take them.
+//!
+//! A bag's pooled row is `sum_i c_i * x_i` over its ids, with `c_i = w_i / d`
+//! (`w_i` the id's weight, 1 without weights) and `d` the combiner's
+//! denominator: 1 for `sum`, `sum_i w_i` for `mean`, `sqrt(sum_i w_i^2)` for
+//! `sqrtn`. The backward gives id `i` the gradient `c_i * grad[bag]`, exactly
+//! what EmbeddingBag's backward gives, and then takes one optimizer step.
+//! An empty bag pools to zeros (and a bag whose denominator is 0 too).
+
+use rayon::prelude::*;
+
+use super::{SharedOut, Table, check_finite, check_len};
+use crate::error::{Result, invalid};
+
+/// How a bag's rows are combined.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Combiner {
+    /// `sum_i w_i x_i`.
+    Sum,
+    /// `sum_i w_i x_i / sum_i w_i` (the plain mean without weights).
+    Mean,
+    /// `sum_i w_i x_i / sqrt(sum_i w_i^2)`.
+    Sqrtn,
+}
+
+impl Combiner {
+    /// The combiner named `name` ("sum", "mean", "sqrtn").
+    ///
+    /// # Errors
+    /// `InvalidArgument` for any other name.
+    pub fn from_name(name: &str) -> Result<Combiner> {
+        match name {
+            "sum" => Ok(Combiner::Sum),
+            "mean" => Ok(Combiner::Mean),
+            "sqrtn" => Ok(Combiner::Sqrtn),
+            other => Err(invalid(
+                "combiner",
+                format!("expected one of \"sum\", \"mean\", \"sqrtn\"; got {other:?}"),
+            )),
+        }
+    }
+}
+
+/// A batch of bags in CSR form: bag `b` holds `ids[offsets[b]..offsets[b + 1]]`.
+#[derive(Debug, Clone, Copy)]
+pub struct Bags<'a> {
+    /// Ids of every bag, back to back (`nnz`).
+    pub ids: &'a [i64],
+    /// `batch + 1` offsets: start at 0, never decrease, end at `nnz`.
+    pub offsets: &'a [i64],
+    /// Optional per-id weights (`nnz`).
+    pub weights: Option<&'a [f32]>,
+    /// How each bag's rows are combined.
+    pub combiner: Combiner,
+}
+
+/// Per-id bag and coefficient of a batch of bags.
+pub(crate) struct Coefs {
+    pub bag_of: Vec<u32>,
+    pub coef: Vec<f32>,
+}
+
+impl Bags<'_> {
+    /// Number of bags.
+    pub fn batch(&self) -> usize {
+        self.offsets.len().saturating_sub(1)
+    }
+
+    #[inline]
+    fn range(&self, b: usize) -> std::ops::Range<usize> {
+        self.offsets[b] as usize..self.offsets[b + 1] as usize
+    }
+
+    /// Checks the CSR structure and the weights.
+    ///
+    /// # Errors
+    /// `InvalidArgument`/`ShapeMismatch`/`NonFinite` naming `offsets` or `weights`.
+    pub fn validate(&self) -> Result<()> {
+        let nnz = self.ids.len();
+        if nnz > u32::MAX as usize {
+            return Err(invalid(
+                "ids",
+                format!("expected at most 2^32 - 1 ids, got {nnz}"),
+            ));
+        }
+        let Some(&first) = self.offsets.first() else {
+            return Err(invalid(
+                "offsets",
+                "expected batch + 1 >= 1 offsets (include_last_offset=True), got an empty array",
+            ));
+        };
+        if first != 0 {
+            return Err(invalid(
+                "offsets",
+                format!("expected offsets[0] == 0, got {first}"),
+            ));
+        }
+        if let Some(b) = self.offsets.windows(2).position(|w| w[1] < w[0]) {
+            return Err(invalid(
+                "offsets",
+                format!(
+                    "expected non-decreasing offsets, got offsets[{}] = {} > offsets[{}] = {}",
+                    b,
+                    self.offsets[b],
+                    b + 1,
+                    self.offsets[b + 1]
+                ),
+            ));
+        }
+        let last = self.offsets[self.offsets.len() - 1];
+        if last != nnz as i64 {
+            return Err(invalid(
+                "offsets",
+                format!("expected the last offset to equal len(ids) = {nnz}, got {last}"),
+            ));
+        }
+        if let Some(w) = self.weights {
+            check_len("weights", nnz, w.len())?;
+            check_finite("weights", w)?;
+        }
+        Ok(())
+    }
+
+    /// Each id's bag and coefficient `w_i / d_bag`.
+    pub(crate) fn coefs(&self) -> Coefs {
+        let nnz = self.ids.len();
+        let mut bag_of = vec![0u32; nnz];
+        let mut coef = vec![1.0f32; nnz];
+        let weight = |i: usize| self.weights.map_or(1.0, |w| w[i]);
+        for b in 0..self.batch() {
+            let r = self.range(b);
+            bag_of[r.clone()].fill(b as u32);
+            let denom = match self.combiner {
+                Combiner::Sum => 1.0,
+                Combiner::Mean => r.clone().map(weight).sum::<f32>(),
+                Combiner::Sqrtn => r.clone().map(|i| weight(i) * weight(i)).sum::<f32>().sqrt(),
+            };
+            for i in r {
+                coef[i] = if denom == 0.0 { 0.0 } else { weight(i) / denom };
+            }
+        }
+        Coefs { bag_of, coef }
+    }
+}
+
+impl Table {
+    /// Pooled rows of `bags` into `out` (`batch * dim`). With `insert`,
+    /// missing ids get a stored row from the initializer; without, they pool
+    /// the initializer's row and nothing is stored.
+    ///
+    /// # Errors
+    /// Bad CSR input or a wrong `out` length; nothing changed.
+    pub fn lookup_pooled(&self, bags: &Bags<'_>, insert: bool, out: &mut [f32]) -> Result<()> {
+        bags.validate()?;
+        check_len("out", bags.batch() * self.dim, out.len())?;
+        let _gate = insert.then(|| self.enter());
+        self.lookup_pooled_in(bags, insert, SharedOut::new(out, self.dim));
+        Ok(())
+    }
+
+    /// [`Table::lookup_pooled`] on checked input, with the gate held when
+    /// `insert`; writes bag `b` to row `b` of `out`.
+    pub(crate) fn lookup_pooled_in(&self, bags: &Bags<'_>, insert: bool, out: SharedOut) {
+        let dim = self.dim;
+        let backend = self.backend;
+        let ids = bags.ids;
+        let Coefs { bag_of, coef } = bags.coefs();
+        // An id alone in its bag writes its bag's row directly; ids of larger
+        // bags are gathered first and pooled per bag afterwards.
+        let mut slot = vec![u32::MAX; ids.len()];
+        let mut gathered = 0usize;
+        for b in 0..bags.batch() {
+            let r = bags.range(b);
+            if r.len() >= 2 {
+                for i in r {
+                    slot[i] = gathered as u32;
+                    gathered += 1;
+                }
+            }
+        }
+        let mut gbuf = vec![0.0f32; gathered * dim];
+        let gout = SharedOut::new(&mut gbuf, dim);
+        let emit = |i: usize, x: &[f32]| {
+            if slot[i] == u32::MAX {
+                // SAFETY: bag_of[i] has this id only, and position i belongs
+                // to one shard of the plan: one writer for this output row.
+                let dst = unsafe { out.row(bag_of[i] as usize, dim) };
+                dst.copy_from_slice(x);
+                if coef[i] != 1.0 {
+                    backend.scale(dst, coef[i]);
+                }
+            } else {
+                // SAFETY: slot[i] is position i's own gather row.
+                unsafe { gout.row(slot[i] as usize, dim) }.copy_from_slice(x);
+            }
+        };
+        let plan = self.plan(ids);
+        if insert {
+            self.par_shards_mut(&plan, |g, pos| {
+                for &i in pos {
+                    let i = i as usize;
+                    let (r, _) =
+                        g.find_or_insert(ids[i], plan.hashes[i], |row| self.fill_new(ids[i], row));
+                    emit(i, &g.arena.row(r)[..dim]);
+                }
+                0
+            });
+        } else {
+            self.par_shards(&plan, |g, pos| {
+                let mut tmp = vec![0.0f32; dim];
+                for &i in pos {
+                    let i = i as usize;
+                    match g.find(ids[i], plan.hashes[i]) {
+                        Some(r) => emit(i, &g.arena.row(r)[..dim]),
+                        None => {
+                            self.initializer.fill(self.seed, ids[i], &mut tmp);
+                            emit(i, &tmp);
+                        }
+                    }
+                }
+            });
+        }
+        let gbuf = &gbuf;
+        (0..bags.batch())
+            .into_par_iter()
+            .with_min_len(1024)
+            .for_each(|b| {
+                let r = bags.range(b);
+                if r.len() == 1 {
+                    return;
+                }
+                // SAFETY: each bag's output row is written by this task only.
+                let dst = unsafe { out.row(b, dim) };
+                dst.fill(0.0);
+                for i in r {
+                    let s = slot[i] as usize;
+                    backend.axpy(dst, coef[i], &gbuf[s * dim..(s + 1) * dim]);
+                }
+            });
+    }
+
+    /// The backward of [`Table::lookup_pooled`] followed by one optimizer
+    /// step: id `i` of bag `b` contributes `c_i * grads[b]` (`grads` is
+    /// `batch * dim`).
+    ///
+    /// # Errors
+    /// `NoOptimizer`, bad CSR input, wrong `grads` length, non-finite
+    /// values; nothing changed.
+    pub fn apply_pooled_gradients(&self, bags: &Bags<'_>, grads: &[f32]) -> Result<()> {
+        if self.optimizer.is_none() {
+            return Err(crate::StoreError::NoOptimizer);
+        }
+        bags.validate()?;
+        check_len("grads", bags.batch() * self.dim, grads.len())?;
+        check_finite("grads", grads)?;
+        let _gate = self.enter();
+        let Coefs { bag_of, coef } = bags.coefs();
+        let dim = self.dim;
+        self.apply_in(bags.ids, |i| {
+            let b = bag_of[i] as usize;
+            (&grads[b * dim..(b + 1) * dim], coef[i])
+        });
+        Ok(())
+    }
+}

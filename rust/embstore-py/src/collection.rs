@@ -1,0 +1,88 @@
+//! Grouped pooled calls over several tables in one native call.
+
+use std::sync::Arc;
+
+use embstore_core::collection::{self, Feature};
+use embstore_core::{Bags, Table};
+use numpy::{PyArray2, PyArrayMethods, PyReadonlyArray1, PyReadonlyArray2};
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+
+use crate::convert::EnterStore;
+use crate::store::{PyTable, bags};
+
+type Ids<'py> = Vec<PyReadonlyArray1<'py, i64>>;
+type Weights<'py> = Vec<Option<PyReadonlyArray1<'py, f32>>>;
+
+/// Borrows every feature's arrays; checks the lists have one entry per table.
+fn features<'a>(
+    tables: &[Arc<Table>],
+    ids: &'a Ids<'_>,
+    offsets: &'a Ids<'_>,
+    weights: &'a Weights<'_>,
+    combiners: &[String],
+) -> PyResult<Vec<Bags<'a>>> {
+    let n = tables.len();
+    if ids.len() != n || offsets.len() != n || weights.len() != n || combiners.len() != n {
+        return Err(PyValueError::new_err(format!(
+            "features: expected {n} ids, offsets, weights and combiners, one per table"
+        )));
+    }
+    (0..n)
+        .map(|i| bags(&ids[i], &offsets[i], weights[i].as_ref(), &combiners[i]))
+        .collect()
+}
+
+fn zip<'a>(tables: &'a [Arc<Table>], bags: &[Bags<'a>]) -> Vec<Feature<'a>> {
+    tables
+        .iter()
+        .zip(bags)
+        .map(|(t, b)| Feature { table: t, bags: *b })
+        .collect()
+}
+
+/// Pooled rows of every feature side by side: (batch, sum of dims).
+#[pyfunction]
+#[pyo3(signature = (tables, ids, offsets, weights, combiners, insert=true))]
+pub fn collection_lookup_pooled<'py>(
+    py: Python<'py>,
+    tables: Vec<PyRef<'py, PyTable>>,
+    ids: Ids<'py>,
+    offsets: Ids<'py>,
+    weights: Weights<'py>,
+    combiners: Vec<String>,
+    insert: bool,
+) -> PyResult<Bound<'py, PyArray2<f32>>> {
+    let tables: Vec<Arc<Table>> = tables.iter().map(|t| t.inner.clone()).collect();
+    let bags = features(&tables, &ids, &offsets, &weights, &combiners)?;
+    let batch = bags.first().map_or(0, |b| b.batch());
+    let total: usize = tables.iter().map(|t| t.dim()).sum();
+    let out = PyArray2::<f32>::zeros(py, [batch, total], false);
+    {
+        let mut rw = out.readwrite();
+        let dst = rw.as_slice_mut()?;
+        let feats = zip(&tables, &bags);
+        py.enter_store(|| collection::lookup_pooled(&feats, insert, dst))?;
+    }
+    Ok(out)
+}
+
+/// Backward of [`collection_lookup_pooled`] and one step per distinct table.
+#[pyfunction]
+pub fn collection_apply_pooled_gradients<'py>(
+    py: Python<'py>,
+    tables: Vec<PyRef<'py, PyTable>>,
+    ids: Ids<'py>,
+    offsets: Ids<'py>,
+    weights: Weights<'py>,
+    combiners: Vec<String>,
+    grads: PyReadonlyArray2<'py, f32>,
+) -> PyResult<()> {
+    let tables: Vec<Arc<Table>> = tables.iter().map(|t| t.inner.clone()).collect();
+    let bags = features(&tables, &ids, &offsets, &weights, &combiners)?;
+    let g = grads
+        .as_slice()
+        .map_err(|_| PyValueError::new_err("grads: expected a C-contiguous array"))?;
+    let feats = zip(&tables, &bags);
+    py.enter_store(|| collection::apply_pooled_gradients(&feats, g))
+}

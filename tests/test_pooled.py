@@ -1,0 +1,300 @@
+"""Pooled lookups and their backward against torch.nn.EmbeddingBag followed
+by torch.optim.SparseAdam / Adagrad, "sqrtn" against NumPy, and the
+Collection against per-table calls."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from functools import partial
+
+import numpy as np
+import pytest
+import torch
+
+import embstore
+from embstore import optim
+from tests.conftest import assert_same, key_pool, snapshot
+
+DIM = 8
+POOL = 120
+BATCH = 24
+STEPS = 20
+
+
+def random_bags(
+    rng: np.random.Generator, pool: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Bags of 0 to 5 ids (empty and one-id bags, repeats inside a bag)."""
+    sizes = rng.integers(0, 6, BATCH)
+    sizes[:3] = [0, 1, 4]
+    offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+    ids = rng.choice(pool[: POOL // 3], offsets[-1])  # a small hot set: repeats
+    if offsets[-1] >= 6:
+        ids[offsets[2] + 1] = ids[offsets[2]]  # a repeat inside one bag
+    weights = rng.uniform(0.2, 2.0, offsets[-1]).astype(np.float32)
+    return ids.astype(np.int64), offsets, weights
+
+
+def dense_index(pool: np.ndarray, keys: np.ndarray) -> np.ndarray:
+    order = np.argsort(pool)
+    return order[np.searchsorted(pool[order], keys)]
+
+
+@pytest.mark.parametrize(("mode", "weighted"), [("sum", False), ("sum", True), ("mean", False)])
+@pytest.mark.parametrize("opt_name", ["adam", "adagrad"])
+def test_pooled_matches_torch_embedding_bag(
+    rng: np.random.Generator, mode: str, weighted: bool, opt_name: str
+) -> None:
+    pool = key_pool(rng, POOL)
+    ours_opt: optim.Optimizer
+    make: Callable[[list[torch.Tensor]], torch.optim.Optimizer]
+    if opt_name == "adam":
+        ours_opt = optim.Adam(lr=0.05)
+        make = partial(torch.optim.SparseAdam, lr=0.05)
+    else:
+        ours_opt = optim.Adagrad(lr=0.1, initial_accumulator_value=0.1)
+        make = partial(torch.optim.Adagrad, lr=0.1, initial_accumulator_value=0.1)
+    table = embstore.Table(DIM, optimizer=ours_opt, seed=3, num_shards=5)
+    bag = torch.nn.EmbeddingBag(POOL, DIM, mode=mode, include_last_offset=True, sparse=True)
+    with torch.no_grad():
+        bag.weight.copy_(torch.from_numpy(table.lookup(pool, insert=False)))
+    topt = make(list(bag.parameters()))
+    touched: set[int] = set()
+    for _ in range(STEPS):
+        ids, offsets, weights = random_bags(rng, pool)
+        w = weights if weighted else None
+        ours = table.lookup_pooled(ids, offsets, combiner=mode, weights=w)
+        tin = torch.from_numpy(dense_index(pool, ids))
+        tw = torch.from_numpy(weights) if weighted else None
+        theirs = bag(tin, torch.from_numpy(offsets), per_sample_weights=tw)
+        np.testing.assert_allclose(ours, theirs.detach().numpy(), rtol=1e-5, atol=1e-6)
+        upstream = rng.normal(size=(BATCH, DIM)).astype(np.float32)
+        table.apply_pooled_gradients(ids, offsets, upstream, combiner=mode, weights=w)
+        topt.zero_grad()
+        (theirs * torch.from_numpy(upstream)).sum().backward()
+        topt.step()
+        touched |= set(ids.tolist())
+    keys, rows = table.export()
+    assert set(keys.tolist()) == touched
+    expect = bag.weight.detach().numpy()[dense_index(pool, keys)]
+    np.testing.assert_allclose(rows, expect, rtol=1e-5, atol=1e-6)
+    assert table.step == STEPS
+
+
+def numpy_pool(
+    rows: np.ndarray, offsets: np.ndarray, weights: np.ndarray, combiner: str
+) -> tuple[np.ndarray, np.ndarray]:
+    """Pooled rows and each id's coefficient, from the formulas of DESIGN.md."""
+    out = np.zeros((len(offsets) - 1, rows.shape[1]))
+    coef = np.zeros(len(rows))
+    for b in range(len(offsets) - 1):
+        s, e = offsets[b], offsets[b + 1]
+        w = weights[s:e].astype(np.float64)
+        denom = {"sum": 1.0, "mean": w.sum(), "sqrtn": np.sqrt((w * w).sum())}[combiner]
+        if e > s and denom > 0:
+            coef[s:e] = w / denom
+            out[b] = (coef[s:e, None] * rows[s:e]).sum(axis=0)
+    return out, coef
+
+
+@pytest.mark.parametrize("combiner", ["sqrtn", "mean", "sum"])
+@pytest.mark.parametrize("weighted", [False, True])
+def test_pooled_matches_numpy_reference(
+    rng: np.random.Generator, combiner: str, weighted: bool
+) -> None:
+    pool = key_pool(rng, POOL)
+    table = embstore.Table(DIM, optimizer=optim.SGD(lr=0.5), seed=2)
+    for _ in range(5):
+        ids, offsets, weights = random_bags(rng, pool)
+        if not weighted:
+            weights = np.ones_like(weights)
+        before = table.lookup(ids, insert=False)
+        expect, _ = numpy_pool(before, offsets, weights, combiner)
+        got = table.lookup_pooled(
+            ids, offsets, combiner=combiner, weights=weights if weighted else None
+        )
+        np.testing.assert_allclose(got, expect, rtol=1e-5, atol=1e-6)
+        # Train a little so later rounds pool rows that moved.
+        upstream = rng.normal(size=(BATCH, DIM)).astype(np.float32)
+        table.apply_pooled_gradients(
+            ids, offsets, upstream, combiner=combiner, weights=weights if weighted else None
+        )
+
+
+def test_pooled_backward_equals_numpy_spread_with_sgd(rng: np.random.Generator) -> None:
+    pool = key_pool(rng, POOL)
+    for combiner in ("sum", "mean", "sqrtn"):
+        table = embstore.Table(DIM, optimizer=optim.SGD(lr=0.5), seed=2)
+        ids, offsets, weights = random_bags(rng, pool)
+        uniq, inv = np.unique(ids, return_inverse=True)
+        start = table.lookup(uniq, insert=False).astype(np.float64)
+        _, coef = numpy_pool(start[inv], offsets, weights, combiner)
+        upstream = rng.normal(size=(BATCH, DIM)).astype(np.float32)
+        table.apply_pooled_gradients(ids, offsets, upstream, combiner=combiner, weights=weights)
+        bag_of = np.repeat(np.arange(BATCH), np.diff(offsets))
+        g = np.zeros((len(uniq), DIM))
+        np.add.at(g, inv, coef[:, None] * upstream[bag_of])
+        np.testing.assert_allclose(
+            table.lookup(uniq, insert=False), start - 0.5 * g, rtol=1e-5, atol=1e-6
+        )
+        assert table.step == 1
+
+
+def test_empty_bags_pool_to_zeros_and_serving_stores_nothing() -> None:
+    table = embstore.Table(4, seed=1)
+    out = table.lookup_pooled([5, 6], [0, 0, 2, 2], combiner="mean", insert=False)
+    np.testing.assert_array_equal(out[0], 0)
+    np.testing.assert_array_equal(out[2], 0)
+    np.testing.assert_allclose(out[1], table.lookup([5, 6], insert=False).mean(axis=0), rtol=1e-6)
+    assert len(table) == 0
+    table.lookup_pooled([5, 6], [0, 0, 2, 2])
+    assert len(table) == 2
+    assert table.lookup_pooled([], [0]).shape == (0, 4)
+
+
+@pytest.mark.parametrize(
+    ("offsets", "match"),
+    [
+        ([1, 2, 4], r"^offsets: expected offsets\[0\] == 0"),
+        ([0, 3, 2, 4], r"^offsets: expected non-decreasing offsets"),
+        ([0, 2, 5], r"^offsets: expected the last offset to equal len\(ids\) = 4"),
+        ([0, 2, 3], r"^offsets: expected the last offset to equal len\(ids\) = 4"),
+        ([], r"^offsets: expected batch \+ 1 >= 1 offsets"),
+    ],
+)
+def test_bad_offsets_are_refused_and_change_nothing(offsets: list[int], match: str) -> None:
+    table = embstore.Table(4, optimizer=optim.Adam())
+    table.lookup([1, 2])
+    before = snapshot(table)
+    ids = [1, 2, 3, 4]
+    grads = np.ones((max(len(offsets) - 1, 0), 4))
+    with pytest.raises(ValueError, match=match):
+        table.lookup_pooled(ids, offsets)
+    with pytest.raises(ValueError, match=match):
+        table.apply_pooled_gradients(ids, offsets, grads)
+    assert_same(before, snapshot(table))
+
+
+@pytest.mark.parametrize(
+    ("weights", "err", "match"),
+    [
+        ([1.0, 2.0], ValueError, r"^weights: expected shape \(4,\)"),
+        ([1.0, np.nan, 1.0, 1.0], ValueError, r"^weights: expected only finite values"),
+        ([1.0, np.inf, 1.0, 1.0], ValueError, r"^weights: expected only finite values"),
+        (["a", "b", "c", "d"], TypeError, r"^weights: expected a float array"),
+    ],
+)
+def test_bad_weights_are_refused_and_change_nothing(
+    weights: list[object], err: type[Exception], match: str
+) -> None:
+    table = embstore.Table(4, optimizer=optim.Adam())
+    table.lookup([1, 2])
+    before = snapshot(table)
+    with pytest.raises(err, match=match):
+        table.lookup_pooled([1, 2, 3, 4], [0, 2, 4], weights=weights)
+    with pytest.raises(err, match=match):
+        table.apply_pooled_gradients([1, 2, 3, 4], [0, 2, 4], np.ones((2, 4)), weights=weights)
+    assert_same(before, snapshot(table))
+
+
+def test_bad_pooled_grads_and_combiner_are_refused() -> None:
+    table = embstore.Table(4, optimizer=optim.Adam())
+    table.lookup([1, 2])
+    before = snapshot(table)
+    with pytest.raises(ValueError, match=r"^grads: expected shape \(2, 4\)"):
+        table.apply_pooled_gradients([1, 2], [0, 1, 2], np.ones((3, 4)))
+    with pytest.raises(ValueError, match=r"^grads: expected only finite values"):
+        table.apply_pooled_gradients([1, 2], [0, 1, 2], np.full((2, 4), np.nan))
+    with pytest.raises(ValueError, match=r"^combiner: expected one of"):
+        table.lookup_pooled([1, 2], [0, 1, 2], combiner="max")
+    assert_same(before, snapshot(table))
+
+
+# -- Collection ----------------------------------------------------------------
+
+
+def feature_batch(rng: np.random.Generator, pool: np.ndarray) -> tuple:
+    ids, offsets, weights = random_bags(rng, pool)
+    return ids, offsets, weights
+
+
+def test_collection_equals_per_table_calls_and_steps_shared_tables_once(
+    rng: np.random.Generator,
+) -> None:
+    pool = key_pool(rng, POOL)
+
+    def tables() -> tuple[embstore.Table, embstore.Table]:
+        return (
+            embstore.Table(DIM, optimizer=optim.Adam(lr=0.05), seed=1),
+            embstore.Table(4, optimizer=optim.Adagrad(lr=0.1), seed=2),
+        )
+
+    user, item = tables()
+    coll = embstore.Collection(
+        {"user": user, "item": item, "hist": item}, combiners={"hist": "mean"}
+    )
+    assert coll.dims == [DIM, 4, 4]
+    ref_user, ref_item = tables()
+    for _ in range(6):
+        b = {n: feature_batch(rng, pool) for n in ("user", "item", "hist")}
+        b["item"] = b["item"][:2]  # unweighted
+        out = coll.lookup_pooled(b)
+        assert out.shape == (BATCH, DIM + 8)
+        ru = ref_user.lookup_pooled(b["user"][0], b["user"][1], weights=b["user"][2])
+        ri = ref_item.lookup_pooled(*b["item"])
+        rh = ref_item.lookup_pooled(
+            b["hist"][0], b["hist"][1], combiner="mean", weights=b["hist"][2]
+        )
+        np.testing.assert_allclose(out, np.concatenate([ru, ri, rh], axis=1), rtol=1e-5, atol=1e-6)
+        g = rng.normal(size=out.shape).astype(np.float32)
+        coll.apply_pooled_gradients(b, g)
+        ref_user.apply_pooled_gradients(
+            b["user"][0], b["user"][1], g[:, :DIM], weights=b["user"][2]
+        )
+        # The shared table: one step over both features' ids and gradients.
+        ids = np.concatenate([b["item"][0], b["hist"][0]])
+        n_item = len(b["item"][1]) - 1
+        offsets = np.concatenate([b["item"][1], b["hist"][1][1:] + b["item"][1][-1]])
+        grads_cat = np.concatenate([g[:, DIM : DIM + 4], g[:, DIM + 4 :]])
+        # item bags are plain sums, hist bags weighted means: as sum-combiner
+        # weights w / (sum of the bag's w), one call equals the shared step.
+        w_item = np.ones(len(b["item"][0]), np.float32)
+        sizes = np.diff(b["hist"][1])
+        hw = b["hist"][2]
+        bag_sums = np.add.reduceat(hw, b["hist"][1][:-1]) if len(hw) else np.array([])
+        bag_sums = np.where(sizes > 0, bag_sums[: len(sizes)] if len(bag_sums) else 0, 1.0)
+        w_hist = hw / np.repeat(bag_sums, sizes)
+        ref_item.apply_pooled_gradients(
+            ids, offsets, grads_cat, weights=np.concatenate([w_item, w_hist])
+        )
+        assert n_item == BATCH
+    for ours, ref in ((user, ref_user), (item, ref_item)):
+        a, b_ = ours.export(with_state=True), ref.export(with_state=True)
+        np.testing.assert_array_equal(a[0], b_[0])
+        np.testing.assert_allclose(a[1], b_[1], rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(a[2], b_[2], rtol=1e-5, atol=1e-6)
+    assert item.step == 6, "a shared table takes one step per call"
+    assert user.step == 6
+
+
+def test_collection_bad_input_changes_nothing(rng: np.random.Generator) -> None:
+    t = embstore.Table(4, optimizer=optim.Adam())
+    coll = embstore.Collection({"a": t, "b": t})
+    t.lookup([1, 2, 3])
+    before = snapshot(t)
+    good = ([1, 2], [0, 1, 2])
+    with pytest.raises(ValueError, match=r"^batch: expected features \['a', 'b'\]"):
+        coll.lookup_pooled({"a": good})
+    with pytest.raises(ValueError, match=r"expected batch size 2 like the first feature"):
+        coll.apply_pooled_gradients({"a": good, "b": ([1], [0, 1])}, np.ones((2, 8)))
+    with pytest.raises(ValueError, match=r"offsets: expected non-decreasing offsets"):
+        coll.apply_pooled_gradients({"a": good, "b": ([1, 2], [0, 2, 1])}, np.ones((2, 8)))
+    with pytest.raises(ValueError, match=r"^grads: expected shape \(2, 8\)"):
+        coll.apply_pooled_gradients({"a": good, "b": good}, np.ones((2, 4)))
+    with pytest.raises(ValueError, match=r"^grads: expected only finite values"):
+        coll.apply_pooled_gradients({"a": good, "b": good}, np.full((2, 8), np.inf))
+    with pytest.raises(TypeError, match=r"^features: expected embstore.Table values"):
+        embstore.Collection({"a": "t"})  # type: ignore[dict-item]
+    with pytest.raises(ValueError, match=r"^combiner: expected one of"):
+        embstore.Collection({"a": t}, combiner="max")
+    assert_same(before, snapshot(t))
