@@ -1,0 +1,17 @@
+"""PyTorch modules over embstore tables (needs torch: ``pip install "embstore[torch]"``).
+
+The modules' forward returns a tensor that requires grad; their backward
+applies the gradient to the table's own optimizer (a fused backward, as
+TorchRec/FBGEMM do): no dense gradient and no torch optimizer over the
+embedding rows. Give torch's optimizer the model's dense parameters only.
+"""
+
+from __future__ import annotations
+
+from embstore._deps import require
+
+require("torch", "torch")
+
+from embstore.torch.module import Embedding, EmbeddingBag, EmbeddingCollection  # noqa: E402
+
+__all__ = ["Embedding", "EmbeddingBag", "EmbeddingCollection"]

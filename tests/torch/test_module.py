@@ -1,0 +1,147 @@
+"""embstore.torch modules train a model to the same embedding rows and dense
+weights as the same model built on torch.nn.EmbeddingBag(sparse=True) +
+torch.optim.SparseAdam."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import embstore
+import embstore.torch as et
+import torch
+from embstore import optim
+from tests.conftest import key_pool
+from torch import nn
+
+DIM = 8
+POOL = 200
+BATCH = 32
+STEPS = 20
+
+
+def make_batches(rng: np.random.Generator, pool: np.ndarray) -> list[dict[str, np.ndarray]]:
+    out = []
+    for _ in range(STEPS):
+        b: dict[str, np.ndarray] = {}
+        for f in ("user", "item"):
+            sizes = rng.integers(0, 4, BATCH)
+            b[f + "_offsets"] = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+            b[f + "_ids"] = rng.choice(pool, int(sizes.sum())).astype(np.int64)
+        b["dense"] = rng.normal(size=(BATCH, 3)).astype(np.float32)
+        b["label"] = (rng.random(BATCH) < 0.4).astype(np.float32)
+        out.append(b)
+    return out
+
+
+class Head(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.linear = nn.Linear(2 * DIM + 3, 1)
+
+    def forward(self, emb: torch.Tensor, dense: torch.Tensor) -> torch.Tensor:
+        return self.linear(torch.cat([emb, dense], dim=1)).squeeze(1)
+
+
+def dense_index(pool: np.ndarray, keys: np.ndarray) -> np.ndarray:
+    order = np.argsort(pool)
+    return order[np.searchsorted(pool[order], keys)]
+
+
+def reference(pool: np.ndarray, batches: list, init_rows: dict[str, np.ndarray]) -> tuple:
+    bags = {
+        f: nn.EmbeddingBag(POOL, DIM, mode="sum", include_last_offset=True, sparse=True)
+        for f in ("user", "item")
+    }
+    for f, bag in bags.items():
+        with torch.no_grad():
+            bag.weight.copy_(torch.from_numpy(init_rows[f]))
+    head = Head()
+    sparse = torch.optim.SparseAdam([b.weight for b in bags.values()], lr=0.05)
+    dense = torch.optim.Adam(head.parameters(), lr=0.01)
+    for b in batches:
+        emb = torch.cat(
+            [
+                bags[f](
+                    torch.from_numpy(dense_index(pool, b[f + "_ids"])),
+                    torch.from_numpy(b[f + "_offsets"]),
+                )
+                for f in bags
+            ],
+            dim=1,
+        )
+        loss = nn.functional.binary_cross_entropy_with_logits(
+            head(emb, torch.from_numpy(b["dense"])), torch.from_numpy(b["label"])
+        )
+        sparse.zero_grad()
+        dense.zero_grad()
+        loss.backward()
+        sparse.step()
+        dense.step()
+    return {f: bag.weight.detach().numpy() for f, bag in bags.items()}, head
+
+
+@pytest.mark.parametrize("style", ["embedding_bag", "collection"])
+def test_torch_model_trains_like_embedding_bag_and_sparse_adam(
+    rng: np.random.Generator, style: str
+) -> None:
+    pool = key_pool(rng, POOL)
+    batches = make_batches(rng, pool)
+    tables = {
+        f: embstore.Table(DIM, optimizer=optim.Adam(lr=0.05), seed=s)
+        for s, f in enumerate(("user", "item"))
+    }
+    init_rows = {f: t.lookup(pool, insert=False) for f, t in tables.items()}
+    ref_rows, ref_head = reference(pool, batches, init_rows)
+
+    head = Head()
+    dense = torch.optim.Adam(head.parameters(), lr=0.01)
+    modules = {f: et.EmbeddingBag(t) for f, t in tables.items()}
+    coll = et.EmbeddingCollection(embstore.Collection(tables))
+    for b in batches:
+        if style == "embedding_bag":
+            emb = torch.cat(
+                [
+                    modules[f](torch.from_numpy(b[f + "_ids"]), torch.from_numpy(b[f + "_offsets"]))
+                    for f in modules
+                ],
+                dim=1,
+            )
+        else:
+            emb = coll({f: (b[f + "_ids"], b[f + "_offsets"]) for f in tables})
+        assert emb.requires_grad
+        loss = nn.functional.binary_cross_entropy_with_logits(
+            head(emb, torch.from_numpy(b["dense"])), torch.from_numpy(b["label"])
+        )
+        dense.zero_grad()
+        loss.backward()
+        dense.step()
+    for f, t in tables.items():
+        keys, rows = t.export()
+        np.testing.assert_allclose(rows, ref_rows[f][dense_index(pool, keys)], rtol=1e-5, atol=1e-6)
+        assert t.step == STEPS
+    for p, q in zip(head.parameters(), ref_head.parameters(), strict=True):
+        np.testing.assert_allclose(p.detach().numpy(), q.detach().numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_embedding_module_rows_and_gradient_step() -> None:
+    table = embstore.Table(4, optimizer=optim.SGD(lr=1.0))
+    module = et.Embedding(table)
+    ids = torch.tensor([3, 5, 3])
+    before = table.lookup([3, 5], insert=False)
+    out = module(ids)
+    assert out.shape == (3, 4)
+    assert out.requires_grad
+    out.sum().backward()
+    np.testing.assert_allclose(table.lookup([3, 5]), before - np.array([[2.0], [1.0]]), rtol=1e-6)
+    assert "dim=4" in repr(module)
+
+
+def test_modules_refuse_wrong_arguments() -> None:
+    with pytest.raises(TypeError, match=r"^table: expected an embstore.Table"):
+        et.Embedding("t")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"^combiner: expected one of"):
+        et.EmbeddingBag(embstore.Table(2), combiner="max")
+    with pytest.raises(TypeError, match=r"^collection: expected an embstore.Collection"):
+        et.EmbeddingCollection({})  # type: ignore[arg-type]
