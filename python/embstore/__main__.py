@@ -1,4 +1,4 @@
-"""Command line: ``python -m embstore bench``."""
+"""Command line: ``python -m embstore demo`` (the main job) and ``bench``."""
 
 from __future__ import annotations
 
@@ -7,10 +7,10 @@ import sys
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
-    commands = {"bench": "embstore.bench"}
+    commands = {"demo": "embstore.demo", "bench": "embstore.bench"}
     if not args or args[0] not in commands:
         print(
-            "usage: python -m embstore {bench} [options]; --help after a command for more",
+            "usage: python -m embstore {demo,bench} [options]; --help after a command for more",
             file=sys.stderr,
         )
         return 2

@@ -28,14 +28,16 @@ def _grad_np(grad: torch.Tensor) -> np.ndarray:
 
 class _Lookup(torch.autograd.Function):
     @staticmethod
-    def forward(ctx: Any, anchor: torch.Tensor, table: Table, ids: np.ndarray) -> torch.Tensor:
+    def forward(
+        ctx: Any, anchor: torch.Tensor, table: Table, ids: np.ndarray, insert: bool
+    ) -> torch.Tensor:
         ctx.table, ctx.ids = table, ids
-        return torch.from_numpy(table.lookup(ids))
+        return torch.from_numpy(table.lookup(ids, insert=insert))
 
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[None, None, None]:
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[None, ...]:
         ctx.table.apply_gradients(ctx.ids, _grad_np(grad))
-        return None, None, None
+        return (None,) * 4
 
 
 class _LookupPooled(torch.autograd.Function):
@@ -48,10 +50,11 @@ class _LookupPooled(torch.autograd.Function):
         offsets: np.ndarray,
         weights: np.ndarray | None,
         combiner: str,
+        insert: bool,
     ) -> torch.Tensor:
         ctx.args = (table, ids, offsets, weights, combiner)
         return torch.from_numpy(
-            table.lookup_pooled(ids, offsets, combiner=combiner, weights=weights)
+            table.lookup_pooled(ids, offsets, combiner=combiner, weights=weights, insert=insert)
         )
 
     @staticmethod
@@ -60,21 +63,25 @@ class _LookupPooled(torch.autograd.Function):
         table.apply_pooled_gradients(
             ids, offsets, _grad_np(grad), combiner=combiner, weights=weights
         )
-        return (None,) * 6
+        return (None,) * 7
 
 
 class _CollectionPooled(torch.autograd.Function):
     @staticmethod
     def forward(
-        ctx: Any, anchor: torch.Tensor, collection: Collection, batch: dict[str, tuple[Any, ...]]
+        ctx: Any,
+        anchor: torch.Tensor,
+        collection: Collection,
+        batch: dict[str, tuple[Any, ...]],
+        insert: bool,
     ) -> torch.Tensor:
         ctx.collection, ctx.batch = collection, batch
-        return torch.from_numpy(collection.lookup_pooled(batch))
+        return torch.from_numpy(collection.lookup_pooled(batch, insert=insert))
 
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[None, None, None]:
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[None, ...]:
         ctx.collection.apply_pooled_gradients(ctx.batch, _grad_np(grad))
-        return None, None, None
+        return (None,) * 4
 
 
 def _anchor() -> torch.Tensor:
@@ -85,6 +92,9 @@ def _anchor() -> torch.Tensor:
 
 class Embedding(nn.Module):
     """``forward(ids) -> (n, dim)`` rows of ``table``; backward steps the table's optimizer.
+
+    In training mode a missing id gets a stored row; in eval mode
+    (``module.eval()``) it gets the initializer's row and nothing is stored.
 
     Each backward pass is one optimizer step of the table. Use one module per
     table per forward pass (a Collection shares tables between features).
@@ -98,7 +108,7 @@ class Embedding(nn.Module):
 
     def forward(self, ids: Any) -> torch.Tensor:
         device = ids.device if isinstance(ids, torch.Tensor) else torch.device("cpu")
-        out: torch.Tensor = _Lookup.apply(_anchor(), self.table, _np(ids))
+        out: torch.Tensor = _Lookup.apply(_anchor(), self.table, _np(ids), self.training)
         return out.to(device)
 
     def extra_repr(self) -> str:
@@ -125,7 +135,13 @@ class EmbeddingBag(nn.Module):
     def forward(self, ids: Any, offsets: Any, per_sample_weights: Any = None) -> torch.Tensor:
         device = ids.device if isinstance(ids, torch.Tensor) else torch.device("cpu")
         out: torch.Tensor = _LookupPooled.apply(
-            _anchor(), self.table, _np(ids), _np(offsets), _np(per_sample_weights), self.combiner
+            _anchor(),
+            self.table,
+            _np(ids),
+            _np(offsets),
+            _np(per_sample_weights),
+            self.combiner,
+            self.training,
         )
         return out.to(device)
 
@@ -148,7 +164,7 @@ class EmbeddingCollection(nn.Module):
 
     def forward(self, batch: Mapping[str, tuple[Any, ...]]) -> torch.Tensor:
         host = {name: tuple(_np(x) for x in entry) for name, entry in batch.items()}
-        out: torch.Tensor = _CollectionPooled.apply(_anchor(), self.collection, host)
+        out: torch.Tensor = _CollectionPooled.apply(_anchor(), self.collection, host, self.training)
         return out
 
     def extra_repr(self) -> str:

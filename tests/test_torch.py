@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
+from torch import nn
 
 import embstore
 import embstore.torch as et
-import torch
 from embstore import optim
 from tests.conftest import key_pool
-from torch import nn
 
 DIM = 8
 POOL = 200
