@@ -9,6 +9,15 @@ from __future__ import annotations
 from embstore import init, optim
 from embstore._core import __version__
 from embstore.collection import Collection
+from embstore.exceptions import CheckpointError, EmbstoreError
 from embstore.store import Table
 
-__all__ = ["Collection", "Table", "__version__", "init", "optim"]
+__all__ = [
+    "CheckpointError",
+    "Collection",
+    "EmbstoreError",
+    "Table",
+    "__version__",
+    "init",
+    "optim",
+]

@@ -7,10 +7,14 @@ import sys
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
-    commands = {"demo": "embstore.demo", "bench": "embstore.bench"}
+    commands = {
+        "demo": "embstore.demo",
+        "bench": "embstore.bench",
+        "inspect": "embstore.inspect",
+    }
     if not args or args[0] not in commands:
         print(
-            "usage: python -m embstore {demo,bench} [options]; --help after a command for more",
+            "usage: python -m embstore {demo,bench,inspect} [options] (--help after a command)",
             file=sys.stderr,
         )
         return 2

@@ -32,6 +32,14 @@ pub enum StoreError {
     },
     /// `apply_gradients` on a table built without an optimizer.
     NoOptimizer,
+    /// A checkpoint could not be written, or is damaged, unknown or does not
+    /// fit; nothing was loaded (or published).
+    Checkpoint {
+        /// The file or directory concerned.
+        path: String,
+        /// What is wrong.
+        msg: String,
+    },
 }
 
 impl fmt::Display for StoreError {
@@ -45,6 +53,7 @@ impl fmt::Display for StoreError {
                 f,
                 "{arg}: expected only finite values, found NaN or inf at flat index {index}"
             ),
+            StoreError::Checkpoint { path, msg } => write!(f, "checkpoint {path}: {msg}"),
             StoreError::NoOptimizer => write!(
                 f,
                 "optimizer: this table was built with optimizer=None; pass an optimizer to train it"
@@ -62,6 +71,14 @@ pub type Result<T> = std::result::Result<T, StoreError>;
 pub(crate) fn invalid(arg: &'static str, msg: impl Into<String>) -> StoreError {
     StoreError::InvalidArgument {
         arg,
+        msg: msg.into(),
+    }
+}
+
+/// Shorthand for [`StoreError::Checkpoint`].
+pub(crate) fn ckpt_err(path: impl AsRef<std::path::Path>, msg: impl Into<String>) -> StoreError {
+    StoreError::Checkpoint {
+        path: path.as_ref().display().to_string(),
         msg: msg.into(),
     }
 }

@@ -4,8 +4,11 @@
 //! gets the same row whatever the number of shards or ranks, the insertion
 //! order or the thread count.
 
+use std::collections::BTreeMap;
+
 use crate::error::{Result, invalid};
 use crate::hash::{draw, row_stream};
+use crate::optim::param;
 
 /// How new rows are filled.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -63,6 +66,59 @@ fn std_normal(bits: u64) -> f64 {
 }
 
 impl Initializer {
+    /// The initializer named `name` (as `embstore.init` spells its class)
+    /// with parameters `p`, validated.
+    ///
+    /// # Errors
+    /// An unknown name, a missing required parameter or a bad value.
+    pub fn from_named(name: &str, p: &BTreeMap<String, f64>) -> Result<Initializer> {
+        let init = match name {
+            "Uniform" => Initializer::Uniform {
+                low: param(p, "low", Some(-0.05))?,
+                high: param(p, "high", Some(0.05))?,
+            },
+            "Normal" => Initializer::Normal {
+                mean: param(p, "mean", Some(0.0))?,
+                std: param(p, "std", Some(1.0))?,
+            },
+            "TruncatedNormal" => Initializer::TruncatedNormal {
+                mean: param(p, "mean", Some(0.0))?,
+                std: param(p, "std", Some(1.0))?,
+            },
+            "Zeros" => Initializer::Zeros,
+            "Constant" => Initializer::Constant {
+                value: param(p, "value", None)?,
+            },
+            other => {
+                return Err(invalid(
+                    "initializer",
+                    format!(
+                        "expected one of Uniform, Normal, TruncatedNormal, Zeros, Constant; got {other:?}"
+                    ),
+                ));
+            }
+        };
+        init.validate()?;
+        Ok(init)
+    }
+
+    /// The name and every parameter, the inverse of [`Initializer::from_named`].
+    pub fn to_named(&self) -> (&'static str, BTreeMap<String, f64>) {
+        let (name, p): (&str, Vec<(&str, f64)>) = match *self {
+            Initializer::Uniform { low, high } => ("Uniform", vec![("low", low), ("high", high)]),
+            Initializer::Normal { mean, std } => ("Normal", vec![("mean", mean), ("std", std)]),
+            Initializer::TruncatedNormal { mean, std } => {
+                ("TruncatedNormal", vec![("mean", mean), ("std", std)])
+            }
+            Initializer::Zeros => ("Zeros", vec![]),
+            Initializer::Constant { value } => ("Constant", vec![("value", value)]),
+        };
+        (
+            name,
+            p.into_iter().map(|(k, v)| (k.to_string(), v)).collect(),
+        )
+    }
+
     /// Checks the parameters; the error names the bad one.
     pub fn validate(&self) -> Result<()> {
         let finite = |arg: &'static str, v: f64| {

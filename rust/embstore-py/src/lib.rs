@@ -20,7 +20,9 @@ mod _core {
     #[pymodule_export]
     use crate::collection::{collection_apply_pooled_gradients, collection_lookup_pooled};
     #[pymodule_export]
-    use crate::store::PyTable;
+    use crate::error::{CheckpointError, EmbstoreError};
+    #[pymodule_export]
+    use crate::store::{PyProgress, PyTable, load_table, verify_checkpoint};
 
     /// Names of the SIMD backends this CPU supports, scalar first.
     #[pyfunction]

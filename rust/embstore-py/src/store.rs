@@ -9,7 +9,9 @@
 //! borrows only).
 
 use std::collections::HashMap;
+use std::path::PathBuf;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use embstore_core::{Backend, Bags, Combiner, Table, TableConfig};
 use numpy::{IntoPyArray, PyArray1, PyArray2, PyArrayMethods, PyReadonlyArray1, PyReadonlyArray2};
@@ -36,6 +38,69 @@ fn slice<'a, T: numpy::Element>(arr: &'a PyReadonlyArray1<'_, T>, arg: &str) -> 
 fn slice2<'a, T: numpy::Element>(arr: &'a PyReadonlyArray2<'_, T>, arg: &str) -> PyResult<&'a [T]> {
     arr.as_slice()
         .map_err(|_| PyValueError::new_err(format!("{arg}: expected a C-contiguous array")))
+}
+
+/// A byte counter that a running save or load advances, for progress bars.
+#[pyclass(frozen, name = "Progress", module = "embstore._core")]
+#[derive(Default)]
+pub struct PyProgress {
+    /// Bytes done so far.
+    pub(crate) done: Arc<AtomicU64>,
+}
+
+#[pymethods]
+impl PyProgress {
+    #[new]
+    fn new() -> Self {
+        PyProgress::default()
+    }
+
+    /// Bytes done so far.
+    #[getter]
+    fn done(&self) -> u64 {
+        self.done.load(Ordering::Relaxed)
+    }
+}
+
+fn manifest_json(m: &embstore_core::table::checkpoint::Manifest) -> PyResult<String> {
+    serde_json::to_string(m).map_err(|e| PyValueError::new_err(e.to_string()))
+}
+
+/// Loads a checkpoint: the native table and the manifest as JSON.
+#[pyfunction]
+#[pyo3(signature = (path, num_shards=None, progress=None))]
+pub fn load_table(
+    py: Python<'_>,
+    path: PathBuf,
+    num_shards: Option<usize>,
+    progress: Option<PyRef<'_, PyProgress>>,
+) -> PyResult<(PyTable, String)> {
+    let counter = progress.map(|p| p.done.clone());
+    let (table, m) = py.enter_store(|| Table::load(&path, num_shards, counter.as_deref()))?;
+    Ok((
+        PyTable {
+            inner: Arc::new(table),
+        },
+        manifest_json(&m)?,
+    ))
+}
+
+/// Checks every file of a checkpoint: the manifest as JSON and, per file,
+/// (name, rows, bytes, error or None).
+#[pyfunction]
+#[allow(clippy::type_complexity)]
+pub fn verify_checkpoint(
+    py: Python<'_>,
+    path: PathBuf,
+) -> PyResult<(String, Vec<(String, u64, u64, Option<String>)>)> {
+    let (m, files) = py.enter_store(|| embstore_core::table::checkpoint::verify(&path))?;
+    Ok((
+        manifest_json(&m)?,
+        files
+            .into_iter()
+            .map(|(f, err)| (f.name, f.rows, f.bytes, err))
+            .collect(),
+    ))
 }
 
 /// The combiner named `name`.
@@ -260,6 +325,22 @@ impl PyTable {
             to_2d(py, rows, n, table.dim())?,
             to_2d(py, state, n, sl)?,
         ))
+    }
+
+    #[pyo3(signature = (path, incremental=false, with_optimizer=true, progress=None))]
+    fn save(
+        &self,
+        py: Python<'_>,
+        path: PathBuf,
+        incremental: bool,
+        with_optimizer: bool,
+        progress: Option<PyRef<'_, PyProgress>>,
+    ) -> PyResult<(String, u64)> {
+        let counter = progress.map(|p| p.done.clone());
+        let table = &self.inner;
+        let info =
+            py.enter_store(|| table.save(&path, incremental, with_optimizer, counter.as_deref()))?;
+        Ok((manifest_json(&info.manifest)?, info.bytes_written))
     }
 
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {

@@ -6,6 +6,8 @@
 //! Rows that a batch does not touch do not change ("lazy" updates). The step
 //! counter `t` is the table's, incremented once per `apply_gradients` call.
 
+use std::collections::BTreeMap;
+
 use crate::error::{Result, invalid};
 use crate::simd::{AdamParams, AdamWParams, Backend, FtrlParams};
 
@@ -98,7 +100,124 @@ fn check(arg: &'static str, v: f64, ok: bool, expected: &str) -> Result<()> {
     }
 }
 
+/// Reads parameter `name` of `p`, or `default`.
+pub(crate) fn param(
+    p: &BTreeMap<String, f64>,
+    name: &'static str,
+    default: Option<f64>,
+) -> Result<f64> {
+    p.get(name)
+        .copied()
+        .or(default)
+        .ok_or_else(|| invalid(name, "missing parameter"))
+}
+
 impl Optimizer {
+    /// The optimizer named `name` (as `embstore.optim` spells its class) with
+    /// parameters `p` (defaults for the ones left out), validated.
+    ///
+    /// # Errors
+    /// An unknown name, a missing required parameter or a bad value.
+    pub fn from_named(name: &str, p: &BTreeMap<String, f64>) -> Result<Optimizer> {
+        let opt = match name {
+            "SGD" => Optimizer::Sgd {
+                lr: param(p, "lr", None)?,
+            },
+            "Adagrad" => Optimizer::Adagrad {
+                lr: param(p, "lr", None)?,
+                initial_accumulator_value: param(p, "initial_accumulator_value", Some(0.0))?,
+                eps: param(p, "eps", Some(1e-10))?,
+            },
+            "RowWiseAdagrad" => Optimizer::RowWiseAdagrad {
+                lr: param(p, "lr", None)?,
+                eps: param(p, "eps", Some(1e-10))?,
+            },
+            "Adam" => Optimizer::Adam {
+                lr: param(p, "lr", Some(1e-3))?,
+                beta1: param(p, "beta1", Some(0.9))?,
+                beta2: param(p, "beta2", Some(0.999))?,
+                eps: param(p, "eps", Some(1e-8))?,
+            },
+            "AdamW" => Optimizer::AdamW {
+                lr: param(p, "lr", Some(1e-3))?,
+                beta1: param(p, "beta1", Some(0.9))?,
+                beta2: param(p, "beta2", Some(0.999))?,
+                eps: param(p, "eps", Some(1e-8))?,
+                weight_decay: param(p, "weight_decay", Some(0.01))?,
+            },
+            "Ftrl" => Optimizer::Ftrl {
+                lr: param(p, "lr", None)?,
+                l1: param(p, "l1", Some(0.0))?,
+                l2: param(p, "l2", Some(0.0))?,
+                beta: param(p, "beta", Some(0.0))?,
+                initial_accumulator_value: param(p, "initial_accumulator_value", Some(0.1))?,
+            },
+            other => {
+                return Err(invalid(
+                    "optimizer",
+                    format!(
+                        "expected one of SGD, Adagrad, RowWiseAdagrad, Adam, AdamW, Ftrl; got {other:?}"
+                    ),
+                ));
+            }
+        };
+        opt.validate()?;
+        Ok(opt)
+    }
+
+    /// The name and every parameter, the inverse of [`Optimizer::from_named`].
+    pub fn to_named(&self) -> (&'static str, BTreeMap<String, f64>) {
+        let p: Vec<(&str, f64)> = match *self {
+            Optimizer::Sgd { lr } => vec![("lr", lr)],
+            Optimizer::Adagrad {
+                lr,
+                initial_accumulator_value,
+                eps,
+            } => vec![
+                ("lr", lr),
+                ("initial_accumulator_value", initial_accumulator_value),
+                ("eps", eps),
+            ],
+            Optimizer::RowWiseAdagrad { lr, eps } => vec![("lr", lr), ("eps", eps)],
+            Optimizer::Adam {
+                lr,
+                beta1,
+                beta2,
+                eps,
+            } => vec![("lr", lr), ("beta1", beta1), ("beta2", beta2), ("eps", eps)],
+            Optimizer::AdamW {
+                lr,
+                beta1,
+                beta2,
+                eps,
+                weight_decay,
+            } => vec![
+                ("lr", lr),
+                ("beta1", beta1),
+                ("beta2", beta2),
+                ("eps", eps),
+                ("weight_decay", weight_decay),
+            ],
+            Optimizer::Ftrl {
+                lr,
+                l1,
+                l2,
+                beta,
+                initial_accumulator_value,
+            } => vec![
+                ("lr", lr),
+                ("l1", l1),
+                ("l2", l2),
+                ("beta", beta),
+                ("initial_accumulator_value", initial_accumulator_value),
+            ],
+        };
+        (
+            self.name(),
+            p.into_iter().map(|(k, v)| (k.to_string(), v)).collect(),
+        )
+    }
+
     /// The optimizer's name as `embstore.optim` spells its class.
     pub fn name(&self) -> &'static str {
         match self {

@@ -23,6 +23,9 @@ pub struct Arena {
     stride: usize,
     len: usize,
     keys: Vec<Vec<i64>>,
+    /// Per row: the save generation in which it last changed (for
+    /// incremental checkpoints).
+    gens: Vec<Vec<u32>>,
     rows: Vec<Vec<f32>>,
 }
 
@@ -33,6 +36,7 @@ impl Arena {
             stride,
             len: 0,
             keys: Vec::new(),
+            gens: Vec::new(),
             rows: Vec::new(),
         }
     }
@@ -45,7 +49,21 @@ impl Arena {
 
     /// Bytes of the keys and rows stored (what is resident).
     pub fn bytes(&self) -> usize {
-        self.len * (8 + 4 * self.stride)
+        self.len * (8 + 4 + 4 * self.stride)
+    }
+
+    /// The save generation in which row `r` last changed.
+    #[inline]
+    pub fn generation(&self, r: usize) -> u32 {
+        let (k, o) = locate(r);
+        self.gens[k][o]
+    }
+
+    /// Marks row `r` as changed in save generation `g`.
+    #[inline]
+    pub fn set_generation(&mut self, r: usize, g: u32) {
+        let (k, o) = locate(r);
+        self.gens[k][o] = g;
     }
 
     /// The key of row `r`.
@@ -81,15 +99,17 @@ impl Arena {
 
     /// Appends a row for `key`, filled by `fill`, and returns its index.
     #[inline]
-    pub fn push(&mut self, key: i64, fill: impl FnOnce(&mut [f32])) -> usize {
+    pub fn push(&mut self, key: i64, generation: u32, fill: impl FnOnce(&mut [f32])) -> usize {
         let r = self.len;
         let (k, _) = locate(r);
         if k == self.keys.len() {
             let cap = FIRST << k;
             self.keys.push(Vec::with_capacity(cap));
+            self.gens.push(Vec::with_capacity(cap));
             self.rows.push(Vec::with_capacity(cap * self.stride));
         }
         self.keys[k].push(key);
+        self.gens[k].push(generation);
         let seg = &mut self.rows[k];
         let start = seg.len();
         seg.resize(start + self.stride, 0.0);
@@ -112,6 +132,7 @@ impl Arena {
             let (lk, lo) = locate(last);
             let (rk, ro) = locate(r);
             self.keys[rk][ro] = key;
+            self.gens[rk][ro] = self.gens[lk][lo];
             if lk == rk {
                 self.rows[rk].copy_within(lo * s..(lo + 1) * s, ro * s);
             } else {
@@ -124,11 +145,13 @@ impl Arena {
         };
         let (lk, _) = locate(last);
         self.keys[lk].pop();
+        self.gens[lk].pop();
         let new_len = self.rows[lk].len() - self.stride;
         self.rows[lk].truncate(new_len);
         if self.keys[lk].is_empty() && lk + 1 == self.keys.len() && lk > 0 {
             // Give back an emptied top segment (but keep the first one).
             self.keys.pop();
+            self.gens.pop();
             self.rows.pop();
         }
         self.len = last;
@@ -158,7 +181,7 @@ mod tests {
     fn push_and_swap_remove_keep_keys_and_rows_together() {
         let mut a = Arena::new(3);
         for key in 0..500i64 {
-            a.push(key, |row| row.fill(key as f32));
+            a.push(key, 0, |row| row.fill(key as f32));
         }
         // Remove row 10 (key 10): the last row (key 499) moves there.
         assert_eq!(a.swap_remove(10), Some(499));
@@ -176,7 +199,7 @@ mod tests {
             }
         }
         assert_eq!(a.bytes(), 0);
-        a.push(7, |row| row.fill(1.0));
+        a.push(7, 0, |row| row.fill(1.0));
         assert_eq!(a.key(0), 7);
     }
 }

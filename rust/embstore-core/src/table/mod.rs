@@ -8,10 +8,11 @@
 //! before or wholly after an update.
 
 mod arena;
+pub mod checkpoint;
 mod pooled;
 mod shard;
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use crossbeam_utils::CachePadded;
@@ -159,6 +160,11 @@ pub struct Table {
     /// rayon call, so a worker blocked on a lock never holds up a job that
     /// would release it.
     gate: RwLock<()>,
+    /// The save generation: rows changed now are marked with it, and a save
+    /// moves it on (incremental checkpoints write the rows of one generation).
+    generation: AtomicU32,
+    /// Where this table was last saved (incremental saves continue there).
+    last_save: checkpoint::LastSave,
 }
 
 /// A table's figures, as `stats()` reports them.
@@ -265,6 +271,8 @@ impl Table {
             step: AtomicU64::new(0),
             shards,
             gate: RwLock::new(()),
+            generation: AtomicU32::new(1),
+            last_save: std::sync::Mutex::new(None),
         })
     }
 
@@ -436,11 +444,13 @@ impl Table {
         let out = SharedOut::new(out, dim);
         if insert {
             let _gate = self.enter();
+            let save_gen = self.generation();
             self.par_shards_mut(&plan, |g, pos| {
                 for &i in pos {
                     let i = i as usize;
-                    let (r, _) = g
-                        .find_or_insert(keys[i], plan.hashes[i], |row| self.fill_new(keys[i], row));
+                    let (r, _) = g.find_or_insert(keys[i], plan.hashes[i], save_gen, |row| {
+                        self.fill_new(keys[i], row)
+                    });
                     // SAFETY: position i belongs to this shard only (plan).
                     let dst = unsafe { out.row(i, dim) };
                     dst.copy_from_slice(&g.arena.row(r)[..dim]);
@@ -494,21 +504,41 @@ impl Table {
     /// # Errors
     /// `ShapeMismatch` for a wrong `values` length; `NonFinite` for NaN/inf.
     pub fn assign(&self, keys: &[i64], values: &[f32]) -> Result<()> {
+        self.assign_with_state(keys, values, None, self.generation())
+    }
+
+    /// [`Table::assign`] that also sets the optimizer state (`keys.len() *
+    /// state_len` floats) instead of resetting it, marking the rows with
+    /// save generation `save_gen`.
+    pub(crate) fn assign_with_state(
+        &self,
+        keys: &[i64],
+        values: &[f32],
+        state: Option<&[f32]>,
+        save_gen: u32,
+    ) -> Result<()> {
         Self::check_batch(keys)?;
-        let dim = self.dim;
+        let (dim, sl) = (self.dim, self.state_len);
         check_len("values", keys.len() * dim, values.len())?;
         check_finite("values", values)?;
+        if let Some(st) = state {
+            check_len("state", keys.len() * sl, st.len())?;
+            check_finite("state", st)?;
+        }
         let _gate = self.enter();
         let plan = self.plan(keys);
         self.par_shards_mut(&plan, |g, pos| {
             for &i in pos {
                 let i = i as usize;
-                let (r, _) = g.find_or_insert(keys[i], plan.hashes[i], |_| {});
+                let (r, _) = g.find_or_insert(keys[i], plan.hashes[i], save_gen, |_| {});
+                g.arena.set_generation(r, save_gen);
                 let row = g.arena.row_mut(r);
-                let (w, state) = row.split_at_mut(dim);
+                let (w, st) = row.split_at_mut(dim);
                 w.copy_from_slice(&values[i * dim..(i + 1) * dim]);
-                if let Some(o) = &self.optimizer {
-                    o.init_state(state);
+                match (state, &self.optimizer) {
+                    (Some(src), _) => st.copy_from_slice(&src[i * sl..(i + 1) * sl]),
+                    (None, Some(o)) => o.init_state(st),
+                    (None, None) => {}
                 }
             }
             0
@@ -552,6 +582,11 @@ impl Table {
         Ok(())
     }
 
+    /// The current save generation.
+    pub(crate) fn generation(&self) -> u32 {
+        self.generation.load(Ordering::Acquire)
+    }
+
     /// Takes the gate shared, for a call that changes rows.
     pub(crate) fn enter(&self) -> RwLockReadGuard<'_, ()> {
         self.gate.read().unwrap_or_else(PoisonError::into_inner)
@@ -573,6 +608,7 @@ impl Table {
         let t = self.step.fetch_add(1, Ordering::AcqRel) + 1;
         let consts = opt.step_consts(t);
         let backend = self.backend;
+        let save_gen = self.generation();
         let plan = self.plan(keys);
         self.par_shards_mut(&plan, |g, pos| {
             // (row << 32 | position), sorted: each row's positions in batch order.
@@ -580,7 +616,7 @@ impl Table {
                 .iter()
                 .map(|&i| {
                     let iu = i as usize;
-                    let (r, _) = g.find_or_insert(keys[iu], plan.hashes[iu], |row| {
+                    let (r, _) = g.find_or_insert(keys[iu], plan.hashes[iu], save_gen, |row| {
                         self.fill_new(keys[iu], row)
                     });
                     ((r as u64) << 32) | u64::from(i)
@@ -610,6 +646,7 @@ impl Table {
                     }
                     &acc
                 };
+                g.arena.set_generation(r, save_gen);
                 let (w, state) = g.arena.row_mut(r).split_at_mut(dim);
                 consts.apply(backend, w, state, gsum);
                 j = end;

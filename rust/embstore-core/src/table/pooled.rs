@@ -197,12 +197,14 @@ impl Table {
             }
         };
         let plan = self.plan(ids);
+        let save_gen = self.generation();
         if insert {
             self.par_shards_mut(&plan, |g, pos| {
                 for &i in pos {
                     let i = i as usize;
-                    let (r, _) =
-                        g.find_or_insert(ids[i], plan.hashes[i], |row| self.fill_new(ids[i], row));
+                    let (r, _) = g.find_or_insert(ids[i], plan.hashes[i], save_gen, |row| {
+                        self.fill_new(ids[i], row)
+                    });
                     emit(i, &g.arena.row(r)[..dim]);
                 }
                 0

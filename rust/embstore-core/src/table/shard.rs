@@ -36,6 +36,8 @@ fn entry_row(e: Entry) -> usize {
 pub struct Shard {
     /// Row numbers and hash bits ([`Entry`]); the key lives in the arena.
     index: HashTable<Entry>,
+    /// Keys removed since the last save (for incremental checkpoints).
+    pub removed: Vec<i64>,
     /// Keys and rows.
     pub arena: Arena,
 }
@@ -45,6 +47,7 @@ impl Shard {
     pub fn new(stride: usize) -> Self {
         Shard {
             index: HashTable::new(),
+            removed: Vec::new(),
             arena: Arena::new(stride),
         }
     }
@@ -57,7 +60,7 @@ impl Shard {
 
     /// Bytes held: rows, keys and the index's allocation.
     pub fn bytes(&self) -> usize {
-        self.arena.bytes() + self.index.allocation_size()
+        self.arena.bytes() + self.index.allocation_size() + self.removed.capacity() * 8
     }
 
     /// The row of `key` (whose hash is `hash`), if present.
@@ -78,6 +81,7 @@ impl Shard {
         &mut self,
         key: i64,
         hash: u64,
+        generation: u32,
         fill: impl FnOnce(&mut [f32]),
     ) -> (usize, bool) {
         let arena = &self.arena;
@@ -89,7 +93,7 @@ impl Shard {
         ) {
             hashbrown::hash_table::Entry::Occupied(e) => (entry_row(*e.get()), false),
             hashbrown::hash_table::Entry::Vacant(e) => {
-                let r = self.arena.push(key, fill);
+                let r = self.arena.push(key, generation, fill);
                 assert!(r <= u32::MAX as usize, "a shard holds at most 2^32 rows");
                 e.insert(entry(r, h32));
                 (r, true)
@@ -108,6 +112,7 @@ impl Shard {
         };
         let (e, _) = found.remove();
         let r = entry_row(e);
+        self.removed.push(key);
         let last = self.arena.len() - 1;
         if let Some(moved) = self.arena.swap_remove(r) {
             let mh = crate::hash::key_hash(moved) as u32;

@@ -1,0 +1,804 @@
+//! Checkpoints: a directory holding a JSON manifest and shard files in the
+//! safetensors format (readable by NumPy/torch without embstore).
+//!
+//! Publishing is crash-safe: a save writes new files under names no earlier
+//! manifest uses, fsyncs them, then writes the manifest to a temporary name,
+//! fsyncs it and renames it over `manifest.json` (and fsyncs the
+//! directory). Until that rename the previous manifest and every file it
+//! names are untouched; after it, the new ones are complete. Files no
+//! manifest names any more are deleted after the rename.
+//!
+//! Loading never executes anything: it parses JSON and safetensors headers,
+//! checks the manifest's own checksum, every file's size and CRC-32C, and
+//! every tensor's dtype and shape, all before the first row is inserted.
+//!
+//! An incremental save appends a delta to the manifest's chain: the rows
+//! changed (inserted, assigned or trained) and the keys removed since the
+//! table's last save to the same directory. Loading replays the chain.
+
+use std::collections::BTreeMap;
+use std::fs::{self, File};
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, PoisonError};
+
+use rayon::prelude::*;
+use safetensors::tensor::{Dtype, SafeTensors, TensorView};
+use serde::{Deserialize, Serialize};
+
+use super::{Table, TableConfig, read};
+use crate::error::{Result, StoreError, ckpt_err};
+use crate::hash::mix64;
+use crate::init::Initializer;
+use crate::optim::Optimizer;
+
+/// The format name in every manifest.
+pub const FORMAT: &str = "embstore-checkpoint";
+/// The newest format version this build writes and reads.
+pub const VERSION: u32 = 1;
+/// The manifest's file name inside a checkpoint directory.
+pub const MANIFEST: &str = "manifest.json";
+/// Rows per shard file are capped so that one file's bytes stay near this.
+const FILE_BYTES: usize = 256 << 20;
+/// The largest manifest a load accepts.
+const MAX_MANIFEST_BYTES: u64 = 64 << 20;
+
+/// A named configuration (optimizer or initializer) in a manifest.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct NamedConfig {
+    /// Class name, as in `embstore.optim` / `embstore.init`.
+    pub name: String,
+    /// Every parameter.
+    pub params: BTreeMap<String, f64>,
+}
+
+/// One file of a checkpoint.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct FileEntry {
+    /// File name inside the checkpoint directory.
+    pub name: String,
+    /// Rows (or removed keys) it holds.
+    pub rows: u64,
+    /// Its size in bytes.
+    pub bytes: u64,
+    /// CRC-32C (Castagnoli) of the whole file.
+    pub crc32c: u32,
+}
+
+/// A link of the chain: a full snapshot or a delta on top of the previous links.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Link {
+    /// "full" or "delta".
+    pub kind: String,
+    /// Shard files of rows (keys, rows, and state when saved with it).
+    pub files: Vec<FileEntry>,
+    /// For a delta: the file of keys removed since the previous link.
+    pub removed: Option<FileEntry>,
+}
+
+/// The manifest of a checkpoint directory.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Manifest {
+    /// Always [`FORMAT`].
+    pub format: String,
+    /// Format version; a reader refuses a newer one.
+    pub version: u32,
+    /// Unique id of this manifest (names its files).
+    pub id: String,
+    /// Columns per row.
+    pub dim: usize,
+    /// Row dtype.
+    pub dtype: String,
+    /// Floats of optimizer state per row in the files (0 without state).
+    pub state_len: usize,
+    /// Names of the state blocks.
+    pub state_names: Vec<String>,
+    /// The optimizer, if the table has one.
+    pub optimizer: Option<NamedConfig>,
+    /// The initializer.
+    pub initializer: NamedConfig,
+    /// Initializer seed.
+    pub seed: u64,
+    /// Optimizer steps taken.
+    pub step: u64,
+    /// Shards of the table that saved (informational; any count loads).
+    pub num_shards: usize,
+    /// Whether the files hold optimizer state.
+    pub with_optimizer: bool,
+    /// Rows after replaying the chain.
+    pub rows: u64,
+    /// Full snapshot, then deltas.
+    pub chain: Vec<Link>,
+    /// CRC-32C of the manifest's canonical JSON without this field.
+    #[serde(default)]
+    pub checksum: Option<u32>,
+}
+
+impl Manifest {
+    /// The CRC-32C of the canonical JSON of everything but `checksum`.
+    fn compute_checksum(&self) -> u32 {
+        let mut m = self.clone();
+        m.checksum = None;
+        let v = serde_json::to_value(&m).expect("a manifest always serializes");
+        crc32c::crc32c(v.to_string().as_bytes())
+    }
+
+    /// Every file of the chain.
+    pub fn files(&self) -> impl Iterator<Item = &FileEntry> {
+        self.chain
+            .iter()
+            .flat_map(|l| l.files.iter().chain(l.removed.iter()))
+    }
+}
+
+/// What a save wrote.
+#[derive(Debug, Clone)]
+pub struct SaveInfo {
+    /// The new manifest.
+    pub manifest: Manifest,
+    /// Bytes written by this save (files and manifest).
+    pub bytes_written: u64,
+}
+
+/// Where a table was last saved: incremental saves continue that chain.
+#[derive(Debug, Clone)]
+pub(crate) struct SaveMark {
+    dir: PathBuf,
+    id: String,
+}
+
+/// The last save of each table (by address would be fragile; it lives in
+/// the table itself).
+pub(crate) type LastSave = Mutex<Option<SaveMark>>;
+
+fn io_err(path: &Path, what: &str, e: &std::io::Error) -> StoreError {
+    ckpt_err(path, format!("{what}: {e}"))
+}
+
+/// A fresh id: the time, the process and a counter, mixed.
+fn new_id() -> String {
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    let c = COUNTER.fetch_add(1, Ordering::Relaxed);
+    let h = mix64(nanos ^ mix64(u64::from(std::process::id()) ^ mix64(c)));
+    format!("{h:016x}")
+}
+
+fn fsync_dir(dir: &Path) -> Result<()> {
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(|e| io_err(dir, "cannot fsync the directory", &e))
+}
+
+/// Writes `bytes` to `path` and fsyncs it.
+fn write_synced(path: &Path, bytes: &[u8]) -> Result<()> {
+    let mut f = File::create(path).map_err(|e| io_err(path, "cannot create", &e))?;
+    f.write_all(bytes)
+        .and_then(|()| f.sync_all())
+        .map_err(|e| io_err(path, "cannot write", &e))
+}
+
+/// Little-endian bytes of a slice of plain numbers.
+fn le_bytes<T: Copy, const N: usize>(v: &[T], to: impl Fn(T) -> [u8; N]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(v.len() * N);
+    for &x in v {
+        out.extend_from_slice(&to(x));
+    }
+    out
+}
+
+/// Serializes named tensors to one safetensors file image.
+fn safetensors_image(tensors: Vec<(&str, Dtype, Vec<usize>, Vec<u8>)>) -> Result<Vec<u8>> {
+    let views: Vec<(&str, TensorView<'_>)> = tensors
+        .iter()
+        .map(|(name, dtype, shape, data)| {
+            TensorView::new(*dtype, shape.clone(), data)
+                .map(|v| (*name, v))
+                .map_err(|e| ckpt_err("<memory>", format!("cannot build tensor {name}: {e}")))
+        })
+        .collect::<Result<_>>()?;
+    safetensors::serialize(views, None)
+        .map_err(|e| ckpt_err("<memory>", format!("cannot serialize: {e}")))
+}
+
+/// The tensors of one shard file, checked against the manifest.
+struct Rows {
+    keys: Vec<i64>,
+    rows: Vec<f32>,
+    state: Option<Vec<f32>>,
+}
+
+fn tensor<'a>(st: &'a SafeTensors<'_>, path: &Path, name: &str) -> Result<TensorView<'a>> {
+    st.tensor(name)
+        .map_err(|e| ckpt_err(path, format!("tensor {name:?}: {e}")))
+}
+
+fn expect_tensor(
+    st: &SafeTensors<'_>,
+    path: &Path,
+    name: &str,
+    dtype: Dtype,
+    shape: &[usize],
+) -> Result<Vec<u8>> {
+    let t = tensor(st, path, name)?;
+    if t.dtype() != dtype || t.shape() != shape {
+        return Err(ckpt_err(
+            path,
+            format!(
+                "tensor {name:?}: expected {dtype:?} of shape {shape:?}, found {:?} of shape {:?}",
+                t.dtype(),
+                t.shape()
+            ),
+        ));
+    }
+    Ok(t.data().to_vec())
+}
+
+fn f32s(b: &[u8]) -> Vec<f32> {
+    b.chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect()
+}
+
+fn i64s(b: &[u8]) -> Vec<i64> {
+    b.chunks_exact(8)
+        .map(|c| i64::from_le_bytes(c.try_into().expect("8-byte chunk")))
+        .collect()
+}
+
+/// Reads a file named by the manifest and checks its size and CRC-32C.
+fn read_checked(dir: &Path, e: &FileEntry, progress: Option<&AtomicU64>) -> Result<Vec<u8>> {
+    if e.name.is_empty() || e.name.contains('/') || e.name.contains('\\') || e.name.starts_with('.')
+    {
+        return Err(ckpt_err(
+            dir,
+            format!("file name {:?} is not a plain file name", e.name),
+        ));
+    }
+    let path = dir.join(&e.name);
+    let meta = fs::metadata(&path).map_err(|err| io_err(&path, "missing or unreadable", &err))?;
+    if meta.len() != e.bytes {
+        return Err(ckpt_err(
+            &path,
+            format!(
+                "expected {} bytes, found {} (truncated or replaced)",
+                e.bytes,
+                meta.len()
+            ),
+        ));
+    }
+    let mut buf = Vec::with_capacity(e.bytes as usize);
+    File::open(&path)
+        .and_then(|mut f| f.read_to_end(&mut buf))
+        .map_err(|err| io_err(&path, "cannot read", &err))?;
+    let crc = crc32c::crc32c(&buf);
+    if crc != e.crc32c {
+        return Err(ckpt_err(
+            &path,
+            format!(
+                "checksum mismatch: expected crc32c {:08x}, found {crc:08x} (damaged)",
+                e.crc32c
+            ),
+        ));
+    }
+    if let Some(p) = progress {
+        p.fetch_add(e.bytes, Ordering::Relaxed);
+    }
+    Ok(buf)
+}
+
+/// Parses and checks one rows file of the manifest.
+fn parse_rows(m: &Manifest, path: &Path, e: &FileEntry, buf: &[u8]) -> Result<Rows> {
+    let st = SafeTensors::deserialize(buf)
+        .map_err(|err| ckpt_err(path, format!("not a safetensors file: {err}")))?;
+    let n = e.rows as usize;
+    let keys = i64s(&expect_tensor(&st, path, "keys", Dtype::I64, &[n])?);
+    let rows = f32s(&expect_tensor(&st, path, "rows", Dtype::F32, &[n, m.dim])?);
+    let state = if m.with_optimizer && m.state_len > 0 {
+        Some(f32s(&expect_tensor(
+            &st,
+            path,
+            "state",
+            Dtype::F32,
+            &[n, m.state_len],
+        )?))
+    } else {
+        None
+    };
+    Ok(Rows { keys, rows, state })
+}
+
+/// Parses and checks one removed-keys file.
+fn parse_removed(path: &Path, e: &FileEntry, buf: &[u8]) -> Result<Vec<i64>> {
+    let st = SafeTensors::deserialize(buf)
+        .map_err(|err| ckpt_err(path, format!("not a safetensors file: {err}")))?;
+    Ok(i64s(&expect_tensor(
+        &st,
+        path,
+        "keys",
+        Dtype::I64,
+        &[e.rows as usize],
+    )?))
+}
+
+/// Reads and checks a directory's manifest (not yet its files).
+///
+/// # Errors
+/// `Checkpoint` when the manifest is missing, unreadable, not JSON of the
+/// expected shape, of an unknown format or newer version, or its checksum
+/// or configuration does not hold.
+pub fn read_manifest(dir: &Path) -> Result<Manifest> {
+    let path = dir.join(MANIFEST);
+    let meta = fs::metadata(&path).map_err(|e| io_err(&path, "no manifest", &e))?;
+    if meta.len() > MAX_MANIFEST_BYTES {
+        return Err(ckpt_err(
+            &path,
+            format!("manifest of {} bytes is too large", meta.len()),
+        ));
+    }
+    let text = fs::read(&path).map_err(|e| io_err(&path, "cannot read", &e))?;
+    let value: serde_json::Value = serde_json::from_slice(&text)
+        .map_err(|e| ckpt_err(&path, format!("not valid JSON: {e}")))?;
+    match value.get("format").and_then(|f| f.as_str()) {
+        Some(FORMAT) => {}
+        other => {
+            return Err(ckpt_err(
+                &path,
+                format!("not an embstore checkpoint (format {other:?}, expected {FORMAT:?})"),
+            ));
+        }
+    }
+    match value.get("version").and_then(serde_json::Value::as_u64) {
+        Some(v) if v <= u64::from(VERSION) => {}
+        Some(v) => {
+            return Err(ckpt_err(
+                &path,
+                format!(
+                    "format version {v} was written by a newer embstore; this build reads versions up to {VERSION}"
+                ),
+            ));
+        }
+        None => return Err(ckpt_err(&path, "manifest has no format version")),
+    }
+    let m: Manifest = serde_json::from_value(value).map_err(|e| {
+        ckpt_err(
+            &path,
+            format!("manifest does not have the expected fields: {e}"),
+        )
+    })?;
+    let crc = m.compute_checksum();
+    if m.checksum != Some(crc) {
+        return Err(ckpt_err(
+            &path,
+            format!(
+                "manifest checksum mismatch: expected {:?}, computed {crc:08x} (damaged)",
+                m.checksum
+            ),
+        ));
+    }
+    check_manifest(&m).map_err(|msg| ckpt_err(&path, msg))?;
+    Ok(m)
+}
+
+/// Structural checks of a parsed manifest; the message says what is wrong.
+fn check_manifest(m: &Manifest) -> std::result::Result<(), String> {
+    if m.dim == 0 || m.dim > 1 << 20 {
+        return Err(format!("dim {} out of range", m.dim));
+    }
+    if m.dtype != "float32" {
+        return Err(format!(
+            "dtype {:?} is not supported by this build",
+            m.dtype
+        ));
+    }
+    let opt = m
+        .optimizer
+        .as_ref()
+        .map(|o| Optimizer::from_named(&o.name, &o.params));
+    let opt = opt.transpose().map_err(|e| format!("optimizer: {e}"))?;
+    Initializer::from_named(&m.initializer.name, &m.initializer.params)
+        .map_err(|e| format!("initializer: {e}"))?;
+    let expect_state = if m.with_optimizer {
+        opt.map_or(0, |o| o.state_len(m.dim))
+    } else {
+        0
+    };
+    if m.state_len != expect_state {
+        return Err(format!(
+            "state_len {} does not match the optimizer's {expect_state}",
+            m.state_len
+        ));
+    }
+    match m.chain.first() {
+        Some(l) if l.kind == "full" && l.removed.is_none() => {}
+        _ => return Err("the chain must start with a full snapshot".into()),
+    }
+    if m.chain.iter().skip(1).any(|l| l.kind != "delta") {
+        return Err("every link after the first must be a delta".into());
+    }
+    Ok(())
+}
+
+impl Table {
+    fn manifest_base(&self, id: &str, with_optimizer: bool) -> Manifest {
+        let (iname, iparams) = self.initializer.to_named();
+        let optimizer = self.optimizer.map(|o| {
+            let (name, params) = o.to_named();
+            NamedConfig {
+                name: name.to_string(),
+                params,
+            }
+        });
+        let with_state = with_optimizer && self.state_len > 0;
+        Manifest {
+            format: FORMAT.to_string(),
+            version: VERSION,
+            id: id.to_string(),
+            dim: self.dim,
+            dtype: "float32".to_string(),
+            state_len: if with_state { self.state_len } else { 0 },
+            state_names: if with_state {
+                self.optimizer
+                    .map(|o| o.state_names().iter().map(|s| (*s).to_string()).collect())
+                    .unwrap_or_default()
+            } else {
+                Vec::new()
+            },
+            optimizer,
+            initializer: NamedConfig {
+                name: iname.to_string(),
+                params: iparams,
+            },
+            seed: self.seed,
+            step: self.step(),
+            num_shards: self.shards.len(),
+            with_optimizer,
+            rows: 0,
+            chain: Vec::new(),
+            checksum: None,
+        }
+    }
+
+    /// Saves a consistent snapshot to directory `dir` (created if missing).
+    /// With `incremental`, writes only what changed since this table's last
+    /// save to `dir` and appends it to that checkpoint's chain. Without
+    /// `with_optimizer`, writes rows only (a serving export). `progress`, if
+    /// given, counts the bytes written.
+    ///
+    /// Calls that change rows wait while the snapshot is taken; reads go on.
+    ///
+    /// # Errors
+    /// `Checkpoint` for I/O errors, a `dir` that holds something other than
+    /// an embstore checkpoint, or an incremental save with no earlier save
+    /// of this table to `dir`. The previous checkpoint at `dir` stays whole.
+    pub fn save(
+        &self,
+        dir: &Path,
+        incremental: bool,
+        with_optimizer: bool,
+        progress: Option<&AtomicU64>,
+    ) -> Result<SaveInfo> {
+        let _gate = self.gate.write().unwrap_or_else(PoisonError::into_inner);
+        fs::create_dir_all(dir).map_err(|e| io_err(dir, "cannot create the directory", &e))?;
+        let canonical = fs::canonicalize(dir).map_err(|e| io_err(dir, "cannot resolve", &e))?;
+        let has_manifest = dir.join(MANIFEST).exists();
+        if !has_manifest
+            && fs::read_dir(dir)
+                .map(|mut d| d.next().is_some())
+                .unwrap_or(false)
+        {
+            let stray = fs::read_dir(dir)
+                .map_err(|e| io_err(dir, "cannot list", &e))?
+                .filter_map(|e| e.ok())
+                .any(|e| !is_ours(&e.file_name().to_string_lossy()));
+            if stray {
+                return Err(ckpt_err(
+                    dir,
+                    "the directory holds files but no embstore manifest; refusing to write into it",
+                ));
+            }
+        }
+        let base = if incremental {
+            let mark = self
+                .last_save
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .clone();
+            let prev = if has_manifest {
+                Some(read_manifest(dir)?)
+            } else {
+                None
+            };
+            match (mark, prev) {
+                (Some(mark), Some(prev)) if mark.dir == canonical && mark.id == prev.id => {
+                    if prev.with_optimizer != with_optimizer {
+                        return Err(ckpt_err(
+                            dir,
+                            "an incremental save must use the with_optimizer of its base",
+                        ));
+                    }
+                    Some(prev)
+                }
+                _ => {
+                    return Err(ckpt_err(
+                        dir,
+                        "an incremental save needs an earlier save (or load) of this table at this path",
+                    ));
+                }
+            }
+        } else {
+            None
+        };
+        let id = new_id();
+        let save_gen = self.generation();
+        let delta = base.is_some();
+        let with_state = with_optimizer && self.state_len > 0;
+        let (dim, sl) = (self.dim, self.state_len);
+        let row_bytes = 8 + 4 * (dim + if with_state { sl } else { 0 });
+        let per_file = (FILE_BYTES / row_bytes).max(1);
+
+        // Each shard writes its rows (all, or those of this generation) in
+        // files of at most `per_file` rows.
+        let written: Vec<Vec<FileEntry>> = self
+            .shards
+            .par_iter()
+            .enumerate()
+            .map(|(s, lock)| -> Result<Vec<FileEntry>> {
+                let g = read(lock);
+                let rows: Vec<usize> = (0..g.len())
+                    .filter(|&r| !delta || g.arena.generation(r) == save_gen)
+                    .collect();
+                let mut out = Vec::new();
+                for (c, chunk) in rows.chunks(per_file).enumerate() {
+                    let n = chunk.len();
+                    let keys: Vec<i64> = chunk.iter().map(|&r| g.arena.key(r)).collect();
+                    let mut w = Vec::with_capacity(n * dim * 4);
+                    let mut st = Vec::with_capacity(if with_state { n * sl * 4 } else { 0 });
+                    for &r in chunk {
+                        let row = g.arena.row(r);
+                        for x in &row[..dim] {
+                            w.extend_from_slice(&x.to_le_bytes());
+                        }
+                        if with_state {
+                            for x in &row[dim..] {
+                                st.extend_from_slice(&x.to_le_bytes());
+                            }
+                        }
+                    }
+                    let mut tensors = vec![
+                        (
+                            "keys",
+                            Dtype::I64,
+                            vec![n],
+                            le_bytes(&keys, i64::to_le_bytes),
+                        ),
+                        ("rows", Dtype::F32, vec![n, dim], w),
+                    ];
+                    if with_state {
+                        tensors.push(("state", Dtype::F32, vec![n, sl], st));
+                    }
+                    let image = safetensors_image(tensors)?;
+                    let name = format!("{id}-{s:05}-{c:04}.safetensors");
+                    write_synced(&dir.join(&name), &image)?;
+                    if let Some(p) = progress {
+                        p.fetch_add(image.len() as u64, Ordering::Relaxed);
+                    }
+                    out.push(FileEntry {
+                        name,
+                        rows: n as u64,
+                        bytes: image.len() as u64,
+                        crc32c: crc32c::crc32c(&image),
+                    });
+                }
+                Ok(out)
+            })
+            .collect::<Result<_>>()?;
+        let files: Vec<FileEntry> = written.into_iter().flatten().collect();
+
+        let mut removed: Vec<i64> = Vec::new();
+        if delta {
+            for lock in self.shards.iter() {
+                removed.extend_from_slice(&read(lock).removed);
+            }
+        }
+        let removed_entry = if delta && !removed.is_empty() {
+            let image = safetensors_image(vec![(
+                "keys",
+                Dtype::I64,
+                vec![removed.len()],
+                le_bytes(&removed, i64::to_le_bytes),
+            )])?;
+            let name = format!("{id}-removed.safetensors");
+            write_synced(&dir.join(&name), &image)?;
+            Some(FileEntry {
+                name,
+                rows: removed.len() as u64,
+                bytes: image.len() as u64,
+                crc32c: crc32c::crc32c(&image),
+            })
+        } else {
+            None
+        };
+
+        let mut manifest = self.manifest_base(&id, with_optimizer);
+        manifest.rows = self.shards.iter().map(|s| read(s).len() as u64).sum();
+        manifest.chain = base.map(|b| b.chain).unwrap_or_default();
+        manifest.chain.push(Link {
+            kind: if delta { "delta" } else { "full" }.to_string(),
+            files,
+            removed: removed_entry,
+        });
+        manifest.checksum = Some(manifest.compute_checksum());
+        let text = serde_json::to_vec_pretty(&manifest)
+            .map_err(|e| ckpt_err(dir, format!("cannot serialize the manifest: {e}")))?;
+        fsync_dir(dir)?;
+        let tmp = dir.join(format!("{MANIFEST}.tmp-{id}"));
+        write_synced(&tmp, &text)?;
+        // The publishing step: one atomic rename.
+        fs::rename(&tmp, dir.join(MANIFEST)).map_err(|e| io_err(dir, "cannot publish", &e))?;
+        fsync_dir(dir)?;
+
+        // From here the new checkpoint is the one at `dir`.
+        self.generation.fetch_add(1, Ordering::AcqRel);
+        for lock in self.shards.iter() {
+            super::write(lock).removed = Vec::new();
+        }
+        *self
+            .last_save
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = Some(SaveMark {
+            dir: canonical,
+            id: id.clone(),
+        });
+        remove_unreferenced(dir, &manifest);
+        let bytes_written = manifest.chain.last().map_or(0, |l| {
+            l.files
+                .iter()
+                .chain(l.removed.iter())
+                .map(|f| f.bytes)
+                .sum()
+        }) + text.len() as u64;
+        Ok(SaveInfo {
+            manifest,
+            bytes_written,
+        })
+    }
+
+    /// Loads the checkpoint at `dir` into a new table (with `num_shards`
+    /// shards, or the default). Every file is checked before any row is
+    /// inserted. `progress`, if given, counts bytes read (twice the
+    /// checkpoint's size: a checking pass, then a loading pass).
+    ///
+    /// # Errors
+    /// `Checkpoint` for a damaged, unknown, newer or inconsistent checkpoint.
+    pub fn load(
+        dir: &Path,
+        num_shards: Option<usize>,
+        progress: Option<&AtomicU64>,
+    ) -> Result<(Table, Manifest)> {
+        let m = read_manifest(dir)?;
+        // Check pass: sizes, checksums, headers, dtypes and shapes.
+        let files: Vec<(usize, &FileEntry, bool)> = m
+            .chain
+            .iter()
+            .enumerate()
+            .flat_map(|(i, l)| {
+                l.removed
+                    .iter()
+                    .map(move |f| (i, f, true))
+                    .chain(l.files.iter().map(move |f| (i, f, false)))
+            })
+            .collect();
+        files
+            .par_iter()
+            .try_for_each(|&(_, e, removed)| -> Result<()> {
+                let buf = read_checked(dir, e, progress)?;
+                let path = dir.join(&e.name);
+                if removed {
+                    parse_removed(&path, e, &buf).map(|_| ())
+                } else {
+                    parse_rows(&m, &path, e, &buf).map(|_| ())
+                }
+            })?;
+
+        let mut cfg = TableConfig::new(m.dim);
+        cfg.optimizer = m
+            .optimizer
+            .as_ref()
+            .map(|o| Optimizer::from_named(&o.name, &o.params))
+            .transpose()?;
+        cfg.initializer = Initializer::from_named(&m.initializer.name, &m.initializer.params)?;
+        cfg.seed = m.seed;
+        cfg.num_shards = num_shards;
+        let table = Table::new(cfg)?;
+        // Load pass: replay the chain, removals of a link before its rows.
+        for &(_, e, removed) in &files {
+            let buf = read_checked(dir, e, progress)?;
+            let path = dir.join(&e.name);
+            if removed {
+                table.remove(&parse_removed(&path, e, &buf)?)?;
+            } else {
+                let r = parse_rows(&m, &path, e, &buf)?;
+                table.assign_with_state(&r.keys, &r.rows, r.state.as_deref(), 1)?;
+            }
+        }
+        let loaded = table.len() as u64;
+        if loaded != m.rows {
+            return Err(ckpt_err(
+                dir,
+                format!(
+                    "the chain replays to {loaded} rows, the manifest says {}",
+                    m.rows
+                ),
+            ));
+        }
+        table.set_step(m.step);
+        table.generation.store(2, Ordering::Release);
+        for lock in table.shards.iter() {
+            super::write(lock).removed = Vec::new();
+        }
+        let canonical = fs::canonicalize(dir).map_err(|e| io_err(dir, "cannot resolve", &e))?;
+        *table
+            .last_save
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = Some(SaveMark {
+            dir: canonical,
+            id: m.id.clone(),
+        });
+        Ok((table, m))
+    }
+}
+
+/// Whether a file name is one a save writes (an id-prefixed shard file or a
+/// temporary manifest) or the manifest itself.
+fn is_ours(name: &str) -> bool {
+    name == MANIFEST
+        || name.starts_with(&format!("{MANIFEST}.tmp-"))
+        || (name.ends_with(".safetensors")
+            && name.len() > 17
+            && name.as_bytes()[..16].iter().all(u8::is_ascii_hexdigit)
+            && name.as_bytes()[16] == b'-')
+}
+
+/// Deletes our files that `m` does not name (best effort: a failure leaves
+/// garbage, never a damaged checkpoint).
+fn remove_unreferenced(dir: &Path, m: &Manifest) {
+    let keep: std::collections::HashSet<&str> = m.files().map(|f| f.name.as_str()).collect();
+    if let Ok(entries) = fs::read_dir(dir) {
+        for e in entries.flatten() {
+            let name = e.file_name().to_string_lossy().to_string();
+            if name != MANIFEST && is_ours(&name) && !keep.contains(name.as_str()) {
+                let _ = fs::remove_file(e.path());
+            }
+        }
+    }
+}
+
+/// Checks every file of the checkpoint at `dir`: returns the manifest and,
+/// per file, `None` when it holds or the error when not.
+///
+/// # Errors
+/// `Checkpoint` when the manifest itself cannot be read.
+pub fn verify(dir: &Path) -> Result<(Manifest, Vec<(FileEntry, Option<String>)>)> {
+    let m = read_manifest(dir)?;
+    let results = m
+        .files()
+        .collect::<Vec<_>>()
+        .par_iter()
+        .map(|e| {
+            let r = read_checked(dir, e, None).and_then(|buf| {
+                let path = dir.join(&e.name);
+                if e.name.ends_with("-removed.safetensors") {
+                    parse_removed(&path, e, &buf).map(|_| ())
+                } else {
+                    parse_rows(&m, &path, e, &buf).map(|_| ())
+                }
+            });
+            ((*e).clone(), r.err().map(|x| x.to_string()))
+        })
+        .collect();
+    Ok((m, results))
+}
