@@ -777,12 +777,15 @@ fn remove_unreferenced(dir: &Path, m: &Manifest) {
     }
 }
 
+/// A file of a checkpoint and what is wrong with it (`None`: nothing).
+pub type FileCheck = (FileEntry, Option<String>);
+
 /// Checks every file of the checkpoint at `dir`: returns the manifest and,
 /// per file, `None` when it holds or the error when not.
 ///
 /// # Errors
 /// `Checkpoint` when the manifest itself cannot be read.
-pub fn verify(dir: &Path) -> Result<(Manifest, Vec<(FileEntry, Option<String>)>)> {
+pub fn verify(dir: &Path) -> Result<(Manifest, Vec<FileCheck>)> {
     let m = read_manifest(dir)?;
     let results = m
         .files()
