@@ -53,6 +53,7 @@ pub fn panic_error(payload: Box<dyn std::any::Any + Send>) -> PyErr {
 mod tests {
     use super::*;
     use pyo3::Python;
+    use pyo3::types::PyTypeMethods;
 
     #[test]
     fn every_store_error_maps_to_its_python_class() {
