@@ -16,6 +16,7 @@
 //! changed (inserted, assigned or trained) and the keys removed since the
 //! table's last save to the same directory. Loading replays the chain.
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::fs::{self, File};
 use std::io::{Read, Write};
@@ -24,7 +25,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, PoisonError};
 
 use rayon::prelude::*;
-use safetensors::tensor::{Dtype, SafeTensors, TensorView};
+use safetensors::tensor::{Dtype, Metadata, SafeTensors, TensorInfo, TensorView};
 use serde::{Deserialize, Serialize};
 
 use super::{Table, TableConfig, read};
@@ -181,48 +182,102 @@ fn write_synced(path: &Path, bytes: &[u8]) -> Result<()> {
         .map_err(|e| io_err(path, "cannot write", &e))
 }
 
-/// Little-endian bytes of a slice of plain numbers.
-fn le_bytes<T: Copy, const N: usize>(v: &[T], to: impl Fn(T) -> [u8; N]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(v.len() * N);
-    for &x in v {
-        out.extend_from_slice(&to(x));
-    }
-    out
+/// Plain number types whose in-memory bytes are their little-endian
+/// encoding on a little-endian machine.
+trait Plain: Copy {
+    /// Appends the little-endian bytes of `v` to `out`.
+    fn extend_le(v: &[Self], out: &mut Vec<u8>);
 }
 
-/// Serializes named tensors to one safetensors file image.
-fn safetensors_image(tensors: Vec<(&str, Dtype, Vec<usize>, Vec<u8>)>) -> Result<Vec<u8>> {
-    let views: Vec<(&str, TensorView<'_>)> = tensors
-        .iter()
-        .map(|(name, dtype, shape, data)| {
-            TensorView::new(*dtype, shape.clone(), data)
-                .map(|v| (*name, v))
-                .map_err(|e| ckpt_err("<memory>", format!("cannot build tensor {name}: {e}")))
-        })
-        .collect::<Result<_>>()?;
-    safetensors::serialize(views, None)
-        .map_err(|e| ckpt_err("<memory>", format!("cannot serialize: {e}")))
+macro_rules! plain {
+    ($t:ty) => {
+        impl Plain for $t {
+            fn extend_le(v: &[Self], out: &mut Vec<u8>) {
+                #[cfg(target_endian = "little")]
+                {
+                    // SAFETY: `$t` is a primitive number: no padding, every
+                    // byte initialized; u8 has alignment 1; the length is the
+                    // slice's size in bytes. On a little-endian machine these
+                    // bytes are the little-endian encoding.
+                    let bytes = unsafe {
+                        std::slice::from_raw_parts(v.as_ptr().cast::<u8>(), size_of_val(v))
+                    };
+                    out.extend_from_slice(bytes);
+                }
+                #[cfg(not(target_endian = "little"))]
+                for x in v {
+                    out.extend_from_slice(&x.to_le_bytes());
+                }
+            }
+        }
+    };
+}
+plain!(f32);
+plain!(i64);
+
+/// One tensor to write: name, dtype, shape, and its bytes in pieces.
+struct TensorOut<'a> {
+    name: &'static str,
+    dtype: Dtype,
+    shape: Vec<usize>,
+    bytes: &'a [u8],
+}
+
+/// Writes a safetensors file (header from the crate's own `Metadata`, then
+/// the tensors' bytes), fsyncs it, and returns its size and CRC-32C.
+fn write_safetensors(path: &Path, tensors: &[TensorOut<'_>]) -> Result<(u64, u32)> {
+    let mut offset = 0;
+    let mut infos = Vec::with_capacity(tensors.len());
+    for t in tensors {
+        infos.push((
+            t.name.to_string(),
+            TensorInfo {
+                dtype: t.dtype,
+                shape: t.shape.clone(),
+                data_offsets: (offset, offset + t.bytes.len()),
+            },
+        ));
+        offset += t.bytes.len();
+    }
+    let meta = Metadata::new(None, infos)
+        .map_err(|e| ckpt_err(path, format!("cannot describe the tensors: {e}")))?;
+    let mut header = serde_json::to_vec(&meta)
+        .map_err(|e| ckpt_err(path, format!("cannot serialize the header: {e}")))?;
+    header.resize(header.len().next_multiple_of(8), b' ');
+    let mut f = File::create(path).map_err(|e| io_err(path, "cannot create", &e))?;
+    let n = (header.len() as u64).to_le_bytes();
+    let mut crc = crc32c::crc32c(&n);
+    crc = crc32c::crc32c_append(crc, &header);
+    let mut write = |b: &[u8]| f.write_all(b).map_err(|e| io_err(path, "cannot write", &e));
+    write(&n)?;
+    write(&header)?;
+    for t in tensors {
+        crc = crc32c::crc32c_append(crc, t.bytes);
+        write(t.bytes)?;
+    }
+    f.sync_all().map_err(|e| io_err(path, "cannot fsync", &e))?;
+    Ok(((8 + header.len() + offset) as u64, crc))
 }
 
 /// The tensors of one shard file, checked against the manifest.
-struct Rows {
-    keys: Vec<i64>,
-    rows: Vec<f32>,
-    state: Option<Vec<f32>>,
+struct Rows<'a> {
+    keys: Cow<'a, [i64]>,
+    rows: Cow<'a, [f32]>,
+    state: Option<Cow<'a, [f32]>>,
 }
 
-fn tensor<'a>(st: &'a SafeTensors<'_>, path: &Path, name: &str) -> Result<TensorView<'a>> {
+fn tensor<'d>(st: &SafeTensors<'d>, path: &Path, name: &str) -> Result<TensorView<'d>> {
     st.tensor(name)
         .map_err(|e| ckpt_err(path, format!("tensor {name:?}: {e}")))
 }
 
-fn expect_tensor(
-    st: &SafeTensors<'_>,
+fn expect_tensor<'d>(
+    st: &SafeTensors<'d>,
     path: &Path,
     name: &str,
     dtype: Dtype,
     shape: &[usize],
-) -> Result<Vec<u8>> {
+) -> Result<&'d [u8]> {
     let t = tensor(st, path, name)?;
     if t.dtype() != dtype || t.shape() != shape {
         return Err(ckpt_err(
@@ -234,23 +289,67 @@ fn expect_tensor(
             ),
         ));
     }
-    Ok(t.data().to_vec())
+    Ok(t.data())
 }
 
-fn f32s(b: &[u8]) -> Vec<f32> {
-    b.chunks_exact(4)
-        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-        .collect()
+/// Little-endian bytes as numbers: borrowed in place when the machine is
+/// little-endian and the bytes are aligned (the usual case: tensors start at
+/// 8-byte offsets of a heap buffer), converted otherwise.
+trait FromLe: Plain {
+    fn from_le(b: &[u8]) -> Self;
+
+    fn view(b: &[u8]) -> Cow<'_, [Self]> {
+        #[cfg(target_endian = "little")]
+        {
+            // SAFETY: `Self` is a primitive number (f32/i64): every bit
+            // pattern is a valid value; `align_to` only returns a middle part
+            // that is correctly aligned and in bounds.
+            let (head, mid, tail) = unsafe { b.align_to::<Self>() };
+            if head.is_empty() && tail.is_empty() {
+                return Cow::Borrowed(mid);
+            }
+        }
+        Cow::Owned(
+            b.chunks_exact(size_of::<Self>())
+                .map(Self::from_le)
+                .collect(),
+        )
+    }
 }
 
-fn i64s(b: &[u8]) -> Vec<i64> {
-    b.chunks_exact(8)
-        .map(|c| i64::from_le_bytes(c.try_into().expect("8-byte chunk")))
-        .collect()
+impl FromLe for f32 {
+    fn from_le(b: &[u8]) -> Self {
+        f32::from_le_bytes(b.try_into().expect("4-byte chunk"))
+    }
+}
+
+impl FromLe for i64 {
+    fn from_le(b: &[u8]) -> Self {
+        i64::from_le_bytes(b.try_into().expect("8-byte chunk"))
+    }
+}
+
+fn f32s(b: &[u8]) -> Cow<'_, [f32]> {
+    f32::view(b)
+}
+
+fn i64s(b: &[u8]) -> Cow<'_, [i64]> {
+    i64::view(b)
+}
+
+thread_local! {
+    /// A read buffer per thread, kept between files so that loading does
+    /// not fault in fresh memory for every file.
+    static READ_BUF: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
 /// Reads a file named by the manifest and checks its size and CRC-32C.
-fn read_checked(dir: &Path, e: &FileEntry, progress: Option<&AtomicU64>) -> Result<Vec<u8>> {
+fn read_checked_into(
+    dir: &Path,
+    e: &FileEntry,
+    progress: Option<&AtomicU64>,
+    buf: &mut Vec<u8>,
+) -> Result<()> {
     if e.name.is_empty() || e.name.contains('/') || e.name.contains('\\') || e.name.starts_with('.')
     {
         return Err(ckpt_err(
@@ -270,11 +369,12 @@ fn read_checked(dir: &Path, e: &FileEntry, progress: Option<&AtomicU64>) -> Resu
             ),
         ));
     }
-    let mut buf = Vec::with_capacity(e.bytes as usize);
+    buf.clear();
+    buf.reserve(e.bytes as usize);
     File::open(&path)
-        .and_then(|mut f| f.read_to_end(&mut buf))
+        .and_then(|mut f| f.read_to_end(buf))
         .map_err(|err| io_err(&path, "cannot read", &err))?;
-    let crc = crc32c::crc32c(&buf);
+    let crc = crc32c::crc32c(buf);
     if crc != e.crc32c {
         return Err(ckpt_err(
             &path,
@@ -287,18 +387,45 @@ fn read_checked(dir: &Path, e: &FileEntry, progress: Option<&AtomicU64>) -> Resu
     if let Some(p) = progress {
         p.fetch_add(e.bytes, Ordering::Relaxed);
     }
-    Ok(buf)
+    Ok(())
 }
 
-/// Parses and checks one rows file of the manifest.
-fn parse_rows(m: &Manifest, path: &Path, e: &FileEntry, buf: &[u8]) -> Result<Rows> {
+/// Runs `f` on the checked bytes of a file, read into this thread's buffer.
+fn with_file<T>(
+    dir: &Path,
+    e: &FileEntry,
+    progress: Option<&AtomicU64>,
+    f: impl FnOnce(&[u8]) -> Result<T>,
+) -> Result<T> {
+    READ_BUF.with(|cell| {
+        let mut buf = cell.borrow_mut();
+        read_checked_into(dir, e, progress, &mut buf)?;
+        f(&buf)
+    })
+}
+
+/// Checks the tensors of one rows file without converting them.
+fn check_rows(m: &Manifest, path: &Path, e: &FileEntry, buf: &[u8]) -> Result<()> {
     let st = SafeTensors::deserialize(buf)
         .map_err(|err| ckpt_err(path, format!("not a safetensors file: {err}")))?;
     let n = e.rows as usize;
-    let keys = i64s(&expect_tensor(&st, path, "keys", Dtype::I64, &[n])?);
-    let rows = f32s(&expect_tensor(&st, path, "rows", Dtype::F32, &[n, m.dim])?);
+    expect_tensor(&st, path, "keys", Dtype::I64, &[n])?;
+    expect_tensor(&st, path, "rows", Dtype::F32, &[n, m.dim])?;
+    if m.with_optimizer && m.state_len > 0 {
+        expect_tensor(&st, path, "state", Dtype::F32, &[n, m.state_len])?;
+    }
+    Ok(())
+}
+
+/// Parses and checks one rows file of the manifest.
+fn parse_rows<'a>(m: &Manifest, path: &Path, e: &FileEntry, buf: &'a [u8]) -> Result<Rows<'a>> {
+    let st = SafeTensors::deserialize(buf)
+        .map_err(|err| ckpt_err(path, format!("not a safetensors file: {err}")))?;
+    let n = e.rows as usize;
+    let keys = i64s(expect_tensor(&st, path, "keys", Dtype::I64, &[n])?);
+    let rows = f32s(expect_tensor(&st, path, "rows", Dtype::F32, &[n, m.dim])?);
     let state = if m.with_optimizer && m.state_len > 0 {
-        Some(f32s(&expect_tensor(
+        Some(f32s(expect_tensor(
             &st,
             path,
             "state",
@@ -312,10 +439,10 @@ fn parse_rows(m: &Manifest, path: &Path, e: &FileEntry, buf: &[u8]) -> Result<Ro
 }
 
 /// Parses and checks one removed-keys file.
-fn parse_removed(path: &Path, e: &FileEntry, buf: &[u8]) -> Result<Vec<i64>> {
+fn parse_removed<'a>(path: &Path, e: &FileEntry, buf: &'a [u8]) -> Result<Cow<'a, [i64]>> {
     let st = SafeTensors::deserialize(buf)
         .map_err(|err| ckpt_err(path, format!("not a safetensors file: {err}")))?;
-    Ok(i64s(&expect_tensor(
+    Ok(i64s(expect_tensor(
         &st,
         path,
         "keys",
@@ -555,42 +682,49 @@ impl Table {
                 for (c, chunk) in rows.chunks(per_file).enumerate() {
                     let n = chunk.len();
                     let keys: Vec<i64> = chunk.iter().map(|&r| g.arena.key(r)).collect();
+                    let mut kb = Vec::with_capacity(n * 8);
+                    i64::extend_le(&keys, &mut kb);
                     let mut w = Vec::with_capacity(n * dim * 4);
                     let mut st = Vec::with_capacity(if with_state { n * sl * 4 } else { 0 });
                     for &r in chunk {
                         let row = g.arena.row(r);
-                        for x in &row[..dim] {
-                            w.extend_from_slice(&x.to_le_bytes());
-                        }
+                        f32::extend_le(&row[..dim], &mut w);
                         if with_state {
-                            for x in &row[dim..] {
-                                st.extend_from_slice(&x.to_le_bytes());
-                            }
+                            f32::extend_le(&row[dim..], &mut st);
                         }
                     }
                     let mut tensors = vec![
-                        (
-                            "keys",
-                            Dtype::I64,
-                            vec![n],
-                            le_bytes(&keys, i64::to_le_bytes),
-                        ),
-                        ("rows", Dtype::F32, vec![n, dim], w),
+                        TensorOut {
+                            name: "keys",
+                            dtype: Dtype::I64,
+                            shape: vec![n],
+                            bytes: &kb,
+                        },
+                        TensorOut {
+                            name: "rows",
+                            dtype: Dtype::F32,
+                            shape: vec![n, dim],
+                            bytes: &w,
+                        },
                     ];
                     if with_state {
-                        tensors.push(("state", Dtype::F32, vec![n, sl], st));
+                        tensors.push(TensorOut {
+                            name: "state",
+                            dtype: Dtype::F32,
+                            shape: vec![n, sl],
+                            bytes: &st,
+                        });
                     }
-                    let image = safetensors_image(tensors)?;
                     let name = format!("{id}-{s:05}-{c:04}.safetensors");
-                    write_synced(&dir.join(&name), &image)?;
+                    let (bytes, crc) = write_safetensors(&dir.join(&name), &tensors)?;
                     if let Some(p) = progress {
-                        p.fetch_add(image.len() as u64, Ordering::Relaxed);
+                        p.fetch_add(bytes, Ordering::Relaxed);
                     }
                     out.push(FileEntry {
                         name,
                         rows: n as u64,
-                        bytes: image.len() as u64,
-                        crc32c: crc32c::crc32c(&image),
+                        bytes,
+                        crc32c: crc,
                     });
                 }
                 Ok(out)
@@ -605,19 +739,23 @@ impl Table {
             }
         }
         let removed_entry = if delta && !removed.is_empty() {
-            let image = safetensors_image(vec![(
-                "keys",
-                Dtype::I64,
-                vec![removed.len()],
-                le_bytes(&removed, i64::to_le_bytes),
-            )])?;
+            let mut kb = Vec::with_capacity(removed.len() * 8);
+            i64::extend_le(&removed, &mut kb);
             let name = format!("{id}-removed.safetensors");
-            write_synced(&dir.join(&name), &image)?;
+            let (bytes, crc) = write_safetensors(
+                &dir.join(&name),
+                &[TensorOut {
+                    name: "keys",
+                    dtype: Dtype::I64,
+                    shape: vec![removed.len()],
+                    bytes: &kb,
+                }],
+            )?;
             Some(FileEntry {
                 name,
                 rows: removed.len() as u64,
-                bytes: image.len() as u64,
-                crc32c: crc32c::crc32c(&image),
+                bytes,
+                crc32c: crc,
             })
         } else {
             None
@@ -695,13 +833,14 @@ impl Table {
         files
             .par_iter()
             .try_for_each(|&(_, e, removed)| -> Result<()> {
-                let buf = read_checked(dir, e, progress)?;
                 let path = dir.join(&e.name);
-                if removed {
-                    parse_removed(&path, e, &buf).map(|_| ())
-                } else {
-                    parse_rows(&m, &path, e, &buf).map(|_| ())
-                }
+                with_file(dir, e, progress, |buf| {
+                    if removed {
+                        parse_removed(&path, e, buf).map(|_| ())
+                    } else {
+                        check_rows(&m, &path, e, buf)
+                    }
+                })
             })?;
 
         let mut cfg = TableConfig::new(m.dim);
@@ -714,16 +853,22 @@ impl Table {
         cfg.seed = m.seed;
         cfg.num_shards = num_shards;
         let table = Table::new(cfg)?;
-        // Load pass: replay the chain, removals of a link before its rows.
-        for &(_, e, removed) in &files {
-            let buf = read_checked(dir, e, progress)?;
-            let path = dir.join(&e.name);
-            if removed {
-                table.remove(&parse_removed(&path, e, &buf)?)?;
-            } else {
-                let r = parse_rows(&m, &path, e, &buf)?;
-                table.assign_with_state(&r.keys, &r.rows, r.state.as_deref(), 1)?;
+        table.reserve(m.rows as usize);
+        // Load pass: replay the chain; in each link the removals first, then
+        // its files (disjoint keys) in parallel. The table is not shared yet.
+        for link in &m.chain {
+            if let Some(e) = &link.removed {
+                with_file(dir, e, progress, |buf| {
+                    table.remove(&parse_removed(&dir.join(&e.name), e, buf)?)
+                })?;
             }
+            link.files.par_iter().try_for_each(|e| -> Result<()> {
+                with_file(dir, e, progress, |buf| {
+                    let r = parse_rows(&m, &dir.join(&e.name), e, buf)?;
+                    table.assign_in(&r.keys, &r.rows, r.state.as_deref(), 1);
+                    Ok(())
+                })
+            })?;
         }
         let loaded = table.len() as u64;
         if loaded != m.rows {
@@ -792,12 +937,12 @@ pub fn verify(dir: &Path) -> Result<(Manifest, Vec<FileCheck>)> {
         .collect::<Vec<_>>()
         .par_iter()
         .map(|e| {
-            let r = read_checked(dir, e, None).and_then(|buf| {
-                let path = dir.join(&e.name);
+            let path = dir.join(&e.name);
+            let r = with_file(dir, e, None, |buf| {
                 if e.name.ends_with("-removed.safetensors") {
-                    parse_removed(&path, e, &buf).map(|_| ())
+                    parse_removed(&path, e, buf).map(|_| ())
                 } else {
-                    parse_rows(&m, &path, e, &buf).map(|_| ())
+                    check_rows(&m, &path, e, buf)
                 }
             });
             ((*e).clone(), r.err().map(|x| x.to_string()))

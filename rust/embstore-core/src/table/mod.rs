@@ -526,6 +526,20 @@ impl Table {
             check_finite("state", st)?;
         }
         let _gate = self.enter();
+        self.assign_in(keys, values, state, save_gen);
+        Ok(())
+    }
+
+    /// [`Table::assign_with_state`] on checked input, with the gate held
+    /// (or the table not yet shared).
+    pub(crate) fn assign_in(
+        &self,
+        keys: &[i64],
+        values: &[f32],
+        state: Option<&[f32]>,
+        save_gen: u32,
+    ) {
+        let (dim, sl) = (self.dim, self.state_len);
         let plan = self.plan(keys);
         self.par_shards_mut(&plan, |g, pos| {
             for &i in pos {
@@ -543,7 +557,16 @@ impl Table {
             }
             0
         });
-        Ok(())
+    }
+
+    /// Makes room for about `additional` more rows in total (spread over
+    /// the shards), so that a bulk insert does not grow the index step by step.
+    pub fn reserve(&self, additional: usize) {
+        let n = self.shards.len();
+        let per = additional / n + additional / n / 16 + 16;
+        self.shards
+            .par_iter()
+            .for_each(|lock| write(lock).reserve(per));
     }
 
     /// Removes the rows of `keys`; returns how many were present.

@@ -63,6 +63,11 @@ impl Shard {
         self.arena.bytes() + self.index.allocation_size() + self.removed.capacity() * 8
     }
 
+    /// Makes room in the index for `additional` more keys.
+    pub fn reserve(&mut self, additional: usize) {
+        self.index.reserve(additional, |&e| index_hash(e as u32));
+    }
+
     /// The row of `key` (whose hash is `hash`), if present.
     #[inline]
     pub fn find(&self, key: i64, hash: u64) -> Option<usize> {
