@@ -190,11 +190,17 @@ def checkpoint_compare(rows: int, dim: int, reps: int, where: str | None) -> dic
         for start in range(0, rows, 1_000_000):
             table.lookup(np.arange(start, min(rows, start + 1_000_000)))
         ck = os.path.join(base, "ck")
+        # One untimed save first: on a VM, the first touch of guest memory
+        # (here: page cache for the new files) costs far more than later ones,
+        # and cp below runs on memory that earlier steps already touched.
+        # Each timed save then writes a fresh directory, as cp does.
         save_s = []
-        for _ in range(reps):
+        for _ in range(reps + 1):
+            shutil.rmtree(ck, ignore_errors=True)
             t0 = time.perf_counter()
             m = table.save(ck, progress=False)
             save_s.append(time.perf_counter() - t0)
+        save_s = save_s[1:]
         size = sum(f["bytes"] for f in m["chain"][0]["files"])
         expect = table.export()[0][:1000]
         del table
@@ -235,7 +241,7 @@ def report_checkpoint(c: dict[str, Any]) -> str:
     return "\n".join(
         [
             f"Checkpoint: {c['rows']:,} x {c['dim']} Adam table, {mib / 1024:.2f} GiB of shard files; "
-            f"best of the runs; same disk.",
+            f"best of the runs after an untimed warm-up save; same disk.",
             "",
             "| measure | time | throughput | vs cp + sync | vs bare cp | target |",
             "| --- | --- | --- | --- | --- | --- |",

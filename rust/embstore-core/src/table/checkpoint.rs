@@ -174,6 +174,17 @@ fn fsync_dir(dir: &Path) -> Result<()> {
         .map_err(|e| io_err(dir, "cannot fsync the directory", &e))
 }
 
+/// Fsyncs the files `names` of `dir`, in parallel.
+fn fsync_files<'a>(dir: &Path, names: impl IntoIterator<Item = &'a str>) -> Result<()> {
+    let names: Vec<&str> = names.into_iter().collect();
+    names.par_iter().try_for_each(|n| {
+        let path = dir.join(n);
+        File::open(&path)
+            .and_then(|f| f.sync_all())
+            .map_err(|e| io_err(&path, "cannot fsync", &e))
+    })
+}
+
 /// Writes `bytes` to `path` and fsyncs it.
 fn write_synced(path: &Path, bytes: &[u8]) -> Result<()> {
     let mut f = File::create(path).map_err(|e| io_err(path, "cannot create", &e))?;
@@ -224,7 +235,9 @@ struct TensorOut<'a> {
 }
 
 /// Writes a safetensors file (header from the crate's own `Metadata`, then
-/// the tensors' bytes), fsyncs it, and returns its size and CRC-32C.
+/// the tensors' bytes) and returns its size and CRC-32C. The caller fsyncs
+/// it ([`fsync_files`]) before publishing: deferring the fsyncs lets the
+/// kernel write files back while later ones are still being built.
 fn write_safetensors(path: &Path, tensors: &[TensorOut<'_>]) -> Result<(u64, u32)> {
     let mut offset = 0;
     let mut infos = Vec::with_capacity(tensors.len());
@@ -255,7 +268,6 @@ fn write_safetensors(path: &Path, tensors: &[TensorOut<'_>]) -> Result<(u64, u32
         crc = crc32c::crc32c_append(crc, t.bytes);
         write(t.bytes)?;
     }
-    f.sync_all().map_err(|e| io_err(path, "cannot fsync", &e))?;
     Ok(((8 + header.len() + offset) as u64, crc))
 }
 
@@ -337,7 +349,14 @@ fn i64s(b: &[u8]) -> Cow<'_, [i64]> {
     i64::view(b)
 }
 
+/// Byte buffers of one file being written: keys, rows, state.
+type WriteBufs = (Vec<u8>, Vec<u8>, Vec<u8>);
+
 thread_local! {
+    /// Write buffers per thread, kept between files (no fresh memory to
+    /// fault in for every file).
+    static WRITE_BUFS: std::cell::RefCell<WriteBufs> =
+        const { std::cell::RefCell::new((Vec::new(), Vec::new(), Vec::new())) };
     /// A read buffer per thread, kept between files so that loading does
     /// not fault in fresh memory for every file.
     static READ_BUF: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
@@ -679,54 +698,58 @@ impl Table {
                     .filter(|&r| !delta || g.arena.generation(r) == save_gen)
                     .collect();
                 let mut out = Vec::new();
-                for (c, chunk) in rows.chunks(per_file).enumerate() {
-                    let n = chunk.len();
-                    let keys: Vec<i64> = chunk.iter().map(|&r| g.arena.key(r)).collect();
-                    let mut kb = Vec::with_capacity(n * 8);
-                    i64::extend_le(&keys, &mut kb);
-                    let mut w = Vec::with_capacity(n * dim * 4);
-                    let mut st = Vec::with_capacity(if with_state { n * sl * 4 } else { 0 });
-                    for &r in chunk {
-                        let row = g.arena.row(r);
-                        f32::extend_le(&row[..dim], &mut w);
-                        if with_state {
-                            f32::extend_le(&row[dim..], &mut st);
+                WRITE_BUFS.with(|cell| -> Result<()> {
+                    let bufs = &mut *cell.borrow_mut();
+                    let (kb, w, st) = (&mut bufs.0, &mut bufs.1, &mut bufs.2);
+                    for (c, chunk) in rows.chunks(per_file).enumerate() {
+                        let n = chunk.len();
+                        kb.clear();
+                        w.clear();
+                        st.clear();
+                        for &r in chunk {
+                            i64::extend_le(&[g.arena.key(r)], kb);
+                            let row = g.arena.row(r);
+                            f32::extend_le(&row[..dim], w);
+                            if with_state {
+                                f32::extend_le(&row[dim..], st);
+                            }
                         }
-                    }
-                    let mut tensors = vec![
-                        TensorOut {
-                            name: "keys",
-                            dtype: Dtype::I64,
-                            shape: vec![n],
-                            bytes: &kb,
-                        },
-                        TensorOut {
-                            name: "rows",
-                            dtype: Dtype::F32,
-                            shape: vec![n, dim],
-                            bytes: &w,
-                        },
-                    ];
-                    if with_state {
-                        tensors.push(TensorOut {
-                            name: "state",
-                            dtype: Dtype::F32,
-                            shape: vec![n, sl],
-                            bytes: &st,
+                        let mut tensors = vec![
+                            TensorOut {
+                                name: "keys",
+                                dtype: Dtype::I64,
+                                shape: vec![n],
+                                bytes: kb,
+                            },
+                            TensorOut {
+                                name: "rows",
+                                dtype: Dtype::F32,
+                                shape: vec![n, dim],
+                                bytes: w,
+                            },
+                        ];
+                        if with_state {
+                            tensors.push(TensorOut {
+                                name: "state",
+                                dtype: Dtype::F32,
+                                shape: vec![n, sl],
+                                bytes: st,
+                            });
+                        }
+                        let name = format!("{id}-{s:05}-{c:04}.safetensors");
+                        let (bytes, crc) = write_safetensors(&dir.join(&name), &tensors)?;
+                        if let Some(p) = progress {
+                            p.fetch_add(bytes, Ordering::Relaxed);
+                        }
+                        out.push(FileEntry {
+                            name,
+                            rows: n as u64,
+                            bytes,
+                            crc32c: crc,
                         });
                     }
-                    let name = format!("{id}-{s:05}-{c:04}.safetensors");
-                    let (bytes, crc) = write_safetensors(&dir.join(&name), &tensors)?;
-                    if let Some(p) = progress {
-                        p.fetch_add(bytes, Ordering::Relaxed);
-                    }
-                    out.push(FileEntry {
-                        name,
-                        rows: n as u64,
-                        bytes,
-                        crc32c: crc,
-                    });
-                }
+                    Ok(())
+                })?;
                 Ok(out)
             })
             .collect::<Result<_>>()?;
@@ -772,6 +795,18 @@ impl Table {
         manifest.checksum = Some(manifest.compute_checksum());
         let text = serde_json::to_vec_pretty(&manifest)
             .map_err(|e| ckpt_err(dir, format!("cannot serialize the manifest: {e}")))?;
+        let new_link = manifest
+            .chain
+            .last()
+            .expect("the chain has the link just written");
+        fsync_files(
+            dir,
+            new_link
+                .files
+                .iter()
+                .chain(new_link.removed.iter())
+                .map(|f| f.name.as_str()),
+        )?;
         fsync_dir(dir)?;
         let tmp = dir.join(format!("{MANIFEST}.tmp-{id}"));
         write_synced(&tmp, &text)?;
