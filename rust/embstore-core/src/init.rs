@@ -9,6 +9,7 @@ use std::collections::BTreeMap;
 use crate::error::{Result, invalid};
 use crate::hash::{draw, row_stream};
 use crate::optim::param;
+use crate::simd::Backend;
 
 /// How new rows are filled.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -54,7 +55,6 @@ impl Default for Initializer {
 }
 
 const INV_2_24: f64 = 1.0 / (1u64 << 24) as f64;
-const INV_2_53: f64 = 1.0 / (1u64 << 53) as f64;
 
 /// A standard normal draw from one 64-bit value (Box-Muller, both uniforms
 /// from disjoint bits; computed in f64 so rounding does not depend on SIMD).
@@ -154,14 +154,14 @@ impl Initializer {
 
     /// Writes the initial row of `key` into `out` (its length is the dim).
     pub fn fill(&self, seed: u64, key: i64, out: &mut [f32]) {
+        self.fill_with(Backend::Scalar, seed, key, out);
+    }
+
+    /// [`Initializer::fill`] on a SIMD backend (bit-identical results).
+    pub fn fill_with(&self, backend: Backend, seed: u64, key: i64, out: &mut [f32]) {
         match *self {
             Initializer::Uniform { low, high } => {
-                let s = row_stream(seed, key);
-                let span = high - low;
-                for (c, o) in out.iter_mut().enumerate() {
-                    let u = (draw(s, c as u64) >> 11) as f64 * INV_2_53;
-                    *o = (low + span * u) as f32;
-                }
+                backend.uniform_fill(out, row_stream(seed, key), low, high - low);
             }
             Initializer::Normal { mean, std } => {
                 let s = row_stream(seed, key);

@@ -7,6 +7,7 @@
 //! scalar backend's; `tests` in `simd/mod.rs` checks exactly that.
 
 use super::{AdamParams, AdamWParams, FtrlParams};
+use crate::hash::{GOLDEN, mix64};
 
 /// `acc += x`.
 #[inline(always)]
@@ -106,5 +107,18 @@ pub fn ftrl(w: &mut [f32], z: &mut [f32], n: &mut [f32], g: &[f32], p: &FtrlPara
         } else {
             0.0
         };
+    }
+}
+
+/// The uniform initializer of one row: column `c` is
+/// `low + span * u_c` with `u_c = (draw(stream, c) >> 11) * 2^-53`, the
+/// splitmix64 counter draw of [`crate::hash::draw`], computed in f64.
+#[inline(always)]
+pub fn uniform_fill(out: &mut [f32], stream: u64, low: f64, span: f64) {
+    const INV_2_53: f64 = 1.0 / (1u64 << 53) as f64;
+    for (c, o) in out.iter_mut().enumerate() {
+        let bits = mix64(stream.wrapping_add((c as u64).wrapping_add(1).wrapping_mul(GOLDEN)));
+        let u = (bits >> 11) as f64 * INV_2_53;
+        *o = (low + span * u) as f32;
     }
 }

@@ -71,7 +71,7 @@ pub enum Backend {
     Scalar,
     /// x86-64 AVX2 + FMA.
     Avx2,
-    /// x86-64 AVX-512F.
+    /// x86-64 AVX-512 (F, DQ, VL).
     Avx512,
     /// AArch64 NEON.
     Neon,
@@ -98,7 +98,11 @@ impl Backend {
                     && std::arch::is_x86_feature_detected!("fma")
             }
             #[cfg(all(target_arch = "x86_64", not(miri)))]
-            Backend::Avx512 => std::arch::is_x86_feature_detected!("avx512f"),
+            Backend::Avx512 => {
+                std::arch::is_x86_feature_detected!("avx512f")
+                    && std::arch::is_x86_feature_detected!("avx512dq")
+                    && std::arch::is_x86_feature_detected!("avx512vl")
+            }
             #[cfg(all(target_arch = "aarch64", not(miri)))]
             Backend::Neon => std::arch::is_aarch64_feature_detected!("neon"),
             #[allow(unreachable_patterns)]
@@ -225,6 +229,11 @@ impl Backend {
     pub fn adamw(self, w: &mut [f32], m: &mut [f32], v: &mut [f32], g: &[f32], p: &AdamWParams) {
         dispatch!(self, adamw(w, m, v, g, p))
     }
+    /// The uniform initializer's row (see [`kernels::uniform_fill`]).
+    #[inline]
+    pub fn uniform_fill(self, out: &mut [f32], stream: u64, low: f64, span: f64) {
+        dispatch!(self, uniform_fill(out, stream, low, span))
+    }
     /// FTRL step on one row.
     #[inline]
     pub fn ftrl(self, w: &mut [f32], z: &mut [f32], n: &mut [f32], g: &[f32], p: &FtrlParams) {
@@ -266,6 +275,10 @@ macro_rules! instantiate {
         $(#[$attr])*
         pub fn ftrl(w: &mut [f32], z: &mut [f32], n: &mut [f32], g: &[f32], p: &FtrlParams) {
             kernels::ftrl(w, z, n, g, p)
+        }
+        $(#[$attr])*
+        pub fn uniform_fill(out: &mut [f32], stream: u64, low: f64, span: f64) {
+            kernels::uniform_fill(out, stream, low, span)
         }
     };
 }
@@ -349,6 +362,10 @@ mod tests {
             };
             b.ftrl(&mut w, &mut z, &mut n, &g, &p);
             out.extend(w.iter().chain(&z).chain(&n).map(|v| v.to_bits()));
+
+            let mut row = vec![0.0f32; dim];
+            b.uniform_fill(&mut row, crate::hash::row_stream(s, -7), -0.05, 0.1);
+            out.extend(row.iter().map(|v| v.to_bits()));
         }
         out
     }

@@ -345,7 +345,7 @@ impl Table {
     #[inline]
     fn fill_new(&self, key: i64, row: &mut [f32]) {
         let (w, state) = row.split_at_mut(self.dim);
-        self.initializer.fill(self.seed, key, w);
+        self.initializer.fill_with(self.backend, self.seed, key, w);
         if let Some(o) = &self.optimizer {
             o.init_state(state);
         }
@@ -465,7 +465,9 @@ impl Table {
                     let dst = unsafe { out.row(i, dim) };
                     match g.find(keys[i], plan.hashes[i]) {
                         Some(r) => dst.copy_from_slice(&g.arena.row(r)[..dim]),
-                        None => self.initializer.fill(self.seed, keys[i], dst),
+                        None => self
+                            .initializer
+                            .fill_with(self.backend, self.seed, keys[i], dst),
                     }
                 }
             });

@@ -217,7 +217,8 @@ impl Table {
                     match g.find(ids[i], plan.hashes[i]) {
                         Some(r) => emit(i, &g.arena.row(r)[..dim]),
                         None => {
-                            self.initializer.fill(self.seed, ids[i], &mut tmp);
+                            self.initializer
+                                .fill_with(self.backend, self.seed, ids[i], &mut tmp);
                             emit(i, &tmp);
                         }
                     }
