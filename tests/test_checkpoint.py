@@ -372,3 +372,44 @@ def test_sigkill_during_save_leaves_the_previous_checkpoint_whole(
         leftovers = [p.name for p in path.iterdir() if ".tmp-" in p.name]
         assert len(leftovers) <= 1
     assert sum(outcomes.values()) == 12
+
+
+def test_progress_bar_for_slow_saves_and_loads(
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from embstore import _progress
+
+    monkeypatch.setattr(_progress, "DELAY_S", 0.0)
+    table = embstore.Table(64, optimizer=optim.Adam())
+    table.lookup(np.arange(400_000))
+    table.save(tmp_path / "ck", progress=True)
+    embstore.Table.load(tmp_path / "ck", progress=True)
+    err = capsys.readouterr().err
+    assert "save: [" in err
+    assert "load: [" in err
+    assert err.count("done in") == 2
+
+
+def test_inspect_command_reports_and_detects_damage(tmp_path: pathlib.Path) -> None:
+    table = embstore.Table(4, optimizer=optim.Adam())
+    table.lookup(np.arange(1000))
+    table.save(tmp_path / "ck")
+    run = lambda: subprocess.run(  # noqa: E731
+        [sys.executable, "-m", "embstore", "inspect", str(tmp_path / "ck")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    ok = run()
+    assert ok.returncode == 0, ok.stderr
+    assert "rows: 1,000" in ok.stdout
+    assert "Adam(" in ok.stdout
+    assert "checksums: all ok" in ok.stdout
+    shard = next(p for p in (tmp_path / "ck").iterdir() if p.suffix == ".safetensors")
+    data = bytearray(shard.read_bytes())
+    data[-1] ^= 1
+    shard.write_bytes(bytes(data))
+    bad = run()
+    assert bad.returncode == 1
+    assert "BAD: " in bad.stdout
+    assert "1 of" in bad.stdout

@@ -39,9 +39,8 @@ def run_with_progress(
     worker = threading.Thread(target=target, name=f"embstore-{label}")
     t0 = time.perf_counter()
     worker.start()
-    drawn = False
     while worker.is_alive():
-        worker.join(0.2)
+        worker.join(0.1)
         elapsed = time.perf_counter() - t0
         if worker.is_alive() and elapsed > DELAY_S:
             frac = min(progress.done / total, 1.0)
@@ -50,9 +49,12 @@ def run_with_progress(
                 f"\r{label}: [{'=' * int(30 * frac):<30}] {100 * frac:5.1f}% {rate:,.0f} MiB/s"
             )
             sys.stderr.flush()
-            drawn = True
-    if drawn:
-        sys.stderr.write(f"\r{label}: done in {time.perf_counter() - t0:.1f} s{' ' * 30}\n")
+    elapsed = time.perf_counter() - t0
+    if elapsed > DELAY_S and not error:
+        sys.stderr.write(
+            f"\r{label}: [{'=' * 30}] done in {elapsed:.1f} s, "
+            f"{progress.done / 2**20:,.0f} MiB{' ' * 20}\n"
+        )
     if error:
         raise error[0]
     return result[0]
