@@ -25,6 +25,8 @@ class Table:
     @property
     def state_len(self) -> int: ...
     @property
+    def seed(self) -> int: ...
+    @property
     def step(self) -> int: ...
     @property
     def num_shards(self) -> int: ...
@@ -69,6 +71,8 @@ class Table:
         with_optimizer: bool = True,
         progress: Progress | None = None,
     ) -> tuple[str, int]: ...
+    def write_files(self, path: str, prefix: str, with_optimizer: bool = True) -> str: ...
+    def manifest_base(self, id: str, with_optimizer: bool = True) -> str: ...
 
 @final
 class Progress:
@@ -103,3 +107,38 @@ def collection_apply_pooled_gradients(
     combiners: list[str],
     grads: npt.NDArray[np.float32],
 ) -> None: ...
+def partition_owners(
+    keys: npt.NDArray[np.int64], size: int, kind: str = "hash", key_space: int | None = None
+) -> npt.NDArray[np.int32]: ...
+def pool_rows(
+    rows: npt.NDArray[np.float32],
+    idx: npt.NDArray[np.int64],
+    offsets: npt.NDArray[np.int64],
+    weights: npt.NDArray[np.float32] | None = None,
+    combiner: str = "sum",
+) -> npt.NDArray[np.float32]: ...
+def spread_pooled(
+    grads: npt.NDArray[np.float32],
+    idx: npt.NDArray[np.int64],
+    offsets: npt.NDArray[np.int64],
+    n: int,
+    weights: npt.NDArray[np.float32] | None = None,
+    combiner: str = "sum",
+) -> npt.NDArray[np.float32]: ...
+def check_bags(
+    ids: npt.NDArray[np.int64],
+    offsets: npt.NDArray[np.int64],
+    weights: npt.NDArray[np.float32] | None = None,
+    combiner: str = "sum",
+) -> int: ...
+def new_checkpoint_id() -> str: ...
+def publish_manifest(path: str, manifest: str) -> int: ...
+def load_table_owned(
+    path: str,
+    size: int,
+    rank: int,
+    kind: str = "hash",
+    key_space: int | None = None,
+    num_shards: int | None = None,
+    progress: Progress | None = None,
+) -> tuple[Table, str]: ...

@@ -100,6 +100,11 @@ class Table:
         return int(self._inner.dim)
 
     @property
+    def seed(self) -> int:
+        """Seed of the initializer."""
+        return int(self._inner.seed)
+
+    @property
     def step(self) -> int:
         """Optimizer steps taken (one per apply call)."""
         return int(self._inner.step)
@@ -335,16 +340,18 @@ class Table:
         inner, text = run_with_progress(
             lambda p: _core.load_table(os.fspath(path), num_shards, p), total, "load", progress
         )
-        m = json.loads(text)
-        opt = m["optimizer"]
-        optimizer = getattr(optim, opt["name"])(**opt["params"]) if opt else None
-        initializer = getattr(init, m["initializer"]["name"])(**m["initializer"]["params"])
         table = cls.__new__(cls)
-        table._optimizer = optimizer
-        table._initializer = initializer
-        table._dtype = m["dtype"]
-        table._inner = inner
+        table._adopt(inner, json.loads(text))
         return table
+
+    def _adopt(self, inner: _core.Table, manifest: dict[str, Any]) -> None:
+        """Become the wrapper of a native table loaded from a checkpoint."""
+        opt = manifest["optimizer"]
+        self._optimizer = getattr(optim, opt["name"])(**opt["params"]) if opt else None
+        init_cfg = manifest["initializer"]
+        self._initializer = getattr(init, init_cfg["name"])(**init_cfg["params"])
+        self._dtype = manifest["dtype"]
+        self._inner = inner
 
     def stats(self) -> dict[str, Any]:
         """Figures of the table: rows, bytes, shard_rows, step, ..."""

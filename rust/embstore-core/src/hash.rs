@@ -31,6 +31,15 @@ pub const fn draw(stream: u64, i: u64) -> u64 {
     mix64(stream.wrapping_add(i.wrapping_add(1).wrapping_mul(GOLDEN)))
 }
 
+/// The rank that owns `key` among `n` ranks under the "hash" partition:
+/// a mixing hash independent of [`key_hash`], so that the keys one rank owns
+/// still spread over all of its table's shards.
+#[inline(always)]
+pub const fn owner_of(key: i64, n: usize) -> usize {
+    let h = mix64((key as u64) ^ 0x5851_F42D_4C95_7F2D);
+    (((h >> 32) * n as u64) >> 32) as usize
+}
+
 /// Shard of a hash among `n` shards, from the high 32 bits; the in-shard
 /// index uses the low 32 bits only, so the two are independent.
 #[inline(always)]
@@ -56,6 +65,32 @@ mod tests {
             if n <= 64 {
                 assert!(max < mean * 1.1, "n={n} max={max} mean={mean}");
             }
+        }
+    }
+
+    #[test]
+    fn owners_spread_and_are_independent_of_shards() {
+        for n in [2usize, 3, 4] {
+            let mut counts = vec![0usize; n];
+            // Keys owned by rank 0 must still use every shard of its table.
+            let mut shards = [0usize; 8];
+            for k in 0..300_000i64 {
+                let o = owner_of(k << 20, n);
+                counts[o] += 1;
+                if o == 0 {
+                    shards[shard_of(key_hash(k << 20), 8)] += 1;
+                }
+            }
+            let mean = 300_000.0 / n as f64;
+            assert!(
+                counts.iter().all(|&c| (c as f64) < mean * 1.05),
+                "{counts:?}"
+            );
+            let smean = shards.iter().sum::<usize>() as f64 / 8.0;
+            assert!(
+                shards.iter().all(|&c| (c as f64) > smean * 0.9),
+                "{shards:?}"
+            );
         }
     }
 

@@ -27,6 +27,7 @@ pub mod error;
 pub mod hash;
 pub mod init;
 pub mod optim;
+pub mod partition;
 pub mod simd;
 pub mod table;
 

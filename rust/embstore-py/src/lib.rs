@@ -4,6 +4,7 @@
 
 mod collection;
 mod convert;
+mod distributed;
 mod error;
 mod store;
 
@@ -19,6 +20,11 @@ mod _core {
 
     #[pymodule_export]
     use crate::collection::{collection_apply_pooled_gradients, collection_lookup_pooled};
+    #[pymodule_export]
+    use crate::distributed::{
+        check_bags, load_table_owned, new_checkpoint_id, partition_owners, pool_rows,
+        publish_manifest, spread_pooled,
+    };
     #[pymodule_export]
     use crate::error::{CheckpointError, EmbstoreError};
     #[pymodule_export]

@@ -132,6 +132,15 @@ fn to_2d(
     v.into_pyarray(py).reshape([rows, cols])
 }
 
+impl PyTable {
+    /// Wraps a core table.
+    pub(crate) fn from_table(table: Table) -> Self {
+        PyTable {
+            inner: Arc::new(table),
+        }
+    }
+}
+
 #[pymethods]
 impl PyTable {
     #[new]
@@ -174,6 +183,12 @@ impl PyTable {
     #[getter]
     fn state_len(&self) -> usize {
         self.inner.state_len()
+    }
+
+    /// Seed of the initializer.
+    #[getter]
+    fn seed(&self) -> u64 {
+        self.inner.seed()
     }
 
     /// Optimizer steps taken.
@@ -341,6 +356,27 @@ impl PyTable {
         let info =
             py.enter_store(|| table.save(&path, incremental, with_optimizer, counter.as_deref()))?;
         Ok((manifest_json(&info.manifest)?, info.bytes_written))
+    }
+
+    /// Writes every row to shard files `{prefix}-...` (fsynced, no manifest);
+    /// returns their entries as JSON.
+    #[pyo3(signature = (path, prefix, with_optimizer=true))]
+    fn write_files(
+        &self,
+        py: Python<'_>,
+        path: PathBuf,
+        prefix: &str,
+        with_optimizer: bool,
+    ) -> PyResult<String> {
+        let table = &self.inner;
+        let files = py.enter_store(|| table.write_files(&path, prefix, with_optimizer, None))?;
+        serde_json::to_string(&files).map_err(|e| PyValueError::new_err(e.to_string()))
+    }
+
+    /// The manifest describing this table (no files), as JSON.
+    #[pyo3(signature = (id, with_optimizer=true))]
+    fn manifest_base(&self, id: &str, with_optimizer: bool) -> PyResult<String> {
+        manifest_json(&self.inner.manifest_base(id, with_optimizer))
     }
 
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {

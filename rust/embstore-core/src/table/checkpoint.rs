@@ -157,8 +157,8 @@ fn io_err(path: &Path, what: &str, e: &std::io::Error) -> StoreError {
     ckpt_err(path, format!("{what}: {e}"))
 }
 
-/// A fresh id: the time, the process and a counter, mixed.
-fn new_id() -> String {
+/// A fresh checkpoint id (16 hex digits): the time, the process and a counter, mixed.
+pub fn new_id() -> String {
     static COUNTER: AtomicU64 = AtomicU64::new(0);
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -569,7 +569,8 @@ fn check_manifest(m: &Manifest) -> std::result::Result<(), String> {
 }
 
 impl Table {
-    fn manifest_base(&self, id: &str, with_optimizer: bool) -> Manifest {
+    /// A manifest describing this table (no files yet), for [`publish`].
+    pub fn manifest_base(&self, id: &str, with_optimizer: bool) -> Manifest {
         let (iname, iparams) = self.initializer.to_named();
         let optimizer = self.optimizer.map(|o| {
             let (name, params) = o.to_named();
@@ -606,6 +607,122 @@ impl Table {
             chain: Vec::new(),
             checksum: None,
         }
+    }
+
+    /// Writes this table's rows (all, or with `only_gen` those changed in that
+    /// save generation) to shard files `{prefix}-SSSSS-CCCC.safetensors` in
+    /// `dir`, at most about 256 MB each, and returns their entries. The
+    /// files are not yet fsynced (see [`publish`]). The caller holds the
+    /// gate exclusively.
+    fn write_rows(
+        &self,
+        dir: &Path,
+        prefix: &str,
+        only_gen: Option<u32>,
+        with_optimizer: bool,
+        progress: Option<&AtomicU64>,
+    ) -> Result<Vec<FileEntry>> {
+        let with_state = with_optimizer && self.state_len > 0;
+        let (dim, sl) = (self.dim, self.state_len);
+        let row_bytes = 8 + 4 * (dim + if with_state { sl } else { 0 });
+        let per_file = (FILE_BYTES / row_bytes).max(1);
+
+        // Each shard writes its rows (all, or those of this generation) in
+        // files of at most `per_file` rows.
+        let written: Vec<Vec<FileEntry>> = self
+            .shards
+            .par_iter()
+            .enumerate()
+            .map(|(s, lock)| -> Result<Vec<FileEntry>> {
+                let g = read(lock);
+                let rows: Vec<usize> = (0..g.len())
+                    .filter(|&r| only_gen.is_none_or(|gen_| g.arena.generation(r) == gen_))
+                    .collect();
+                let mut out = Vec::new();
+                WRITE_BUFS.with(|cell| -> Result<()> {
+                    let bufs = &mut *cell.borrow_mut();
+                    let (kb, w, st) = (&mut bufs.0, &mut bufs.1, &mut bufs.2);
+                    for (c, chunk) in rows.chunks(per_file).enumerate() {
+                        let n = chunk.len();
+                        kb.clear();
+                        w.clear();
+                        st.clear();
+                        for &r in chunk {
+                            i64::extend_le(&[g.arena.key(r)], kb);
+                            let row = g.arena.row(r);
+                            f32::extend_le(&row[..dim], w);
+                            if with_state {
+                                f32::extend_le(&row[dim..], st);
+                            }
+                        }
+                        let mut tensors = vec![
+                            TensorOut {
+                                name: "keys",
+                                dtype: Dtype::I64,
+                                shape: vec![n],
+                                bytes: kb,
+                            },
+                            TensorOut {
+                                name: "rows",
+                                dtype: Dtype::F32,
+                                shape: vec![n, dim],
+                                bytes: w,
+                            },
+                        ];
+                        if with_state {
+                            tensors.push(TensorOut {
+                                name: "state",
+                                dtype: Dtype::F32,
+                                shape: vec![n, sl],
+                                bytes: st,
+                            });
+                        }
+                        let name = format!("{prefix}-{s:05}-{c:04}.safetensors");
+                        let (bytes, crc) = write_safetensors(&dir.join(&name), &tensors)?;
+                        if let Some(p) = progress {
+                            p.fetch_add(bytes, Ordering::Relaxed);
+                        }
+                        out.push(FileEntry {
+                            name,
+                            rows: n as u64,
+                            bytes,
+                            crc32c: crc,
+                        });
+                    }
+                    Ok(())
+                })?;
+                Ok(out)
+            })
+            .collect::<Result<_>>()?;
+        Ok(written.into_iter().flatten().collect())
+    }
+
+    /// Writes a consistent snapshot of every row to shard files named
+    /// `{prefix}-...` in `dir` (created if missing) and fsyncs them, without
+    /// publishing a manifest: for a caller that assembles one manifest from
+    /// several tables (the ranks of a sharded table), then calls [`publish`].
+    ///
+    /// # Errors
+    /// `Checkpoint` for I/O errors or a prefix that is not 16 hex digits
+    /// followed by `-` and plain characters.
+    pub fn write_files(
+        &self,
+        dir: &Path,
+        prefix: &str,
+        with_optimizer: bool,
+        progress: Option<&AtomicU64>,
+    ) -> Result<Vec<FileEntry>> {
+        if !is_ours(&format!("{prefix}-00000-0000.safetensors")) || prefix.contains(['/', '\\']) {
+            return Err(ckpt_err(
+                dir,
+                format!("file prefix {prefix:?} is not a checkpoint id"),
+            ));
+        }
+        let _gate = self.gate.write().unwrap_or_else(PoisonError::into_inner);
+        fs::create_dir_all(dir).map_err(|e| io_err(dir, "cannot create the directory", &e))?;
+        let files = self.write_rows(dir, prefix, None, with_optimizer, progress)?;
+        fsync_files(dir, files.iter().map(|f| f.name.as_str()))?;
+        Ok(files)
     }
 
     /// Saves a consistent snapshot to directory `dir` (created if missing).
@@ -681,79 +798,14 @@ impl Table {
         let id = new_id();
         let save_gen = self.generation();
         let delta = base.is_some();
-        let with_state = with_optimizer && self.state_len > 0;
-        let (dim, sl) = (self.dim, self.state_len);
-        let row_bytes = 8 + 4 * (dim + if with_state { sl } else { 0 });
-        let per_file = (FILE_BYTES / row_bytes).max(1);
-
-        // Each shard writes its rows (all, or those of this generation) in
-        // files of at most `per_file` rows.
-        let written: Vec<Vec<FileEntry>> = self
-            .shards
-            .par_iter()
-            .enumerate()
-            .map(|(s, lock)| -> Result<Vec<FileEntry>> {
-                let g = read(lock);
-                let rows: Vec<usize> = (0..g.len())
-                    .filter(|&r| !delta || g.arena.generation(r) == save_gen)
-                    .collect();
-                let mut out = Vec::new();
-                WRITE_BUFS.with(|cell| -> Result<()> {
-                    let bufs = &mut *cell.borrow_mut();
-                    let (kb, w, st) = (&mut bufs.0, &mut bufs.1, &mut bufs.2);
-                    for (c, chunk) in rows.chunks(per_file).enumerate() {
-                        let n = chunk.len();
-                        kb.clear();
-                        w.clear();
-                        st.clear();
-                        for &r in chunk {
-                            i64::extend_le(&[g.arena.key(r)], kb);
-                            let row = g.arena.row(r);
-                            f32::extend_le(&row[..dim], w);
-                            if with_state {
-                                f32::extend_le(&row[dim..], st);
-                            }
-                        }
-                        let mut tensors = vec![
-                            TensorOut {
-                                name: "keys",
-                                dtype: Dtype::I64,
-                                shape: vec![n],
-                                bytes: kb,
-                            },
-                            TensorOut {
-                                name: "rows",
-                                dtype: Dtype::F32,
-                                shape: vec![n, dim],
-                                bytes: w,
-                            },
-                        ];
-                        if with_state {
-                            tensors.push(TensorOut {
-                                name: "state",
-                                dtype: Dtype::F32,
-                                shape: vec![n, sl],
-                                bytes: st,
-                            });
-                        }
-                        let name = format!("{id}-{s:05}-{c:04}.safetensors");
-                        let (bytes, crc) = write_safetensors(&dir.join(&name), &tensors)?;
-                        if let Some(p) = progress {
-                            p.fetch_add(bytes, Ordering::Relaxed);
-                        }
-                        out.push(FileEntry {
-                            name,
-                            rows: n as u64,
-                            bytes,
-                            crc32c: crc,
-                        });
-                    }
-                    Ok(())
-                })?;
-                Ok(out)
-            })
-            .collect::<Result<_>>()?;
-        let files: Vec<FileEntry> = written.into_iter().flatten().collect();
+        let prefix = id.clone();
+        let files = self.write_rows(
+            dir,
+            &prefix,
+            delta.then_some(save_gen),
+            with_optimizer,
+            progress,
+        )?;
 
         let mut removed: Vec<i64> = Vec::new();
         if delta {
@@ -792,27 +844,7 @@ impl Table {
             files,
             removed: removed_entry,
         });
-        manifest.checksum = Some(manifest.compute_checksum());
-        let text = serde_json::to_vec_pretty(&manifest)
-            .map_err(|e| ckpt_err(dir, format!("cannot serialize the manifest: {e}")))?;
-        let new_link = manifest
-            .chain
-            .last()
-            .expect("the chain has the link just written");
-        fsync_files(
-            dir,
-            new_link
-                .files
-                .iter()
-                .chain(new_link.removed.iter())
-                .map(|f| f.name.as_str()),
-        )?;
-        fsync_dir(dir)?;
-        let tmp = dir.join(format!("{MANIFEST}.tmp-{id}"));
-        write_synced(&tmp, &text)?;
-        // The publishing step: one atomic rename.
-        fs::rename(&tmp, dir.join(MANIFEST)).map_err(|e| io_err(dir, "cannot publish", &e))?;
-        fsync_dir(dir)?;
+        let text_len = publish(dir, &mut manifest)?;
 
         // From here the new checkpoint is the one at `dir`.
         self.generation.fetch_add(1, Ordering::AcqRel);
@@ -826,14 +858,13 @@ impl Table {
             dir: canonical,
             id: id.clone(),
         });
-        remove_unreferenced(dir, &manifest);
         let bytes_written = manifest.chain.last().map_or(0, |l| {
             l.files
                 .iter()
                 .chain(l.removed.iter())
                 .map(|f| f.bytes)
                 .sum()
-        }) + text.len() as u64;
+        }) + text_len;
         Ok(SaveInfo {
             manifest,
             bytes_written,
@@ -851,6 +882,21 @@ impl Table {
         dir: &Path,
         num_shards: Option<usize>,
         progress: Option<&AtomicU64>,
+    ) -> Result<(Table, Manifest)> {
+        Self::load_filtered(dir, num_shards, progress, None)
+    }
+
+    /// [`Table::load`] keeping only the rows whose key `keep` accepts (the
+    /// keys one rank owns); the row count is then not checked against the
+    /// manifest (the caller checks the sum over ranks).
+    ///
+    /// # Errors
+    /// As [`Table::load`].
+    pub fn load_filtered(
+        dir: &Path,
+        num_shards: Option<usize>,
+        progress: Option<&AtomicU64>,
+        keep: Option<&(dyn Fn(i64) -> bool + Sync)>,
     ) -> Result<(Table, Manifest)> {
         let m = read_manifest(dir)?;
         // Check pass: sizes, checksums, headers, dtypes and shapes.
@@ -900,13 +946,31 @@ impl Table {
             link.files.par_iter().try_for_each(|e| -> Result<()> {
                 with_file(dir, e, progress, |buf| {
                     let r = parse_rows(&m, &dir.join(&e.name), e, buf)?;
-                    table.assign_in(&r.keys, &r.rows, r.state.as_deref(), 1);
+                    match keep {
+                        None => table.assign_in(&r.keys, &r.rows, r.state.as_deref(), 1),
+                        Some(keep) => {
+                            let (dim, sl) = (m.dim, m.state_len);
+                            let pick: Vec<usize> =
+                                (0..r.keys.len()).filter(|&i| keep(r.keys[i])).collect();
+                            let keys: Vec<i64> = pick.iter().map(|&i| r.keys[i]).collect();
+                            let rows: Vec<f32> = pick
+                                .iter()
+                                .flat_map(|&i| r.rows[i * dim..(i + 1) * dim].iter().copied())
+                                .collect();
+                            let state: Option<Vec<f32>> = r.state.as_ref().map(|st| {
+                                pick.iter()
+                                    .flat_map(|&i| st[i * sl..(i + 1) * sl].iter().copied())
+                                    .collect()
+                            });
+                            table.assign_in(&keys, &rows, state.as_deref(), 1);
+                        }
+                    }
                     Ok(())
                 })
             })?;
         }
         let loaded = table.len() as u64;
-        if loaded != m.rows {
+        if keep.is_none() && loaded != m.rows {
             return Err(ckpt_err(
                 dir,
                 format!(
@@ -930,6 +994,37 @@ impl Table {
         });
         Ok((table, m))
     }
+}
+
+/// Publishes `manifest` at `dir`: fsyncs the files of its last link, writes
+/// the manifest (with its checksum) to a temporary name, fsyncs it, renames
+/// it over `manifest.json` and fsyncs the directory; then deletes the files
+/// no link names. Returns the manifest's size in bytes.
+///
+/// # Errors
+/// `Checkpoint` for I/O errors; the previous manifest then still stands.
+pub fn publish(dir: &Path, manifest: &mut Manifest) -> Result<u64> {
+    check_manifest(manifest).map_err(|msg| ckpt_err(dir, msg))?;
+    manifest.checksum = Some(manifest.compute_checksum());
+    let text = serde_json::to_vec_pretty(&manifest)
+        .map_err(|e| ckpt_err(dir, format!("cannot serialize the manifest: {e}")))?;
+    if let Some(link) = manifest.chain.last() {
+        fsync_files(
+            dir,
+            link.files
+                .iter()
+                .chain(link.removed.iter())
+                .map(|f| f.name.as_str()),
+        )?;
+    }
+    fsync_dir(dir)?;
+    let tmp = dir.join(format!("{MANIFEST}.tmp-{}", manifest.id));
+    write_synced(&tmp, &text)?;
+    // The publishing step: one atomic rename.
+    fs::rename(&tmp, dir.join(MANIFEST)).map_err(|e| io_err(dir, "cannot publish", &e))?;
+    fsync_dir(dir)?;
+    remove_unreferenced(dir, manifest);
+    Ok(text.len() as u64)
 }
 
 /// Whether a file name is one a save writes (an id-prefixed shard file or a

@@ -23,7 +23,7 @@ use crate::hash::{key_hash, shard_of};
 use crate::init::Initializer;
 use crate::optim::Optimizer;
 use crate::simd::Backend;
-pub use pooled::{Bags, Combiner};
+pub use pooled::{Bags, Combiner, pool_rows, spread_pooled};
 use shard::Shard;
 
 /// The most shards a table may have.

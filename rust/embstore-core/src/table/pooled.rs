@@ -268,3 +268,92 @@ impl Table {
         Ok(())
     }
 }
+
+/// Pools rows that the caller already holds: id `i` of `bags` uses row
+/// `idx[i]` of `rows` (`n * dim`). Writes `batch * dim` floats to `out`.
+/// The forward of [`Table::lookup_pooled`] for rows fetched from elsewhere
+/// (another rank).
+///
+/// # Errors
+/// Bad CSR input, an `idx` entry out of range, wrong lengths.
+pub fn pool_rows(
+    rows: &[f32],
+    dim: usize,
+    idx: &[i64],
+    bags: &Bags<'_>,
+    out: &mut [f32],
+) -> Result<()> {
+    bags.validate()?;
+    let n = check_rows_idx(rows, dim, idx, bags)?;
+    check_len("out", bags.batch() * dim, out.len())?;
+    let _ = n;
+    let backend = crate::simd::Backend::from_env()?;
+    let Coefs { coef, .. } = bags.coefs();
+    out.par_chunks_mut(dim.max(1))
+        .enumerate()
+        .with_min_len(256)
+        .for_each(|(b, dst)| {
+            dst.fill(0.0);
+            for i in bags.range(b) {
+                let r = idx[i] as usize;
+                backend.axpy(dst, coef[i], &rows[r * dim..(r + 1) * dim]);
+            }
+        });
+    Ok(())
+}
+
+/// The backward of [`pool_rows`]: sums `c_i * grads[bag(i)]` into row
+/// `idx[i]` of `out` (`n * dim`, zeroed first).
+///
+/// # Errors
+/// Bad CSR input, an `idx` entry out of range, wrong lengths, non-finite values.
+pub fn spread_pooled(
+    grads: &[f32],
+    dim: usize,
+    idx: &[i64],
+    bags: &Bags<'_>,
+    out: &mut [f32],
+) -> Result<()> {
+    bags.validate()?;
+    check_len("grads", bags.batch() * dim, grads.len())?;
+    check_finite("grads", grads)?;
+    if dim == 0 || out.len() % dim != 0 {
+        return Err(invalid("out", "expected a whole number of rows"));
+    }
+    let n = out.len() / dim;
+    if let Some(&bad) = idx.iter().find(|&&r| r < 0 || r as usize >= n) {
+        return Err(invalid(
+            "idx",
+            format!("expected 0 <= idx < {n}, got {bad}"),
+        ));
+    }
+    check_len("idx", bags.ids.len(), idx.len())?;
+    let backend = crate::simd::Backend::from_env()?;
+    let Coefs { bag_of, coef } = bags.coefs();
+    out.fill(0.0);
+    for (i, &r) in idx.iter().enumerate() {
+        let b = bag_of[i] as usize;
+        let r = r as usize;
+        backend.axpy(
+            &mut out[r * dim..(r + 1) * dim],
+            coef[i],
+            &grads[b * dim..(b + 1) * dim],
+        );
+    }
+    Ok(())
+}
+
+fn check_rows_idx(rows: &[f32], dim: usize, idx: &[i64], bags: &Bags<'_>) -> Result<usize> {
+    if dim == 0 || rows.len() % dim != 0 {
+        return Err(invalid("rows", "expected a whole number of rows"));
+    }
+    let n = rows.len() / dim;
+    check_len("idx", bags.ids.len(), idx.len())?;
+    if let Some(&bad) = idx.iter().find(|&&r| r < 0 || r as usize >= n) {
+        return Err(invalid(
+            "idx",
+            format!("expected 0 <= idx < {n}, got {bad}"),
+        ));
+    }
+    Ok(n)
+}

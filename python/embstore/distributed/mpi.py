@@ -1,0 +1,655 @@
+"""One table across processes and machines over MPI (mpi4py).
+
+Every rank owns the keys the partitioner gives it and keeps their rows in a
+local :class:`embstore.Table`. Each collective call deduplicates the caller's
+keys, sends them to their owners with ``Alltoallv`` (counts first), lets the
+owners look up or apply, and returns values in the caller's order. Keys and
+rows travel as contiguous NumPy buffers, never as pickled objects.
+
+Failure handling: every collective first checks its input on every rank and
+agrees on the outcome (a refused input raises on every rank, nothing
+changes, nothing hangs); and every collective runs under a watchdog that
+aborts the whole MPI job if it does not finish within ``timeout`` seconds
+(a rank that died or raised between collectives would otherwise leave the
+others waiting forever).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+import zlib
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from embstore import _core
+from embstore._convert import as_keys, as_rows, as_weights, check_combiner
+from embstore._deps import require
+from embstore.exceptions import CheckpointError
+from embstore.store import Table
+
+__all__ = ["Collection", "ShardedTable"]
+
+PARTITIONS = ("hash", "mod", "div")
+#: Seconds a collective may take before the watchdog aborts the job.
+DEFAULT_TIMEOUT = float(os.environ.get("EMBSTORE_MPI_TIMEOUT", 600))
+
+
+def _mpi() -> Any:
+    return require("mpi4py.MPI", "mpi")
+
+
+class ShardedTable:
+    """A table whose rows are spread over the ranks of an MPI communicator.
+
+    Parameters
+    ----------
+    dim:
+        Columns per row.
+    comm:
+        The communicator; default ``MPI.COMM_WORLD``.
+    partition:
+        "hash" (a mixing hash of the key, the default: even for sequential
+        keys or keys sharing their low bits), "mod" (key mod world size) or
+        "div" (contiguous ranges of ``[0, key_space)``).
+    key_space:
+        Required with "div": keys lie in ``[0, key_space)``.
+    cache_rows:
+        Reserved for the device cache tier (not available yet).
+    timeout:
+        Seconds a collective call may take before the whole job is aborted.
+    **table_kwargs:
+        Passed to each rank's local :class:`embstore.Table` (optimizer,
+        initializer, seed, num_shards, dtype); they must agree on all ranks.
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        *,
+        comm: Any = None,
+        partition: str = "hash",
+        key_space: int | None = None,
+        cache_rows: int | None = None,
+        timeout: float | None = None,
+        **table_kwargs: Any,
+    ) -> None:
+        self._setup(comm, partition, key_space, timeout)
+        local: Table | None = None
+        error: BaseException | None = None
+        try:
+            if cache_rows is not None:
+                raise ValueError(
+                    "cache_rows: the device cache tier is not available in this version"
+                )
+            local = Table(dim, **table_kwargs)
+        except (TypeError, ValueError) as e:
+            error = e
+        self._agree("ShardedTable()", error)
+        assert local is not None
+        self.local = local
+        self._check_config()
+
+    # -- set-up ---------------------------------------------------------------
+
+    def _setup(
+        self, comm: Any, partition: str, key_space: int | None, timeout: float | None
+    ) -> None:
+        mpi = _mpi()
+        self._MPI = mpi
+        self.comm = comm if comm is not None else mpi.COMM_WORLD
+        self.rank = int(self.comm.Get_rank())
+        self.size = int(self.comm.Get_size())
+        self.timeout = DEFAULT_TIMEOUT if timeout is None else float(timeout)
+        self.last_call: dict[str, int] = {"sent_bytes": 0, "received_bytes": 0}
+        self.total_sent_bytes = 0
+        self.total_received_bytes = 0
+        error: BaseException | None = None
+        try:
+            if partition not in PARTITIONS:
+                raise ValueError(f"partition: expected one of {PARTITIONS}, got {partition!r}")
+            if partition == "div" and (key_space is None or int(key_space) < 1):
+                raise ValueError('key_space: expected key_space > 0 with partition="div"')
+            if self.timeout <= 0:
+                raise ValueError(f"timeout: expected a positive number of seconds, got {timeout}")
+        except (TypeError, ValueError) as e:
+            error = e
+        self._agree("ShardedTable()", error)
+        self.partition = partition
+        self.key_space = None if key_space is None else int(key_space)
+
+    def _config(self) -> dict[str, Any]:
+        opt = self.local.optimizer
+        return {
+            "dim": self.local.dim,
+            "dtype": self.local.dtype,
+            "optimizer": None if opt is None else opt._native(),
+            "initializer": self.local.initializer._native(),
+            "seed": self.local.seed,
+            "partition": self.partition,
+            "key_space": self.key_space,
+        }
+
+    def _check_config(self) -> None:
+        """Every rank must have the same configuration: compare per-field
+        checksums; a difference raises on every rank, naming the fields."""
+        cfg = self._config()
+        names = sorted(cfg)
+        mine = np.array(
+            [zlib.crc32(json.dumps(cfg[n], sort_keys=True).encode()) for n in names], np.int64
+        )
+        everyone = np.empty((self.size, len(names)), np.int64)
+        with self._watch("ShardedTable()"):
+            self.comm.Allgather(mine, everyone)
+        differ = [n for j, n in enumerate(names) if (everyone[:, j] != everyone[0, j]).any()]
+        if differ:
+            raise ValueError(
+                f"configuration differs across ranks in {differ} (rank {self.rank}: "
+                f"{ {n: cfg[n] for n in differ} }); every rank must pass the same"
+            )
+
+    # -- failure handling -------------------------------------------------------
+
+    @contextmanager
+    def _watch(self, what: str) -> Iterator[None]:
+        """Abort the whole job if the block does not finish in time."""
+
+        def fire() -> None:
+            sys.stderr.write(
+                f"embstore: rank {self.rank}: {what} did not finish within {self.timeout:g} s "
+                "(another rank failed or stopped calling); aborting the MPI job\n"
+            )
+            sys.stderr.flush()
+            self._MPI.COMM_WORLD.Abort(70)
+
+        timer = threading.Timer(self.timeout, fire)
+        timer.daemon = True
+        timer.start()
+        try:
+            yield
+        finally:
+            timer.cancel()
+
+    def _agree(self, what: str, error: BaseException | None) -> None:
+        """Every rank learns whether any rank refused its input; all raise if so."""
+        with self._watch(what):
+            msgs = self.comm.allgather(
+                None if error is None else f"{type(error).__name__}: {error}"
+            )
+        bad = {r: m for r, m in enumerate(msgs) if m is not None}
+        if not bad:
+            return
+        if error is not None:
+            raise error
+        first = min(bad)
+        raise ValueError(f"{what}: rank {first} refused its input ({bad[first]}); nothing changed")
+
+    def _prepare(self, what: str, fn: Callable[[], Any]) -> Any:
+        """Run local checks and preparation; agree across ranks before sending."""
+        result = None
+        error: BaseException | None = None
+        try:
+            result = fn()
+        except (TypeError, ValueError) as e:
+            error = e
+        self._agree(what, error)
+        return result
+
+    # -- exchange -----------------------------------------------------------------
+
+    def _owners(self, keys: npt.NDArray[np.int64]) -> npt.NDArray[np.int32]:
+        return _core.partition_owners(keys, self.size, self.partition, self.key_space)
+
+    def _alltoallv(
+        self, send: np.ndarray, send_counts: np.ndarray, recv_counts: np.ndarray, width: int
+    ) -> np.ndarray:
+        """Exchange rows of ``width`` items: ``send`` holds rank 0's rows, then rank 1's..."""
+        mpi = self._MPI
+        mtype = {
+            np.dtype(np.int64): mpi.INT64_T,
+            np.dtype(np.float32): mpi.FLOAT,
+            np.dtype(np.uint8): mpi.UINT8_T,
+        }[send.dtype]
+        sc = (send_counts * width).astype(np.int64)
+        rc = (recv_counts * width).astype(np.int64)
+        if max(int(sc.sum()), int(rc.sum())) >= 2**31:
+            raise ValueError("batch too large for one MPI exchange (2**31 items); split it")
+        sd = np.concatenate([[0], np.cumsum(sc)[:-1]])
+        rd = np.concatenate([[0], np.cumsum(rc)[:-1]])
+        recv = np.empty(int(rc.sum()), send.dtype)
+        self.comm.Alltoallv(
+            [
+                np.ascontiguousarray(send).reshape(-1),
+                (sc.astype(np.int32), sd.astype(np.int32)),
+                mtype,
+            ],
+            [recv, (rc.astype(np.int32), rd.astype(np.int32)), mtype],
+        )
+        item = send.dtype.itemsize
+        self.last_call["sent_bytes"] += int((sc.sum() - sc[self.rank]) * item)
+        self.last_call["received_bytes"] += int((rc.sum() - rc[self.rank]) * item)
+        return recv
+
+    def _route(
+        self, uniq: npt.NDArray[np.int64]
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Send unique keys to their owners: (order, send_counts, recv_counts, recv_keys)."""
+        owners = self._owners(uniq)
+        order = np.argsort(owners, kind="stable")
+        send_counts = np.bincount(owners, minlength=self.size).astype(np.int64)
+        recv_counts = np.empty(self.size, np.int64)
+        self.comm.Alltoall(send_counts, recv_counts)
+        self.last_call["sent_bytes"] += 8 * (self.size - 1)
+        self.last_call["received_bytes"] += 8 * (self.size - 1)
+        recv_keys = self._alltoallv(uniq[order], send_counts, recv_counts, 1)
+        return order, send_counts, recv_counts, recv_keys
+
+    def _begin(self) -> None:
+        self.total_sent_bytes += self.last_call["sent_bytes"]
+        self.total_received_bytes += self.last_call["received_bytes"]
+        self.last_call = {"sent_bytes": 0, "received_bytes": 0}
+
+    def _fetch_unique(self, uniq: npt.NDArray[np.int64], insert: bool) -> np.ndarray:
+        """Rows of unique keys, from their owners."""
+        dim = self.local.dim
+        order, sc, rc, recv_keys = self._route(uniq)
+        rows = self.local.lookup(recv_keys, insert=insert)
+        back = self._alltoallv(rows, rc, sc, dim).reshape(-1, dim)
+        out = np.empty((len(uniq), dim), np.float32)
+        out[order] = back
+        return out
+
+    def _push_unique(self, uniq: npt.NDArray[np.int64], grads: np.ndarray) -> None:
+        """Send summed gradients of unique keys to their owners; one step everywhere."""
+        dim = self.local.dim
+        order, sc, rc, recv_keys = self._route(uniq)
+        recv = self._alltoallv(grads[order], sc, rc, dim).reshape(-1, dim)
+        self.local.apply_gradients(recv_keys, recv)
+
+    # -- the batch protocol (collective) ---------------------------------------------
+
+    @property
+    def dim(self) -> int:
+        """Columns per row."""
+        return self.local.dim
+
+    @property
+    def step(self) -> int:
+        """Optimizer steps taken (the same on every rank)."""
+        return self.local.step
+
+    def lookup(self, keys: Any, *, insert: bool = True) -> npt.NDArray[np.float32]:
+        """Rows of this rank's ``keys (n,)``: float32 ``(n, dim)``. Collective."""
+        self._begin()
+
+        def prep() -> tuple[np.ndarray, np.ndarray]:
+            k = as_keys(keys)
+            uniq, inv = np.unique(k, return_inverse=True)
+            self._owners(uniq)  # a key outside a "div" key space is refused here
+            return uniq, inv
+
+        uniq, inv = self._prepare("lookup", prep)
+        with self._watch("lookup"):
+            rows = self._fetch_unique(uniq, bool(insert))
+        out: npt.NDArray[np.float32] = rows[inv]
+        return out
+
+    def contains(self, keys: Any) -> npt.NDArray[np.bool_]:
+        """Whether each of this rank's keys has a row anywhere. Collective."""
+        self._begin()
+        uniq, inv = self._prepare("contains", lambda: np.unique(as_keys(keys), return_inverse=True))
+        with self._watch("contains"):
+            order, sc, rc, recv_keys = self._route(uniq)
+            found = self.local.contains(recv_keys).astype(np.uint8)
+            back = self._alltoallv(found, rc, sc, 1)
+        found_u = np.empty(len(uniq), bool)
+        found_u[order] = back.astype(bool)
+        out: npt.NDArray[np.bool_] = found_u[inv]
+        return out
+
+    def apply_gradients(self, keys: Any, grads: Any) -> None:
+        """One optimizer step over every rank's batch: this rank's ``keys (n,)``
+        and ``grads (n, dim)``. Gradients of a key are summed across ranks; its
+        owner applies them. Collective."""
+        self._begin()
+
+        def prep() -> tuple[np.ndarray, np.ndarray]:
+            if self.local.optimizer is None:
+                raise ValueError("optimizer: this table was built with optimizer=None")
+            k = as_keys(keys)
+            g = as_rows(grads, k.shape[0], self.dim, "grads")
+            if not np.isfinite(g).all():
+                raise ValueError("grads: expected only finite values")
+            uniq, inv = np.unique(k, return_inverse=True)
+            self._owners(uniq)
+            offsets = np.arange(len(k) + 1, dtype=np.int64)
+            summed = _core.spread_pooled(g, inv.astype(np.int64), offsets, len(uniq))
+            return uniq, summed
+
+        uniq, summed = self._prepare("apply_gradients", prep)
+        with self._watch("apply_gradients"):
+            self._push_unique(uniq, summed)
+
+    def _bags(self, ids: Any, offsets: Any, weights: Any, combiner: str) -> tuple[Any, ...]:
+        i = as_keys(ids, "ids")
+        o = as_keys(offsets, "offsets")
+        w = as_weights(weights, i.shape[0])
+        c = check_combiner(combiner)
+        if o.shape[0] == 0:
+            raise ValueError("offsets: expected batch + 1 >= 1 offsets (include_last_offset=True)")
+        batch = _core.check_bags(i, o, w, c)
+        uniq, inv = np.unique(i, return_inverse=True)
+        self._owners(uniq)
+        return i, o, w, c, batch, uniq, inv.astype(np.int64)
+
+    def lookup_pooled(
+        self,
+        ids: Any,
+        offsets: Any,
+        *,
+        combiner: str = "sum",
+        weights: Any = None,
+        insert: bool = True,
+    ) -> npt.NDArray[np.float32]:
+        """Pooled rows of this rank's bags (CSR as :meth:`Table.lookup_pooled`). Collective."""
+        self._begin()
+        _, o, w, c, _, uniq, inv = self._prepare(
+            "lookup_pooled", lambda: self._bags(ids, offsets, weights, combiner)
+        )
+        with self._watch("lookup_pooled"):
+            rows = self._fetch_unique(uniq, bool(insert))
+        return _core.pool_rows(rows, inv, o, w, c)
+
+    def apply_pooled_gradients(
+        self, ids: Any, offsets: Any, grads: Any, *, combiner: str = "sum", weights: Any = None
+    ) -> None:
+        """Backward of :meth:`lookup_pooled` and one optimizer step over every
+        rank's batch. Collective."""
+        self._begin()
+
+        def prep() -> tuple[Any, ...]:
+            if self.local.optimizer is None:
+                raise ValueError("optimizer: this table was built with optimizer=None")
+            _, o, w, c, batch, uniq, inv = self._bags(ids, offsets, weights, combiner)
+            g = as_rows(grads, batch, self.dim, "grads")
+            if not np.isfinite(g).all():
+                raise ValueError("grads: expected only finite values")
+            return uniq, _core.spread_pooled(g, inv, o, len(uniq), w, c)
+
+        uniq, summed = self._prepare("apply_pooled_gradients", prep)
+        with self._watch("apply_pooled_gradients"):
+            self._push_unique(uniq, summed)
+
+    def __len__(self) -> int:
+        """Rows on all ranks. Collective."""
+        total = np.array([len(self.local)], np.int64)
+        out = np.empty(1, np.int64)
+        with self._watch("len"):
+            self.comm.Allreduce(total, out)
+        return int(out[0])
+
+    def stats(self) -> dict[str, Any]:
+        """This rank's table stats plus global figures: rows and bytes per rank,
+        bytes this rank sent and received in its last call and in all. Collective."""
+        local = self.local.stats()
+        mine = np.array(
+            [
+                local["rows"],
+                local["bytes"],
+                self.last_call["sent_bytes"],
+                self.last_call["received_bytes"],
+            ],
+            np.int64,
+        )
+        every = np.empty((self.size, 4), np.int64)
+        with self._watch("stats"):
+            self.comm.Allgather(mine, every)
+        return {
+            **local,
+            "rank": self.rank,
+            "size": self.size,
+            "partition": self.partition,
+            "global_rows": int(every[:, 0].sum()),
+            "rows_per_rank": every[:, 0].tolist(),
+            "bytes_per_rank": every[:, 1].tolist(),
+            "last_call_sent_bytes_per_rank": every[:, 2].tolist(),
+            "last_call_received_bytes_per_rank": every[:, 3].tolist(),
+            "sent_bytes": self.total_sent_bytes + self.last_call["sent_bytes"],
+            "received_bytes": self.total_received_bytes + self.last_call["received_bytes"],
+        }
+
+    # -- checkpoints (collective) -------------------------------------------------------
+
+    def save(self, path: str | os.PathLike[str], *, with_optimizer: bool = True) -> dict[str, Any]:
+        """Every rank writes its rows to ``path`` (a directory on a file system
+        all ranks share), then rank 0 publishes one manifest. The result is an
+        ordinary checkpoint: it loads on any number of ranks and into a single
+        :meth:`embstore.Table.load`. Collective."""
+        path = os.fspath(path)
+        with self._watch("save"):
+            ckpt_id = self.comm.bcast(_core.new_checkpoint_id() if self.rank == 0 else None)
+            files: Any = None
+            error = None
+            try:
+                files = json.loads(
+                    self.local._inner.write_files(
+                        path, f"{ckpt_id}-r{self.rank:04d}", bool(with_optimizer)
+                    )
+                )
+            except (CheckpointError, OSError) as e:
+                error = f"rank {self.rank}: {e}"
+            rows = np.array([len(self.local)], np.int64)
+            total = np.empty(1, np.int64)
+            self.comm.Allreduce(rows, total)
+            gathered = self.comm.gather((files, error), root=0)
+            manifest: dict[str, Any] | None = None
+            if self.rank == 0:
+                assert gathered is not None
+                errors = [e for _, e in gathered if e]
+                if not errors:
+                    try:
+                        m = json.loads(
+                            self.local._inner.manifest_base(ckpt_id, bool(with_optimizer))
+                        )
+                        m["rows"] = int(total[0])
+                        m["chain"] = [
+                            {
+                                "kind": "full",
+                                "removed": None,
+                                "files": [f for fs, _ in gathered for f in fs],
+                            }
+                        ]
+                        _core.publish_manifest(path, json.dumps(m))
+                        manifest = m
+                    except (CheckpointError, OSError) as e:
+                        errors.append(f"rank 0 publishing: {e}")
+                outcome = "; ".join(errors) if errors else None
+            else:
+                outcome = None
+            outcome = self.comm.bcast(outcome, root=0)
+            manifest = self.comm.bcast(manifest, root=0)
+        if outcome:
+            raise CheckpointError(f"checkpoint {path}: not saved: {outcome}")
+        assert manifest is not None
+        return manifest
+
+    @classmethod
+    def load(
+        cls,
+        path: str | os.PathLike[str],
+        *,
+        comm: Any = None,
+        partition: str = "hash",
+        key_space: int | None = None,
+        num_shards: int | None = None,
+        timeout: float | None = None,
+    ) -> ShardedTable:
+        """Load a checkpoint (written by any number of ranks, or by one Table)
+        onto this communicator's ranks: each rank keeps the keys it owns.
+        Collective."""
+        self = cls.__new__(cls)
+        self._setup(comm, partition, key_space, timeout)
+
+        def prep() -> Table:
+            table = Table.__new__(Table)
+            inner, text = _core.load_table_owned(
+                os.fspath(path), self.size, self.rank, partition, key_space, num_shards
+            )
+            Table._adopt(table, inner, json.loads(text))
+            return table
+
+        local = None
+        error: BaseException | None = None
+        try:
+            local = prep()
+        except (CheckpointError, ValueError, TypeError) as e:
+            error = e
+        self._agree("load", error)
+        assert local is not None
+        self.local = local
+        self._check_config()
+        with open(os.path.join(os.fspath(path), "manifest.json"), "rb") as f:
+            expect = int(json.load(f)["rows"])
+        total = len(self)
+        if total != expect:
+            raise CheckpointError(
+                f"checkpoint {os.fspath(path)}: the ranks loaded {total} rows, "
+                f"the manifest says {expect}"
+            )
+        return self
+
+    def __repr__(self) -> str:
+        return (
+            f"ShardedTable(dim={self.dim}, rank={self.rank}/{self.size}, "
+            f"partition={self.partition!r}, local_rows={len(self.local)})"
+        )
+
+
+class Collection:
+    """Grouped pooled features over sharded tables (features may share one).
+
+    Each distinct table makes one exchange per call (its features' ids
+    deduplicated together) and, in :meth:`apply_pooled_gradients`, one
+    optimizer step. Collective.
+    """
+
+    def __init__(
+        self,
+        features: Mapping[str, ShardedTable],
+        *,
+        combiner: str = "sum",
+        combiners: Mapping[str, str] | None = None,
+    ) -> None:
+        if not isinstance(features, Mapping) or not features:
+            raise ValueError("features: expected a non-empty mapping of name -> ShardedTable")
+        for name, t in features.items():
+            if not isinstance(t, ShardedTable):
+                raise TypeError(
+                    f"features: expected ShardedTable values, got {type(t).__name__} for {name!r}"
+                )
+        combiners = dict(combiners or {})
+        self._features = dict(features)
+        self._combiners = {n: check_combiner(combiners.get(n, combiner)) for n in features}
+        groups: dict[int, list[str]] = {}
+        for name, t in self._features.items():
+            groups.setdefault(id(t), []).append(name)
+        self._groups = list(groups.values())
+
+    @property
+    def features(self) -> list[str]:
+        return list(self._features)
+
+    @property
+    def dim(self) -> int:
+        return sum(t.dim for t in self._features.values())
+
+    def _prep(self, batch: Mapping[str, tuple[Any, ...]]) -> dict[str, Any]:
+        if set(batch) != set(self._features):
+            raise ValueError(f"batch: expected features {self.features}, got {sorted(batch)}")
+        out: dict[str, Any] = {}
+        size = None
+        for group in self._groups:
+            table = self._features[group[0]]
+            parts = {}
+            for name in group:
+                entry = batch[name]
+                w = entry[2] if len(entry) == 3 else None
+                i, o, w_, c, b, _, _ = table._bags(entry[0], entry[1], w, self._combiners[name])
+                if size is None:
+                    size = b
+                elif b != size:
+                    raise ValueError(
+                        f"batch[{name!r}] offsets: expected batch size {size}, got {b}"
+                    )
+                parts[name] = (i, o, w_, c)
+            ids = np.concatenate([p[0] for p in parts.values()])
+            uniq, inv = np.unique(ids, return_inverse=True)
+            cuts = np.cumsum([0] + [len(p[0]) for p in parts.values()])
+            out[group[0]] = (
+                uniq,
+                {
+                    n: (inv[cuts[j] : cuts[j + 1]].astype(np.int64), *parts[n][1:])
+                    for j, n in enumerate(parts)
+                },
+            )
+        out["__batch__"] = size or 0
+        return out
+
+    def _any(self) -> ShardedTable:
+        return next(iter(self._features.values()))
+
+    def lookup_pooled(
+        self, batch: Mapping[str, tuple[Any, ...]], *, insert: bool = True
+    ) -> np.ndarray:
+        first = self._any()
+        for t in {id(t): t for t in self._features.values()}.values():
+            t._begin()
+        prep = first._prepare("Collection.lookup_pooled", lambda: self._prep(batch))
+        pooled: dict[str, np.ndarray] = {}
+        with first._watch("Collection.lookup_pooled"):
+            for group in self._groups:
+                table = self._features[group[0]]
+                uniq, parts = prep[group[0]]
+                rows = table._fetch_unique(uniq, bool(insert))
+                for name, (inv, o, w, c) in parts.items():
+                    pooled[name] = _core.pool_rows(rows, inv, o, w, c)
+        return np.concatenate([pooled[n] for n in self._features], axis=1)
+
+    def apply_pooled_gradients(self, batch: Mapping[str, tuple[Any, ...]], grads: Any) -> None:
+        first = self._any()
+        for t in {id(t): t for t in self._features.values()}.values():
+            t._begin()
+
+        def prep() -> tuple[dict[str, Any], np.ndarray]:
+            for name, t in self._features.items():
+                if t.local.optimizer is None:
+                    raise ValueError(f"optimizer: the table of feature {name!r} has no optimizer")
+            p = self._prep(batch)
+            g = as_rows(grads, p["__batch__"], self.dim, "grads")
+            if not np.isfinite(g).all():
+                raise ValueError("grads: expected only finite values")
+            return p, g
+
+        p, g = first._prepare("Collection.apply_pooled_gradients", prep)
+        cols: dict[str, tuple[int, int]] = {}
+        c0 = 0
+        for name, t in self._features.items():
+            cols[name] = (c0, c0 + t.dim)
+            c0 += t.dim
+        with first._watch("Collection.apply_pooled_gradients"):
+            for group in self._groups:
+                table = self._features[group[0]]
+                uniq, parts = p[group[0]]
+                summed = np.zeros((len(uniq), table.dim), np.float32)
+                for name, (inv, o, w, c) in parts.items():
+                    a, b = cols[name]
+                    summed += _core.spread_pooled(
+                        np.ascontiguousarray(g[:, a:b]), inv, o, len(uniq), w, c
+                    )
+                table._push_unique(uniq, summed)

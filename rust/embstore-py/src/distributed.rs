@@ -1,0 +1,152 @@
+//! Native pieces of `embstore.distributed`: partitions, pooling of rows
+//! fetched from other ranks, and checkpoint files written by many ranks.
+
+use std::path::PathBuf;
+
+use embstore_core::Table;
+use embstore_core::partition::Partition;
+use embstore_core::table::checkpoint::{self, Manifest};
+use embstore_core::table::{pool_rows as core_pool_rows, spread_pooled as core_spread_pooled};
+use numpy::{
+    PyArray1, PyArray2, PyArrayMethods, PyReadonlyArray1, PyReadonlyArray2, PyUntypedArrayMethods,
+};
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+
+use crate::convert::EnterStore;
+use crate::error::PyStoreError;
+use crate::store::{PyProgress, PyTable, bags};
+
+fn partition(kind: &str, key_space: Option<i64>) -> PyResult<Partition> {
+    Ok(Partition::from_name(kind, key_space).map_err(PyStoreError)?)
+}
+
+fn slice<'a, T: numpy::Element>(a: &'a PyReadonlyArray1<'_, T>, arg: &str) -> PyResult<&'a [T]> {
+    a.as_slice()
+        .map_err(|_| PyValueError::new_err(format!("{arg}: expected a C-contiguous array")))
+}
+
+fn slice2<'a, T: numpy::Element>(a: &'a PyReadonlyArray2<'_, T>, arg: &str) -> PyResult<&'a [T]> {
+    a.as_slice()
+        .map_err(|_| PyValueError::new_err(format!("{arg}: expected a C-contiguous array")))
+}
+
+/// The owning rank of each key: int32 (n,).
+#[pyfunction]
+#[pyo3(signature = (keys, size, kind="hash", key_space=None))]
+pub fn partition_owners<'py>(
+    py: Python<'py>,
+    keys: PyReadonlyArray1<'py, i64>,
+    size: usize,
+    kind: &str,
+    key_space: Option<i64>,
+) -> PyResult<Bound<'py, PyArray1<i32>>> {
+    let p = partition(kind, key_space)?;
+    let k = slice(&keys, "keys")?;
+    let out = PyArray1::<i32>::zeros(py, k.len(), false);
+    {
+        let mut rw = out.readwrite();
+        let dst = rw.as_slice_mut()?;
+        py.enter_store(|| p.owners(k, size, dst))?;
+    }
+    Ok(out)
+}
+
+/// Pools rows already fetched: id i of the bags uses row idx[i] of rows.
+#[pyfunction]
+#[pyo3(signature = (rows, idx, offsets, weights=None, combiner="sum"))]
+pub fn pool_rows<'py>(
+    py: Python<'py>,
+    rows: PyReadonlyArray2<'py, f32>,
+    idx: PyReadonlyArray1<'py, i64>,
+    offsets: PyReadonlyArray1<'py, i64>,
+    weights: Option<PyReadonlyArray1<'py, f32>>,
+    combiner: &str,
+) -> PyResult<Bound<'py, PyArray2<f32>>> {
+    let dim = rows.shape()[1];
+    let b = bags(&idx, &offsets, weights.as_ref(), combiner)?;
+    let (r, i) = (slice2(&rows, "rows")?, slice(&idx, "idx")?);
+    let out = PyArray2::<f32>::zeros(py, [b.batch(), dim], false);
+    {
+        let mut rw = out.readwrite();
+        let dst = rw.as_slice_mut()?;
+        py.enter_store(|| core_pool_rows(r, dim, i, &b, dst))?;
+    }
+    Ok(out)
+}
+
+/// Backward of `pool_rows`: per-row gradient sums, (n, dim).
+#[pyfunction]
+#[pyo3(signature = (grads, idx, offsets, n, weights=None, combiner="sum"))]
+pub fn spread_pooled<'py>(
+    py: Python<'py>,
+    grads: PyReadonlyArray2<'py, f32>,
+    idx: PyReadonlyArray1<'py, i64>,
+    offsets: PyReadonlyArray1<'py, i64>,
+    n: usize,
+    weights: Option<PyReadonlyArray1<'py, f32>>,
+    combiner: &str,
+) -> PyResult<Bound<'py, PyArray2<f32>>> {
+    let dim = grads.shape()[1];
+    let b = bags(&idx, &offsets, weights.as_ref(), combiner)?;
+    let (g, i) = (slice2(&grads, "grads")?, slice(&idx, "idx")?);
+    let out = PyArray2::<f32>::zeros(py, [n, dim], false);
+    {
+        let mut rw = out.readwrite();
+        let dst = rw.as_slice_mut()?;
+        py.enter_store(|| core_spread_pooled(g, dim, i, &b, dst))?;
+    }
+    Ok(out)
+}
+
+/// Checks bags (CSR ids, offsets, weights, combiner) without a table:
+/// the validation a pooled call does, before any rank sends anything.
+#[pyfunction]
+#[pyo3(signature = (ids, offsets, weights=None, combiner="sum"))]
+pub fn check_bags(
+    ids: PyReadonlyArray1<'_, i64>,
+    offsets: PyReadonlyArray1<'_, i64>,
+    weights: Option<PyReadonlyArray1<'_, f32>>,
+    combiner: &str,
+) -> PyResult<usize> {
+    let b = bags(&ids, &offsets, weights.as_ref(), combiner)?;
+    b.validate().map_err(PyStoreError)?;
+    Ok(b.batch())
+}
+
+/// A fresh checkpoint id.
+#[pyfunction]
+pub fn new_checkpoint_id() -> String {
+    checkpoint::new_id()
+}
+
+/// Publishes a manifest (JSON) at `path` atomically; returns its bytes.
+#[pyfunction]
+pub fn publish_manifest(py: Python<'_>, path: PathBuf, manifest: &str) -> PyResult<u64> {
+    let mut m: Manifest = serde_json::from_str(manifest)
+        .map_err(|e| PyValueError::new_err(format!("manifest: {e}")))?;
+    py.enter_store(|| checkpoint::publish(&path, &mut m))
+}
+
+/// Loads the rows of a checkpoint that rank `rank` of `size` owns.
+#[pyfunction]
+#[pyo3(signature = (path, size, rank, kind="hash", key_space=None, num_shards=None, progress=None))]
+#[allow(clippy::too_many_arguments)]
+pub fn load_table_owned(
+    py: Python<'_>,
+    path: PathBuf,
+    size: usize,
+    rank: usize,
+    kind: &str,
+    key_space: Option<i64>,
+    num_shards: Option<usize>,
+    progress: Option<PyRef<'_, PyProgress>>,
+) -> PyResult<(PyTable, String)> {
+    let p = partition(kind, key_space)?;
+    let counter = progress.map(|p| p.done.clone());
+    let keep = move |k: i64| p.owner(k, size) == Some(rank);
+    let (table, m) = py
+        .enter_store(|| Table::load_filtered(&path, num_shards, counter.as_deref(), Some(&keep)))?;
+    let text = serde_json::to_string(&m).map_err(|e| PyValueError::new_err(e.to_string()))?;
+    Ok((PyTable::from_table(table), text))
+}
