@@ -1,0 +1,204 @@
+"""Under mpirun: N ranks produce the same rows (1e-5) as one Table fed with
+the union of all ranks' batches, for every partition, plain and pooled, with
+Adam and Adagrad; bad input on one rank raises on every rank; the bytes a
+call moves equal the cost model's count."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+import embstore
+from embstore import optim
+from embstore.distributed import Collection, ShardedTable
+
+COMM = MPI.COMM_WORLD
+RANK, SIZE = COMM.Get_rank(), COMM.Get_size()
+DIM = 6
+STEPS = 20
+KEY_SPACE = 5000
+
+
+def batch_of(step: int, rank: int, pooled: bool) -> tuple[np.ndarray, ...]:
+    """Rank ``rank``'s batch at ``step`` (any rank can compute any rank's)."""
+    rng = np.random.default_rng(1000 * step + rank)
+    n = 40
+    keys = rng.integers(0, KEY_SPACE // 10, n) * 7 % KEY_SPACE  # repeats across ranks
+    if not pooled:
+        return keys, rng.normal(size=(n, DIM)).astype(np.float32)
+    sizes = rng.integers(0, 4, 16)
+    offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+    ids = rng.choice(keys, int(offsets[-1]))
+    weights = rng.uniform(0.5, 2.0, len(ids)).astype(np.float32)
+    grads = rng.normal(size=(16, DIM)).astype(np.float32)
+    return ids, offsets, weights, grads
+
+
+def union(step: int, pooled: bool) -> tuple[np.ndarray, ...]:
+    parts = [batch_of(step, r, pooled) for r in range(SIZE)]
+    if not pooled:
+        return np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
+    ids = np.concatenate([p[0] for p in parts])
+    offs, base = [np.zeros(1, np.int64)], 0
+    for p in parts:
+        offs.append(p[1][1:] + base)
+        base += p[1][-1]
+    return (
+        ids,
+        np.concatenate(offs),
+        np.concatenate([p[2] for p in parts]),
+        np.concatenate([p[3] for p in parts]),
+    )
+
+
+@pytest.mark.parametrize("partition", ["hash", "mod", "div"])
+@pytest.mark.parametrize("pooled", [False, True])
+@pytest.mark.parametrize(
+    "opt", [optim.Adam(lr=0.05), optim.Adagrad(lr=0.1)], ids=["adam", "adagrad"]
+)
+def test_sharded_training_equals_one_table_on_the_union(
+    partition: str, pooled: bool, opt: optim.Optimizer
+) -> None:
+    sharded = ShardedTable(
+        DIM,
+        optimizer=opt,
+        seed=9,
+        partition=partition,
+        key_space=KEY_SPACE if partition == "div" else None,
+    )
+    single = embstore.Table(DIM, optimizer=opt, seed=9)
+    combiner = "mean" if isinstance(opt, optim.Adagrad) else "sum"
+    for step in range(STEPS):
+        mine = batch_of(step, RANK, pooled)
+        every = union(step, pooled)
+        if pooled:
+            got = sharded.lookup_pooled(mine[0], mine[1], weights=mine[2], combiner=combiner)
+            expect = single.lookup_pooled(
+                mine[0], mine[1], weights=mine[2], combiner=combiner, insert=False
+            )
+            np.testing.assert_allclose(got, expect, rtol=1e-5, atol=1e-6)
+            sharded.apply_pooled_gradients(
+                mine[0], mine[1], mine[3], weights=mine[2], combiner=combiner
+            )
+            single.apply_pooled_gradients(
+                every[0], every[1], every[3], weights=every[2], combiner=combiner
+            )
+        else:
+            got = sharded.lookup(mine[0])
+            np.testing.assert_allclose(
+                got, single.lookup(mine[0], insert=False), rtol=1e-5, atol=1e-6
+            )
+            sharded.apply_gradients(*mine)
+            single.apply_gradients(*every)
+    keys, rows = single.export()
+    np.testing.assert_allclose(sharded.lookup(keys, insert=False), rows, rtol=1e-5, atol=1e-6)
+    assert len(sharded) == len(single)
+    assert sharded.step == single.step == STEPS
+    stats = sharded.stats()
+    assert sum(stats["rows_per_rank"]) == len(single)
+    owners = embstore._core.partition_owners(
+        keys, SIZE, partition, KEY_SPACE if partition == "div" else None
+    )
+    assert stats["rows_per_rank"] == np.bincount(owners, minlength=SIZE).tolist()
+    assert sharded.contains(keys).all()
+
+
+def test_collection_over_shared_sharded_tables_steps_once() -> None:
+    users = ShardedTable(4, optimizer=optim.Adam(lr=0.05), seed=1)
+    items = ShardedTable(3, optimizer=optim.Adagrad(lr=0.1), seed=2)
+    coll = Collection({"user": users, "item": items, "hist": items}, combiners={"hist": "mean"})
+    ref_u = embstore.Table(4, optimizer=optim.Adam(lr=0.05), seed=1)
+    ref_i = embstore.Table(3, optimizer=optim.Adagrad(lr=0.1), seed=2)
+    for step in range(5):
+        rng = np.random.default_rng(step * 100 + RANK)
+        off = np.arange(9, dtype=np.int64)
+        b = {
+            "user": (rng.integers(0, 50, 8), off),
+            "item": (rng.integers(0, 50, 8), off),
+            "hist": (rng.integers(0, 50, 16), np.arange(0, 17, 2, dtype=np.int64)),
+        }
+        out = coll.lookup_pooled(b)
+        assert out.shape == (8, 10)
+        ref_coll = embstore.Collection(
+            {"user": ref_u, "item": ref_i, "hist": ref_i}, combiners={"hist": "mean"}
+        )
+        np.testing.assert_allclose(
+            out, ref_coll.lookup_pooled(b, insert=False), rtol=1e-5, atol=1e-6
+        )
+        g = np.random.default_rng(step).normal(size=(8, 10)).astype(np.float32)
+        coll.apply_pooled_gradients(b, g)
+        # The same step on plain tables, over every rank's bags at once.
+        all_b = [COMM.allgather(b[f]) for f in ("user", "item", "hist")]
+
+        def cat(parts: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
+            ids = np.concatenate([p[0] for p in parts])
+            offs, base = [np.zeros(1, np.int64)], 0
+            for p in parts:
+                offs.append(p[1][1:] + base)
+                base += p[1][-1]
+            return ids, np.concatenate(offs)
+
+        gs = COMM.allgather(g)
+        ref_coll.apply_pooled_gradients(
+            {"user": cat(all_b[0]), "item": cat(all_b[1]), "hist": cat(all_b[2])},
+            np.concatenate(gs),
+        )
+    for sharded, ref_t in ((users, ref_u), (items, ref_i)):
+        keys, rows = ref_t.export()
+        np.testing.assert_allclose(sharded.lookup(keys, insert=False), rows, rtol=1e-5, atol=1e-6)
+        assert sharded.step == ref_t.step == 5
+
+
+def test_bad_input_on_one_rank_raises_on_every_rank_and_changes_nothing() -> None:
+    t = ShardedTable(4, optimizer=optim.SGD(lr=1.0))
+    t.apply_gradients(np.arange(10), np.ones((10, 4)))
+    before = t.lookup(np.arange(10), insert=False)
+    grads = np.ones((10, 4), np.float32)
+    if RANK == SIZE - 1:
+        grads[3, 2] = np.nan
+    with pytest.raises(ValueError, match=r"grads: expected only finite values|refused its input"):
+        t.apply_gradients(np.arange(10), grads)
+    np.testing.assert_array_equal(t.lookup(np.arange(10), insert=False), before)
+    assert t.step == 1
+    bad_keys = np.array([1.5]) if RANK == 0 else np.arange(3)
+    with pytest.raises((TypeError, ValueError)):
+        t.lookup(bad_keys)
+    assert len(t) == 10
+
+
+def test_mismatched_configuration_is_refused_on_every_rank() -> None:
+    with pytest.raises(ValueError, match=r"configuration differs across ranks in \['dim'\]"):
+        ShardedTable(4 if RANK == 0 else 5, optimizer=optim.SGD(lr=1.0))
+    with pytest.raises(ValueError, match=r"differs across ranks in \['optimizer'\]"):
+        ShardedTable(4, optimizer=optim.SGD(lr=1.0 + (RANK > 0)))
+    with pytest.raises(ValueError, match="partition"):
+        ShardedTable(4, partition="hash" if RANK else "banana")
+    with pytest.raises(ValueError, match=r"keys: expected keys in \[0, 100\)"):
+        ShardedTable(4, partition="div", key_space=100).lookup([5, 100 + RANK])
+
+
+def test_bytes_moved_equal_the_cost_model() -> None:
+    """Per call a rank sends 8 bytes of count to each other rank, 8 bytes per
+    distinct key owned elsewhere, and 4*dim bytes per row it returns to (or
+    gradient it sends to) another rank."""
+    dim = 5
+    t = ShardedTable(dim, optimizer=optim.SGD(lr=0.1))
+    rng = np.random.default_rng(RANK)
+    keys = rng.integers(0, 300, 200)
+    uniq = np.unique(keys)
+    owners = embstore._core.partition_owners(uniq, SIZE)
+    remote = int((owners != RANK).sum())
+    every = COMM.allgather(uniq)
+    asked_of_me = sum(
+        int((embstore._core.partition_owners(u, SIZE) == RANK).sum())
+        for r, u in enumerate(every)
+        if r != RANK
+    )
+    counts = 8 * (SIZE - 1)
+    t.lookup(keys)
+    assert t.last_call["sent_bytes"] == counts + 8 * remote + 4 * dim * asked_of_me
+    assert t.last_call["received_bytes"] == counts + 8 * asked_of_me + 4 * dim * remote
+    t.apply_gradients(keys, np.ones((len(keys), dim)))
+    assert t.last_call["sent_bytes"] == counts + (8 + 4 * dim) * remote
+    assert t.last_call["received_bytes"] == counts + (8 + 4 * dim) * asked_of_me

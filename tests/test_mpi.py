@@ -1,0 +1,117 @@
+"""Real ranks under mpirun (oversubscribed on 2 cores), each run under a timeout:
+the tests of tests/mpi on 2, 3 and 4 ranks, resharding 4 -> 3 -> 1 ranks and
+into a Table, and a failed rank ending the job instead of hanging it. Skipped
+only where mpi4py/mpirun are not installed (pip install "embstore[mpi]")."""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+import embstore
+from embstore import optim
+
+HERE = pathlib.Path(__file__).parent
+HAVE_MPI = shutil.which("mpirun") is not None
+try:
+    import mpi4py  # noqa: F401
+except ImportError:
+    HAVE_MPI = False
+
+pytestmark = pytest.mark.skipif(not HAVE_MPI, reason="mpi4py and mpirun are not installed")
+
+
+def mpirun(
+    n: int, *args: str, timeout: float = 300, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    e = {
+        **os.environ,
+        "OMPI_ALLOW_RUN_AS_ROOT": "1",
+        "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
+        "RAYON_NUM_THREADS": "1",
+        "EMBSTORE_MPI_TESTS": "1",
+        "EMBSTORE_MPI_TIMEOUT": "120",
+        "PYTHONPATH": str(HERE.parent),
+        **(env or {}),
+    }
+    return subprocess.run(
+        ["mpirun", "--oversubscribe", "-n", str(n), sys.executable, *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=e,
+    )
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("ranks", [2, 3, 4])
+def test_sharding_suite_under_mpirun(ranks: int) -> None:
+    proc = mpirun(
+        ranks, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--color=no", str(HERE / "mpi")
+    )
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    assert proc.stdout.count(" passed") == ranks, proc.stdout[-2000:]
+    assert "failed" not in proc.stdout
+
+
+def reference(steps: int) -> embstore.Table:
+    sys.path.insert(0, str(HERE / "mpi"))
+    try:
+        from reshard import DIM, global_batch
+    finally:
+        sys.path.pop(0)
+    table = embstore.Table(DIM, optimizer=optim.Adam(lr=0.05), seed=4)
+    for step in range(steps):
+        table.apply_gradients(*global_batch(step))
+    return table
+
+
+def assert_tables_close(a: embstore.Table, b: embstore.Table) -> None:
+    ka, ra, sa = a.export(with_state=True)
+    kb, rb, sb = b.export(with_state=True)
+    np.testing.assert_array_equal(ka, kb)
+    np.testing.assert_allclose(ra, rb, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(sa, sb, rtol=1e-5, atol=1e-7)
+    assert a.step == b.step
+
+
+@pytest.mark.timeout(600)
+def test_resharding_4_to_3_to_1_ranks_and_into_a_table(tmp_path: pathlib.Path) -> None:
+    script = str(HERE / "mpi" / "reshard.py")
+    four = str(tmp_path / "four")
+    proc = mpirun(4, script, "-", four, "0", "10")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    # Written by 4 ranks: one checkpoint, loadable by a plain Table.
+    assert_tables_close(embstore.Table.load(four), reference(10))
+    # 4 -> 3 ranks, then 3 -> 1 rank, training on between.
+    three = str(tmp_path / "three")
+    proc = mpirun(3, script, four, three, "10", "15")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    one = str(tmp_path / "one")
+    proc = mpirun(1, script, three, one, "15", "20")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert_tables_close(embstore.Table.load(one), reference(20))
+    # A plain Table's checkpoint loads onto 3 ranks and trains on.
+    ref = reference(12)
+    ref.save(tmp_path / "single")
+    proc = mpirun(3, script, str(tmp_path / "single"), str(tmp_path / "back"), "12", "20")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert_tables_close(embstore.Table.load(tmp_path / "back"), reference(20))
+
+
+@pytest.mark.timeout(300)
+def test_a_failed_rank_ends_the_job_within_the_timeout() -> None:
+    t0 = time.perf_counter()
+    proc = mpirun(3, str(HERE / "mpi" / "hang.py"), env={"EMBSTORE_MPI_TIMEOUT": "5"}, timeout=120)
+    elapsed = time.perf_counter() - t0
+    assert proc.returncode != 0
+    assert "did not finish within 5 s" in proc.stderr
+    assert "unreachable" not in proc.stdout
+    assert elapsed < 60, f"took {elapsed:.0f} s"
