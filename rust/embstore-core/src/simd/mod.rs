@@ -167,6 +167,27 @@ impl Backend {
     }
 }
 
+/// Asks the CPU to start loading `slice` into cache (a hint: no effect on
+/// results; a no-op where the architecture has no prefetch instruction).
+#[inline(always)]
+pub fn prefetch<T>(slice: &[T]) {
+    #[cfg(all(target_arch = "x86_64", not(miri)))]
+    {
+        use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
+        let bytes = size_of_val(slice);
+        let base = slice.as_ptr().cast::<i8>();
+        let mut off = 0;
+        while off < bytes {
+            // SAFETY: a prefetch never faults and changes no memory; the
+            // address lies inside `slice` (off < its size in bytes).
+            unsafe { _mm_prefetch::<_MM_HINT_T0>(base.add(off)) };
+            off += 64;
+        }
+    }
+    #[cfg(not(all(target_arch = "x86_64", not(miri))))]
+    let _ = slice;
+}
+
 /// Dispatches `$f(args)` to the backend's instantiation.
 macro_rules! dispatch {
     ($self:expr, $f:ident($($arg:expr),*)) => {

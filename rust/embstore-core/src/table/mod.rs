@@ -446,28 +446,39 @@ impl Table {
             let _gate = self.enter();
             let save_gen = self.generation();
             self.par_shards_mut(&plan, |g, pos| {
-                for &i in pos {
-                    let i = i as usize;
-                    let (r, _) = g.find_or_insert(keys[i], plan.hashes[i], save_gen, |row| {
-                        self.fill_new(keys[i], row)
-                    });
-                    // SAFETY: position i belongs to this shard only (plan).
-                    let dst = unsafe { out.row(i, dim) };
-                    dst.copy_from_slice(&g.arena.row(r)[..dim]);
-                }
+                // Resolve every row first (independent probes overlap their
+                // cache misses), then copy with the rows ahead prefetched.
+                let rows: Vec<u32> = pos
+                    .iter()
+                    .map(|&i| {
+                        let i = i as usize;
+                        let (r, _) = g.find_or_insert(keys[i], plan.hashes[i], save_gen, |row| {
+                            self.fill_new(keys[i], row)
+                        });
+                        r as u32
+                    })
+                    .collect();
+                copy_rows(&g.arena, pos, &rows, dim, out);
                 0
             });
         } else {
             self.par_shards(&plan, |g, pos| {
-                for &i in pos {
-                    let i = i as usize;
-                    // SAFETY: position i belongs to this shard only (plan).
-                    let dst = unsafe { out.row(i, dim) };
-                    match g.find(keys[i], plan.hashes[i]) {
-                        Some(r) => dst.copy_from_slice(&g.arena.row(r)[..dim]),
-                        None => self
-                            .initializer
-                            .fill_with(self.backend, self.seed, keys[i], dst),
+                let rows: Vec<u32> = pos
+                    .iter()
+                    .map(|&i| {
+                        let i = i as usize;
+                        g.find(keys[i], plan.hashes[i])
+                            .map_or(u32::MAX, |r| r as u32)
+                    })
+                    .collect();
+                copy_rows(&g.arena, pos, &rows, dim, out);
+                for (&i, &r) in pos.iter().zip(&rows) {
+                    if r == u32::MAX {
+                        let i = i as usize;
+                        // SAFETY: position i belongs to this shard only (plan).
+                        let dst = unsafe { out.row(i, dim) };
+                        self.initializer
+                            .fill_with(self.backend, self.seed, keys[i], dst);
                     }
                 }
             });
@@ -716,6 +727,26 @@ impl Table {
                 });
         }
         (keys, rows, state)
+    }
+}
+
+/// How many rows ahead [`copy_rows`] prefetches.
+const PREFETCH_AHEAD: usize = 8;
+
+/// Copies the first `dim` floats of arena row `rows[j]` to output row
+/// `pos[j]` (skipping `u32::MAX`), prefetching the rows a few steps ahead.
+fn copy_rows(arena: &arena::Arena, pos: &[u32], rows: &[u32], dim: usize, out: SharedOut) {
+    for j in 0..pos.len() {
+        if let Some(&ahead) = rows.get(j + PREFETCH_AHEAD)
+            && ahead != u32::MAX
+        {
+            crate::simd::prefetch(&arena.row(ahead as usize)[..dim]);
+        }
+        if rows[j] != u32::MAX {
+            // SAFETY: position pos[j] belongs to this shard only (plan).
+            let dst = unsafe { out.row(pos[j] as usize, dim) };
+            dst.copy_from_slice(&arena.row(rows[j] as usize)[..dim]);
+        }
     }
 }
 
