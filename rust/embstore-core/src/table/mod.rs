@@ -731,7 +731,7 @@ impl Table {
 }
 
 /// How many rows ahead [`copy_rows`] prefetches.
-const PREFETCH_AHEAD: usize = 8;
+pub(crate) const PREFETCH_AHEAD: usize = 8;
 
 /// Copies the first `dim` floats of arena row `rows[j]` to output row
 /// `pos[j]` (skipping `u32::MAX`), prefetching the rows a few steps ahead.

@@ -11,8 +11,9 @@
 
 use rayon::prelude::*;
 
-use super::{SharedOut, Table, check_finite, check_len};
+use super::{PREFETCH_AHEAD, SharedOut, Table, check_finite, check_len};
 use crate::error::{Result, invalid};
+use crate::simd::prefetch;
 
 /// How a bag's rows are combined.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -200,12 +201,22 @@ impl Table {
         let save_gen = self.generation();
         if insert {
             self.par_shards_mut(&plan, |g, pos| {
-                for &i in pos {
-                    let i = i as usize;
-                    let (r, _) = g.find_or_insert(ids[i], plan.hashes[i], save_gen, |row| {
-                        self.fill_new(ids[i], row)
-                    });
-                    emit(i, &g.arena.row(r)[..dim]);
+                // Resolve the rows first, then emit with rows prefetched ahead.
+                let rows: Vec<u32> = pos
+                    .iter()
+                    .map(|&i| {
+                        let i = i as usize;
+                        let (r, _) = g.find_or_insert(ids[i], plan.hashes[i], save_gen, |row| {
+                            self.fill_new(ids[i], row)
+                        });
+                        r as u32
+                    })
+                    .collect();
+                for (j, (&i, &r)) in pos.iter().zip(&rows).enumerate() {
+                    if let Some(&ahead) = rows.get(j + PREFETCH_AHEAD) {
+                        prefetch(&g.arena.row(ahead as usize)[..dim]);
+                    }
+                    emit(i as usize, &g.arena.row(r as usize)[..dim]);
                 }
                 0
             });
