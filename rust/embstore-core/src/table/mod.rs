@@ -22,7 +22,7 @@ use crate::error::{Result, StoreError, invalid};
 use crate::hash::{key_hash, shard_of};
 use crate::init::Initializer;
 use crate::optim::Optimizer;
-use crate::simd::Backend;
+use crate::simd::{Backend, prefetch};
 pub use pooled::{Bags, Combiner, pool_rows, spread_pooled};
 use shard::Shard;
 
@@ -661,11 +661,19 @@ impl Table {
             pairs.sort_unstable();
             let mut acc = vec![0.0f32; dim];
             let mut j = 0;
+            // Gradient rows are random reads: keep loads in flight for the
+            // pairs a little ahead of the one being summed.
+            let mut fetched = 0;
             while j < pairs.len() {
                 let r = (pairs[j] >> 32) as usize;
                 let mut end = j + 1;
                 while end < pairs.len() && (pairs[end] >> 32) as usize == r {
                     end += 1;
+                }
+                let until = (end + 2 * PREFETCH_AHEAD).min(pairs.len());
+                while fetched < until {
+                    prefetch(grad_of((pairs[fetched] & 0xFFFF_FFFF) as usize).0);
+                    fetched += 1;
                 }
                 let (first, c0) = grad_of((pairs[j] & 0xFFFF_FFFF) as usize);
                 let gsum: &[f32] = if end - j == 1 && c0 == 1.0 {
@@ -740,7 +748,7 @@ fn copy_rows(arena: &arena::Arena, pos: &[u32], rows: &[u32], dim: usize, out: S
         if let Some(&ahead) = rows.get(j + PREFETCH_AHEAD)
             && ahead != u32::MAX
         {
-            crate::simd::prefetch(&arena.row(ahead as usize)[..dim]);
+            prefetch(&arena.row(ahead as usize)[..dim]);
         }
         if rows[j] != u32::MAX {
             // SAFETY: position pos[j] belongs to this shard only (plan).
