@@ -15,20 +15,10 @@ use pyo3::prelude::*;
 
 use crate::convert::EnterStore;
 use crate::error::PyStoreError;
-use crate::store::{PyProgress, PyTable, bags};
+use crate::store::{PyProgress, PyTable, bags, slice, slice2};
 
 fn partition(kind: &str, key_space: Option<i64>) -> PyResult<Partition> {
     Ok(Partition::from_name(kind, key_space).map_err(PyStoreError)?)
-}
-
-fn slice<'a, T: numpy::Element>(a: &'a PyReadonlyArray1<'_, T>, arg: &str) -> PyResult<&'a [T]> {
-    a.as_slice()
-        .map_err(|_| PyValueError::new_err(format!("{arg}: expected a C-contiguous array")))
-}
-
-fn slice2<'a, T: numpy::Element>(a: &'a PyReadonlyArray2<'_, T>, arg: &str) -> PyResult<&'a [T]> {
-    a.as_slice()
-        .map_err(|_| PyValueError::new_err(format!("{arg}: expected a C-contiguous array")))
 }
 
 /// The owning rank of each key: int32 (n,).

@@ -30,12 +30,18 @@ pub struct PyTable {
     pub(crate) inner: Arc<Table>,
 }
 
-fn slice<'a, T: numpy::Element>(arr: &'a PyReadonlyArray1<'_, T>, arg: &str) -> PyResult<&'a [T]> {
+pub(crate) fn slice<'a, T: numpy::Element>(
+    arr: &'a PyReadonlyArray1<'_, T>,
+    arg: &str,
+) -> PyResult<&'a [T]> {
     arr.as_slice()
         .map_err(|_| PyValueError::new_err(format!("{arg}: expected a C-contiguous array")))
 }
 
-fn slice2<'a, T: numpy::Element>(arr: &'a PyReadonlyArray2<'_, T>, arg: &str) -> PyResult<&'a [T]> {
+pub(crate) fn slice2<'a, T: numpy::Element>(
+    arr: &'a PyReadonlyArray2<'_, T>,
+    arg: &str,
+) -> PyResult<&'a [T]> {
     arr.as_slice()
         .map_err(|_| PyValueError::new_err(format!("{arg}: expected a C-contiguous array")))
 }

@@ -295,9 +295,8 @@ pub fn pool_rows(
     out: &mut [f32],
 ) -> Result<()> {
     bags.validate()?;
-    let n = check_rows_idx(rows, dim, idx, bags)?;
+    check_idx("rows", rows.len(), dim, idx, bags)?;
     check_len("out", bags.batch() * dim, out.len())?;
-    let _ = n;
     let backend = crate::simd::Backend::from_env()?;
     let Coefs { coef, .. } = bags.coefs();
     out.par_chunks_mut(dim.max(1))
