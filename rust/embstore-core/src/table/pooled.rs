@@ -327,17 +327,7 @@ pub fn spread_pooled(
     bags.validate()?;
     check_len("grads", bags.batch() * dim, grads.len())?;
     check_finite("grads", grads)?;
-    if dim == 0 || out.len() % dim != 0 {
-        return Err(invalid("out", "expected a whole number of rows"));
-    }
-    let n = out.len() / dim;
-    if let Some(&bad) = idx.iter().find(|&&r| r < 0 || r as usize >= n) {
-        return Err(invalid(
-            "idx",
-            format!("expected 0 <= idx < {n}, got {bad}"),
-        ));
-    }
-    check_len("idx", bags.ids.len(), idx.len())?;
+    check_idx("out", out.len(), dim, idx, bags)?;
     let backend = crate::simd::Backend::from_env()?;
     let Coefs { bag_of, coef } = bags.coefs();
     out.fill(0.0);
@@ -353,11 +343,19 @@ pub fn spread_pooled(
     Ok(())
 }
 
-fn check_rows_idx(rows: &[f32], dim: usize, idx: &[i64], bags: &Bags<'_>) -> Result<usize> {
-    if dim == 0 || rows.len() % dim != 0 {
-        return Err(invalid("rows", "expected a whole number of rows"));
+/// Checks that `arg` (of `len` floats) holds whole rows of `dim` and that
+/// `idx` has one entry per id, each naming one of those rows.
+fn check_idx(
+    arg: &'static str,
+    len: usize,
+    dim: usize,
+    idx: &[i64],
+    bags: &Bags<'_>,
+) -> Result<()> {
+    if dim == 0 || len % dim != 0 {
+        return Err(invalid(arg, "expected a whole number of rows"));
     }
-    let n = rows.len() / dim;
+    let n = len / dim;
     check_len("idx", bags.ids.len(), idx.len())?;
     if let Some(&bad) = idx.iter().find(|&&r| r < 0 || r as usize >= n) {
         return Err(invalid(
@@ -365,5 +363,5 @@ fn check_rows_idx(rows: &[f32], dim: usize, idx: &[i64], bags: &Bags<'_>) -> Res
             format!("expected 0 <= idx < {n}, got {bad}"),
         ));
     }
-    Ok(n)
+    Ok(())
 }
