@@ -89,3 +89,34 @@ def test_other_python_thread_progresses_during_a_long_call() -> None:
     # Holding the GIL through the native calls would leave this loop almost
     # no turns (a switch only at call boundaries); released, it spins freely.
     assert ticks > 10_000, f"main thread made only {ticks} iterations"
+
+
+@pytest.mark.timeout(120)
+def test_a_forked_child_can_use_the_table() -> None:
+    """The parent's worker threads do not exist after fork(); the child must
+    get its own pool instead of waiting on them forever (DataLoader workers,
+    multiprocessing with the fork start method)."""
+    import subprocess
+    import sys
+
+    script = (
+        "import os, numpy as np, embstore\n"
+        "from embstore import optim\n"
+        "t = embstore.Table(8, optimizer=optim.Adam())\n"
+        "t.lookup(np.arange(100_000))\n"
+        "pid = os.fork()\n"
+        "if pid == 0:\n"
+        "    t.apply_gradients(np.arange(100_000), np.ones((100_000, 8)))\n"
+        "    ok = t.lookup(np.arange(100_000)).shape == (100_000, 8) and t.step == 1\n"
+        "    os._exit(0 if ok else 3)\n"
+        "_, status = os.waitpid(pid, 0)\n"
+        "assert os.waitstatus_to_exitcode(status) == 0, status\n"
+        "assert t.step == 0\n"
+        "t.apply_gradients(np.arange(10), np.ones((10, 8)))\n"
+        "print('ok')\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=100
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "ok"

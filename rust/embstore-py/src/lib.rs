@@ -54,7 +54,7 @@ mod _core {
     /// Number of threads of the native pool.
     #[pyfunction]
     fn num_threads() -> usize {
-        rayon::current_num_threads()
+        crate::convert::pool().current_num_threads()
     }
 
     #[pymodule_init]
