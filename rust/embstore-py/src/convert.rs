@@ -1,9 +1,10 @@
 //! Conversion of Python configuration to core types, and the one helper that
 //! runs core calls with the GIL released.
 
+use std::cell::RefCell;
 use std::collections::HashMap;
 use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, OnceLock};
 
 use rayon::{ThreadPool, ThreadPoolBuilder};
 
@@ -12,34 +13,49 @@ use pyo3::prelude::*;
 
 use crate::error::{PyStoreError, panic_error};
 
-/// The thread pool of this process. Every batch call runs in it. It is
-/// rebuilt in a forked child: the parent's worker threads do not exist
-/// there, and a pool that counts on them would hang the child's first call
-/// (a PyTorch DataLoader worker or a multiprocessing child, say).
-pub fn pool() -> Arc<ThreadPool> {
-    static POOL: Mutex<Option<(u32, Arc<ThreadPool>)>> = Mutex::new(None);
-    let pid = std::process::id();
-    let mut slot = POOL.lock().unwrap_or_else(PoisonError::into_inner);
-    if let Some((owner, pool)) = slot.as_ref()
-        && *owner == pid
-    {
-        return pool.clone();
-    }
-    let pool = Arc::new(
-        ThreadPoolBuilder::new()
-            .thread_name(|i| format!("embstore-{i}"))
-            .build()
-            .expect("cannot start embstore's thread pool"),
-    );
-    if let Some(stale) = slot.replace((pid, pool.clone())) {
-        // The parent's pool: its threads are gone in this process; dropping
-        // it would signal them. Leak the handle instead (once per fork).
-        std::mem::forget(stale);
-    }
-    pool
+/// The process that imported the module.
+pub static PARENT_PID: OnceLock<u32> = OnceLock::new();
+
+thread_local! {
+    /// In a forked child: this thread's own pool, and the process it was made in.
+    static CHILD_POOL: RefCell<Option<(u32, Arc<ThreadPool>)>> = const { RefCell::new(None) };
 }
 
-/// Runs an O(n) core call with the GIL released, in this process's pool,
+/// Runs `f` where its parallel work can run. Normally that is rayon's
+/// global pool, with `f` on the calling thread (a whole call is never a
+/// rayon job, so a worker waiting in a join never picks up another caller's
+/// call, which might wait on a lock the first one holds). In a forked child
+/// the global pool's threads do not exist (its first call would hang: a
+/// PyTorch DataLoader worker, a multiprocessing child); there each calling
+/// thread gets a pool of its own, so calls still never steal one another.
+pub fn in_pool<T: Send>(f: impl FnOnce() -> T + Send) -> T {
+    let pid = std::process::id();
+    if *PARENT_PID.get_or_init(|| pid) == pid {
+        return f();
+    }
+    let pool = CHILD_POOL.with(|cell| {
+        let mut slot = cell.borrow_mut();
+        match slot.as_ref() {
+            Some((owner, pool)) if *owner == pid => pool.clone(),
+            _ => {
+                let pool = Arc::new(
+                    ThreadPoolBuilder::new()
+                        .thread_name(|i| format!("embstore-child-{i}"))
+                        .build()
+                        .expect("cannot start a thread pool in the forked child"),
+                );
+                if let Some(stale) = slot.replace((pid, pool.clone())) {
+                    // A pool of an earlier process: its threads are gone.
+                    std::mem::forget(stale);
+                }
+                pool
+            }
+        }
+    });
+    pool.install(f)
+}
+
+/// Runs an O(n) core call with the GIL released (see [`in_pool`]),
 /// turning a core error or a panic into a Python exception. Nothing inside
 /// may touch Python objects.
 pub trait EnterStore {
@@ -49,8 +65,7 @@ pub trait EnterStore {
 
 impl EnterStore for Python<'_> {
     fn enter_store<T: Send>(self, f: impl FnOnce() -> Result<T, StoreError> + Send) -> PyResult<T> {
-        let pool = pool();
-        match self.detach(|| pool.install(|| catch_unwind(AssertUnwindSafe(f)))) {
+        match self.detach(|| in_pool(|| catch_unwind(AssertUnwindSafe(f)))) {
             Ok(Ok(v)) => Ok(v),
             Ok(Err(e)) => Err(PyStoreError(e).into()),
             Err(payload) => Err(panic_error(payload)),

@@ -54,11 +54,12 @@ mod _core {
     /// Number of threads of the native pool.
     #[pyfunction]
     fn num_threads() -> usize {
-        crate::convert::pool().current_num_threads()
+        crate::convert::in_pool(rayon::current_num_threads)
     }
 
     #[pymodule_init]
     fn init(m: &Bound<'_, PyModule>) -> PyResult<()> {
+        crate::convert::PARENT_PID.get_or_init(std::process::id);
         m.add("__version__", env!("CARGO_PKG_VERSION"))?;
         Ok(())
     }
