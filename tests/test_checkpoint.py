@@ -167,9 +167,11 @@ def test_old_files_are_removed_after_a_new_full_save(tmp_path: pathlib.Path) -> 
     assert set(os.listdir(tmp_path / "ck")) == names
 
 
+@pytest.mark.timeout(300)
 def test_snapshot_is_consistent_while_other_threads_train(tmp_path: pathlib.Path) -> None:
     """Every step moves every row by exactly 1: a consistent snapshot has all
-    rows equal to -step."""
+    rows equal to -step. (Also a deadlock regression test: saves racing
+    trainer threads once hung when whole calls ran as pool jobs.)"""
     table = embstore.Table(4, optimizer=optim.SGD(lr=1.0), initializer=init.Zeros())
     keys = np.arange(20_000)
     table.lookup(keys)
@@ -179,10 +181,11 @@ def test_snapshot_is_consistent_while_other_threads_train(tmp_path: pathlib.Path
         while not stop.is_set():
             table.apply_gradients(keys, np.ones((len(keys), 4), np.float32))
 
-    th = threading.Thread(target=trainer)
-    th.start()
+    threads = [threading.Thread(target=trainer) for _ in range(2)]
+    for th in threads:
+        th.start()
     try:
-        for i in range(5):
+        for i in range(15):
             time.sleep(0.02)
             m = table.save(tmp_path / f"ck{i}")
             loaded = embstore.Table.load(tmp_path / f"ck{i}")
@@ -190,7 +193,8 @@ def test_snapshot_is_consistent_while_other_threads_train(tmp_path: pathlib.Path
             assert (rows == -float(m["step"])).all(), f"torn snapshot at step {m['step']}"
     finally:
         stop.set()
-        th.join()
+        for th in threads:
+            th.join()
 
 
 # -- damage ---------------------------------------------------------------------
