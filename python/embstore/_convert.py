@@ -84,6 +84,22 @@ def check_combiner(combiner: Any) -> str:
     return str(combiner)
 
 
+def as_bags(
+    ids: Any, offsets: Any, weights: Any, combiner: Any, prefix: str = ""
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.float32] | None, str]:
+    """Return CSR bags (ids, offsets, optional weights, combiner) converted
+    and checked as far as Python can; the native call checks the offsets'
+    order and range. ``prefix`` names where they came from (a feature)."""
+    i = as_keys(ids, f"{prefix}ids")
+    o = as_keys(offsets, f"{prefix}offsets")
+    if o.shape[0] == 0:
+        raise ValueError(
+            f"{prefix}offsets: expected batch + 1 >= 1 offsets (include_last_offset=True), "
+            "got an empty array"
+        )
+    return i, o, as_weights(weights, i.shape[0]), check_combiner(combiner)
+
+
 def check_real(arg: str, value: Any) -> float:
     """Return a hyper-parameter as float; TypeError unless a real number."""
     if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):

@@ -9,7 +9,7 @@ import numpy as np
 import numpy.typing as npt
 
 from embstore import _core
-from embstore._convert import as_keys, as_rows, as_weights, check_combiner
+from embstore._convert import as_bags, as_rows, check_combiner
 from embstore.store import Table
 
 __all__ = ["Collection"]
@@ -98,10 +98,13 @@ class Collection:
                 raise ValueError(
                     f"batch[{name!r}]: expected (ids, offsets) or (ids, offsets, weights)"
                 )
-            i = as_keys(entry[0], f"batch[{name!r}] ids")
-            o = as_keys(entry[1], f"batch[{name!r}] offsets")
-            if o.shape[0] == 0:
-                raise ValueError(f"batch[{name!r}] offsets: expected batch + 1 >= 1 offsets")
+            i, o, w, _ = as_bags(
+                entry[0],
+                entry[1],
+                entry[2] if len(entry) == 3 else None,
+                self._combiners[name],
+                prefix=f"batch[{name!r}] ",
+            )
             if size is None:
                 size = o.shape[0] - 1
             elif o.shape[0] - 1 != size:
@@ -111,7 +114,7 @@ class Collection:
                 )
             ids.append(i)
             offsets.append(o)
-            weights.append(as_weights(entry[2], i.shape[0]) if len(entry) == 3 else None)
+            weights.append(w)
         return ids, offsets, weights, [self._combiners[n] for n in self._features], size or 0
 
     def _inners(self) -> list[Any]:

@@ -10,7 +10,7 @@ import numpy as np
 import numpy.typing as npt
 
 from embstore import _core, init, optim
-from embstore._convert import as_keys, as_rows, as_weights, check_combiner
+from embstore._convert import as_bags, as_keys, as_rows
 from embstore._progress import run_with_progress
 from embstore.init import Initializer, Uniform
 from embstore.optim import Optimizer
@@ -214,7 +214,7 @@ class Table:
         of w*x over sqrt of sum of w**2); ``weights (nnz,)`` are optional
         per-id weights (1 without). An empty bag pools to zeros.
         """
-        i, o, w, c = self._bags(ids, offsets, weights, combiner)
+        i, o, w, c = as_bags(ids, offsets, weights, combiner)
         return self._inner.lookup_pooled(i, o, w, c, bool(insert))
 
     def apply_pooled_gradients(
@@ -233,21 +233,9 @@ class Table:
         grads[b]``), then the step proceeds as :meth:`apply_gradients`.
         """
         self._require_optimizer()
-        i, o, w, c = self._bags(ids, offsets, weights, combiner)
+        i, o, w, c = as_bags(ids, offsets, weights, combiner)
         g = as_rows(grads, o.shape[0] - 1 if o.shape[0] else 0, self.dim, "grads")
         self._inner.apply_pooled_gradients(i, o, g, w, c)
-
-    def _bags(
-        self, ids: Any, offsets: Any, weights: Any, combiner: str
-    ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.float32] | None, str]:
-        i = as_keys(ids, "ids")
-        o = as_keys(offsets, "offsets")
-        if o.shape[0] == 0:
-            raise ValueError(
-                "offsets: expected batch + 1 >= 1 offsets (include_last_offset=True), "
-                "got an empty array"
-            )
-        return i, o, as_weights(weights, i.shape[0]), check_combiner(combiner)
 
     def _require_optimizer(self) -> None:
         if self._optimizer is None:

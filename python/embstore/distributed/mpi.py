@@ -29,7 +29,7 @@ import numpy as np
 import numpy.typing as npt
 
 from embstore import _core
-from embstore._convert import as_keys, as_rows, as_weights, check_combiner
+from embstore._convert import as_bags, as_keys, as_rows, check_combiner
 from embstore._deps import require
 from embstore.exceptions import CheckpointError
 from embstore.store import Table
@@ -337,12 +337,7 @@ class ShardedTable:
             self._push_unique(uniq, summed)
 
     def _bags(self, ids: Any, offsets: Any, weights: Any, combiner: str) -> tuple[Any, ...]:
-        i = as_keys(ids, "ids")
-        o = as_keys(offsets, "offsets")
-        w = as_weights(weights, i.shape[0])
-        c = check_combiner(combiner)
-        if o.shape[0] == 0:
-            raise ValueError("offsets: expected batch + 1 >= 1 offsets (include_last_offset=True)")
+        i, o, w, c = as_bags(ids, offsets, weights, combiner)
         batch = _core.check_bags(i, o, w, c)
         uniq, inv = np.unique(i, return_inverse=True)
         self._owners(uniq)
