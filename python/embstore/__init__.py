@@ -6,7 +6,7 @@ callable from any training loop (NumPy, PyTorch, CuPy).
 
 from __future__ import annotations
 
-from embstore import init, optim
+from embstore import init, optim, policy
 from embstore._core import __version__
 from embstore.collection import Collection
 from embstore.exceptions import CheckpointError, EmbstoreError
@@ -20,4 +20,5 @@ __all__ = [
     "__version__",
     "init",
     "optim",
+    "policy",
 ]

@@ -9,15 +9,27 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from embstore import _core, init, optim
+from embstore import _core, init, optim, policy
 from embstore._convert import as_bags, as_keys, as_rows
 from embstore._progress import run_with_progress
 from embstore.init import Initializer, Uniform
 from embstore.optim import Optimizer
+from embstore.policy import Admission
 
 __all__ = ["Table"]
 
-_DTYPES = ("float32",)
+_DTYPES = ("float32", "float16", "bfloat16")
+_EVICTIONS = ("lfu", "lru")
+
+
+def _opt_int(name: str, value: Any, low: int) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{name}: expected an int or None, got {type(value).__name__}")
+    if value < low:
+        raise ValueError(f"{name}: expected {name} >= {low}, got {value}")
+    return int(value)
 
 
 class Table:
@@ -41,7 +53,24 @@ class Table:
     num_shards:
         Number of shards; default four per core, a power of two.
     dtype:
-        Row storage dtype; "float32".
+        Row storage dtype: "float32", or "float16"/"bfloat16" for rows in 16
+        bits (half the row memory; optimizer state and math stay float32, and
+        a row is rounded to nearest even when written; lookups return float32).
+    admission:
+        An :mod:`embstore.policy` filter (CountFilter, ProbabilityFilter)
+        deciding which keys a gradient may give a row; None admits all.
+    ttl_steps:
+        :meth:`evict` removes rows not touched (looked up, assigned or
+        trained) for this many optimizer steps.
+    capacity:
+        Most rows: after every call that inserts, the lowest-scoring rows
+        beyond ``capacity`` are evicted.
+    eviction:
+        Scores for capacity eviction: "lfu" (fewest touches go first, then
+        least recent, then smallest key) or "lru" (least recent first, then
+        fewest touches, then smallest key). Touch counts and recency are kept
+        per row (16 bytes) only when ``ttl_steps`` or ``capacity`` is set,
+        and survive save/load.
     """
 
     def __init__(
@@ -53,6 +82,10 @@ class Table:
         seed: int = 0,
         num_shards: int | None = None,
         dtype: str = "float32",
+        admission: Admission | None = None,
+        ttl_steps: int | None = None,
+        capacity: int | None = None,
+        eviction: str = "lfu",
     ) -> None:
         if isinstance(dim, bool) or not isinstance(dim, (int, np.integer)):
             raise TypeError(f"dim: expected an int, got {type(dim).__name__}")
@@ -81,15 +114,42 @@ class Table:
                 raise ValueError(f"num_shards: expected num_shards >= 1, got {num_shards}")
         if dtype not in _DTYPES:
             raise ValueError(f"dtype: expected one of {_DTYPES}, got {dtype!r}")
+        if admission is not None and not isinstance(admission, Admission):
+            raise TypeError(
+                f"admission: expected an embstore.policy filter or None, "
+                f"got {type(admission).__name__}"
+            )
+        ttl = _opt_int("ttl_steps", ttl_steps, 1)
+        cap = _opt_int("capacity", capacity, 1)
+        if eviction not in _EVICTIONS:
+            raise ValueError(f"eviction: expected one of {_EVICTIONS}, got {eviction!r}")
+        if optimizer is None and ttl is not None:
+            raise ValueError(
+                "ttl_steps: expected a table with an optimizer (age counts optimizer steps)"
+            )
+        if optimizer is None and admission is not None:
+            raise ValueError(
+                "admission: expected a table with an optimizer (it counts gradient sightings)"
+            )
         self._optimizer = optimizer
         self._initializer = initializer
         self._dtype = dtype
+        self._admission = admission
+        self._ttl_steps = ttl
+        self._capacity = cap
+        self._eviction = eviction
         self._inner = _core.Table(
             int(dim),
             optimizer._native() if optimizer is not None else None,
             initializer._native(),
             int(seed),
             None if num_shards is None else int(num_shards),
+            None,
+            dtype,
+            admission._native() if admission is not None else None,
+            ttl,
+            cap,
+            eviction,
         )
 
     # -- properties ---------------------------------------------------------
@@ -125,6 +185,26 @@ class Table:
         return self._dtype
 
     @property
+    def admission(self) -> Admission | None:
+        """The admission filter, if any."""
+        return self._admission
+
+    @property
+    def ttl_steps(self) -> int | None:
+        """Steps a row lives untouched before :meth:`evict` removes it."""
+        return self._ttl_steps
+
+    @property
+    def capacity(self) -> int | None:
+        """Most rows the table keeps."""
+        return self._capacity
+
+    @property
+    def eviction(self) -> str:
+        """Capacity eviction order: "lfu" or "lru"."""
+        return self._eviction
+
+    @property
     def state_len(self) -> int:
         """Floats of optimizer state per row."""
         return int(self._inner.state_len)
@@ -150,7 +230,7 @@ class Table:
     def __repr__(self) -> str:
         return (
             f"Table(dim={self.dim}, rows={len(self)}, optimizer={self._optimizer!r}, "
-            f"step={self.step}, num_shards={self.num_shards})"
+            f"step={self.step}, num_shards={self.num_shards}, dtype={self.dtype!r})"
         )
 
     # -- batch protocol ------------------------------------------------------
@@ -237,6 +317,25 @@ class Table:
         g = as_rows(grads, o.shape[0] - 1 if o.shape[0] else 0, self.dim, "grads")
         self._inner.apply_pooled_gradients(i, o, g, w, c)
 
+    def evict(
+        self, *, with_rows: bool = False
+    ) -> npt.NDArray[np.int64] | tuple[npt.NDArray[np.int64], npt.NDArray[np.float32]]:
+        """Run the eviction policy now and return the evicted keys, ascending.
+
+        Removes the rows not touched for ``ttl_steps`` optimizer steps, then,
+        above ``capacity``, the lowest-scoring rows. ``with_rows=True``
+        returns ``(keys, rows (n, dim))`` so the caller can archive them.
+        """
+        keys, rows = self._inner.evict(bool(with_rows))
+        if with_rows:
+            assert rows is not None
+            return keys, rows
+        return keys
+
+    def admission_counts(self, keys: Any) -> npt.NDArray[np.uint32]:
+        """The admission sketch's count estimate of each key (0 without a CountFilter)."""
+        return self._inner.admission_counts(as_keys(keys))
+
     def _require_optimizer(self) -> None:
         if self._optimizer is None:
             raise ValueError(
@@ -282,7 +381,8 @@ class Table:
         for a save that takes more than a moment (None: when stderr is a
         terminal). Returns the new manifest.
         """
-        row_bytes = 8 + 4 * (self.dim + (self.state_len if with_optimizer else 0))
+        width = 4 if self.dtype == "float32" else 2
+        row_bytes = 8 + width * self.dim + 4 * (self.state_len if with_optimizer else 0)
         text, _ = run_with_progress(
             lambda p: self._inner.save(os.fspath(path), bool(incremental), bool(with_optimizer), p),
             len(self) * row_bytes,
@@ -339,8 +439,30 @@ class Table:
         init_cfg = manifest["initializer"]
         self._initializer = getattr(init, init_cfg["name"])(**init_cfg["params"])
         self._dtype = manifest["dtype"]
+        pol = manifest.get("policy") or {}
+        adm = pol.get("admission")
+        self._admission = None
+        if adm and adm["name"] != "always":
+            cls = {"count": policy.CountFilter, "probability": policy.ProbabilityFilter}
+            params = {
+                k: int(v) if adm["name"] == "count" else v for k, v in adm["params"].items()
+            }
+            self._admission = cls[adm["name"]](**params)
+        self._ttl_steps = pol.get("ttl_steps")
+        self._capacity = pol.get("capacity")
+        self._eviction = pol.get("eviction", "lfu")
         self._inner = inner
 
     def stats(self) -> dict[str, Any]:
-        """Figures of the table: rows, bytes, shard_rows, step, ..."""
+        """Figures of the table.
+
+        ``rows``; ``bytes`` (exact: index, keys, rows, state, per-row
+        metadata and sketch); ``shard_rows``; ``step``; and counters since
+        the table was built or loaded: ``lookups`` (ids looked up), ``hits``
+        and ``misses`` (whether the id's key had a row before the call),
+        ``inserts`` (rows created by any call), ``admitted`` (keys given a row
+        by a gradient call), ``rejected`` (keys whose gradients the admission
+        filter dropped, once per call), ``evicted`` (rows removed by TTL or
+        capacity); ``sketch_bytes``; ``capacity``; ``dtype``.
+        """
         return dict(self._inner.stats())

@@ -73,16 +73,22 @@ pub fn lookup_pooled(features: &[Feature<'_>], insert: bool, out: &mut [f32]) ->
     check_len("out", batch * total, out.len())?;
     let cols = columns(features);
     // Gates are taken here, on the calling thread, never inside a job.
-    let gates: Vec<_> = if insert {
-        groups(features).iter().map(|(t, _)| t.enter()).collect()
-    } else {
-        Vec::new()
-    };
+    let groups = groups(features);
+    let gates: Vec<_> = groups
+        .iter()
+        .filter(|(t, _)| t.lookup_changes(insert))
+        .map(|(t, _)| t.enter())
+        .collect();
     let shared = SharedOut::strided(out, total, 0);
     features.par_iter().zip(cols).for_each(|(f, col)| {
         let out = shared.with_col(col);
         f.table.lookup_pooled_in(&f.bags, insert, out);
     });
+    if insert {
+        for (t, _) in &groups {
+            t.enforce_capacity();
+        }
+    }
     drop(gates);
     Ok(())
 }
@@ -119,6 +125,9 @@ pub fn apply_pooled_gradients(features: &[Feature<'_>], grads: &[f32]) -> Result
         }
         table.apply_in(&keys, |i| (&grads[src[i]..src[i] + dim], coef[i]));
     });
+    for (t, _) in &groups {
+        t.enforce_capacity();
+    }
     drop(gates);
     Ok(())
 }

@@ -28,11 +28,13 @@ pub mod hash;
 pub mod init;
 pub mod optim;
 pub mod partition;
+pub mod policy;
 pub mod simd;
 pub mod table;
 
 pub use error::{Result, StoreError};
 pub use init::Initializer;
 pub use optim::Optimizer;
+pub use policy::{Admission, Eviction, Policy, RowFormat};
 pub use simd::Backend;
 pub use table::{Bags, Combiner, Stats, Table, TableConfig};

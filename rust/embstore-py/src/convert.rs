@@ -8,7 +8,7 @@ use std::sync::{Arc, OnceLock};
 
 use rayon::{ThreadPool, ThreadPoolBuilder};
 
-use embstore_core::{Initializer, Optimizer, StoreError};
+use embstore_core::{Admission, Initializer, Optimizer, StoreError};
 use pyo3::prelude::*;
 
 use crate::error::{PyStoreError, panic_error};
@@ -83,4 +83,10 @@ pub fn optimizer(name: &str, p: &HashMap<String, f64>) -> PyResult<Optimizer> {
 pub fn initializer(name: &str, p: &HashMap<String, f64>) -> PyResult<Initializer> {
     let p = p.iter().map(|(k, v)| (k.clone(), *v)).collect();
     Ok(Initializer::from_named(name, &p).map_err(PyStoreError)?)
+}
+
+/// An admission filter from its name and parameters, as `embstore.policy` passes them.
+pub fn admission(name: &str, p: &HashMap<String, f64>) -> PyResult<Admission> {
+    let p: Vec<(String, f64)> = p.iter().map(|(k, v)| (k.clone(), *v)).collect();
+    Ok(Admission::from_named(name, &p).map_err(PyStoreError)?)
 }

@@ -51,6 +51,12 @@ mod _core {
         crate::convert::initializer(name, &params).map(|_| ())
     }
 
+    /// Validates an admission filter's parameters (ValueError naming the bad one).
+    #[pyfunction]
+    fn check_admission(name: &str, params: HashMap<String, f64>) -> PyResult<()> {
+        crate::convert::admission(name, &params).map(|_| ())
+    }
+
     /// Number of threads of the native pool.
     #[pyfunction]
     fn num_threads() -> usize {

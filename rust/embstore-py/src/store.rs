@@ -13,7 +13,9 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use embstore_core::{Backend, Bags, Combiner, Table, TableConfig};
+use embstore_core::{
+    Admission, Backend, Bags, Combiner, Eviction, Policy, RowFormat, Table, TableConfig,
+};
 use numpy::{IntoPyArray, PyArray1, PyArray2, PyArrayMethods, PyReadonlyArray1, PyReadonlyArray2};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
@@ -150,7 +152,9 @@ impl PyTable {
 #[pymethods]
 impl PyTable {
     #[new]
-    #[pyo3(signature = (dim, optimizer=None, initializer=None, seed=0, num_shards=None, simd=None))]
+    #[pyo3(signature = (dim, optimizer=None, initializer=None, seed=0, num_shards=None, simd=None,
+        dtype="float32", admission=None, ttl_steps=None, capacity=None, eviction="lfu"))]
+    #[allow(clippy::too_many_arguments)]
     fn new(
         dim: usize,
         optimizer: Config,
@@ -158,6 +162,11 @@ impl PyTable {
         seed: u64,
         num_shards: Option<usize>,
         simd: Option<&str>,
+        dtype: &str,
+        admission: Config,
+        ttl_steps: Option<u64>,
+        capacity: Option<usize>,
+        eviction: &str,
     ) -> PyResult<Self> {
         let mut cfg = TableConfig::new(dim);
         cfg.optimizer = match optimizer {
@@ -169,6 +178,16 @@ impl PyTable {
         }
         cfg.seed = seed;
         cfg.num_shards = num_shards;
+        cfg.policy = Policy {
+            format: RowFormat::from_name(dtype).map_err(crate::error::PyStoreError)?,
+            admission: match admission {
+                Some((name, params)) => crate::convert::admission(&name, &params)?,
+                None => Admission::Always,
+            },
+            ttl_steps,
+            capacity,
+            eviction: Eviction::from_name(eviction).map_err(crate::error::PyStoreError)?,
+        };
         cfg.backend = match simd {
             Some(name) => Some(Backend::from_name(name).map_err(crate::error::PyStoreError)?),
             None => None,
@@ -223,8 +242,53 @@ impl PyTable {
             .map_or_else(Vec::new, |o| o.state_names().to_vec())
     }
 
+    /// Storage dtype of the rows.
+    #[getter]
+    fn dtype(&self) -> &'static str {
+        self.inner.policy().format.name()
+    }
+
+    /// The call clock (LRU recency).
+    #[getter]
+    fn clock(&self) -> u64 {
+        self.inner.clock()
+    }
+
     fn __len__(&self) -> usize {
         self.inner.len()
+    }
+
+    /// Runs TTL and capacity eviction now; the evicted keys ascending and,
+    /// with `with_rows`, their rows.
+    #[pyo3(signature = (with_rows=false))]
+    #[allow(clippy::type_complexity)]
+    fn evict<'py>(
+        &self,
+        py: Python<'py>,
+        with_rows: bool,
+    ) -> PyResult<(Bound<'py, PyArray1<i64>>, Option<Bound<'py, PyArray2<f32>>>)> {
+        let table = &self.inner;
+        let (keys, rows) = py.enter_store(|| Ok(table.evict(with_rows)))?;
+        let n = keys.len();
+        let rows = if with_rows {
+            Some(to_2d(py, rows, n, table.dim())?)
+        } else {
+            None
+        };
+        Ok((keys.into_pyarray(py), rows))
+    }
+
+    /// The admission sketch's count estimate of each key.
+    fn admission_counts<'py>(
+        &self,
+        py: Python<'py>,
+        keys: PyReadonlyArray1<'_, i64>,
+    ) -> PyResult<Bound<'py, PyArray1<u32>>> {
+        let k = slice(&keys, "keys")?;
+        let mut out = vec![0u32; k.len()];
+        let table = &self.inner;
+        py.enter_store(|| table.admission_counts(k, &mut out))?;
+        Ok(out.into_pyarray(py))
     }
 
     #[pyo3(signature = (keys, insert=true))]
@@ -397,6 +461,15 @@ impl PyTable {
         d.set_item("dim", table.dim())?;
         d.set_item("state_len", table.state_len())?;
         d.set_item("simd", table.backend().name())?;
+        d.set_item("dtype", table.policy().format.name())?;
+        let names = [
+            "lookups", "hits", "misses", "inserts", "admitted", "rejected", "evicted",
+        ];
+        for (name, v) in names.iter().zip(s.counters) {
+            d.set_item(*name, v)?;
+        }
+        d.set_item("sketch_bytes", s.sketch_bytes)?;
+        d.set_item("capacity", table.policy().capacity)?;
         Ok(d)
     }
 }

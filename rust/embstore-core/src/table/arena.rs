@@ -5,6 +5,8 @@
 //! gives pages on first write), which keeps resident memory equal to the rows
 //! stored.
 
+use crate::policy::Meta;
+
 /// Rows in the first segment (a power of two); segment `k` holds `FIRST << k`.
 const FIRST_SHIFT: u32 = 6;
 const FIRST: usize = 1 << FIRST_SHIFT;
@@ -27,17 +29,52 @@ pub struct Arena {
     /// incremental checkpoints).
     gens: Vec<Vec<u32>>,
     rows: Vec<Vec<f32>>,
+    /// Per row, when the table's policy scores rows: its metadata. Empty
+    /// otherwise (`track` false).
+    meta: Vec<Vec<Meta>>,
+    track: bool,
 }
 
 impl Arena {
-    /// An empty arena of rows of `stride` floats.
-    pub fn new(stride: usize) -> Self {
+    /// An empty arena of rows of `stride` floats, with per-row [`Meta`]
+    /// when `track`.
+    pub fn new(stride: usize, track: bool) -> Self {
         Arena {
             stride,
             len: 0,
             keys: Vec::new(),
             gens: Vec::new(),
             rows: Vec::new(),
+            meta: Vec::new(),
+            track,
+        }
+    }
+
+    /// The metadata of row `r` (default when not tracked).
+    #[inline]
+    pub fn meta(&self, r: usize) -> Meta {
+        if !self.track {
+            return Meta::default();
+        }
+        let (k, o) = locate(r);
+        self.meta[k][o]
+    }
+
+    /// The metadata of row `r`, mutably.
+    ///
+    /// # Panics
+    /// If rows are not tracked or `r >= len`.
+    #[inline]
+    pub fn meta_mut(&mut self, r: usize) -> &mut Meta {
+        let (k, o) = locate(r);
+        &mut self.meta[k][o]
+    }
+
+    /// Records `n` touches of row `r` (nothing when not tracked).
+    #[inline]
+    pub fn touch(&mut self, r: usize, tick: u64, step: u64, n: u32) {
+        if self.track {
+            self.meta_mut(r).touch(tick, step, n);
         }
     }
 
@@ -49,7 +86,8 @@ impl Arena {
 
     /// Bytes of the keys and rows stored (what is resident).
     pub fn bytes(&self) -> usize {
-        self.len * (8 + 4 + 4 * self.stride)
+        let meta = if self.track { size_of::<Meta>() } else { 0 };
+        self.len * (8 + 4 + 4 * self.stride + meta)
     }
 
     /// The save generation in which row `r` last changed.
@@ -107,6 +145,12 @@ impl Arena {
             self.keys.push(Vec::with_capacity(cap));
             self.gens.push(Vec::with_capacity(cap));
             self.rows.push(Vec::with_capacity(cap * self.stride));
+            if self.track {
+                self.meta.push(Vec::with_capacity(cap));
+            }
+        }
+        if self.track {
+            self.meta[k].push(Meta::default());
         }
         self.keys[k].push(key);
         self.gens[k].push(generation);
@@ -133,6 +177,9 @@ impl Arena {
             let (rk, ro) = locate(r);
             self.keys[rk][ro] = key;
             self.gens[rk][ro] = self.gens[lk][lo];
+            if self.track {
+                self.meta[rk][ro] = self.meta[lk][lo];
+            }
             if lk == rk {
                 self.rows[rk].copy_within(lo * s..(lo + 1) * s, ro * s);
             } else {
@@ -146,6 +193,9 @@ impl Arena {
         let (lk, _) = locate(last);
         self.keys[lk].pop();
         self.gens[lk].pop();
+        if self.track {
+            self.meta[lk].pop();
+        }
         let new_len = self.rows[lk].len() - self.stride;
         self.rows[lk].truncate(new_len);
         if self.keys[lk].is_empty() && lk + 1 == self.keys.len() && lk > 0 {
@@ -153,6 +203,9 @@ impl Arena {
             self.keys.pop();
             self.gens.pop();
             self.rows.pop();
+            if self.track {
+                self.meta.pop();
+            }
         }
         self.len = last;
         moved
@@ -179,14 +232,16 @@ mod tests {
 
     #[test]
     fn push_and_swap_remove_keep_keys_and_rows_together() {
-        let mut a = Arena::new(3);
+        let mut a = Arena::new(3, true);
         for key in 0..500i64 {
-            a.push(key, 0, |row| row.fill(key as f32));
+            let r = a.push(key, 0, |row| row.fill(key as f32));
+            a.touch(r, key as u64, 0, 1);
         }
         // Remove row 10 (key 10): the last row (key 499) moves there.
         assert_eq!(a.swap_remove(10), Some(499));
         assert_eq!(a.key(10), 499);
         assert_eq!(a.row(10), &[499.0; 3]);
+        assert_eq!(a.meta(10).tick, 499, "metadata moves with its row");
         assert_eq!(a.len(), 499);
         // Remove the last row: nothing moves.
         assert_eq!(a.swap_remove(498), None);

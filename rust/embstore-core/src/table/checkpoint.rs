@@ -33,6 +33,7 @@ use crate::error::{Result, StoreError, ckpt_err};
 use crate::hash::mix64;
 use crate::init::Initializer;
 use crate::optim::Optimizer;
+use crate::policy::{Admission, Eviction, Policy, RowFormat};
 
 /// The format name in every manifest.
 pub const FORMAT: &str = "embstore-checkpoint";
@@ -111,9 +112,95 @@ pub struct Manifest {
     pub rows: u64,
     /// Full snapshot, then deltas.
     pub chain: Vec<Link>,
+    /// The memory policy, when the table has one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub policy: Option<PolicyConfig>,
+    /// The table's call clock (LRU recency of the rows' metadata).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub clock: u64,
     /// CRC-32C of the manifest's canonical JSON without this field.
     #[serde(default)]
     pub checksum: Option<u32>,
+}
+
+fn is_zero(v: &u64) -> bool {
+    *v == 0
+}
+
+/// A table's admission and eviction settings in a manifest. When present,
+/// the row files also hold a `meta` tensor (u32, 4 per row) when the policy
+/// keeps per-row metadata.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PolicyConfig {
+    /// The admission filter ("always", "count", "probability").
+    pub admission: NamedConfig,
+    /// Steps a row lives untouched.
+    pub ttl_steps: Option<u64>,
+    /// Most rows.
+    pub capacity: Option<u64>,
+    /// "lfu" or "lru".
+    pub eviction: String,
+}
+
+impl PolicyConfig {
+    /// The settings of `p` (its row format is the manifest's dtype).
+    fn of(p: &Policy) -> PolicyConfig {
+        let (name, params) = p.admission.to_named();
+        PolicyConfig {
+            admission: NamedConfig {
+                name: name.to_string(),
+                params: params.into_iter().collect(),
+            },
+            ttl_steps: p.ttl_steps,
+            capacity: p.capacity.map(|c| c as u64),
+            eviction: p.eviction.name().to_string(),
+        }
+    }
+
+    /// The policy these settings describe, with rows in `format`.
+    fn policy(&self, format: RowFormat) -> Result<Policy> {
+        let params: Vec<(String, f64)> = self
+            .admission
+            .params
+            .iter()
+            .map(|(k, v)| (k.clone(), *v))
+            .collect();
+        let p = Policy {
+            format,
+            admission: Admission::from_named(&self.admission.name, &params)?,
+            ttl_steps: self.ttl_steps,
+            capacity: self.capacity.map(|c| c as usize),
+            eviction: Eviction::from_name(&self.eviction)?,
+        };
+        p.validate()?;
+        Ok(p)
+    }
+}
+
+impl Manifest {
+    /// The row format named by `dtype`.
+    fn format(&self) -> Result<RowFormat> {
+        RowFormat::from_name(&self.dtype)
+    }
+
+    /// The policy of the table that saved, with its row format.
+    fn table_policy(&self) -> Result<Policy> {
+        let format = self.format()?;
+        match &self.policy {
+            None => Ok(Policy {
+                format,
+                ..Policy::default()
+            }),
+            Some(pc) => pc.policy(format),
+        }
+    }
+
+    /// Whether the row files hold a `meta` tensor.
+    fn has_meta(&self) -> bool {
+        self.policy
+            .as_ref()
+            .is_some_and(|p| p.ttl_steps.is_some() || p.capacity.is_some())
+    }
 }
 
 impl Manifest {
@@ -225,6 +312,8 @@ macro_rules! plain {
 }
 plain!(f32);
 plain!(i64);
+plain!(u16);
+plain!(u32);
 
 /// One tensor to write: name, dtype, shape, and its bytes in pieces.
 struct TensorOut<'a> {
@@ -276,6 +365,31 @@ struct Rows<'a> {
     keys: Cow<'a, [i64]>,
     rows: Cow<'a, [f32]>,
     state: Option<Cow<'a, [f32]>>,
+    /// Per-row policy metadata, 4 words a row ([`Meta::to_words`]).
+    meta: Option<Cow<'a, [u32]>>,
+}
+
+/// The safetensors dtype of rows stored in `fmt`.
+fn rows_dtype(fmt: RowFormat) -> Dtype {
+    match fmt {
+        RowFormat::F32 => Dtype::F32,
+        RowFormat::F16 => Dtype::F16,
+        RowFormat::BF16 => Dtype::BF16,
+    }
+}
+
+/// Rows stored in `fmt` as float32 (exact: every 16-bit value is a float32).
+fn rows_f32(fmt: RowFormat, b: &[u8]) -> Cow<'_, [f32]> {
+    let halves = || b.chunks_exact(2).map(|c| u16::from_le_bytes([c[0], c[1]]));
+    match fmt {
+        RowFormat::F32 => f32s(b),
+        RowFormat::F16 => Cow::Owned(halves().map(|h| half::f16::from_bits(h).to_f32()).collect()),
+        RowFormat::BF16 => Cow::Owned(
+            halves()
+                .map(|h| half::bf16::from_bits(h).to_f32())
+                .collect(),
+        ),
+    }
 }
 
 fn tensor<'d>(st: &SafeTensors<'d>, path: &Path, name: &str) -> Result<TensorView<'d>> {
@@ -335,6 +449,12 @@ impl FromLe for f32 {
     }
 }
 
+impl FromLe for u32 {
+    fn from_le(b: &[u8]) -> Self {
+        u32::from_le_bytes(b.try_into().expect("4-byte chunk"))
+    }
+}
+
 impl FromLe for i64 {
     fn from_le(b: &[u8]) -> Self {
         i64::from_le_bytes(b.try_into().expect("8-byte chunk"))
@@ -350,13 +470,13 @@ fn i64s(b: &[u8]) -> Cow<'_, [i64]> {
 }
 
 /// Byte buffers of one file being written: keys, rows, state.
-type WriteBufs = (Vec<u8>, Vec<u8>, Vec<u8>);
+type WriteBufs = (Vec<u8>, Vec<u8>, Vec<u8>, Vec<u8>);
 
 thread_local! {
     /// Write buffers per thread, kept between files (no fresh memory to
     /// fault in for every file).
     static WRITE_BUFS: std::cell::RefCell<WriteBufs> =
-        const { std::cell::RefCell::new((Vec::new(), Vec::new(), Vec::new())) };
+        const { std::cell::RefCell::new((Vec::new(), Vec::new(), Vec::new(), Vec::new())) };
     /// A read buffer per thread, kept between files so that loading does
     /// not fault in fresh memory for every file.
     static READ_BUF: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
@@ -428,10 +548,14 @@ fn check_rows(m: &Manifest, path: &Path, e: &FileEntry, buf: &[u8]) -> Result<()
     let st = SafeTensors::deserialize(buf)
         .map_err(|err| ckpt_err(path, format!("not a safetensors file: {err}")))?;
     let n = e.rows as usize;
+    let fmt = m.format().map_err(|err| ckpt_err(path, err.to_string()))?;
     expect_tensor(&st, path, "keys", Dtype::I64, &[n])?;
-    expect_tensor(&st, path, "rows", Dtype::F32, &[n, m.dim])?;
+    expect_tensor(&st, path, "rows", rows_dtype(fmt), &[n, m.dim])?;
     if m.with_optimizer && m.state_len > 0 {
         expect_tensor(&st, path, "state", Dtype::F32, &[n, m.state_len])?;
+    }
+    if m.has_meta() {
+        expect_tensor(&st, path, "meta", Dtype::U32, &[n, 4])?;
     }
     Ok(())
 }
@@ -441,8 +565,12 @@ fn parse_rows<'a>(m: &Manifest, path: &Path, e: &FileEntry, buf: &'a [u8]) -> Re
     let st = SafeTensors::deserialize(buf)
         .map_err(|err| ckpt_err(path, format!("not a safetensors file: {err}")))?;
     let n = e.rows as usize;
+    let fmt = m.format().map_err(|err| ckpt_err(path, err.to_string()))?;
     let keys = i64s(expect_tensor(&st, path, "keys", Dtype::I64, &[n])?);
-    let rows = f32s(expect_tensor(&st, path, "rows", Dtype::F32, &[n, m.dim])?);
+    let rows = rows_f32(
+        fmt,
+        expect_tensor(&st, path, "rows", rows_dtype(fmt), &[n, m.dim])?,
+    );
     let state = if m.with_optimizer && m.state_len > 0 {
         Some(f32s(expect_tensor(
             &st,
@@ -454,7 +582,23 @@ fn parse_rows<'a>(m: &Manifest, path: &Path, e: &FileEntry, buf: &'a [u8]) -> Re
     } else {
         None
     };
-    Ok(Rows { keys, rows, state })
+    let meta = if m.has_meta() {
+        Some(u32::view(expect_tensor(
+            &st,
+            path,
+            "meta",
+            Dtype::U32,
+            &[n, 4],
+        )?))
+    } else {
+        None
+    };
+    Ok(Rows {
+        keys,
+        rows,
+        state,
+        meta,
+    })
 }
 
 /// Parses and checks one removed-keys file.
@@ -534,11 +678,15 @@ fn check_manifest(m: &Manifest) -> std::result::Result<(), String> {
     if m.dim == 0 || m.dim > 1 << 20 {
         return Err(format!("dim {} out of range", m.dim));
     }
-    if m.dtype != "float32" {
+    if RowFormat::from_name(&m.dtype).is_err() {
         return Err(format!(
             "dtype {:?} is not supported by this build",
             m.dtype
         ));
+    }
+    if let Some(p) = &m.policy {
+        p.policy(RowFormat::F32)
+            .map_err(|e| format!("policy: {e}"))?;
     }
     let opt = m
         .optimizer
@@ -585,7 +733,7 @@ impl Table {
             version: VERSION,
             id: id.to_string(),
             dim: self.dim,
-            dtype: "float32".to_string(),
+            dtype: self.policy.format.name().to_string(),
             state_len: if with_state { self.state_len } else { 0 },
             state_names: if with_state {
                 self.optimizer
@@ -605,6 +753,13 @@ impl Table {
             with_optimizer,
             rows: 0,
             chain: Vec::new(),
+            policy: (self.policy
+                != Policy {
+                    format: self.policy.format,
+                    ..Policy::default()
+                })
+            .then(|| PolicyConfig::of(&self.policy)),
+            clock: self.clock(),
             checksum: None,
         }
     }
@@ -623,8 +778,10 @@ impl Table {
         progress: Option<&AtomicU64>,
     ) -> Result<Vec<FileEntry>> {
         let with_state = with_optimizer && self.state_len > 0;
-        let (dim, sl) = (self.dim, self.state_len);
-        let row_bytes = 8 + 4 * (dim + if with_state { sl } else { 0 });
+        let (dim, sl, ww) = (self.dim, self.state_len, self.weight_words());
+        let fmt = self.policy.format;
+        let with_meta = self.policy.tracks();
+        let row_bytes = 8 + 4 * (ww + if with_state { sl } else { 0 }) + 16;
         let per_file = (FILE_BYTES / row_bytes).max(1);
 
         // Each shard writes its rows (all, or those of this generation) in
@@ -641,18 +798,25 @@ impl Table {
                 let mut out = Vec::new();
                 WRITE_BUFS.with(|cell| -> Result<()> {
                     let bufs = &mut *cell.borrow_mut();
-                    let (kb, w, st) = (&mut bufs.0, &mut bufs.1, &mut bufs.2);
+                    let (kb, w, st, mb) = (&mut bufs.0, &mut bufs.1, &mut bufs.2, &mut bufs.3);
                     for (c, chunk) in rows.chunks(per_file).enumerate() {
                         let n = chunk.len();
                         kb.clear();
                         w.clear();
                         st.clear();
+                        mb.clear();
                         for &r in chunk {
                             i64::extend_le(&[g.arena.key(r)], kb);
                             let row = g.arena.row(r);
-                            f32::extend_le(&row[..dim], w);
+                            match fmt {
+                                RowFormat::F32 => f32::extend_le(&row[..dim], w),
+                                _ => u16::extend_le(&crate::policy::halves(&row[..ww])[..dim], w),
+                            }
                             if with_state {
-                                f32::extend_le(&row[dim..], st);
+                                f32::extend_le(&row[ww..], st);
+                            }
+                            if with_meta {
+                                u32::extend_le(&g.arena.meta(r).to_words(), mb);
                             }
                         }
                         let mut tensors = vec![
@@ -664,11 +828,19 @@ impl Table {
                             },
                             TensorOut {
                                 name: "rows",
-                                dtype: Dtype::F32,
+                                dtype: rows_dtype(fmt),
                                 shape: vec![n, dim],
                                 bytes: w,
                             },
                         ];
+                        if with_meta {
+                            tensors.push(TensorOut {
+                                name: "meta",
+                                dtype: Dtype::U32,
+                                shape: vec![n, 4],
+                                bytes: mb,
+                            });
+                        }
                         if with_state {
                             tensors.push(TensorOut {
                                 name: "state",
@@ -849,7 +1021,9 @@ impl Table {
         // From here the new checkpoint is the one at `dir`.
         self.generation.fetch_add(1, Ordering::AcqRel);
         for lock in self.shards.iter() {
-            super::write(lock).removed = Vec::new();
+            let mut g = super::write(lock);
+            g.removed = Vec::new();
+            g.track_removals = true;
         }
         *self
             .last_save
@@ -933,6 +1107,7 @@ impl Table {
         cfg.initializer = Initializer::from_named(&m.initializer.name, &m.initializer.params)?;
         cfg.seed = m.seed;
         cfg.num_shards = num_shards;
+        cfg.policy = m.table_policy()?;
         let table = Table::new(cfg)?;
         table.reserve(m.rows as usize);
         // Load pass: replay the chain; in each link the removals first, then
@@ -947,7 +1122,13 @@ impl Table {
                 with_file(dir, e, progress, |buf| {
                     let r = parse_rows(&m, &dir.join(&e.name), e, buf)?;
                     match keep {
-                        None => table.assign_in(&r.keys, &r.rows, r.state.as_deref(), 1),
+                        None => table.assign_in(
+                            &r.keys,
+                            &r.rows,
+                            r.state.as_deref(),
+                            r.meta.as_deref(),
+                            1,
+                        ),
                         Some(keep) => {
                             let (dim, sl) = (m.dim, m.state_len);
                             let pick: Vec<usize> =
@@ -962,7 +1143,12 @@ impl Table {
                                     .flat_map(|&i| st[i * sl..(i + 1) * sl].iter().copied())
                                     .collect()
                             });
-                            table.assign_in(&keys, &rows, state.as_deref(), 1);
+                            let meta: Option<Vec<u32>> = r.meta.as_ref().map(|mt| {
+                                pick.iter()
+                                    .flat_map(|&i| mt[i * 4..(i + 1) * 4].iter().copied())
+                                    .collect()
+                            });
+                            table.assign_in(&keys, &rows, state.as_deref(), meta.as_deref(), 1);
                         }
                     }
                     Ok(())
@@ -980,9 +1166,12 @@ impl Table {
             ));
         }
         table.set_step(m.step);
+        table.set_clock(m.clock);
         table.generation.store(2, Ordering::Release);
         for lock in table.shards.iter() {
-            super::write(lock).removed = Vec::new();
+            let mut g = super::write(lock);
+            g.removed = Vec::new();
+            g.track_removals = true;
         }
         let canonical = fs::canonicalize(dir).map_err(|e| io_err(dir, "cannot resolve", &e))?;
         *table

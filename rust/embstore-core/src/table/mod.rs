@@ -10,7 +10,7 @@
 mod arena;
 pub mod checkpoint;
 mod pooled;
-mod shard;
+pub(crate) mod shard;
 
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
@@ -22,6 +22,7 @@ use crate::error::{Result, StoreError, invalid};
 use crate::hash::{key_hash, shard_of};
 use crate::init::Initializer;
 use crate::optim::Optimizer;
+use crate::policy::{Admission, Counters, Meta, Policy, RowFormat, Sketch};
 use crate::simd::{Backend, prefetch};
 pub use pooled::{Bags, Combiner, pool_rows, spread_pooled};
 use shard::Shard;
@@ -44,6 +45,8 @@ pub struct TableConfig {
     pub num_shards: Option<usize>,
     /// SIMD backend; `None` reads `EMBSTORE_SIMD` or picks the best supported.
     pub backend: Option<Backend>,
+    /// Row format, admission and eviction.
+    pub policy: Policy,
 }
 
 impl TableConfig {
@@ -56,6 +59,7 @@ impl TableConfig {
             seed: 0,
             num_shards: None,
             backend: None,
+            policy: Policy::default(),
         }
     }
 }
@@ -153,6 +157,12 @@ pub struct Table {
     seed: u64,
     backend: Backend,
     step: AtomicU64,
+    policy: Policy,
+    /// Float words of a row's weights (`dim`, or half that for 16-bit rows).
+    wwords: usize,
+    /// The call clock: every call that touches rows advances it by one, and
+    /// the rows it touches record it (LRU recency).
+    tick: AtomicU64,
     shards: Box<[CachePadded<RwLock<Shard>>]>,
     /// Taken shared by every call that changes rows, on the calling thread,
     /// and exclusively by [`Table::export`] for a snapshot of one moment.
@@ -178,6 +188,11 @@ pub struct Stats {
     pub shard_rows: Vec<usize>,
     /// Optimizer steps taken.
     pub step: u64,
+    /// Event counts: lookups, hits, misses, inserts, admitted, rejected,
+    /// evicted (see [`Counters`]).
+    pub counters: [u64; 7],
+    /// Bytes of the admission sketch (included in `bytes`).
+    pub sketch_bytes: usize,
 }
 
 fn read(lock: &RwLock<Shard>) -> RwLockReadGuard<'_, Shard> {
@@ -246,6 +261,21 @@ impl Table {
             opt.validate()?;
         }
         cfg.initializer.validate()?;
+        cfg.policy.validate()?;
+        if cfg.optimizer.is_none() {
+            if cfg.policy.ttl_steps.is_some() {
+                return Err(invalid(
+                    "ttl_steps",
+                    "expected a table with an optimizer (a row's age is counted in optimizer steps)",
+                ));
+            }
+            if !cfg.policy.admission.is_always() {
+                return Err(invalid(
+                    "admission",
+                    "expected a table with an optimizer (admission counts gradient sightings)",
+                ));
+            }
+        }
         let backend = match cfg.backend {
             Some(b) if b.supported() => b,
             Some(b) => {
@@ -257,9 +287,20 @@ impl Table {
             None => Backend::from_env()?,
         };
         let state_len = cfg.optimizer.map_or(0, |o| o.state_len(cfg.dim));
-        let stride = cfg.dim + state_len;
+        let policy = cfg.policy;
+        let wwords = policy.format.words(cfg.dim);
+        let stride = wwords + state_len;
+        let track = policy.tracks();
         let shards = (0..num_shards)
-            .map(|_| CachePadded::new(RwLock::new(Shard::new(stride))))
+            .map(|_| {
+                let sketch = match policy.admission {
+                    Admission::Count { width, depth, .. } => {
+                        Some(Sketch::new(width.div_ceil(num_shards), depth))
+                    }
+                    _ => None,
+                };
+                CachePadded::new(RwLock::new(Shard::new(stride, track, sketch)))
+            })
             .collect();
         Ok(Table {
             dim: cfg.dim,
@@ -269,6 +310,9 @@ impl Table {
             seed: cfg.seed,
             backend,
             step: AtomicU64::new(0),
+            policy,
+            wwords,
+            tick: AtomicU64::new(0),
             shards,
             gate: RwLock::new(()),
             generation: AtomicU32::new(1),
@@ -312,6 +356,31 @@ impl Table {
     pub fn set_step(&self, step: u64) {
         self.step.store(step, Ordering::Release);
     }
+    /// The memory policy.
+    pub fn policy(&self) -> &Policy {
+        &self.policy
+    }
+    /// The call clock (see [`Meta::tick`]).
+    pub fn clock(&self) -> u64 {
+        self.tick.load(Ordering::Acquire)
+    }
+    /// Sets the call clock (used when restoring a table).
+    pub(crate) fn set_clock(&self, tick: u64) {
+        self.tick.store(tick, Ordering::Release);
+    }
+    /// Whether a lookup changes the table (inserts rows or records touches),
+    /// so that it must take the gate.
+    pub(crate) fn lookup_changes(&self, insert: bool) -> bool {
+        (insert && self.policy.admission.is_always()) || self.policy.tracks()
+    }
+    /// Advances the call clock; returns this call's tick.
+    fn next_tick(&self) -> u64 {
+        self.tick.fetch_add(1, Ordering::AcqRel) + 1
+    }
+    /// Float words of a row's weights.
+    pub(crate) fn weight_words(&self) -> usize {
+        self.wwords
+    }
 
     /// Rows held.
     pub fn len(&self) -> usize {
@@ -328,26 +397,76 @@ impl Table {
         let mut shard_rows = Vec::with_capacity(self.shards.len());
         let mut bytes = std::mem::size_of::<Self>()
             + self.shards.len() * std::mem::size_of::<CachePadded<RwLock<Shard>>>();
+        let mut counters = [0u64; 7];
+        let mut sketch_bytes = 0;
         for s in self.shards.iter() {
             let g = read(s);
             shard_rows.push(g.len());
             bytes += g.bytes();
+            sketch_bytes += g.sketch.as_ref().map_or(0, Sketch::bytes);
+            for (a, b) in counters.iter_mut().zip(g.counters.get()) {
+                *a += b;
+            }
         }
         Stats {
             rows: shard_rows.iter().sum(),
             bytes,
             shard_rows,
             step: self.step(),
+            counters,
+            sketch_bytes,
         }
     }
 
     /// Fills a new row (weights from the initializer, state from the optimizer).
     #[inline]
     fn fill_new(&self, key: i64, row: &mut [f32]) {
-        let (w, state) = row.split_at_mut(self.dim);
-        self.initializer.fill_with(self.backend, self.seed, key, w);
+        let (w, state) = row.split_at_mut(self.wwords);
+        if self.policy.format == RowFormat::F32 {
+            self.initializer.fill_with(self.backend, self.seed, key, w);
+        } else {
+            SCRATCH.with_borrow_mut(|tmp| {
+                tmp.resize(self.dim, 0.0);
+                self.initializer
+                    .fill_with(self.backend, self.seed, key, tmp);
+                self.policy.format.encode(tmp, w);
+            });
+        }
         if let Some(o) = &self.optimizer {
             o.init_state(state);
+        }
+    }
+
+    /// The row a missing key would get, as a lookup returns it (rounded to
+    /// the row format), into `dst` (`dim` floats).
+    #[inline]
+    fn fill_missing(&self, key: i64, dst: &mut [f32]) {
+        self.initializer
+            .fill_with(self.backend, self.seed, key, dst);
+        self.policy.format.round(dst);
+    }
+
+    /// Writes the weights of arena row `row` (all its words) to `dst`.
+    #[inline]
+    pub(crate) fn read_weights(&self, row: &[f32], dst: &mut [f32]) {
+        self.policy.format.decode(&row[..self.wwords], dst);
+    }
+
+    /// Stores `src` as the weights of arena row `row`.
+    #[inline]
+    pub(crate) fn write_weights(&self, row: &mut [f32], src: &[f32]) {
+        self.policy.format.encode(src, &mut row[..self.wwords]);
+    }
+
+    /// The weights of `row` as floats: the row itself for float32 rows,
+    /// else decoded into `tmp`.
+    #[inline]
+    pub(crate) fn weights<'a>(&self, row: &'a [f32], tmp: &'a mut [f32]) -> &'a [f32] {
+        if self.policy.format == RowFormat::F32 {
+            &row[..self.dim]
+        } else {
+            self.read_weights(row, tmp);
+            tmp
         }
     }
 
@@ -431,8 +550,9 @@ impl Table {
     }
 
     /// Writes the rows of `keys` into `out` (`keys.len() * dim` floats).
-    /// With `insert`, missing keys get a new row from the initializer;
-    /// without, `out` gets the initializer's row and nothing is stored.
+    /// With `insert` (and no admission filter), missing keys get a new row
+    /// from the initializer; otherwise `out` gets the initializer's row and
+    /// nothing is stored.
     ///
     /// # Errors
     /// `ShapeMismatch` when `out` has the wrong length.
@@ -442,25 +562,50 @@ impl Table {
         check_len("out", keys.len() * dim, out.len())?;
         let plan = self.plan(keys);
         let out = SharedOut::new(out, dim);
-        if insert {
+        let insert = insert && self.policy.admission.is_always();
+        let track = self.policy.tracks();
+        if insert || track {
             let _gate = self.enter();
             let save_gen = self.generation();
+            let (tick, step) = if track {
+                (self.next_tick(), self.step())
+            } else {
+                (0, 0)
+            };
             self.par_shards_mut(&plan, |g, pos| {
+                let len0 = g.len();
                 // Resolve every row first (independent probes overlap their
                 // cache misses), then copy with the rows ahead prefetched.
                 let rows: Vec<u32> = pos
                     .iter()
                     .map(|&i| {
                         let i = i as usize;
-                        let (r, _) = g.find_or_insert(keys[i], plan.hashes[i], save_gen, |row| {
-                            self.fill_new(keys[i], row)
-                        });
-                        r as u32
+                        if insert {
+                            let (r, _) =
+                                g.find_or_insert(keys[i], plan.hashes[i], save_gen, |row| {
+                                    self.fill_new(keys[i], row)
+                                });
+                            r as u32
+                        } else {
+                            g.find(keys[i], plan.hashes[i])
+                                .map_or(u32::MAX, |r| r as u32)
+                        }
                     })
                     .collect();
-                copy_rows(&g.arena, pos, &rows, dim, out);
+                if track {
+                    for &r in &rows {
+                        if r != u32::MAX {
+                            g.arena.touch(r as usize, tick, step, 1);
+                        }
+                    }
+                }
+                self.copy_rows(&g.arena, keys, pos, &rows, out);
+                self.count_lookups(g, pos.len(), &rows, len0);
                 0
             });
+            if insert {
+                self.enforce_capacity();
+            }
         } else {
             self.par_shards(&plan, |g, pos| {
                 let rows: Vec<u32> = pos
@@ -471,19 +616,51 @@ impl Table {
                             .map_or(u32::MAX, |r| r as u32)
                     })
                     .collect();
-                copy_rows(&g.arena, pos, &rows, dim, out);
-                for (&i, &r) in pos.iter().zip(&rows) {
-                    if r == u32::MAX {
-                        let i = i as usize;
-                        // SAFETY: position i belongs to this shard only (plan).
-                        let dst = unsafe { out.row(i, dim) };
-                        self.initializer
-                            .fill_with(self.backend, self.seed, keys[i], dst);
-                    }
-                }
+                self.copy_rows(&g.arena, keys, pos, &rows, out);
+                self.count_lookups(g, pos.len(), &rows, g.len());
             });
         }
         Ok(())
+    }
+
+    /// Counts a shard's part of a lookup: `rows` holds the row of each id
+    /// (`u32::MAX` for none); rows at or past `len0` were created by the call.
+    fn count_lookups(&self, g: &Shard, n: usize, rows: &[u32], len0: usize) {
+        let hits = rows.iter().filter(|&&r| (r as usize) < len0).count();
+        let c = &g.counters;
+        Counters::add(&c.lookups, n);
+        Counters::add(&c.hits, hits);
+        Counters::add(&c.misses, n - hits);
+        Counters::add(&c.inserts, g.len() - len0);
+    }
+
+    /// Copies the weights of arena row `rows[j]` to output row `pos[j]`,
+    /// prefetching the rows a few steps ahead; where `rows[j]` is
+    /// `u32::MAX`, writes the row key `keys[pos[j]]` would get.
+    fn copy_rows(
+        &self,
+        arena: &arena::Arena,
+        keys: &[i64],
+        pos: &[u32],
+        rows: &[u32],
+        out: SharedOut,
+    ) {
+        let (dim, ww) = (self.dim, self.wwords);
+        for j in 0..pos.len() {
+            if let Some(&ahead) = rows.get(j + PREFETCH_AHEAD)
+                && ahead != u32::MAX
+            {
+                prefetch(&arena.row(ahead as usize)[..ww]);
+            }
+            let i = pos[j] as usize;
+            // SAFETY: position i belongs to this shard only (plan).
+            let dst = unsafe { out.row(i, dim) };
+            if rows[j] != u32::MAX {
+                self.read_weights(arena.row(rows[j] as usize), dst);
+            } else {
+                self.fill_missing(keys[i], dst);
+            }
+        }
     }
 
     /// Whether each key has a row; `out` gets one bool per key.
@@ -539,34 +716,54 @@ impl Table {
             check_finite("state", st)?;
         }
         let _gate = self.enter();
-        self.assign_in(keys, values, state, save_gen);
+        self.assign_in(keys, values, state, None, save_gen);
+        self.enforce_capacity();
         Ok(())
     }
 
     /// [`Table::assign_with_state`] on checked input, with the gate held
-    /// (or the table not yet shared).
+    /// (or the table not yet shared). With `meta` (4 words per key, see
+    /// [`Meta::to_words`]) the rows get that metadata (a load); without,
+    /// each occurrence of a key counts as a touch.
     pub(crate) fn assign_in(
         &self,
         keys: &[i64],
         values: &[f32],
         state: Option<&[f32]>,
+        meta: Option<&[u32]>,
         save_gen: u32,
     ) {
-        let (dim, sl) = (self.dim, self.state_len);
+        let (dim, sl, ww) = (self.dim, self.state_len, self.wwords);
         let plan = self.plan(keys);
+        let track = self.policy.tracks();
+        let (tick, step) = if track && meta.is_none() {
+            (self.next_tick(), self.step())
+        } else {
+            (0, 0)
+        };
         self.par_shards_mut(&plan, |g, pos| {
+            let len0 = g.len();
             for &i in pos {
                 let i = i as usize;
                 let (r, _) = g.find_or_insert(keys[i], plan.hashes[i], save_gen, |_| {});
                 g.arena.set_generation(r, save_gen);
+                if track {
+                    match meta {
+                        Some(m) => *g.arena.meta_mut(r) = Meta::from_words(&m[i * 4..i * 4 + 4]),
+                        None => g.arena.touch(r, tick, step, 1),
+                    }
+                }
                 let row = g.arena.row_mut(r);
-                let (w, st) = row.split_at_mut(dim);
-                w.copy_from_slice(&values[i * dim..(i + 1) * dim]);
+                self.write_weights(row, &values[i * dim..(i + 1) * dim]);
+                let st = &mut row[ww..];
                 match (state, &self.optimizer) {
                     (Some(src), _) => st.copy_from_slice(&src[i * sl..(i + 1) * sl]),
                     (None, Some(o)) => o.init_state(st),
                     (None, None) => {}
                 }
+            }
+            if meta.is_none() {
+                Counters::add(&g.counters.inserts, g.len() - len0);
             }
             0
         });
@@ -615,6 +812,7 @@ impl Table {
         check_finite("grads", grads)?;
         let _gate = self.enter();
         self.apply_in(keys, |i| (&grads[i * dim..(i + 1) * dim], 1.0));
+        self.enforce_capacity();
         Ok(())
     }
 
@@ -630,9 +828,10 @@ impl Table {
 
     /// One optimizer step where position `i` of `keys` contributes
     /// `coef * grad` with `(grad, coef) = grad_of(i)`: contributions to one
-    /// key are summed in batch order, then the row takes one update.
-    /// The caller has checked the inputs and holds the gate; a table without
-    /// an optimizer does nothing.
+    /// key are summed in batch order, then the row takes one update. Keys
+    /// the admission filter refuses are dropped. The caller has checked the
+    /// inputs and holds the gate, and calls [`Table::enforce_capacity`]
+    /// afterwards; a table without an optimizer does nothing.
     pub(crate) fn apply_in<'g, G>(&self, keys: &[i64], grad_of: G)
     where
         G: Fn(usize) -> (&'g [f32], f32) + Sync,
@@ -640,26 +839,34 @@ impl Table {
         let Some(opt) = self.optimizer else {
             return;
         };
-        let dim = self.dim;
+        let (dim, ww) = (self.dim, self.wwords);
         let t = self.step.fetch_add(1, Ordering::AcqRel) + 1;
         let consts = opt.step_consts(t);
         let backend = self.backend;
         let save_gen = self.generation();
+        let track = self.policy.tracks();
+        let tick = if track { self.next_tick() } else { 0 };
+        let compact = self.policy.format != RowFormat::F32;
         let plan = self.plan(keys);
         self.par_shards_mut(&plan, |g, pos| {
+            let len0 = g.len();
             // (row << 32 | position), sorted: each row's positions in batch order.
-            let mut pairs: Vec<u64> = pos
-                .iter()
-                .map(|&i| {
-                    let iu = i as usize;
-                    let (r, _) = g.find_or_insert(keys[iu], plan.hashes[iu], save_gen, |row| {
-                        self.fill_new(keys[iu], row)
-                    });
-                    ((r as u64) << 32) | u64::from(i)
-                })
-                .collect();
+            let mut pairs: Vec<u64> = if self.policy.admission.is_always() {
+                pos.iter()
+                    .map(|&i| {
+                        let iu = i as usize;
+                        let (r, _) = g.find_or_insert(keys[iu], plan.hashes[iu], save_gen, |row| {
+                            self.fill_new(keys[iu], row)
+                        });
+                        ((r as u64) << 32) | u64::from(i)
+                    })
+                    .collect()
+            } else {
+                self.admit(g, keys, &plan.hashes, pos, t, save_gen)
+            };
             pairs.sort_unstable();
             let mut acc = vec![0.0f32; dim];
+            let mut wtmp = vec![0.0f32; if compact { dim } else { 0 }];
             let mut j = 0;
             // Gradient rows are random reads: keep loads in flight for the
             // pairs a little ahead of the one being summed.
@@ -691,12 +898,226 @@ impl Table {
                     &acc
                 };
                 g.arena.set_generation(r, save_gen);
-                let (w, state) = g.arena.row_mut(r).split_at_mut(dim);
-                consts.apply(backend, w, state, gsum);
+                if track {
+                    g.arena.touch(r, tick, t, (end - j) as u32);
+                }
+                let (w, state) = g.arena.row_mut(r).split_at_mut(ww);
+                if compact {
+                    self.policy.format.decode(w, &mut wtmp);
+                    consts.apply(backend, &mut wtmp, state, gsum);
+                    self.policy.format.encode(&wtmp, w);
+                } else {
+                    consts.apply(backend, w, state, gsum);
+                }
                 j = end;
             }
+            let created = g.len() - len0;
+            Counters::add(&g.counters.inserts, created);
+            Counters::add(&g.counters.admitted, created);
             0
         });
+    }
+
+    /// The (row << 32 | position) pairs of a shard's positions under an
+    /// admission filter: present keys keep theirs; each missing key is
+    /// counted once per occurrence and gets a row if the filter admits it,
+    /// else its positions are dropped (counted as one rejected key).
+    fn admit(
+        &self,
+        g: &mut Shard,
+        keys: &[i64],
+        hashes: &[u64],
+        pos: &[u32],
+        step: u64,
+        save_gen: u32,
+    ) -> Vec<u64> {
+        let mut pairs = Vec::with_capacity(pos.len());
+        let mut missing: Vec<(i64, u32)> = Vec::new();
+        for &i in pos {
+            let iu = i as usize;
+            match g.find(keys[iu], hashes[iu]) {
+                Some(r) => pairs.push(((r as u64) << 32) | u64::from(i)),
+                None => missing.push((keys[iu], i)),
+            }
+        }
+        missing.sort_unstable();
+        let mut rejected = 0;
+        let mut j = 0;
+        while j < missing.len() {
+            let key = missing[j].0;
+            let mut end = j + 1;
+            while end < missing.len() && missing[end].0 == key {
+                end += 1;
+            }
+            let n = (end - j) as u32;
+            let ok = match self.policy.admission {
+                Admission::Always => true,
+                Admission::Count { min_count, .. } => {
+                    let sketch = g.sketch.as_mut().expect("a count filter has a sketch");
+                    sketch.add(key, n) >= min_count
+                }
+                Admission::Probability { p } => Admission::draw_admits(p, self.seed, key, step),
+            };
+            if ok {
+                let first = missing[j].1 as usize;
+                let (r, _) =
+                    g.find_or_insert(key, hashes[first], save_gen, |row| self.fill_new(key, row));
+                pairs.extend(
+                    missing[j..end]
+                        .iter()
+                        .map(|&(_, i)| ((r as u64) << 32) | u64::from(i)),
+                );
+            } else {
+                rejected += 1;
+            }
+            j = end;
+        }
+        Counters::add(&g.counters.rejected, rejected);
+        pairs
+    }
+
+    /// The admission sketch's estimate for each key (0 without a count
+    /// filter), into `out`.
+    ///
+    /// # Errors
+    /// `ShapeMismatch` when `out` has the wrong length.
+    pub fn admission_counts(&self, keys: &[i64], out: &mut [u32]) -> Result<()> {
+        Self::check_batch(keys)?;
+        check_len("out", keys.len(), out.len())?;
+        for (o, &k) in out.iter_mut().zip(keys) {
+            let s = shard_of(key_hash(k), self.shards.len());
+            *o = read(&self.shards[s])
+                .sketch
+                .as_ref()
+                .map_or(0, |sk| sk.estimate(k));
+        }
+        Ok(())
+    }
+
+    /// After a call that inserted: evicts the lowest-scoring rows until at
+    /// most `capacity` remain. The caller holds the gate shared.
+    pub(crate) fn enforce_capacity(&self) {
+        let Some(cap) = self.policy.capacity else {
+            return;
+        };
+        let len = self.len();
+        if len > cap {
+            self.evict_lowest(len - cap, false);
+        }
+    }
+
+    /// Removes the `k` rows of lowest eviction score; returns their keys
+    /// and, with `with_rows`, their weights (in no particular order).
+    fn evict_lowest(&self, k: usize, with_rows: bool) -> (Vec<i64>, Vec<f32>) {
+        let ev = self.policy.eviction;
+        let smallest = |v: &mut Vec<(u64, u64, i64)>| {
+            if v.len() > k {
+                v.select_nth_unstable(k);
+                v.truncate(k);
+            }
+        };
+        let mut cands: Vec<(u64, u64, i64)> = self
+            .shards
+            .par_iter()
+            .flat_map_iter(|lock| {
+                let g = read(lock);
+                let mut v: Vec<_> = (0..g.len())
+                    .map(|r| ev.score(&g.arena.meta(r), g.arena.key(r)))
+                    .collect();
+                smallest(&mut v);
+                v
+            })
+            .collect();
+        smallest(&mut cands);
+        let keys: Vec<i64> = cands.iter().map(|c| c.2).collect();
+        self.remove_evicted(&keys, with_rows)
+    }
+
+    /// Removes `keys` as evictions (counted), returning those that were
+    /// present and, with `with_rows`, their weights.
+    fn remove_evicted(&self, keys: &[i64], with_rows: bool) -> (Vec<i64>, Vec<f32>) {
+        let dim = self.dim;
+        let plan = self.plan(keys);
+        let mut rows = vec![0.0f32; if with_rows { keys.len() * dim } else { 0 }];
+        let mut found = vec![false; keys.len()];
+        let out = SharedOut::new(&mut rows, dim);
+        let flags = SharedBools(found.as_mut_ptr());
+        self.par_shards_mut(&plan, |g, pos| {
+            let flags = &flags;
+            let mut n = 0;
+            for &i in pos {
+                let i = i as usize;
+                if let Some(r) = g.find(keys[i], plan.hashes[i]) {
+                    if with_rows {
+                        // SAFETY: position i belongs to this shard only (plan).
+                        self.read_weights(g.arena.row(r), unsafe { out.row(i, dim) });
+                    }
+                    g.remove(keys[i], plan.hashes[i]);
+                    // SAFETY: i < found.len(); position i is this shard's only.
+                    unsafe { *flags.0.add(i) = true };
+                    n += 1;
+                }
+            }
+            Counters::add(&g.counters.evicted, n);
+            n
+        });
+        let mut kept_keys = Vec::new();
+        let mut kept_rows = Vec::new();
+        for (i, &f) in found.iter().enumerate() {
+            if f {
+                kept_keys.push(keys[i]);
+                if with_rows {
+                    kept_rows.extend_from_slice(&rows[i * dim..(i + 1) * dim]);
+                }
+            }
+        }
+        (kept_keys, kept_rows)
+    }
+
+    /// Runs the eviction policy now: removes the rows not touched for
+    /// `ttl_steps` optimizer steps, then, above `capacity`, the
+    /// lowest-scoring rows. Returns the evicted keys ascending and, with
+    /// `with_rows`, their weights (`n * dim`) for archiving.
+    pub fn evict(&self, with_rows: bool) -> (Vec<i64>, Vec<f32>) {
+        let _gate = self.enter();
+        let mut keys = Vec::new();
+        let mut rows = Vec::new();
+        if let Some(ttl) = self.policy.ttl_steps {
+            let now = self.step();
+            let expired: Vec<i64> = self
+                .shards
+                .par_iter()
+                .flat_map_iter(|lock| {
+                    let g = read(lock);
+                    (0..g.len())
+                        .filter(|&r| g.arena.meta(r).age(now) >= ttl)
+                        .map(|r| g.arena.key(r))
+                        .collect::<Vec<_>>()
+                })
+                .collect();
+            (keys, rows) = self.remove_evicted(&expired, with_rows);
+        }
+        if let Some(cap) = self.policy.capacity {
+            let len = self.len();
+            if len > cap {
+                let (k2, r2) = self.evict_lowest(len - cap, with_rows);
+                keys.extend(k2);
+                rows.extend(r2);
+            }
+        }
+        let dim = self.dim;
+        let mut order: Vec<usize> = (0..keys.len()).collect();
+        order.sort_unstable_by_key(|&i| keys[i]);
+        let sorted_keys = order.iter().map(|&i| keys[i]).collect();
+        let sorted_rows = if with_rows {
+            order
+                .iter()
+                .flat_map(|&i| rows[i * dim..(i + 1) * dim].iter().copied())
+                .collect()
+        } else {
+            Vec::new()
+        };
+        (sorted_keys, sorted_rows)
     }
 
     /// Every row: keys ascending, their weights (`n * dim`), and with
@@ -721,17 +1142,18 @@ impl Table {
         let keys: Vec<i64> = refs.iter().map(|r| r.0).collect();
         let mut rows = vec![0.0f32; n * dim];
         let mut state = vec![0.0f32; if with_state { n * sl } else { 0 }];
+        let ww = self.wwords;
         rows.par_chunks_mut(dim)
             .zip(refs.par_iter())
             .for_each(|(dst, &(_, s, r))| {
-                dst.copy_from_slice(&guards[s as usize].arena.row(r as usize)[..dim]);
+                self.read_weights(guards[s as usize].arena.row(r as usize), dst);
             });
         if with_state && sl > 0 {
             state
                 .par_chunks_mut(sl)
                 .zip(refs.par_iter())
                 .for_each(|(dst, &(_, s, r))| {
-                    dst.copy_from_slice(&guards[s as usize].arena.row(r as usize)[dim..]);
+                    dst.copy_from_slice(&guards[s as usize].arena.row(r as usize)[ww..]);
                 });
         }
         (keys, rows, state)
@@ -741,21 +1163,9 @@ impl Table {
 /// How many rows ahead [`copy_rows`] prefetches.
 pub(crate) const PREFETCH_AHEAD: usize = 8;
 
-/// Copies the first `dim` floats of arena row `rows[j]` to output row
-/// `pos[j]` (skipping `u32::MAX`), prefetching the rows a few steps ahead.
-fn copy_rows(arena: &arena::Arena, pos: &[u32], rows: &[u32], dim: usize, out: SharedOut) {
-    for j in 0..pos.len() {
-        if let Some(&ahead) = rows.get(j + PREFETCH_AHEAD)
-            && ahead != u32::MAX
-        {
-            prefetch(&arena.row(ahead as usize)[..dim]);
-        }
-        if rows[j] != u32::MAX {
-            // SAFETY: position pos[j] belongs to this shard only (plan).
-            let dst = unsafe { out.row(pos[j] as usize, dim) };
-            dst.copy_from_slice(&arena.row(rows[j] as usize)[..dim]);
-        }
-    }
+thread_local! {
+    /// A row of floats for encoding new compact rows.
+    static SCRATCH: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
 /// Like [`SharedOut`], for bools.

@@ -156,8 +156,11 @@ impl Table {
     pub fn lookup_pooled(&self, bags: &Bags<'_>, insert: bool, out: &mut [f32]) -> Result<()> {
         bags.validate()?;
         check_len("out", bags.batch() * self.dim, out.len())?;
-        let _gate = insert.then(|| self.enter());
+        let _gate = self.lookup_changes(insert).then(|| self.enter());
         self.lookup_pooled_in(bags, insert, SharedOut::new(out, self.dim));
+        if insert {
+            self.enforce_capacity();
+        }
         Ok(())
     }
 
@@ -199,41 +202,74 @@ impl Table {
         };
         let plan = self.plan(ids);
         let save_gen = self.generation();
-        if insert {
+        let insert = insert && self.policy.admission.is_always();
+        let track = self.policy.tracks();
+        // Emits the ids of one shard whose rows are `rows` (`u32::MAX`: none).
+        let emit_all = |g: &super::shard::Shard, pos: &[u32], rows: &[u32]| {
+            let mut tmp = vec![0.0f32; dim];
+            for (j, (&i, &r)) in pos.iter().zip(rows).enumerate() {
+                if let Some(&ahead) = rows.get(j + PREFETCH_AHEAD)
+                    && ahead != u32::MAX
+                {
+                    prefetch(&g.arena.row(ahead as usize)[..self.wwords]);
+                }
+                let i = i as usize;
+                if r == u32::MAX {
+                    self.fill_missing(ids[i], &mut tmp);
+                    emit(i, &tmp);
+                } else {
+                    emit(i, self.weights(g.arena.row(r as usize), &mut tmp));
+                }
+            }
+        };
+        if insert || track {
+            let (tick, step) = if track {
+                (self.next_tick(), self.step())
+            } else {
+                (0, 0)
+            };
             self.par_shards_mut(&plan, |g, pos| {
+                let len0 = g.len();
                 // Resolve the rows first, then emit with rows prefetched ahead.
                 let rows: Vec<u32> = pos
                     .iter()
                     .map(|&i| {
                         let i = i as usize;
-                        let (r, _) = g.find_or_insert(ids[i], plan.hashes[i], save_gen, |row| {
-                            self.fill_new(ids[i], row)
-                        });
-                        r as u32
+                        if insert {
+                            let (r, _) =
+                                g.find_or_insert(ids[i], plan.hashes[i], save_gen, |row| {
+                                    self.fill_new(ids[i], row)
+                                });
+                            r as u32
+                        } else {
+                            g.find(ids[i], plan.hashes[i])
+                                .map_or(u32::MAX, |r| r as u32)
+                        }
                     })
                     .collect();
-                for (j, (&i, &r)) in pos.iter().zip(&rows).enumerate() {
-                    if let Some(&ahead) = rows.get(j + PREFETCH_AHEAD) {
-                        prefetch(&g.arena.row(ahead as usize)[..dim]);
+                if track {
+                    for &r in &rows {
+                        if r != u32::MAX {
+                            g.arena.touch(r as usize, tick, step, 1);
+                        }
                     }
-                    emit(i as usize, &g.arena.row(r as usize)[..dim]);
                 }
+                emit_all(g, pos, &rows);
+                self.count_lookups(g, pos.len(), &rows, len0);
                 0
             });
         } else {
             self.par_shards(&plan, |g, pos| {
-                let mut tmp = vec![0.0f32; dim];
-                for &i in pos {
-                    let i = i as usize;
-                    match g.find(ids[i], plan.hashes[i]) {
-                        Some(r) => emit(i, &g.arena.row(r)[..dim]),
-                        None => {
-                            self.initializer
-                                .fill_with(self.backend, self.seed, ids[i], &mut tmp);
-                            emit(i, &tmp);
-                        }
-                    }
-                }
+                let rows: Vec<u32> = pos
+                    .iter()
+                    .map(|&i| {
+                        let i = i as usize;
+                        g.find(ids[i], plan.hashes[i])
+                            .map_or(u32::MAX, |r| r as u32)
+                    })
+                    .collect();
+                emit_all(g, pos, &rows);
+                self.count_lookups(g, pos.len(), &rows, g.len());
             });
         }
         let gbuf = &gbuf;
@@ -276,6 +312,7 @@ impl Table {
             let b = bag_of[i] as usize;
             (&grads[b * dim..(b + 1) * dim], coef[i])
         });
+        self.enforce_capacity();
         Ok(())
     }
 }

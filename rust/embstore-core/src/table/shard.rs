@@ -3,6 +3,7 @@
 use hashbrown::HashTable;
 
 use super::arena::Arena;
+use crate::policy::{Counters, Sketch};
 
 /// An index entry: the row number in the high 32 bits, the low 32 bits of
 /// the key's hash in the low 32 bits. Keeping the hash in the entry lets the
@@ -38,17 +39,29 @@ pub struct Shard {
     index: HashTable<Entry>,
     /// Keys removed since the last save (for incremental checkpoints).
     pub removed: Vec<i64>,
+    /// Whether removals are recorded in `removed`: only once the table has
+    /// been saved or loaded (before that, no incremental save can follow, so
+    /// an eviction-heavy table never saved keeps no list).
+    pub track_removals: bool,
     /// Keys and rows.
     pub arena: Arena,
+    /// This shard's part of the admission sketch, if any.
+    pub sketch: Option<Sketch>,
+    /// What happened to this shard's rows.
+    pub counters: Counters,
 }
 
 impl Shard {
-    /// An empty shard of rows of `stride` floats.
-    pub fn new(stride: usize) -> Self {
+    /// An empty shard of rows of `stride` floats, with per-row metadata
+    /// when `track`, and an admission sketch if given.
+    pub fn new(stride: usize, track: bool, sketch: Option<Sketch>) -> Self {
         Shard {
             index: HashTable::new(),
             removed: Vec::new(),
-            arena: Arena::new(stride),
+            track_removals: false,
+            arena: Arena::new(stride, track),
+            sketch,
+            counters: Counters::default(),
         }
     }
 
@@ -60,7 +73,10 @@ impl Shard {
 
     /// Bytes held: rows, keys and the index's allocation.
     pub fn bytes(&self) -> usize {
-        self.arena.bytes() + self.index.allocation_size() + self.removed.capacity() * 8
+        self.arena.bytes()
+            + self.index.allocation_size()
+            + self.removed.capacity() * 8
+            + self.sketch.as_ref().map_or(0, Sketch::bytes)
     }
 
     /// Makes room in the index for `additional` more keys.
@@ -117,7 +133,9 @@ impl Shard {
         };
         let (e, _) = found.remove();
         let r = entry_row(e);
-        self.removed.push(key);
+        if self.track_removals {
+            self.removed.push(key);
+        }
         let last = self.arena.len() - 1;
         if let Some(moved) = self.arena.swap_remove(r) {
             let mh = crate::hash::key_hash(moved) as u32;

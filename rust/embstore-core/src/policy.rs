@@ -1,0 +1,544 @@
+//! Memory policies: compact row formats, admission of new keys, eviction by
+//! age (TTL) or capacity (LFU/LRU), the per-row metadata they score rows by,
+//! and the counters `stats()` reports.
+//!
+//! None of it costs anything when it is not configured: a table without a
+//! TTL or a capacity keeps no per-row metadata, a table without an admission
+//! filter keeps no sketch, and the per-key loops test one flag per call.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use half::slice::HalfFloatSliceExt;
+use half::{bf16, f16};
+
+use crate::error::{Result, invalid};
+use crate::hash::{draw, mix64};
+
+/// How a row's `dim` weights are stored. Optimizer state is always float32;
+/// optimizer math is done in float32 and rounded to the row format (round to
+/// nearest even) when the row is written back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum RowFormat {
+    /// 32-bit floats.
+    #[default]
+    F32,
+    /// IEEE half precision (1 sign, 5 exponent, 10 mantissa bits).
+    F16,
+    /// bfloat16 (the top 16 bits of a float32).
+    BF16,
+}
+
+/// Reinterprets float words as the 16-bit values packed in them.
+pub(crate) fn halves(words: &[f32]) -> &[u16] {
+    // SAFETY: every bit pattern is a valid u16, and f32's alignment (4) is a
+    // multiple of u16's (2), so the prefix and suffix are empty.
+    let (pre, mid, post) = unsafe { words.align_to::<u16>() };
+    debug_assert!(pre.is_empty() && post.is_empty());
+    mid
+}
+
+/// Mutable [`halves`].
+fn halves_mut(words: &mut [f32]) -> &mut [u16] {
+    // SAFETY: as in `halves`; any u16 written leaves each f32 word a valid
+    // (if meaningless) f32 bit pattern, and these words are only read back
+    // as 16-bit values.
+    let (pre, mid, post) = unsafe { words.align_to_mut::<u16>() };
+    debug_assert!(pre.is_empty() && post.is_empty());
+    mid
+}
+
+impl RowFormat {
+    /// The format named `name` ("float32", "float16", "bfloat16").
+    ///
+    /// # Errors
+    /// `InvalidArgument` naming `dtype` for any other name.
+    pub fn from_name(name: &str) -> Result<RowFormat> {
+        match name {
+            "float32" => Ok(RowFormat::F32),
+            "float16" => Ok(RowFormat::F16),
+            "bfloat16" => Ok(RowFormat::BF16),
+            other => Err(invalid(
+                "dtype",
+                format!("expected \"float32\", \"float16\" or \"bfloat16\", got {other:?}"),
+            )),
+        }
+    }
+
+    /// The format's name, as [`RowFormat::from_name`] takes it.
+    pub fn name(self) -> &'static str {
+        match self {
+            RowFormat::F32 => "float32",
+            RowFormat::F16 => "float16",
+            RowFormat::BF16 => "bfloat16",
+        }
+    }
+
+    /// Float words that hold `dim` weights.
+    pub fn words(self, dim: usize) -> usize {
+        match self {
+            RowFormat::F32 => dim,
+            RowFormat::F16 | RowFormat::BF16 => dim.div_ceil(2),
+        }
+    }
+
+    /// Bytes of `dim` weights.
+    pub fn bytes(self, dim: usize) -> usize {
+        4 * self.words(dim)
+    }
+
+    /// Writes the weights stored in `words` to `out` (`dim` floats).
+    #[inline]
+    pub fn decode(self, words: &[f32], out: &mut [f32]) {
+        let dim = out.len();
+        match self {
+            RowFormat::F32 => out.copy_from_slice(&words[..dim]),
+            RowFormat::F16 => {
+                let h: &[f16] =
+                    half::slice::HalfBitsSliceExt::reinterpret_cast(&halves(words)[..dim]);
+                h.convert_to_f32_slice(out);
+            }
+            RowFormat::BF16 => {
+                let h: &[bf16] =
+                    half::slice::HalfBitsSliceExt::reinterpret_cast(&halves(words)[..dim]);
+                h.convert_to_f32_slice(out);
+            }
+        }
+    }
+
+    /// Stores `src` (`dim` floats) into `words`, rounding to nearest even.
+    #[inline]
+    pub fn encode(self, src: &[f32], words: &mut [f32]) {
+        let dim = src.len();
+        match self {
+            RowFormat::F32 => words[..dim].copy_from_slice(src),
+            RowFormat::F16 => {
+                let h: &mut [f16] = half::slice::HalfBitsSliceExt::reinterpret_cast_mut(
+                    &mut halves_mut(words)[..dim],
+                );
+                h.convert_from_f32_slice(src);
+            }
+            RowFormat::BF16 => {
+                let h: &mut [bf16] = half::slice::HalfBitsSliceExt::reinterpret_cast_mut(
+                    &mut halves_mut(words)[..dim],
+                );
+                h.convert_from_f32_slice(src);
+            }
+        }
+    }
+
+    /// Rounds `x` in place to what this format stores.
+    #[inline]
+    pub fn round(self, x: &mut [f32]) {
+        match self {
+            RowFormat::F32 => {}
+            RowFormat::F16 => x.iter_mut().for_each(|v| *v = f16::from_f32(*v).to_f32()),
+            RowFormat::BF16 => x.iter_mut().for_each(|v| *v = bf16::from_f32(*v).to_f32()),
+        }
+    }
+}
+
+/// Which keys get a row when a gradient first reaches them.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub enum Admission {
+    /// Every key.
+    #[default]
+    Always,
+    /// A key once its gradients have reached it `min_count` times, counted
+    /// in a count-min sketch of `depth` rows of `width` 8-bit counters
+    /// (conservative update). The sketch never under-counts, so a key is
+    /// never admitted late; it may over-count and admit early. With
+    /// probability at least `1 - exp(-depth)` a key's count is over by at
+    /// most `e * n / width`, where `n` is the number of sightings of
+    /// unadmitted keys in its shard's part of the sketch and the sketch's
+    /// columns are split evenly over the shards.
+    Count {
+        /// Sightings needed (1..=255).
+        min_count: u32,
+        /// Counters per sketch row, over all shards.
+        width: usize,
+        /// Sketch rows (independent hashes).
+        depth: usize,
+    },
+    /// Each sighting of an unadmitted key admits it with probability `p`,
+    /// decided by a hash of (seed, key, step): the same on every rank and
+    /// in every run.
+    Probability {
+        /// Probability per sighting, in (0, 1].
+        p: f64,
+    },
+}
+
+fn param(params: &[(String, f64)], name: &str) -> Result<f64> {
+    params
+        .iter()
+        .find(|(n, _)| n == name)
+        .map(|&(_, v)| v)
+        .ok_or_else(|| invalid("admission", format!("missing parameter {name:?}")))
+}
+
+fn whole(arg: &'static str, v: f64, lo: f64, hi: f64) -> Result<f64> {
+    if v.fract() == 0.0 && (lo..=hi).contains(&v) {
+        Ok(v)
+    } else {
+        Err(invalid(
+            arg,
+            format!("expected an integer in [{lo}, {hi}], got {v}"),
+        ))
+    }
+}
+
+impl Admission {
+    /// The filter named `name` with `params` (as the Python classes and the
+    /// checkpoint manifest name them).
+    ///
+    /// # Errors
+    /// `InvalidArgument` for an unknown name or bad parameters.
+    pub fn from_named(name: &str, params: &[(String, f64)]) -> Result<Admission> {
+        let a = match name {
+            "always" => Admission::Always,
+            "count" => Admission::Count {
+                min_count: whole("min_count", param(params, "min_count")?, 1.0, 255.0)? as u32,
+                width: whole("width", param(params, "width")?, 1.0, (1u64 << 40) as f64)? as usize,
+                depth: whole("depth", param(params, "depth")?, 1.0, 16.0)? as usize,
+            },
+            "probability" => {
+                let p = param(params, "p")?;
+                if !(p > 0.0 && p <= 1.0) {
+                    return Err(invalid("p", format!("expected 0 < p <= 1, got {p}")));
+                }
+                Admission::Probability { p }
+            }
+            other => {
+                return Err(invalid(
+                    "admission",
+                    format!("expected \"count\" or \"probability\", got {other:?}"),
+                ));
+            }
+        };
+        Ok(a)
+    }
+
+    /// Name and parameters, as [`Admission::from_named`] takes them.
+    pub fn to_named(&self) -> (&'static str, Vec<(String, f64)>) {
+        match *self {
+            Admission::Always => ("always", Vec::new()),
+            Admission::Count {
+                min_count,
+                width,
+                depth,
+            } => (
+                "count",
+                vec![
+                    ("min_count".into(), f64::from(min_count)),
+                    ("width".into(), width as f64),
+                    ("depth".into(), depth as f64),
+                ],
+            ),
+            Admission::Probability { p } => ("probability", vec![("p".into(), p)]),
+        }
+    }
+
+    /// Whether every key is admitted.
+    pub fn is_always(&self) -> bool {
+        matches!(self, Admission::Always)
+    }
+
+    /// Whether a sighting at optimizer step `step` admits `key` under
+    /// [`Admission::Probability`].
+    pub fn draw_admits(p: f64, seed: u64, key: i64, step: u64) -> bool {
+        let stream = mix64(mix64(seed ^ 0x3C6E_F372_FE94_F82B) ^ (key as u64));
+        let u = (draw(stream, step) >> 11) as f64 * (1.0 / (1u64 << 53) as f64);
+        u < p
+    }
+}
+
+/// Which rows capacity eviction removes first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Eviction {
+    /// Least frequently used: fewest accesses, then least recent, then
+    /// smallest key.
+    #[default]
+    Lfu,
+    /// Least recently used: least recent, then fewest accesses, then
+    /// smallest key.
+    Lru,
+}
+
+impl Eviction {
+    /// "lfu" or "lru".
+    ///
+    /// # Errors
+    /// `InvalidArgument` naming `eviction` otherwise.
+    pub fn from_name(name: &str) -> Result<Eviction> {
+        match name {
+            "lfu" => Ok(Eviction::Lfu),
+            "lru" => Ok(Eviction::Lru),
+            other => Err(invalid(
+                "eviction",
+                format!("expected \"lfu\" or \"lru\", got {other:?}"),
+            )),
+        }
+    }
+
+    /// The policy's name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Eviction::Lfu => "lfu",
+            Eviction::Lru => "lru",
+        }
+    }
+
+    /// A sort key: smaller is evicted first.
+    #[inline]
+    pub fn score(self, m: &Meta, key: i64) -> (u64, u64, i64) {
+        match self {
+            Eviction::Lfu => (u64::from(m.count), m.tick, key),
+            Eviction::Lru => (m.tick, u64::from(m.count), key),
+        }
+    }
+}
+
+/// A table's memory policy.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct Policy {
+    /// Row storage.
+    pub format: RowFormat,
+    /// Which keys get rows from gradients.
+    pub admission: Admission,
+    /// `evict()` removes rows not touched for this many optimizer steps.
+    pub ttl_steps: Option<u64>,
+    /// After a call that inserts, rows beyond this many are evicted.
+    pub capacity: Option<usize>,
+    /// Which rows capacity eviction removes first.
+    pub eviction: Eviction,
+}
+
+impl Policy {
+    /// Whether rows carry [`Meta`].
+    pub fn tracks(&self) -> bool {
+        self.ttl_steps.is_some() || self.capacity.is_some()
+    }
+
+    /// Checks the numbers.
+    ///
+    /// # Errors
+    /// `InvalidArgument` naming `ttl_steps` or `capacity`.
+    pub fn validate(&self) -> Result<()> {
+        if let Some(t) = self.ttl_steps
+            && !(1..=(1u64 << 31)).contains(&t)
+        {
+            return Err(invalid(
+                "ttl_steps",
+                format!("expected 1 <= ttl_steps <= 2^31, got {t}"),
+            ));
+        }
+        if self.capacity == Some(0) {
+            return Err(invalid("capacity", "expected capacity >= 1, got 0"));
+        }
+        Ok(())
+    }
+}
+
+/// Per-row metadata: what eviction scores a row by. A row is touched by
+/// every occurrence of its key in a lookup, assign or gradient call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[repr(C)]
+pub struct Meta {
+    /// The table's call clock at the row's last touch.
+    pub tick: u64,
+    /// The optimizer step at the last touch (mod 2^32).
+    pub step: u32,
+    /// Touches so far (saturating).
+    pub count: u32,
+}
+
+impl Meta {
+    /// Records `n` touches in call `tick` at optimizer step `step`.
+    #[inline]
+    pub fn touch(&mut self, tick: u64, step: u64, n: u32) {
+        self.tick = tick;
+        self.step = step as u32;
+        self.count = self.count.saturating_add(n);
+    }
+
+    /// Steps since the last touch, as of step `now`.
+    #[inline]
+    pub fn age(&self, now: u64) -> u64 {
+        u64::from((now as u32).wrapping_sub(self.step))
+    }
+
+    /// As four u32 words (tick low, tick high, step, count), for checkpoints.
+    pub fn to_words(self) -> [u32; 4] {
+        [
+            self.tick as u32,
+            (self.tick >> 32) as u32,
+            self.step,
+            self.count,
+        ]
+    }
+
+    /// The inverse of [`Meta::to_words`].
+    pub fn from_words(w: &[u32]) -> Meta {
+        Meta {
+            tick: u64::from(w[0]) | (u64::from(w[1]) << 32),
+            step: w[2],
+            count: w[3],
+        }
+    }
+}
+
+/// One shard's part of a count-min sketch of 8-bit saturating counters.
+#[derive(Debug)]
+pub struct Sketch {
+    width: usize,
+    depth: usize,
+    cells: Vec<u8>,
+}
+
+impl Sketch {
+    /// `depth` rows of `width` zeroed counters (pages are mapped on first
+    /// write, so an unused sketch costs no resident memory).
+    pub fn new(width: usize, depth: usize) -> Sketch {
+        Sketch {
+            width: width.max(1),
+            depth,
+            cells: vec![0; width.max(1) * depth],
+        }
+    }
+
+    /// Bytes of counters.
+    pub fn bytes(&self) -> usize {
+        self.cells.len()
+    }
+
+    #[inline]
+    fn cell(&self, key: i64, d: usize) -> usize {
+        let h = mix64((key as u64) ^ (d as u64 + 1).wrapping_mul(0xD1B5_4A32_D192_ED03));
+        d * self.width + ((u128::from(h) * self.width as u128) >> 64) as usize
+    }
+
+    /// The estimated count of `key`.
+    pub fn estimate(&self, key: i64) -> u32 {
+        (0..self.depth)
+            .map(|d| u32::from(self.cells[self.cell(key, d)]))
+            .min()
+            .unwrap_or(0)
+    }
+
+    /// Adds `n` sightings of `key` (conservative update: only counters below
+    /// the new estimate rise to it) and returns the new estimate.
+    pub fn add(&mut self, key: i64, n: u32) -> u32 {
+        let new = (self.estimate(key) + n).min(255);
+        for d in 0..self.depth {
+            let c = self.cell(key, d);
+            if u32::from(self.cells[c]) < new {
+                self.cells[c] = new as u8;
+            }
+        }
+        new
+    }
+}
+
+/// What happened to a shard's rows, counted once per call per shard.
+#[derive(Debug, Default)]
+pub struct Counters {
+    /// Ids looked up (lookup, lookup_pooled).
+    pub lookups: AtomicU64,
+    /// Looked-up ids whose key had a row before the call.
+    pub hits: AtomicU64,
+    /// Looked-up ids whose key had none.
+    pub misses: AtomicU64,
+    /// Rows created (by any call).
+    pub inserts: AtomicU64,
+    /// Keys given a row by a gradient call.
+    pub admitted: AtomicU64,
+    /// Keys whose gradients were dropped by the admission filter (per call).
+    pub rejected: AtomicU64,
+    /// Rows removed by TTL or capacity eviction.
+    pub evicted: AtomicU64,
+}
+
+impl Counters {
+    /// Adds `n` to `c`.
+    #[inline]
+    pub fn add(c: &AtomicU64, n: usize) {
+        if n > 0 {
+            c.fetch_add(n as u64, Ordering::Relaxed);
+        }
+    }
+
+    /// The seven counts in field order.
+    pub fn get(&self) -> [u64; 7] {
+        [
+            &self.lookups,
+            &self.hits,
+            &self.misses,
+            &self.inserts,
+            &self.admitted,
+            &self.rejected,
+            &self.evicted,
+        ]
+        .map(|c| c.load(Ordering::Relaxed))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn compact_formats_round_trip_what_they_store() {
+        let src: Vec<f32> = (0..9).map(|i| (i as f32 - 4.0) * 0.3141).collect();
+        for f in [RowFormat::F32, RowFormat::F16, RowFormat::BF16] {
+            let mut words = vec![0.0f32; f.words(src.len())];
+            f.encode(&src, &mut words);
+            let mut back = vec![0.0f32; src.len()];
+            f.decode(&words, &mut back);
+            let mut rounded = src.clone();
+            f.round(&mut rounded);
+            assert_eq!(back, rounded, "{f:?}");
+            let tol = match f {
+                RowFormat::F32 => 0.0,
+                RowFormat::F16 => 1e-3,
+                RowFormat::BF16 => 8e-3,
+            };
+            for (a, b) in back.iter().zip(&src) {
+                assert!(
+                    (a - b).abs() <= tol * b.abs().max(1e-3),
+                    "{f:?}: {a} vs {b}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn sketch_never_undercounts_and_saturates() {
+        let mut s = Sketch::new(64, 3);
+        let mut truth = std::collections::HashMap::new();
+        for i in 0..2000i64 {
+            let key = (i * 7919) % 300;
+            let n = (i % 3) as u32 + 1;
+            let est = s.add(key, n);
+            let t = truth.entry(key).or_insert(0u32);
+            *t += n;
+            assert!(est >= (*t).min(255), "key {key}: {est} < {t}");
+            assert!(est <= 255);
+        }
+        let mut wide = Sketch::new(1 << 20, 4);
+        assert_eq!(wide.add(5, 1), 1);
+        assert_eq!(wide.add(5, 1), 2);
+        assert_eq!(wide.estimate(6), 0);
+    }
+
+    #[test]
+    fn probability_admission_is_a_pure_function_near_p() {
+        let hits = (0..100_000i64)
+            .filter(|&k| Admission::draw_admits(0.25, 7, k, 3))
+            .count();
+        assert!((hits as f64 / 1e5 - 0.25).abs() < 0.01, "{hits}");
+        assert_eq!(
+            Admission::draw_admits(0.5, 1, 42, 9),
+            Admission::draw_admits(0.5, 1, 42, 9)
+        );
+    }
+}
