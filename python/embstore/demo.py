@@ -229,7 +229,14 @@ class TorchFM:
 
 
 def run(
-    samples: int, batch: int, k: int, use_torch: bool, seed: int, quiet: bool, test_samples: int
+    samples: int,
+    batch: int,
+    k: int,
+    use_torch: bool,
+    seed: int,
+    quiet: bool,
+    test_samples: int,
+    dtype: str = "float32",
 ) -> dict[str, float]:
     t0 = time.perf_counter()
     train = make_data(samples, seed)
@@ -240,6 +247,7 @@ def run(
         optimizer=optim.Adagrad(lr=0.05, initial_accumulator_value=1e-3),
         initializer=init.Normal(0.0, 0.01),
         seed=seed,
+        dtype=dtype,
     )
     coll = embstore.Collection({f"C{f + 1}": table for f in range(FIELDS)})
     model: NumpyFM | TorchFM = (TorchFM if use_torch else NumpyFM)(coll, k, lr=0.01)
@@ -287,15 +295,21 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--k", type=int, default=8, help="FM factor size (row dim is k + 1)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--torch", action="store_true", help="train the torch nn.Module version")
+    p.add_argument(
+        "--dtype",
+        default="float32",
+        choices=["float32", "float16", "bfloat16"],
+        help="row storage dtype of the embedding table",
+    )
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     a = p.parse_args(argv)
     for name in ("samples", "test_samples", "batch", "k"):
         if getattr(a, name) < 1:
             p.error(f"--{name.replace('_', '-')}: expected a positive integer")
-    r = run(a.samples, a.batch, a.k, a.torch, a.seed, a.quiet, a.test_samples)
+    r = run(a.samples, a.batch, a.k, a.torch, a.seed, a.quiet, a.test_samples, a.dtype)
     print(
         f"model: FM (k={a.k}) in {'torch' if a.torch else 'NumPy'}; embeddings in embstore "
-        f"(Adagrad, {FIELDS} fields sharing one table)"
+        f"(Adagrad, {FIELDS} fields sharing one {a.dtype} table)"
     )
     print(
         f"data: {a.samples:,} training / {a.test_samples:,} held-out samples, "

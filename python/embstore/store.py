@@ -444,9 +444,7 @@ class Table:
         self._admission = None
         if adm and adm["name"] != "always":
             cls = {"count": policy.CountFilter, "probability": policy.ProbabilityFilter}
-            params = {
-                k: int(v) if adm["name"] == "count" else v for k, v in adm["params"].items()
-            }
+            params = {k: int(v) if adm["name"] == "count" else v for k, v in adm["params"].items()}
             self._admission = cls[adm["name"]](**params)
         self._ttl_steps = pol.get("ttl_steps")
         self._capacity = pol.get("capacity")
