@@ -269,7 +269,8 @@ def test_lookups_of_unadmitted_keys_do_not_store() -> None:
     np.testing.assert_array_equal(out, np.full((3, 4), 0.5, np.float32))
     assert len(t) == 0
     t.apply_gradients([7, 7], np.ones((2, 4), np.float32))
-    assert len(t) == 0 and t.admission_counts([7, 8]).tolist() == [2, 0]
+    assert len(t) == 0
+    assert t.admission_counts([7, 8]).tolist() == [2, 0]
     t.apply_gradients([7, 8], np.ones((2, 4), np.float32))
     assert t.contains([7, 8]).tolist() == [True, False]
     # Admitted in the call that reached min_count, with that call's gradient.

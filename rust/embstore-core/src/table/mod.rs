@@ -9,6 +9,7 @@
 
 mod arena;
 pub mod checkpoint;
+mod pages;
 mod pooled;
 pub(crate) mod shard;
 

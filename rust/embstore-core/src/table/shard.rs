@@ -3,6 +3,7 @@
 use hashbrown::HashTable;
 
 use super::arena::Arena;
+use super::pages::PageAlloc;
 use crate::policy::{Counters, Sketch};
 
 /// An index entry: the row number in the high 32 bits, the low 32 bits of
@@ -36,7 +37,7 @@ fn entry_row(e: Entry) -> usize {
 #[allow(clippy::len_without_is_empty)]
 pub struct Shard {
     /// Row numbers and hash bits ([`Entry`]); the key lives in the arena.
-    index: HashTable<Entry>,
+    index: HashTable<Entry, PageAlloc>,
     /// Keys removed since the last save (for incremental checkpoints).
     pub removed: Vec<i64>,
     /// Whether removals are recorded in `removed`: only once the table has
@@ -56,7 +57,7 @@ impl Shard {
     /// when `track`, and an admission sketch if given.
     pub fn new(stride: usize, track: bool, sketch: Option<Sketch>) -> Self {
         Shard {
-            index: HashTable::new(),
+            index: HashTable::new_in(PageAlloc),
             removed: Vec::new(),
             track_removals: false,
             arena: Arena::new(stride, track),

@@ -1,0 +1,104 @@
+//! The allocator of the shard index: blocks of 64 KiB and more come straight
+//! from the OS (anonymous `mmap`) and go straight back (`munmap`).
+//!
+//! An index grows by doubling and frees its old allocation. From the C heap,
+//! those freed blocks often stay resident (glibc raises its mmap threshold
+//! after large frees, and later blocks of that size come from the heap and
+//! stay there when freed), so a table's resident memory would exceed what it
+//! holds by an allocator-dependent margin. Mapped blocks return to the OS on
+//! free, which keeps resident memory equal to `stats()["bytes"]`.
+
+use std::ptr::NonNull;
+
+use allocator_api2::alloc::{AllocError, Allocator, Global, Layout};
+
+/// Blocks at least this large are mapped.
+#[cfg(unix)]
+const MAPPED: usize = 1 << 16;
+
+/// See the module docs.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct PageAlloc;
+
+impl PageAlloc {
+    #[cfg(unix)]
+    fn mapped(layout: Layout) -> bool {
+        layout.size() >= MAPPED && layout.align() <= 4096
+    }
+
+    #[cfg(not(unix))]
+    fn mapped(_: Layout) -> bool {
+        false
+    }
+}
+
+// SAFETY: mapped blocks are page-aligned (so aligned for any layout with
+// align <= 4096), at least `layout.size()` bytes, valid until unmapped in
+// `deallocate` with the same size; other blocks are Global's, returned to
+// Global. `mapped` depends on the layout only, so a block is always freed
+// the way it was allocated. Copies of `PageAlloc` are interchangeable.
+unsafe impl Allocator for PageAlloc {
+    fn allocate(&self, layout: Layout) -> Result<NonNull<[u8]>, AllocError> {
+        if !Self::mapped(layout) {
+            return Global.allocate(layout);
+        }
+        #[cfg(unix)]
+        {
+            // SAFETY: an anonymous private mapping of `size` bytes at an
+            // address of the kernel's choice touches no existing memory; the
+            // result is checked against MAP_FAILED.
+            let p = unsafe {
+                libc::mmap(
+                    std::ptr::null_mut(),
+                    layout.size(),
+                    libc::PROT_READ | libc::PROT_WRITE,
+                    libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                    -1,
+                    0,
+                )
+            };
+            if p == libc::MAP_FAILED {
+                return Err(AllocError);
+            }
+            let p = NonNull::new(p.cast::<u8>()).ok_or(AllocError)?;
+            Ok(NonNull::slice_from_raw_parts(p, layout.size()))
+        }
+        #[cfg(not(unix))]
+        unreachable!("nothing is mapped off unix")
+    }
+
+    unsafe fn deallocate(&self, ptr: NonNull<u8>, layout: Layout) {
+        if !Self::mapped(layout) {
+            // SAFETY: the caller passes a block this allocator gave out for
+            // `layout`; unmapped layouts came from Global.
+            unsafe { Global.deallocate(ptr, layout) };
+            return;
+        }
+        #[cfg(unix)]
+        // SAFETY: `ptr` is a mapping of `layout.size()` bytes made by
+        // `allocate` (same layout), not yet unmapped, and no longer used.
+        unsafe {
+            libc::munmap(ptr.as_ptr().cast(), layout.size());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn small_and_large_blocks_round_trip() {
+        for size in [8usize, 4096, 1 << 16, 3 << 20] {
+            let layout = Layout::from_size_align(size, 8).unwrap();
+            let p = PageAlloc.allocate(layout).unwrap();
+            // SAFETY: `p` is a fresh block of at least `size` bytes.
+            unsafe {
+                let bytes = std::slice::from_raw_parts_mut(p.cast::<u8>().as_ptr(), size);
+                bytes.fill(0xA5);
+                assert!(bytes.iter().all(|&b| b == 0xA5));
+                PageAlloc.deallocate(p.cast(), layout);
+            }
+        }
+    }
+}
