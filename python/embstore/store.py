@@ -68,7 +68,9 @@ class Table:
     eviction:
         Scores for capacity eviction: "lfu" (fewest touches go first, then
         least recent, then smallest key) or "lru" (least recent first, then
-        fewest touches, then smallest key). Touch counts and recency are kept
+        fewest touches, then smallest key). Every occurrence of a key in a
+        lookup, assign or gradient call is a touch; recency is the number of
+        the last call that touched it. Touch counts and recency are kept
         per row (16 bytes) only when ``ttl_steps`` or ``capacity`` is set,
         and survive save/load.
     """

@@ -202,3 +202,27 @@ def test_bytes_moved_equal_the_cost_model() -> None:
     t.apply_gradients(keys, np.ones((len(keys), dim)))
     assert t.last_call["sent_bytes"] == counts + (8 + 4 * dim) * remote
     assert t.last_call["received_bytes"] == counts + (8 + 4 * dim) * asked_of_me
+
+
+def test_ttl_and_probability_admission_mean_the_same_when_sharded() -> None:
+    """Decisions that depend on (seed, key, step) only are the same whether
+    one Table or N ranks hold the rows."""
+    kwargs = dict(
+        optimizer=optim.Adagrad(lr=0.1),
+        seed=4,
+        admission=embstore.policy.ProbabilityFilter(0.5),
+        ttl_steps=3,
+    )
+    sharded = ShardedTable(DIM, **kwargs)  # type: ignore[arg-type]
+    single = embstore.Table(DIM, **kwargs)  # type: ignore[arg-type]
+    for step in range(STEPS):
+        mine = batch_of(step, RANK, False)
+        every = union(step, False)
+        sharded.apply_gradients(*mine)
+        single.apply_gradients(*every)
+        evicted = np.concatenate(COMM.allgather(sharded.evict()))
+        assert np.sort(evicted).tolist() == single.evict().tolist()
+    keys, rows = single.export()
+    assert len(sharded) == len(single) > 0
+    assert sharded.contains(keys).all()
+    np.testing.assert_allclose(sharded.lookup(keys, insert=False), rows, rtol=1e-5, atol=1e-6)

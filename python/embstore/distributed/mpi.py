@@ -66,7 +66,13 @@ class ShardedTable:
         Seconds a collective call may take before the whole job is aborted.
     **table_kwargs:
         Passed to each rank's local :class:`embstore.Table` (optimizer,
-        initializer, seed, num_shards, dtype); they must agree on all ranks.
+        initializer, seed, num_shards, dtype, admission, ttl_steps, capacity,
+        eviction); they must agree on all ranks. Policies act on each rank's
+        rows: ``capacity`` bounds each rank's table; TTL and
+        ProbabilityFilter decide exactly as one Table would (they depend on
+        steps, keys and the seed only); CountFilter and LFU counts see a key
+        once per sending rank per call, because batches are deduplicated
+        before the exchange.
     """
 
     def __init__(
@@ -134,6 +140,10 @@ class ShardedTable:
             "seed": self.local.seed,
             "partition": self.partition,
             "key_space": self.key_space,
+            "admission": None if self.local.admission is None else self.local.admission._native(),
+            "ttl_steps": self.local.ttl_steps,
+            "capacity": self.local.capacity,
+            "eviction": self.local.eviction,
         }
 
     def _check_config(self) -> None:
@@ -388,6 +398,13 @@ class ShardedTable:
         with self._watch("len"):
             self.comm.Allreduce(total, out)
         return int(out[0])
+
+    def evict(
+        self, *, with_rows: bool = False
+    ) -> npt.NDArray[np.int64] | tuple[npt.NDArray[np.int64], npt.NDArray[np.float32]]:
+        """Run the eviction policy on this rank's rows (see :meth:`Table.evict`);
+        returns the keys this rank evicted. Local: no communication."""
+        return self.local.evict(with_rows=with_rows)
 
     def stats(self) -> dict[str, Any]:
         """This rank's table stats plus global figures: rows and bytes per rank,
