@@ -647,45 +647,28 @@ impl Table {
         out: SharedOut,
     ) {
         let (dim, ww) = (self.dim, self.wwords);
-        for j in 0..pos.len() {
-            if let Some(&ahead) = rows.get(j + PREFETCH_AHEAD)
-                && ahead != u32::MAX
-            {
-                prefetch(&arena.row(ahead as usize)[..ww]);
+        // The row format is matched once per call, not per row.
+        let copy = |decode: &dyn Fn(&[f32], &mut [f32])| {
+            for j in 0..pos.len() {
+                if let Some(&ahead) = rows.get(j + PREFETCH_AHEAD)
+                    && ahead != u32::MAX
+                {
+                    prefetch(&arena.row(ahead as usize)[..ww]);
+                }
+                let i = pos[j] as usize;
+                // SAFETY: position i belongs to this shard only (plan).
+                let dst = unsafe { out.row(i, dim) };
+                if rows[j] != u32::MAX {
+                    decode(arena.row(rows[j] as usize), dst);
+                } else {
+                    self.fill_missing(keys[i], dst);
+                }
             }
-            let i = pos[j] as usize;
-            // SAFETY: position i belongs to this shard only (plan).
-            let dst = unsafe { out.row(i, dim) };
-            if rows[j] != u32::MAX {
-                self.read_weights(arena.row(rows[j] as usize), dst);
-            } else {
-                self.fill_missing(keys[i], dst);
-            }
+        };
+        match self.policy.format {
+            RowFormat::F32 => copy(&|row, dst| dst.copy_from_slice(&row[..dim])),
+            f => copy(&|row, dst| f.decode(&row[..ww], dst)),
         }
-    }
-
-    /// Whether each key has a row; `out` gets one bool per key.
-    ///
-    /// # Errors
-    /// `ShapeMismatch` when `out` has the wrong length.
-    pub fn contains(&self, keys: &[i64], out: &mut [bool]) -> Result<()> {
-        Self::check_batch(keys)?;
-        check_len("out", keys.len(), out.len())?;
-        let plan = self.plan(keys);
-        let mut found = vec![false; keys.len()];
-        let shared = SharedBools(found.as_mut_ptr());
-        self.par_shards(&plan, |g, pos| {
-            let shared = &shared;
-            for &i in pos {
-                let i = i as usize;
-                let hit = g.find(keys[i], plan.hashes[i]).is_some();
-                // SAFETY: i < keys.len() == found.len(), and position i belongs
-                // to this shard only, so no other thread writes it.
-                unsafe { *shared.0.add(i) = hit };
-            }
-        });
-        out.copy_from_slice(&found);
-        Ok(())
     }
 
     /// Inserts or overwrites the rows of `keys` with `values` (`keys.len() *
@@ -904,9 +887,7 @@ impl Table {
                 }
                 let (w, state) = g.arena.row_mut(r).split_at_mut(ww);
                 if compact {
-                    self.policy.format.decode(w, &mut wtmp);
-                    consts.apply(backend, &mut wtmp, state, gsum);
-                    self.policy.format.encode(&wtmp, w);
+                    self.apply_compact(&consts, w, state, gsum, &mut wtmp);
                 } else {
                     consts.apply(backend, w, state, gsum);
                 }
@@ -919,10 +900,28 @@ impl Table {
         });
     }
 
+    /// One optimizer step on a 16-bit row: decode, update in float32, round
+    /// back (kept out of line: float32 tables never call it).
+    #[inline(never)]
+    fn apply_compact(
+        &self,
+        consts: &crate::optim::StepConsts,
+        w: &mut [f32],
+        state: &mut [f32],
+        gsum: &[f32],
+        wtmp: &mut [f32],
+    ) {
+        self.policy.format.decode(w, wtmp);
+        consts.apply(self.backend, wtmp, state, gsum);
+        self.policy.format.encode(wtmp, w);
+    }
+
     /// The (row << 32 | position) pairs of a shard's positions under an
     /// admission filter: present keys keep theirs; each missing key is
     /// counted once per occurrence and gets a row if the filter admits it,
-    /// else its positions are dropped (counted as one rejected key).
+    /// else its positions are dropped (counted as one rejected key). Out of
+    /// line: tables without a filter never call it.
+    #[inline(never)]
     fn admit(
         &self,
         g: &mut Shard,
