@@ -671,6 +671,30 @@ impl Table {
         }
     }
 
+    /// Whether each key has a row; `out` gets one bool per key.
+    ///
+    /// # Errors
+    /// `ShapeMismatch` when `out` has the wrong length.
+    pub fn contains(&self, keys: &[i64], out: &mut [bool]) -> Result<()> {
+        Self::check_batch(keys)?;
+        check_len("out", keys.len(), out.len())?;
+        let plan = self.plan(keys);
+        let mut found = vec![false; keys.len()];
+        let shared = SharedBools(found.as_mut_ptr());
+        self.par_shards(&plan, |g, pos| {
+            let shared = &shared;
+            for &i in pos {
+                let i = i as usize;
+                let hit = g.find(keys[i], plan.hashes[i]).is_some();
+                // SAFETY: i < keys.len() == found.len(), and position i belongs
+                // to this shard only, so no other thread writes it.
+                unsafe { *shared.0.add(i) = hit };
+            }
+        });
+        out.copy_from_slice(&found);
+        Ok(())
+    }
+
     /// Inserts or overwrites the rows of `keys` with `values` (`keys.len() *
     /// dim` floats), resetting their optimizer state. Where a key repeats,
     /// its last value wins.

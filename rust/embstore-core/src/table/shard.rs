@@ -57,7 +57,7 @@ impl Shard {
     /// when `track`, and an admission sketch if given.
     pub fn new(stride: usize, track: bool, sketch: Option<Sketch>) -> Self {
         Shard {
-            index: HashTable::new_in(PageAlloc::default()),
+            index: HashTable::new_in(PageAlloc),
             removed: Vec::new(),
             track_removals: false,
             arena: Arena::new(stride, track),
