@@ -240,9 +240,10 @@ class Table:
     def lookup(self, keys: Any, *, insert: bool = True) -> npt.NDArray[np.float32]:
         """Rows of ``keys (n,)`` as float32 ``(n, dim)``.
 
-        With ``insert=True`` a missing key gets a row from the initializer;
-        with ``insert=False`` (serving) it gets the initializer's row and
-        nothing is stored.
+        With ``insert=True`` a missing key gets a row from the initializer
+        (unless the table has an admission filter: then only gradient calls
+        admit keys); with ``insert=False`` (serving) it gets the
+        initializer's row and nothing is stored.
         """
         k = as_keys(keys)
         return self._inner.lookup(k, bool(insert))
