@@ -11,7 +11,7 @@ mod arena;
 pub mod checkpoint;
 mod pages;
 mod pooled;
-pub(crate) mod shard;
+mod shard;
 
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
@@ -563,20 +563,42 @@ impl Table {
         check_len("out", keys.len() * dim, out.len())?;
         let plan = self.plan(keys);
         let out = SharedOut::new(out, dim);
+        let _gate = self.lookup_changes(insert).then(|| self.enter());
+        self.lookup_rows(keys, &plan, insert, |g, pos, rows| {
+            self.copy_rows(&g.arena, keys, pos, rows, out);
+        });
+        if insert {
+            self.enforce_capacity();
+        }
+        Ok(())
+    }
+
+    /// The shard pass of a lookup: resolves the row of each of the plan's
+    /// keys (creating missing ones when `insert` and no admission filter;
+    /// else `u32::MAX`), records the touches when rows carry metadata, hands
+    /// each shard's positions and rows to `emit`, and counts. The caller
+    /// holds the gate when [`Table::lookup_changes`].
+    fn lookup_rows<F>(&self, keys: &[i64], plan: &Plan, insert: bool, emit: F)
+    where
+        F: Fn(&Shard, &[u32], &[u32]) + Sync,
+    {
         let insert = insert && self.policy.admission.is_always();
         let track = self.policy.tracks();
+        let find = |g: &Shard, i: usize| {
+            g.find(keys[i], plan.hashes[i])
+                .map_or(u32::MAX, |r| r as u32)
+        };
         if insert || track {
-            let _gate = self.enter();
             let save_gen = self.generation();
             let (tick, step) = if track {
                 (self.next_tick(), self.step())
             } else {
                 (0, 0)
             };
-            self.par_shards_mut(&plan, |g, pos| {
+            self.par_shards_mut(plan, |g, pos| {
                 let len0 = g.len();
                 // Resolve every row first (independent probes overlap their
-                // cache misses), then copy with the rows ahead prefetched.
+                // cache misses); `emit` then reads them with prefetching.
                 let rows: Vec<u32> = pos
                     .iter()
                     .map(|&i| {
@@ -588,8 +610,7 @@ impl Table {
                                 });
                             r as u32
                         } else {
-                            g.find(keys[i], plan.hashes[i])
-                                .map_or(u32::MAX, |r| r as u32)
+                            find(g, i)
                         }
                     })
                     .collect();
@@ -600,28 +621,17 @@ impl Table {
                         }
                     }
                 }
-                self.copy_rows(&g.arena, keys, pos, &rows, out);
+                emit(g, pos, &rows);
                 self.count_lookups(g, pos.len(), &rows, len0);
                 0
             });
-            if insert {
-                self.enforce_capacity();
-            }
         } else {
-            self.par_shards(&plan, |g, pos| {
-                let rows: Vec<u32> = pos
-                    .iter()
-                    .map(|&i| {
-                        let i = i as usize;
-                        g.find(keys[i], plan.hashes[i])
-                            .map_or(u32::MAX, |r| r as u32)
-                    })
-                    .collect();
-                self.copy_rows(&g.arena, keys, pos, &rows, out);
+            self.par_shards(plan, |g, pos| {
+                let rows: Vec<u32> = pos.iter().map(|&i| find(g, i as usize)).collect();
+                emit(g, pos, &rows);
                 self.count_lookups(g, pos.len(), &rows, g.len());
             });
         }
-        Ok(())
     }
 
     /// Counts a shard's part of a lookup: `rows` holds the row of each id

@@ -201,11 +201,8 @@ impl Table {
             }
         };
         let plan = self.plan(ids);
-        let save_gen = self.generation();
-        let insert = insert && self.policy.admission.is_always();
-        let track = self.policy.tracks();
         // Emits the ids of one shard whose rows are `rows` (`u32::MAX`: none).
-        let emit_all = |g: &super::shard::Shard, pos: &[u32], rows: &[u32]| {
+        self.lookup_rows(ids, &plan, insert, |g, pos, rows| {
             let mut tmp = vec![0.0f32; dim];
             for (j, (&i, &r)) in pos.iter().zip(rows).enumerate() {
                 if let Some(&ahead) = rows.get(j + PREFETCH_AHEAD)
@@ -221,57 +218,7 @@ impl Table {
                     emit(i, self.weights(g.arena.row(r as usize), &mut tmp));
                 }
             }
-        };
-        if insert || track {
-            let (tick, step) = if track {
-                (self.next_tick(), self.step())
-            } else {
-                (0, 0)
-            };
-            self.par_shards_mut(&plan, |g, pos| {
-                let len0 = g.len();
-                // Resolve the rows first, then emit with rows prefetched ahead.
-                let rows: Vec<u32> = pos
-                    .iter()
-                    .map(|&i| {
-                        let i = i as usize;
-                        if insert {
-                            let (r, _) =
-                                g.find_or_insert(ids[i], plan.hashes[i], save_gen, |row| {
-                                    self.fill_new(ids[i], row)
-                                });
-                            r as u32
-                        } else {
-                            g.find(ids[i], plan.hashes[i])
-                                .map_or(u32::MAX, |r| r as u32)
-                        }
-                    })
-                    .collect();
-                if track {
-                    for &r in &rows {
-                        if r != u32::MAX {
-                            g.arena.touch(r as usize, tick, step, 1);
-                        }
-                    }
-                }
-                emit_all(g, pos, &rows);
-                self.count_lookups(g, pos.len(), &rows, len0);
-                0
-            });
-        } else {
-            self.par_shards(&plan, |g, pos| {
-                let rows: Vec<u32> = pos
-                    .iter()
-                    .map(|&i| {
-                        let i = i as usize;
-                        g.find(ids[i], plan.hashes[i])
-                            .map_or(u32::MAX, |r| r as u32)
-                    })
-                    .collect();
-                emit_all(g, pos, &rows);
-                self.count_lookups(g, pos.len(), &rows, g.len());
-            });
-        }
+        });
         let gbuf = &gbuf;
         (0..bags.batch())
             .into_par_iter()
