@@ -362,15 +362,49 @@ impl PyTable {
         Ok(out.into_pyarray(py))
     }
 
+    #[pyo3(signature = (keys, values, state=None))]
     fn assign(
         &self,
         py: Python<'_>,
         keys: PyReadonlyArray1<'_, i64>,
         values: PyReadonlyArray2<'_, f32>,
+        state: Option<PyReadonlyArray2<'_, f32>>,
     ) -> PyResult<()> {
         let (k, v) = (slice(&keys, "keys")?, slice2(&values, "values")?);
+        let st = state.as_ref().map(|s| slice2(s, "state")).transpose()?;
         let table = &self.inner;
-        py.enter_store(|| table.assign(k, v))
+        py.enter_store(|| match st {
+            Some(st) => table.assign_state(k, v, st),
+            None => table.assign(k, v),
+        })
+    }
+
+    /// Rows and optimizer state of `keys` (a tier in front of the table
+    /// takes both over).
+    #[allow(clippy::type_complexity)]
+    fn lookup_with_state<'py>(
+        &self,
+        py: Python<'py>,
+        keys: PyReadonlyArray1<'py, i64>,
+        insert: bool,
+    ) -> PyResult<(Bound<'py, PyArray2<f32>>, Bound<'py, PyArray2<f32>>)> {
+        let k = slice(&keys, "keys")?;
+        let table = &self.inner;
+        let out = PyArray2::<f32>::zeros(py, [k.len(), table.dim()], false);
+        let st = PyArray2::<f32>::zeros(py, [k.len(), table.state_len()], false);
+        {
+            let mut rw = out.readwrite();
+            let mut sw = st.readwrite();
+            let (dst, sdst) = (rw.as_slice_mut()?, sw.as_slice_mut()?);
+            py.enter_store(|| table.lookup_with_state(k, insert, dst, sdst))?;
+        }
+        Ok((out, st))
+    }
+
+    /// Sets the optimizer step counter (a tier in front of the table that
+    /// runs the optimizer itself keeps the table's count in step).
+    fn set_step(&self, step: u64) {
+        self.inner.set_step(step);
     }
 
     fn remove(&self, py: Python<'_>, keys: PyReadonlyArray1<'_, i64>) -> PyResult<usize> {

@@ -573,6 +573,58 @@ impl Table {
         Ok(())
     }
 
+    /// [`Table::lookup`] that also writes each key's optimizer state to
+    /// `state` (`keys.len() * state_len` floats): for a tier in front of the
+    /// table (a device cache) that takes rows over with their state. A key
+    /// without a row gets the optimizer's initial state.
+    ///
+    /// # Errors
+    /// `ShapeMismatch` when `out` or `state` has the wrong length.
+    pub fn lookup_with_state(
+        &self,
+        keys: &[i64],
+        insert: bool,
+        out: &mut [f32],
+        state: &mut [f32],
+    ) -> Result<()> {
+        Self::check_batch(keys)?;
+        let (dim, sl, ww) = (self.dim, self.state_len, self.wwords);
+        check_len("out", keys.len() * dim, out.len())?;
+        check_len("state", keys.len() * sl, state.len())?;
+        let plan = self.plan(keys);
+        let out = SharedOut::new(out, dim);
+        let st_out = SharedOut::new(state, sl);
+        let _gate = self.lookup_changes(insert).then(|| self.enter());
+        self.lookup_rows(keys, &plan, insert, |g, pos, rows| {
+            self.copy_rows(&g.arena, keys, pos, rows, out);
+            if sl == 0 {
+                return;
+            }
+            for (&i, &r) in pos.iter().zip(rows) {
+                // SAFETY: position i belongs to this shard only (plan).
+                let dst = unsafe { st_out.row(i as usize, sl) };
+                match (r, &self.optimizer) {
+                    (u32::MAX, Some(o)) => o.init_state(dst),
+                    (u32::MAX, None) => {}
+                    _ => dst.copy_from_slice(&g.arena.row(r as usize)[ww..]),
+                }
+            }
+        });
+        if insert {
+            self.enforce_capacity();
+        }
+        Ok(())
+    }
+
+    /// Inserts or overwrites rows with their optimizer state (`keys.len() *
+    /// state_len` floats): the inverse of [`Table::lookup_with_state`].
+    ///
+    /// # Errors
+    /// `ShapeMismatch`, `NonFinite`; nothing changed.
+    pub fn assign_state(&self, keys: &[i64], values: &[f32], state: &[f32]) -> Result<()> {
+        self.assign_with_state(keys, values, Some(state), self.generation())
+    }
+
     /// The shard pass of a lookup: resolves the row of each of the plan's
     /// keys (creating missing ones when `insert` and no admission filter;
     /// else `u32::MAX`), records the touches when rows carry metadata, hands

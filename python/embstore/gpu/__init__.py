@@ -1,0 +1,10 @@
+"""The device tier: :class:`DeviceCache`, hot rows and their optimizer state
+in device arrays (CuPy on a GPU; NumPy, array-api-strict or torch elsewhere),
+written against the Python array API; and :func:`cache_curve`, the hit rate
+a cache would reach at each size on a recorded key stream."""
+
+from __future__ import annotations
+
+from embstore.gpu.cache import DeviceCache
+
+__all__ = ["DeviceCache"]

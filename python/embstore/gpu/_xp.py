@@ -1,0 +1,118 @@
+"""Array-API helpers of the device cache: the namespace, host transfers,
+scatter without duplicate indices, and segment sums.
+
+Everything here uses array-API operations only (through array-api-compat and
+array-api-extra), so it runs on CuPy, NumPy, array-api-strict and torch.
+"""
+
+from __future__ import annotations
+
+from types import ModuleType
+from typing import Any
+
+import array_api_compat
+import array_api_extra as xpx
+import numpy as np
+
+Array = Any
+
+
+def gpu_usable() -> tuple[bool, str]:
+    """Whether CuPy can use a GPU here, and if not, why."""
+    try:
+        import cupy  # type: ignore[import-not-found, unused-ignore]
+    except ImportError:
+        return False, "CuPy is not installed"
+    try:
+        n = int(cupy.cuda.runtime.getDeviceCount())
+    except Exception as e:  # any CUDA error means no usable GPU
+        return False, f"CuPy finds no usable GPU ({type(e).__name__}: {e})"
+    return (n > 0), ("" if n > 0 else "CuPy finds no GPU")
+
+
+def namespace(xp: ModuleType | None) -> ModuleType:
+    """The array-API namespace for ``xp`` (a module such as cupy, numpy or
+    array_api_strict); None: CuPy when a GPU is usable, else NumPy."""
+    if xp is None:
+        ok, _ = gpu_usable()
+        if ok:
+            import cupy  # type: ignore[import-not-found, unused-ignore]
+
+            xp = cupy
+        else:
+            xp = np
+    if not isinstance(xp, ModuleType) or not hasattr(xp, "asarray"):
+        raise TypeError(f"xp: expected an array namespace module, got {type(xp).__name__}")
+    ns: ModuleType = array_api_compat.array_namespace(xp.asarray(0))
+    return ns
+
+
+def is_numpy(xp: ModuleType) -> bool:
+    return bool(array_api_compat.is_numpy_namespace(xp))
+
+
+def to_host(xp: ModuleType, x: Array) -> np.ndarray:
+    """A NumPy copy (or view) of device array ``x``."""
+    if is_numpy(xp):
+        return np.asarray(x)
+    if array_api_compat.is_cupy_namespace(xp):
+        return np.asarray(x.get())
+    if array_api_compat.is_torch_namespace(xp):
+        return np.asarray(x.detach().cpu().numpy())
+    return np.from_dlpack(x)
+
+
+def to_device(xp: ModuleType, a: np.ndarray) -> Array:
+    """``a`` (NumPy) on the device of ``xp``."""
+    return xp.asarray(a)
+
+
+def supports_fancy_setitem(xp: ModuleType) -> bool:
+    """Whether ``xpx.at(x, int_index).set(...)`` works in this namespace
+    (array-api-strict refuses integer-array setitem)."""
+    try:
+        xpx.at(xp.zeros(2), xp.asarray([0])).set(1.0)
+    except (IndexError, TypeError, NotImplementedError):
+        return False
+    return True
+
+
+def scatter_rows(xp: ModuleType, fancy: bool, x: Array, idx: Array, v: Array) -> Array:
+    """``x`` with rows ``idx`` (distinct) replaced by ``v``.
+
+    With integer-array setitem this is array-api-extra's ``at().set``;
+    otherwise a gather: each row of the result is taken from ``x`` or ``v``.
+    """
+    n = int(idx.shape[0])
+    if n == 0:
+        return x
+    if fancy:
+        return xpx.at(x, idx).set(v)
+    m = int(x.shape[0])
+    order = xp.argsort(idx)
+    s = xp.take(idx, order)
+    rows = xp.arange(m, dtype=idx.dtype)
+    pos = xp.minimum(xp.searchsorted(s, rows), n - 1)
+    hit = xp.take(s, pos) == rows
+    src = xp.where(hit, m + xp.take(order, pos), rows)
+    return xp.take(xp.concat([x, v], axis=0), src, axis=0)
+
+
+def segment_sum(xp: ModuleType, idx: Array, v: Array, n_out: int) -> Array:
+    """Rows of ``v`` (n, c) summed by ``idx`` (n,) into (n_out, c), float32.
+
+    Duplicate indices are what this is for, and array-api-extra's
+    ``at().add`` does not accumulate them; so: a stable sort by index, a
+    float64 running sum, and differences at the segment bounds.
+    """
+    c = int(v.shape[1])
+    if int(idx.shape[0]) == 0:
+        return xp.zeros((n_out, c), dtype=xp.float32)
+    order = xp.argsort(idx, stable=True)
+    s = xp.take(idx, order)
+    sv = xp.astype(xp.take(v, order, axis=0), xp.float64)
+    cs = xp.cumulative_sum(sv, axis=0, include_initial=True)
+    bins = xp.arange(n_out, dtype=idx.dtype)
+    lo = xp.searchsorted(s, bins, side="left")
+    hi = xp.searchsorted(s, bins, side="right")
+    return xp.astype(xp.take(cs, hi, axis=0) - xp.take(cs, lo, axis=0), xp.float32)

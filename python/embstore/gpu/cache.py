@@ -1,0 +1,597 @@
+"""DeviceCache: the hottest rows and their optimizer state in device arrays.
+
+The owner rule of DESIGN.md: a cached row is trained on the device by the
+table's own optimizer formulas, and the table's copy of it is stale until the
+cache writes it back (on eviction, :meth:`DeviceCache.flush` or
+:meth:`DeviceCache.save`). A key is owned by exactly one tier at a time, so
+training through the cache equals training on the table.
+
+Per call, misses are fetched from the table in one native call and moved to
+the device in one copy; evicted rows (with their state), and the gradients of
+keys the cache cannot hold, go back to the host in one copy.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from types import ModuleType
+from typing import Any
+
+import array_api_compat
+import numpy as np
+
+from embstore import _convert, _core
+from embstore.gpu import _optim
+from embstore.gpu import _xp as X
+from embstore.store import Table
+
+Array = Any
+
+_POLICIES = ("lfu", "lru")
+
+
+class DeviceCache:
+    """A cache of ``rows`` rows of ``table`` (and their optimizer state) on a device.
+
+    Parameters
+    ----------
+    table:
+        The :class:`embstore.Table` behind the cache (without an admission
+        filter: the cache decides what it holds, the table what it stores).
+    rows:
+        Rows the cache holds (>= 1).
+    xp:
+        The array namespace of the device arrays (``cupy``, ``numpy``,
+        ``array_api_strict``, ``torch``...); default CuPy when a GPU is
+        usable, else NumPy.
+    policy:
+        Which cached row makes room for a new one: "lfu" (fewest accesses,
+        then least recent) or "lru" (least recent, then fewest accesses).
+        Every occurrence of a key in a call is an access, as in the Table.
+    admit_after:
+        A missing key enters the cache once it has been seen in this many
+        calls; before that it is served and trained by the table.
+
+    The batch protocol is the Table's (lookup, lookup_pooled, apply_gradients,
+    apply_pooled_gradients, contains, stats), taking ``xp`` or NumPy arrays and
+    returning ``xp`` arrays. Calls are serialized by a lock.
+    """
+
+    def __init__(
+        self,
+        table: Table,
+        rows: int,
+        *,
+        xp: ModuleType | None = None,
+        policy: str = "lfu",
+        admit_after: int = 1,
+    ) -> None:
+        if not isinstance(table, Table):
+            raise TypeError(f"table: expected an embstore.Table, got {type(table).__name__}")
+        if table.admission is not None:
+            raise ValueError(
+                "table: expected a table without an admission filter (the cache "
+                "serves and trains every key it is given)"
+            )
+        for name, value in (("rows", rows), ("admit_after", admit_after)):
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+                raise TypeError(f"{name}: expected an int, got {type(value).__name__}")
+            if value < 1:
+                raise ValueError(f"{name}: expected {name} >= 1, got {value}")
+        if policy not in _POLICIES:
+            raise ValueError(f"policy: expected one of {_POLICIES}, got {policy!r}")
+        self.table = table
+        self.xp = X.namespace(xp)
+        self.policy = policy
+        self.admit_after = int(admit_after)
+        self.capacity = int(rows)
+        self._fancy = X.supports_fancy_setitem(self.xp)
+        self._lock = threading.Lock()
+        xp_ = self.xp
+        m, dim, sl = self.capacity, table.dim, table.state_len
+        self._rows = xp_.zeros((m, dim), dtype=xp_.float32)
+        self._state = xp_.zeros((m, sl), dtype=xp_.float32)
+        self._count = xp_.zeros((m,), dtype=xp_.int64)
+        self._last = xp_.zeros((m,), dtype=xp_.int64)
+        self._used = xp_.zeros((m,), dtype=xp_.bool)
+        self._key = xp_.zeros((m,), dtype=xp_.int64)
+        # Sorted keys of the cached rows and their slots (the index).
+        self._idx_keys = xp_.zeros((0,), dtype=xp_.int64)
+        self._idx_slots = xp_.zeros((0,), dtype=xp_.int64)
+        # Calls seen so far of keys not yet admitted (admit_after > 1).
+        self._pend_keys = xp_.zeros((0,), dtype=xp_.int64)
+        self._pend_counts = xp_.zeros((0,), dtype=xp_.int64)
+        self._tick = 0
+        self._step = table.step
+        self._stats = dict.fromkeys(
+            [
+                "lookups",
+                "hits",
+                "misses",
+                "admissions",
+                "evictions",
+                "write_backs",
+                "h2d_copies",
+                "h2d_bytes",
+                "d2h_copies",
+                "d2h_bytes",
+                "index_bytes",
+            ],
+            0,
+        )
+
+    # -- input ------------------------------------------------------------------
+
+    def _host(self, a: Any, arg: str) -> np.ndarray:
+        """A NumPy view of an input that is NumPy, a list, or an ``xp`` array."""
+        if isinstance(a, (np.ndarray, list, tuple, np.generic, int, float)):
+            return np.asarray(a)
+        try:
+            ns = array_api_compat.array_namespace(a)
+        except TypeError:
+            raise TypeError(
+                f"{arg}: expected an array of the cache's namespace or NumPy, "
+                f"got {type(a).__name__}"
+            ) from None
+        if ns is not self.xp and not X.is_numpy(ns):
+            raise TypeError(
+                f"{arg}: expected an array of the cache's namespace ({self.xp.__name__}) "
+                f"or NumPy, got one of {ns.__name__}"
+            )
+        return X.to_host(self.xp, a)
+
+    def _keys(self, keys: Any, arg: str = "keys") -> tuple[np.ndarray, Array]:
+        k = _convert.as_keys(self._host(keys, arg), arg)
+        return k, self.xp.asarray(k)
+
+    def _rows_in(self, a: Any, n: int, arg: str) -> Array:
+        g = _convert.as_rows(self._host(a, arg), n, self.table.dim, arg)
+        if not np.isfinite(g).all():
+            bad = int(np.flatnonzero(~np.isfinite(g.ravel()))[0])
+            raise ValueError(
+                f"{arg}: expected finite values, got a non-finite one at flat index {bad}"
+            )
+        return self.xp.asarray(g)
+
+    # -- transfers ----------------------------------------------------------------
+
+    def _h2d(self, a: np.ndarray) -> Array:
+        self._stats["h2d_copies"] += 1
+        self._stats["h2d_bytes"] += int(a.nbytes)
+        return X.to_device(self.xp, a)
+
+    def _d2h(self, a: Array) -> np.ndarray:
+        out = X.to_host(self.xp, a)
+        self._stats["d2h_copies"] += 1
+        self._stats["d2h_bytes"] += int(out.nbytes)
+        return out
+
+    # -- the index ---------------------------------------------------------------
+
+    def _find(self, uniq: Array) -> Array:
+        """Slot of each key of ``uniq`` (sorted, distinct), -1 if not cached."""
+        xp = self.xp
+        n = int(self._idx_keys.shape[0])
+        if n == 0:
+            return xp.full(uniq.shape, -1, dtype=xp.int64)
+        pos = xp.minimum(xp.searchsorted(self._idx_keys, uniq), n - 1)
+        hit = xp.take(self._idx_keys, pos) == uniq
+        return xp.where(hit, xp.take(self._idx_slots, pos), -1)
+
+    def _reindex(self) -> None:
+        xp = self.xp
+        slots = xp.nonzero(self._used)[0]
+        keys = xp.take(self._key, slots)
+        order = xp.argsort(keys)
+        self._idx_keys = xp.take(keys, order)
+        self._idx_slots = xp.astype(xp.take(slots, order), xp.int64)
+
+    def _admit_filter(self, miss: Array) -> Array:
+        """Which of the missing keys ``miss`` (sorted, distinct) may enter now."""
+        xp = self.xp
+        if self.admit_after == 1 or int(miss.shape[0]) == 0:
+            return xp.ones(miss.shape, dtype=xp.bool)
+        n = int(self._pend_keys.shape[0])
+        seen = xp.zeros(miss.shape, dtype=xp.int64)
+        if n:
+            pos = xp.minimum(xp.searchsorted(self._pend_keys, miss), n - 1)
+            hit = xp.take(self._pend_keys, pos) == miss
+            seen = xp.where(hit, xp.take(self._pend_counts, pos), 0)
+        seen = seen + 1
+        ok = seen >= self.admit_after
+        # Keep the counts of the keys still waiting (at most 8 x rows of them).
+        keep_old = xp.ones((n,), dtype=xp.bool)
+        if n:
+            idx = xp.minimum(xp.searchsorted(miss, self._pend_keys), int(miss.shape[0]) - 1)
+            keep_old = xp.take(miss, idx) != self._pend_keys
+        keys = xp.concat([self._pend_keys[keep_old], miss[~ok]])
+        counts = xp.concat([self._pend_counts[keep_old], seen[~ok]])
+        limit = 8 * self.capacity
+        if int(keys.shape[0]) > limit:
+            top = xp.argsort(-counts, stable=True)[:limit]
+            keys, counts = xp.take(keys, top), xp.take(counts, top)
+        order = xp.argsort(keys)
+        self._pend_keys, self._pend_counts = xp.take(keys, order), xp.take(counts, order)
+        return ok
+
+    # -- the core of every call -----------------------------------------------------
+
+    def _resolve(
+        self, keys_d: Array, admit: bool, lookup: bool
+    ) -> tuple[Array, Array, Array, Array, np.ndarray, Array | None, np.ndarray, Array | None]:
+        """Brings the call's keys into the cache as far as it can.
+
+        ``admit``: misses may enter the cache (and the table creates rows
+        for missing keys); ``lookup``: the caller needs the rows of the keys
+        the table serves, and the call counts as lookups in the stats.
+
+        Returns (uniq, inverse, slot of each uniq (-1: served by the table),
+        the uniq positions of table-served keys, their keys on the host,
+        their rows on the device (None when not needed), and the evicted keys
+        and their packed rows+state still on the device (written back by the
+        caller, together with anything else bound for the host)).
+        """
+        xp = self.xp
+        self._tick += 1
+        u = xp.unique_all(keys_d)
+        uniq, inv, counts = u.values, xp.reshape(u.inverse_indices, (-1,)), u.counts
+        n_u = int(uniq.shape[0])
+        slot = self._find(uniq)
+        hit = slot >= 0
+        if lookup:
+            n = int(keys_d.shape[0])
+            hits = int(xp.sum(xp.astype(xp.take(hit, inv), xp.int64)))
+            self._stats["lookups"] += n
+            self._stats["hits"] += hits
+            self._stats["misses"] += n - hits
+
+        miss_pos = xp.nonzero(~hit)[0]
+        miss_keys = xp.take(uniq, miss_pos)
+        evicted_keys = np.zeros(0, np.int64)
+        evicted_slots = xp.zeros((0,), dtype=xp.int64)
+        adm_pos = xp.zeros((0,), dtype=xp.int64)
+        new_slots = xp.zeros((0,), dtype=xp.int64)
+        if admit and int(miss_pos.shape[0]):
+            ok = self._admit_filter(miss_keys)
+            cand = xp.take(miss_pos, xp.nonzero(ok)[0])
+            free = xp.nonzero(~self._used)[0]
+            in_call = xp.zeros((self.capacity,), dtype=xp.bool)
+            hit_slots = xp.take(slot, xp.nonzero(hit)[0])
+            if int(hit_slots.shape[0]):
+                in_call = X.scatter_rows(
+                    xp,
+                    self._fancy,
+                    xp.reshape(in_call, (-1, 1)),
+                    hit_slots,
+                    xp.ones((int(hit_slots.shape[0]), 1), dtype=xp.bool),
+                )[:, 0]
+            evictable = self._used & ~in_call
+            n_free = int(free.shape[0])
+            room = n_free + int(xp.sum(xp.astype(evictable, xp.int64)))
+            take = min(int(cand.shape[0]), room)
+            adm_pos = cand[:take]
+            n_vict = max(0, take - n_free)
+            if n_vict:
+                big = xp.asarray(np.iinfo(np.int64).max, dtype=xp.int64)
+                first, second = (
+                    (self._count, self._last) if self.policy == "lfu" else (self._last, self._count)
+                )
+                order = xp.argsort(xp.where(evictable, second, big), stable=True)
+                order = xp.take(
+                    order, xp.argsort(xp.take(xp.where(evictable, first, big), order), stable=True)
+                )
+                evicted_slots = xp.astype(order[:n_vict], xp.int64)
+                evicted_keys = self._index_to_host(xp.take(self._key, evicted_slots))
+            new_slots = xp.concat([xp.astype(free[: take - n_vict], xp.int64), evicted_slots])
+        served_pos = xp.nonzero(~hit)[0]
+        if int(adm_pos.shape[0]):
+            # Table-served: the misses not admitted.
+            is_adm = X.scatter_rows(
+                xp,
+                self._fancy,
+                xp.zeros((n_u, 1), dtype=xp.bool),
+                adm_pos,
+                xp.ones((int(adm_pos.shape[0]), 1), dtype=xp.bool),
+            )[:, 0]
+            served_pos = xp.nonzero(~hit & ~is_adm)[0]
+        served_keys = self._index_to_host(xp.take(uniq, served_pos))
+
+        # Packed rows+state of the evicted slots, before they are reused.
+        packed_out = None
+        if int(evicted_slots.shape[0]):
+            packed_out = xp.concat(
+                [
+                    xp.take(self._rows, evicted_slots, axis=0),
+                    xp.take(self._state, evicted_slots, axis=0),
+                ],
+                axis=1,
+            )
+
+        # One native fetch and one host-to-device copy for every miss.
+        served_rows = None
+        dim = self.table.dim
+        n_adm = int(adm_pos.shape[0])
+        want = lookup and int(served_pos.shape[0]) > 0
+        adm_keys = self._index_to_host(xp.take(uniq, adm_pos))
+        fetch_keys = np.concatenate([adm_keys, served_keys]) if want else adm_keys
+        if fetch_keys.size:
+            if admit:
+                rows_h, state_h = self.table._inner.lookup_with_state(fetch_keys, True)
+                dev = self._h2d(np.concatenate([rows_h, state_h], axis=1))
+            else:
+                dev = self._h2d(self.table._inner.lookup(fetch_keys, False))
+            if n_adm:
+                self._rows = X.scatter_rows(
+                    xp, self._fancy, self._rows, new_slots, dev[:n_adm, :dim]
+                )
+                self._state = X.scatter_rows(
+                    xp, self._fancy, self._state, new_slots, dev[:n_adm, dim:]
+                )
+                self._key = X.scatter_rows(
+                    xp,
+                    self._fancy,
+                    xp.reshape(self._key, (-1, 1)),
+                    new_slots,
+                    xp.reshape(xp.take(uniq, adm_pos), (-1, 1)),
+                )[:, 0]
+                self._used = X.scatter_rows(
+                    xp,
+                    self._fancy,
+                    xp.reshape(self._used, (-1, 1)),
+                    new_slots,
+                    xp.ones((n_adm, 1), dtype=xp.bool),
+                )[:, 0]
+                zero = xp.zeros((n_adm, 1), dtype=xp.int64)
+                self._count = X.scatter_rows(
+                    xp, self._fancy, xp.reshape(self._count, (-1, 1)), new_slots, zero
+                )[:, 0]
+                slot = X.scatter_rows(
+                    xp,
+                    self._fancy,
+                    xp.reshape(slot, (-1, 1)),
+                    adm_pos,
+                    xp.reshape(new_slots, (-1, 1)),
+                )[:, 0]
+                self._stats["admissions"] += n_adm
+                self._stats["evictions"] += int(evicted_slots.shape[0])
+                self._reindex()
+            if want:
+                served_rows = dev[n_adm:, :dim]
+
+        # Accesses: every occurrence counts, as in the Table.
+        cached = xp.nonzero(slot >= 0)[0]
+        if int(cached.shape[0]):
+            cs = xp.take(slot, cached)
+            self._count = X.scatter_rows(
+                xp,
+                self._fancy,
+                xp.reshape(self._count, (-1, 1)),
+                cs,
+                xp.reshape(xp.take(self._count, cs) + xp.take(counts, cached), (-1, 1)),
+            )[:, 0]
+            self._last = X.scatter_rows(
+                xp,
+                self._fancy,
+                xp.reshape(self._last, (-1, 1)),
+                cs,
+                xp.full((int(cs.shape[0]), 1), self._tick, dtype=xp.int64),
+            )[:, 0]
+        return uniq, inv, slot, served_pos, served_keys, served_rows, evicted_keys, packed_out
+
+    def _index_to_host(self, keys: Array) -> np.ndarray:
+        """Keys the table must see (misses, evictions) on the host: index
+        traffic, counted apart from the row copies."""
+        out = X.to_host(self.xp, keys)
+        self._stats["index_bytes"] += int(out.nbytes)
+        return np.ascontiguousarray(out, dtype=np.int64)
+
+    def _write_back(
+        self, evicted_keys: np.ndarray, packed: Array | None, extra: Array | None = None
+    ) -> np.ndarray | None:
+        """One device-to-host copy of the evicted rows+state (and ``extra``,
+        flattened after them); writes the rows back. Returns ``extra`` on the host."""
+        xp = self.xp
+        parts = []
+        if packed is not None:
+            parts.append(xp.reshape(packed, (-1,)))
+        if extra is not None:
+            parts.append(xp.reshape(extra, (-1,)))
+        if not parts:
+            return None
+        flat = self._d2h(xp.concat(parts) if len(parts) > 1 else parts[0])
+        dim, sl = self.table.dim, self.table.state_len
+        used = 0
+        if packed is not None:
+            n = len(evicted_keys)
+            block = flat[: n * (dim + sl)].reshape(n, dim + sl)
+            used = n * (dim + sl)
+            self.table._inner.assign(
+                evicted_keys,
+                np.ascontiguousarray(block[:, :dim]),
+                np.ascontiguousarray(block[:, dim:]),
+            )
+            self._stats["write_backs"] += n
+        if extra is None:
+            return None
+        return flat[used:].reshape(extra.shape)
+
+    # -- batch protocol --------------------------------------------------------------
+
+    def lookup(self, keys: Any, *, insert: bool = True) -> Array:
+        """Rows of ``keys (n,)``: ``xp`` float32 ``(n, dim)``. Misses are fetched
+        from the table and (``insert=True``) enter the cache; ``insert=False``
+        serves them from the table without storing anything."""
+        _, keys_d = self._keys(keys)
+        with self._lock:
+            rows_u = self._gather(keys_d, bool(insert))
+            return self.xp.take(rows_u[0], rows_u[1], axis=0)
+
+    def _gather(self, keys_d: Array, insert: bool) -> tuple[Array, Array]:
+        """Rows of the call's distinct keys and the inverse map."""
+        xp = self.xp
+        _, inv, slot, served_pos, _, served_rows, ev_keys, packed = self._resolve(
+            keys_d, admit=insert, lookup=True
+        )
+        self._write_back(ev_keys, packed)
+        rows_u = xp.take(self._rows, xp.maximum(slot, 0), axis=0)
+        if served_rows is not None and int(served_pos.shape[0]):
+            rows_u = X.scatter_rows(xp, self._fancy, rows_u, served_pos, served_rows)
+        return rows_u, inv
+
+    def contains(self, keys: Any) -> Array:
+        """Whether each key has a row (in the cache or in the table): ``xp`` bool."""
+        keys_h, keys_d = self._keys(keys)
+        with self._lock:
+            xp = self.xp
+            u = xp.unique_inverse(keys_d)
+            cached = xp.take(self._find(u.values) >= 0, xp.reshape(u.inverse_indices, (-1,)))
+            return cached | xp.asarray(self.table._inner.contains(keys_h))
+
+    def apply_gradients(self, keys: Any, grads: Any) -> None:
+        """One optimizer step (duplicates summed), on the device for the keys
+        the cache holds and in the table for the others."""
+        self.table._require_optimizer()
+        keys_h, keys_d = self._keys(keys)
+        g = self._rows_in(grads, keys_h.shape[0], "grads")
+        with self._lock:
+            self._apply(keys_d, g)
+
+    def _apply(self, keys_d: Array, g: Array) -> None:
+        xp = self.xp
+        opt = self.table.optimizer
+        assert opt is not None
+        uniq, inv, slot, served_pos, served_keys, _, ev_keys, packed = self._resolve(
+            keys_d, admit=True, lookup=False
+        )
+        gsum = X.segment_sum(xp, inv, g, int(uniq.shape[0]))
+        t = self._step + 1
+        cached = xp.nonzero(slot >= 0)[0]
+        if int(cached.shape[0]):
+            cs = xp.take(slot, cached)
+            w, st = _optim.step(
+                xp,
+                opt,
+                xp.take(self._rows, cs, axis=0),
+                xp.take(self._state, cs, axis=0),
+                xp.take(gsum, cached, axis=0),
+                t,
+            )
+            self._rows = X.scatter_rows(xp, self._fancy, self._rows, cs, w)
+            self._state = X.scatter_rows(xp, self._fancy, self._state, cs, st)
+        host_g = None
+        if int(served_pos.shape[0]):
+            host_g = xp.take(gsum, served_pos, axis=0)
+        host = self._write_back(ev_keys, packed, host_g)
+        self.table._inner.set_step(t - 1)
+        if host is not None:
+            self.table._inner.apply_gradients(served_keys, np.ascontiguousarray(host))
+        self.table._inner.set_step(t)
+        self._step = t
+
+    def lookup_pooled(
+        self,
+        ids: Any,
+        offsets: Any,
+        *,
+        combiner: str = "sum",
+        weights: Any = None,
+        insert: bool = True,
+    ) -> Array:
+        """Pooled rows of CSR bags, as :meth:`embstore.Table.lookup_pooled`: ``xp`` (batch, dim)."""
+        ids_d, bag_of, coef, batch = self._bags(ids, offsets, weights, combiner)
+        with self._lock:
+            xp = self.xp
+            rows_u, inv = self._gather(ids_d, bool(insert))
+            x = xp.take(rows_u, inv, axis=0)
+            return X.segment_sum(xp, bag_of, xp.reshape(coef, (-1, 1)) * x, batch)
+
+    def apply_pooled_gradients(
+        self,
+        ids: Any,
+        offsets: Any,
+        grads: Any,
+        *,
+        combiner: str = "sum",
+        weights: Any = None,
+    ) -> None:
+        """Backward of :meth:`lookup_pooled` and one optimizer step."""
+        self.table._require_optimizer()
+        ids_d, bag_of, coef, batch = self._bags(ids, offsets, weights, combiner)
+        g = self._rows_in(grads, batch, "grads")
+        with self._lock:
+            xp = self.xp
+            per_id = xp.reshape(coef, (-1, 1)) * xp.take(g, bag_of, axis=0)
+            self._apply(ids_d, per_id)
+
+    def _bags(
+        self, ids: Any, offsets: Any, weights: Any, combiner: str
+    ) -> tuple[Array, Array, Array, int]:
+        """Checked CSR input; each id's bag and coefficient on the device."""
+        xp = self.xp
+        i, o, w, c = _convert.as_bags(
+            self._host(ids, "ids"),
+            self._host(offsets, "offsets"),
+            None if weights is None else self._host(weights, "weights"),
+            combiner,
+        )
+        batch = int(_core.check_bags(i, o, w, c))
+        ids_d, off_d = xp.asarray(i), xp.asarray(o)
+        nnz = int(i.shape[0])
+        bag_of = xp.searchsorted(off_d[1:], xp.arange(nnz, dtype=xp.int64), side="right")
+        wt = xp.ones((nnz,), dtype=xp.float32) if w is None else xp.asarray(w)
+        if c == "sum":
+            coef = wt
+        else:
+            v = wt if c == "mean" else wt * wt
+            denom = X.segment_sum(xp, bag_of, xp.reshape(v, (-1, 1)), batch)[:, 0]
+            if c == "sqrtn":
+                denom = xp.sqrt(denom)
+            d = xp.take(denom, bag_of)
+            coef = xp.where(d == 0, xp.asarray(0.0, dtype=xp.float32), wt / d)
+        return ids_d, bag_of, coef, batch
+
+    # -- write-back and checkpoints -----------------------------------------------------
+
+    def flush(self) -> None:
+        """Write every cached row and its optimizer state back to the table (one
+        device-to-host copy); the rows stay cached."""
+        with self._lock:
+            xp = self.xp
+            slots = xp.nonzero(self._used)[0]
+            if int(slots.shape[0]):
+                keys = X.to_host(xp, xp.take(self._key, slots))
+                packed = xp.concat(
+                    [xp.take(self._rows, slots, axis=0), xp.take(self._state, slots, axis=0)],
+                    axis=1,
+                )
+                self._write_back(keys, packed)
+            self.table._inner.set_step(self._step)
+
+    def save(self, path: str | os.PathLike[str], **kwargs: Any) -> dict[str, Any]:
+        """:meth:`flush`, then the table's :meth:`embstore.Table.save`."""
+        self.flush()
+        return self.table.save(path, **kwargs)
+
+    def stats(self) -> dict[str, Any]:
+        """hits, misses and hit_rate (per id of lookup calls), admissions,
+        evictions, write_backs (rows), h2d/d2h copies and bytes of rows and
+        state, index_bytes (keys moved to the host for the table),
+        rows_cached, capacity."""
+        with self._lock:
+            s: dict[str, Any] = dict(self._stats)
+            s["hit_rate"] = s["hits"] / s["lookups"] if s["lookups"] else 0.0
+            s["rows_cached"] = int(self._idx_keys.shape[0])
+            s["capacity"] = self.capacity
+            s["policy"] = self.policy
+            s["step"] = self._step
+            return s
+
+    def __len__(self) -> int:
+        return int(self._idx_keys.shape[0])
+
+    def __repr__(self) -> str:
+        return (
+            f"DeviceCache(rows={self.capacity}, cached={len(self)}, xp={self.xp.__name__}, "
+            f"policy={self.policy!r}, table={self.table!r})"
+        )
