@@ -117,6 +117,7 @@ class DeviceCache:
                 "d2h_copies",
                 "d2h_bytes",
                 "index_bytes",
+                "table_updates",
             ],
             0,
         )
@@ -240,11 +241,13 @@ class DeviceCache:
         slot = self._find(uniq)
         hit = slot >= 0
         if lookup:
+            # A missing key misses once; its further occurrences in the call
+            # find it in place (as one access after another would).
             n = int(keys_d.shape[0])
-            hits = int(xp.sum(xp.astype(xp.take(hit, inv), xp.int64)))
+            misses = n_u - int(xp.sum(xp.astype(hit, xp.int64)))
             self._stats["lookups"] += n
-            self._stats["hits"] += hits
-            self._stats["misses"] += n - hits
+            self._stats["hits"] += n - misses
+            self._stats["misses"] += misses
 
         miss_pos = xp.nonzero(~hit)[0]
         miss_keys = xp.take(uniq, miss_pos)
@@ -486,6 +489,7 @@ class DeviceCache:
         self.table._inner.set_step(t - 1)
         if host is not None:
             self.table._inner.apply_gradients(served_keys, np.ascontiguousarray(host))
+            self._stats["table_updates"] += int(host.shape[0])
         self.table._inner.set_step(t)
         self._step = t
 
@@ -574,9 +578,11 @@ class DeviceCache:
         return self.table.save(path, **kwargs)
 
     def stats(self) -> dict[str, Any]:
-        """hits, misses and hit_rate (per id of lookup calls), admissions,
+        """hits, misses and hit_rate (per id of lookup calls; a key missing at
+        the start of a call is one miss, its other occurrences hits), admissions,
         evictions, write_backs (rows), h2d/d2h copies and bytes of rows and
         state, index_bytes (keys moved to the host for the table),
+        table_updates (rows the cache could not hold, trained in the table),
         rows_cached, capacity."""
         with self._lock:
             s: dict[str, Any] = dict(self._stats)

@@ -1,0 +1,237 @@
+"""DeviceCache on every array backend here (NumPy, array-api-strict; CuPy
+where a GPU exists): training through a cache far smaller than the key set
+equals training on the table, for every optimizer, plain and pooled; the
+transfer budget per call; bad input changes nothing."""
+
+from __future__ import annotations
+
+from types import ModuleType
+
+import numpy as np
+import pytest
+
+import embstore
+from embstore import optim
+from embstore.gpu import DeviceCache
+from embstore.gpu import _xp as X
+from tests.conftest import assert_same, snapshot
+
+GPU_OK, GPU_WHY = X.gpu_usable()
+
+
+def _cupy() -> ModuleType:
+    import cupy  # type: ignore[import-not-found, unused-ignore]
+
+    return cupy  # type: ignore[no-any-return, unused-ignore]
+
+
+@pytest.fixture(
+    params=[
+        "numpy",
+        "array_api_strict",
+        pytest.param(
+            "cupy",
+            marks=[
+                pytest.mark.gpu,
+                pytest.mark.skipif(not GPU_OK, reason=f"no GPU for CuPy: {GPU_WHY}"),
+            ],
+        ),
+    ]
+)
+def xp(request: pytest.FixtureRequest) -> ModuleType:
+    if request.param == "numpy":
+        return np
+    if request.param == "array_api_strict":
+        import array_api_strict
+
+        return array_api_strict
+    return _cupy()
+
+
+OPTIMIZERS = [
+    optim.SGD(lr=0.1),
+    optim.Adagrad(lr=0.1, initial_accumulator_value=0.1),
+    optim.RowWiseAdagrad(lr=0.1),
+    optim.Adam(lr=0.05),
+    optim.AdamW(lr=0.05, weight_decay=0.1),
+    optim.Ftrl(lr=0.1, l1=0.01, l2=0.01, beta=0.5),
+]
+DIM = 5
+
+
+def host(cache: DeviceCache, a: object) -> np.ndarray:
+    return X.to_host(cache.xp, a)
+
+
+def pooled_batch(rng: np.random.Generator, n_bags: int) -> tuple[np.ndarray, ...]:
+    sizes = rng.integers(0, 4, n_bags)  # empty, one-id and repeated-id bags
+    offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+    ids = rng.integers(-30, 30, int(offsets[-1])) * 7919
+    weights = rng.uniform(0.5, 2.0, len(ids)).astype(np.float32)
+    grads = rng.standard_normal((n_bags, DIM)).astype(np.float32)
+    return ids, offsets, weights, grads
+
+
+@pytest.mark.parametrize("opt", OPTIMIZERS, ids=lambda o: type(o).__name__)
+@pytest.mark.parametrize("pooled", [False, True], ids=["plain", "pooled"])
+def test_training_through_the_cache_equals_the_table(
+    xp: ModuleType, opt: optim.Optimizer, pooled: bool
+) -> None:
+    behind = embstore.Table(DIM, optimizer=opt, seed=3)
+    direct = embstore.Table(DIM, optimizer=opt, seed=3)
+    cache = DeviceCache(behind, 8, xp=xp)  # 60 keys in play: evictions every step
+    rng = np.random.default_rng(11)
+    combiner = "sqrtn" if isinstance(opt, optim.Ftrl) else "mean"
+    for step in range(25):
+        if pooled:
+            ids, offsets, weights, grads = pooled_batch(rng, 12)
+            got = cache.lookup_pooled(ids, offsets, weights=weights, combiner=combiner)
+            want = direct.lookup_pooled(ids, offsets, weights=weights, combiner=combiner)
+            np.testing.assert_allclose(host(cache, got), want, rtol=1e-5, atol=1e-6)
+            cache.apply_pooled_gradients(ids, offsets, grads, weights=weights, combiner=combiner)
+            direct.apply_pooled_gradients(ids, offsets, grads, weights=weights, combiner=combiner)
+        else:
+            keys = rng.integers(-30, 30, 16) * 7919
+            grads = rng.standard_normal((16, DIM)).astype(np.float32)
+            got = cache.lookup(keys)
+            np.testing.assert_allclose(host(cache, got), direct.lookup(keys), rtol=1e-5, atol=1e-6)
+            cache.apply_gradients(keys, grads)
+            direct.apply_gradients(keys, grads)
+        assert behind.step == direct.step == step + 1
+    s = cache.stats()
+    assert s["evictions"] > 0
+    assert s["write_backs"] == s["evictions"]
+    # Cached rows on the device equal the table trained directly...
+    keys, rows, state = direct.export(with_state=True)
+    np.testing.assert_allclose(
+        host(cache, cache.lookup(keys, insert=False)), rows, rtol=1e-5, atol=1e-6
+    )
+    # ...and after flush() the table alone equals it, rows and state.
+    cache.flush()
+    k2, r2, s2 = behind.export(with_state=True)
+    np.testing.assert_array_equal(k2, keys)
+    np.testing.assert_allclose(r2, rows, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(s2, state, rtol=1e-5, atol=1e-5)
+
+
+def test_admit_after_and_overflow_train_in_the_table(xp: ModuleType) -> None:
+    opt = optim.Adam(lr=0.05)
+    behind = embstore.Table(DIM, optimizer=opt, seed=1)
+    direct = embstore.Table(DIM, optimizer=opt, seed=1)
+    cache = DeviceCache(behind, 6, xp=xp, admit_after=2, policy="lru")
+    rng = np.random.default_rng(2)
+    for _ in range(15):
+        keys = rng.integers(0, 40, 20)  # more distinct keys than rows: overflow
+        grads = rng.standard_normal((20, DIM)).astype(np.float32)
+        np.testing.assert_allclose(
+            host(cache, cache.lookup(keys)), direct.lookup(keys), rtol=1e-5, atol=1e-6
+        )
+        cache.apply_gradients(keys, grads)
+        direct.apply_gradients(keys, grads)
+    assert len(cache) <= 6
+    cache.flush()
+    assert_same(
+        tuple(np.round(a, 5) for a in snapshot(behind)),
+        tuple(np.round(a, 5) for a in snapshot(direct)),
+    )
+
+
+def test_each_call_makes_at_most_one_copy_each_way(xp: ModuleType) -> None:
+    cache = DeviceCache(embstore.Table(DIM, optimizer=optim.Adagrad(lr=0.1)), 10, xp=xp)
+    rng = np.random.default_rng(0)
+    for _ in range(10):
+        keys = rng.integers(0, 50, 30)
+        before = cache.stats()
+        cache.lookup(keys)
+        cache.apply_gradients(keys, np.ones((30, DIM), np.float32))
+        after = cache.stats()
+        assert after["h2d_copies"] - before["h2d_copies"] <= 2  # one per call
+        assert after["d2h_copies"] - before["d2h_copies"] <= 2
+    s = cache.stats()
+    # Device-to-host: evicted rows with their state, and the gradients of
+    # keys the cache could not hold (trained in the table); nothing else.
+    assert s["table_updates"] > 0
+    assert s["d2h_bytes"] == 4 * (s["write_backs"] * 2 * DIM + s["table_updates"] * DIM)
+    assert 0.0 < s["hit_rate"] < 1.0
+    assert s["rows_cached"] == 10
+
+
+def test_lookup_without_insert_stores_nothing(xp: ModuleType) -> None:
+    table = embstore.Table(DIM, optimizer=optim.SGD(lr=1.0))
+    cache = DeviceCache(table, 4, xp=xp)
+    out = cache.lookup([1, 2, 3], insert=False)
+    np.testing.assert_array_equal(host(cache, out), table.lookup([1, 2, 3], insert=False))
+    assert len(table) == 0
+    assert len(cache) == 0
+    assert host(cache, cache.contains([1])).tolist() == [False]
+    cache.lookup([1])
+    assert host(cache, cache.contains([1, 2])).tolist() == [True, False]
+
+
+def test_save_flushes_then_saves(xp: ModuleType, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    table = embstore.Table(DIM, optimizer=optim.Adam(lr=0.1))
+    cache = DeviceCache(table, 4, xp=xp)
+    cache.apply_gradients([1, 2], np.ones((2, DIM), np.float32))
+    cache.save(tmp_path / "c")
+    loaded = embstore.Table.load(tmp_path / "c")
+    np.testing.assert_array_equal(
+        loaded.lookup([1, 2], insert=False), host(cache, cache.lookup([1, 2], insert=False))
+    )
+    assert loaded.step == 1
+
+
+def test_bad_input_changes_nothing(xp: ModuleType) -> None:
+    import array_api_strict
+
+    table = embstore.Table(DIM, optimizer=optim.Adam(lr=0.1))
+    cache = DeviceCache(table, 4, xp=xp)
+    cache.apply_gradients([1, 2, 3], np.ones((3, DIM), np.float32))
+    before = (snapshot(table), cache.stats(), host(cache, cache._rows).copy())
+    import torch
+
+    # Keys from another array backend than the cache's (NumPy is also accepted).
+    foreign = array_api_strict.asarray([1, 2]) if xp is np else torch.tensor([1, 2])
+    bad = [
+        (lambda: cache.lookup(foreign), TypeError, "keys"),
+        (lambda: cache.lookup(np.array([1.5])), TypeError, "keys"),
+        (lambda: cache.lookup(np.array([[1, 2]])), ValueError, "keys"),
+        (lambda: cache.apply_gradients([1, 2], np.ones((3, DIM))), ValueError, "grads"),
+        (lambda: cache.apply_gradients([1], np.full((1, DIM), np.nan)), ValueError, "grads"),
+        (lambda: cache.lookup_pooled([1, 2], [0, 3]), ValueError, "offsets"),
+    ]
+    for call, exc, arg in bad:
+        with pytest.raises(exc, match=rf"^{arg}\b"):
+            call()
+    after = (snapshot(table), cache.stats(), host(cache, cache._rows))
+    assert_same(before[0], after[0])
+    assert before[1] == after[1]
+    np.testing.assert_array_equal(before[2], after[2])
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "exc", "arg"),
+    [
+        ({"rows": 0}, ValueError, "rows"),
+        ({"rows": 2.5}, TypeError, "rows"),
+        ({"rows": 4, "policy": "fifo"}, ValueError, "policy"),
+        ({"rows": 4, "admit_after": 0}, ValueError, "admit_after"),
+        ({"rows": 4, "xp": "numpy"}, TypeError, "xp"),
+    ],
+)
+def test_bad_construction(kwargs: dict, exc: type, arg: str) -> None:
+    table = embstore.Table(DIM, optimizer=optim.SGD(lr=1.0))
+    with pytest.raises(exc, match=rf"^{arg}\b"):
+        DeviceCache(table, **kwargs)
+
+
+def test_a_table_with_an_admission_filter_is_refused() -> None:
+    table = embstore.Table(
+        DIM, optimizer=optim.SGD(lr=1.0), admission=embstore.policy.ProbabilityFilter(0.5)
+    )
+    with pytest.raises(ValueError, match=r"^table\b"):
+        DeviceCache(table, 4, xp=np)
+
+
+def test_default_namespace_is_cupy_only_with_a_gpu() -> None:
+    cache = DeviceCache(embstore.Table(DIM), 4)
+    assert X.is_numpy(cache.xp) != GPU_OK
