@@ -1,4 +1,5 @@
-"""Command line: ``python -m embstore demo`` (the main job) and ``bench``."""
+"""Command line: ``python -m embstore demo`` (the main job), ``bench``,
+``inspect`` and ``cache-curve``."""
 
 from __future__ import annotations
 
@@ -11,10 +12,12 @@ def main(argv: list[str] | None = None) -> int:
         "demo": "embstore.demo",
         "bench": "embstore.bench",
         "inspect": "embstore.inspect",
+        "cache-curve": "embstore.gpu.curve",
     }
     if not args or args[0] not in commands:
         print(
-            "usage: python -m embstore {demo,bench,inspect} [options] (--help after a command)",
+            "usage: python -m embstore {demo,bench,inspect,cache-curve} [options] "
+            "(--help after a command)",
             file=sys.stderr,
         )
         return 2

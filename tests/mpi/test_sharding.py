@@ -226,3 +226,32 @@ def test_ttl_and_probability_admission_mean_the_same_when_sharded() -> None:
     assert len(sharded) == len(single) > 0
     assert sharded.contains(keys).all()
     np.testing.assert_allclose(sharded.lookup(keys, insert=False), rows, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("pooled", [False, True])
+def test_device_cache_in_front_of_each_rank_equals_one_table(pooled: bool) -> None:
+    """cache_rows puts a DeviceCache (NumPy here) before each rank's table;
+    with far fewer rows than keys, training still equals one Table."""
+    opt = optim.Adam(lr=0.05)
+    sharded = ShardedTable(DIM, optimizer=opt, seed=9, cache_rows=16)
+    single = embstore.Table(DIM, optimizer=opt, seed=9)
+    for step in range(STEPS):
+        mine = batch_of(step, RANK, pooled)
+        every = union(step, pooled)
+        if pooled:
+            got = sharded.lookup_pooled(mine[0], mine[1], weights=mine[2])
+            want = single.lookup_pooled(mine[0], mine[1], weights=mine[2], insert=False)
+            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+            sharded.apply_pooled_gradients(mine[0], mine[1], mine[3], weights=mine[2])
+            single.apply_pooled_gradients(every[0], every[1], every[3], weights=every[2])
+        else:
+            got = sharded.lookup(mine[0])
+            np.testing.assert_allclose(
+                got, single.lookup(mine[0], insert=False), rtol=1e-5, atol=1e-6
+            )
+            sharded.apply_gradients(*mine)
+            single.apply_gradients(*every)
+    stats = sharded.stats()
+    assert stats["cache"]["evictions"] > 0
+    keys, rows = single.export()
+    np.testing.assert_allclose(sharded.lookup(keys, insert=False), rows, rtol=1e-5, atol=1e-6)

@@ -61,7 +61,11 @@ class ShardedTable:
     key_space:
         Required with "div": keys lie in ``[0, key_space)``.
     cache_rows:
-        Reserved for the device cache tier (not available yet).
+        Puts an :class:`embstore.gpu.DeviceCache` of this many rows in front
+        of each rank's local table (on the GPU with CuPy where one is usable,
+        else NumPy): the rows this rank owns and uses most are served and
+        trained there. Not with ``ttl_steps`` or ``capacity`` (the table must
+        not drop rows the cache owns).
     timeout:
         Seconds a collective call may take before the whole job is aborted.
     **table_kwargs:
@@ -89,17 +93,24 @@ class ShardedTable:
         self._setup(comm, partition, key_space, timeout)
         local: Table | None = None
         error: BaseException | None = None
+        cache: Any = None
         try:
-            if cache_rows is not None:
-                raise ValueError(
-                    "cache_rows: the device cache tier is not available in this version"
-                )
             local = Table(dim, **table_kwargs)
+            if cache_rows is not None:
+                if local.ttl_steps is not None or local.capacity is not None:
+                    raise ValueError(
+                        "cache_rows: expected a table without ttl_steps or capacity (the "
+                        "table must not drop rows the cache owns)"
+                    )
+                from embstore.gpu import DeviceCache
+
+                cache = DeviceCache(local, cache_rows)
         except (TypeError, ValueError) as e:
             error = e
         self._agree("ShardedTable()", error)
         assert local is not None
         self.local = local
+        self.cache = cache
         self._check_config()
 
     # -- set-up ---------------------------------------------------------------
@@ -269,7 +280,10 @@ class ShardedTable:
         """Rows of unique keys, from their owners."""
         dim = self.local.dim
         order, sc, rc, recv_keys = self._route(uniq)
-        rows = self.local.lookup(recv_keys, insert=insert)
+        if self.cache is None:
+            rows = self.local.lookup(recv_keys, insert=insert)
+        else:
+            rows = self._host(self.cache.lookup(recv_keys, insert=insert))
         back = self._alltoallv(rows, rc, sc, dim).reshape(-1, dim)
         out = np.empty((len(uniq), dim), np.float32)
         out[order] = back
@@ -280,7 +294,13 @@ class ShardedTable:
         dim = self.local.dim
         order, sc, rc, recv_keys = self._route(uniq)
         recv = self._alltoallv(grads[order], sc, rc, dim).reshape(-1, dim)
-        self.local.apply_gradients(recv_keys, recv)
+        (self.local if self.cache is None else self.cache).apply_gradients(recv_keys, recv)
+
+    def _host(self, a: Any) -> np.ndarray:
+        """A device array of the cache as NumPy (for the exchange)."""
+        from embstore.gpu import _xp
+
+        return np.ascontiguousarray(_xp.to_host(self.cache.xp, a))
 
     # -- the batch protocol (collective) ---------------------------------------------
 
@@ -316,7 +336,10 @@ class ShardedTable:
         uniq, inv = self._prepare("contains", lambda: np.unique(as_keys(keys), return_inverse=True))
         with self._watch("contains"):
             order, sc, rc, recv_keys = self._route(uniq)
-            found = self.local.contains(recv_keys).astype(np.uint8)
+            if self.cache is None:
+                found = self.local.contains(recv_keys).astype(np.uint8)
+            else:
+                found = self._host(self.cache.contains(recv_keys)).astype(np.uint8)
             back = self._alltoallv(found, rc, sc, 1)
         found_u = np.empty(len(uniq), bool)
         found_u[order] = back.astype(bool)
@@ -422,6 +445,8 @@ class ShardedTable:
         every = np.empty((self.size, 4), np.int64)
         with self._watch("stats"):
             self.comm.Allgather(mine, every)
+        if self.cache is not None:
+            local["cache"] = self.cache.stats()
         return {
             **local,
             "rank": self.rank,
@@ -444,6 +469,8 @@ class ShardedTable:
         ordinary checkpoint: it loads on any number of ranks and into a single
         :meth:`embstore.Table.load`. Collective."""
         path = os.fspath(path)
+        if self.cache is not None:
+            self.cache.flush()
         with self._watch("save"):
             ckpt_id = self.comm.bcast(_core.new_checkpoint_id() if self.rank == 0 else None)
             files: Any = None
@@ -524,6 +551,7 @@ class ShardedTable:
             error = e
         self._agree("load", error)
         assert local is not None
+        self.cache = None
         self.local = local
         self._check_config()
         with open(os.path.join(os.fspath(path), "manifest.json"), "rb") as f:

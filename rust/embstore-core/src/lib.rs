@@ -23,6 +23,7 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 
 pub mod collection;
+pub mod curve;
 pub mod error;
 pub mod hash;
 pub mod init;

@@ -57,6 +57,21 @@ mod _core {
         crate::convert::admission(name, &params).map(|_| ())
     }
 
+    /// The LRU stack distance of every access of a key stream (-1 for a
+    /// key's first access); see `embstore.gpu.cache_curve`.
+    #[pyfunction]
+    fn lru_stack_distances<'py>(
+        py: Python<'py>,
+        keys: numpy::PyReadonlyArray1<'py, i64>,
+    ) -> PyResult<Bound<'py, numpy::PyArray1<i64>>> {
+        use numpy::IntoPyArray;
+        let k = keys.as_slice().map_err(|_| {
+            pyo3::exceptions::PyValueError::new_err("keys: expected a contiguous 1-D int64 array")
+        })?;
+        let d = py.detach(|| embstore_core::curve::lru_stack_distances(k));
+        Ok(d.into_pyarray(py))
+    }
+
     /// Number of threads of the native pool.
     #[pyfunction]
     fn num_threads() -> usize {
