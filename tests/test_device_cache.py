@@ -1,5 +1,5 @@
-"""DeviceCache on every array backend here (NumPy, array-api-strict; CuPy
-where a GPU exists): training through a cache far smaller than the key set
+"""DeviceCache on every array backend here (NumPy, array-api-strict, torch;
+CuPy where a GPU exists): training through a cache far smaller than the key set
 equals training on the table, for every optimizer, plain and pooled; the
 transfer budget per call; bad input changes nothing."""
 
@@ -29,6 +29,7 @@ def _cupy() -> ModuleType:
     params=[
         "numpy",
         "array_api_strict",
+        "torch",
         pytest.param(
             "cupy",
             marks=[
@@ -45,6 +46,10 @@ def xp(request: pytest.FixtureRequest) -> ModuleType:
         import array_api_strict
 
         return array_api_strict
+    if request.param == "torch":
+        import torch
+
+        return torch
     return _cupy()
 
 
@@ -190,7 +195,7 @@ def test_bad_input_changes_nothing(xp: ModuleType) -> None:
     import torch
 
     # Keys from another array backend than the cache's (NumPy is also accepted).
-    foreign = array_api_strict.asarray([1, 2]) if xp is np else torch.tensor([1, 2])
+    foreign = torch.tensor([1, 2]) if xp is array_api_strict else array_api_strict.asarray([1, 2])
     bad = [
         (lambda: cache.lookup(foreign), TypeError, "keys"),
         (lambda: cache.lookup(np.array([1.5])), TypeError, "keys"),

@@ -235,8 +235,12 @@ class DeviceCache:
         """
         xp = self.xp
         self._tick += 1
-        u = xp.unique_all(keys_d)
-        uniq, inv, counts = u.values, xp.reshape(u.inverse_indices, (-1,)), u.counts
+        # unique_inverse, and counts from the sorted keys (unique_all is not
+        # available on every backend, torch's among them).
+        u = xp.unique_inverse(keys_d)
+        uniq, inv = u.values, xp.reshape(u.inverse_indices, (-1,))
+        ks = xp.sort(keys_d)
+        counts = xp.searchsorted(ks, uniq, side="right") - xp.searchsorted(ks, uniq, side="left")
         n_u = int(uniq.shape[0])
         slot = self._find(uniq)
         hit = slot >= 0
