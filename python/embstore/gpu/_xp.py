@@ -98,6 +98,17 @@ def scatter_rows(xp: ModuleType, fancy: bool, x: Array, idx: Array, v: Array) ->
     return xp.take(xp.concat([x, v], axis=0), src, axis=0)
 
 
+def scatter_values(xp: ModuleType, fancy: bool, x: Array, idx: Array, v: Array | int) -> Array:
+    """1-D ``x`` with entries ``idx`` (distinct) set to ``v`` (an array of
+    ``idx``'s length, or one value for all)."""
+    n = int(idx.shape[0])
+    if n == 0:
+        return x
+    vals = xp.full((n,), v, dtype=x.dtype) if isinstance(v, (int, bool)) else v
+    col = scatter_rows(xp, fancy, xp.reshape(x, (-1, 1)), idx, xp.reshape(vals, (-1, 1)))
+    return col[:, 0]
+
+
 def segment_sum(xp: ModuleType, idx: Array, v: Array, n_out: int) -> Array:
     """Rows of ``v`` (n, c) summed by ``idx`` (n,) into (n_out, c), float32.
 

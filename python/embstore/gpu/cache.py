@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import threading
+from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
@@ -29,6 +30,20 @@ from embstore.store import Table
 Array = Any
 
 _POLICIES = ("lfu", "lru")
+
+
+@dataclass
+class _Resolved:
+    """Where a call's distinct keys are, after admissions."""
+
+    uniq: Array  # the call's distinct keys, ascending
+    inv: Array  # position in ``uniq`` of each key of the call
+    slot: Array  # cache slot of each distinct key; -1: served by the table
+    served_pos: Array  # positions in ``uniq`` of the table-served keys
+    served_keys: np.ndarray  # those keys, on the host
+    evicted_keys: np.ndarray  # keys evicted for the admissions, on the host
+    evicted_rows: Array | None  # their rows and state, still on the device
+    served_rows: Array | None = None  # rows of the table-served keys (lookups)
 
 
 class DeviceCache:
@@ -218,20 +233,14 @@ class DeviceCache:
 
     # -- the core of every call -----------------------------------------------------
 
-    def _resolve(
-        self, keys_d: Array, admit: bool, lookup: bool
-    ) -> tuple[Array, Array, Array, Array, np.ndarray, Array | None, np.ndarray, Array | None]:
+    def _resolve(self, keys_d: Array, admit: bool, lookup: bool) -> _Resolved:
         """Brings the call's keys into the cache as far as it can.
 
         ``admit``: misses may enter the cache (and the table creates rows
         for missing keys); ``lookup``: the caller needs the rows of the keys
         the table serves, and the call counts as lookups in the stats.
-
-        Returns (uniq, inverse, slot of each uniq (-1: served by the table),
-        the uniq positions of table-served keys, their keys on the host,
-        their rows on the device (None when not needed), and the evicted keys
-        and their packed rows+state still on the device (written back by the
-        caller, together with anything else bound for the host)).
+        Evicted rows are not yet written back: the caller sends them to the
+        host in one copy with anything else bound there.
         """
         xp = self.xp
         self._tick += 1
@@ -241,150 +250,114 @@ class DeviceCache:
         uniq, inv = u.values, xp.reshape(u.inverse_indices, (-1,))
         ks = xp.sort(keys_d)
         counts = xp.searchsorted(ks, uniq, side="right") - xp.searchsorted(ks, uniq, side="left")
-        n_u = int(uniq.shape[0])
         slot = self._find(uniq)
         hit = slot >= 0
         if lookup:
             # A missing key misses once; its further occurrences in the call
             # find it in place (as one access after another would).
             n = int(keys_d.shape[0])
-            misses = n_u - int(xp.sum(xp.astype(hit, xp.int64)))
+            misses = int(uniq.shape[0]) - int(xp.sum(xp.astype(hit, xp.int64)))
             self._stats["lookups"] += n
             self._stats["hits"] += n - misses
             self._stats["misses"] += misses
 
+        none = xp.zeros((0,), dtype=xp.int64)
+        adm_pos, new_slots, evicted = none, none, none
         miss_pos = xp.nonzero(~hit)[0]
-        miss_keys = xp.take(uniq, miss_pos)
-        evicted_keys = np.zeros(0, np.int64)
-        evicted_slots = xp.zeros((0,), dtype=xp.int64)
-        adm_pos = xp.zeros((0,), dtype=xp.int64)
-        new_slots = xp.zeros((0,), dtype=xp.int64)
         if admit and int(miss_pos.shape[0]):
-            ok = self._admit_filter(miss_keys)
-            cand = xp.take(miss_pos, xp.nonzero(ok)[0])
-            free = xp.nonzero(~self._used)[0]
-            in_call = xp.zeros((self.capacity,), dtype=xp.bool)
-            hit_slots = xp.take(slot, xp.nonzero(hit)[0])
-            if int(hit_slots.shape[0]):
-                in_call = X.scatter_rows(
-                    xp,
-                    self._fancy,
-                    xp.reshape(in_call, (-1, 1)),
-                    hit_slots,
-                    xp.ones((int(hit_slots.shape[0]), 1), dtype=xp.bool),
-                )[:, 0]
-            evictable = self._used & ~in_call
-            n_free = int(free.shape[0])
-            room = n_free + int(xp.sum(xp.astype(evictable, xp.int64)))
-            take = min(int(cand.shape[0]), room)
-            adm_pos = cand[:take]
-            n_vict = max(0, take - n_free)
-            if n_vict:
-                big = xp.asarray(np.iinfo(np.int64).max, dtype=xp.int64)
-                first, second = (
-                    (self._count, self._last) if self.policy == "lfu" else (self._last, self._count)
-                )
-                order = xp.argsort(xp.where(evictable, second, big), stable=True)
-                order = xp.take(
-                    order, xp.argsort(xp.take(xp.where(evictable, first, big), order), stable=True)
-                )
-                evicted_slots = xp.astype(order[:n_vict], xp.int64)
-                evicted_keys = self._index_to_host(xp.take(self._key, evicted_slots))
-            new_slots = xp.concat([xp.astype(free[: take - n_vict], xp.int64), evicted_slots])
-        served_pos = xp.nonzero(~hit)[0]
+            adm_pos, new_slots, evicted = self._plan_admissions(uniq, slot, hit, miss_pos)
+        served_pos = miss_pos
         if int(adm_pos.shape[0]):
-            # Table-served: the misses not admitted.
-            is_adm = X.scatter_rows(
-                xp,
-                self._fancy,
-                xp.zeros((n_u, 1), dtype=xp.bool),
-                adm_pos,
-                xp.ones((int(adm_pos.shape[0]), 1), dtype=xp.bool),
-            )[:, 0]
+            is_adm = X.scatter_values(
+                xp, self._fancy, xp.zeros(hit.shape, dtype=xp.bool), adm_pos, True
+            )
             served_pos = xp.nonzero(~hit & ~is_adm)[0]
-        served_keys = self._index_to_host(xp.take(uniq, served_pos))
-
-        # Packed rows+state of the evicted slots, before they are reused.
-        packed_out = None
-        if int(evicted_slots.shape[0]):
-            packed_out = xp.concat(
-                [
-                    xp.take(self._rows, evicted_slots, axis=0),
-                    xp.take(self._state, evicted_slots, axis=0),
-                ],
+        res = _Resolved(
+            uniq=uniq,
+            inv=inv,
+            slot=slot,
+            served_pos=served_pos,
+            served_keys=self._index_to_host(xp.take(uniq, served_pos)),
+            evicted_keys=self._index_to_host(xp.take(self._key, evicted)),
+            evicted_rows=None,
+        )
+        if int(evicted.shape[0]):
+            # Rows and state of the evicted slots, before the slots are reused.
+            res.evicted_rows = xp.concat(
+                [xp.take(self._rows, evicted, axis=0), xp.take(self._state, evicted, axis=0)],
                 axis=1,
             )
 
         # One native fetch and one host-to-device copy for every miss.
-        served_rows = None
-        dim = self.table.dim
         n_adm = int(adm_pos.shape[0])
         want = lookup and int(served_pos.shape[0]) > 0
         adm_keys = self._index_to_host(xp.take(uniq, adm_pos))
-        fetch_keys = np.concatenate([adm_keys, served_keys]) if want else adm_keys
-        if fetch_keys.size:
+        fetch = np.concatenate([adm_keys, res.served_keys]) if want else adm_keys
+        if fetch.size:
             if admit:
-                rows_h, state_h = self.table._inner.lookup_with_state(fetch_keys, True)
+                rows_h, state_h = self.table._inner.lookup_with_state(fetch, True)
                 dev = self._h2d(np.concatenate([rows_h, state_h], axis=1))
             else:
-                dev = self._h2d(self.table._inner.lookup(fetch_keys, False))
+                dev = self._h2d(self.table._inner.lookup(fetch, False))
+            dim = self.table.dim
             if n_adm:
-                self._rows = X.scatter_rows(
-                    xp, self._fancy, self._rows, new_slots, dev[:n_adm, :dim]
-                )
-                self._state = X.scatter_rows(
-                    xp, self._fancy, self._state, new_slots, dev[:n_adm, dim:]
-                )
-                self._key = X.scatter_rows(
-                    xp,
-                    self._fancy,
-                    xp.reshape(self._key, (-1, 1)),
-                    new_slots,
-                    xp.reshape(xp.take(uniq, adm_pos), (-1, 1)),
-                )[:, 0]
-                self._used = X.scatter_rows(
-                    xp,
-                    self._fancy,
-                    xp.reshape(self._used, (-1, 1)),
-                    new_slots,
-                    xp.ones((n_adm, 1), dtype=xp.bool),
-                )[:, 0]
-                zero = xp.zeros((n_adm, 1), dtype=xp.int64)
-                self._count = X.scatter_rows(
-                    xp, self._fancy, xp.reshape(self._count, (-1, 1)), new_slots, zero
-                )[:, 0]
-                slot = X.scatter_rows(
-                    xp,
-                    self._fancy,
-                    xp.reshape(slot, (-1, 1)),
-                    adm_pos,
-                    xp.reshape(new_slots, (-1, 1)),
-                )[:, 0]
+                self._install(new_slots, xp.take(uniq, adm_pos), dev[:n_adm])
+                res.slot = X.scatter_values(xp, self._fancy, res.slot, adm_pos, new_slots)
                 self._stats["admissions"] += n_adm
-                self._stats["evictions"] += int(evicted_slots.shape[0])
-                self._reindex()
+                self._stats["evictions"] += int(evicted.shape[0])
             if want:
-                served_rows = dev[n_adm:, :dim]
+                res.served_rows = dev[n_adm:, :dim]
 
         # Accesses: every occurrence counts, as in the Table.
-        cached = xp.nonzero(slot >= 0)[0]
+        cached = xp.nonzero(res.slot >= 0)[0]
         if int(cached.shape[0]):
-            cs = xp.take(slot, cached)
-            self._count = X.scatter_rows(
-                xp,
-                self._fancy,
-                xp.reshape(self._count, (-1, 1)),
-                cs,
-                xp.reshape(xp.take(self._count, cs) + xp.take(counts, cached), (-1, 1)),
-            )[:, 0]
-            self._last = X.scatter_rows(
-                xp,
-                self._fancy,
-                xp.reshape(self._last, (-1, 1)),
-                cs,
-                xp.full((int(cs.shape[0]), 1), self._tick, dtype=xp.int64),
-            )[:, 0]
-        return uniq, inv, slot, served_pos, served_keys, served_rows, evicted_keys, packed_out
+            cs = xp.take(res.slot, cached)
+            counts_now = xp.take(self._count, cs) + xp.take(counts, cached)
+            self._count = X.scatter_values(xp, self._fancy, self._count, cs, counts_now)
+            self._last = X.scatter_values(xp, self._fancy, self._last, cs, self._tick)
+        return res
+
+    def _plan_admissions(
+        self, uniq: Array, slot: Array, hit: Array, miss_pos: Array
+    ) -> tuple[Array, Array, Array]:
+        """Which misses enter (their uniq positions), the slots they get (free
+        ones first), and the slots evicted for them: the lowest-scoring cached
+        rows that this call does not use."""
+        xp = self.xp
+        ok = self._admit_filter(xp.take(uniq, miss_pos))
+        cand = xp.take(miss_pos, xp.nonzero(ok)[0])
+        free = xp.astype(xp.nonzero(~self._used)[0], xp.int64)
+        hit_slots = xp.take(slot, xp.nonzero(hit)[0])
+        in_call = X.scatter_values(
+            xp, self._fancy, xp.zeros((self.capacity,), dtype=xp.bool), hit_slots, True
+        )
+        evictable = self._used & ~in_call
+        n_free = int(free.shape[0])
+        room = n_free + int(xp.sum(xp.astype(evictable, xp.int64)))
+        take = min(int(cand.shape[0]), room)
+        n_vict = max(0, take - n_free)
+        evicted = xp.zeros((0,), dtype=xp.int64)
+        if n_vict:
+            # Lexicographic (primary, secondary) order by two stable sorts;
+            # rows this call uses sort last.
+            big = xp.asarray(np.iinfo(np.int64).max, dtype=xp.int64)
+            first, second = (
+                (self._count, self._last) if self.policy == "lfu" else (self._last, self._count)
+            )
+            order = xp.argsort(xp.where(evictable, second, big), stable=True)
+            by_first = xp.argsort(xp.take(xp.where(evictable, first, big), order), stable=True)
+            evicted = xp.astype(xp.take(order, by_first)[:n_vict], xp.int64)
+        return cand[:take], xp.concat([free[: take - n_vict], evicted]), evicted
+
+    def _install(self, slots: Array, keys: Array, packed: Array) -> None:
+        """Puts fetched rows+state (``packed``) of ``keys`` into ``slots``."""
+        xp, fancy, dim = self.xp, self._fancy, self.table.dim
+        self._rows = X.scatter_rows(xp, fancy, self._rows, slots, packed[:, :dim])
+        self._state = X.scatter_rows(xp, fancy, self._state, slots, packed[:, dim:])
+        self._key = X.scatter_values(xp, fancy, self._key, slots, keys)
+        self._used = X.scatter_values(xp, fancy, self._used, slots, True)
+        self._count = X.scatter_values(xp, fancy, self._count, slots, 0)
+        self._reindex()
 
     def _index_to_host(self, keys: Array) -> np.ndarray:
         """Keys the table must see (misses, evictions) on the host: index
@@ -437,14 +410,12 @@ class DeviceCache:
     def _gather(self, keys_d: Array, insert: bool) -> tuple[Array, Array]:
         """Rows of the call's distinct keys and the inverse map."""
         xp = self.xp
-        _, inv, slot, served_pos, _, served_rows, ev_keys, packed = self._resolve(
-            keys_d, admit=insert, lookup=True
-        )
-        self._write_back(ev_keys, packed)
-        rows_u = xp.take(self._rows, xp.maximum(slot, 0), axis=0)
-        if served_rows is not None and int(served_pos.shape[0]):
-            rows_u = X.scatter_rows(xp, self._fancy, rows_u, served_pos, served_rows)
-        return rows_u, inv
+        r = self._resolve(keys_d, admit=insert, lookup=True)
+        self._write_back(r.evicted_keys, r.evicted_rows)
+        rows_u = xp.take(self._rows, xp.maximum(r.slot, 0), axis=0)
+        if r.served_rows is not None:
+            rows_u = X.scatter_rows(xp, self._fancy, rows_u, r.served_pos, r.served_rows)
+        return rows_u, r.inv
 
     def contains(self, keys: Any) -> Array:
         """Whether each key has a row (in the cache or in the table): ``xp`` bool."""
@@ -468,10 +439,9 @@ class DeviceCache:
         xp = self.xp
         opt = self.table.optimizer
         assert opt is not None
-        uniq, inv, slot, served_pos, served_keys, _, ev_keys, packed = self._resolve(
-            keys_d, admit=True, lookup=False
-        )
-        gsum = X.segment_sum(xp, inv, g, int(uniq.shape[0]))
+        r = self._resolve(keys_d, admit=True, lookup=False)
+        slot, served_pos = r.slot, r.served_pos
+        gsum = X.segment_sum(xp, r.inv, g, int(r.uniq.shape[0]))
         t = self._step + 1
         cached = xp.nonzero(slot >= 0)[0]
         if int(cached.shape[0]):
@@ -489,10 +459,10 @@ class DeviceCache:
         host_g = None
         if int(served_pos.shape[0]):
             host_g = xp.take(gsum, served_pos, axis=0)
-        host = self._write_back(ev_keys, packed, host_g)
+        host = self._write_back(r.evicted_keys, r.evicted_rows, host_g)
         self.table._inner.set_step(t - 1)
         if host is not None:
-            self.table._inner.apply_gradients(served_keys, np.ascontiguousarray(host))
+            self.table._inner.apply_gradients(r.served_keys, np.ascontiguousarray(host))
             self._stats["table_updates"] += int(host.shape[0])
         self.table._inner.set_step(t)
         self._step = t
