@@ -229,12 +229,39 @@ def test_bad_construction(kwargs: dict, exc: type, arg: str) -> None:
         DeviceCache(table, **kwargs)
 
 
-def test_a_table_with_an_admission_filter_is_refused() -> None:
-    table = embstore.Table(
-        DIM, optimizer=optim.SGD(lr=1.0), admission=embstore.policy.ProbabilityFilter(0.5)
-    )
+@pytest.mark.parametrize("kwargs", [{"ttl_steps": 5}, {"capacity": 100}])
+def test_a_table_that_drops_rows_is_refused(kwargs: dict) -> None:
+    table = embstore.Table(DIM, optimizer=optim.SGD(lr=1.0), **kwargs)
     with pytest.raises(ValueError, match=r"^table\b"):
         DeviceCache(table, 4, xp=np)
+
+
+@pytest.mark.parametrize(
+    "admission",
+    [embstore.policy.CountFilter(2, width=1 << 16), embstore.policy.ProbabilityFilter(0.4)],
+    ids=["count", "probability"],
+)
+def test_the_tables_admission_filter_keeps_its_meaning(xp: ModuleType, admission) -> None:  # type: ignore[no-untyped-def]
+    opt = optim.Adagrad(lr=0.1)
+    behind = embstore.Table(DIM, optimizer=opt, seed=5, admission=admission)
+    direct = embstore.Table(DIM, optimizer=opt, seed=5, admission=admission)
+    cache = DeviceCache(behind, 6, xp=xp)
+    rng = np.random.default_rng(8)
+    for _ in range(20):
+        keys = rng.integers(0, 30, 12)
+        grads = rng.standard_normal((12, DIM)).astype(np.float32)
+        np.testing.assert_allclose(
+            host(cache, cache.lookup(keys)), direct.lookup(keys), rtol=1e-5, atol=1e-6
+        )
+        cache.apply_gradients(keys, grads)
+        direct.apply_gradients(keys, grads)
+    assert cache.stats()["admissions"] > 0
+    cache.flush()
+    a, b = snapshot(behind), snapshot(direct)
+    np.testing.assert_array_equal(a[0], b[0])  # the same keys were admitted
+    for x, y in zip(a[1:], b[1:], strict=True):
+        np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-5)
+    assert behind.stats()["admitted"] == direct.stats()["admitted"]
 
 
 def test_default_namespace_is_cupy_only_with_a_gpu() -> None:

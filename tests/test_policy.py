@@ -34,6 +34,7 @@ class Model:
     The clock advances once per call that touches rows (lookups, assigns,
     gradient calls); every occurrence of a key in such a call counts one
     touch and stamps the row with the call's clock and the current step.
+    Admission counts the gradient calls that held a key (once per call).
     """
 
     init_rows: embstore.Table
@@ -123,7 +124,7 @@ class Model:
         for k, g in total.items():
             if k not in self.rows:
                 if self.min_count is not None:
-                    self.sightings[k] = min(255, self.sightings.get(k, 0) + seen[k])
+                    self.sightings[k] = min(255, self.sightings.get(k, 0) + 1)
                     if self.sightings[k] < self.min_count:
                         self.counters["rejected"] += 1
                         continue
@@ -268,15 +269,17 @@ def test_lookups_of_unadmitted_keys_do_not_store() -> None:
     out = t.lookup([7, 7, 8])
     np.testing.assert_array_equal(out, np.full((3, 4), 0.5, np.float32))
     assert len(t) == 0
-    t.apply_gradients([7, 7], np.ones((2, 4), np.float32))
+    # A call counts a key once, however often its batch holds it.
+    t.apply_gradients([7, 7, 7], np.ones((3, 4), np.float32))
+    t.apply_gradients([7], np.ones((1, 4), np.float32))
     assert len(t) == 0
     assert t.admission_counts([7, 8]).tolist() == [2, 0]
-    t.apply_gradients([7, 8], np.ones((2, 4), np.float32))
+    t.apply_gradients([7, 8, 7], np.ones((3, 4), np.float32))
     assert t.contains([7, 8]).tolist() == [True, False]
-    # Admitted in the call that reached min_count, with that call's gradient.
-    np.testing.assert_array_equal(t.lookup([7], insert=False), np.full((1, 4), -0.5, np.float32))
+    # Admitted in the call that reached min_count, with that call's gradients.
+    np.testing.assert_array_equal(t.lookup([7], insert=False), np.full((1, 4), -1.5, np.float32))
     s = t.stats()
-    assert (s["admitted"], s["rejected"], s["inserts"]) == (1, 2, 1)
+    assert (s["admitted"], s["rejected"], s["inserts"]) == (1, 3, 1)
 
 
 @pytest.mark.parametrize("eviction", ["lfu", "lru"])

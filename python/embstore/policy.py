@@ -30,10 +30,12 @@ class Admission(NativeConfig):
 
 @dataclass(frozen=True)
 class CountFilter(Admission):
-    """Admit a key once gradients have reached it ``min_count`` times.
+    """Admit a key once ``min_count`` gradient calls have held it.
 
-    Sightings are counted per occurrence in ``apply_gradients`` and
-    ``apply_pooled_gradients`` (lookups do not count) in a count-min sketch
+    A sighting is a call of ``apply_gradients`` or ``apply_pooled_gradients``
+    whose batch holds the key, however often: a batch deduplicated on its way
+    to the table (by a ShardedTable or a DeviceCache) counts the same.
+    Lookups do not count. Sightings are counted in a count-min sketch
     of ``depth`` rows of ``width`` 8-bit counters with conservative update,
     split evenly over the table's shards: ``width * depth`` bytes in all and
     nothing per key. In the call where a key's count reaches ``min_count``
@@ -43,7 +45,7 @@ class CountFilter(Admission):
     admitted late. It may over-count and admit a key early: with probability
     at least ``1 - exp(-depth)`` a key's count exceeds its true count by at
     most ``e * n / width_per_shard``, where ``n`` is the number of sightings
-    of not-yet-admitted keys in the key's shard and ``width_per_shard =
+    (key, call) of not-yet-admitted keys in the key's shard and ``width_per_shard =
     ceil(width / num_shards)``. For ``min_count=2`` the chance that a key
     seen once is admitted is about ``(1 - exp(-u / width))**depth``, ``u``
     the number of distinct unadmitted keys seen so far: size ``width`` at

@@ -204,13 +204,18 @@ def test_bytes_moved_equal_the_cost_model() -> None:
     assert t.last_call["received_bytes"] == counts + (8 + 4 * dim) * asked_of_me
 
 
-def test_ttl_and_probability_admission_mean_the_same_when_sharded() -> None:
-    """Decisions that depend on (seed, key, step) only are the same whether
-    one Table or N ranks hold the rows."""
+@pytest.mark.parametrize(
+    "admission",
+    [embstore.policy.ProbabilityFilter(0.5), embstore.policy.CountFilter(3, width=1 << 16)],
+    ids=["probability", "count"],
+)
+def test_ttl_and_admission_mean_the_same_when_sharded(admission: embstore.policy.Admission) -> None:
+    """Admission (per key and call) and TTL decide the same whether one Table
+    or N ranks hold the rows, though each rank deduplicates its batch."""
     kwargs = dict(
         optimizer=optim.Adagrad(lr=0.1),
         seed=4,
-        admission=embstore.policy.ProbabilityFilter(0.5),
+        admission=admission,
         ttl_steps=3,
     )
     sharded = ShardedTable(DIM, **kwargs)  # type: ignore[arg-type]

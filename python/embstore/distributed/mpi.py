@@ -72,11 +72,10 @@ class ShardedTable:
         Passed to each rank's local :class:`embstore.Table` (optimizer,
         initializer, seed, num_shards, dtype, admission, ttl_steps, capacity,
         eviction); they must agree on all ranks. Policies act on each rank's
-        rows: ``capacity`` bounds each rank's table; TTL and
-        ProbabilityFilter decide exactly as one Table would (they depend on
-        steps, keys and the seed only); CountFilter and LFU counts see a key
-        once per sending rank per call, because batches are deduplicated
-        before the exchange.
+        rows: ``capacity`` bounds each rank's table; TTL, ProbabilityFilter
+        and CountFilter decide exactly as one Table would (admission counts a
+        key once per call); LFU touch counts see a key once per sending rank
+        per call, because batches are deduplicated before the exchange.
     """
 
     def __init__(

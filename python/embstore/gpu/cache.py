@@ -52,8 +52,10 @@ class DeviceCache:
     Parameters
     ----------
     table:
-        The :class:`embstore.Table` behind the cache (without an admission
-        filter: the cache decides what it holds, the table what it stores).
+        The :class:`embstore.Table` behind the cache, without ``ttl_steps`` or
+        ``capacity`` (it must not drop rows the cache owns). Its admission
+        filter keeps its meaning: the cache only takes keys the table has
+        admitted, and the table trains (and counts) the others.
     rows:
         Rows the cache holds (>= 1).
     xp:
@@ -84,10 +86,10 @@ class DeviceCache:
     ) -> None:
         if not isinstance(table, Table):
             raise TypeError(f"table: expected an embstore.Table, got {type(table).__name__}")
-        if table.admission is not None:
+        if table.ttl_steps is not None or table.capacity is not None:
             raise ValueError(
-                "table: expected a table without an admission filter (the cache "
-                "serves and trains every key it is given)"
+                "table: expected a table without ttl_steps or capacity (the table "
+                "must not drop rows the cache owns)"
             )
         for name, value in (("rows", rows), ("admit_after", admit_after)):
             if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
@@ -301,7 +303,7 @@ class DeviceCache:
                 dev = self._h2d(self.table._inner.lookup(fetch, False))
             dim = self.table.dim
             if n_adm:
-                self._install(new_slots, xp.take(uniq, adm_pos), dev[:n_adm])
+                self._install(new_slots, xp.take(uniq, adm_pos), dev[:n_adm, :])
                 res.slot = X.scatter_values(xp, self._fancy, res.slot, adm_pos, new_slots)
                 self._stats["admissions"] += n_adm
                 self._stats["evictions"] += int(evicted.shape[0])
@@ -324,7 +326,12 @@ class DeviceCache:
         ones first), and the slots evicted for them: the lowest-scoring cached
         rows that this call does not use."""
         xp = self.xp
-        ok = self._admit_filter(xp.take(uniq, miss_pos))
+        miss_keys = xp.take(uniq, miss_pos)
+        ok = self._admit_filter(miss_keys)
+        if self.table.admission is not None:
+            # Only keys the table's filter has admitted (they have a row).
+            held = self.table._inner.contains(self._index_to_host(miss_keys))
+            ok = ok & xp.asarray(held)
         cand = xp.take(miss_pos, xp.nonzero(ok)[0])
         free = xp.astype(xp.nonzero(~self._used)[0], xp.int64)
         hit_slots = xp.take(slot, xp.nonzero(hit)[0])

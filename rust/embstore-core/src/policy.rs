@@ -143,13 +143,15 @@ pub enum Admission {
     /// Every key.
     #[default]
     Always,
-    /// A key once its gradients have reached it `min_count` times, counted
-    /// in a count-min sketch of `depth` rows of `width` 8-bit counters
+    /// A key once `min_count` gradient calls have held it (a call counts a
+    /// key once, however often its batch holds it, so that a batch
+    /// deduplicated on the way, by a ShardedTable or a DeviceCache, counts
+    /// the same), counted in a count-min sketch of `depth` rows of `width` 8-bit counters
     /// (conservative update). The sketch never under-counts, so a key is
     /// never admitted late; it may over-count and admit early. With
     /// probability at least `1 - exp(-depth)` a key's count is over by at
-    /// most `e * n / width`, where `n` is the number of sightings of
-    /// unadmitted keys in its shard's part of the sketch and the sketch's
+    /// most `e * n / width`, where `n` is the number of sightings (key,
+    /// call) of unadmitted keys in its shard's part of the sketch and the sketch's
     /// columns are split evenly over the shards.
     Count {
         /// Sightings needed (1..=255).

@@ -1004,7 +1004,8 @@ impl Table {
 
     /// The (row << 32 | position) pairs of a shard's positions under an
     /// admission filter: present keys keep theirs; each missing key is
-    /// counted once per occurrence and gets a row if the filter admits it,
+    /// counted once (per call, however often it occurs) and gets a row if
+    /// the filter admits it,
     /// else its positions are dropped (counted as one rejected key). Out of
     /// line: tables without a filter never call it.
     #[inline(never)]
@@ -1035,12 +1036,11 @@ impl Table {
             while end < missing.len() && missing[end].0 == key {
                 end += 1;
             }
-            let n = (end - j) as u32;
             let ok = match self.policy.admission {
                 Admission::Always => true,
                 Admission::Count { min_count, .. } => {
                     let sketch = g.sketch.as_mut().expect("a count filter has a sketch");
-                    sketch.add(key, n) >= min_count
+                    sketch.add(key, 1) >= min_count
                 }
                 Admission::Probability { p } => Admission::draw_admits(p, self.seed, key, step),
             };
