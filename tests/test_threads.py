@@ -120,3 +120,55 @@ def test_a_forked_child_can_use_the_table() -> None:
     )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "ok"
+
+
+@pytest.mark.timeout(120)
+def test_policies_under_concurrent_calls_keep_their_bounds(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Lookups, steps, assigns, evictions and saves from 5 threads on a table
+    with admission, TTL and capacity: no error, no deadlock, never more than
+    capacity rows once the calls are done, and the saved table loads whole."""
+    cap = 3_000
+    table = embstore.Table(
+        8,
+        optimizer=embstore.optim.Adagrad(lr=0.1),
+        admission=embstore.policy.CountFilter(2, width=1 << 16),
+        ttl_steps=5,
+        capacity=cap,
+        eviction="lru",
+    )
+    errors: list[BaseException] = []
+
+    def worker(seed: int) -> None:
+        rng = np.random.default_rng(seed)
+        try:
+            for i in range(60):
+                keys = rng.integers(0, 20_000, 2_000)
+                table.lookup(keys)
+                table.apply_gradients(keys, np.ones((keys.size, 8), np.float32))
+                if i % 10 == seed % 10:
+                    table.assign(keys[:50], np.zeros((50, 8), np.float32))
+                if i % 15 == 0:
+                    table.evict(with_rows=True)
+        except BaseException as e:
+            errors.append(e)
+
+    def saver() -> None:
+        try:
+            for _ in range(5):
+                table.save(tmp_path / "c")
+        except BaseException as e:
+            errors.append(e)
+
+    threads = [threading.Thread(target=worker, args=(s,)) for s in range(4)]
+    threads.append(threading.Thread(target=saver))
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    assert len(table) <= cap
+    s = table.stats()
+    assert s["rows"] == len(table)
+    assert s["inserts"] - s["evicted"] == len(table)
+    loaded = embstore.Table.load(tmp_path / "c")
+    assert len(loaded) <= cap
