@@ -11,16 +11,9 @@ import pytest
 
 import embstore
 from benches.conftest import DIM, VOCAB, Workload
-from embstore import optim, policy
+from embstore import optim
+from embstore.bench import POLICIES
 from embstore.gpu import DeviceCache
-
-POLICIES: dict[str, dict[str, Any]] = {
-    "none": {},
-    "capacity-lfu": {"capacity": 1 << 40},
-    "ttl": {"ttl_steps": 1 << 30},
-    "count-filter": {"admission": policy.CountFilter(1)},
-    "float16": {"dtype": "float16"},
-}
 
 
 def full_table(**kwargs: Any) -> embstore.Table:

@@ -125,14 +125,6 @@ class Table:
         cap = _opt_int("capacity", capacity, 1)
         if eviction not in _EVICTIONS:
             raise ValueError(f"eviction: expected one of {_EVICTIONS}, got {eviction!r}")
-        if optimizer is None and ttl is not None:
-            raise ValueError(
-                "ttl_steps: expected a table with an optimizer (age counts optimizer steps)"
-            )
-        if optimizer is None and admission is not None:
-            raise ValueError(
-                "admission: expected a table with an optimizer (it counts gradient sightings)"
-            )
         self._optimizer = optimizer
         self._initializer = initializer
         self._dtype = dtype
