@@ -23,7 +23,11 @@ fn main() {
         .map(|i| (draw(1, i) % vocab as u64) as i64)
         .collect();
     let grads: Vec<f32> = (0..n * dim).map(|i| (i % 7) as f32 * 0.01).collect();
-    for _ in 0..3 {
+    let reps: usize = std::env::var("REPS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(3);
+    for _ in 0..reps {
         let t0 = Instant::now();
         check_finite("grads", &grads).unwrap();
         let a = t0.elapsed();

@@ -636,10 +636,6 @@ impl Table {
     {
         let insert = insert && self.policy.admission.is_always();
         let track = self.policy.tracks();
-        let find = |g: &Shard, i: usize| {
-            g.find(keys[i], plan.hashes[i])
-                .map_or(u32::MAX, |r| r as u32)
-        };
         if insert || track {
             let save_gen = self.generation();
             let (tick, step) = if track {
@@ -651,21 +647,13 @@ impl Table {
                 let len0 = g.len();
                 // Resolve every row first (independent probes overlap their
                 // cache misses); `emit` then reads them with prefetching.
-                let rows: Vec<u32> = pos
-                    .iter()
-                    .map(|&i| {
-                        let i = i as usize;
-                        if insert {
-                            let (r, _) =
-                                g.find_or_insert(keys[i], plan.hashes[i], save_gen, |row| {
-                                    self.fill_new(keys[i], row)
-                                });
-                            r as u32
-                        } else {
-                            find(g, i)
-                        }
-                    })
-                    .collect();
+                let mut rows = Vec::new();
+                if insert {
+                    let fill = |key, row: &mut [f32]| self.fill_new(key, row);
+                    g.find_or_insert_many(keys, &plan.hashes, pos, save_gen, fill, &mut rows);
+                } else {
+                    g.find_many(keys, &plan.hashes, pos, &mut rows);
+                }
                 if track {
                     for &r in &rows {
                         if r != u32::MAX {
@@ -679,7 +667,8 @@ impl Table {
             });
         } else {
             self.par_shards(plan, |g, pos| {
-                let rows: Vec<u32> = pos.iter().map(|&i| find(g, i as usize)).collect();
+                let mut rows = Vec::new();
+                g.find_many(keys, &plan.hashes, pos, &mut rows);
                 emit(g, pos, &rows);
                 self.count_lookups(g, pos.len(), &rows, g.len());
             });
@@ -922,14 +911,12 @@ impl Table {
             let len0 = g.len();
             // (row << 32 | position), sorted: each row's positions in batch order.
             let mut pairs: Vec<u64> = if self.policy.admission.is_always() {
-                pos.iter()
-                    .map(|&i| {
-                        let iu = i as usize;
-                        let (r, _) = g.find_or_insert(keys[iu], plan.hashes[iu], save_gen, |row| {
-                            self.fill_new(keys[iu], row)
-                        });
-                        ((r as u64) << 32) | u64::from(i)
-                    })
+                let mut rows = Vec::new();
+                let fill = |key, row: &mut [f32]| self.fill_new(key, row);
+                g.find_or_insert_many(keys, &plan.hashes, pos, save_gen, fill, &mut rows);
+                rows.iter()
+                    .zip(pos)
+                    .map(|(&r, &i)| (u64::from(r) << 32) | u64::from(i))
                     .collect()
             } else {
                 self.admit(g, keys, &plan.hashes, pos, t, save_gen)
@@ -938,8 +925,9 @@ impl Table {
             let mut acc = vec![0.0f32; dim];
             let mut wtmp = vec![0.0f32; if compact { dim } else { 0 }];
             let mut j = 0;
-            // Gradient rows are random reads: keep loads in flight for the
-            // pairs a little ahead of the one being summed.
+            // Gradient rows are random reads, and rows (in ascending order)
+            // skip: keep loads of both in flight for the pairs a little
+            // ahead of the one being updated.
             let mut fetched = 0;
             while j < pairs.len() {
                 let r = (pairs[j] >> 32) as usize;
@@ -950,6 +938,7 @@ impl Table {
                 let until = (end + 2 * PREFETCH_AHEAD).min(pairs.len());
                 while fetched < until {
                     prefetch(grad_of((pairs[fetched] & 0xFFFF_FFFF) as usize).0);
+                    prefetch(g.arena.row((pairs[fetched] >> 32) as usize));
                     fetched += 1;
                 }
                 let (first, c0) = grad_of((pairs[j] & 0xFFFF_FFFF) as usize);

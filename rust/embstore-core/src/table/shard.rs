@@ -21,6 +21,9 @@ fn index_hash(h32: u32) -> u64 {
     u64::from(h32) | (u64::from(h32) << 32)
 }
 
+/// Keys per block of [`Shard::find_many`].
+const FIND_BLOCK: usize = 32;
+
 #[inline(always)]
 fn entry(row: usize, h32: u32) -> Entry {
     ((row as u64) << 32) | u64::from(h32)
@@ -83,6 +86,72 @@ impl Shard {
     /// Makes room in the index for `additional` more keys.
     pub fn reserve(&mut self, additional: usize) {
         self.index.reserve(additional, |&e| index_hash(e as u32));
+    }
+
+    /// The row of the entry whose stored hash bits match `hash`'s, if any: a
+    /// probe that reads the index only. A present key's row is its
+    /// candidate (or, in the rare case of two keys sharing 32 hash bits,
+    /// another key's); no candidate means the key is absent.
+    #[inline(always)]
+    fn candidate(&self, hash: u64) -> u32 {
+        let h32 = hash as u32;
+        self.index
+            .find(index_hash(h32), |&e| e as u32 == h32)
+            .map_or(u32::MAX, |&e| entry_row(e) as u32)
+    }
+
+    /// The rows of the keys at batch positions `pos` (`keys[pos[j]]`, hash
+    /// `hashes[pos[j]]`) into `rows` (`u32::MAX` where absent). Works in
+    /// blocks: first every candidate of the block, whose probes read only
+    /// the index and so overlap their cache misses, with the candidate's key
+    /// prefetched; then each candidate checked against its key (a full probe
+    /// where the check fails).
+    pub fn find_many(&self, keys: &[i64], hashes: &[u64], pos: &[u32], rows: &mut Vec<u32>) {
+        rows.clear();
+        rows.reserve(pos.len());
+        for block in pos.chunks(FIND_BLOCK) {
+            let start = rows.len();
+            for &i in block {
+                let c = self.candidate(hashes[i as usize]);
+                if c != u32::MAX {
+                    self.arena.prefetch_key(c as usize);
+                }
+                rows.push(c);
+            }
+            for (r, &i) in rows[start..].iter_mut().zip(block) {
+                let i = i as usize;
+                if *r != u32::MAX && self.arena.key(*r as usize) != keys[i] {
+                    *r = self.find(keys[i], hashes[i]).map_or(u32::MAX, |x| x as u32);
+                }
+            }
+        }
+    }
+
+    /// As [`Shard::find_many`], creating the rows of absent keys (filled by
+    /// `fill(key, row)`) in batch order, after making room in the index for
+    /// all of them at once.
+    pub fn find_or_insert_many(
+        &mut self,
+        keys: &[i64],
+        hashes: &[u64],
+        pos: &[u32],
+        generation: u32,
+        fill: impl Fn(i64, &mut [f32]),
+        rows: &mut Vec<u32>,
+    ) {
+        self.find_many(keys, hashes, pos, rows);
+        let missing = rows.iter().filter(|&&r| r == u32::MAX).count();
+        if missing == 0 {
+            return;
+        }
+        self.reserve(missing);
+        for (r, &i) in rows.iter_mut().zip(pos) {
+            if *r == u32::MAX {
+                let (key, hash) = (keys[i as usize], hashes[i as usize]);
+                let (row, _) = self.find_or_insert(key, hash, generation, |row| fill(key, row));
+                *r = row as u32;
+            }
+        }
     }
 
     /// The row of `key` (whose hash is `hash`), if present.
