@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from embstore import init, optim, policy
 from embstore._core import __version__
+from embstore._core import free_output_buffers as _free_output_buffers
 from embstore.collection import Collection
 from embstore.exceptions import CheckpointError, EmbstoreError
 from embstore.store import Table
@@ -18,7 +19,21 @@ __all__ = [
     "EmbstoreError",
     "Table",
     "__version__",
+    "free_output_buffers",
     "init",
     "optim",
     "policy",
 ]
+
+
+def free_output_buffers() -> int:
+    """Give the kept output buffers back to the OS; returns their bytes.
+
+    Large outputs (4 MiB and up) of ``lookup``, ``lookup_pooled`` and
+    ``Collection.lookup_pooled`` live in buffers that are kept when their
+    array is freed (at most 4 buffers, 2 GiB) and reused by the next call of
+    about the same size, so a training step writes into memory that is
+    already mapped instead of faulting in fresh pages. Call this to release
+    them, e.g. after training, before a memory-hungry phase.
+    """
+    return _free_output_buffers()

@@ -57,7 +57,7 @@ pub fn collection_lookup_pooled<'py>(
     let bags = features(&tables, &ids, &offsets, &weights, &combiners)?;
     let batch = bags.first().map_or(0, |b| b.batch());
     let total: usize = tables.iter().map(|t| t.dim()).sum();
-    let out = PyArray2::<f32>::zeros(py, [batch, total], false);
+    let out = crate::outbuf::array2(py, batch, total)?;
     {
         let mut rw = out.readwrite();
         let dst = rw.as_slice_mut()?;

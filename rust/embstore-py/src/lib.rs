@@ -6,6 +6,7 @@ mod collection;
 mod convert;
 mod distributed;
 mod error;
+mod outbuf;
 mod store;
 
 use pyo3::prelude::*;
@@ -70,6 +71,12 @@ mod _core {
         })?;
         let d = py.detach(|| embstore_core::curve::lru_stack_distances(k));
         Ok(d.into_pyarray(py))
+    }
+
+    /// Gives the kept output buffers back to the OS; returns their bytes.
+    #[pyfunction]
+    fn free_output_buffers() -> usize {
+        crate::outbuf::free_all()
     }
 
     /// Number of threads of the native pool.

@@ -300,9 +300,7 @@ impl PyTable {
     ) -> PyResult<Bound<'py, PyArray2<f32>>> {
         let k = slice(&keys, "keys")?;
         let table = &self.inner;
-        // Allocated by NumPy, whose allocator asks for huge pages on large
-        // arrays: far fewer page faults than a fresh Vec for a big batch.
-        let out = PyArray2::<f32>::zeros(py, [k.len(), table.dim()], false);
+        let out = crate::outbuf::array2(py, k.len(), table.dim())?;
         {
             let mut rw = out.readwrite();
             let dst = rw.as_slice_mut()?;
@@ -323,7 +321,7 @@ impl PyTable {
     ) -> PyResult<Bound<'py, PyArray2<f32>>> {
         let b = bags(&ids, &offsets, weights.as_ref(), combiner)?;
         let table = &self.inner;
-        let out = PyArray2::<f32>::zeros(py, [b.batch(), table.dim()], false);
+        let out = crate::outbuf::array2(py, b.batch(), table.dim())?;
         {
             let mut rw = out.readwrite();
             let dst = rw.as_slice_mut()?;
@@ -390,8 +388,8 @@ impl PyTable {
     ) -> PyResult<(Bound<'py, PyArray2<f32>>, Bound<'py, PyArray2<f32>>)> {
         let k = slice(&keys, "keys")?;
         let table = &self.inner;
-        let out = PyArray2::<f32>::zeros(py, [k.len(), table.dim()], false);
-        let st = PyArray2::<f32>::zeros(py, [k.len(), table.state_len()], false);
+        let out = crate::outbuf::array2(py, k.len(), table.dim())?;
+        let st = crate::outbuf::array2(py, k.len(), table.state_len())?;
         {
             let mut rw = out.readwrite();
             let mut sw = st.readwrite();
