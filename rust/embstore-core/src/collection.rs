@@ -112,17 +112,31 @@ pub fn apply_pooled_gradients(features: &[Feature<'_>], grads: &[f32]) -> Result
     groups.par_iter().for_each(|(table, idx)| {
         let dim = table.dim();
         // Every id of every feature on this table, with the flat offset of
-        // its bag's gradient row and its coefficient.
-        let mut keys = Vec::new();
-        let mut src = Vec::new();
-        let mut coef = Vec::new();
+        // its bag's gradient row and its coefficient; each feature fills its
+        // own part, in parallel.
+        let n: usize = idx.iter().map(|&fi| features[fi].bags.ids.len()).sum();
+        let mut keys = vec![0i64; n];
+        let mut src = vec![0usize; n];
+        let mut coef = vec![0.0f32; n];
+        let mut parts = Vec::with_capacity(idx.len());
+        let (mut k, mut s, mut c) = (&mut keys[..], &mut src[..], &mut coef[..]);
         for &fi in idx {
-            let f = &features[fi];
-            let c = f.bags.coefs();
-            keys.extend_from_slice(f.bags.ids);
-            src.extend(c.bag_of.iter().map(|&b| b as usize * total + cols[fi]));
-            coef.extend_from_slice(&c.coef);
+            let len = features[fi].bags.ids.len();
+            let (k0, k1) = std::mem::take(&mut k).split_at_mut(len);
+            let (s0, s1) = std::mem::take(&mut s).split_at_mut(len);
+            let (c0, c1) = std::mem::take(&mut c).split_at_mut(len);
+            parts.push((fi, k0, s0, c0));
+            (k, s, c) = (k1, s1, c1);
         }
+        parts.into_par_iter().for_each(|(fi, k, s, c)| {
+            let bags = &features[fi].bags;
+            k.copy_from_slice(bags.ids);
+            let mut bag_of = vec![0u32; k.len()];
+            bags.coefs_into(&mut bag_of, c);
+            for (dst, &b) in s.iter_mut().zip(&bag_of) {
+                *dst = b as usize * total + cols[fi];
+            }
+        });
         table.apply_in(&keys, |i| (&grads[src[i]..src[i] + dim], coef[i]));
     });
     for (t, _) in &groups {

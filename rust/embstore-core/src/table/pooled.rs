@@ -128,7 +128,13 @@ impl Bags<'_> {
     pub(crate) fn coefs(&self) -> Coefs {
         let nnz = self.ids.len();
         let mut bag_of = vec![0u32; nnz];
-        let mut coef = vec![1.0f32; nnz];
+        let mut coef = vec![0.0f32; nnz];
+        self.coefs_into(&mut bag_of, &mut coef);
+        Coefs { bag_of, coef }
+    }
+
+    /// [`Bags::coefs`] into caller-provided slices of `nnz` entries each.
+    pub(crate) fn coefs_into(&self, bag_of: &mut [u32], coef: &mut [f32]) {
         let weight = |i: usize| self.weights.map_or(1.0, |w| w[i]);
         for b in 0..self.batch() {
             let r = self.range(b);
@@ -142,7 +148,6 @@ impl Bags<'_> {
                 coef[i] = if denom == 0.0 { 0.0 } else { weight(i) / denom };
             }
         }
-        Coefs { bag_of, coef }
     }
 }
 
