@@ -137,3 +137,36 @@ fn refused_calls_change_nothing() {
     assert_eq!(t.export(true), before);
     assert_eq!(t.step(), 0);
 }
+
+/// Outputs past `STREAM_MIN_BYTES` (8 MiB) are written with non-temporal
+/// stores: the rows must equal those of the same lookups in small calls
+/// (plain stores), for lookup and for pooled lookups of one-id bags.
+#[test]
+fn large_outputs_written_by_streaming_equal_small_calls() {
+    use embstore_core::table::{Bags, Combiner};
+    let dim = 64;
+    let mut cfg = TableConfig::new(dim);
+    cfg.seed = 5;
+    let t = Table::new(cfg).unwrap();
+    let n = 40_000; // 40,000 x 64 floats = 10 MiB
+    let keys: Vec<i64> = (0..n as u64)
+        .map(|i| (draw(3, i) % 50_000) as i64)
+        .collect();
+    let mut big = vec![0.0f32; n * dim];
+    t.lookup(&keys, true, &mut big).unwrap();
+    let mut small = vec![0.0f32; n * dim];
+    for (k, o) in keys.chunks(100).zip(small.chunks_mut(100 * dim)) {
+        t.lookup(k, true, o).unwrap();
+    }
+    assert_eq!(big, small, "lookup");
+    let offsets: Vec<i64> = (0..=n as i64).collect();
+    let bags = Bags {
+        ids: &keys,
+        offsets: &offsets,
+        weights: None,
+        combiner: Combiner::Sum,
+    };
+    let mut pooled = vec![0.0f32; n * dim];
+    t.lookup_pooled(&bags, true, &mut pooled).unwrap();
+    assert_eq!(pooled, small, "lookup_pooled of one-id bags");
+}

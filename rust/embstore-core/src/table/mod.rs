@@ -24,9 +24,13 @@ use crate::hash::{key_hash, shard_of};
 use crate::init::Initializer;
 use crate::optim::Optimizer;
 use crate::policy::{Admission, Counters, Meta, Policy, RowFormat, Sketch};
-use crate::simd::{Backend, prefetch};
+use crate::simd::{Backend, copy_streaming, prefetch, stream_fence};
 pub use pooled::{Bags, Combiner, pool_rows, spread_pooled};
 use shard::Shard;
+
+/// Outputs at least this large are written with non-temporal stores
+/// ([`SharedOut::streams`]).
+pub(crate) const STREAM_MIN_BYTES: usize = 8 << 20;
 
 /// The most shards a table may have.
 pub const MAX_SHARDS: usize = 1 << 16;
@@ -127,6 +131,14 @@ impl SharedOut {
     /// The same buffer, writing from column `col`.
     pub(crate) fn with_col(self, col: usize) -> Self {
         SharedOut { col, ..self }
+    }
+
+    /// Whether rows should be written with non-temporal stores: the output
+    /// is larger than the caches ([`STREAM_MIN_BYTES`]), so its lines would
+    /// be evicted before anyone reads them, and streaming them saves reading
+    /// each line into cache before it is overwritten.
+    pub(crate) fn streams(&self) -> bool {
+        self.len * 4 >= STREAM_MIN_BYTES
     }
 
     /// The `dim` floats of output row `i`.
@@ -717,6 +729,10 @@ impl Table {
             }
         };
         match self.policy.format {
+            RowFormat::F32 if out.streams() => {
+                copy(&|row, dst| copy_streaming(dst, &row[..dim]));
+                stream_fence();
+            }
             RowFormat::F32 => copy(&|row, dst| dst.copy_from_slice(&row[..dim])),
             f => copy(&|row, dst| f.decode(&row[..ww], dst)),
         }

@@ -13,7 +13,7 @@ use rayon::prelude::*;
 
 use super::{PREFETCH_AHEAD, SharedOut, Table, check_finite, check_len};
 use crate::error::{Result, invalid};
-use crate::simd::prefetch;
+use crate::simd::{copy_streaming, prefetch, stream_fence};
 
 /// How a bag's rows are combined.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -191,14 +191,19 @@ impl Table {
         }
         let mut gbuf = vec![0.0f32; gathered * dim];
         let gout = SharedOut::new(&mut gbuf, dim);
+        let stream = out.streams();
         let emit = |i: usize, x: &[f32]| {
             if slot[i] == u32::MAX {
                 // SAFETY: bag_of[i] has this id only, and position i belongs
                 // to one shard of the plan: one writer for this output row.
                 let dst = unsafe { out.row(bag_of[i] as usize, dim) };
-                dst.copy_from_slice(x);
-                if coef[i] != 1.0 {
-                    backend.scale(dst, coef[i]);
+                if coef[i] == 1.0 && stream {
+                    copy_streaming(dst, x);
+                } else {
+                    dst.copy_from_slice(x);
+                    if coef[i] != 1.0 {
+                        backend.scale(dst, coef[i]);
+                    }
                 }
             } else {
                 // SAFETY: slot[i] is position i's own gather row.
@@ -222,6 +227,9 @@ impl Table {
                 } else {
                     emit(i, self.weights(g.arena.row(r as usize), &mut tmp));
                 }
+            }
+            if stream {
+                stream_fence();
             }
         });
         let gbuf = &gbuf;
