@@ -22,7 +22,7 @@ fn index_hash(h32: u32) -> u64 {
 }
 
 /// Keys per block of [`Shard::find_many`].
-const FIND_BLOCK: usize = 32;
+const FIND_BLOCK: usize = 64;
 
 #[inline(always)]
 fn entry(row: usize, h32: u32) -> Entry {
