@@ -405,6 +405,12 @@ impl PyTable {
         self.inner.set_step(step);
     }
 
+    /// Reserves index space and touched row memory for `rows` more rows.
+    fn reserve(&self, py: Python<'_>, rows: usize) -> PyResult<()> {
+        let table = &self.inner;
+        py.enter_store(|| table.reserve_rows(rows))
+    }
+
     fn remove(&self, py: Python<'_>, keys: PyReadonlyArray1<'_, i64>) -> PyResult<usize> {
         let k = slice(&keys, "keys")?;
         let table = &self.inner;

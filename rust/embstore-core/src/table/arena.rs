@@ -33,6 +33,24 @@ pub struct Arena {
     /// otherwise (`track` false).
     meta: Vec<Vec<Meta>>,
     track: bool,
+    /// Rows whose memory [`Arena::reserve`] has allocated and touched (the
+    /// rows up to this count are resident whether or not they hold a row).
+    reserved: usize,
+}
+
+/// The first row of segment `k`.
+#[inline]
+fn segment_start(k: usize) -> usize {
+    FIRST * ((1 << k) - 1)
+}
+
+/// Writes defaults into `v`'s spare capacity up to element `upto` (without
+/// changing its length), so that the pages are mapped before rows arrive.
+fn touch_spare<T: Copy + Default>(v: &mut Vec<T>, upto: usize) {
+    let len = v.len();
+    if upto > len {
+        v.spare_capacity_mut()[..upto - len].fill(std::mem::MaybeUninit::new(T::default()));
+    }
 }
 
 impl Arena {
@@ -47,6 +65,7 @@ impl Arena {
             rows: Vec::new(),
             meta: Vec::new(),
             track,
+            reserved: 0,
         }
     }
 
@@ -84,10 +103,70 @@ impl Arena {
         self.len
     }
 
-    /// Bytes of the keys and rows stored (what is resident).
-    pub fn bytes(&self) -> usize {
+    /// Bytes of one row: key, save generation, floats and metadata.
+    pub fn row_bytes(&self) -> usize {
         let meta = if self.track { size_of::<Meta>() } else { 0 };
-        self.len * (8 + 4 + 4 * self.stride + meta)
+        8 + 4 + 4 * self.stride + meta
+    }
+
+    /// Bytes of the keys and rows stored, and of rows reserved (what is
+    /// resident).
+    pub fn bytes(&self) -> usize {
+        self.len.max(self.reserved) * self.row_bytes()
+    }
+
+    /// Allocates the segments for `additional` more rows and touches their
+    /// memory, so that pushing that many rows later maps no fresh page (a
+    /// first write to fresh memory, a page fault and a page clear, is most
+    /// of the cost of inserting rows). The reserved rows count in
+    /// [`Arena::bytes`] from now on.
+    ///
+    /// # Errors
+    /// When the memory cannot be allocated; nothing was reserved then (the
+    /// segments already added stay, empty).
+    pub fn reserve(&mut self, additional: usize) -> Result<(), std::collections::TryReserveError> {
+        let target = self.len.saturating_add(additional);
+        if target <= self.len.max(self.reserved) {
+            return Ok(());
+        }
+        let (last, _) = locate(target - 1);
+        while self.keys.len() <= last {
+            self.add_segment()?;
+        }
+        let (first, _) = locate(self.len);
+        for k in first..=last {
+            let upto = (target - segment_start(k)).min(FIRST << k);
+            touch_spare(&mut self.rows[k], upto * self.stride);
+            touch_spare(&mut self.keys[k], upto);
+            touch_spare(&mut self.gens[k], upto);
+            if self.track {
+                touch_spare(&mut self.meta[k], upto);
+            }
+        }
+        self.reserved = target;
+        Ok(())
+    }
+
+    /// Appends the next (empty) segment at its full capacity.
+    fn add_segment(&mut self) -> Result<(), std::collections::TryReserveError> {
+        let cap = FIRST << self.keys.len();
+        let mut keys = Vec::new();
+        keys.try_reserve_exact(cap)?;
+        let mut gens = Vec::new();
+        gens.try_reserve_exact(cap)?;
+        let mut rows = Vec::new();
+        rows.try_reserve_exact(cap * self.stride)?;
+        let mut meta = Vec::new();
+        if self.track {
+            meta.try_reserve_exact(cap)?;
+        }
+        self.keys.push(keys);
+        self.gens.push(gens);
+        self.rows.push(rows);
+        if self.track {
+            self.meta.push(meta);
+        }
+        Ok(())
     }
 
     /// The save generation in which row `r` last changed.
@@ -148,13 +227,7 @@ impl Arena {
         let r = self.len;
         let (k, _) = locate(r);
         if k == self.keys.len() {
-            let cap = FIRST << k;
-            self.keys.push(Vec::with_capacity(cap));
-            self.gens.push(Vec::with_capacity(cap));
-            self.rows.push(Vec::with_capacity(cap * self.stride));
-            if self.track {
-                self.meta.push(Vec::with_capacity(cap));
-            }
+            self.add_segment().expect("out of memory for a row segment");
         }
         if self.track {
             self.meta[k].push(Meta::default());
@@ -213,6 +286,7 @@ impl Arena {
             if self.track {
                 self.meta.pop();
             }
+            self.reserved = self.reserved.min(segment_start(self.keys.len()));
         }
         self.len = last;
         moved
@@ -235,6 +309,33 @@ mod tests {
                 (k, o + 1)
             };
         }
+    }
+
+    #[test]
+    fn reserve_touches_segments_and_counts_reserved_rows() {
+        let mut a = Arena::new(4, true);
+        let per_row = 8 + 4 + 16 + size_of::<Meta>();
+        a.push(1, 0, |row| row.fill(1.0));
+        a.reserve(1000).unwrap();
+        assert_eq!(a.bytes(), 1001 * per_row, "reserved rows count as resident");
+        let (last, _) = locate(1000);
+        assert_eq!(a.keys.len(), last + 1, "every needed segment exists");
+        assert!(a.rows[last].capacity() >= (1001 - segment_start(last)) * 4);
+        // Reserving less than what is reserved changes nothing.
+        a.reserve(10).unwrap();
+        assert_eq!(a.bytes(), 1001 * per_row);
+        for key in 2..=1500i64 {
+            a.push(key, 0, |row| row.fill(key as f32));
+        }
+        assert_eq!(a.len(), 1500);
+        assert_eq!(a.bytes(), 1500 * per_row, "past the reservation: rows");
+        assert_eq!(a.row(777), &[778.0; 4]);
+        assert_eq!(a.key(1499), 1500);
+        while a.len() > 0 {
+            a.swap_remove(a.len() - 1);
+        }
+        // Emptied segments go back, with their reservation; the first stays.
+        assert_eq!(a.bytes(), FIRST * per_row);
     }
 
     #[test]

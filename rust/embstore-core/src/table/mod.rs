@@ -854,6 +854,50 @@ impl Table {
             .for_each(|lock| write(lock).reserve(per));
     }
 
+    /// Makes room for `additional` more rows, spread over the shards as keys
+    /// spread (each shard gets its share plus four standard deviations):
+    /// index space, and row memory allocated and touched now, so that
+    /// inserting that many new keys later maps no fresh memory (as
+    /// HierarchicalKV and TFRA tables take their initial capacity up front).
+    /// The reserved memory counts in `stats().bytes` from now on.
+    ///
+    /// # Errors
+    /// `InvalidArgument` naming `rows` when the memory cannot be allocated;
+    /// rows and keys are unchanged then.
+    pub fn reserve_rows(&self, additional: usize) -> Result<()> {
+        if additional == 0 {
+            return Ok(());
+        }
+        let n = self.shards.len();
+        let mean = additional.div_ceil(n);
+        let per = mean + 4 * (mean as f64).sqrt().ceil() as usize;
+        let row_bytes = read(&self.shards[0]).arena.row_bytes();
+        let need = (per as u128) * (n as u128) * (row_bytes as u128);
+        if let Some(avail) = pages::available_memory()
+            && need > avail as u128
+        {
+            return Err(invalid(
+                "rows",
+                format!(
+                    "reserving {additional} rows needs {need} bytes, more than the \
+                     {avail} bytes of memory available"
+                ),
+            ));
+        }
+        let failed = self
+            .shards
+            .par_iter()
+            .map(|lock| write(lock).reserve_rows(per).is_err())
+            .reduce(|| false, |a, b| a || b);
+        if failed {
+            return Err(invalid(
+                "rows",
+                format!("could not allocate memory for {additional} more rows"),
+            ));
+        }
+        Ok(())
+    }
+
     /// Removes the rows of `keys`; returns how many were present.
     ///
     /// # Errors

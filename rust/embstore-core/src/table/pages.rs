@@ -83,9 +83,26 @@ unsafe impl Allocator for PageAlloc {
     }
 }
 
+/// Memory the OS could still give this process without swapping
+/// (`MemAvailable` of `/proc/meminfo`), where known.
+pub fn available_memory() -> Option<usize> {
+    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = info.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kib: usize = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn available_memory_is_known_on_linux() {
+        if cfg!(target_os = "linux") {
+            let m = available_memory().expect("MemAvailable in /proc/meminfo");
+            assert!(m > 1 << 20, "{m}");
+        }
+    }
 
     #[test]
     fn small_and_large_blocks_round_trip() {

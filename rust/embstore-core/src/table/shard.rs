@@ -88,6 +88,24 @@ impl Shard {
         self.index.reserve(additional, |&e| index_hash(e as u32));
     }
 
+    /// Makes room in the index for `additional` more keys and allocates and
+    /// touches their rows' memory ([`Arena::reserve`]).
+    ///
+    /// # Errors
+    /// When the memory cannot be allocated.
+    pub fn reserve_rows(
+        &mut self,
+        additional: usize,
+    ) -> Result<(), std::collections::TryReserveError> {
+        self.index
+            .try_reserve(additional, |&e| index_hash(e as u32))
+            .map_err(|_| {
+                // hashbrown's error carries no std error; make one.
+                Vec::<u8>::new().try_reserve(usize::MAX).unwrap_err()
+            })?;
+        self.arena.reserve(additional)
+    }
+
     /// The row of the entry whose stored hash bits match `hash`'s, if any: a
     /// probe that reads the index only. A present key's row is its
     /// candidate (or, in the rare case of two keys sharing 32 hash bits,
