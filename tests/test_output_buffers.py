@@ -11,7 +11,7 @@ import embstore
 from embstore import optim
 
 DIM = 32
-N = 40_000  # 40,000 x 32 floats = 5 MiB: above the 4 MiB pooling threshold
+N = 50_000  # 50,000 x 32 floats = 6.4 MB: above the 4 MiB pooling threshold
 
 
 def _rows(table: embstore.Table, keys: np.ndarray) -> np.ndarray:
@@ -76,13 +76,19 @@ def test_pooled_and_collection_outputs_are_fully_written_over_old_values() -> No
     np.testing.assert_allclose(pooled, expect, rtol=1e-5, atol=1e-7)
     del pooled
     gc.collect()
+    # A wide output past 8 MiB (written with streaming stores), with two
+    # features sharing table t (served in one pass) and one-id bags.
     u = embstore.Table(DIM // 2, seed=6)
-    coll = embstore.Collection({"a": t, "b": u})
+    coll = embstore.Collection({"a": t, "b": u, "c": t})
     one = np.arange(N + 1, dtype=np.int64)
-    wide = coll.lookup_pooled({"a": (ids[:N], one), "b": (ids[:N] + 1, one)})
-    assert wide.shape == (N, DIM + DIM // 2)
+    wide = coll.lookup_pooled(
+        {"a": (ids[:N], one), "b": (ids[:N] + 1, one), "c": (ids[:N] + 7, one)}
+    )
+    assert wide.shape == (N, 2 * DIM + DIM // 2)
+    assert wide.nbytes > 8 << 20
     np.testing.assert_array_equal(wide[:, :DIM], t.lookup(ids[:N]))
-    np.testing.assert_array_equal(wide[:, DIM:], u.lookup(ids[:N] + 1))
+    np.testing.assert_array_equal(wide[:, DIM : DIM + DIM // 2], u.lookup(ids[:N] + 1))
+    np.testing.assert_array_equal(wide[:, DIM + DIM // 2 :], t.lookup(ids[:N] + 7))
     embstore.free_output_buffers()
 
 

@@ -80,9 +80,13 @@ pub fn lookup_pooled(features: &[Feature<'_>], insert: bool, out: &mut [f32]) ->
         .map(|(t, _)| t.enter())
         .collect();
     let shared = SharedOut::strided(out, total, 0);
-    features.par_iter().zip(cols).for_each(|(f, col)| {
-        let out = shared.with_col(col);
-        f.table.lookup_pooled_in(&f.bags, insert, out);
+    // One pass per distinct table over all the features it serves.
+    groups.par_iter().for_each(|(table, idx)| {
+        let feats: Vec<_> = idx
+            .iter()
+            .map(|&fi| (features[fi].bags, cols[fi]))
+            .collect();
+        table.lookup_pooled_in(&feats, insert, shared);
     });
     if insert {
         for (t, _) in &groups {

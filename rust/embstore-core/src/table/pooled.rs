@@ -162,7 +162,7 @@ impl Table {
         bags.validate()?;
         check_len("out", bags.batch() * self.dim, out.len())?;
         let _gate = self.lookup_changes(insert).then(|| self.enter());
-        self.lookup_pooled_in(bags, insert, SharedOut::new(out, self.dim));
+        self.lookup_pooled_in(&[(*bags, 0)], insert, SharedOut::new(out, self.dim));
         if insert {
             self.enforce_capacity();
         }
@@ -170,39 +170,69 @@ impl Table {
     }
 
     /// [`Table::lookup_pooled`] on checked input, with the gate held when
-    /// `insert`; writes bag `b` to row `b` of `out`.
-    pub(crate) fn lookup_pooled_in(&self, bags: &Bags<'_>, insert: bool, out: SharedOut) {
+    /// `insert`, for one or more features served by this table: feature
+    /// `(bags, col)` writes bag `b` to row `b` of `out` from column `col`.
+    /// All the features' ids go through one plan and one pass over the
+    /// shards.
+    pub(crate) fn lookup_pooled_in(
+        &self,
+        feats: &[(Bags<'_>, usize)],
+        insert: bool,
+        out: SharedOut,
+    ) {
         let dim = self.dim;
         let backend = self.backend;
-        let ids = bags.ids;
-        let Coefs { bag_of, coef } = bags.coefs();
-        // An id alone in its bag writes its bag's row directly; ids of larger
-        // bags are gathered first and pooled per bag afterwards.
-        let mut slot = vec![u32::MAX; ids.len()];
+        let n: usize = feats.iter().map(|(b, _)| b.ids.len()).sum();
+        // Per id: where its row goes (the flat offset of its bag's output
+        // columns, for an id alone in its bag) or its gather slot (ids of
+        // larger bags are gathered first and pooled per bag afterwards), and
+        // its coefficient.
+        let mut dst = vec![usize::MAX; n];
+        let mut slot = vec![u32::MAX; n];
+        let mut coef = vec![0.0f32; n];
         let mut gathered = 0usize;
-        for b in 0..bags.batch() {
-            let r = bags.range(b);
-            if r.len() >= 2 {
-                for i in r {
-                    slot[i] = gathered as u32;
-                    gathered += 1;
+        let mut base = 0usize;
+        let mut bag_of = Vec::new();
+        for (bags, col) in feats {
+            let m = bags.ids.len();
+            bag_of.resize(m, 0);
+            bags.coefs_into(&mut bag_of, &mut coef[base..base + m]);
+            for b in 0..bags.batch() {
+                let r = bags.range(b);
+                if r.len() == 1 {
+                    dst[base + r.start] = out.offset(b, *col);
+                } else {
+                    for i in r {
+                        slot[base + i] = gathered as u32;
+                        gathered += 1;
+                    }
                 }
             }
+            base += m;
         }
+        let ids: std::borrow::Cow<'_, [i64]> = match feats {
+            [(bags, _)] => bags.ids.into(),
+            _ => feats
+                .iter()
+                .flat_map(|(b, _)| b.ids.iter().copied())
+                .collect(),
+        };
+        let ids = &ids[..];
         let mut gbuf = vec![0.0f32; gathered * dim];
         let gout = SharedOut::new(&mut gbuf, dim);
         let stream = out.streams();
         let emit = |i: usize, x: &[f32]| {
             if slot[i] == u32::MAX {
-                // SAFETY: bag_of[i] has this id only, and position i belongs
-                // to one shard of the plan: one writer for this output row.
-                let dst = unsafe { out.row(bag_of[i] as usize, dim) };
+                // SAFETY: dst[i] is the output row of a bag holding this id
+                // only, and position i belongs to one shard of the plan: one
+                // writer for this output row.
+                let d = unsafe { out.at(dst[i], dim) };
                 if coef[i] == 1.0 && stream {
-                    copy_streaming(dst, x);
+                    copy_streaming(d, x);
                 } else {
-                    dst.copy_from_slice(x);
+                    d.copy_from_slice(x);
                     if coef[i] != 1.0 {
-                        backend.scale(dst, coef[i]);
+                        backend.scale(d, coef[i]);
                     }
                 }
             } else {
@@ -233,22 +263,28 @@ impl Table {
             }
         });
         let gbuf = &gbuf;
-        (0..bags.batch())
-            .into_par_iter()
-            .with_min_len(1024)
-            .for_each(|b| {
-                let r = bags.range(b);
-                if r.len() == 1 {
-                    return;
-                }
-                // SAFETY: each bag's output row is written by this task only.
-                let dst = unsafe { out.row(b, dim) };
-                dst.fill(0.0);
-                for i in r {
-                    let s = slot[i] as usize;
-                    backend.axpy(dst, coef[i], &gbuf[s * dim..(s + 1) * dim]);
-                }
-            });
+        let mut base = 0usize;
+        for (bags, col) in feats {
+            let out = out.with_col(*col);
+            let (slot, coef) = (&slot[base..], &coef[base..]);
+            (0..bags.batch())
+                .into_par_iter()
+                .with_min_len(1024)
+                .for_each(|b| {
+                    let r = bags.range(b);
+                    if r.len() == 1 {
+                        return;
+                    }
+                    // SAFETY: each bag's output row is written by this task only.
+                    let d = unsafe { out.row(b, dim) };
+                    d.fill(0.0);
+                    for i in r {
+                        let s = slot[i] as usize;
+                        backend.axpy(d, coef[i], &gbuf[s * dim..(s + 1) * dim]);
+                    }
+                });
+            base += bags.ids.len();
+        }
     }
 
     /// The backward of [`Table::lookup_pooled`] followed by one optimizer
