@@ -1,8 +1,11 @@
-//! Rough timing of `lookup` on a full 2M-row table against a plain gather
-//! from a dense array (a profiling aid; the real benchmarks are in benches/).
+//! Rough timing of `lookup` and `apply_gradients` on a full 2M-row Adam
+//! table (dim 64, a batch of 1.7M random ids, the benchmark's workload),
+//! with a plain gather from a dense array for scale. A profiling aid; the
+//! real benchmarks are in benches/. `REPS=n` sets the repetitions.
 use std::time::Instant;
 
 use embstore_core::hash::draw;
+use embstore_core::table::check_finite;
 use embstore_core::{Optimizer, Table, TableConfig};
 use rayon::prelude::*;
 
@@ -17,22 +20,14 @@ fn main() {
     });
     let t = Table::new(cfg).unwrap();
     let all: Vec<i64> = (0..vocab).collect();
-    let mut out = vec![0.0f32; all.len() * dim];
+    let mut dense = vec![0.0f32; all.len() * dim];
     let t0 = Instant::now();
-    t.lookup(&all, true, &mut out).unwrap();
-    println!("insert 2M: {:?}", t0.elapsed());
-    let dense = out;
-    if let Ok(s) = std::fs::read_to_string("/proc/self/smaps_rollup") {
-        for l in s
-            .lines()
-            .filter(|l| l.contains("AnonHuge") || l.starts_with("Rss"))
-        {
-            println!("{l}");
-        }
-    }
+    t.lookup(&all, true, &mut dense).unwrap();
+    println!("insert {vocab} rows: {:?}", t0.elapsed());
     let keys: Vec<i64> = (0..n as u64)
         .map(|i| (draw(1, i) % vocab as u64) as i64)
         .collect();
+    let grads: Vec<f32> = (0..n * dim).map(|i| (i % 7) as f32 * 0.01).collect();
     let mut out = vec![0.0f32; n * dim];
     let reps: usize = std::env::var("REPS")
         .ok()
@@ -41,7 +36,7 @@ fn main() {
     for _ in 0..reps {
         let t0 = Instant::now();
         t.lookup(&keys, true, &mut out).unwrap();
-        let a = t0.elapsed();
+        let lookup = t0.elapsed();
         let t0 = Instant::now();
         out.par_chunks_mut(dim * 1024)
             .zip(keys.par_chunks(1024))
@@ -51,7 +46,16 @@ fn main() {
                     d.copy_from_slice(&dense[k * dim..(k + 1) * dim]);
                 }
             });
-        let b = t0.elapsed();
-        println!("lookup (prefaulted out) {a:?}  dense gather {b:?}");
+        let gather = t0.elapsed();
+        let t0 = Instant::now();
+        check_finite("grads", &grads).unwrap();
+        let check = t0.elapsed();
+        let t0 = Instant::now();
+        t.apply_gradients(&keys, &grads).unwrap();
+        let apply = t0.elapsed();
+        println!(
+            "lookup (mapped output) {lookup:?}  dense gather {gather:?}  \
+             check_finite {check:?}  apply_gradients (incl. check) {apply:?}"
+        );
     }
 }
