@@ -38,6 +38,16 @@ pub struct Arena {
     reserved: usize,
 }
 
+/// Memory for rows could not be allocated.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OutOfMemory;
+
+impl From<std::collections::TryReserveError> for OutOfMemory {
+    fn from(_: std::collections::TryReserveError) -> Self {
+        OutOfMemory
+    }
+}
+
 /// The first row of segment `k`.
 #[inline]
 fn segment_start(k: usize) -> usize {
@@ -124,7 +134,7 @@ impl Arena {
     /// # Errors
     /// When the memory cannot be allocated; nothing was reserved then (the
     /// segments already added stay, empty).
-    pub fn reserve(&mut self, additional: usize) -> Result<(), std::collections::TryReserveError> {
+    pub fn reserve(&mut self, additional: usize) -> Result<(), OutOfMemory> {
         let target = self.len.saturating_add(additional);
         if target <= self.len.max(self.reserved) {
             return Ok(());
@@ -148,7 +158,7 @@ impl Arena {
     }
 
     /// Appends the next (empty) segment at its full capacity.
-    fn add_segment(&mut self) -> Result<(), std::collections::TryReserveError> {
+    fn add_segment(&mut self) -> Result<(), OutOfMemory> {
         let cap = FIRST << self.keys.len();
         let mut keys = Vec::new();
         keys.try_reserve_exact(cap)?;

@@ -1109,7 +1109,7 @@ impl Table {
         cfg.num_shards = num_shards;
         cfg.policy = m.table_policy()?;
         let table = Table::new(cfg)?;
-        table.reserve(m.rows as usize);
+        table.reserve_index(m.rows as usize);
         // Load pass: replay the chain; in each link the removals first, then
         // its files (disjoint keys) in parallel. The table is not shared yet.
         for link in &m.chain {

@@ -861,14 +861,16 @@ impl Table {
         });
     }
 
-    /// Makes room for about `additional` more rows in total (spread over
-    /// the shards), so that a bulk insert does not grow the index step by step.
-    pub fn reserve(&self, additional: usize) {
+    /// Makes room in the index for about `additional` more rows in total
+    /// (spread over the shards), so that a bulk insert does not grow the
+    /// index step by step. Row memory is left to grow as rows arrive (see
+    /// [`Table::reserve_rows`] for both).
+    pub fn reserve_index(&self, additional: usize) {
         let n = self.shards.len();
         let per = additional / n + additional / n / 16 + 16;
         self.shards
             .par_iter()
-            .for_each(|lock| write(lock).reserve(per));
+            .for_each(|lock| write(lock).reserve_index(per));
     }
 
     /// Makes room for `additional` more rows, spread over the shards as keys

@@ -2,7 +2,7 @@
 
 use hashbrown::HashTable;
 
-use super::arena::Arena;
+use super::arena::{Arena, OutOfMemory};
 use super::pages::PageAlloc;
 use crate::policy::{Counters, Sketch};
 
@@ -84,7 +84,7 @@ impl Shard {
     }
 
     /// Makes room in the index for `additional` more keys.
-    pub fn reserve(&mut self, additional: usize) {
+    pub fn reserve_index(&mut self, additional: usize) {
         self.index.reserve(additional, |&e| index_hash(e as u32));
     }
 
@@ -93,16 +93,10 @@ impl Shard {
     ///
     /// # Errors
     /// When the memory cannot be allocated.
-    pub fn reserve_rows(
-        &mut self,
-        additional: usize,
-    ) -> Result<(), std::collections::TryReserveError> {
+    pub fn reserve_rows(&mut self, additional: usize) -> Result<(), OutOfMemory> {
         self.index
             .try_reserve(additional, |&e| index_hash(e as u32))
-            .map_err(|_| {
-                // hashbrown's error carries no std error; make one.
-                Vec::<u8>::new().try_reserve(usize::MAX).unwrap_err()
-            })?;
+            .map_err(|_| OutOfMemory)?;
         self.arena.reserve(additional)
     }
 
@@ -162,7 +156,7 @@ impl Shard {
         if missing == 0 {
             return;
         }
-        self.reserve(missing);
+        self.reserve_index(missing);
         for (r, &i) in rows.iter_mut().zip(pos) {
             if *r == u32::MAX {
                 let (key, hash) = (keys[i as usize], hashes[i as usize]);
