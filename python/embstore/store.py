@@ -468,7 +468,9 @@ class Table:
         """Figures of the table.
 
         ``rows``; ``bytes`` (exact: index, keys, rows, state, per-row
-        metadata and sketch); ``shard_rows``; ``step``; and counters since
+        metadata, sketch, memory reserved by :meth:`reserve`, and the rows
+        the last lookup found, kept for the gradient call on the same keys:
+        16 bytes per id); ``shard_rows``; ``step``; and counters since
         the table was built or loaded: ``lookups`` (ids looked up), ``hits``
         and ``misses`` (whether the id's key had a row before the call),
         ``inserts`` (rows created by any call), ``admitted`` (keys given a row

@@ -76,7 +76,7 @@ pub fn default_num_shards() -> usize {
 }
 
 /// A batch's keys grouped by shard.
-struct Plan {
+pub(crate) struct Plan {
     hashes: Vec<u64>,
     /// Positions in the batch, grouped by shard, in batch order within a shard.
     order: Vec<u32>,
@@ -89,6 +89,57 @@ impl Plan {
         &self.order[self.starts[s]..self.starts[s + 1]]
     }
 }
+
+/// What the last lookup found: its keys' plan, and the row of each
+/// of the plan's positions, shard by shard, with each shard's removal count
+/// at the time. A gradient call on exactly these keys (the backward of that
+/// lookup, in a training step) takes the rows from here instead of probing
+/// the index again, for every shard that has removed nothing since
+/// ([`Shard::removals`]); the others are probed as usual.
+struct Memo {
+    plan: Plan,
+    /// Per shard: the rows of `plan.positions(s)` (`u32::MAX`: no row).
+    rows: Vec<Vec<u32>>,
+    /// Per shard: its removal count when `rows` was found.
+    removals: Vec<u64>,
+}
+
+impl std::fmt::Debug for Memo {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Memo({} keys)", self.keys_len())
+    }
+}
+
+impl Memo {
+    /// Bytes held: 16 per key of the lookup (hash, position, row).
+    fn bytes(&self) -> usize {
+        let p = &self.plan;
+        p.hashes.capacity() * 8
+            + p.order.capacity() * 4
+            + p.starts.capacity() * 8
+            + self.rows.iter().map(|r| r.capacity() * 4).sum::<usize>()
+            + self.removals.capacity() * 8
+    }
+
+    fn keys_len(&self) -> usize {
+        self.plan.hashes.len()
+    }
+
+    /// Whether this memo is of exactly `keys` (compared through their
+    /// hashes: the key hash is a bijection).
+    fn is_of(&self, keys: &[i64]) -> bool {
+        keys.len() == self.keys_len()
+            && keys
+                .par_iter()
+                .zip(&self.plan.hashes)
+                .with_min_len(1 << 14)
+                .all(|(&k, &h)| key_hash(k) == h)
+    }
+}
+
+/// Per shard, where a lookup's shard pass leaves its rows and the shard's
+/// removal count for the [`Memo`].
+type Found = Vec<std::sync::Mutex<(Vec<u32>, u64)>>;
 
 /// A raw pointer to an output buffer that shards fill in parallel, each
 /// writing only the rows of its own batch positions. Row `i` starts at
@@ -205,6 +256,8 @@ pub struct Table {
     generation: AtomicU32,
     /// Where this table was last saved (incremental saves continue there).
     last_save: checkpoint::LastSave,
+    /// The last lookup's rows, for the gradient call that follows it.
+    memo: std::sync::Mutex<Option<Memo>>,
 }
 
 /// A table's figures, as `stats()` reports them.
@@ -347,6 +400,7 @@ impl Table {
             gate: RwLock::new(()),
             generation: AtomicU32::new(1),
             last_save: std::sync::Mutex::new(None),
+            memo: std::sync::Mutex::new(None),
         })
     }
 
@@ -438,6 +492,12 @@ impl Table {
                 *a += b;
             }
         }
+        bytes += self
+            .memo
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .as_ref()
+            .map_or(0, Memo::bytes);
         Stats {
             rows: shard_rows.iter().sum(),
             bytes,
@@ -593,13 +653,45 @@ impl Table {
         let plan = self.plan(keys);
         let out = SharedOut::new(out, dim);
         let _gate = self.lookup_changes(insert).then(|| self.enter());
-        self.lookup_rows(keys, &plan, insert, |g, pos, rows| {
+        let found = self.found();
+        self.lookup_rows(keys, &plan, insert, Some(&found), |g, pos, rows| {
             self.copy_rows(&g.arena, keys, pos, rows, out);
         });
+        self.remember(plan, found);
         if insert {
             self.enforce_capacity();
         }
         Ok(())
+    }
+
+    /// Empty [`Found`] slots, one per shard.
+    pub(crate) fn found(&self) -> Found {
+        (0..self.shards.len()).map(|_| Default::default()).collect()
+    }
+
+    /// Keeps what a lookup found as the [`Memo`] for the gradient call that
+    /// follows it (replacing the previous one).
+    pub(crate) fn remember(&self, plan: Plan, found: Found) {
+        let (rows, removals) = found
+            .into_iter()
+            .map(|m| m.into_inner().unwrap_or_else(PoisonError::into_inner))
+            .unzip();
+        let memo = Memo {
+            plan,
+            rows,
+            removals,
+        };
+        *self.memo.lock().unwrap_or_else(PoisonError::into_inner) = Some(memo);
+    }
+
+    /// The memo of exactly `keys`, taken out (a gradient call uses it once).
+    fn take_memo(&self, keys: &[i64]) -> Option<Memo> {
+        let mut slot = self.memo.lock().unwrap_or_else(PoisonError::into_inner);
+        if slot.as_ref().is_some_and(|m| m.is_of(keys)) {
+            slot.take()
+        } else {
+            None
+        }
     }
 
     /// [`Table::lookup`] that also writes each key's optimizer state to
@@ -624,7 +716,7 @@ impl Table {
         let out = SharedOut::new(out, dim);
         let st_out = SharedOut::new(state, sl);
         let _gate = self.lookup_changes(insert).then(|| self.enter());
-        self.lookup_rows(keys, &plan, insert, |g, pos, rows| {
+        self.lookup_rows(keys, &plan, insert, None, |g, pos, rows| {
             self.copy_rows(&g.arena, keys, pos, rows, out);
             if sl == 0 {
                 return;
@@ -659,10 +751,23 @@ impl Table {
     /// else `u32::MAX`), records the touches when rows carry metadata, hands
     /// each shard's positions and rows to `emit`, and counts. The caller
     /// holds the gate when [`Table::lookup_changes`].
-    fn lookup_rows<F>(&self, keys: &[i64], plan: &Plan, insert: bool, emit: F)
-    where
+    fn lookup_rows<F>(
+        &self,
+        keys: &[i64],
+        plan: &Plan,
+        insert: bool,
+        found: Option<&Found>,
+        emit: F,
+    ) where
         F: Fn(&Shard, &[u32], &[u32]) + Sync,
     {
+        let n = self.shards.len();
+        let keep = |g: &Shard, pos: &[u32], rows: Vec<u32>| {
+            if let Some(found) = found {
+                let s = shard_of(plan.hashes[pos[0] as usize], n);
+                *found[s].lock().unwrap_or_else(PoisonError::into_inner) = (rows, g.removals);
+            }
+        };
         let insert = insert && self.policy.admission.is_always();
         let track = self.policy.tracks();
         if insert || track {
@@ -692,6 +797,7 @@ impl Table {
                 }
                 emit(g, pos, &rows);
                 self.count_lookups(g, pos.len(), &rows, len0);
+                keep(g, pos, rows);
                 0
             });
         } else {
@@ -700,6 +806,7 @@ impl Table {
                 g.find_many(keys, &plan.hashes, pos, &mut rows);
                 emit(g, pos, &rows);
                 self.count_lookups(g, pos.len(), &rows, g.len());
+                keep(g, pos, rows);
             });
         }
     }
@@ -985,14 +1092,42 @@ impl Table {
         let track = self.policy.tracks();
         let tick = if track { self.next_tick() } else { 0 };
         let compact = self.policy.format != RowFormat::F32;
-        let plan = self.plan(keys);
-        self.par_shards_mut(&plan, |g, pos| {
+        let always = self.policy.admission.is_always();
+        let memo = if always { self.take_memo(keys) } else { None };
+        let fresh;
+        let plan = match &memo {
+            Some(m) => &m.plan,
+            None => {
+                fresh = self.plan(keys);
+                &fresh
+            }
+        };
+        let n = self.shards.len();
+        self.par_shards_mut(plan, |g, pos| {
             let len0 = g.len();
             // (row << 32 | position), sorted: each row's positions in batch order.
-            let mut pairs: Vec<u64> = if self.policy.admission.is_always() {
-                let mut rows = Vec::new();
+            let mut pairs: Vec<u64> = if always {
+                let s = shard_of(plan.hashes[pos[0] as usize], n);
                 let fill = |key, row: &mut [f32]| self.fill_new(key, row);
-                g.find_or_insert_many(keys, &plan.hashes, pos, save_gen, fill, &mut rows);
+                let rows = match &memo {
+                    // The lookup's rows, still where they were: only keys it
+                    // did not store need a probe.
+                    Some(m) if m.removals[s] == g.removals && m.rows[s].len() == pos.len() => {
+                        let mut rows = m.rows[s].clone();
+                        for (r, &i) in rows.iter_mut().zip(pos) {
+                            if *r == u32::MAX {
+                                let (k, h) = (keys[i as usize], plan.hashes[i as usize]);
+                                *r = g.find_or_insert(k, h, save_gen, |row| fill(k, row)).0 as u32;
+                            }
+                        }
+                        rows
+                    }
+                    _ => {
+                        let mut rows = Vec::new();
+                        g.find_or_insert_many(keys, &plan.hashes, pos, save_gen, fill, &mut rows);
+                        rows
+                    }
+                };
                 rows.iter()
                     .zip(pos)
                     .map(|(&r, &i)| (u64::from(r) << 32) | u64::from(i))

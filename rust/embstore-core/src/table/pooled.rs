@@ -241,8 +241,9 @@ impl Table {
             }
         };
         let plan = self.plan(ids);
+        let found = self.found();
         // Emits the ids of one shard whose rows are `rows` (`u32::MAX`: none).
-        self.lookup_rows(ids, &plan, insert, |g, pos, rows| {
+        self.lookup_rows(ids, &plan, insert, Some(&found), |g, pos, rows| {
             let mut tmp = vec![0.0f32; dim];
             for (j, (&i, &r)) in pos.iter().zip(rows).enumerate() {
                 if let Some(&ahead) = rows.get(j + PREFETCH_AHEAD)
@@ -262,6 +263,7 @@ impl Table {
                 stream_fence();
             }
         });
+        self.remember(plan, found);
         let gbuf = &gbuf;
         let mut base = 0usize;
         for (bags, col) in feats {

@@ -53,6 +53,10 @@ pub struct Shard {
     pub sketch: Option<Sketch>,
     /// What happened to this shard's rows.
     pub counters: Counters,
+    /// Removals so far. Row numbers change only when a row is removed (the
+    /// last row moves into its place), so row numbers found under the lock
+    /// are still right later, under the lock again, if this has not changed.
+    pub removals: u64,
 }
 
 impl Shard {
@@ -66,6 +70,7 @@ impl Shard {
             arena: Arena::new(stride, track),
             sketch,
             counters: Counters::default(),
+            removals: 0,
         }
     }
 
@@ -215,6 +220,7 @@ impl Shard {
         };
         let (e, _) = found.remove();
         let r = entry_row(e);
+        self.removals += 1;
         if self.track_removals {
             self.removed.push(key);
         }
