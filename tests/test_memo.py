@@ -122,3 +122,42 @@ def test_the_kept_rows_count_in_stats_bytes_until_the_step_takes_them() -> None:
     assert 16 * len(keys) <= kept <= 16 * len(keys) + 4096, kept
     t.apply_gradients(keys, np.ones((len(keys), 8), np.float32))
     assert t.stats()["bytes"] == base, "the step took the kept rows"
+
+
+def test_threads_stepping_their_own_keys_while_rows_move_lose_no_update() -> None:
+    import threading
+
+    t = embstore.Table(
+        4, optimizer=optim.SGD(lr=1.0), initializer=embstore.init.Zeros(), num_shards=4
+    )
+    steps, errors = 30, []
+
+    def trainer(w: int) -> None:
+        try:
+            keys = np.arange(w * 10_000, w * 10_000 + 3_000).repeat(2)  # each key twice
+            for _ in range(steps):
+                t.lookup(keys)
+                t.apply_gradients(keys, np.ones((len(keys), 4), np.float32))
+        except Exception as e:  # pragma: no cover - reported below
+            errors.append(e)
+
+    # Rows stored before the trainers' keys: removing them moves the
+    # shards' last rows, the trainers' ones, into the holes.
+    early = np.arange(800_000, 808_000)
+    t.assign(early, np.ones((len(early), 4), np.float32))
+
+    def mover() -> None:
+        for chunk in np.array_split(early, 80):
+            t.remove(chunk)
+
+    threads = [threading.Thread(target=trainer, args=(w,)) for w in range(3)]
+    threads.append(threading.Thread(target=mover))
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert not errors, errors
+    keys, rows = t.export()
+    assert len(keys) == 3 * 3_000
+    # Every step subtracted 2 (one per occurrence) from each of its keys' columns.
+    np.testing.assert_array_equal(rows, np.full((len(keys), 4), -2.0 * steps, np.float32))

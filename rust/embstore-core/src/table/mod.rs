@@ -685,13 +685,19 @@ impl Table {
     }
 
     /// The memo of exactly `keys`, taken out (a gradient call uses it once).
+    /// The comparison runs on the pool, so it runs outside the lock; a memo
+    /// of other keys goes back unless a newer one has arrived meanwhile.
     fn take_memo(&self, keys: &[i64]) -> Option<Memo> {
-        let mut slot = self.memo.lock().unwrap_or_else(PoisonError::into_inner);
-        if slot.as_ref().is_some_and(|m| m.is_of(keys)) {
-            slot.take()
-        } else {
-            None
+        let slot = || self.memo.lock().unwrap_or_else(PoisonError::into_inner);
+        let memo = slot().take()?;
+        if memo.is_of(keys) {
+            return Some(memo);
         }
+        let mut s = slot();
+        if s.is_none() {
+            *s = Some(memo);
+        }
+        None
     }
 
     /// [`Table::lookup`] that also writes each key's optimizer state to
