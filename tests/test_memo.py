@@ -7,6 +7,7 @@ in tests/test_torch.py (forward, then backward, each step)."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 import numpy as np
@@ -14,6 +15,7 @@ import pytest
 
 import embstore
 from embstore import optim
+from tests._concurrent import run_concurrently
 
 Op = Callable[[embstore.Table, np.ndarray], object]
 
@@ -125,21 +127,16 @@ def test_the_kept_rows_count_in_stats_bytes_until_the_step_takes_them() -> None:
 
 
 def test_threads_stepping_their_own_keys_while_rows_move_lose_no_update() -> None:
-    import threading
-
     t = embstore.Table(
         4, optimizer=optim.SGD(lr=1.0), initializer=embstore.init.Zeros(), num_shards=4
     )
-    steps, errors = 30, []
+    steps = 30
 
     def trainer(w: int) -> None:
-        try:
-            keys = np.arange(w * 10_000, w * 10_000 + 3_000).repeat(2)  # each key twice
-            for _ in range(steps):
-                t.lookup(keys)
-                t.apply_gradients(keys, np.ones((len(keys), 4), np.float32))
-        except Exception as e:  # pragma: no cover - reported below
-            errors.append(e)
+        keys = np.arange(w * 10_000, w * 10_000 + 3_000).repeat(2)  # each key twice
+        for _ in range(steps):
+            t.lookup(keys)
+            t.apply_gradients(keys, np.ones((len(keys), 4), np.float32))
 
     # Rows stored before the trainers' keys: removing them moves the
     # shards' last rows, the trainers' ones, into the holes.
@@ -150,12 +147,7 @@ def test_threads_stepping_their_own_keys_while_rows_move_lose_no_update() -> Non
         for chunk in np.array_split(early, 80):
             t.remove(chunk)
 
-    threads = [threading.Thread(target=trainer, args=(w,)) for w in range(3)]
-    threads.append(threading.Thread(target=mover))
-    for th in threads:
-        th.start()
-    for th in threads:
-        th.join()
+    errors = run_concurrently(*(functools.partial(trainer, w) for w in range(3)), mover)
     assert not errors, errors
     keys, rows = t.export()
     assert len(keys) == 3 * 3_000

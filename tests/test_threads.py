@@ -3,6 +3,7 @@ see a half-updated row, and the GIL is released during native calls."""
 
 from __future__ import annotations
 
+import functools
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
@@ -11,6 +12,7 @@ import pytest
 
 import embstore
 from embstore import init, optim
+from tests._concurrent import run_concurrently
 
 
 @pytest.mark.timeout(120)
@@ -136,35 +138,23 @@ def test_policies_under_concurrent_calls_keep_their_bounds(tmp_path) -> None:  #
         capacity=cap,
         eviction="lru",
     )
-    errors: list[BaseException] = []
 
     def worker(seed: int) -> None:
         rng = np.random.default_rng(seed)
-        try:
-            for i in range(60):
-                keys = rng.integers(0, 20_000, 2_000)
-                table.lookup(keys)
-                table.apply_gradients(keys, np.ones((keys.size, 8), np.float32))
-                if i % 10 == seed % 10:
-                    table.assign(keys[:50], np.zeros((50, 8), np.float32))
-                if i % 15 == 0:
-                    table.evict(with_rows=True)
-        except BaseException as e:
-            errors.append(e)
+        for i in range(60):
+            keys = rng.integers(0, 20_000, 2_000)
+            table.lookup(keys)
+            table.apply_gradients(keys, np.ones((keys.size, 8), np.float32))
+            if i % 10 == seed % 10:
+                table.assign(keys[:50], np.zeros((50, 8), np.float32))
+            if i % 15 == 0:
+                table.evict(with_rows=True)
 
     def saver() -> None:
-        try:
-            for _ in range(5):
-                table.save(tmp_path / "c")
-        except BaseException as e:
-            errors.append(e)
+        for _ in range(5):
+            table.save(tmp_path / "c")
 
-    threads = [threading.Thread(target=worker, args=(s,)) for s in range(4)]
-    threads.append(threading.Thread(target=saver))
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    errors = run_concurrently(*(functools.partial(worker, s) for s in range(4)), saver)
     assert not errors, errors
     assert len(table) <= cap
     s = table.stats()
