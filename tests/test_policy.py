@@ -426,3 +426,11 @@ BAD = [
 def test_policy_parameters_are_validated(make, exc, arg) -> None:  # type: ignore[no-untyped-def]
     with pytest.raises(exc, match=rf"^{arg}\b"):
         make()
+
+
+def test_count_filter_keeps_integer_parameters_as_ints() -> None:
+    f = embstore.policy.CountFilter(2, width=np.int64(1024))
+    assert repr(f) == "CountFilter(min_count=2, width=1024, depth=4)"
+    t = embstore.Table(4, optimizer=optim.SGD(lr=0.1), admission=f)
+    assert t.admission == f
+    assert all(type(v) is int for v in (f.min_count, f.width, f.depth))

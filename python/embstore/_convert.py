@@ -7,7 +7,7 @@ before any native call, so a refused call changes nothing.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from typing import Any, ClassVar
 
 import numpy as np
@@ -123,6 +123,10 @@ class NativeConfig:
         from embstore import _core
 
         getattr(_core, f"check_{self._kind}")(*self._native())
+        # Integer fields (checked integral natively) keep their int type.
+        for f in fields(self):
+            if f.type in ("int", int):
+                object.__setattr__(self, f.name, int(getattr(self, f.name)))
 
     def _native(self) -> tuple[str, dict[str, float]]:
         return type(self).__name__, {k: float(v) for k, v in asdict(self).items()}
