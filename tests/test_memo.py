@@ -153,3 +153,17 @@ def test_threads_stepping_their_own_keys_while_rows_move_lose_no_update() -> Non
     assert len(keys) == 3 * 3_000
     # Every step subtracted 2 (one per occurrence) from each of its keys' columns.
     np.testing.assert_array_equal(rows, np.full((len(keys), 4), -2.0 * steps, np.float32))
+
+
+def test_bulk_lookups_keep_nothing() -> None:
+    t = embstore.Table(1, num_shards=2)
+    t.lookup(np.arange(10))
+    base = t.stats()["bytes"]
+    t.lookup(np.arange(10, (1 << 22) + 11))  # more ids than a step keeps
+    rows = len(t)
+    small = embstore.Table(1, num_shards=2)
+    small.assign(np.arange(rows), np.zeros((rows, 1), np.float32))
+    # Only rows and index grew: no memo of the 4M-id lookup, and the one of
+    # the 10-id lookup before it is gone.
+    assert t.stats()["bytes"] - base < small.stats()["bytes"]
+    assert t.stats()["bytes"] <= small.stats()["bytes"] + 4096

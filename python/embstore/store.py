@@ -470,8 +470,9 @@ class Table:
         ``rows``; ``bytes`` (exact: index, keys, rows, state, per-row
         metadata, sketch, memory reserved by :meth:`reserve`, and the rows
         the last lookup found, kept for the gradient call on the same keys:
-        16 bytes per id); ``shard_rows``; ``step``; and counters since
-        the table was built or loaded: ``lookups`` (ids looked up), ``hits``
+        16 bytes per id, for lookups of up to 2**22 ids); ``shard_rows``;
+        ``step``; and counters since the table was built or loaded:
+        ``lookups`` (ids looked up), ``hits``
         and ``misses`` (whether the id's key had a row before the call),
         ``inserts`` (rows created by any call), ``admitted`` (keys given a row
         by a gradient call), ``rejected`` (keys whose gradients the admission

@@ -137,6 +137,10 @@ impl Memo {
     }
 }
 
+/// Lookups of more ids than this keep no [`Memo`] (at 16 bytes per id, at
+/// most 64 MiB are kept).
+const MEMO_MAX_KEYS: usize = 1 << 22;
+
 /// Per shard, where a lookup's shard pass leaves its rows and the shard's
 /// removal count for the [`Memo`].
 type Found = Vec<std::sync::Mutex<(Vec<u32>, u64)>>;
@@ -672,6 +676,16 @@ impl Table {
     /// Keeps what a lookup found as the [`Memo`] for the gradient call that
     /// follows it (replacing the previous one).
     pub(crate) fn remember(&self, plan: Plan, found: Found) {
+        let mut slot = self.memo.lock().unwrap_or_else(PoisonError::into_inner);
+        if plan.hashes.len() > MEMO_MAX_KEYS {
+            // A bulk lookup (filling a table, say) is no training step: keep
+            // nothing rather than 16 bytes per id.
+            let old = slot.take();
+            drop(slot);
+            drop(old);
+            return;
+        }
+        drop(slot);
         let (rows, removals) = found
             .into_iter()
             .map(|m| m.into_inner().unwrap_or_else(PoisonError::into_inner))
