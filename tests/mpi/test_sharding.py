@@ -52,6 +52,36 @@ def union(step: int, pooled: bool) -> tuple[np.ndarray, ...]:
     )
 
 
+def step_both(
+    sharded: ShardedTable,
+    single: embstore.Table,
+    mine: tuple[np.ndarray, ...],
+    every: tuple[np.ndarray, ...],
+    pooled: bool,
+    combiner: str = "sum",
+) -> None:
+    """One training step: this rank's batch through the ShardedTable (its
+    forward checked against the single table's rows), the union of every
+    rank's batch through the single Table."""
+    if pooled:
+        got = sharded.lookup_pooled(mine[0], mine[1], weights=mine[2], combiner=combiner)
+        expect = single.lookup_pooled(
+            mine[0], mine[1], weights=mine[2], combiner=combiner, insert=False
+        )
+        np.testing.assert_allclose(got, expect, rtol=1e-5, atol=1e-6)
+        sharded.apply_pooled_gradients(
+            mine[0], mine[1], mine[3], weights=mine[2], combiner=combiner
+        )
+        single.apply_pooled_gradients(
+            every[0], every[1], every[3], weights=every[2], combiner=combiner
+        )
+    else:
+        got = sharded.lookup(mine[0])
+        np.testing.assert_allclose(got, single.lookup(mine[0], insert=False), rtol=1e-5, atol=1e-6)
+        sharded.apply_gradients(*mine)
+        single.apply_gradients(*every)
+
+
 @pytest.mark.parametrize("partition", ["hash", "mod", "div"])
 @pytest.mark.parametrize("pooled", [False, True])
 @pytest.mark.parametrize(
@@ -72,25 +102,7 @@ def test_sharded_training_equals_one_table_on_the_union(
     for step in range(STEPS):
         mine = batch_of(step, RANK, pooled)
         every = union(step, pooled)
-        if pooled:
-            got = sharded.lookup_pooled(mine[0], mine[1], weights=mine[2], combiner=combiner)
-            expect = single.lookup_pooled(
-                mine[0], mine[1], weights=mine[2], combiner=combiner, insert=False
-            )
-            np.testing.assert_allclose(got, expect, rtol=1e-5, atol=1e-6)
-            sharded.apply_pooled_gradients(
-                mine[0], mine[1], mine[3], weights=mine[2], combiner=combiner
-            )
-            single.apply_pooled_gradients(
-                every[0], every[1], every[3], weights=every[2], combiner=combiner
-            )
-        else:
-            got = sharded.lookup(mine[0])
-            np.testing.assert_allclose(
-                got, single.lookup(mine[0], insert=False), rtol=1e-5, atol=1e-6
-            )
-            sharded.apply_gradients(*mine)
-            single.apply_gradients(*every)
+        step_both(sharded, single, mine, every, pooled, combiner)
     keys, rows = single.export()
     np.testing.assert_allclose(sharded.lookup(keys, insert=False), rows, rtol=1e-5, atol=1e-6)
     assert len(sharded) == len(single)
@@ -243,19 +255,7 @@ def test_device_cache_in_front_of_each_rank_equals_one_table(pooled: bool) -> No
     for step in range(STEPS):
         mine = batch_of(step, RANK, pooled)
         every = union(step, pooled)
-        if pooled:
-            got = sharded.lookup_pooled(mine[0], mine[1], weights=mine[2])
-            want = single.lookup_pooled(mine[0], mine[1], weights=mine[2], insert=False)
-            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
-            sharded.apply_pooled_gradients(mine[0], mine[1], mine[3], weights=mine[2])
-            single.apply_pooled_gradients(every[0], every[1], every[3], weights=every[2])
-        else:
-            got = sharded.lookup(mine[0])
-            np.testing.assert_allclose(
-                got, single.lookup(mine[0], insert=False), rtol=1e-5, atol=1e-6
-            )
-            sharded.apply_gradients(*mine)
-            single.apply_gradients(*every)
+        step_both(sharded, single, mine, every, pooled)
     stats = sharded.stats()
     assert stats["cache"]["evictions"] > 0
     keys, rows = single.export()
