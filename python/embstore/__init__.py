@@ -9,6 +9,7 @@ from __future__ import annotations
 from embstore import init, optim, policy
 from embstore._core import __version__
 from embstore._core import free_output_buffers as _free_output_buffers
+from embstore._core import output_buffer_stats as _output_buffer_stats
 from embstore.collection import Collection
 from embstore.exceptions import CheckpointError, EmbstoreError
 from embstore.store import Table
@@ -22,6 +23,7 @@ __all__ = [
     "free_output_buffers",
     "init",
     "optim",
+    "output_buffers",
     "policy",
 ]
 
@@ -37,3 +39,16 @@ def free_output_buffers() -> int:
     them, e.g. after training, before a memory-hungry phase.
     """
     return _free_output_buffers()
+
+
+def output_buffers() -> dict[str, int]:
+    """The kept output buffers (see :func:`free_output_buffers`): memory
+    that no table's ``stats()`` counts, since no table owns it.
+
+    Returns ``{"buffers": n, "bytes": b, "max_buffers": 4, "max_bytes":
+    2**31}``: ``bytes`` stays resident until :func:`free_output_buffers`
+    (or until a later call of another size displaces a buffer); it never
+    exceeds ``max_bytes``.
+    """
+    n, b, max_n, max_b = _output_buffer_stats()
+    return {"buffers": n, "bytes": b, "max_buffers": max_n, "max_bytes": max_b}

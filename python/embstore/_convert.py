@@ -100,11 +100,35 @@ def as_bags(
     return i, o, as_weights(weights, i.shape[0]), check_combiner(combiner)
 
 
+def check_bool(arg: str, value: Any) -> bool:
+    """Return a flag as bool; TypeError unless it is a bool (``insert="no"``
+    is no flag: any non-empty string would read as True)."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{arg}: expected True or False, got {type(value).__name__}")
+    return bool(value)
+
+
+def check_int(arg: str, value: Any, low: int, high: int) -> int:
+    """Return an integer argument as int; TypeError unless an integer,
+    ValueError naming ``arg`` unless ``low <= value <= high`` (so that a huge
+    int never reaches the native module as an OverflowError)."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{arg}: expected an integer, got {type(value).__name__}")
+    if value < low:
+        raise ValueError(f"{arg}: expected {arg} >= {low}, got {value}")
+    if value > high:
+        raise ValueError(f"{arg}: expected {arg} <= {high}, got {value}")
+    return int(value)
+
+
 def check_real(arg: str, value: Any) -> float:
     """Return a hyper-parameter as float; TypeError unless a real number."""
     if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
         raise TypeError(f"{arg}: expected a real number, got {type(value).__name__}")
-    return float(value)
+    try:
+        return float(value)
+    except OverflowError:
+        raise ValueError(f"{arg}: expected a number finite as float32, got {value}") from None
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ import numpy as np
 import numpy.typing as npt
 
 from embstore import _core
-from embstore._convert import as_bags, as_rows, check_combiner
+from embstore._convert import as_bags, as_rows, check_bool, check_combiner
 from embstore.store import Table
 
 __all__ = ["Collection"]
@@ -129,7 +129,13 @@ class Collection:
         """
         ids, offsets, weights, combiners, _ = self._args(batch)
         return _core.collection_lookup_pooled(
-            self._inners(), ids, offsets, weights, combiners, bool(insert)
+            self._inners(),
+            ids,
+            offsets,
+            weights,
+            combiners,
+            check_bool("insert", insert),
+            self.features,
         )
 
     def apply_pooled_gradients(self, batch: Batch, grads: Any) -> None:
@@ -140,7 +146,9 @@ class Collection:
                 raise ValueError(f"optimizer: the table of feature {name!r} has no optimizer")
         ids, offsets, weights, combiners, size = self._args(batch)
         g = as_rows(grads, size, self.dim, "grads")
-        _core.collection_apply_pooled_gradients(self._inners(), ids, offsets, weights, combiners, g)
+        _core.collection_apply_pooled_gradients(
+            self._inners(), ids, offsets, weights, combiners, g, self.features
+        )
 
     def __repr__(self) -> str:
         return f"Collection({', '.join(f'{n}: dim {t.dim}' for n, t in self._features.items())})"

@@ -10,7 +10,7 @@ import numpy as np
 import numpy.typing as npt
 
 from embstore import _core, init, optim, policy
-from embstore._convert import as_bags, as_keys, as_rows
+from embstore._convert import as_bags, as_keys, as_rows, check_bool, check_int
 from embstore._progress import run_with_progress
 from embstore.init import Initializer, Uniform
 from embstore.optim import Optimizer
@@ -27,9 +27,11 @@ def _opt_int(name: str, value: Any, low: int) -> int | None:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
         raise TypeError(f"{name}: expected an int or None, got {type(value).__name__}")
-    if value < low:
-        raise ValueError(f"{name}: expected {name} >= {low}, got {value}")
-    return int(value)
+    return check_int(name, value, low, _U64_MAX)
+
+
+_U64_MAX = 2**64 - 1
+_I64_MAX = 2**63 - 1
 
 
 class Table:
@@ -89,10 +91,7 @@ class Table:
         capacity: int | None = None,
         eviction: str = "lfu",
     ) -> None:
-        if isinstance(dim, bool) or not isinstance(dim, (int, np.integer)):
-            raise TypeError(f"dim: expected an int, got {type(dim).__name__}")
-        if dim < 1:
-            raise ValueError(f"dim: expected dim >= 1, got {dim}")
+        dim = check_int("dim", dim, 1, 1 << 20)
         if optimizer is not None and not isinstance(optimizer, Optimizer):
             raise TypeError(
                 f"optimizer: expected an embstore.optim optimizer or None, "
@@ -110,10 +109,7 @@ class Table:
         if not 0 <= seed < 2**64:
             raise ValueError(f"seed: expected 0 <= seed < 2**64, got {seed}")
         if num_shards is not None:
-            if isinstance(num_shards, bool) or not isinstance(num_shards, (int, np.integer)):
-                raise TypeError(f"num_shards: expected an int, got {type(num_shards).__name__}")
-            if num_shards < 1:
-                raise ValueError(f"num_shards: expected num_shards >= 1, got {num_shards}")
+            num_shards = check_int("num_shards", num_shards, 1, _U64_MAX)
         if dtype not in _DTYPES:
             raise ValueError(f"dtype: expected one of {_DTYPES}, got {dtype!r}")
         if admission is not None and not isinstance(admission, Admission):
@@ -238,7 +234,7 @@ class Table:
         initializer's row and nothing is stored.
         """
         k = as_keys(keys)
-        return self._inner.lookup(k, bool(insert))
+        return self._inner.lookup(k, check_bool("insert", insert))
 
     def contains(self, keys: Any) -> npt.NDArray[np.bool_]:
         """Whether each of ``keys (n,)`` has a row: bool ``(n,)``."""
@@ -266,11 +262,7 @@ class Table:
         Raises TypeError if ``rows`` is not an integer, ValueError if it is
         negative or needs more memory than is available.
         """
-        if isinstance(rows, bool) or not isinstance(rows, (int, np.integer)):
-            raise TypeError(f"rows: expected an integer, got {type(rows).__name__}")
-        if rows < 0:
-            raise ValueError(f"rows: expected rows >= 0, got {rows}")
-        self._inner.reserve(int(rows))
+        self._inner.reserve(check_int("rows", rows, 0, _I64_MAX))
 
     def remove(self, keys: Any) -> int:
         """Remove the rows of ``keys (n,)``; returns how many were present."""
@@ -308,7 +300,7 @@ class Table:
         per-id weights (1 without). An empty bag pools to zeros.
         """
         i, o, w, c = as_bags(ids, offsets, weights, combiner)
-        return self._inner.lookup_pooled(i, o, w, c, bool(insert))
+        return self._inner.lookup_pooled(i, o, w, c, check_bool("insert", insert))
 
     def apply_pooled_gradients(
         self,
@@ -339,7 +331,7 @@ class Table:
         above ``capacity``, the lowest-scoring rows. ``with_rows=True``
         returns ``(keys, rows (n, dim))`` so the caller can archive them.
         """
-        keys, rows = self._inner.evict(bool(with_rows))
+        keys, rows = self._inner.evict(check_bool("with_rows", with_rows))
         if with_rows:
             assert rows is not None
             return keys, rows
@@ -366,7 +358,7 @@ class Table:
 
         One consistent snapshot, even while other threads call the table.
         """
-        keys, rows, state = self._inner.export(bool(with_state))
+        keys, rows, state = self._inner.export(check_bool("with_state", with_state))
         if with_state:
             return keys, rows, state
         return keys, rows
@@ -397,7 +389,12 @@ class Table:
         width = 4 if self.dtype == "float32" else 2
         row_bytes = 8 + width * self.dim + 4 * (self.state_len if with_optimizer else 0)
         text, _ = run_with_progress(
-            lambda p: self._inner.save(os.fspath(path), bool(incremental), bool(with_optimizer), p),
+            lambda p: self._inner.save(
+                os.fspath(path),
+                check_bool("incremental", incremental),
+                check_bool("with_optimizer", with_optimizer),
+                p,
+            ),
             len(self) * row_bytes,
             "save",
             progress,
@@ -422,22 +419,14 @@ class Table:
         checkpoint raises :class:`embstore.CheckpointError`. Nothing is
         unpickled or executed.
         """
-        if num_shards is not None and (isinstance(num_shards, bool) or num_shards < 1):
-            raise ValueError(f"num_shards: expected num_shards >= 1, got {num_shards}")
-        total = 0
+        if num_shards is not None:
+            num_shards = check_int("num_shards", num_shards, 1, _U64_MAX)
         try:
-            with open(os.path.join(os.fspath(path), "manifest.json"), "rb") as f:
-                head = json.load(f)
-            total = 2 * sum(
-                int(e.get("bytes", 0))
-                for link in head.get("chain", [])
-                for e in [
-                    *link.get("files", []),
-                    *([link["removed"]] if link.get("removed") else []),
-                ]
-            )
-        except (OSError, ValueError, TypeError, AttributeError, KeyError):
-            pass  # the native load reports what is wrong
+            # Read natively, with the loader's checks and size limit; the load
+            # reads every file twice (a checking pass, then a loading pass).
+            total = 2 * _core.checkpoint_size(os.fspath(path))[0]
+        except Exception:  # the load itself reports what is wrong
+            total = 0
         inner, text = run_with_progress(
             lambda p: _core.load_table(os.fspath(path), num_shards, p), total, "load", progress
         )

@@ -17,6 +17,7 @@ others waiting forever).
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
 import threading
@@ -29,7 +30,7 @@ import numpy as np
 import numpy.typing as npt
 
 from embstore import _core
-from embstore._convert import as_bags, as_keys, as_rows, check_combiner
+from embstore._convert import as_bags, as_keys, as_rows, check_bool, check_combiner
 from embstore._deps import require
 from embstore.exceptions import CheckpointError
 from embstore.store import Table
@@ -37,8 +38,38 @@ from embstore.store import Table
 __all__ = ["Collection", "ShardedTable"]
 
 PARTITIONS = ("hash", "mod", "div")
-#: Seconds a collective may take before the watchdog aborts the job.
-DEFAULT_TIMEOUT = float(os.environ.get("EMBSTORE_MPI_TIMEOUT", 600))
+
+
+def _check_timeout(value: Any, arg: str) -> float:
+    """A watchdog timeout in seconds: a finite number > 0 that a timer can
+    wait (``threading.TIMEOUT_MAX``); ValueError naming ``arg`` otherwise."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise TypeError(f"{arg}: expected a number of seconds, got {type(value).__name__}")
+    t = float(value)
+    if not (math.isfinite(t) and 0 < t <= threading.TIMEOUT_MAX):
+        raise ValueError(
+            f"{arg}: expected a finite number of seconds in (0, {threading.TIMEOUT_MAX:g}], "
+            f"got {value!r}"
+        )
+    return t
+
+
+def _env_timeout() -> float:
+    raw = os.environ.get("EMBSTORE_MPI_TIMEOUT")
+    if raw is None:
+        return 600.0
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ValueError(
+            f"EMBSTORE_MPI_TIMEOUT: expected a number of seconds, got {raw!r}"
+        ) from None
+    return _check_timeout(value, "EMBSTORE_MPI_TIMEOUT")
+
+
+#: Seconds a collective may take before the watchdog aborts the job
+#: (``EMBSTORE_MPI_TIMEOUT``, default 600).
+DEFAULT_TIMEOUT = _env_timeout()
 
 
 def _mpi() -> Any:
@@ -104,7 +135,7 @@ class ShardedTable:
                 from embstore.gpu import DeviceCache
 
                 cache = DeviceCache(local, cache_rows)
-        except (TypeError, ValueError) as e:
+        except Exception as e:
             error = e
         self._agree("ShardedTable()", error)
         assert local is not None
@@ -122,7 +153,7 @@ class ShardedTable:
         self.comm = comm if comm is not None else mpi.COMM_WORLD
         self.rank = int(self.comm.Get_rank())
         self.size = int(self.comm.Get_size())
-        self.timeout = DEFAULT_TIMEOUT if timeout is None else float(timeout)
+        self.timeout = DEFAULT_TIMEOUT
         self.last_call: dict[str, int] = {"sent_bytes": 0, "received_bytes": 0}
         self.total_sent_bytes = 0
         self.total_received_bytes = 0
@@ -132,9 +163,9 @@ class ShardedTable:
                 raise ValueError(f"partition: expected one of {PARTITIONS}, got {partition!r}")
             if partition == "div" and (key_space is None or int(key_space) < 1):
                 raise ValueError('key_space: expected key_space > 0 with partition="div"')
-            if self.timeout <= 0:
-                raise ValueError(f"timeout: expected a positive number of seconds, got {timeout}")
-        except (TypeError, ValueError) as e:
+            if timeout is not None:
+                self.timeout = _check_timeout(timeout, "timeout")
+        except Exception as e:
             error = e
         self._agree("ShardedTable()", error)
         self.partition = partition
@@ -197,12 +228,23 @@ class ShardedTable:
             timer.cancel()
 
     def _agree(self, what: str, error: BaseException | None) -> None:
-        """Every rank learns whether any rank refused its input; all raise if so."""
+        """Every rank learns which call the others entered (``what``: its
+        name and signature) and whether any rank refused its input; all
+        raise if the calls differ or any refused. Every collective call
+        starts here, so ranks that enter different calls stop with an error
+        instead of exchanging each other's data."""
         with self._watch(what):
             msgs = self.comm.allgather(
-                None if error is None else f"{type(error).__name__}: {error}"
+                (what, None if error is None else f"{type(error).__name__}: {error}")
             )
-        bad = {r: m for r, m in enumerate(msgs) if m is not None}
+        calls = {r: w for r, (w, _) in enumerate(msgs)}
+        if len(set(calls.values())) > 1:
+            raise RuntimeError(
+                f"{what}: the ranks entered different collective calls "
+                f"({', '.join(f'rank {r}: {w}' for r, w in calls.items())}); every rank must "
+                "make the same calls in the same order; nothing changed"
+            )
+        bad = {r: m for r, (_, m) in enumerate(msgs) if m is not None}
         if not bad:
             return
         if error is not None:
@@ -211,12 +253,14 @@ class ShardedTable:
         raise ValueError(f"{what}: rank {first} refused its input ({bad[first]}); nothing changed")
 
     def _prepare(self, what: str, fn: Callable[[], Any]) -> Any:
-        """Run local checks and preparation; agree across ranks before sending."""
+        """Run local checks and preparation; agree across ranks before sending.
+        Any exception is agreed (a rank that raised alone would leave the
+        others waiting in the exchange)."""
         result = None
         error: BaseException | None = None
         try:
             result = fn()
-        except (TypeError, ValueError) as e:
+        except Exception as e:
             error = e
         self._agree(what, error)
         return result
@@ -323,9 +367,10 @@ class ShardedTable:
             self._owners(uniq)  # a key outside a "div" key space is refused here
             return uniq, inv
 
-        uniq, inv = self._prepare("lookup", prep)
+        ins = check_bool("insert", insert)
+        uniq, inv = self._prepare(f"lookup(insert={ins})", prep)
         with self._watch("lookup"):
-            rows = self._fetch_unique(uniq, bool(insert))
+            rows = self._fetch_unique(uniq, ins)
         out: npt.NDArray[np.float32] = rows[inv]
         return out
 
@@ -386,11 +431,12 @@ class ShardedTable:
     ) -> npt.NDArray[np.float32]:
         """Pooled rows of this rank's bags (CSR as :meth:`Table.lookup_pooled`). Collective."""
         self._begin()
+        ins = check_bool("insert", insert)
         _, o, w, c, _, uniq, inv = self._prepare(
-            "lookup_pooled", lambda: self._bags(ids, offsets, weights, combiner)
+            f"lookup_pooled(insert={ins})", lambda: self._bags(ids, offsets, weights, combiner)
         )
         with self._watch("lookup_pooled"):
-            rows = self._fetch_unique(uniq, bool(insert))
+            rows = self._fetch_unique(uniq, ins)
         return _core.pool_rows(rows, inv, o, w, c)
 
     def apply_pooled_gradients(
@@ -415,6 +461,7 @@ class ShardedTable:
 
     def __len__(self) -> int:
         """Rows on all ranks. Collective."""
+        self._agree("len", None)
         total = np.array([len(self.local)], np.int64)
         out = np.empty(1, np.int64)
         with self._watch("len"):
@@ -431,6 +478,7 @@ class ShardedTable:
     def stats(self) -> dict[str, Any]:
         """This rank's table stats plus global figures: rows and bytes per rank,
         bytes this rank sent and received in its last call and in all. Collective."""
+        self._agree("stats", None)
         local = self.local.stats()
         mine = np.array(
             [
@@ -468,6 +516,8 @@ class ShardedTable:
         ordinary checkpoint: it loads on any number of ranks and into a single
         :meth:`embstore.Table.load`. Collective."""
         path = os.fspath(path)
+        wo = check_bool("with_optimizer", with_optimizer)
+        self._agree(f"save(with_optimizer={wo})", None)
         if self.cache is not None:
             self.cache.flush()
         with self._watch("save"):
@@ -513,6 +563,8 @@ class ShardedTable:
             outcome = self.comm.bcast(outcome, root=0)
             manifest = self.comm.bcast(manifest, root=0)
         if outcome:
+            # Nothing was published: each rank removes what it wrote.
+            _core.remove_unpublished(path, f"{ckpt_id}-r{self.rank:04d}")
             raise CheckpointError(f"checkpoint {path}: not saved: {outcome}")
         assert manifest is not None
         return manifest
@@ -546,15 +598,14 @@ class ShardedTable:
         error: BaseException | None = None
         try:
             local = prep()
-        except (CheckpointError, ValueError, TypeError) as e:
+        except Exception as e:
             error = e
         self._agree("load", error)
         assert local is not None
         self.cache = None
         self.local = local
         self._check_config()
-        with open(os.path.join(os.fspath(path), "manifest.json"), "rb") as f:
-            expect = int(json.load(f)["rows"])
+        expect = int(_core.checkpoint_size(os.fspath(path))[1])
         total = len(self)
         if total != expect:
             raise CheckpointError(
@@ -649,13 +700,14 @@ class Collection:
         first = self._any()
         for t in {id(t): t for t in self._features.values()}.values():
             t._begin()
-        prep = first._prepare("Collection.lookup_pooled", lambda: self._prep(batch))
+        ins = check_bool("insert", insert)
+        prep = first._prepare(f"Collection.lookup_pooled(insert={ins})", lambda: self._prep(batch))
         pooled: dict[str, np.ndarray] = {}
         with first._watch("Collection.lookup_pooled"):
             for group in self._groups:
                 table = self._features[group[0]]
                 uniq, parts = prep[group[0]]
-                rows = table._fetch_unique(uniq, bool(insert))
+                rows = table._fetch_unique(uniq, ins)
                 for name, (inv, o, w, c) in parts.items():
                     pooled[name] = _core.pool_rows(rows, inv, o, w, c)
         return np.concatenate([pooled[n] for n in self._features], axis=1)

@@ -30,6 +30,8 @@ from embstore.store import Table
 Array = Any
 
 _POLICIES = ("lfu", "lru")
+# The most a key's summed gradient may reach (the table's MAX_GRAD_SUM).
+_MAX_GRAD_SUM = 1e18
 
 
 @dataclass
@@ -284,10 +286,15 @@ class DeviceCache:
             evicted_rows=None,
         )
         if int(evicted.shape[0]):
-            # Rows and state of the evicted slots, before the slots are reused.
-            res.evicted_rows = xp.concat(
-                [xp.take(self._rows, evicted, axis=0), xp.take(self._state, evicted, axis=0)],
-                axis=1,
+            # Rows and state of the evicted slots go back to the table before
+            # anything else changes: a call that fails after this point has
+            # lost nothing (the table holds them; the slots still do too).
+            self._write_back(
+                res.evicted_keys,
+                xp.concat(
+                    [xp.take(self._rows, evicted, axis=0), xp.take(self._state, evicted, axis=0)],
+                    axis=1,
+                ),
             )
 
         # One native fetch and one host-to-device copy for every miss.
@@ -411,14 +418,13 @@ class DeviceCache:
         serves them from the table without storing anything."""
         _, keys_d = self._keys(keys)
         with self._lock:
-            rows_u = self._gather(keys_d, bool(insert))
+            rows_u = self._gather(keys_d, _convert.check_bool("insert", insert))
             return self.xp.take(rows_u[0], rows_u[1], axis=0)
 
     def _gather(self, keys_d: Array, insert: bool) -> tuple[Array, Array]:
         """Rows of the call's distinct keys and the inverse map."""
         xp = self.xp
         r = self._resolve(keys_d, admit=insert, lookup=True)
-        self._write_back(r.evicted_keys, r.evicted_rows)
         rows_u = xp.take(self._rows, xp.maximum(r.slot, 0), axis=0)
         if r.served_rows is not None:
             rows_u = X.scatter_rows(xp, self._fancy, rows_u, r.served_pos, r.served_rows)
@@ -443,16 +449,32 @@ class DeviceCache:
             self._apply(keys_d, g)
 
     def _apply(self, keys_d: Array, g: Array) -> None:
+        """One step: gradients ``g`` (one row per key of ``keys_d``, finite).
+        Everything that can refuse the call is checked before a row
+        changes; the step number comes from the table, so that the table
+        counts one step per call whatever other threads do with it."""
         xp = self.xp
         opt = self.table.optimizer
         assert opt is not None
+        n = int(keys_d.shape[0])
+        if n and float(xp.max(xp.abs(g))) * n > _MAX_GRAD_SUM:
+            # As the table: no key's summed gradient beyond 1e18.
+            u = xp.unique_inverse(keys_d)
+            ng = int(u.values.shape[0])
+            inv = xp.reshape(u.inverse_indices, (-1,))
+            bound = X.segment_sum(xp, inv, xp.max(xp.abs(g), axis=1, keepdims=True), ng)
+            if float(xp.max(bound)) > _MAX_GRAD_SUM:
+                raise ValueError(
+                    "grads: the gradients of a key sum to more than 1e18 in magnitude (the "
+                    "optimizer state would overflow float32); nothing changed"
+                )
         r = self._resolve(keys_d, admit=True, lookup=False)
         slot, served_pos = r.slot, r.served_pos
         gsum = X.segment_sum(xp, r.inv, g, int(r.uniq.shape[0]))
-        t = self._step + 1
         cached = xp.nonzero(slot >= 0)[0]
-        if int(cached.shape[0]):
-            cs = xp.take(slot, cached)
+        cs = xp.take(slot, cached)
+
+        def device_step(t: int) -> tuple[Array, Array]:
             w, st = _optim.step(
                 xp,
                 opt,
@@ -461,17 +483,26 @@ class DeviceCache:
                 xp.take(gsum, cached, axis=0),
                 t,
             )
-            self._rows = X.scatter_rows(xp, self._fancy, self._rows, cs, w)
-            self._state = X.scatter_rows(xp, self._fancy, self._state, cs, st)
-        host_g = None
+            if not (bool(xp.all(xp.isfinite(w))) and bool(xp.all(xp.isfinite(st)))):
+                raise ValueError(
+                    "grads: this step would make a cached row non-finite; nothing changed"
+                )
+            return w, st
+
+        has_cached = int(cached.shape[0]) > 0
+        guess = self.table.step + 1
+        new = device_step(guess) if has_cached else None
+        t = int(self.table._inner.advance_step())
+        if has_cached:
+            if t != guess:  # another thread stepped the table meanwhile
+                new = device_step(t)
+            assert new is not None
+            self._rows = X.scatter_rows(xp, self._fancy, self._rows, cs, new[0])
+            self._state = X.scatter_rows(xp, self._fancy, self._state, cs, new[1])
         if int(served_pos.shape[0]):
-            host_g = xp.take(gsum, served_pos, axis=0)
-        host = self._write_back(r.evicted_keys, r.evicted_rows, host_g)
-        self.table._inner.set_step(t - 1)
-        if host is not None:
-            self.table._inner.apply_gradients(r.served_keys, np.ascontiguousarray(host))
+            host = np.ascontiguousarray(self._d2h(xp.take(gsum, served_pos, axis=0)))
+            self.table._inner.apply_gradients_at(r.served_keys, host, t)
             self._stats["table_updates"] += int(host.shape[0])
-        self.table._inner.set_step(t)
         self._step = t
 
     def lookup_pooled(
@@ -487,9 +518,12 @@ class DeviceCache:
         ids_d, bag_of, coef, batch = self._bags(ids, offsets, weights, combiner)
         with self._lock:
             xp = self.xp
-            rows_u, inv = self._gather(ids_d, bool(insert))
+            rows_u, inv = self._gather(ids_d, _convert.check_bool("insert", insert))
             x = xp.take(rows_u, inv, axis=0)
-            return X.segment_sum(xp, bag_of, xp.reshape(coef, (-1, 1)) * x, batch)
+            out = X.segment_sum(xp, bag_of, xp.reshape(coef, (-1, 1)) * x, batch)
+            if not bool(xp.all(xp.isfinite(out))):
+                raise ValueError("weights: pooling with these weights overflows float32")
+            return out
 
     def apply_pooled_gradients(
         self,
@@ -507,6 +541,10 @@ class DeviceCache:
         with self._lock:
             xp = self.xp
             per_id = xp.reshape(coef, (-1, 1)) * xp.take(g, bag_of, axis=0)
+            if not bool(xp.all(xp.isfinite(per_id))):
+                raise ValueError(
+                    "weights: these weights times grads overflow float32; nothing changed"
+                )
             self._apply(ids_d, per_id)
 
     def _bags(
@@ -551,7 +589,6 @@ class DeviceCache:
                     axis=1,
                 )
                 self._write_back(keys, packed)
-            self.table._inner.set_step(self._step)
 
     def save(self, path: str | os.PathLike[str], **kwargs: Any) -> dict[str, Any]:
         """:meth:`flush`, then the table's :meth:`embstore.Table.save`."""
@@ -571,7 +608,7 @@ class DeviceCache:
             s["rows_cached"] = int(self._idx_keys.shape[0])
             s["capacity"] = self.capacity
             s["policy"] = self.policy
-            s["step"] = self._step
+            s["step"] = self.table.step
             return s
 
     def __len__(self) -> int:

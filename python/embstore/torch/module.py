@@ -16,9 +16,14 @@ __all__ = ["Embedding", "EmbeddingBag", "EmbeddingCollection"]
 
 
 def _np(t: Any) -> Any:
-    """A torch tensor as a NumPy array (on the host); anything else unchanged."""
+    """A torch tensor as a NumPy array of its own (on the host); anything
+    else unchanged. A copy, not a view: the backward must see the ids of the
+    forward even if the caller reuses (modifies in place) its id tensor in
+    between, as a loader refilling one buffer does."""
     if isinstance(t, torch.Tensor):
-        return t.detach().cpu().numpy()
+        return t.detach().cpu().numpy().copy()
+    if isinstance(t, np.ndarray):
+        return t.copy()
     return t
 
 

@@ -6,7 +6,7 @@
 use rayon::prelude::*;
 
 use crate::error::{Result, StoreError, invalid};
-use crate::table::{Bags, SharedOut, Table, check_finite, check_len};
+use crate::table::{Bags, SharedOut, Table, check_finite_max, check_len};
 
 /// One feature of a grouped call: its table and its bags.
 #[derive(Debug, Clone, Copy)]
@@ -50,8 +50,8 @@ fn columns(features: &[Feature<'_>]) -> Vec<usize> {
         .collect()
 }
 
-/// The distinct tables of `features`, in order of first appearance, each
-/// with the indices of the features that use it.
+/// The distinct tables of `features`, in the crate's lock order (ascending
+/// [`Table::id`]), each with the indices of the features that use it.
 fn groups<'a>(features: &[Feature<'a>]) -> Vec<(&'a Table, Vec<usize>)> {
     let mut out: Vec<(&Table, Vec<usize>)> = Vec::new();
     for (i, f) in features.iter().enumerate() {
@@ -60,6 +60,7 @@ fn groups<'a>(features: &[Feature<'a>]) -> Vec<(&'a Table, Vec<usize>)> {
             None => out.push((f.table, vec![i])),
         }
     }
+    out.sort_by_key(|(t, _)| t.id());
     out
 }
 
@@ -72,7 +73,8 @@ pub fn lookup_pooled(features: &[Feature<'_>], insert: bool, out: &mut [f32]) ->
     let (batch, total) = check(features)?;
     check_len("out", batch * total, out.len())?;
     let cols = columns(features);
-    // Gates are taken here, on the calling thread, never inside a job.
+    // Gates are taken here, on the calling thread, never inside a job, in
+    // the crate's one order (tables by id; see `Table::id`).
     let groups = groups(features);
     let gates: Vec<_> = groups
         .iter()
@@ -81,13 +83,17 @@ pub fn lookup_pooled(features: &[Feature<'_>], insert: bool, out: &mut [f32]) ->
         .collect();
     let shared = SharedOut::strided(out, total, 0);
     // One pass per distinct table over all the features it serves.
-    groups.par_iter().for_each(|(table, idx)| {
-        let feats: Vec<_> = idx
-            .iter()
-            .map(|&fi| (features[fi].bags, cols[fi]))
-            .collect();
-        table.lookup_pooled_in(&feats, insert, shared);
-    });
+    groups
+        .par_iter()
+        .map(|(table, idx)| {
+            let feats: Vec<_> = idx
+                .iter()
+                .map(|&fi| (features[fi].bags, cols[fi]))
+                .collect();
+            table.lookup_pooled_in(&feats, insert, shared)
+        })
+        .collect::<Result<Vec<()>>>()?;
+    crate::table::check_pooled_out(out)?;
     if insert {
         for (t, _) in &groups {
             t.enforce_capacity();
@@ -109,40 +115,75 @@ pub fn apply_pooled_gradients(features: &[Feature<'_>], grads: &[f32]) -> Result
         return Err(StoreError::NoOptimizer);
     }
     check_len("grads", batch * total, grads.len())?;
-    check_finite("grads", grads)?;
+    let most = check_finite_max("grads", grads)?;
     let cols = columns(features);
     let groups = groups(features);
     let gates: Vec<_> = groups.iter().map(|(t, _)| t.enter()).collect();
-    groups.par_iter().for_each(|(table, idx)| {
-        let dim = table.dim();
-        // Every id of every feature on this table, with the flat offset of
-        // its bag's gradient row and its coefficient; each feature fills its
-        // own part, in parallel.
-        let n: usize = idx.iter().map(|&fi| features[fi].bags.ids.len()).sum();
-        let mut keys = vec![0i64; n];
-        let mut src = vec![0usize; n];
-        let mut coef = vec![0.0f32; n];
-        let mut parts = Vec::with_capacity(idx.len());
-        let (mut k, mut s, mut c) = (&mut keys[..], &mut src[..], &mut coef[..]);
-        for &fi in idx {
-            let len = features[fi].bags.ids.len();
-            let (k0, k1) = std::mem::take(&mut k).split_at_mut(len);
-            let (s0, s1) = std::mem::take(&mut s).split_at_mut(len);
-            let (c0, c1) = std::mem::take(&mut c).split_at_mut(len);
-            parts.push((fi, k0, s0, c0));
-            (k, s, c) = (k1, s1, c1);
-        }
-        parts.into_par_iter().for_each(|(fi, k, s, c)| {
-            let bags = &features[fi].bags;
-            k.copy_from_slice(bags.ids);
-            let mut bag_of = vec![0u32; k.len()];
-            bags.coefs_into(&mut bag_of, c);
-            for (dst, &b) in s.iter_mut().zip(&bag_of) {
-                *dst = b as usize * total + cols[fi];
+    // Every table's ids, gradient offsets and coefficients.
+    let inputs: Vec<(Vec<i64>, Vec<usize>, Vec<f32>)> = groups
+        .par_iter()
+        .map(|(_, idx)| {
+            // Every id of every feature on this table, with the flat offset of
+            // its bag's gradient row and its coefficient; each feature fills its
+            // own part, in parallel.
+            let n: usize = idx.iter().map(|&fi| features[fi].bags.ids.len()).sum();
+            let mut keys = vec![0i64; n];
+            let mut src = vec![0usize; n];
+            let mut coef = vec![0.0f32; n];
+            let mut parts = Vec::with_capacity(idx.len());
+            let (mut k, mut s, mut c) = (&mut keys[..], &mut src[..], &mut coef[..]);
+            for &fi in idx {
+                let len = features[fi].bags.ids.len();
+                let (k0, k1) = std::mem::take(&mut k).split_at_mut(len);
+                let (s0, s1) = std::mem::take(&mut s).split_at_mut(len);
+                let (c0, c1) = std::mem::take(&mut c).split_at_mut(len);
+                parts.push((fi, k0, s0, c0));
+                (k, s, c) = (k1, s1, c1);
             }
+            parts.into_par_iter().for_each(|(fi, k, s, c)| {
+                let bags = &features[fi].bags;
+                k.copy_from_slice(bags.ids);
+                let mut bag_of = vec![0u32; k.len()];
+                bags.coefs_into(&mut bag_of, c);
+                for (dst, &b) in s.iter_mut().zip(&bag_of) {
+                    *dst = b as usize * total + cols[fi];
+                }
+            });
+            (keys, src, coef)
+        })
+        .collect();
+    for ((table, _), (keys, src, coef)) in groups.iter().zip(&inputs) {
+        let dim = table.dim();
+        let max_coef = coef.iter().fold(0.0f32, |a, c| a.max(c.abs()));
+        crate::table::check_grad_sums("grads", keys, f64::from(most * max_coef), |i| {
+            let g = grads[src[i]..src[i] + dim]
+                .iter()
+                .fold(0.0f32, |a, v| a.max(v.abs()));
+            f64::from(g) * f64::from(coef[i].abs())
+        })?;
+    }
+    // Room for every table's new rows first, so that running out of memory
+    // refuses the call whole; then every table's step.
+    let mut prepared = Vec::with_capacity(groups.len());
+    for ((table, _), (keys, _, _)) in groups.iter().zip(&inputs) {
+        match table.prepare_apply(keys, true) {
+            Ok(p) => prepared.push(p),
+            Err(e) => {
+                for ((t, _), p) in groups.iter().zip(prepared) {
+                    t.cancel_apply(p);
+                }
+                return Err(e);
+            }
+        }
+    }
+    groups
+        .par_iter()
+        .zip(inputs.par_iter())
+        .zip(prepared.into_par_iter())
+        .for_each(|(((table, _), (keys, src, coef)), p)| {
+            let dim = table.dim();
+            table.run_apply(keys, p, None, |i| (&grads[src[i]..src[i] + dim], coef[i]));
         });
-        table.apply_in(&keys, |i| (&grads[src[i]..src[i] + dim], coef[i]));
-    });
     for (t, _) in &groups {
         t.enforce_capacity();
     }

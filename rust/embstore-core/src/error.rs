@@ -32,6 +32,14 @@ pub enum StoreError {
     },
     /// `apply_gradients` on a table built without an optimizer.
     NoOptimizer,
+    /// Memory that the call needs could not be allocated (or is more than
+    /// the process may use); nothing changed.
+    OutOfMemory {
+        /// The argument whose size asked for the memory.
+        arg: &'static str,
+        /// Bytes asked for.
+        bytes: u128,
+    },
     /// A checkpoint could not be written, or is damaged, unknown or does not
     /// fit; nothing was loaded (or published).
     Checkpoint {
@@ -54,6 +62,10 @@ impl fmt::Display for StoreError {
                 "{arg}: expected only finite values, found NaN or inf at flat index {index}"
             ),
             StoreError::Checkpoint { path, msg } => write!(f, "checkpoint {path}: {msg}"),
+            StoreError::OutOfMemory { arg, bytes } => write!(
+                f,
+                "{arg}: needs {bytes} bytes of memory, more than could be allocated; nothing changed"
+            ),
             StoreError::NoOptimizer => write!(
                 f,
                 "optimizer: this table was built with optimizer=None; pass an optimizer to train it"
@@ -80,5 +92,13 @@ pub(crate) fn ckpt_err(path: impl AsRef<std::path::Path>, msg: impl Into<String>
     StoreError::Checkpoint {
         path: path.as_ref().display().to_string(),
         msg: msg.into(),
+    }
+}
+
+/// Shorthand for [`StoreError::OutOfMemory`].
+pub(crate) fn oom(arg: &'static str, bytes: impl TryInto<u128>) -> StoreError {
+    StoreError::OutOfMemory {
+        arg,
+        bytes: bytes.try_into().unwrap_or(u128::MAX),
     }
 }

@@ -122,10 +122,13 @@ impl Initializer {
     /// Checks the parameters; the error names the bad one.
     pub fn validate(&self) -> Result<()> {
         let finite = |arg: &'static str, v: f64| {
-            if v.is_finite() {
+            if v.is_finite() && v.abs() <= f64::from(f32::MAX) {
                 Ok(())
             } else {
-                Err(invalid(arg, format!("expected a finite number, got {v}")))
+                Err(invalid(
+                    arg,
+                    format!("expected a number finite as float32, got {v}"),
+                ))
             }
         };
         match *self {
@@ -138,6 +141,14 @@ impl Initializer {
                         format!("expected high >= low, got low={low}, high={high}"),
                     ));
                 }
+                finite("high", high - low).map_err(|_| {
+                    invalid(
+                        "high",
+                        format!(
+                            "expected high - low finite as float32, got low={low}, high={high}"
+                        ),
+                    )
+                })?;
             }
             Initializer::Normal { mean, std } | Initializer::TruncatedNormal { mean, std } => {
                 finite("mean", mean)?;
@@ -150,6 +161,18 @@ impl Initializer {
             Initializer::Constant { value } => finite("value", value)?,
         }
         Ok(())
+    }
+
+    /// A bound on the magnitude of every value this initializer writes.
+    pub fn max_abs(&self) -> f64 {
+        match *self {
+            Initializer::Uniform { low, high } => low.abs().max(high.abs()),
+            // The normal draws come from 53-bit uniforms: |z| < 9.
+            Initializer::Normal { mean, std } => mean.abs() + 9.0 * std,
+            Initializer::TruncatedNormal { mean, std } => mean.abs() + 2.0 * std,
+            Initializer::Zeros => 0.0,
+            Initializer::Constant { value } => value.abs(),
+        }
     }
 
     /// Writes the initial row of `key` into `out` (its length is the dim).

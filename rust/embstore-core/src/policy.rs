@@ -86,6 +86,45 @@ impl RowFormat {
         4 * self.words(dim)
     }
 
+    /// The largest finite magnitude a row of this format holds.
+    pub fn max_finite(self) -> f32 {
+        match self {
+            RowFormat::F32 => f32::MAX,
+            RowFormat::F16 => f16::MAX.to_f32(),
+            RowFormat::BF16 => bf16::MAX.to_f32(),
+        }
+    }
+
+    /// Fails naming `arg` when a value of `src` is beyond what this format
+    /// holds finitely (it would be stored as inf).
+    ///
+    /// # Errors
+    /// `InvalidArgument` naming `arg` and the first such value.
+    pub fn check_fits(self, arg: &'static str, src: &[f32]) -> Result<()> {
+        if self == RowFormat::F32 {
+            return Ok(());
+        }
+        let mut tmp = [0.0f32; 1];
+        let bad = src.iter().position(|&v| {
+            self.encode(&[v], &mut tmp);
+            let mut back = [0.0f32];
+            self.decode(&tmp, &mut back);
+            !back[0].is_finite()
+        });
+        match bad {
+            None => Ok(()),
+            Some(i) => Err(crate::error::invalid(
+                arg,
+                format!(
+                    "expected values that {} rows hold (|v| <= {}), got {} at flat index {i}",
+                    self.name(),
+                    self.max_finite(),
+                    src[i]
+                ),
+            )),
+        }
+    }
+
     /// Writes the weights stored in `words` to `out` (`dim` floats).
     #[inline]
     pub fn decode(self, words: &[f32], out: &mut [f32]) {
@@ -401,11 +440,30 @@ impl Sketch {
     /// `depth` rows of `width` zeroed counters (pages are mapped on first
     /// write, so an unused sketch costs no resident memory).
     pub fn new(width: usize, depth: usize) -> Sketch {
-        Sketch {
+        Self::try_new(width, depth).expect("memory for the admission sketch")
+    }
+
+    /// [`Sketch::new`], or `None` when its counters cannot be allocated.
+    pub fn try_new(width: usize, depth: usize) -> Option<Sketch> {
+        let n = width.max(1).checked_mul(depth)?;
+        let layout = std::alloc::Layout::array::<u8>(n).ok()?;
+        let cells = if layout.size() == 0 {
+            Vec::new()
+        } else {
+            // SAFETY: the layout has a non-zero size (checked above).
+            let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
+            if ptr.is_null() {
+                return None;
+            }
+            // SAFETY: `ptr` is a fresh global allocation of `n` zeroed
+            // bytes with u8's layout: capacity and length `n`.
+            unsafe { Vec::from_raw_parts(ptr, n, n) }
+        };
+        Some(Sketch {
             width: width.max(1),
             depth,
-            cells: vec![0; width.max(1) * depth],
-        }
+            cells,
+        })
     }
 
     /// Bytes of counters.

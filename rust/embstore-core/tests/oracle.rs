@@ -96,7 +96,7 @@ fn table_matches_hashmap_model() {
             }
             assert_eq!(t.len(), model.len());
         }
-        let (keys, rows, _) = t.export(false);
+        let (keys, rows, _) = t.export(false).unwrap();
         let mut expect: Vec<_> = model.into_iter().collect();
         expect.sort_by_key(|e| e.0);
         assert_eq!(keys, expect.iter().map(|e| e.0).collect::<Vec<_>>());
@@ -115,7 +115,7 @@ fn initial_rows_do_not_depend_on_shards_or_order() {
         let t = table(num_shards);
         let mut out = vec![0.0; ks.len() * DIM];
         t.lookup(ks, true, &mut out).unwrap();
-        let (k, rows, _) = t.export(false);
+        let (k, rows, _) = t.export(false).unwrap();
         let bits: Vec<u32> = rows.iter().map(|v| v.to_bits()).collect();
         match &reference {
             None => reference = Some((k, bits)),
@@ -128,13 +128,13 @@ fn initial_rows_do_not_depend_on_shards_or_order() {
 fn refused_calls_change_nothing() {
     let t = table(4);
     t.assign(&[1, 2], &[1.0; 2 * DIM]).unwrap();
-    let before = t.export(true);
+    let before = t.export(true).unwrap();
     let mut bad = vec![0.0; 2 * DIM];
     bad[7] = f32::NAN;
     assert!(t.apply_gradients(&[1, 3], &bad).is_err());
     assert!(t.apply_gradients(&[1, 3], &[0.0; DIM]).is_err());
     assert!(t.assign(&[5, 6], &bad).is_err());
-    assert_eq!(t.export(true), before);
+    assert_eq!(t.export(true).unwrap(), before);
     assert_eq!(t.step(), 0);
 }
 

@@ -69,7 +69,7 @@ fn mixed_concurrent_calls_lose_nothing_and_never_tear() {
                     assert!(row.iter().all(|&v| v == row[0]), "torn row {row:?}");
                 }
                 if r == 0 && n % 5 == 0 {
-                    let (_, rows, _) = t.export(false);
+                    let (_, rows, _) = t.export(false).unwrap();
                     for row in rows.chunks(DIM) {
                         assert!(row.iter().all(|&v| v == row[0]), "torn export row");
                     }

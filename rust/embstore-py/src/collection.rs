@@ -21,15 +21,29 @@ fn features<'a>(
     offsets: &'a Ids<'_>,
     weights: &'a Weights<'_>,
     combiners: &[String],
+    names: Option<&[String]>,
 ) -> PyResult<Vec<Bags<'a>>> {
     let n = tables.len();
-    if ids.len() != n || offsets.len() != n || weights.len() != n || combiners.len() != n {
+    if ids.len() != n
+        || offsets.len() != n
+        || weights.len() != n
+        || combiners.len() != n
+        || names.is_some_and(|m| m.len() != n)
+    {
         return Err(PyValueError::new_err(format!(
-            "features: expected {n} ids, offsets, weights and combiners, one per table"
+            "features: expected {n} ids, offsets, weights, combiners and names, one per table"
         )));
     }
     (0..n)
-        .map(|i| bags(&ids[i], &offsets[i], weights[i].as_ref(), &combiners[i]))
+        .map(|i| {
+            let b = bags(&ids[i], &offsets[i], weights[i].as_ref(), &combiners[i])?;
+            // Checked here too, so that the error names the feature.
+            b.validate().map_err(|e| {
+                let name = names.map_or_else(|| format!("feature {i}"), |m| format!("{:?}", m[i]));
+                PyValueError::new_err(format!("batch[{name}] {e}"))
+            })?;
+            Ok(b)
+        })
         .collect()
 }
 
@@ -43,7 +57,8 @@ fn zip<'a>(tables: &'a [Arc<Table>], bags: &[Bags<'a>]) -> Vec<Feature<'a>> {
 
 /// Pooled rows of every feature side by side: (batch, sum of dims).
 #[pyfunction]
-#[pyo3(signature = (tables, ids, offsets, weights, combiners, insert=true))]
+#[pyo3(signature = (tables, ids, offsets, weights, combiners, insert=true, names=None))]
+#[allow(clippy::too_many_arguments)]
 pub fn collection_lookup_pooled<'py>(
     py: Python<'py>,
     tables: Vec<PyRef<'py, PyTable>>,
@@ -52,12 +67,20 @@ pub fn collection_lookup_pooled<'py>(
     weights: Weights<'py>,
     combiners: Vec<String>,
     insert: bool,
+    names: Option<Vec<String>>,
 ) -> PyResult<Bound<'py, PyArray2<f32>>> {
     let tables: Vec<Arc<Table>> = tables.iter().map(|t| t.inner.clone()).collect();
-    let bags = features(&tables, &ids, &offsets, &weights, &combiners)?;
+    let bags = features(
+        &tables,
+        &ids,
+        &offsets,
+        &weights,
+        &combiners,
+        names.as_deref(),
+    )?;
     let batch = bags.first().map_or(0, |b| b.batch());
     let total: usize = tables.iter().map(|t| t.dim()).sum();
-    let out = crate::outbuf::array2(py, batch, total)?;
+    let out = crate::outbuf::array2(py, batch, total, "offsets")?;
     {
         let mut rw = out.readwrite();
         let dst = rw.as_slice_mut()?;
@@ -69,6 +92,8 @@ pub fn collection_lookup_pooled<'py>(
 
 /// Backward of [`collection_lookup_pooled`] and one step per distinct table.
 #[pyfunction]
+#[pyo3(signature = (tables, ids, offsets, weights, combiners, grads, names=None))]
+#[allow(clippy::too_many_arguments)]
 pub fn collection_apply_pooled_gradients<'py>(
     py: Python<'py>,
     tables: Vec<PyRef<'py, PyTable>>,
@@ -77,9 +102,17 @@ pub fn collection_apply_pooled_gradients<'py>(
     weights: Weights<'py>,
     combiners: Vec<String>,
     grads: PyReadonlyArray2<'py, f32>,
+    names: Option<Vec<String>>,
 ) -> PyResult<()> {
     let tables: Vec<Arc<Table>> = tables.iter().map(|t| t.inner.clone()).collect();
-    let bags = features(&tables, &ids, &offsets, &weights, &combiners)?;
+    let bags = features(
+        &tables,
+        &ids,
+        &offsets,
+        &weights,
+        &combiners,
+        names.as_deref(),
+    )?;
     let g = grads
         .as_slice()
         .map_err(|_| PyValueError::new_err("grads: expected a C-contiguous array"))?;

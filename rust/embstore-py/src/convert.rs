@@ -4,7 +4,7 @@
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, OnceLock, PoisonError, RwLock, RwLockWriteGuard};
 
 use rayon::{ThreadPool, ThreadPoolBuilder};
 
@@ -55,6 +55,47 @@ pub fn in_pool<T: Send>(f: impl FnOnce() -> T + Send) -> T {
     pool.install(f)
 }
 
+/// Held shared by every core call ([`EnterStore::enter_store`]) and
+/// exclusively across `fork()` (see [`install_fork_handlers`]): a process
+/// forks only while no call is inside the core, so no table lock, no pool
+/// job and no half-written row is left behind in the child, whose first
+/// call would otherwise wait forever on a lock held by a thread that does
+/// not exist there.
+static CALLS: RwLock<()> = RwLock::new(());
+
+thread_local! {
+    /// The forking thread's hold on [`CALLS`], from `prepare` to `parent`/`child`.
+    static FORK_HOLD: RefCell<Option<RwLockWriteGuard<'static, ()>>> = const { RefCell::new(None) };
+}
+
+extern "C" fn before_fork() {
+    let hold = CALLS.write().unwrap_or_else(PoisonError::into_inner);
+    FORK_HOLD.with(|h| *h.borrow_mut() = Some(hold));
+}
+
+extern "C" fn after_fork() {
+    FORK_HOLD.with(|h| drop(h.borrow_mut().take()));
+}
+
+/// Registers the fork handlers (once, at import). The forking thread holds
+/// the GIL, and a call inside the core never needs it, so waiting for the
+/// calls in flight cannot deadlock.
+pub fn install_fork_handlers() {
+    #[cfg(unix)]
+    {
+        static ONCE: std::sync::Once = std::sync::Once::new();
+        ONCE.call_once(|| {
+            // SAFETY: the three handlers are plain functions that live as
+            // long as the process (the module is never unloaded); they only
+            // take and release a std lock held in a thread-local slot of the
+            // forking thread.
+            unsafe {
+                libc::pthread_atfork(Some(before_fork), Some(after_fork), Some(after_fork));
+            }
+        });
+    }
+}
+
 /// Runs an O(n) core call with the GIL released (see [`in_pool`]),
 /// turning a core error or a panic into a Python exception. Nothing inside
 /// may touch Python objects.
@@ -65,7 +106,11 @@ pub trait EnterStore {
 
 impl EnterStore for Python<'_> {
     fn enter_store<T: Send>(self, f: impl FnOnce() -> Result<T, StoreError> + Send) -> PyResult<T> {
-        match self.detach(|| in_pool(|| catch_unwind(AssertUnwindSafe(f)))) {
+        let run = || {
+            let _call = CALLS.read().unwrap_or_else(PoisonError::into_inner);
+            in_pool(|| catch_unwind(AssertUnwindSafe(f)))
+        };
+        match self.detach(run) {
             Ok(Ok(v)) => Ok(v),
             Ok(Err(e)) => Err(PyStoreError(e).into()),
             Err(payload) => Err(panic_error(payload)),

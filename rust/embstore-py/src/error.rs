@@ -3,7 +3,7 @@
 use embstore_core::StoreError;
 use pyo3::PyErr;
 use pyo3::create_exception;
-use pyo3::exceptions::{PyException, PyRuntimeError, PyValueError};
+use pyo3::exceptions::{PyException, PyMemoryError, PyRuntimeError, PyValueError};
 
 create_exception!(
     embstore.exceptions,
@@ -35,6 +35,7 @@ impl From<PyStoreError> for PyErr {
             | StoreError::NonFinite { .. }
             | StoreError::NoOptimizer) => PyValueError::new_err(err.to_string()),
             err @ StoreError::Checkpoint { .. } => CheckpointError::new_err(err.to_string()),
+            err @ StoreError::OutOfMemory { .. } => PyMemoryError::new_err(err.to_string()),
         }
     }
 }
@@ -74,6 +75,13 @@ mod tests {
                         msg: "bad".into(),
                     },
                     "CheckpointError",
+                ),
+                (
+                    StoreError::OutOfMemory {
+                        arg: "keys",
+                        bytes: 1 << 40,
+                    },
+                    "MemoryError",
                 ),
             ];
             for (e, class) in cases {

@@ -79,6 +79,30 @@ mod _core {
         crate::outbuf::free_all()
     }
 
+    /// The output buffer pool: (buffers kept, bytes kept, most buffers, most bytes).
+    #[pyfunction]
+    fn output_buffer_stats() -> (usize, usize, usize, usize) {
+        crate::outbuf::stats()
+    }
+
+    /// (bytes of every file, rows) of the checkpoint at `path`: its manifest
+    /// read natively, with the loader's checks and size limit.
+    #[pyfunction]
+    fn checkpoint_size(py: Python<'_>, path: std::path::PathBuf) -> PyResult<(u64, u64)> {
+        use crate::convert::EnterStore;
+        py.enter_store(|| {
+            embstore_core::table::checkpoint::read_manifest(&path)
+                .map(|m| (m.total_bytes(), m.rows))
+        })
+    }
+
+    /// Removes the files of an unpublished save whose names start with
+    /// `prefix` (a rank's part of a sharded save that did not publish).
+    #[pyfunction]
+    fn remove_unpublished(path: std::path::PathBuf, prefix: &str) {
+        embstore_core::table::checkpoint::remove_partial(&path, prefix);
+    }
+
     /// Number of threads of the native pool.
     #[pyfunction]
     fn num_threads() -> usize {
@@ -88,6 +112,7 @@ mod _core {
     #[pymodule_init]
     fn init(m: &Bound<'_, PyModule>) -> PyResult<()> {
         crate::convert::PARENT_PID.get_or_init(std::process::id);
+        crate::convert::install_fork_handlers();
         m.add("__version__", env!("CARGO_PKG_VERSION"))?;
         Ok(())
     }

@@ -17,6 +17,7 @@ use std::sync::{Mutex, PoisonError};
 
 use numpy::PyArray2;
 use numpy::ndarray::ArrayView2;
+use pyo3::exceptions::PyMemoryError;
 use pyo3::prelude::*;
 
 /// Outputs smaller than this come from NumPy's allocator as usual.
@@ -62,6 +63,32 @@ fn give(v: Vec<f32>) {
     drop(dropped); // unmapped outside the lock
 }
 
+/// `n` zeros, or `None` when the memory cannot be allocated. Like
+/// `vec![0.0; n]` (zeroed pages from the OS, mapped on first write), but
+/// reporting failure instead of aborting the process.
+fn zeroed(n: usize) -> Option<Vec<f32>> {
+    let layout = std::alloc::Layout::array::<f32>(n).ok()?;
+    if layout.size() == 0 {
+        return Some(Vec::new());
+    }
+    // SAFETY: the layout has a non-zero size (checked above).
+    let ptr = unsafe { std::alloc::alloc_zeroed(layout) }.cast::<f32>();
+    if ptr.is_null() {
+        return None;
+    }
+    // SAFETY: `ptr` was allocated by the global allocator with the layout
+    // of `n` f32s (so capacity `n` and the same alignment), and all `n`
+    // are initialized (zero bits are 0.0f32).
+    Some(unsafe { Vec::from_raw_parts(ptr, n, n) })
+}
+
+/// (buffers kept, bytes kept, most buffers kept, most bytes kept).
+pub fn stats() -> (usize, usize, usize, usize) {
+    let p = pool();
+    let bytes = p.iter().map(|v| v.len() * 4).sum();
+    (p.len(), bytes, MAX_KEPT, MAX_KEPT_BYTES)
+}
+
 /// Gives every kept buffer back to the OS; returns their bytes.
 pub fn free_all() -> usize {
     let all: Vec<Vec<f32>> = pool().drain(..).collect();
@@ -85,12 +112,33 @@ impl Drop for OutputBuffer {
 
 /// A C-contiguous float32 array of `rows x cols` whose contents the caller
 /// must overwrite entirely (a recycled buffer holds old values).
-pub fn array2(py: Python<'_>, rows: usize, cols: usize) -> PyResult<Bound<'_, PyArray2<f32>>> {
-    let n = rows * cols;
+///
+/// # Errors
+/// `MemoryError` naming `arg` when the memory cannot be allocated.
+pub fn array2<'py>(
+    py: Python<'py>,
+    rows: usize,
+    cols: usize,
+    arg: &str,
+) -> PyResult<Bound<'py, PyArray2<f32>>> {
+    let n = rows
+        .checked_mul(cols)
+        .filter(|n| n.checked_mul(4).is_some());
+    let no_memory = || {
+        PyMemoryError::new_err(format!(
+            "{arg}: the output of {rows} x {cols} float32 needs {} bytes, more than could be \
+             allocated; nothing changed",
+            (rows as u128) * (cols as u128) * 4
+        ))
+    };
+    let n = n.ok_or_else(no_memory)?;
     if n * 4 < MIN_BYTES {
         return Ok(PyArray2::zeros(py, [rows, cols], false));
     }
-    let mut v = take(n).unwrap_or_else(|| vec![0.0; n]);
+    let mut v = match take(n) {
+        Some(v) => v,
+        None => zeroed(n).ok_or_else(no_memory)?,
+    };
     let ptr = v.as_mut_ptr();
     let owner = Bound::new(
         py,

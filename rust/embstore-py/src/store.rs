@@ -300,7 +300,7 @@ impl PyTable {
     ) -> PyResult<Bound<'py, PyArray2<f32>>> {
         let k = slice(&keys, "keys")?;
         let table = &self.inner;
-        let out = crate::outbuf::array2(py, k.len(), table.dim())?;
+        let out = crate::outbuf::array2(py, k.len(), table.dim(), "keys")?;
         {
             let mut rw = out.readwrite();
             let dst = rw.as_slice_mut()?;
@@ -321,7 +321,7 @@ impl PyTable {
     ) -> PyResult<Bound<'py, PyArray2<f32>>> {
         let b = bags(&ids, &offsets, weights.as_ref(), combiner)?;
         let table = &self.inner;
-        let out = crate::outbuf::array2(py, b.batch(), table.dim())?;
+        let out = crate::outbuf::array2(py, b.batch(), table.dim(), "offsets")?;
         {
             let mut rw = out.readwrite();
             let dst = rw.as_slice_mut()?;
@@ -388,8 +388,8 @@ impl PyTable {
     ) -> PyResult<(Bound<'py, PyArray2<f32>>, Bound<'py, PyArray2<f32>>)> {
         let k = slice(&keys, "keys")?;
         let table = &self.inner;
-        let out = crate::outbuf::array2(py, k.len(), table.dim())?;
-        let st = crate::outbuf::array2(py, k.len(), table.state_len())?;
+        let out = crate::outbuf::array2(py, k.len(), table.dim(), "keys")?;
+        let st = crate::outbuf::array2(py, k.len(), table.state_len(), "keys")?;
         {
             let mut rw = out.readwrite();
             let mut sw = st.readwrite();
@@ -401,8 +401,11 @@ impl PyTable {
 
     /// Sets the optimizer step counter (a tier in front of the table that
     /// runs the optimizer itself keeps the table's count in step).
-    fn set_step(&self, step: u64) {
-        self.inner.set_step(step);
+    fn set_step(&self, step: u64) -> PyResult<()> {
+        Ok(self
+            .inner
+            .set_step(step)
+            .map_err(crate::error::PyStoreError)?)
     }
 
     /// Reserves index space and touched row memory for `rows` more rows.
@@ -415,6 +418,28 @@ impl PyTable {
         let k = slice(&keys, "keys")?;
         let table = &self.inner;
         py.enter_store(|| table.remove(k))
+    }
+
+    /// Takes the next step number (a tier in front that runs the step of
+    /// some rows itself), without changing any row.
+    fn advance_step(&self) -> PyResult<u64> {
+        Ok(self
+            .inner
+            .advance_step()
+            .map_err(crate::error::PyStoreError)?)
+    }
+
+    /// One optimizer step numbered `step` (from `advance_step`).
+    fn apply_gradients_at(
+        &self,
+        py: Python<'_>,
+        keys: PyReadonlyArray1<'_, i64>,
+        grads: PyReadonlyArray2<'_, f32>,
+        step: u64,
+    ) -> PyResult<()> {
+        let (k, g) = (slice(&keys, "keys")?, slice2(&grads, "grads")?);
+        let table = &self.inner;
+        py.enter_store(|| table.apply_gradients_at(k, g, step))
     }
 
     fn apply_gradients(
@@ -440,7 +465,7 @@ impl PyTable {
         Bound<'py, PyArray2<f32>>,
     )> {
         let table = &self.inner;
-        let (keys, rows, state) = py.enter_store(|| Ok(table.export(with_state)))?;
+        let (keys, rows, state) = py.enter_store(|| table.export(with_state))?;
         let n = keys.len();
         let sl = if with_state { table.state_len() } else { 0 };
         Ok((

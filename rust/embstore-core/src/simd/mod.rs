@@ -198,7 +198,7 @@ pub fn prefetch<T>(slice: &[T]) {
 pub fn copy_streaming(dst: &mut [f32], src: &[f32]) {
     assert_eq!(dst.len(), src.len(), "copy_streaming: lengths differ");
     #[cfg(all(target_arch = "x86_64", not(miri)))]
-    if (dst.as_ptr() as usize) % 16 == 0 && dst.len() % 4 == 0 {
+    if (dst.as_ptr() as usize).is_multiple_of(16) && dst.len().is_multiple_of(4) {
         use std::arch::x86_64::{_mm_loadu_ps, _mm_stream_ps};
         for i in (0..dst.len()).step_by(4) {
             // SAFETY: SSE is part of x86-64; `i + 4 <= len` for both slices
@@ -351,7 +351,7 @@ mod tests {
         (0..n)
             .map(|i| {
                 let b = crate::hash::draw(seed, i as u64);
-                if b % 17 == 0 {
+                if b.is_multiple_of(17) {
                     0.0
                 } else {
                     ((b >> 40) as f32 / (1u64 << 24) as f32) * 4.0 - 2.0

@@ -157,9 +157,39 @@ impl Arena {
         Ok(())
     }
 
+    /// Rows the allocated segments hold (stored and room for more).
+    pub fn room(&self) -> usize {
+        if self.keys.is_empty() {
+            0
+        } else {
+            segment_start(self.keys.len())
+        }
+    }
+
+    /// Allocates (without touching) the segments that rows up to
+    /// `target` need, so that pushing up to `target` rows allocates
+    /// nothing more.
+    ///
+    /// # Errors
+    /// When the memory cannot be allocated; the segments added before the
+    /// failure stay, empty.
+    pub fn ensure_segments(&mut self, target: usize) -> Result<(), OutOfMemory> {
+        if target == 0 {
+            return Ok(());
+        }
+        let (last, _) = locate(target - 1);
+        while self.keys.len() <= last {
+            self.add_segment()?;
+        }
+        Ok(())
+    }
+
     /// Appends the next (empty) segment at its full capacity.
     fn add_segment(&mut self) -> Result<(), OutOfMemory> {
-        let cap = FIRST << self.keys.len();
+        let cap = FIRST
+            .checked_shl(self.keys.len() as u32)
+            .filter(|c| c.checked_mul(self.stride.max(8) * 4).is_some())
+            .ok_or(OutOfMemory)?;
         let mut keys = Vec::new();
         keys.try_reserve_exact(cap)?;
         let mut gens = Vec::new();
@@ -237,6 +267,8 @@ impl Arena {
         let r = self.len;
         let (k, _) = locate(r);
         if k == self.keys.len() {
+            // Callers reserve room first (`Shard::reserve_pending`), so this
+            // allocates only for a caller that did not.
             self.add_segment().expect("out of memory for a row segment");
         }
         if self.track {

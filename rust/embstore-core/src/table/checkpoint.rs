@@ -28,6 +28,7 @@ use rayon::prelude::*;
 use safetensors::tensor::{Dtype, Metadata, SafeTensors, TensorInfo, TensorView};
 use serde::{Deserialize, Serialize};
 
+use super::dirlock::{self, READERS_LOCK};
 use super::{Table, TableConfig, read};
 use crate::error::{Result, StoreError, ckpt_err};
 use crate::hash::mix64;
@@ -210,6 +211,11 @@ impl Manifest {
         m.checksum = None;
         let v = serde_json::to_value(&m).expect("a manifest always serializes");
         crc32c::crc32c(v.to_string().as_bytes())
+    }
+
+    /// Bytes of every file of the chain (what a load reads, once per pass).
+    pub fn total_bytes(&self) -> u64 {
+        self.files().map(|f| f.bytes).fold(0, u64::saturating_add)
     }
 
     /// Every file of the chain.
@@ -482,6 +488,49 @@ thread_local! {
     static READ_BUF: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
+/// The bytes of the regular file at `path`, refused (without reading it
+/// all) when it is not a regular file (a device, a FIFO: a symlink to
+/// `/dev/zero` would never end) or holds more than `limit` bytes.
+fn read_regular(path: &Path, limit: u64, missing: &str) -> Result<Vec<u8>> {
+    let mut buf = Vec::new();
+    let too_large =
+        |len: u64| (len > limit).then(|| format!("{len} bytes, more than the {limit} allowed"));
+    read_regular_into(path, limit, missing, &mut buf, too_large)?;
+    Ok(buf)
+}
+
+/// [`read_regular`] into `buf` (cleared first); `size_err` says what is
+/// wrong with a file of the given size, if anything.
+fn read_regular_into(
+    path: &Path,
+    limit: u64,
+    missing: &str,
+    buf: &mut Vec<u8>,
+    size_err: impl Fn(u64) -> Option<String>,
+) -> Result<()> {
+    let f = File::open(path).map_err(|e| io_err(path, missing, &e))?;
+    let meta = f.metadata().map_err(|e| io_err(path, missing, &e))?;
+    if !meta.is_file() {
+        return Err(ckpt_err(path, "not a regular file"));
+    }
+    if let Some(msg) = size_err(meta.len()) {
+        return Err(ckpt_err(path, msg));
+    }
+    buf.clear();
+    buf.try_reserve_exact(meta.len() as usize)
+        .map_err(|_| crate::error::oom("path", meta.len()))?;
+    f.take(limit + 1)
+        .read_to_end(buf)
+        .map_err(|e| io_err(path, "cannot read", &e))?;
+    if buf.len() as u64 > limit {
+        return Err(ckpt_err(
+            path,
+            format!("more than the {limit} bytes expected (the file grew while read)"),
+        ));
+    }
+    Ok(())
+}
+
 /// Reads a file named by the manifest and checks its size and CRC-32C.
 fn read_checked_into(
     dir: &Path,
@@ -497,22 +546,15 @@ fn read_checked_into(
         ));
     }
     let path = dir.join(&e.name);
-    let meta = fs::metadata(&path).map_err(|err| io_err(&path, "missing or unreadable", &err))?;
-    if meta.len() != e.bytes {
-        return Err(ckpt_err(
-            &path,
+    let size_err = |len: u64| {
+        (len != e.bytes).then(|| {
             format!(
-                "expected {} bytes, found {} (truncated or replaced)",
-                e.bytes,
-                meta.len()
-            ),
-        ));
-    }
-    buf.clear();
-    buf.reserve(e.bytes as usize);
-    File::open(&path)
-        .and_then(|mut f| f.read_to_end(buf))
-        .map_err(|err| io_err(&path, "cannot read", &err))?;
+                "expected {} bytes, found {len} (truncated or replaced)",
+                e.bytes
+            )
+        })
+    };
+    read_regular_into(&path, e.bytes, "missing or unreadable", buf, size_err)?;
     let crc = crc32c::crc32c(buf);
     if crc != e.crc32c {
         return Err(ckpt_err(
@@ -550,14 +592,28 @@ fn check_rows(m: &Manifest, path: &Path, e: &FileEntry, buf: &[u8]) -> Result<()
     let n = e.rows as usize;
     let fmt = m.format().map_err(|err| ckpt_err(path, err.to_string()))?;
     expect_tensor(&st, path, "keys", Dtype::I64, &[n])?;
-    expect_tensor(&st, path, "rows", rows_dtype(fmt), &[n, m.dim])?;
+    let rows = expect_tensor(&st, path, "rows", rows_dtype(fmt), &[n, m.dim])?;
+    finite_in_file(path, "rows", &rows_f32(fmt, rows))?;
     if m.with_optimizer && m.state_len > 0 {
-        expect_tensor(&st, path, "state", Dtype::F32, &[n, m.state_len])?;
+        let state = expect_tensor(&st, path, "state", Dtype::F32, &[n, m.state_len])?;
+        finite_in_file(path, "state", &f32s(state))?;
     }
     if m.has_meta() {
         expect_tensor(&st, path, "meta", Dtype::U32, &[n, 4])?;
     }
     Ok(())
+}
+
+/// Refuses a tensor holding NaN or inf (a row or state that no call could
+/// have written).
+fn finite_in_file(path: &Path, name: &str, v: &[f32]) -> Result<()> {
+    super::check_finite("values", v).map_err(|e| match e {
+        StoreError::NonFinite { index, .. } => ckpt_err(
+            path,
+            format!("tensor {name:?} holds NaN or inf at flat index {index} (damaged)"),
+        ),
+        other => other,
+    })
 }
 
 /// Parses and checks one rows file of the manifest.
@@ -622,14 +678,7 @@ fn parse_removed<'a>(path: &Path, e: &FileEntry, buf: &'a [u8]) -> Result<Cow<'a
 /// or configuration does not hold.
 pub fn read_manifest(dir: &Path) -> Result<Manifest> {
     let path = dir.join(MANIFEST);
-    let meta = fs::metadata(&path).map_err(|e| io_err(&path, "no manifest", &e))?;
-    if meta.len() > MAX_MANIFEST_BYTES {
-        return Err(ckpt_err(
-            &path,
-            format!("manifest of {} bytes is too large", meta.len()),
-        ));
-    }
-    let text = fs::read(&path).map_err(|e| io_err(&path, "cannot read", &e))?;
+    let text = read_regular(&path, MAX_MANIFEST_BYTES, "no manifest")?;
     let value: serde_json::Value = serde_json::from_slice(&text)
         .map_err(|e| ckpt_err(&path, format!("not valid JSON: {e}")))?;
     match value.get("format").and_then(|f| f.as_str()) {
@@ -677,6 +726,28 @@ pub fn read_manifest(dir: &Path) -> Result<Manifest> {
 fn check_manifest(m: &Manifest) -> std::result::Result<(), String> {
     if m.dim == 0 || m.dim > 1 << 20 {
         return Err(format!("dim {} out of range", m.dim));
+    }
+    if m.step > super::MAX_STEP {
+        return Err(format!(
+            "step {} out of range (at most {})",
+            m.step,
+            super::MAX_STEP
+        ));
+    }
+    // Replaying the chain cannot give more rows than its files hold.
+    let file_rows = m
+        .chain
+        .iter()
+        .flat_map(|l| l.files.iter())
+        .try_fold(0u64, |acc, f| acc.checked_add(f.rows));
+    match file_rows {
+        Some(n) if m.rows <= n => {}
+        _ => {
+            return Err(format!(
+                "rows {} is more than its files hold ({file_rows:?})",
+                m.rows
+            ));
+        }
     }
     if RowFormat::from_name(&m.dtype).is_err() {
         return Err(format!(
@@ -892,9 +963,16 @@ impl Table {
         }
         let _gate = self.gate.write().unwrap_or_else(PoisonError::into_inner);
         fs::create_dir_all(dir).map_err(|e| io_err(dir, "cannot create the directory", &e))?;
-        let files = self.write_rows(dir, prefix, None, with_optimizer, progress)?;
-        fsync_files(dir, files.iter().map(|f| f.name.as_str()))?;
-        Ok(files)
+        let written = self
+            .write_rows(dir, prefix, None, with_optimizer, progress)
+            .and_then(|files| {
+                fsync_files(dir, files.iter().map(|f| f.name.as_str()))?;
+                Ok(files)
+            });
+        if written.is_err() {
+            remove_partial(dir, prefix);
+        }
+        written
     }
 
     /// Saves a consistent snapshot to directory `dir` (created if missing).
@@ -936,6 +1014,10 @@ impl Table {
                 ));
             }
         }
+        // One save at a time per directory, across threads and processes;
+        // the base of an incremental save is read under the lock.
+        let _writer = dirlock::writer(dir)?;
+        let has_manifest = dir.join(MANIFEST).exists();
         let base = if incremental {
             let mark = self
                 .last_save
@@ -968,9 +1050,60 @@ impl Table {
             None
         };
         let id = new_id();
+        let written = self.write_and_publish(dir, &id, base, with_optimizer, progress);
+        let (manifest, text_len) = match written {
+            Ok(w) => w,
+            Err(e) => {
+                // Nothing was published: what this save wrote is garbage
+                // (and would fill the disk for the next save).
+                remove_partial(dir, &id);
+                return Err(e);
+            }
+        };
+
+        // From here the new checkpoint is the one at `dir`.
+        self.generation.fetch_add(1, Ordering::AcqRel);
+        for lock in self.shards.iter() {
+            let mut g = super::write(lock);
+            g.removed = Vec::new();
+            g.track_removals = true;
+        }
+        *self
+            .last_save
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = Some(SaveMark {
+            dir: canonical,
+            id: id.clone(),
+        });
+        let bytes_written = manifest.chain.last().map_or(0, |l| {
+            l.files
+                .iter()
+                .chain(l.removed.iter())
+                .map(|f| f.bytes)
+                .sum()
+        }) + text_len;
+        Ok(SaveInfo {
+            manifest,
+            bytes_written,
+        })
+    }
+
+    /// The writing part of [`Table::save`]: the files of a new link (all
+    /// rows, or with `base` the changes since it), then the manifest,
+    /// published. Returns the manifest and its size. The caller holds the
+    /// gate exclusively and the writers' lock, and removes what was written
+    /// when this fails.
+    fn write_and_publish(
+        &self,
+        dir: &Path,
+        id: &str,
+        base: Option<Manifest>,
+        with_optimizer: bool,
+        progress: Option<&AtomicU64>,
+    ) -> Result<(Manifest, u64)> {
         let save_gen = self.generation();
         let delta = base.is_some();
-        let prefix = id.clone();
+        let prefix = id.to_string();
         let files = self.write_rows(
             dir,
             &prefix,
@@ -1008,7 +1141,7 @@ impl Table {
             None
         };
 
-        let mut manifest = self.manifest_base(&id, with_optimizer);
+        let mut manifest = self.manifest_base(id, with_optimizer);
         manifest.rows = self.shards.iter().map(|s| read(s).len() as u64).sum();
         manifest.chain = base.map(|b| b.chain).unwrap_or_default();
         manifest.chain.push(Link {
@@ -1016,33 +1149,8 @@ impl Table {
             files,
             removed: removed_entry,
         });
-        let text_len = publish(dir, &mut manifest)?;
-
-        // From here the new checkpoint is the one at `dir`.
-        self.generation.fetch_add(1, Ordering::AcqRel);
-        for lock in self.shards.iter() {
-            let mut g = super::write(lock);
-            g.removed = Vec::new();
-            g.track_removals = true;
-        }
-        *self
-            .last_save
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner) = Some(SaveMark {
-            dir: canonical,
-            id: id.clone(),
-        });
-        let bytes_written = manifest.chain.last().map_or(0, |l| {
-            l.files
-                .iter()
-                .chain(l.removed.iter())
-                .map(|f| f.bytes)
-                .sum()
-        }) + text_len;
-        Ok(SaveInfo {
-            manifest,
-            bytes_written,
-        })
+        let text_len = publish_locked(dir, &mut manifest)?;
+        Ok((manifest, text_len))
     }
 
     /// Loads the checkpoint at `dir` into a new table (with `num_shards`
@@ -1072,7 +1180,39 @@ impl Table {
         progress: Option<&AtomicU64>,
         keep: Option<&(dyn Fn(i64) -> bool + Sync)>,
     ) -> Result<(Table, Manifest)> {
-        let m = read_manifest(dir)?;
+        // A save to `dir` may publish a new checkpoint while this reads the
+        // previous one. With the readers' lock held, the save leaves the
+        // previous files in place; without one (no lock file), a load that
+        // fails while the manifest changed under it reads the new one.
+        let mut tries = 0;
+        loop {
+            let reader = dirlock::reader(dir);
+            let m = read_manifest(dir)?;
+            let id = m.id.clone();
+            match Self::load_manifest(dir, m, num_shards, progress, keep) {
+                Err(StoreError::Checkpoint { .. })
+                    if reader.is_none()
+                        && tries < 16
+                        && read_manifest(dir).is_ok_and(|now| now.id != id) =>
+                {
+                    tries += 1;
+                    if let Some(p) = progress {
+                        p.store(0, Ordering::Relaxed);
+                    }
+                }
+                other => return other,
+            }
+        }
+    }
+
+    /// [`Table::load_filtered`] of the checkpoint whose manifest is `m`.
+    fn load_manifest(
+        dir: &Path,
+        m: Manifest,
+        num_shards: Option<usize>,
+        progress: Option<&AtomicU64>,
+        keep: Option<&(dyn Fn(i64) -> bool + Sync)>,
+    ) -> Result<(Table, Manifest)> {
         // Check pass: sizes, checksums, headers, dtypes and shapes.
         let files: Vec<(usize, &FileEntry, bool)> = m
             .chain
@@ -1109,7 +1249,10 @@ impl Table {
         cfg.num_shards = num_shards;
         cfg.policy = m.table_policy()?;
         let table = Table::new(cfg)?;
-        table.reserve_index(m.rows as usize);
+        // `m.rows` is bounded by the rows of the files checked above.
+        table
+            .try_reserve_index(m.rows as usize)
+            .map_err(|_| ckpt_err(dir, format!("not enough memory for {} rows", m.rows)))?;
         // Load pass: replay the chain; in each link the removals first, then
         // its files (disjoint keys) in parallel. The table is not shared yet.
         for link in &m.chain {
@@ -1128,7 +1271,7 @@ impl Table {
                             r.state.as_deref(),
                             r.meta.as_deref(),
                             1,
-                        ),
+                        )?,
                         Some(keep) => {
                             let (dim, sl) = (m.dim, m.state_len);
                             let pick: Vec<usize> =
@@ -1148,7 +1291,7 @@ impl Table {
                                     .flat_map(|&i| mt[i * 4..(i + 1) * 4].iter().copied())
                                     .collect()
                             });
-                            table.assign_in(&keys, &rows, state.as_deref(), meta.as_deref(), 1);
+                            table.assign_in(&keys, &rows, state.as_deref(), meta.as_deref(), 1)?;
                         }
                     }
                     Ok(())
@@ -1165,7 +1308,7 @@ impl Table {
                 ),
             ));
         }
-        table.set_step(m.step);
+        table.set_step(m.step)?;
         table.set_clock(m.clock);
         table.generation.store(2, Ordering::Release);
         for lock in table.shards.iter() {
@@ -1188,11 +1331,19 @@ impl Table {
 /// Publishes `manifest` at `dir`: fsyncs the files of its last link, writes
 /// the manifest (with its checksum) to a temporary name, fsyncs it, renames
 /// it over `manifest.json` and fsyncs the directory; then deletes the files
-/// no link names. Returns the manifest's size in bytes.
+/// no link names, unless a load is reading the directory (they go at a
+/// later publish). Holds the directory's writers' lock throughout (see
+/// [`dirlock`]). Returns the manifest's size in bytes.
 ///
 /// # Errors
 /// `Checkpoint` for I/O errors; the previous manifest then still stands.
 pub fn publish(dir: &Path, manifest: &mut Manifest) -> Result<u64> {
+    let _writer = dirlock::writer(dir)?;
+    publish_locked(dir, manifest)
+}
+
+/// [`publish`] by a caller that holds the writers' lock.
+fn publish_locked(dir: &Path, manifest: &mut Manifest) -> Result<u64> {
     check_manifest(manifest).map_err(|msg| ckpt_err(dir, msg))?;
     manifest.checksum = Some(manifest.compute_checksum());
     let text = serde_json::to_vec_pretty(&manifest)
@@ -1208,18 +1359,42 @@ pub fn publish(dir: &Path, manifest: &mut Manifest) -> Result<u64> {
     }
     fsync_dir(dir)?;
     let tmp = dir.join(format!("{MANIFEST}.tmp-{}", manifest.id));
-    write_synced(&tmp, &text)?;
+    if let Err(e) = write_synced(&tmp, &text) {
+        let _ = fs::remove_file(&tmp);
+        return Err(e);
+    }
     // The publishing step: one atomic rename.
-    fs::rename(&tmp, dir.join(MANIFEST)).map_err(|e| io_err(dir, "cannot publish", &e))?;
+    if let Err(e) = fs::rename(&tmp, dir.join(MANIFEST)) {
+        let _ = fs::remove_file(&tmp);
+        return Err(io_err(dir, "cannot publish", &e));
+    }
     fsync_dir(dir)?;
-    remove_unreferenced(dir, manifest);
+    if let Some(_cleaner) = dirlock::cleaner(dir) {
+        remove_unreferenced(dir, manifest);
+    }
     Ok(text.len() as u64)
+}
+
+/// Deletes the files a save wrote before it failed: those named with its
+/// id (best effort; they are garbage that no manifest names either way).
+pub fn remove_partial(dir: &Path, id: &str) {
+    let prefix = format!("{id}-");
+    let tmp = format!("{MANIFEST}.tmp-{id}");
+    if let Ok(entries) = fs::read_dir(dir) {
+        for e in entries.flatten() {
+            let name = e.file_name().to_string_lossy().to_string();
+            if (name.starts_with(&prefix) && is_ours(&name)) || name == tmp {
+                let _ = fs::remove_file(e.path());
+            }
+        }
+    }
 }
 
 /// Whether a file name is one a save writes (an id-prefixed shard file or a
 /// temporary manifest) or the manifest itself.
 fn is_ours(name: &str) -> bool {
     name == MANIFEST
+        || name == READERS_LOCK
         || name.starts_with(&format!("{MANIFEST}.tmp-"))
         || (name.ends_with(".safetensors")
             && name.len() > 17
@@ -1228,13 +1403,19 @@ fn is_ours(name: &str) -> bool {
 }
 
 /// Deletes our files that `m` does not name (best effort: a failure leaves
-/// garbage, never a damaged checkpoint).
+/// garbage, never a damaged checkpoint). The caller holds the writers' lock
+/// and, so that no load is reading the files of the manifest `m` replaced,
+/// the readers' lock exclusively ([`dirlock::cleaner`]).
 fn remove_unreferenced(dir: &Path, m: &Manifest) {
     let keep: std::collections::HashSet<&str> = m.files().map(|f| f.name.as_str()).collect();
     if let Ok(entries) = fs::read_dir(dir) {
         for e in entries.flatten() {
             let name = e.file_name().to_string_lossy().to_string();
-            if name != MANIFEST && is_ours(&name) && !keep.contains(name.as_str()) {
+            if name != MANIFEST
+                && name != READERS_LOCK
+                && is_ours(&name)
+                && !keep.contains(name.as_str())
+            {
                 let _ = fs::remove_file(e.path());
             }
         }
@@ -1250,8 +1431,9 @@ pub type FileCheck = (FileEntry, Option<String>);
 /// # Errors
 /// `Checkpoint` when the manifest itself cannot be read.
 pub fn verify(dir: &Path) -> Result<(Manifest, Vec<FileCheck>)> {
+    let _reader = dirlock::reader(dir);
     let m = read_manifest(dir)?;
-    let results = m
+    let results: Vec<FileCheck> = m
         .files()
         .collect::<Vec<_>>()
         .par_iter()
@@ -1267,5 +1449,52 @@ pub fn verify(dir: &Path) -> Result<(Manifest, Vec<FileCheck>)> {
             ((*e).clone(), r.err().map(|x| x.to_string()))
         })
         .collect();
+    if results.iter().all(|(_, err)| err.is_none()) {
+        // What a load checks last: the chain replays to the manifest's rows.
+        let replayed = replay_count(dir, &m)?;
+        if replayed != m.rows {
+            return Err(ckpt_err(
+                dir,
+                format!(
+                    "the chain replays to {replayed} rows, the manifest says {}",
+                    m.rows
+                ),
+            ));
+        }
+    }
     Ok((m, results))
+}
+
+/// The number of rows replaying the chain of `m` gives (keys only).
+fn replay_count(dir: &Path, m: &Manifest) -> Result<u64> {
+    let mut keys: std::collections::HashSet<i64> = std::collections::HashSet::new();
+    for link in &m.chain {
+        if let Some(e) = &link.removed {
+            with_file(dir, e, None, |buf| {
+                for k in parse_removed(&dir.join(&e.name), e, buf)?.iter() {
+                    keys.remove(k);
+                }
+                Ok(())
+            })?;
+        }
+        for e in &link.files {
+            with_file(dir, e, None, |buf| {
+                let st = SafeTensors::deserialize(buf)
+                    .map_err(|err| ckpt_err(dir, format!("not a safetensors file: {err}")))?;
+                let path = dir.join(&e.name);
+                let ks = i64s(expect_tensor(
+                    &st,
+                    &path,
+                    "keys",
+                    Dtype::I64,
+                    &[e.rows as usize],
+                )?);
+                keys.try_reserve(ks.len())
+                    .map_err(|_| crate::error::oom("path", ks.len() * 8))?;
+                keys.extend(ks.iter().copied());
+                Ok(())
+            })?;
+        }
+    }
+    Ok(keys.len() as u64)
 }

@@ -9,6 +9,7 @@
 
 mod arena;
 pub mod checkpoint;
+mod dirlock;
 mod pages;
 mod pooled;
 mod shard;
@@ -19,18 +20,24 @@ use std::sync::{PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use crossbeam_utils::CachePadded;
 use rayon::prelude::*;
 
-use crate::error::{Result, StoreError, invalid};
+use crate::error::{Result, StoreError, invalid, oom};
 use crate::hash::{key_hash, shard_of};
 use crate::init::Initializer;
 use crate::optim::Optimizer;
 use crate::policy::{Admission, Counters, Meta, Policy, RowFormat, Sketch};
 use crate::simd::{Backend, copy_streaming, prefetch, stream_fence};
+pub(crate) use pooled::check_pooled_out;
 pub use pooled::{Bags, Combiner, pool_rows, spread_pooled};
 use shard::Shard;
 
 /// Outputs at least this large are written with non-temporal stores
 /// ([`SharedOut::streams`]).
 pub(crate) const STREAM_MIN_BYTES: usize = 8 << 20;
+
+/// The largest step count a table reaches (`i64::MAX`: steps travel as
+/// signed 64-bit integers through MPI and JSON readers). A gradient call on
+/// a table at this step is refused instead of wrapping to 0.
+pub const MAX_STEP: u64 = i64::MAX as u64;
 
 /// The most shards a table may have.
 pub const MAX_SHARDS: usize = 1 << 16;
@@ -76,6 +83,7 @@ pub fn default_num_shards() -> usize {
 }
 
 /// A batch's keys grouped by shard.
+#[derive(Debug)]
 pub(crate) struct Plan {
     hashes: Vec<u64>,
     /// Positions in the batch, grouped by shard, in batch order within a shard.
@@ -134,6 +142,25 @@ impl Memo {
                 .zip(&self.plan.hashes)
                 .with_min_len(1 << 14)
                 .all(|(&k, &h)| key_hash(k) == h)
+    }
+}
+
+/// A gradient call's plan with room made for its new rows
+/// ([`Table::prepare_apply`]): the last lookup's memo when it was of the
+/// same keys, else a fresh plan.
+#[derive(Debug)]
+pub(crate) struct PreparedApply {
+    memo: std::result::Result<Memo, Plan>,
+    /// Rows reserved per shard ([`Table::reserve_plan`]).
+    reserved: Vec<usize>,
+}
+
+impl PreparedApply {
+    fn plan(&self) -> &Plan {
+        match &self.memo {
+            Ok(m) => &m.plan,
+            Err(p) => p,
+        }
     }
 }
 
@@ -235,6 +262,9 @@ impl SharedOut {
 /// state.
 #[derive(Debug)]
 pub struct Table {
+    /// Unique in the process, in creation order: the order in which a call
+    /// on several tables takes their gates (see the crate's lock order).
+    id: u64,
     dim: usize,
     state_len: usize,
     optimizer: Option<Optimizer>,
@@ -292,16 +322,34 @@ fn write(lock: &RwLock<Shard>) -> RwLockWriteGuard<'_, Shard> {
 
 /// Fails with the flat index of the first non-finite value.
 pub fn check_finite(arg: &'static str, data: &[f32]) -> Result<()> {
+    check_finite_max(arg, data).map(|_| ())
+}
+
+/// The summed gradient of one key may not exceed this in magnitude: beyond
+/// it the squared-gradient state of Adagrad, Adam and FTRL overflows
+/// float32 (1e18 squared is 1e36, float32's largest value about 3.4e38).
+pub const MAX_GRAD_SUM: f64 = 1e18;
+
+/// [`check_finite`] that also returns the largest magnitude in `data`.
+pub fn check_finite_max(arg: &'static str, data: &[f32]) -> Result<f32> {
     const CHUNK: usize = 1 << 16;
-    // A branch-free scan that vectorizes: an exponent of all ones is NaN/inf.
-    let bad = |c: &[f32]| {
-        c.iter().fold(false, |acc, v| {
-            acc | (v.to_bits() & 0x7F80_0000 == 0x7F80_0000)
-        })
+    // A branch-free scan that vectorizes: the largest magnitude's bits; an
+    // exponent of all ones is NaN/inf.
+    let most = |c: &[f32]| {
+        c.iter()
+            .fold(0u32, |acc, v| acc.max(v.to_bits() & 0x7FFF_FFFF))
     };
+    let top = data
+        .par_chunks(CHUNK)
+        .map(most)
+        .reduce(|| 0, std::cmp::Ord::max);
+    if top < 0x7F80_0000 {
+        return Ok(f32::from_bits(top));
+    }
+    let bad = |c: &[f32]| c.iter().any(|v| !v.is_finite());
     let first_bad_chunk = data.par_chunks(CHUNK).position_first(bad);
     match first_bad_chunk {
-        None => Ok(()),
+        None => Ok(f32::from_bits(top)),
         Some(c) => {
             let start = c * CHUNK;
             let offset = data[start..]
@@ -314,6 +362,50 @@ pub fn check_finite(arg: &'static str, data: &[f32]) -> Result<()> {
             })
         }
     }
+}
+
+/// Refuses a gradient call whose summed gradient of some key would exceed
+/// [`MAX_GRAD_SUM`] in magnitude. Position `i` of `keys` contributes at most
+/// `bound(i)` to each column of its key's sum; `max_bound` bounds them all.
+/// Cheap when `max_bound * keys.len()` is within the limit (always, for
+/// gradients of any sane size); else exact per key.
+///
+/// # Errors
+/// `InvalidArgument` naming `arg` and the key.
+pub(crate) fn check_grad_sums(
+    arg: &'static str,
+    keys: &[i64],
+    max_bound: f64,
+    bound: impl Fn(usize) -> f64 + Sync,
+) -> Result<()> {
+    if max_bound * keys.len() as f64 <= MAX_GRAD_SUM {
+        return Ok(());
+    }
+    let mut sums: Vec<(i64, f64)> = keys
+        .par_iter()
+        .enumerate()
+        .map(|(i, &k)| (k, bound(i)))
+        .collect();
+    sums.par_sort_unstable_by_key(|p| p.0);
+    let mut j = 0;
+    while j < sums.len() {
+        let key = sums[j].0;
+        let mut total = 0.0f64;
+        while j < sums.len() && sums[j].0 == key {
+            total += sums[j].1;
+            j += 1;
+        }
+        if total > MAX_GRAD_SUM {
+            return Err(invalid(
+                arg,
+                format!(
+                    "the gradients of key {key} sum to up to {total:e} in magnitude, more than \
+                     {MAX_GRAD_SUM:e} (the optimizer state would overflow float32); nothing changed"
+                ),
+            ));
+        }
+    }
+    Ok(())
 }
 
 pub(crate) fn check_len(arg: &'static str, expected: usize, got: usize) -> Result<()> {
@@ -349,6 +441,18 @@ impl Table {
         }
         cfg.initializer.validate()?;
         cfg.policy.validate()?;
+        let most = cfg.policy.format.max_finite();
+        if cfg.initializer.max_abs() > f64::from(most) {
+            return Err(invalid(
+                "initializer",
+                format!(
+                    "expected values that {} rows hold (|v| <= {most}), got an initializer \
+                     writing values up to {}",
+                    cfg.policy.format.name(),
+                    cfg.initializer.max_abs()
+                ),
+            ));
+        }
         if cfg.optimizer.is_none() {
             if cfg.policy.ttl_steps.is_some() {
                 return Err(invalid(
@@ -382,14 +486,22 @@ impl Table {
             .map(|_| {
                 let sketch = match policy.admission {
                     Admission::Count { width, depth, .. } => {
-                        Some(Sketch::new(width.div_ceil(num_shards), depth))
+                        let w = width.div_ceil(num_shards);
+                        let sk = Sketch::try_new(w, depth).ok_or_else(|| {
+                            oom("admission", (width as u128).saturating_mul(depth as u128))
+                        })?;
+                        Some(sk)
                     }
                     _ => None,
                 };
-                CachePadded::new(RwLock::new(Shard::new(stride, track, sketch)))
+                Ok(CachePadded::new(RwLock::new(Shard::new(
+                    stride, track, sketch,
+                ))))
             })
-            .collect();
+            .collect::<Result<_>>()?;
+        static NEXT_ID: AtomicU64 = AtomicU64::new(0);
         Ok(Table {
+            id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
             dim: cfg.dim,
             state_len,
             optimizer: cfg.optimizer,
@@ -408,6 +520,11 @@ impl Table {
         })
     }
 
+    /// This table's id: unique in the process, ascending in creation
+    /// order. Calls that take several tables' gates take them by ascending id.
+    pub fn id(&self) -> u64 {
+        self.id
+    }
     /// Columns per row.
     pub fn dim(&self) -> usize {
         self.dim
@@ -441,8 +558,18 @@ impl Table {
         self.step.load(Ordering::Acquire)
     }
     /// Sets the step counter (used when restoring a table).
-    pub fn set_step(&self, step: u64) {
+    ///
+    /// # Errors
+    /// `InvalidArgument` naming `step` above [`MAX_STEP`].
+    pub fn set_step(&self, step: u64) -> Result<()> {
+        if step > MAX_STEP {
+            return Err(invalid(
+                "step",
+                format!("expected 0 <= step <= {MAX_STEP}, got {step}"),
+            ));
+        }
         self.step.store(step, Ordering::Release);
+        Ok(())
     }
     /// The memory policy.
     pub fn policy(&self) -> &Policy {
@@ -617,6 +744,67 @@ impl Table {
             .sum()
     }
 
+    /// Makes room, in every shard that owns some of the plan's keys, for
+    /// the rows the call may create ([`Shard::reserve_pending`]): a call
+    /// that may insert does this before it changes anything, so that
+    /// running out of memory refuses it whole. A shard with room for all its
+    /// positions counts them as pending without a probe; one without counts
+    /// its keys that are absent and makes room for those. Returns each
+    /// shard's count, which the call's pass over that shard gives back with
+    /// [`Shard::release_pending`] (or [`Table::release_plan`]).
+    ///
+    /// # Errors
+    /// `OutOfMemory` naming `arg`; nothing is reserved then.
+    pub(crate) fn reserve_plan(
+        &self,
+        plan: &Plan,
+        keys: &[i64],
+        arg: &'static str,
+    ) -> Result<Vec<usize>> {
+        // Per shard: the rows reserved, or None when that failed.
+        let done: Vec<Option<usize>> = self
+            .shards
+            .par_iter()
+            .enumerate()
+            .map(|(s, lock)| {
+                let pos = plan.positions(s);
+                if pos.is_empty() {
+                    return Some(0);
+                }
+                let mut g = write(lock);
+                if g.has_room(pos.len()) {
+                    g.reserve_pending(pos.len()).ok()?;
+                    return Some(pos.len());
+                }
+                let mut rows = Vec::new();
+                g.find_many(keys, &plan.hashes, pos, &mut rows);
+                let missing = rows.iter().filter(|&&r| r == u32::MAX).count();
+                g.reserve_pending(missing).ok()?;
+                Some(missing)
+            })
+            .collect();
+        if done.iter().all(Option::is_some) {
+            return Ok(done.into_iter().map(|n| n.unwrap_or(0)).collect());
+        }
+        // Give back what the shards that succeeded reserved.
+        self.release_plan(&done.iter().map(|n| n.unwrap_or(0)).collect::<Vec<_>>());
+        let row = self.wwords + self.state_len;
+        Err(oom(
+            arg,
+            (plan.hashes.len() as u128) * (row as u128 * 4 + 24),
+        ))
+    }
+
+    /// Ends the reservations of [`Table::reserve_plan`] without inserting
+    /// (a call that reserved and then stopped).
+    pub(crate) fn release_plan(&self, reserved: &[usize]) {
+        self.shards.par_iter().zip(reserved).for_each(|(lock, &n)| {
+            if n > 0 {
+                write(lock).release_pending(n);
+            }
+        });
+    }
+
     /// As [`Self::par_shards_mut`], under read locks.
     fn par_shards<F>(&self, plan: &Plan, f: F)
     where
@@ -660,7 +848,7 @@ impl Table {
         let found = self.found();
         self.lookup_rows(keys, &plan, insert, Some(&found), |g, pos, rows| {
             self.copy_rows(&g.arena, keys, pos, rows, out);
-        });
+        })?;
         self.remember(plan, found);
         if insert {
             self.enforce_capacity();
@@ -750,7 +938,7 @@ impl Table {
                     _ => dst.copy_from_slice(&g.arena.row(r as usize)[ww..]),
                 }
             }
-        });
+        })?;
         if insert {
             self.enforce_capacity();
         }
@@ -778,7 +966,8 @@ impl Table {
         insert: bool,
         found: Option<&Found>,
         emit: F,
-    ) where
+    ) -> Result<()>
+    where
         F: Fn(&Shard, &[u32], &[u32]) + Sync,
     {
         let n = self.shards.len();
@@ -790,6 +979,11 @@ impl Table {
         };
         let insert = insert && self.policy.admission.is_always();
         let track = self.policy.tracks();
+        let reserved = if insert {
+            self.reserve_plan(plan, keys, "keys")?
+        } else {
+            Vec::new()
+        };
         if insert || track {
             let save_gen = self.generation();
             let (tick, step) = if track {
@@ -818,6 +1012,9 @@ impl Table {
                 emit(g, pos, &rows);
                 self.count_lookups(g, pos.len(), &rows, len0);
                 keep(g, pos, rows);
+                if insert {
+                    g.release_pending(reserved[shard_of(plan.hashes[pos[0] as usize], n)]);
+                }
                 0
             });
         } else {
@@ -829,6 +1026,7 @@ impl Table {
                 keep(g, pos, rows);
             });
         }
+        Ok(())
     }
 
     /// Counts a shard's part of a lookup: `rows` holds the row of each id
@@ -930,12 +1128,13 @@ impl Table {
         let (dim, sl) = (self.dim, self.state_len);
         check_len("values", keys.len() * dim, values.len())?;
         check_finite("values", values)?;
+        self.policy.format.check_fits("values", values)?;
         if let Some(st) = state {
             check_len("state", keys.len() * sl, st.len())?;
             check_finite("state", st)?;
         }
         let _gate = self.enter();
-        self.assign_in(keys, values, state, None, save_gen);
+        self.assign_in(keys, values, state, None, save_gen)?;
         self.enforce_capacity();
         Ok(())
     }
@@ -951,9 +1150,11 @@ impl Table {
         state: Option<&[f32]>,
         meta: Option<&[u32]>,
         save_gen: u32,
-    ) {
+    ) -> Result<()> {
         let (dim, sl, ww) = (self.dim, self.state_len, self.wwords);
         let plan = self.plan(keys);
+        let reserved = self.reserve_plan(&plan, keys, "keys")?;
+        let n = self.shards.len();
         let track = self.policy.tracks();
         let (tick, step) = if track && meta.is_none() {
             (self.next_tick(), self.step())
@@ -984,20 +1185,32 @@ impl Table {
             if meta.is_none() {
                 Counters::add(&g.counters.inserts, g.len() - len0);
             }
+            g.release_pending(reserved[shard_of(plan.hashes[pos[0] as usize], n)]);
             0
         });
+        Ok(())
     }
 
     /// Makes room in the index for about `additional` more rows in total
     /// (spread over the shards), so that a bulk insert does not grow the
     /// index step by step. Row memory is left to grow as rows arrive (see
     /// [`Table::reserve_rows`] for both).
-    pub fn reserve_index(&self, additional: usize) {
+    ///
+    /// # Errors
+    /// `OutOfMemory` naming `rows` when the index cannot be allocated.
+    pub fn try_reserve_index(&self, additional: usize) -> Result<()> {
         let n = self.shards.len();
         let per = additional / n + additional / n / 16 + 16;
-        self.shards
+        let _gate = self.enter();
+        let failed = self
+            .shards
             .par_iter()
-            .for_each(|lock| write(lock).reserve_index(per));
+            .map(|lock| write(lock).try_reserve_index(per).is_err())
+            .reduce(|| false, |a, b| a || b);
+        if failed {
+            return Err(oom("rows", (per as u128) * (n as u128) * 8));
+        }
+        Ok(())
     }
 
     /// Makes room for `additional` more rows, spread over the shards as keys
@@ -1019,6 +1232,9 @@ impl Table {
         let per = mean + 4 * (mean as f64).sqrt().ceil() as usize;
         let row_bytes = read(&self.shards[0]).arena.row_bytes();
         let need = (per as u128) * (n as u128) * (row_bytes as u128);
+        // Writers take the gate first (the crate's lock order), so that a
+        // snapshot holding it exclusively never waits for this.
+        let _gate = self.enter();
         if let Some(avail) = pages::available_memory()
             && need > avail as u128
         {
@@ -1068,15 +1284,73 @@ impl Table {
     /// `NoOptimizer`, `ShapeMismatch`, `NonFinite`; in each case nothing
     /// changed.
     pub fn apply_gradients(&self, keys: &[i64], grads: &[f32]) -> Result<()> {
+        self.apply_gradients_numbered(keys, grads, None)
+    }
+
+    /// Takes the next step number (the counter goes up by one) without
+    /// changing any row: for a tier in front of the table that runs some
+    /// rows' step itself (a device cache) and the others' here with
+    /// [`Table::apply_gradients_at`], so that the table's count stays one
+    /// per step whatever other threads do meanwhile.
+    ///
+    /// # Errors
+    /// `NoOptimizer`; `InvalidArgument` naming `step` at [`MAX_STEP`].
+    pub fn advance_step(&self) -> Result<u64> {
+        if self.optimizer.is_none() {
+            return Err(StoreError::NoOptimizer);
+        }
+        self.step
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |t| {
+                (t < MAX_STEP).then_some(t + 1)
+            })
+            .map(|t| t + 1)
+            .map_err(|_| {
+                invalid(
+                    "step",
+                    format!("the table is at step {MAX_STEP}, the most it can count"),
+                )
+            })
+    }
+
+    /// [`Table::apply_gradients`] as step number `step`, taken earlier with
+    /// [`Table::advance_step`]: the counter does not move.
+    ///
+    /// # Errors
+    /// As [`Table::apply_gradients`]; `InvalidArgument` naming `step` for 0
+    /// or a step the table has not reached.
+    pub fn apply_gradients_at(&self, keys: &[i64], grads: &[f32], step: u64) -> Result<()> {
+        if step == 0 || step > self.step() {
+            return Err(invalid(
+                "step",
+                format!(
+                    "expected a step taken with advance_step (1..={}), got {step}",
+                    self.step()
+                ),
+            ));
+        }
+        self.apply_gradients_numbered(keys, grads, Some(step))
+    }
+
+    fn apply_gradients_numbered(&self, keys: &[i64], grads: &[f32], at: Option<u64>) -> Result<()> {
         if self.optimizer.is_none() {
             return Err(StoreError::NoOptimizer);
         }
         Self::check_batch(keys)?;
         let dim = self.dim;
         check_len("grads", keys.len() * dim, grads.len())?;
-        check_finite("grads", grads)?;
+        let most = check_finite_max("grads", grads)?;
+        check_grad_sums("grads", keys, f64::from(most), |i| {
+            f64::from(
+                grads[i * dim..(i + 1) * dim]
+                    .iter()
+                    .fold(0.0f32, |a, v| a.max(v.abs())),
+            )
+        })?;
         let _gate = self.enter();
-        self.apply_in(keys, |i| (&grads[i * dim..(i + 1) * dim], 1.0));
+        let prepared = self.prepare_apply(keys, at.is_none())?;
+        self.run_apply(keys, prepared, at, |i| {
+            (&grads[i * dim..(i + 1) * dim], 1.0)
+        });
         self.enforce_capacity();
         Ok(())
     }
@@ -1097,15 +1371,68 @@ impl Table {
     /// the admission filter refuses are dropped. The caller has checked the
     /// inputs and holds the gate, and calls [`Table::enforce_capacity`]
     /// afterwards; a table without an optimizer does nothing.
-    pub(crate) fn apply_in<'g, G>(&self, keys: &[i64], grad_of: G)
+    pub(crate) fn apply_in<'g, G>(&self, keys: &[i64], grad_of: G) -> Result<()>
     where
+        G: Fn(usize) -> (&'g [f32], f32) + Sync,
+    {
+        let prepared = self.prepare_apply(keys, true)?;
+        self.run_apply(keys, prepared, None, grad_of);
+        Ok(())
+    }
+
+    /// The first half of [`Table::apply_in`]: the keys' plan (the last
+    /// lookup's, when it was of these keys) with room made for every row
+    /// the step may create. Nothing has changed yet; a call that stops here
+    /// gives the room back with [`Table::cancel_apply`].
+    ///
+    /// # Errors
+    /// `OutOfMemory` naming `keys`.
+    pub(crate) fn prepare_apply(&self, keys: &[i64], counts: bool) -> Result<PreparedApply> {
+        if counts && self.step() >= MAX_STEP {
+            return Err(invalid(
+                "step",
+                format!("the table is at step {MAX_STEP}, the most it can count"),
+            ));
+        }
+        let always = self.policy.admission.is_always();
+        let memo = if always { self.take_memo(keys) } else { None };
+        let memo = match memo {
+            Some(m) => Ok(m),
+            None => Err(self.plan(keys)),
+        };
+        let plan = match &memo {
+            Ok(m) => &m.plan,
+            Err(p) => p,
+        };
+        let reserved = if self.optimizer.is_some() {
+            self.reserve_plan(plan, keys, "keys")?
+        } else {
+            Vec::new()
+        };
+        Ok(PreparedApply { memo, reserved })
+    }
+
+    /// Gives back the room a [`Table::prepare_apply`] made.
+    pub(crate) fn cancel_apply(&self, prepared: PreparedApply) {
+        self.release_plan(&prepared.reserved);
+    }
+
+    /// The second half of [`Table::apply_in`]: the step itself.
+    /// The step is number `at`, or without it the next one (the counter goes up).
+    pub(crate) fn run_apply<'g, G>(
+        &self,
+        keys: &[i64],
+        prepared: PreparedApply,
+        at: Option<u64>,
+        grad_of: G,
+    ) where
         G: Fn(usize) -> (&'g [f32], f32) + Sync,
     {
         let Some(opt) = self.optimizer else {
             return;
         };
         let (dim, ww) = (self.dim, self.wwords);
-        let t = self.step.fetch_add(1, Ordering::AcqRel) + 1;
+        let t = at.unwrap_or_else(|| self.step.fetch_add(1, Ordering::AcqRel) + 1);
         let consts = opt.step_consts(t);
         let backend = self.backend;
         let save_gen = self.generation();
@@ -1113,15 +1440,8 @@ impl Table {
         let tick = if track { self.next_tick() } else { 0 };
         let compact = self.policy.format != RowFormat::F32;
         let always = self.policy.admission.is_always();
-        let memo = if always { self.take_memo(keys) } else { None };
-        let fresh;
-        let plan = match &memo {
-            Some(m) => &m.plan,
-            None => {
-                fresh = self.plan(keys);
-                &fresh
-            }
-        };
+        let memo = prepared.memo.as_ref().ok();
+        let plan = prepared.plan();
         let n = self.shards.len();
         self.par_shards_mut(plan, |g, pos| {
             let len0 = g.len();
@@ -1129,7 +1449,7 @@ impl Table {
             let mut pairs: Vec<u64> = if always {
                 let s = shard_of(plan.hashes[pos[0] as usize], n);
                 let fill = |key, row: &mut [f32]| self.fill_new(key, row);
-                let rows = match &memo {
+                let rows = match memo {
                     // The lookup's rows, still where they were: only keys it
                     // did not store need a probe.
                     Some(m) if m.removals[s] == g.removals && m.rows[s].len() == pos.len() => {
@@ -1205,6 +1525,7 @@ impl Table {
             let created = g.len() - len0;
             Counters::add(&g.counters.inserts, created);
             Counters::add(&g.counters.admitted, created);
+            g.release_pending(prepared.reserved[shard_of(plan.hashes[pos[0] as usize], n)]);
             0
         });
     }
@@ -1222,6 +1543,12 @@ impl Table {
     ) {
         self.policy.format.decode(w, wtmp);
         consts.apply(self.backend, wtmp, state, gsum);
+        // A row saturates at the format's largest value instead of
+        // becoming inf.
+        let most = self.policy.format.max_finite();
+        for v in wtmp.iter_mut() {
+            *v = v.clamp(-most, most);
+        }
         self.policy.format.encode(wtmp, w);
     }
 
@@ -1432,21 +1759,33 @@ impl Table {
     /// Every row: keys ascending, their weights (`n * dim`), and with
     /// `with_state` their optimizer state (`n * state_len`). One consistent
     /// snapshot of one moment, even while other threads call the table.
-    pub fn export(&self, with_state: bool) -> (Vec<i64>, Vec<f32>, Vec<f32>) {
+    ///
+    /// # Errors
+    /// `OutOfMemory` when the copy cannot be allocated.
+    pub fn export(&self, with_state: bool) -> Result<(Vec<i64>, Vec<f32>, Vec<f32>)> {
         // Exclusive gate: no call that changes rows is running or can start,
         // so the shard read locks below wait for nobody, and the parallel
         // copy under them cannot be held up by a job that needs a write lock.
         let _gate = self.gate.write().unwrap_or_else(PoisonError::into_inner);
         let guards: Vec<_> = self.shards.iter().map(|s| read(s)).collect();
-        let mut refs: Vec<(i64, u32, u32)> =
-            Vec::with_capacity(guards.iter().map(|g| g.len()).sum());
+        let total: usize = guards.iter().map(|g| g.len()).sum();
+        let (dim, sl) = (self.dim, self.state_len);
+        let need = |n: usize| -> Result<()> {
+            match pages::available_memory() {
+                Some(avail) if n as u128 > avail as u128 => Err(oom("with_state", n)),
+                _ => Ok(()),
+            }
+        };
+        need(total * (16 + 4 * dim + if with_state { 4 * sl } else { 0 }))?;
+        let mut refs: Vec<(i64, u32, u32)> = Vec::new();
+        refs.try_reserve_exact(total)
+            .map_err(|_| oom("with_state", total * 16))?;
         for (s, g) in guards.iter().enumerate() {
             for r in 0..g.len() {
                 refs.push((g.arena.key(r), s as u32, r as u32));
             }
         }
         refs.par_sort_unstable_by_key(|&(k, _, _)| k);
-        let (dim, sl) = (self.dim, self.state_len);
         let n = refs.len();
         let keys: Vec<i64> = refs.iter().map(|r| r.0).collect();
         let mut rows = vec![0.0f32; n * dim];
@@ -1465,7 +1804,7 @@ impl Table {
                     dst.copy_from_slice(&guards[s as usize].arena.row(r as usize)[ww..]);
                 });
         }
-        (keys, rows, state)
+        Ok((keys, rows, state))
     }
 }
 

@@ -84,12 +84,39 @@ unsafe impl Allocator for PageAlloc {
 }
 
 /// Memory the OS could still give this process without swapping
-/// (`MemAvailable` of `/proc/meminfo`), where known.
+/// (`MemAvailable` of `/proc/meminfo`), and no more than the address space
+/// its `RLIMIT_AS` leaves, where known.
 pub fn available_memory() -> Option<usize> {
     let info = std::fs::read_to_string("/proc/meminfo").ok()?;
     let line = info.lines().find(|l| l.starts_with("MemAvailable:"))?;
     let kib: usize = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kib * 1024)
+    let avail = kib * 1024;
+    Some(address_space_left().map_or(avail, |left| avail.min(left)))
+}
+
+/// The address space `RLIMIT_AS` still allows this process, if limited.
+fn address_space_left() -> Option<usize> {
+    #[cfg(target_os = "linux")]
+    {
+        let mut lim = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        // SAFETY: getrlimit writes one rlimit struct through a valid pointer.
+        if unsafe { libc::getrlimit(libc::RLIMIT_AS, &mut lim) } != 0
+            || lim.rlim_cur == libc::RLIM_INFINITY
+        {
+            return None;
+        }
+        let status = std::fs::read_to_string("/proc/self/status").ok()?;
+        let line = status.lines().find(|l| l.starts_with("VmSize:"))?;
+        let used = line.split_whitespace().nth(1)?.parse::<u64>().ok()? * 1024;
+        Some(lim.rlim_cur.saturating_sub(used) as usize)
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        None
+    }
 }
 
 #[cfg(test)]

@@ -11,8 +11,8 @@
 
 use rayon::prelude::*;
 
-use super::{PREFETCH_AHEAD, SharedOut, Table, check_finite, check_len};
-use crate::error::{Result, invalid};
+use super::{PREFETCH_AHEAD, SharedOut, Table, check_finite, check_finite_max, check_len};
+use crate::error::{Result, StoreError, invalid};
 use crate::simd::{copy_streaming, prefetch, stream_fence};
 
 /// How a bag's rows are combined.
@@ -162,7 +162,8 @@ impl Table {
         bags.validate()?;
         check_len("out", bags.batch() * self.dim, out.len())?;
         let _gate = self.lookup_changes(insert).then(|| self.enter());
-        self.lookup_pooled_in(&[(*bags, 0)], insert, SharedOut::new(out, self.dim));
+        self.lookup_pooled_in(&[(*bags, 0)], insert, SharedOut::new(out, self.dim))?;
+        check_pooled_out(out)?;
         if insert {
             self.enforce_capacity();
         }
@@ -179,7 +180,7 @@ impl Table {
         feats: &[(Bags<'_>, usize)],
         insert: bool,
         out: SharedOut,
-    ) {
+    ) -> Result<()> {
         let dim = self.dim;
         let backend = self.backend;
         let n: usize = feats.iter().map(|(b, _)| b.ids.len()).sum();
@@ -262,7 +263,7 @@ impl Table {
             if stream {
                 stream_fence();
             }
-        });
+        })?;
         self.remember(plan, found);
         let gbuf = &gbuf;
         let mut base = 0usize;
@@ -287,6 +288,7 @@ impl Table {
                 });
             base += bags.ids.len();
         }
+        Ok(())
     }
 
     /// The backward of [`Table::lookup_pooled`] followed by one optimizer
@@ -302,17 +304,56 @@ impl Table {
         }
         bags.validate()?;
         check_len("grads", bags.batch() * self.dim, grads.len())?;
-        check_finite("grads", grads)?;
-        let _gate = self.enter();
+        let most = check_finite_max("grads", grads)?;
         let Coefs { bag_of, coef } = bags.coefs();
         let dim = self.dim;
+        check_pooled_sums(bags.ids, &bag_of, &coef, grads, dim, 0, dim, most)?;
+        let _gate = self.enter();
         self.apply_in(bags.ids, |i| {
             let b = bag_of[i] as usize;
             (&grads[b * dim..(b + 1) * dim], coef[i])
-        });
+        })?;
         self.enforce_capacity();
         Ok(())
     }
+}
+
+/// Refuses a pooled backward whose summed gradient of some id would exceed
+/// [`super::MAX_GRAD_SUM`]: id `i` contributes `coef[i] * grads[bag_of[i]]`
+/// (row `bag_of[i]` of `grads`, `stride` wide, columns `col..col + dim`);
+/// `most` is the largest magnitude in `grads`.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn check_pooled_sums(
+    ids: &[i64],
+    bag_of: &[u32],
+    coef: &[f32],
+    grads: &[f32],
+    stride: usize,
+    col: usize,
+    dim: usize,
+    most: f32,
+) -> Result<()> {
+    let max_coef = coef.iter().fold(0.0f32, |a, c| a.max(c.abs()));
+    super::check_grad_sums("grads", ids, f64::from(most) * f64::from(max_coef), |i| {
+        let b = bag_of[i] as usize * stride + col;
+        let g = grads[b..b + dim].iter().fold(0.0f32, |a, v| a.max(v.abs()));
+        f64::from(g) * f64::from(coef[i].abs())
+    })
+}
+
+/// Refuses pooled output that overflowed (finite rows and weights whose
+/// weighted sum is beyond float32).
+pub(crate) fn check_pooled_out(out: &[f32]) -> Result<()> {
+    check_finite("weights", out).map_err(|e| match e {
+        StoreError::NonFinite { index, .. } => invalid(
+            "weights",
+            format!(
+                "pooling with these weights overflows float32 (non-finite output at flat \
+                 index {index})"
+            ),
+        ),
+        other => other,
+    })
 }
 
 /// Pools rows that the caller already holds: id `i` of `bags` uses row
@@ -387,7 +428,7 @@ fn check_idx(
     idx: &[i64],
     bags: &Bags<'_>,
 ) -> Result<()> {
-    if dim == 0 || len % dim != 0 {
+    if dim == 0 || !len.is_multiple_of(dim) {
         return Err(invalid(arg, "expected a whole number of rows"));
     }
     let n = len / dim;

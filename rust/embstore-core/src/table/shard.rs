@@ -57,6 +57,10 @@ pub struct Shard {
     /// last row moves into its place), so row numbers found under the lock
     /// are still right later, under the lock again, if this has not changed.
     pub removals: u64,
+    /// Rows that calls in flight may still insert, each having made room for
+    /// them with [`Shard::reserve_pending`]: the index and the arena keep
+    /// room for all of them, so an insert never allocates mid-call.
+    pending: usize,
 }
 
 impl Shard {
@@ -71,6 +75,7 @@ impl Shard {
             sketch,
             counters: Counters::default(),
             removals: 0,
+            pending: 0,
         }
     }
 
@@ -93,6 +98,16 @@ impl Shard {
         self.index.reserve(additional, |&e| index_hash(e as u32));
     }
 
+    /// [`Shard::reserve_index`] that reports running out of memory.
+    ///
+    /// # Errors
+    /// When the index cannot be allocated; it is unchanged then.
+    pub fn try_reserve_index(&mut self, additional: usize) -> Result<(), OutOfMemory> {
+        self.index
+            .try_reserve(additional, |&e| index_hash(e as u32))
+            .map_err(|_| OutOfMemory)
+    }
+
     /// Makes room in the index for `additional` more keys and allocates and
     /// touches their rows' memory ([`Arena::reserve`]).
     ///
@@ -103,6 +118,43 @@ impl Shard {
             .try_reserve(additional, |&e| index_hash(e as u32))
             .map_err(|_| OutOfMemory)?;
         self.arena.reserve(additional)
+    }
+
+    /// Makes room for `n` more rows on top of those that other calls in
+    /// flight have made room for (index slots and arena segments, not
+    /// touched), and counts them as pending until [`Shard::release_pending`].
+    /// A call that may insert `n` rows calls this for every shard before it
+    /// inserts anything, so that running out of memory refuses the call
+    /// whole instead of stopping it half way.
+    ///
+    /// # Errors
+    /// When the memory cannot be allocated; nothing is pending then.
+    pub fn reserve_pending(&mut self, n: usize) -> Result<(), OutOfMemory> {
+        let pending = self.pending.checked_add(n).ok_or(OutOfMemory)?;
+        let target = self.len().checked_add(pending).ok_or(OutOfMemory)?;
+        if target > u32::MAX as usize {
+            return Err(OutOfMemory);
+        }
+        self.index
+            .try_reserve(pending, |&e| index_hash(e as u32))
+            .map_err(|_| OutOfMemory)?;
+        self.arena.ensure_segments(target)?;
+        self.pending = pending;
+        Ok(())
+    }
+
+    /// Whether `n` more rows fit, on top of the pending ones, without
+    /// allocating.
+    pub fn has_room(&self, n: usize) -> bool {
+        let want = self.pending.saturating_add(n);
+        self.index.capacity() - self.index.len() >= want
+            && self.arena.room() >= want.saturating_add(self.len())
+    }
+
+    /// Ends a [`Shard::reserve_pending`] of `n` rows (whether or not they
+    /// were inserted).
+    pub fn release_pending(&mut self, n: usize) {
+        self.pending -= n;
     }
 
     /// The row of the entry whose stored hash bits match `hash`'s, if any: a

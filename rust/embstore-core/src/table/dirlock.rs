@@ -1,0 +1,103 @@
+//! Advisory locks that make a checkpoint directory safe under concurrency,
+//! between threads and between processes (`flock`-style whole-file locks,
+//! [`std::fs::File::lock`]).
+//!
+//! - Writers (a save, a publish) hold the directory itself exclusively for
+//!   the whole save: two saves to one path run one after the other, each
+//!   publishing a whole checkpoint, instead of deleting each other's files.
+//! - Readers (a load, a verify) hold [`READERS_LOCK`] shared while they read
+//!   the manifest and its files. A writer deletes the files that its new
+//!   manifest no longer names only if it can take that lock exclusively
+//!   without waiting; otherwise it leaves them for the next save, so a load
+//!   that started on the previous checkpoint reads it whole.
+//!
+//! The lock file is created by the first save; a directory without one (a
+//! checkpoint written by an older embstore, or on a read-only copy) is read
+//! without the readers' lock, and a load then retries when the manifest
+//! changes under it.
+
+use std::fs::{File, OpenOptions};
+use std::path::Path;
+
+use crate::error::{Result, ckpt_err};
+
+/// The readers' lock file inside a checkpoint directory.
+pub const READERS_LOCK: &str = ".embstore-lock";
+
+/// A held lock; dropping it releases the lock.
+#[derive(Debug)]
+pub struct DirLock {
+    _file: File,
+}
+
+/// Takes the writers' lock of `dir` (which exists), waiting for a save
+/// that holds it, and makes sure the readers' lock file exists.
+///
+/// # Errors
+/// `Checkpoint` when the directory cannot be opened or locked.
+pub fn writer(dir: &Path) -> Result<DirLock> {
+    let f =
+        File::open(dir).map_err(|e| ckpt_err(dir, format!("cannot open the directory: {e}")))?;
+    f.lock()
+        .map_err(|e| ckpt_err(dir, format!("cannot lock the directory for writing: {e}")))?;
+    // Created now, while no reader can hold it (a reader that found none
+    // reads without it).
+    OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(dir.join(READERS_LOCK))
+        .map_err(|e| ckpt_err(dir, format!("cannot create {READERS_LOCK}: {e}")))?;
+    Ok(DirLock { _file: f })
+}
+
+/// Takes the readers' lock of `dir` shared, waiting while a writer deletes
+/// files; `None` where the directory has no lock file or it cannot be
+/// opened (read without it).
+pub fn reader(dir: &Path) -> Option<DirLock> {
+    let f = File::open(dir.join(READERS_LOCK)).ok()?;
+    f.lock_shared().ok()?;
+    Some(DirLock { _file: f })
+}
+
+/// Takes the readers' lock of `dir` exclusively if no reader holds it;
+/// `None` otherwise (or without a lock file).
+pub fn cleaner(dir: &Path) -> Option<DirLock> {
+    let f = File::open(dir.join(READERS_LOCK)).ok()?;
+    f.try_lock().ok()?;
+    Some(DirLock { _file: f })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_reader_keeps_the_cleaner_out_and_writers_exclude_each_other() {
+        let dir = std::env::temp_dir().join(format!("embstore-dirlock-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        assert!(reader(&dir).is_none(), "no lock file before the first save");
+        let w = writer(&dir).unwrap();
+        {
+            let _r = reader(&dir).expect("the writer created the lock file");
+            assert!(cleaner(&dir).is_none(), "a reader holds it");
+        }
+        assert!(cleaner(&dir).is_some(), "no reader now");
+        // A second writer waits for the first: try from another thread.
+        let (tx, rx) = std::sync::mpsc::channel();
+        let d2 = dir.clone();
+        let t = std::thread::spawn(move || {
+            let _w2 = writer(&d2).unwrap();
+            tx.send(()).unwrap();
+        });
+        assert!(
+            rx.recv_timeout(std::time::Duration::from_millis(200))
+                .is_err(),
+            "the second writer must wait"
+        );
+        drop(w);
+        rx.recv_timeout(std::time::Duration::from_secs(10))
+            .expect("the second writer goes on once the first is done");
+        t.join().unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
