@@ -475,14 +475,16 @@ class DeviceCache:
         cs = xp.take(slot, cached)
 
         def device_step(t: int) -> tuple[Array, Array]:
-            w, st = _optim.step(
-                xp,
-                opt,
-                xp.take(self._rows, cs, axis=0),
-                xp.take(self._state, cs, axis=0),
-                xp.take(gsum, cached, axis=0),
-                t,
-            )
+            # (On NumPy an overflow warns; it is refused just below.)
+            with np.errstate(over="ignore", invalid="ignore"):
+                w, st = _optim.step(
+                    xp,
+                    opt,
+                    xp.take(self._rows, cs, axis=0),
+                    xp.take(self._state, cs, axis=0),
+                    xp.take(gsum, cached, axis=0),
+                    t,
+                )
             if not (bool(xp.all(xp.isfinite(w))) and bool(xp.all(xp.isfinite(st)))):
                 raise ValueError(
                     "grads: this step would make a cached row non-finite; nothing changed"

@@ -578,11 +578,19 @@ fn with_file<T>(
     progress: Option<&AtomicU64>,
     f: impl FnOnce(&[u8]) -> Result<T>,
 ) -> Result<T> {
+    // The buffer is taken out of the thread's slot, not borrowed across `f`:
+    // `f` may run rayon jobs, and a worker waiting in one may steal another
+    // job of this kind on the same thread (which then finds the slot empty
+    // and allocates a buffer of its own).
+    let mut buf = READ_BUF.with(|cell| std::mem::take(&mut *cell.borrow_mut()));
+    let out = read_checked_into(dir, e, progress, &mut buf).and_then(|()| f(&buf));
     READ_BUF.with(|cell| {
-        let mut buf = cell.borrow_mut();
-        read_checked_into(dir, e, progress, &mut buf)?;
-        f(&buf)
-    })
+        let mut slot = cell.borrow_mut();
+        if slot.capacity() < buf.capacity() {
+            *slot = buf;
+        }
+    });
+    out
 }
 
 /// Checks the tensors of one rows file without converting them.

@@ -219,7 +219,12 @@ impl Table {
                 .collect(),
         };
         let ids = &ids[..];
-        let mut gbuf = vec![0.0f32; gathered * dim];
+        // Rows of the ids of bags of several ids: as large as the input
+        // times dim, so its allocation may fail (refused before any change).
+        let mut gbuf = Vec::new();
+        gbuf.try_reserve_exact(gathered * dim)
+            .map_err(|_| crate::error::oom("ids", gathered * dim * 4))?;
+        gbuf.resize(gathered * dim, 0.0f32);
         let gout = SharedOut::new(&mut gbuf, dim);
         let stream = out.streams();
         let emit = |i: usize, x: &[f32]| {
