@@ -106,32 +106,33 @@ def test_1_export_while_reserve_runs_does_not_hang() -> None:
 
 
 @pytest.mark.timeout(180)
-def test_2_collections_sharing_tables_in_opposite_orders_with_export_and_save(
+def test_2_collections_sharing_tables_in_every_order_with_export_and_save(
     tmp_path: pathlib.Path,
 ) -> None:
+    # Three tables shared by six Collections (every feature order), trained
+    # from 8 threads while each table is exported and saved: with the gates
+    # taken in feature order this hung 2 of 2 runs within 10 s.
     _child.ok(
         f"""
-        import threading, time
-        a = embstore.Table(8, optimizer=optim.Adagrad(lr=0.1))
-        b = embstore.Table(8, optimizer=optim.Adagrad(lr=0.1))
-        ab = embstore.Collection({{"x": a, "y": b}})
-        ba = embstore.Collection({{"y": b, "x": a}})
-        n = 4096
-        batch = {{"x": (np.arange(n), np.arange(n + 1)), "y": (np.arange(n), np.arange(n + 1))}}
-        g = np.ones((n, 16), np.float32)
-        stop = time.monotonic() + 4
-        def trainer(coll):
+        import itertools, random, threading, time
+        T = [embstore.Table(4, optimizer=optim.SGD(lr=0.1), num_shards=2) for _ in range(3)]
+        colls = [embstore.Collection({{f"f{{i}}": T[i] for i in p}})
+                 for p in itertools.permutations(range(3))]
+        n = 16
+        stop = time.monotonic() + 8
+        def trainer(k):
+            rng = random.Random(k)
             while time.monotonic() < stop:
-                coll.lookup_pooled(batch)
-                coll.apply_pooled_gradients(batch, g)
-        def snapshots():
-            i = 0
+                c = rng.choice(colls)
+                batch = {{f: (np.arange(n), np.arange(n + 1)) for f in c.features}}
+                c.apply_pooled_gradients(batch, np.ones((n, 12), np.float32))
+        def snapshots(i):
             while time.monotonic() < stop:
-                a.export(); b.export()
-                b.save({str(tmp_path / "ck")!r}); a.save({str(tmp_path / "ck2")!r})
-                i += 1
-        ths = [threading.Thread(target=trainer, args=(c,)) for c in (ab, ba, ab, ba)]
-        ths += [threading.Thread(target=snapshots) for _ in range(2)]
+                T[i].export()
+                if i == 0:
+                    T[i].save({str(tmp_path / "ck")!r})
+        ths = [threading.Thread(target=trainer, args=(k,)) for k in range(8)]
+        ths += [threading.Thread(target=snapshots, args=(i,)) for i in range(3)]
         for th in ths: th.start()
         for th in ths: th.join()
         embstore.Table.load({str(tmp_path / "ck")!r})
@@ -145,29 +146,29 @@ def test_2_collections_sharing_tables_in_opposite_orders_with_export_and_save(
 SAVER = """
 import sys, numpy as np, embstore
 from embstore import optim
-path, tag, rounds = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-t = embstore.Table(8, optimizer=optim.SGD(lr=0.5), num_shards=4)
-t.assign(np.arange(2000), np.full((2000, 8), float(tag), np.float32))
+path, tag, rounds, n = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+t = embstore.Table(8, optimizer=optim.SGD(lr=0.5), num_shards=16)
+t.assign(np.arange(n), np.full((n, 8), float(tag), np.float32))
 for _ in range(rounds):
     t.save(path)
 print("saved")
 """
 
 
-def _saver(path: pathlib.Path, tag: int, rounds: int) -> subprocess.Popen[str]:
+def _saver(path: pathlib.Path, tag: int, rounds: int, n: int = 2000) -> subprocess.Popen[str]:
     return subprocess.Popen(
-        [sys.executable, "-c", SAVER, str(path), str(tag), str(rounds)],
+        [sys.executable, "-c", SAVER, str(path), str(tag), str(rounds), str(n)],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
     )
 
 
-def _assert_whole(path: pathlib.Path, tags: set[float]) -> float:
+def _assert_whole(path: pathlib.Path, tags: set[float], n: int = 2000) -> float:
     """The checkpoint loads and is one saver's table, whole."""
     t = embstore.Table.load(path)
     keys, rows = t.export()
-    np.testing.assert_array_equal(keys, np.arange(2000))
+    np.testing.assert_array_equal(keys, np.arange(n))
     vals = set(np.unique(rows).tolist())
     assert len(vals) == 1, vals
     assert vals <= tags, vals
@@ -214,20 +215,23 @@ def test_3_two_threads_with_two_tables_saving_to_one_path(tmp_path: pathlib.Path
 def test_4_loads_while_another_process_saves_always_get_a_whole_checkpoint(
     tmp_path: pathlib.Path,
 ) -> None:
-    path = tmp_path / "ck"
-    first = _saver(path, 1, 1)
+    # 300,000 rows: a load (two passes over the files) outlasts a save, so
+    # saves publish while loads read (before the readers' lock, 10 of 148
+    # loads failed here with "missing or unreadable").
+    path, n = tmp_path / "ck", 300_000
+    first = _saver(path, 1, 1, n)
     first.communicate(timeout=120)
     assert first.returncode == 0
-    saver = _saver(path, 2, 60)
+    saver = _saver(path, 2, 80, n)
     loads, seen = 0, set()
     try:
         while saver.poll() is None:
-            seen.add(_assert_whole(path, {1.0, 2.0}))
+            seen.add(_assert_whole(path, {1.0, 2.0}, n))
             loads += 1
     finally:
         _, err = saver.communicate(timeout=120)
     assert saver.returncode == 0, err[-2000:]
-    seen.add(_assert_whole(path, {1.0, 2.0}))
+    seen.add(_assert_whole(path, {1.0, 2.0}, n))
     assert loads >= 3, loads
     assert seen == {1.0, 2.0}
 
@@ -598,23 +602,24 @@ def test_11_a_refused_step_leaves_the_cache_and_table_as_they_were() -> None:
     assert after[-1][0] == before[0][-1][0]
 
 
-def test_11_evicted_rows_are_in_the_table_before_the_slots_are_reused() -> None:
+def test_11_a_failed_write_back_loses_no_evicted_row() -> None:
     from embstore.gpu import DeviceCache
 
     t = embstore.Table(4, optimizer=optim.SGD(lr=0.5), num_shards=2)
     cache = DeviceCache(t, rows=2, xp=np)
     cache.apply_gradients([1, 2], np.ones((2, 4)))
     trained = cache.lookup([1, 2]).copy()
+    # The next admission evicts 1 or 2; its write-back to the table fails.
+    inner = t._inner
 
-    # The next admission evicts 1 or 2; make the fetch of the newcomer fail.
-    def failing(keys: np.ndarray, insert: bool) -> object:
+    def failing(*args: object) -> None:
         raise MemoryError("keys: simulated")
 
-    t._inner = _Proxy(t._inner, lookup_with_state=failing)  # type: ignore[assignment]
+    t._inner = _Proxy(inner, assign=failing)  # type: ignore[assignment]
     with pytest.raises(MemoryError):
         cache.lookup([3])
-    t._inner = t._inner.inner  # type: ignore[attr-defined]
-    # Both trained rows survive: in the cache or written back to the table.
+    t._inner = inner
+    # Both trained rows survive (the cache kept the one it could not write back).
     np.testing.assert_array_equal(cache.lookup([1, 2]), trained)
     cache.flush()
     np.testing.assert_array_equal(t.lookup([1, 2]), trained)
