@@ -18,7 +18,7 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     try:
         text, files = _core.verify_checkpoint(a.path)
-    except CheckpointError as exc:
+    except (CheckpointError, MemoryError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     m = json.loads(text)

@@ -15,6 +15,40 @@
 //! written only under its shard's lock: a reader sees a row wholly before or
 //! wholly after an update, and no update is lost.
 //!
+//! ## Locks: the one order
+//! This is the only place the order is written down; every lock of the
+//! crate (and of the binding) is in it. A thread that holds a lock takes
+//! only locks further down the list.
+//!
+//! 1. The binding's call lock (`embstore-py`, `convert::CALLS`): shared by
+//!    every native call, exclusive only in the `fork()` prepare handler, so
+//!    that a process forks while no call is inside the core.
+//! 2. Table gates ([`Table`]'s `gate`), shared by every call that changes
+//!    rows (lookups that insert or record touches, assigns, steps, removals,
+//!    evictions, `reserve`), exclusive for a snapshot (`export`, `save`).
+//!    A call on several tables (a [`collection`] call) takes their gates in
+//!    ascending [`Table::id`], on the calling thread.
+//! 3. Checkpoint directory locks (`table::dirlock`): a save holds its
+//!    directory's writers' lock (after its gate); a load holds the readers'
+//!    lock shared; a save deletes old files only if it gets that lock
+//!    exclusively without waiting.
+//! 4. Shard locks, by shard index. Inside rayon jobs a thread holds at most
+//!    one, and only for the job. The one caller that holds shard locks
+//!    across a parallel call is `export` (every shard's read lock, taken in
+//!    index order), and it holds its gate exclusively: every shard writer
+//!    holds the gate shared, so no job can be waiting for a write lock
+//!    then, and readers never wait for readers.
+//! 5. Leaf locks, never held while taking another or running parallel work:
+//!    the memo, the last-save mark, the per-shard `Found` slots, the
+//!    binding's output buffer pool.
+//!
+//! The rule behind the order: no thread waits for pool work while holding a
+//! lock that a pool job might wait for. Gates are never taken inside a job,
+//! and a whole call never runs as a job (the binding runs it on the calling
+//! thread), so a worker blocked in one call cannot hold up another.
+//! Python-side locks (a `DeviceCache`'s) come before all of these: they are
+//! held across native calls, never taken by native code.
+//!
 //! ## Determinism
 //! A new row's values are a pure function of (seed, key, column)
 //! ([`init`]), and a step sums a key's duplicate gradients in batch order, so

@@ -1341,7 +1341,7 @@ impl Table {
 /// it over `manifest.json` and fsyncs the directory; then deletes the files
 /// no link names, unless a load is reading the directory (they go at a
 /// later publish). Holds the directory's writers' lock throughout (see
-/// [`dirlock`]). Returns the manifest's size in bytes.
+/// `dirlock`). Returns the manifest's size in bytes.
 ///
 /// # Errors
 /// `Checkpoint` for I/O errors; the previous manifest then still stands.

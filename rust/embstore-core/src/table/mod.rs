@@ -133,6 +133,12 @@ impl Memo {
         self.plan.hashes.len()
     }
 
+    /// Whether the rows kept for shard `s` are still its rows (it removed
+    /// nothing since, and they are of `n` positions).
+    fn valid_for(&self, s: usize, g: &Shard, n: usize) -> bool {
+        self.removals[s] == g.removals && self.rows[s].len() == n
+    }
+
     /// Whether this memo is of exactly `keys` (compared through their
     /// hashes: the key hash is a bijection).
     fn is_of(&self, keys: &[i64]) -> bool {
@@ -145,14 +151,34 @@ impl Memo {
     }
 }
 
+/// What [`Table::reserve_plan`] did for one shard.
+#[derive(Debug, Default)]
+pub(crate) struct Reserved {
+    /// Rows reserved (pending until the call's pass over the shard).
+    n: usize,
+    /// The rows of the shard's positions, when it probed for them, and the
+    /// shard's removal count then: still right while that has not changed.
+    probed: Option<(Vec<u32>, u64)>,
+}
+
+impl Reserved {
+    /// The probed rows, if still valid for shard `g`.
+    fn rows_for(&self, g: &Shard) -> Option<Vec<u32>> {
+        match &self.probed {
+            Some((rows, removals)) if *removals == g.removals => Some(rows.clone()),
+            _ => None,
+        }
+    }
+}
+
 /// A gradient call's plan with room made for its new rows
 /// ([`Table::prepare_apply`]): the last lookup's memo when it was of the
 /// same keys, else a fresh plan.
 #[derive(Debug)]
 pub(crate) struct PreparedApply {
     memo: std::result::Result<Memo, Plan>,
-    /// Rows reserved per shard ([`Table::reserve_plan`]).
-    reserved: Vec<usize>,
+    /// What was reserved per shard ([`Table::reserve_plan`]).
+    reserved: Vec<Reserved>,
 }
 
 impl PreparedApply {
@@ -406,6 +432,31 @@ pub(crate) fn check_grad_sums(
         }
     }
     Ok(())
+}
+
+/// Batches of more keys than this check, before they start, that the
+/// memory of their per-key work arrays is available (below it the check
+/// would cost more than it could save).
+const TRANSIENT_CHECK_KEYS: usize = 1 << 20;
+
+/// Bytes of per-key work arrays a batch call may hold at once (plan,
+/// positions, rows found, coefficients).
+const TRANSIENT_BYTES_PER_KEY: usize = 40;
+
+/// Refuses a batch of `n` keys whose work arrays do not fit in the memory
+/// available (an allocation that fails would abort the process).
+///
+/// # Errors
+/// `OutOfMemory` naming `arg`.
+pub(crate) fn check_transient(arg: &'static str, n: usize) -> Result<()> {
+    if n < TRANSIENT_CHECK_KEYS {
+        return Ok(());
+    }
+    let need = n.saturating_mul(TRANSIENT_BYTES_PER_KEY);
+    match pages::available_memory() {
+        Some(avail) if need > avail => Err(oom(arg, need)),
+        _ => Ok(()),
+    }
 }
 
 pub(crate) fn check_len(arg: &'static str, expected: usize, got: usize) -> Result<()> {
@@ -749,45 +800,56 @@ impl Table {
     /// that may insert does this before it changes anything, so that
     /// running out of memory refuses it whole. A shard with room for all its
     /// positions counts them as pending without a probe; one without counts
-    /// its keys that are absent and makes room for those. Returns each
-    /// shard's count, which the call's pass over that shard gives back with
-    /// [`Shard::release_pending`] (or [`Table::release_plan`]).
+    /// its absent keys (from `memo`, the last lookup's rows, when they are
+    /// still valid; else by a probe, whose rows the call's own pass then
+    /// reuses) and makes room for those. Each shard's count is given back by
+    /// the call's pass over that shard ([`Shard::release_pending`]) or by
+    /// [`Table::release_plan`].
     ///
     /// # Errors
     /// `OutOfMemory` naming `arg`; nothing is reserved then.
-    pub(crate) fn reserve_plan(
+    fn reserve_plan(
         &self,
         plan: &Plan,
         keys: &[i64],
+        memo: Option<&Memo>,
         arg: &'static str,
-    ) -> Result<Vec<usize>> {
-        // Per shard: the rows reserved, or None when that failed.
-        let done: Vec<Option<usize>> = self
-            .shards
-            .par_iter()
-            .enumerate()
-            .map(|(s, lock)| {
-                let pos = plan.positions(s);
-                if pos.is_empty() {
-                    return Some(0);
-                }
-                let mut g = write(lock);
-                if g.has_room(pos.len()) {
-                    g.reserve_pending(pos.len()).ok()?;
-                    return Some(pos.len());
-                }
+    ) -> Result<Vec<Reserved>> {
+        // Per shard: what was reserved, or None when that failed. A small
+        // batch stays on the calling thread (a pool dispatch would cost
+        // more than taking a few locks).
+        let one = |(s, lock): (usize, &CachePadded<RwLock<Shard>>)| {
+            let pos = plan.positions(s);
+            let mut r = Reserved::default();
+            if pos.is_empty() {
+                return Some(r);
+            }
+            let mut g = write(lock);
+            r.n = if g.has_room(pos.len()) {
+                pos.len()
+            } else if let Some(m) = memo.filter(|m| m.valid_for(s, &g, pos.len())) {
+                m.rows[s].iter().filter(|&&x| x == u32::MAX).count()
+            } else {
                 let mut rows = Vec::new();
                 g.find_many(keys, &plan.hashes, pos, &mut rows);
-                let missing = rows.iter().filter(|&&r| r == u32::MAX).count();
-                g.reserve_pending(missing).ok()?;
-                Some(missing)
-            })
-            .collect();
+                let missing = rows.iter().filter(|&&x| x == u32::MAX).count();
+                r.probed = Some((rows, g.removals));
+                missing
+            };
+            g.reserve_pending(r.n).ok()?;
+            Some(r)
+        };
+        let done: Vec<Option<Reserved>> = if plan.hashes.len() < SMALL_BATCH {
+            self.shards.iter().enumerate().map(one).collect()
+        } else {
+            self.shards.par_iter().enumerate().map(one).collect()
+        };
         if done.iter().all(Option::is_some) {
-            return Ok(done.into_iter().map(|n| n.unwrap_or(0)).collect());
+            return Ok(done.into_iter().map(Option::unwrap_or_default).collect());
         }
         // Give back what the shards that succeeded reserved.
-        self.release_plan(&done.iter().map(|n| n.unwrap_or(0)).collect::<Vec<_>>());
+        let counts: Vec<Reserved> = done.into_iter().map(Option::unwrap_or_default).collect();
+        self.release_plan(&counts);
         let row = self.wwords + self.state_len;
         Err(oom(
             arg,
@@ -797,12 +859,12 @@ impl Table {
 
     /// Ends the reservations of [`Table::reserve_plan`] without inserting
     /// (a call that reserved and then stopped).
-    pub(crate) fn release_plan(&self, reserved: &[usize]) {
-        self.shards.par_iter().zip(reserved).for_each(|(lock, &n)| {
-            if n > 0 {
-                write(lock).release_pending(n);
+    pub(crate) fn release_plan(&self, reserved: &[Reserved]) {
+        for (lock, r) in self.shards.iter().zip(reserved) {
+            if r.n > 0 {
+                write(lock).release_pending(r.n);
             }
-        });
+        }
     }
 
     /// As [`Self::par_shards_mut`], under read locks.
@@ -828,7 +890,7 @@ impl Table {
                 ),
             ));
         }
-        Ok(())
+        check_transient("keys", keys.len())
     }
 
     /// Writes the rows of `keys` into `out` (`keys.len() * dim` floats).
@@ -980,7 +1042,7 @@ impl Table {
         let insert = insert && self.policy.admission.is_always();
         let track = self.policy.tracks();
         let reserved = if insert {
-            self.reserve_plan(plan, keys, "keys")?
+            self.reserve_plan(plan, keys, None, "keys")?
         } else {
             Vec::new()
         };
@@ -996,9 +1058,25 @@ impl Table {
                 // Resolve every row first (independent probes overlap their
                 // cache misses); `emit` then reads them with prefetching.
                 let mut rows = Vec::new();
+                let s = shard_of(plan.hashes[pos[0] as usize], n);
                 if insert {
                     let fill = |key, row: &mut [f32]| self.fill_new(key, row);
-                    g.find_or_insert_many(keys, &plan.hashes, pos, save_gen, fill, &mut rows);
+                    match reserved[s].rows_for(g) {
+                        Some(mut probed) => {
+                            g.insert_missing(keys, &plan.hashes, pos, save_gen, fill, &mut probed);
+                            rows = probed;
+                        }
+                        None => {
+                            g.find_or_insert_many(
+                                keys,
+                                &plan.hashes,
+                                pos,
+                                save_gen,
+                                fill,
+                                &mut rows,
+                            );
+                        }
+                    }
                 } else {
                     g.find_many(keys, &plan.hashes, pos, &mut rows);
                 }
@@ -1013,7 +1091,7 @@ impl Table {
                 self.count_lookups(g, pos.len(), &rows, len0);
                 keep(g, pos, rows);
                 if insert {
-                    g.release_pending(reserved[shard_of(plan.hashes[pos[0] as usize], n)]);
+                    g.release_pending(reserved[s].n);
                 }
                 0
             });
@@ -1153,7 +1231,7 @@ impl Table {
     ) -> Result<()> {
         let (dim, sl, ww) = (self.dim, self.state_len, self.wwords);
         let plan = self.plan(keys);
-        let reserved = self.reserve_plan(&plan, keys, "keys")?;
+        let reserved = self.reserve_plan(&plan, keys, None, "keys")?;
         let n = self.shards.len();
         let track = self.policy.tracks();
         let (tick, step) = if track && meta.is_none() {
@@ -1185,7 +1263,7 @@ impl Table {
             if meta.is_none() {
                 Counters::add(&g.counters.inserts, g.len() - len0);
             }
-            g.release_pending(reserved[shard_of(plan.hashes[pos[0] as usize], n)]);
+            g.release_pending(reserved[shard_of(plan.hashes[pos[0] as usize], n)].n);
             0
         });
         Ok(())
@@ -1405,7 +1483,7 @@ impl Table {
             Err(p) => p,
         };
         let reserved = if self.optimizer.is_some() {
-            self.reserve_plan(plan, keys, "keys")?
+            self.reserve_plan(plan, keys, memo.as_ref().ok(), "keys")?
         } else {
             Vec::new()
         };
@@ -1452,7 +1530,7 @@ impl Table {
                 let rows = match memo {
                     // The lookup's rows, still where they were: only keys it
                     // did not store need a probe.
-                    Some(m) if m.removals[s] == g.removals && m.rows[s].len() == pos.len() => {
+                    Some(m) if m.valid_for(s, g, pos.len()) => {
                         let mut rows = m.rows[s].clone();
                         for (r, &i) in rows.iter_mut().zip(pos) {
                             if *r == u32::MAX {
@@ -1462,11 +1540,24 @@ impl Table {
                         }
                         rows
                     }
-                    _ => {
-                        let mut rows = Vec::new();
-                        g.find_or_insert_many(keys, &plan.hashes, pos, save_gen, fill, &mut rows);
-                        rows
-                    }
+                    _ => match prepared.reserved[s].rows_for(g) {
+                        Some(mut rows) => {
+                            g.insert_missing(keys, &plan.hashes, pos, save_gen, fill, &mut rows);
+                            rows
+                        }
+                        None => {
+                            let mut rows = Vec::new();
+                            g.find_or_insert_many(
+                                keys,
+                                &plan.hashes,
+                                pos,
+                                save_gen,
+                                fill,
+                                &mut rows,
+                            );
+                            rows
+                        }
+                    },
                 };
                 rows.iter()
                     .zip(pos)
@@ -1525,7 +1616,7 @@ impl Table {
             let created = g.len() - len0;
             Counters::add(&g.counters.inserts, created);
             Counters::add(&g.counters.admitted, created);
-            g.release_pending(prepared.reserved[shard_of(plan.hashes[pos[0] as usize], n)]);
+            g.release_pending(prepared.reserved[shard_of(plan.hashes[pos[0] as usize], n)].n);
             0
         });
     }
@@ -1807,6 +1898,10 @@ impl Table {
         Ok((keys, rows, state))
     }
 }
+
+/// Batches of fewer keys than this make their reservations
+/// ([`Table::reserve_plan`]) on the calling thread.
+const SMALL_BATCH: usize = 1 << 14;
 
 /// How many rows ahead [`copy_rows`] prefetches.
 pub(crate) const PREFETCH_AHEAD: usize = 8;

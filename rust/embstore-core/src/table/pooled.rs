@@ -86,6 +86,7 @@ impl Bags<'_> {
                 format!("expected at most 2^32 - 1 ids, got {nnz}"),
             ));
         }
+        super::check_transient("ids", nnz)?;
         let Some(&first) = self.offsets.first() else {
             return Err(invalid(
                 "offsets",

@@ -209,6 +209,22 @@ impl Shard {
         rows: &mut Vec<u32>,
     ) {
         self.find_many(keys, hashes, pos, rows);
+        self.insert_missing(keys, hashes, pos, generation, fill, rows);
+    }
+
+    /// Creates the rows of the positions whose entry in `rows` is
+    /// `u32::MAX` (found absent by an earlier probe under this lock, or
+    /// under an earlier hold of it with no removal since: a key inserted
+    /// meanwhile is found, not inserted twice).
+    pub fn insert_missing(
+        &mut self,
+        keys: &[i64],
+        hashes: &[u64],
+        pos: &[u32],
+        generation: u32,
+        fill: impl Fn(i64, &mut [f32]),
+        rows: &mut [u32],
+    ) {
         let missing = rows.iter().filter(|&&r| r == u32::MAX).count();
         if missing == 0 {
             return;
