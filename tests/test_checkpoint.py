@@ -418,3 +418,13 @@ def test_inspect_command_reports_and_detects_damage(tmp_path: pathlib.Path) -> N
     assert bad.returncode == 1
     assert "BAD: " in bad.stdout
     assert "1 of" in bad.stdout
+
+
+def test_save_refuses_a_missing_parent_directory(tmp_path: pathlib.Path) -> None:
+    table = embstore.Table(2)
+    table.lookup(np.arange(10))
+    with pytest.raises(CheckpointError, match=r"the parent directory .*typo does not exist"):
+        table.save(tmp_path / "typo" / "ck")
+    assert not (tmp_path / "typo").exists()
+    table.save(tmp_path / "ck")  # a missing directory itself is created
+    assert len(embstore.Table.load(tmp_path / "ck")) == 10

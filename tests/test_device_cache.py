@@ -5,6 +5,7 @@ transfer budget per call; bad input changes nothing."""
 
 from __future__ import annotations
 
+import sys
 from types import ModuleType
 
 import numpy as np
@@ -267,3 +268,26 @@ def test_the_tables_admission_filter_keeps_its_meaning(xp: ModuleType, admission
 def test_default_namespace_is_cupy_only_with_a_gpu() -> None:
     cache = DeviceCache(embstore.Table(DIM), 4)
     assert X.is_numpy(cache.xp) != GPU_OK
+
+
+def test_the_cache_says_which_namespace_it_runs_on() -> None:
+    cache = DeviceCache(embstore.Table(4, optimizer=optim.SGD(lr=0.1)), rows=8, xp=np)
+    assert cache.stats()["xp"] == cache.xp.__name__
+    assert f"xp={cache.xp.__name__}" in repr(cache)
+
+
+def test_cupy_without_a_usable_gpu_is_one_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    import types
+
+    fake = types.ModuleType("cupy")
+
+    def no_device() -> int:
+        raise RuntimeError("CUDA driver version is insufficient for CUDA runtime version")
+
+    fake.cuda = types.SimpleNamespace(runtime=types.SimpleNamespace(getDeviceCount=no_device))  # type: ignore[attr-defined]
+    fake.asarray = np.asarray  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "cupy", fake)
+    with pytest.raises(
+        RuntimeError, match=r"^xp: cupy was asked for, but CuPy finds no usable GPU"
+    ):
+        DeviceCache(embstore.Table(4, optimizer=optim.SGD(lr=0.1)), rows=8, xp=fake)

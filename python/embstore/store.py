@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any
+from typing import Any, Literal, overload
 
 import numpy as np
 import numpy.typing as npt
@@ -322,6 +322,16 @@ class Table:
         g = as_rows(grads, o.shape[0] - 1 if o.shape[0] else 0, self.dim, "grads")
         self._inner.apply_pooled_gradients(i, o, g, w, c)
 
+    @overload
+    def evict(self, *, with_rows: Literal[False] = ...) -> npt.NDArray[np.int64]: ...
+    @overload
+    def evict(
+        self, *, with_rows: Literal[True]
+    ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float32]]: ...
+    @overload
+    def evict(
+        self, *, with_rows: bool
+    ) -> npt.NDArray[np.int64] | tuple[npt.NDArray[np.int64], npt.NDArray[np.float32]]: ...
     def evict(
         self, *, with_rows: bool = False
     ) -> npt.NDArray[np.int64] | tuple[npt.NDArray[np.int64], npt.NDArray[np.float32]]:
@@ -347,6 +357,21 @@ class Table:
                 "optimizer: this table was built with optimizer=None; pass an optimizer to train it"
             )
 
+    @overload
+    def export(
+        self, *, with_state: Literal[False] = ...
+    ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float32]]: ...
+    @overload
+    def export(
+        self, *, with_state: Literal[True]
+    ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float32], npt.NDArray[np.float32]]: ...
+    @overload
+    def export(
+        self, *, with_state: bool
+    ) -> (
+        tuple[npt.NDArray[np.int64], npt.NDArray[np.float32]]
+        | tuple[npt.NDArray[np.int64], npt.NDArray[np.float32], npt.NDArray[np.float32]]
+    ): ...
     def export(
         self, *, with_state: bool = False
     ) -> (
@@ -373,7 +398,8 @@ class Table:
         with_optimizer: bool = True,
         progress: bool | None = None,
     ) -> dict[str, Any]:
-        """Save a consistent snapshot to the checkpoint directory ``path``.
+        """Save a consistent snapshot to the checkpoint directory ``path``
+        (created if missing; its parent must exist, else CheckpointError).
 
         The directory holds ``manifest.json`` and safetensors shard files
         (keys, rows and optimizer state) that NumPy/torch can read without

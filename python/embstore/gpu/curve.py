@@ -22,6 +22,7 @@ import numpy as np
 import numpy.typing as npt
 
 from embstore import _convert, _core
+from embstore._deps import install_hint
 
 __all__ = ["CacheCurve", "cache_curve", "main"]
 
@@ -55,9 +56,7 @@ class CacheCurve:
             matplotlib.use("Agg")
             import matplotlib.pyplot as plt
         except ImportError as e:
-            raise ImportError(
-                'drawing the curve needs matplotlib: pip install "embstore[plot]"'
-            ) from e
+            raise ImportError(f"drawing the curve needs matplotlib: {install_hint('plot')}") from e
         fig, ax = plt.subplots(figsize=(6, 4))
         ax.plot(self.sizes, self.lru, marker="o", label="LRU (exact)")
         ax.plot(self.sizes, self.static, marker="s", label="static top-k (LFU bound)")

@@ -1,4 +1,4 @@
-"""PyTorch modules over embstore tables (needs torch: ``pip install "embstore[torch]"``).
+"""PyTorch modules over embstore tables (needs torch: ``pip install torch``).
 
 The modules' forward returns a tensor that requires grad; their backward
 applies the gradient to the table's own optimizer (a fused backward, as

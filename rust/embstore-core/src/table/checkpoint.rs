@@ -949,7 +949,7 @@ impl Table {
     }
 
     /// Writes a consistent snapshot of every row to shard files named
-    /// `{prefix}-...` in `dir` (created if missing) and fsyncs them, without
+    /// `{prefix}-...` in `dir` (created if missing; its parent must exist) and fsyncs them, without
     /// publishing a manifest: for a caller that assembles one manifest from
     /// several tables (the ranks of a sharded table), then calls [`publish`].
     ///
@@ -970,7 +970,7 @@ impl Table {
             ));
         }
         let _gate = self.gate.write().unwrap_or_else(PoisonError::into_inner);
-        fs::create_dir_all(dir).map_err(|e| io_err(dir, "cannot create the directory", &e))?;
+        create_checkpoint_dir(dir)?;
         let written = self
             .write_rows(dir, prefix, None, with_optimizer, progress)
             .and_then(|files| {
@@ -983,7 +983,7 @@ impl Table {
         written
     }
 
-    /// Saves a consistent snapshot to directory `dir` (created if missing).
+    /// Saves a consistent snapshot to directory `dir` (created if missing; its parent must exist).
     /// With `incremental`, writes only what changed since this table's last
     /// save to `dir` and appends it to that checkpoint's chain. Without
     /// `with_optimizer`, writes rows only (a serving export). `progress`, if
@@ -1003,7 +1003,7 @@ impl Table {
         progress: Option<&AtomicU64>,
     ) -> Result<SaveInfo> {
         let _gate = self.gate.write().unwrap_or_else(PoisonError::into_inner);
-        fs::create_dir_all(dir).map_err(|e| io_err(dir, "cannot create the directory", &e))?;
+        create_checkpoint_dir(dir)?;
         let canonical = fs::canonicalize(dir).map_err(|e| io_err(dir, "cannot resolve", &e))?;
         let has_manifest = dir.join(MANIFEST).exists();
         if !has_manifest
@@ -1381,6 +1381,36 @@ fn publish_locked(dir: &Path, manifest: &mut Manifest) -> Result<u64> {
         remove_unreferenced(dir, manifest);
     }
     Ok(text.len() as u64)
+}
+
+/// Creates the checkpoint directory `dir` if it does not exist; its parent
+/// must (a typo in a path should not silently create a tree of
+/// directories). Several processes may create it at once.
+///
+/// # Errors
+/// `Checkpoint` naming the missing parent, or the I/O error.
+fn create_checkpoint_dir(dir: &Path) -> Result<()> {
+    if dir.is_dir() {
+        return Ok(());
+    }
+    let parent = match dir.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    };
+    if !parent.is_dir() {
+        return Err(ckpt_err(
+            dir,
+            format!(
+                "the parent directory {} does not exist (create it first)",
+                parent.display()
+            ),
+        ));
+    }
+    match fs::create_dir(dir) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && dir.is_dir() => Ok(()),
+        Err(e) => Err(io_err(dir, "cannot create the directory", &e)),
+    }
 }
 
 /// Deletes the files a save wrote before it failed: those named with its
