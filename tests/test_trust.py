@@ -71,6 +71,24 @@ def saved_sgd_table(path: pathlib.Path, n: int = 200) -> embstore.Table:
     return t
 
 
+def load_refusal(path: pathlib.Path, memory: int | None) -> str:
+    """Loads ``path`` in a child (with at most ``memory`` more bytes of
+    address space); returns the CheckpointError's message, which it must raise."""
+    limit = "" if memory is None else f"limit_memory({memory})"
+    out = _child.ok(
+        f"""
+        {limit}
+        try:
+            embstore.Table.load({str(path)!r})
+        except embstore.CheckpointError as e:
+            print("refused:", e)
+        """,
+        timeout=60,
+    )
+    assert "refused:" in out, out
+    return out
+
+
 def test_crafted_checksum_helper_reproduces_the_writers_checksum(tmp_path: pathlib.Path) -> None:
     saved_sgd_table(tmp_path / "ck")
     rewrite_manifest(tmp_path / "ck", lambda m: None)
@@ -300,17 +318,7 @@ def test_5_a_crafted_row_count_is_refused_before_anything_is_allocated(
     path = tmp_path / "ck"
     saved_sgd_table(path)
     rewrite_manifest(path, lambda m: m.update(rows=rows))
-    out = _child.ok(
-        f"""
-        limit_memory(512 << 20)
-        try:
-            embstore.Table.load({str(path)!r})
-        except embstore.CheckpointError as e:
-            print("refused:", e)
-        """
-    )
-    assert "refused:" in out, out
-    assert "more than its files hold" in out, out
+    assert "more than its files hold" in load_refusal(path, 512 << 20)
 
 
 @pytest.mark.parametrize(
@@ -377,17 +385,7 @@ def test_7_a_manifest_that_is_a_link_to_dev_zero_is_refused_at_once(
     saved_sgd_table(path)
     (path / "manifest.json").unlink()
     os.symlink("/dev/zero", path / "manifest.json")
-    out = _child.ok(
-        f"""
-        try:
-            embstore.Table.load({str(path)!r})
-        except embstore.CheckpointError as e:
-            print("refused:", e)
-        """,
-        timeout=60,
-    )
-    assert "refused:" in out, out
-    assert "not a regular file" in out, out
+    assert "not a regular file" in load_refusal(path, None)
 
 
 def test_7_a_huge_manifest_is_refused_without_reading_it(tmp_path: pathlib.Path) -> None:
@@ -395,17 +393,7 @@ def test_7_a_huge_manifest_is_refused_without_reading_it(tmp_path: pathlib.Path)
     saved_sgd_table(path)
     with open(path / "manifest.json", "r+b") as f:
         f.truncate(216 << 20)  # sparse: no disk used
-    out = _child.ok(
-        f"""
-        limit_memory(128 << 20)
-        try:
-            embstore.Table.load({str(path)!r})
-        except embstore.CheckpointError as e:
-            print("refused:", e)
-        """
-    )
-    assert "refused:" in out, out
-    assert "bytes, more than the" in out, out
+    assert "bytes, more than the" in load_refusal(path, 128 << 20)
 
 
 def test_7_load_does_not_parse_the_manifest_in_python() -> None:

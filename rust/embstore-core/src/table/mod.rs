@@ -857,6 +857,32 @@ impl Table {
         ))
     }
 
+    /// The rows of a shard's positions, creating those of absent keys: from
+    /// the reservation's probe when it is still valid (only the absent keys
+    /// are probed again), else by probing them all.
+    fn rows_inserting(
+        &self,
+        g: &mut Shard,
+        keys: &[i64],
+        plan: &Plan,
+        pos: &[u32],
+        reserved: &Reserved,
+        save_gen: u32,
+    ) -> Vec<u32> {
+        let fill = |key, row: &mut [f32]| self.fill_new(key, row);
+        match reserved.rows_for(g) {
+            Some(mut rows) => {
+                g.insert_missing(keys, &plan.hashes, pos, save_gen, fill, &mut rows);
+                rows
+            }
+            None => {
+                let mut rows = Vec::new();
+                g.find_or_insert_many(keys, &plan.hashes, pos, save_gen, fill, &mut rows);
+                rows
+            }
+        }
+    }
+
     /// Ends the reservations of [`Table::reserve_plan`] without inserting
     /// (a call that reserved and then stopped).
     pub(crate) fn release_plan(&self, reserved: &[Reserved]) {
@@ -1060,23 +1086,7 @@ impl Table {
                 let mut rows = Vec::new();
                 let s = shard_of(plan.hashes[pos[0] as usize], n);
                 if insert {
-                    let fill = |key, row: &mut [f32]| self.fill_new(key, row);
-                    match reserved[s].rows_for(g) {
-                        Some(mut probed) => {
-                            g.insert_missing(keys, &plan.hashes, pos, save_gen, fill, &mut probed);
-                            rows = probed;
-                        }
-                        None => {
-                            g.find_or_insert_many(
-                                keys,
-                                &plan.hashes,
-                                pos,
-                                save_gen,
-                                fill,
-                                &mut rows,
-                            );
-                        }
-                    }
+                    rows = self.rows_inserting(g, keys, plan, pos, &reserved[s], save_gen);
                 } else {
                     g.find_many(keys, &plan.hashes, pos, &mut rows);
                 }
@@ -1540,24 +1550,7 @@ impl Table {
                         }
                         rows
                     }
-                    _ => match prepared.reserved[s].rows_for(g) {
-                        Some(mut rows) => {
-                            g.insert_missing(keys, &plan.hashes, pos, save_gen, fill, &mut rows);
-                            rows
-                        }
-                        None => {
-                            let mut rows = Vec::new();
-                            g.find_or_insert_many(
-                                keys,
-                                &plan.hashes,
-                                pos,
-                                save_gen,
-                                fill,
-                                &mut rows,
-                            );
-                            rows
-                        }
-                    },
+                    _ => self.rows_inserting(g, keys, plan, pos, &prepared.reserved[s], save_gen),
                 };
                 rows.iter()
                     .zip(pos)
