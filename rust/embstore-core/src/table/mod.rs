@@ -26,7 +26,6 @@ use crate::init::Initializer;
 use crate::optim::Optimizer;
 use crate::policy::{Admission, Counters, Meta, Policy, RowFormat, Sketch};
 use crate::simd::{Backend, copy_streaming, prefetch, stream_fence};
-pub(crate) use pooled::check_pooled_out;
 pub use pooled::{Bags, Combiner, pool_rows, spread_pooled};
 use shard::Shard;
 

@@ -9,10 +9,12 @@
 //! what EmbeddingBag's backward gives, and then takes one optimizer step.
 //! An empty bag pools to zeros (and a bag whose denominator is 0 too).
 
+use std::sync::atomic::{AtomicBool, Ordering};
+
 use rayon::prelude::*;
 
 use super::{PREFETCH_AHEAD, SharedOut, Table, check_finite, check_finite_max, check_len};
-use crate::error::{Result, StoreError, invalid};
+use crate::error::{Result, invalid};
 use crate::simd::{copy_streaming, prefetch, stream_fence};
 
 /// How a bag's rows are combined.
@@ -164,7 +166,6 @@ impl Table {
         check_len("out", bags.batch() * self.dim, out.len())?;
         let _gate = self.lookup_changes(insert).then(|| self.enter());
         self.lookup_pooled_in(&[(*bags, 0)], insert, SharedOut::new(out, self.dim))?;
-        check_pooled_out(out)?;
         if insert {
             self.enforce_capacity();
         }
@@ -222,6 +223,9 @@ impl Table {
         let ids = &ids[..];
         // Rows of the ids of bags of several ids: as large as the input
         // times dim, so its allocation may fail (refused before any change).
+        // Set where pooling overflowed float32 (checked per pooled row, in
+        // cache; a copied row of a one-id bag is finite already).
+        let overflow = AtomicBool::new(false);
         let mut gbuf = Vec::new();
         gbuf.try_reserve_exact(gathered * dim)
             .map_err(|_| crate::error::oom("ids", gathered * dim * 4))?;
@@ -240,6 +244,11 @@ impl Table {
                     d.copy_from_slice(x);
                     if coef[i] != 1.0 {
                         backend.scale(d, coef[i]);
+                        // Checked while the row is in cache: a weight can
+                        // scale a finite row past float32.
+                        if !all_finite(d) {
+                            overflow.store(true, Ordering::Relaxed);
+                        }
                     }
                 }
             } else {
@@ -291,8 +300,18 @@ impl Table {
                         let s = slot[i] as usize;
                         backend.axpy(d, coef[i], &gbuf[s * dim..(s + 1) * dim]);
                     }
+                    if !all_finite(d) {
+                        overflow.store(true, Ordering::Relaxed);
+                    }
                 });
             base += bags.ids.len();
+        }
+        if overflow.load(Ordering::Relaxed) {
+            return Err(invalid(
+                "weights",
+                "pooling with these weights overflows float32 (a pooled value is inf or NaN); \
+                 the output is not returned",
+            ));
         }
         Ok(())
     }
@@ -347,19 +366,12 @@ pub(crate) fn check_pooled_sums(
     })
 }
 
-/// Refuses pooled output that overflowed (finite rows and weights whose
-/// weighted sum is beyond float32).
-pub(crate) fn check_pooled_out(out: &[f32]) -> Result<()> {
-    check_finite("weights", out).map_err(|e| match e {
-        StoreError::NonFinite { index, .. } => invalid(
-            "weights",
-            format!(
-                "pooling with these weights overflows float32 (non-finite output at flat \
-                 index {index})"
-            ),
-        ),
-        other => other,
-    })
+/// Whether every value of `v` is finite (a branch-free scan that vectorizes).
+#[inline]
+fn all_finite(v: &[f32]) -> bool {
+    v.iter()
+        .fold(0u32, |acc, x| acc.max(x.to_bits() & 0x7FFF_FFFF))
+        < 0x7F80_0000
 }
 
 /// Pools rows that the caller already holds: id `i` of `bags` uses row
