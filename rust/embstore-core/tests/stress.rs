@@ -26,6 +26,7 @@ fn mixed_concurrent_calls_lose_nothing_and_never_tear() {
     let keys: Vec<i64> = (0..512).collect();
     let stop = Arc::new(AtomicBool::new(false));
     let dir = std::env::temp_dir().join(format!("embstore-stress-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
     let mut writers = Vec::new();
     for w in 0..4u64 {
         let (t, keys) = (t.clone(), keys.clone());
