@@ -43,8 +43,7 @@ class _Resolved:
     slot: Array  # cache slot of each distinct key; -1: served by the table
     served_pos: Array  # positions in ``uniq`` of the table-served keys
     served_keys: np.ndarray  # those keys, on the host
-    evicted_keys: np.ndarray  # keys evicted for the admissions, on the host
-    evicted_rows: Array | None  # their rows and state, still on the device
+    evicted_keys: np.ndarray  # keys evicted for the admissions (already written back)
     served_rows: Array | None = None  # rows of the table-served keys (lookups)
 
 
@@ -122,7 +121,6 @@ class DeviceCache:
         self._pend_keys = xp_.zeros((0,), dtype=xp_.int64)
         self._pend_counts = xp_.zeros((0,), dtype=xp_.int64)
         self._tick = 0
-        self._step = table.step
         self._stats = dict.fromkeys(
             [
                 "lookups",
@@ -243,8 +241,8 @@ class DeviceCache:
         ``admit``: misses may enter the cache (and the table creates rows
         for missing keys); ``lookup``: the caller needs the rows of the keys
         the table serves, and the call counts as lookups in the stats.
-        Evicted rows are not yet written back: the caller sends them to the
-        host in one copy with anything else bound there.
+        Evicted rows go back to the table (with their state) before their
+        slots take the admitted rows, so nothing is lost if the call fails.
         """
         xp = self.xp
         self._tick += 1
@@ -283,7 +281,6 @@ class DeviceCache:
             served_pos=served_pos,
             served_keys=self._index_to_host(xp.take(uniq, served_pos)),
             evicted_keys=self._index_to_host(xp.take(self._key, evicted)),
-            evicted_rows=None,
         )
         if int(evicted.shape[0]):
             # Rows and state of the evicted slots go back to the table before
@@ -380,35 +377,17 @@ class DeviceCache:
         self._stats["index_bytes"] += int(out.nbytes)
         return np.ascontiguousarray(out, dtype=np.int64)
 
-    def _write_back(
-        self, evicted_keys: np.ndarray, packed: Array | None, extra: Array | None = None
-    ) -> np.ndarray | None:
-        """One device-to-host copy of the evicted rows+state (and ``extra``,
-        flattened after them); writes the rows back. Returns ``extra`` on the host."""
-        xp = self.xp
-        parts = []
-        if packed is not None:
-            parts.append(xp.reshape(packed, (-1,)))
-        if extra is not None:
-            parts.append(xp.reshape(extra, (-1,)))
-        if not parts:
-            return None
-        flat = self._d2h(xp.concat(parts) if len(parts) > 1 else parts[0])
-        dim, sl = self.table.dim, self.table.state_len
-        used = 0
-        if packed is not None:
-            n = len(evicted_keys)
-            block = flat[: n * (dim + sl)].reshape(n, dim + sl)
-            used = n * (dim + sl)
-            self.table._inner.assign(
-                evicted_keys,
-                np.ascontiguousarray(block[:, :dim]),
-                np.ascontiguousarray(block[:, dim:]),
-            )
-            self._stats["write_backs"] += n
-        if extra is None:
-            return None
-        return flat[used:].reshape(extra.shape)
+    def _write_back(self, keys: np.ndarray, packed: Array) -> None:
+        """Writes cached rows+state ``packed`` of ``keys`` back to the table,
+        in one device-to-host copy."""
+        dim = self.table.dim
+        block = self._d2h(packed)
+        self.table._inner.assign(
+            keys,
+            np.ascontiguousarray(block[:, :dim]),
+            np.ascontiguousarray(block[:, dim:]),
+        )
+        self._stats["write_backs"] += len(keys)
 
     # -- batch protocol --------------------------------------------------------------
 
@@ -505,7 +484,6 @@ class DeviceCache:
             host = np.ascontiguousarray(self._d2h(xp.take(gsum, served_pos, axis=0)))
             self.table._inner.apply_gradients_at(r.served_keys, host, t)
             self._stats["table_updates"] += int(host.shape[0])
-        self._step = t
 
     def lookup_pooled(
         self,
