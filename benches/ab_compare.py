@@ -20,16 +20,11 @@ import numpy as np
 
 import embstore
 from embstore import optim
+from embstore.bench import _best
 
 
 def best_ms(f: Callable[[], object], reps: int = 3) -> float:
-    f()
-    times = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        f()
-        times.append(time.perf_counter() - t0)
-    return min(times) * 1e3
+    return _best(f, reps) * 1e3
 
 
 def mean_us(f: Callable[[], object], calls: int = 3000) -> float:

@@ -157,14 +157,20 @@ pub(crate) struct Reserved {
     n: usize,
     /// The rows of the shard's positions, when it probed for them, and the
     /// shard's removal count then: still right while that has not changed.
-    probed: Option<(Vec<u32>, u64)>,
+    /// Taken (not copied) by the one job of the call's pass over the shard.
+    probed: std::sync::Mutex<Option<(Vec<u32>, u64)>>,
 }
 
 impl Reserved {
-    /// The probed rows, if still valid for shard `g`.
+    /// The probed rows, if still valid for shard `g` (taken out: one use).
     fn rows_for(&self, g: &Shard) -> Option<Vec<u32>> {
-        match &self.probed {
-            Some((rows, removals)) if *removals == g.removals => Some(rows.clone()),
+        let probed = self
+            .probed
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        match probed {
+            Some((rows, removals)) if removals == g.removals => Some(rows),
             _ => None,
         }
     }
@@ -832,7 +838,7 @@ impl Table {
                 let mut rows = Vec::new();
                 g.find_many(keys, &plan.hashes, pos, &mut rows);
                 let missing = rows.iter().filter(|&&x| x == u32::MAX).count();
-                r.probed = Some((rows, g.removals));
+                r.probed = std::sync::Mutex::new(Some((rows, g.removals)));
                 missing
             };
             g.reserve_pending(r.n).ok()?;
