@@ -4,6 +4,15 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+command -v cargo >/dev/null || { echo "check.sh: cargo is required (https://rustup.rs)" >&2; exit 1; }
+# rustfmt and clippy are rustup components a minimal toolchain lacks.
+for comp in rustfmt clippy; do
+  if ! rustup component list --installed 2>/dev/null | grep -q "^$comp"; then
+    echo "== rustup component add $comp"
+    rustup component add "$comp"
+  fi
+done
+
 echo "== cargo fmt --check"
 cargo fmt --all -- --check
 echo "== cargo clippy -D warnings"

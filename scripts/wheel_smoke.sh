@@ -1,26 +1,90 @@
 #!/usr/bin/env bash
 # Installs a built wheel into a fresh virtual environment whose PATH has no
-# Rust toolchain (nothing can be compiled there), then runs the README's
-# quick example in it. Usage: bash scripts/wheel_smoke.sh WHEEL
+# Rust toolchain (nothing can be compiled there) and runs, as written, every
+# install command that README.md and the library's ImportError hints name,
+# each followed by the example it enables:
+#   pip install dist/embstore-*.whl                  -> the README's quick example
+#   pip install "$(ls dist/embstore-*.whl)[torch]"   -> the README's torch example
+#   pip install <each hint of embstore._deps.EXTRAS> -> mpi: the README's MPI
+#     script under mpirun; plot: cache-curve --png; gpu: cupy imports and
+#     DeviceCache(xp=cupy) refuses this GPU-less machine with one clear error
+# then, in a second fresh venv (with cargo), the checkout form
+#   pip install ".[mpi]"                             -> mpi4py imports
+# Usage: bash scripts/wheel_smoke.sh WHEEL   (run from anywhere)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+repo=$(pwd)
 wheel="$(cd "$(dirname "$1")" && pwd)/$(basename "$1")"
-venv=$(mktemp -d)/venv
+work=$(mktemp -d)
+venv=$work/venv
 python -m venv "$venv"
-# PATH without cargo/rustc: only the venv and the system's own directories.
-export PATH="$venv/bin:/usr/local/bin:/usr/bin:/bin"
-if command -v cargo >/dev/null || command -v rustc >/dev/null; then
-  echo "wheel_smoke: a Rust toolchain is still on PATH" >&2
-  exit 1
-fi
-"$venv/bin/python" -m pip install -q --disable-pip-version-check "$wheel"
-# The README's first example, as written.
-example=$(python - <<'PY'
-import re, pathlib
-blocks = re.findall(r"```python\n(.*?)```", pathlib.Path("README.md").read_text(), re.S)
-print(blocks[0])
+readme_block() {  # the README's python block whose text contains $1
+  python - "$1" <<'PY'
+import pathlib, re, sys
+blocks = re.findall(r"```py(?:thon)?\n(.*?)```", pathlib.Path("README.md").read_text(), re.S)
+print(next(b for b in blocks if sys.argv[1] in b))
+PY
+}
+quick=$(readme_block "table.reserve(100_000)")
+torch_example=$(readme_block "import embstore.torch as et")
+mpi_example=$(readme_block "mpirun -n 4 python train.py")
+# The README's wheel-with-extras command, as written (it lists dist/).
+wheel_extra_cmd=$(grep -o 'pip install "$(ls dist/embstore-\*.whl)\[torch\]"' README.md)
+
+(
+  # PATH without cargo/rustc: only the venv and the system's own directories.
+  export PATH="$venv/bin:/usr/local/bin:/usr/bin:/bin"
+  export PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_ROOT_USER_ACTION=ignore
+  if command -v cargo >/dev/null || command -v rustc >/dev/null; then
+    echo "wheel_smoke: a Rust toolchain is still on PATH" >&2
+    exit 1
+  fi
+  set -x
+  pip install -q "$wheel"
+  (cd "$work" && python -c "$quick")
+  python -c "import embstore, sys; print('wheel:', embstore.__version__, embstore.Table(4).simd, sys.version.split()[0])"
+
+  # The README's wheel-with-extras form, run from a directory whose dist/
+  # holds the wheel, then the README's torch example.
+  mkdir -p "$work/w/dist" && cp "$wheel" "$work/w/dist/"
+  (cd "$work/w" && eval "$wheel_extra_cmd -q")
+  (cd "$work" && python -c "$torch_example")
+
+  # Each hint the library prints for a missing optional dependency.
+  for extra in mpi plot gpu; do
+    hint=$(python -c "from embstore._deps import EXTRAS; print(EXTRAS['$extra'])")
+    # shellcheck disable=SC2086  # the hint is a list of package names
+    pip install -q $hint
+  done
+  printf '%s\n' "$mpi_example" > "$work/train.py"
+  (cd "$work" && OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 RAYON_NUM_THREADS=1 \
+    timeout 300 mpirun --oversubscribe -n 2 python train.py)
+  test -f "$work/ckpt/manifest.json"
+  python -c "import numpy as np; np.save('$work/keys.npy', np.random.default_rng(0).zipf(1.2, 10000) % 3000)"
+  python -m embstore cache-curve "$work/keys.npy" --sizes 10 100 1000 --png "$work/curve.png"
+  test -s "$work/curve.png"
+  python - <<'PY'
+import cupy, numpy as np, embstore
+from embstore.gpu import DeviceCache
+try:
+    DeviceCache(embstore.Table(4), rows=8, xp=cupy)
+except RuntimeError as e:
+    assert str(e).startswith("xp: cupy was asked for, but "), e
+    print("cupy without a GPU refused:", e)
+else:
+    print("a GPU is usable here: DeviceCache runs on cupy")
 PY
 )
-cd "$(dirname "$venv")"
-"$venv/bin/python" -c "$example"
-"$venv/bin/python" -c "import embstore, sys; print('wheel smoke test passed:', embstore.__version__, embstore.Table(4).simd, sys.version.split()[0])"
+
+# The checkout form of an extra, in a second fresh venv (this one builds
+# from source, so cargo stays on PATH; the build reuses target/).
+venv2=$work/venv2
+python -m venv "$venv2"
+(
+  export PATH="$venv2/bin:$PATH" PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_ROOT_USER_ACTION=ignore
+  set -x
+  cd "$repo" && pip install -q ".[mpi]"
+  cd "$work" && python -c "import embstore, mpi4py.MPI; print('checkout install with [mpi]:', embstore.__version__)"
+)
+rm -rf "$work"
+echo "wheel smoke test passed"

@@ -1,10 +1,15 @@
-"""The command line: the peer comparison runs end to end on small sizes."""
+"""The command line: help, version, options with defaults, one-line errors
+(exit 2, no traceback) for bad input and missing optional dependencies,
+phase lines instead of a bar off a terminal, and the peer comparison end to
+end on small sizes."""
 
 from __future__ import annotations
 
+import pathlib
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 
@@ -57,3 +62,142 @@ def test_version() -> None:
     proc = cli("--version")
     assert proc.returncode == 0
     assert proc.stdout.strip() == f"embstore {embstore.__version__}"
+
+
+def cli_without(module: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """The CLI in a process where ``module`` cannot be imported."""
+    code = (
+        f"import sys; sys.modules[{module!r}] = None\n"
+        "from embstore.__main__ import main\n"
+        f"sys.exit(main({list(args)!r}))"
+    )
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+
+
+def assert_one_line_error(proc: subprocess.CompletedProcess[str], *words: str) -> None:
+    assert proc.returncode == 2, (proc.returncode, proc.stderr)
+    assert "Traceback" not in proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith("python -m embstore "), lines[0]
+    for w in words:
+        assert w in lines[0], (w, lines[0])
+
+
+@pytest.mark.parametrize("command", ["demo", "bench", "inspect", "cache-curve"])
+def test_each_command_help_lists_options_with_defaults(command: str) -> None:
+    proc = cli(command, "--help")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith(f"usage: python -m embstore {command}")
+    assert "``" not in proc.stdout, "raw RST markup in the help"
+    lines = proc.stdout.splitlines()
+    options = [i for i, ln in enumerate(lines) if ln.strip().startswith("--")]
+    assert options
+    for i in options:
+        # every option has a description, on its own line or the next one
+        described = len(lines[i].split()) > 2 or (
+            i + 1 < len(lines) and lines[i + 1].startswith(" " * 10)
+        )
+        assert described, f"{lines[i].split()[0]} has no help"
+
+
+def test_help_shows_defaults() -> None:
+    out = cli("demo", "--help").stdout
+    assert "training samples (default: 2000000)" in out
+    assert "(default: 4096)" in out
+    out = cli("bench", "--help").stdout
+    assert "row width (default: 64)" in out
+
+
+@pytest.fixture
+def keys_files(tmp_path: pathlib.Path) -> dict[str, pathlib.Path]:
+    files = {
+        "float": np.arange(10, dtype=np.float64),
+        "empty": np.zeros(0, np.int64),
+        "object": np.array([1, "a"], dtype=object),
+        "ok": np.arange(100) % 7,
+    }
+    out = {}
+    for name, arr in files.items():
+        path = tmp_path / f"{name}.npy"
+        np.save(path, arr, allow_pickle=True)
+        out[name] = path
+    (tmp_path / "text.npy").write_text("not an array")
+    out["text"] = tmp_path / "text.npy"
+    return out
+
+
+@pytest.mark.parametrize(
+    ("case", "extra", "words"),
+    [
+        ("float", [], ["keys:", "float64", "expected integer keys"]),
+        ("empty", [], ["keys:", "no keys"]),
+        ("object", [], ["keys:", "cannot read"]),
+        ("text", [], ["keys:", "cannot read"]),
+        ("missing", [], ["keys:", "No such file"]),
+        ("ok", ["--sizes", "0"], ["--sizes", "expected an integer >= 1, got 0"]),
+        ("ok", ["--sizes", "1.5"], ["--sizes", "expected an integer >= 1, got '1.5'"]),
+        ("ok", ["--sizes"], ["--sizes", "expected at least one argument"]),
+        ("ok", ["--png", "/nonexistent-dir/x.png"], ["--png", "does not exist"]),
+    ],
+)
+def test_cache_curve_bad_input_is_one_line_exit_2(
+    keys_files: dict[str, pathlib.Path], case: str, extra: list[str], words: list[str]
+) -> None:
+    path = keys_files.get(case, pathlib.Path("/nonexistent/keys.npy"))
+    assert_one_line_error(cli("cache-curve", str(path), *extra), *words)
+
+
+def test_cache_curve_share_of_keys_never_exceeds_100_percent(
+    keys_files: dict[str, pathlib.Path],
+) -> None:
+    proc = cli("cache-curve", str(keys_files["ok"]), "--sizes", "3", "7", "1000")
+    assert proc.returncode == 0, proc.stderr
+    rows = [ln.split() for ln in proc.stdout.splitlines()[2:]]
+    assert [r[1] for r in rows] == ["42.857%", "100.000%", "100.000%"]
+
+
+def test_png_without_matplotlib_is_refused_before_any_work(
+    keys_files: dict[str, pathlib.Path], tmp_path: pathlib.Path
+) -> None:
+    proc = cli_without(
+        "matplotlib", "cache-curve", str(keys_files["ok"]), "--png", str(tmp_path / "c.png")
+    )
+    assert_one_line_error(proc, "--png needs matplotlib", "pip install matplotlib")
+    assert proc.stdout == ""  # the table was not printed first
+
+
+def test_demo_torch_without_torch_is_refused_before_any_work() -> None:
+    proc = cli_without("torch", "demo", "--torch")
+    assert_one_line_error(proc, "--torch needs torch", "pip install torch")
+    assert proc.stdout == ""
+
+
+def test_bench_without_torch_is_refused_before_any_work() -> None:
+    proc = cli_without("torch", "bench", "--quick")
+    assert_one_line_error(proc, "the peer comparison needs torch", "pip install torch")
+
+
+@pytest.mark.parametrize("flag", ["--samples=0", "--batch=-3", "--k=x"])
+def test_demo_bad_option_is_one_line_exit_2(flag: str) -> None:
+    assert_one_line_error(cli("demo", flag), flag.split("=")[0], "expected an integer >= 1")
+
+
+def test_inspect_of_a_non_checkpoint_is_one_line_exit_2(tmp_path: pathlib.Path) -> None:
+    assert_one_line_error(cli("inspect", str(tmp_path / "nope")), "not a directory")
+    assert_one_line_error(cli("inspect", str(tmp_path)), "no manifest.json")
+
+
+@pytest.mark.timeout(300)
+def test_demo_off_a_terminal_prints_phase_lines_and_no_bar() -> None:
+    proc = cli("demo", "--samples", "20000", "--test-samples", "5000", "--batch", "2048")
+    assert proc.returncode == 0, proc.stderr
+    assert "\r" not in proc.stderr, "a progress bar was drawn into a pipe"
+    phases = proc.stderr.strip().splitlines()
+    assert phases[0].startswith("generating 20,000 training and 5,000 held-out samples")
+    assert phases[1].startswith("training: 10 steps of 2,048 samples")
+    assert phases[2].startswith("evaluating")
+    assert "held-out AUC" in proc.stdout
+    quiet = cli("demo", "--samples", "20000", "--test-samples", "5000", "--quiet")
+    assert quiet.returncode == 0
+    assert quiet.stderr == ""

@@ -11,15 +11,64 @@ import sys
 
 import pytest
 
-README = pathlib.Path(__file__).resolve().parent.parent / "README.md"
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+README = ROOT / "README.md"
 
 
-def test_readme_python_examples_run_in_order() -> None:
+def python_blocks() -> list[str]:
+    """The README's ```python blocks (```py marks a script run otherwise,
+    e.g. under mpirun)."""
     blocks = re.findall(r"```python\n(.*?)```", README.read_text(), re.S)
-    assert len(blocks) >= 3, "README lost its examples"
-    namespace: dict[str, object] = {}
-    for code in blocks:  # one session: later examples use earlier names
-        exec(compile(code, str(README), "exec"), namespace)
+    assert len(blocks) >= 5, "README lost its examples"
+    return blocks
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("index", range(len(python_blocks())))
+def test_readme_python_block_runs_on_its_own(index: int, tmp_path: pathlib.Path) -> None:
+    """Each block, alone in a fresh interpreter (its own imports, no names
+    from an earlier block), in an empty directory."""
+    code = python_blocks()[index]
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=540,
+        env={**os.environ, "RAYON_NUM_THREADS": "2"},
+    )
+    assert proc.returncode == 0, f"README block {index}:\n{code}\n{proc.stderr[-3000:]}"
+
+
+@pytest.mark.timeout(600)
+def test_readme_blocks_pass_mypy_strict(tmp_path: pathlib.Path) -> None:
+    """Every README example, each as its own module, type-checks under
+    mypy --strict (the unpacking of export()/evict() included)."""
+    blocks = re.findall(r"```py(?:thon)?\n(.*?)```", README.read_text(), re.S)
+    files = []
+    for i, code in enumerate(blocks):
+        path = tmp_path / f"readme_block_{i}.py"
+        path.write_text(code)
+        files.append(str(path))
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "mypy",
+            "--strict",
+            "--python-version",
+            "3.11",
+            "--cache-dir",
+            str(ROOT / ".mypy_cache"),
+            "--no-error-summary",
+            *files,
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=540,
+    )
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
 
 
 @pytest.mark.timeout(300)

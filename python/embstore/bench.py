@@ -25,6 +25,7 @@ import numpy as np
 
 import embstore
 from embstore import optim
+from embstore._cli import Parser, positive_int, require
 
 
 def _best(fn: Callable[[], object], reps: int) -> float:
@@ -507,18 +508,24 @@ def _torch_version() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(
-        prog="python -m embstore bench",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+    p = Parser("python -m embstore bench", __doc__)
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="small sizes (vocab 50,000, batch 2,048, 200,000 memory rows, 2 reps): a smoke run",
     )
-    p.add_argument("--quick", action="store_true", help="small sizes: a smoke run")
-    p.add_argument("--vocab", type=int, default=2_000_000)
-    p.add_argument("--batch", type=int, default=65_536)
-    p.add_argument("--fields", type=int, default=26)
-    p.add_argument("--dim", type=int, default=64)
-    p.add_argument("--reps", type=int, default=3)
-    p.add_argument("--mem-rows", type=int, default=10_000_000)
+    p.add_argument("--vocab", type=positive_int, default=2_000_000, help="distinct ids per table")
+    p.add_argument("--batch", type=positive_int, default=65_536, help="samples per step")
+    p.add_argument(
+        "--fields", type=positive_int, default=26, help="features of the Collection step"
+    )
+    p.add_argument("--dim", type=positive_int, default=64, help="row width")
+    p.add_argument(
+        "--reps", type=positive_int, default=3, help="repetitions of each measure (best taken)"
+    )
+    p.add_argument(
+        "--mem-rows", type=positive_int, default=10_000_000, help="rows of the memory measure"
+    )
     p.add_argument("--json", action="store_true", help="print the raw figures as JSON")
     p.add_argument(
         "--checkpoint",
@@ -526,15 +533,24 @@ def main(argv: list[str] | None = None) -> int:
         help="measure only checkpoint save/load against cp (needs ~3x the table's "
         "size in free disk)",
     )
-    p.add_argument("--checkpoint-rows", type=int, default=10_000_000)
+    p.add_argument(
+        "--checkpoint-rows",
+        type=positive_int,
+        default=10_000_000,
+        help="rows of the --checkpoint measure",
+    )
     p.add_argument(
         "--policy",
         action="store_true",
         help="measure only the cost of the memory policies' bookkeeping",
     )
-    p.add_argument("--dir", default=None, help="where the checkpoint benchmark writes")
+    p.add_argument(
+        "--dir", default=None, help="where the checkpoint benchmark writes (default: a temp dir)"
+    )
     p.add_argument("--child", choices=["core", "memory"], help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    if not (args.checkpoint or args.policy or args.child):
+        require(p, "torch", "torch", "the peer comparison")
     if args.quick:
         args.vocab, args.batch, args.mem_rows, args.reps = 50_000, 2_048, 200_000, 2
     if args.checkpoint:
@@ -552,11 +568,6 @@ def main(argv: list[str] | None = None) -> int:
     if args.child == "memory":
         print(json.dumps(memory(args.mem_rows, args.dim)))
         return 0
-    try:
-        import torch  # noqa: F401
-    except ImportError:
-        print("the peer comparison needs torch: pip install torch", file=sys.stderr)
-        return 2
     res = compare(args)
     print(json.dumps(res) if args.json else report(res, args))
     return 0

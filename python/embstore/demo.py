@@ -1,7 +1,7 @@
 """The main job: train a factorization-machine CTR model on synthetic
 Criteo-like data, with its embeddings in embstore.
 
-    python -m embstore demo            # NumPy model, about a minute on 2 cores
+    python -m embstore demo            # NumPy model
     python -m embstore demo --torch    # the same model as a torch nn.Module
 
 Data: 26 categorical fields of Zipf-distributed ids from vocabularies of 10
@@ -16,7 +16,6 @@ the table's stats.
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 from dataclasses import dataclass
@@ -27,6 +26,7 @@ import numpy.typing as npt
 
 import embstore
 from embstore import init, optim
+from embstore._cli import Parser, phase, positive_int, require
 
 FIELDS = 26
 DENSE = 13
@@ -107,10 +107,12 @@ def logloss(label: npt.NDArray[np.float32], logit: npt.NDArray[np.float64]) -> f
 
 
 class Progress:
-    """A one-line progress bar on stderr."""
+    """A one-line progress bar on stderr, drawn only when stderr is a
+    terminal (a log file gets the phase lines alone, no carriage returns)."""
 
     def __init__(self, total: int, quiet: bool) -> None:
-        self.total, self.quiet, self.t0 = total, quiet, time.perf_counter()
+        self.total, self.t0 = total, time.perf_counter()
+        self.quiet = quiet or not sys.stderr.isatty()
 
     def update(self, done: int, samples: int, loss: float) -> None:
         if self.quiet:
@@ -238,6 +240,12 @@ def run(
     test_samples: int,
     dtype: str = "float32",
 ) -> dict[str, float]:
+
+    def say(text: str) -> None:
+        if not quiet:
+            phase(text)
+
+    say(f"generating {samples:,} training and {test_samples:,} held-out samples")
     t0 = time.perf_counter()
     train = make_data(samples, seed)
     test = make_data(test_samples, seed + 1)
@@ -252,6 +260,7 @@ def run(
     coll = embstore.Collection({f"C{f + 1}": table for f in range(FIELDS)})
     model: NumpyFM | TorchFM = (TorchFM if use_torch else NumpyFM)(coll, k, lr=0.01)
     steps = (samples + batch - 1) // batch
+    say(f"training: {steps:,} steps of {batch:,} samples ({'torch' if use_torch else 'NumPy'})")
     bar = Progress(steps, quiet)
     losses: list[float] = []
     t1 = time.perf_counter()
@@ -261,6 +270,7 @@ def run(
         if (i + 1) % 10 == 0 or i + 1 == steps:
             bar.update(i + 1, sl.stop, float(np.mean(losses[-10:])))
     train_s = time.perf_counter() - t1
+    say(f"evaluating on {test_samples:,} held-out samples")
     scores = np.concatenate(
         [
             model.logits(test.keys[j : j + 65536], test.dense[j : j + 65536], train=False)[0]
@@ -284,28 +294,30 @@ def run(
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(
-        prog="python -m embstore demo",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+    p = Parser("python -m embstore demo", __doc__)
+    p.add_argument("--samples", type=positive_int, default=2_000_000, help="training samples")
+    p.add_argument("--test-samples", type=positive_int, default=200_000, help="held-out samples")
+    p.add_argument("--batch", type=positive_int, default=4096, help="samples per training step")
+    p.add_argument("--k", type=positive_int, default=8, help="FM factor size (row dim is k + 1)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the data and of the table")
+    p.add_argument(
+        "--torch", action="store_true", help="train the torch nn.Module version (needs torch)"
     )
-    p.add_argument("--samples", type=int, default=2_000_000, help="training samples")
-    p.add_argument("--test-samples", type=int, default=200_000, help="held-out samples")
-    p.add_argument("--batch", type=int, default=4096)
-    p.add_argument("--k", type=int, default=8, help="FM factor size (row dim is k + 1)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--torch", action="store_true", help="train the torch nn.Module version")
     p.add_argument(
         "--dtype",
         default="float32",
         choices=["float32", "float16", "bfloat16"],
         help="row storage dtype of the embedding table",
     )
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument(
+        "--quiet",
+        action="store_true",
+        help="print only the results (no phase lines, no progress bar); the bar is drawn "
+        "only when stderr is a terminal",
+    )
     a = p.parse_args(argv)
-    for name in ("samples", "test_samples", "batch", "k"):
-        if getattr(a, name) < 1:
-            p.error(f"--{name.replace('_', '-')}: expected a positive integer")
+    if a.torch:
+        require(p, "torch", "torch", "--torch")
     r = run(a.samples, a.batch, a.k, a.torch, a.seed, a.quiet, a.test_samples, a.dtype)
     print(
         f"model: FM (k={a.k}) in {'torch' if a.torch else 'NumPy'}; embeddings in embstore "

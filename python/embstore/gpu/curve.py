@@ -13,7 +13,6 @@ Two curves per size ``c``:
 
 from __future__ import annotations
 
-import argparse
 import os
 from dataclasses import dataclass
 from typing import Any
@@ -22,6 +21,7 @@ import numpy as np
 import numpy.typing as npt
 
 from embstore import _convert, _core
+from embstore._cli import Parser, positive_int, require
 from embstore._deps import install_hint
 
 __all__ = ["CacheCurve", "cache_curve", "main"]
@@ -43,9 +43,9 @@ class CacheCurve:
             f"{'rows':>12} {'% of keys':>10} {'LRU hit rate':>13} {'static top-k':>13}",
         ]
         for c, lru, st in zip(self.sizes, self.lru, self.static, strict=True):
-            lines.append(
-                f"{c:>12,} {100 * c / max(1, self.distinct):>9.3f}% {lru:>13.4f} {st:>13.4f}"
-            )
+            # A cache larger than the distinct keys holds all of them: 100%.
+            share = 100 * min(int(c), self.distinct) / max(1, self.distinct)
+            lines.append(f"{c:>12,} {share:>9.3f}% {lru:>13.4f} {st:>13.4f}")
         return "\n".join(lines)
 
     def plot(self, path: str | os.PathLike[str]) -> None:
@@ -98,20 +98,34 @@ def cache_curve(keys: Any, sizes: Any = None) -> CacheCurve:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(
-        prog="python -m embstore cache-curve",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    p = Parser("python -m embstore cache-curve", __doc__)
     p.add_argument("keys", help="a .npy file of integer keys in access order (no pickles)")
-    p.add_argument("--sizes", type=int, nargs="+", help="cache sizes in rows")
+    p.add_argument(
+        "--sizes",
+        type=positive_int,
+        nargs="+",
+        help="cache sizes in rows (default: 12 sizes from 0.01%% to 100%% of the distinct keys)",
+    )
     p.add_argument("--png", help="also draw the curves to this image file (needs matplotlib)")
     a = p.parse_args(argv)
+    if a.png:
+        require(p, "matplotlib", "plot", "--png")
+        if not os.path.isdir(os.path.dirname(os.path.abspath(a.png))):
+            p.error(f"--png: the directory of {a.png!r} does not exist")
     try:
         keys = np.load(a.keys, allow_pickle=False)
-    except (OSError, ValueError) as e:
-        p.error(f"cannot read {a.keys}: {e}")
-    curve = cache_curve(np.ravel(keys), a.sizes)
+    except (OSError, ValueError, EOFError) as e:
+        p.error(f"keys: cannot read {a.keys} as a .npy file: {e}")
+    if not isinstance(keys, np.ndarray):
+        p.error(f"keys: {a.keys} is an .npz archive; expected one .npy array")
+    if not np.issubdtype(keys.dtype, np.integer):
+        p.error(f"keys: {a.keys} holds {keys.dtype} values; expected integer keys")
+    if keys.size == 0:
+        p.error(f"keys: {a.keys} holds no keys; expected a non-empty key stream")
+    try:
+        curve = cache_curve(np.ravel(keys), a.sizes)
+    except (TypeError, ValueError, OverflowError) as e:
+        p.error(str(e))
     print(curve.table())
     if a.png:
         curve.plot(a.png)
