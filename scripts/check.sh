@@ -13,17 +13,19 @@ for comp in rustfmt clippy; do
   fi
 done
 
-echo "== cargo fmt --check"
+step() { echo "== $1 [${SECONDS} s into check.sh]"; }
+step "cargo fmt --check"
 cargo fmt --all -- --check
-echo "== cargo clippy -D warnings"
+step "cargo clippy -D warnings"
 cargo clippy --workspace --all-targets -- -D warnings
-echo "== cargo test"
+step "cargo test"
 cargo test --workspace
-echo "== ruff"
+step "ruff"
 ruff check python tests benches
 ruff format --check python tests benches
-echo "== mypy (package) and stubtest (native module against _core.pyi)"
+step "mypy (package) and stubtest (native module against _core.pyi)"
 python -m mypy
 python -m mypy.stubtest embstore._core --allowlist .mypy-stubtest-allowlist
-echo "== pytest"
+step "pytest"
 python -m pytest -q -p no:randomly "$@"
+step "done"

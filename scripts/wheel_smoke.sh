@@ -2,14 +2,16 @@
 # Installs a built wheel into a fresh virtual environment whose PATH has no
 # Rust toolchain (nothing can be compiled there) and runs, as written, every
 # install command that README.md and the library's ImportError hints name,
-# each followed by the example it enables:
+# each followed by the example it enables (tests/test_readme.py checks that
+# every README command is here or in .ci/run):
 #   pip install dist/embstore-*.whl                  -> the README's quick example
 #   pip install "$(ls dist/embstore-*.whl)[torch]"   -> the README's torch example
 #   pip install <each hint of embstore._deps.EXTRAS> -> mpi: the README's MPI
 #     script under mpirun; plot: cache-curve --png; gpu: cupy imports and
 #     DeviceCache(xp=cupy) refuses this GPU-less machine with one clear error
-# then, in a second fresh venv (with cargo), the checkout form
-#   pip install ".[mpi]"                             -> mpi4py imports
+# then, in the same venv with cargo back on PATH, the checkout forms
+#   pip install ., ".[mpi]", ".[plot]", ".[mpi,plot]", ".[gpu]", ".[torch]"
+#     (the forms README.md and the hints name) -> they import
 # Usage: bash scripts/wheel_smoke.sh WHEEL   (run from anywhere)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -34,27 +36,29 @@ wheel_extra_cmd=$(grep -o 'pip install "$(ls dist/embstore-\*.whl)\[torch\]"' RE
 (
   # PATH without cargo/rustc: only the venv and the system's own directories.
   export PATH="$venv/bin:/usr/local/bin:/usr/bin:/bin"
-  export PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_ROOT_USER_ACTION=ignore
+  export PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_ROOT_USER_ACTION=ignore PIP_QUIET=1
   if command -v cargo >/dev/null || command -v rustc >/dev/null; then
     echo "wheel_smoke: a Rust toolchain is still on PATH" >&2
     exit 1
   fi
   set -x
-  pip install -q "$wheel"
+  # The README's commands run where they say: in a directory whose dist/
+  # holds the wheel.
+  mkdir -p "$work/w/dist" && cp "$wheel" "$work/w/dist/"
+  cd "$work/w"
+  pip install dist/embstore-*.whl
   (cd "$work" && python -c "$quick")
   python -c "import embstore, sys; print('wheel:', embstore.__version__, embstore.Table(4).simd, sys.version.split()[0])"
 
-  # The README's wheel-with-extras form, run from a directory whose dist/
-  # holds the wheel, then the README's torch example.
-  mkdir -p "$work/w/dist" && cp "$wheel" "$work/w/dist/"
-  (cd "$work/w" && eval "$wheel_extra_cmd -q")
+  # The README's wheel-with-extras form, then the README's torch example.
+  eval "$wheel_extra_cmd"
   (cd "$work" && python -c "$torch_example")
 
   # Each hint the library prints for a missing optional dependency.
-  for extra in mpi plot gpu; do
+  for extra in torch mpi plot gpu; do
     hint=$(python -c "from embstore._deps import EXTRAS; print(EXTRAS['$extra'])")
     # shellcheck disable=SC2086  # the hint is a list of package names
-    pip install -q $hint
+    pip install $hint
   done
   printf '%s\n' "$mpi_example" > "$work/train.py"
   (cd "$work" && OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 RAYON_NUM_THREADS=1 \
@@ -76,15 +80,23 @@ else:
 PY
 )
 
-# The checkout form of an extra, in a second fresh venv (this one builds
-# from source, so cargo stays on PATH; the build reuses target/).
-venv2=$work/venv2
-python -m venv "$venv2"
+# The checkout forms, in the same venv with the Rust toolchain back on PATH
+# (they build from source; the builds reuse target/). torch is already
+# there from the wheel's [torch], so ".[torch]" downloads nothing again.
 (
-  export PATH="$venv2/bin:$PATH" PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_ROOT_USER_ACTION=ignore
+  export PATH="$venv/bin:$PATH" PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_ROOT_USER_ACTION=ignore
+  export PIP_QUIET=1
   set -x
-  cd "$repo" && pip install -q ".[mpi]"
-  cd "$work" && python -c "import embstore, mpi4py.MPI; print('checkout install with [mpi]:', embstore.__version__)"
+  cd "$repo"
+  pip install .
+  pip install ".[mpi]"
+  pip install ".[plot]"
+  pip install ".[mpi,plot]"
+  pip install ".[gpu]"
+  pip install ".[torch]"
+  cd "$work"
+  python -c "import embstore, mpi4py.MPI, matplotlib, cupy, torch; print('checkout install with every extra:', embstore.__version__)"
+  python -c "$torch_example"
 )
 rm -rf "$work"
 echo "wheel smoke test passed"

@@ -93,3 +93,38 @@ def test_readme_mpi_example_runs_under_mpirun(tmp_path: pathlib.Path) -> None:
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert (tmp_path / "ckpt" / "manifest.json").exists()
+
+
+def test_every_readme_install_command_is_run_by_ci() -> None:
+    """Each `pip install ...` the README names is run as written by CI:
+    .ci/run, scripts/wheel_smoke.sh (fresh venvs), or, for the hints of
+    embstore._deps.EXTRAS, by the smoke script's loop over them."""
+    from embstore._deps import EXTRAS
+
+    text = README.read_text()
+    commands = {
+        m.split("&&")[0].strip()
+        for m in re.findall(r"pip install [^`\n]+", text)
+        if "embstore`" not in m
+    }
+    commands.discard("pip install embstore")  # said not to work
+    assert len(commands) >= 10, commands
+    ci = (ROOT / ".ci" / "run").read_text() + (ROOT / "scripts" / "wheel_smoke.sh").read_text()
+    hints = {f"pip install {v}" for v in EXTRAS.values()}
+    missing = sorted(c for c in commands if c not in ci and c not in hints)
+    assert not missing, f"README install commands no CI step runs: {missing}"
+    assert "for extra in torch mpi plot gpu; do" in ci
+    assert set(EXTRAS) == {"torch", "mpi", "plot", "gpu"}
+
+
+def test_every_install_hint_names_commands_ci_runs() -> None:
+    """The ImportError hints name `pip install <packages>` and the checkout
+    form `pip install ".[extra]"`; scripts/wheel_smoke.sh runs both kinds."""
+    from embstore._deps import EXTRAS, install_hint
+
+    smoke = (ROOT / "scripts" / "wheel_smoke.sh").read_text()
+    for extra, packages in EXTRAS.items():
+        hint = install_hint(extra)
+        assert f"pip install {packages}" in hint
+        assert f'pip install ".[{extra}]"' in hint
+        assert f'  pip install ".[{extra}]"\n' in smoke, extra

@@ -1,7 +1,7 @@
 """The main job: train a factorization-machine CTR model on synthetic
 Criteo-like data, with its embeddings in embstore.
 
-    python -m embstore demo            # NumPy model
+    python -m embstore demo            # NumPy model (about 80 s on 2 cores)
     python -m embstore demo --torch    # the same model as a torch nn.Module
 
 Data: 26 categorical fields of Zipf-distributed ids from vocabularies of 10
