@@ -61,6 +61,12 @@ OPTIMIZERS = [
     optim.Adam(lr=0.05),
     optim.AdamW(lr=0.05, weight_decay=0.1),
     optim.Ftrl(lr=0.1, l1=0.01, l2=0.01, beta=0.5),
+    # coupled weight decay (g + weight_decay * w) on every optimizer that has it
+    optim.SGD(lr=0.1, weight_decay=0.2),
+    optim.Adagrad(lr=0.1, initial_accumulator_value=0.1, weight_decay=0.2),
+    optim.RowWiseAdagrad(lr=0.1, weight_decay=0.2),
+    optim.Adam(lr=0.05, weight_decay=0.2),
+    optim.Ftrl(lr=0.1, l1=0.01, l2=0.01, beta=0.5, weight_decay=0.2),
 ]
 DIM = 5
 

@@ -4,6 +4,13 @@ Each is a frozen configuration; the table runs the update natively, on the
 rows a batch touches only ("lazy"), after summing the gradients of repeated
 keys (one update per distinct key per step). Formulas are those of DESIGN.md
 and of the named reference implementation.
+
+``weight_decay`` (SGD, Adagrad, RowWiseAdagrad, Adam, Ftrl) is coupled L2
+regularisation as torch's ``weight_decay`` (or a Keras embedding
+regularizer ``l2(weight_decay / 2)``): a touched row's summed gradient
+becomes ``g + weight_decay * w`` before the update; rows a batch does not
+touch do not decay. AdamW's ``weight_decay`` is decoupled, as in
+torch.optim.AdamW.
 """
 
 from __future__ import annotations
@@ -24,9 +31,10 @@ class Optimizer(NativeConfig):
 
 @dataclass(frozen=True)
 class SGD(Optimizer):
-    """``w -= lr * g``. No state."""
+    """``w -= lr * (g + weight_decay * w)``. No state."""
 
     lr: float
+    weight_decay: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -36,6 +44,7 @@ class Adagrad(Optimizer):
     lr: float
     initial_accumulator_value: float = 0.0
     eps: float = 1e-10
+    weight_decay: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -47,16 +56,19 @@ class RowWiseAdagrad(Optimizer):
 
     lr: float
     eps: float = 1e-10
+    weight_decay: float = 0.0
 
 
 @dataclass(frozen=True)
 class Adam(Optimizer):
-    """torch.optim.SparseAdam. State ``exp_avg[dim], exp_avg_sq[dim]``."""
+    """torch.optim.SparseAdam (with ``weight_decay``: torch.optim.Adam's coupled
+    L2 on the touched rows). State ``exp_avg[dim], exp_avg_sq[dim]``."""
 
     lr: float = 1e-3
     beta1: float = 0.9
     beta2: float = 0.999
     eps: float = 1e-8
+    weight_decay: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -83,3 +95,4 @@ class Ftrl(Optimizer):
     l2: float = 0.0
     beta: float = 0.0
     initial_accumulator_value: float = 0.1
+    weight_decay: float = 0.0

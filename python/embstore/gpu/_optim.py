@@ -25,6 +25,9 @@ def step(
         return xp.asarray(x, dtype=xp.float32)
 
     t = min(t, 2**31 - 1)
+    decay = 0.0 if isinstance(opt, optim.AdamW) else float(getattr(opt, "weight_decay", 0.0))
+    if decay != 0.0:  # coupled L2, as the core: g + weight_decay * w
+        g = g + f32(decay) * w
     if isinstance(opt, optim.SGD):
         return w - f32(opt.lr) * g, st
     if isinstance(opt, optim.RowWiseAdagrad):

@@ -17,6 +17,7 @@ fn main() {
         beta1: 0.9,
         beta2: 0.999,
         eps: 1e-8,
+        weight_decay: 0.0,
     });
     let t = Table::new(cfg).unwrap();
     let all: Vec<i64> = (0..vocab).collect();

@@ -5,6 +5,11 @@
 //! torch.optim.SparseAdam (which coalesces) and FBGEMM's exact optimizers do.
 //! Rows that a batch does not touch do not change ("lazy" updates). The step
 //! counter `t` is the table's, incremented once per `apply_gradients` call.
+//!
+//! `weight_decay` of SGD, Adagrad, RowWiseAdagrad, Adam and Ftrl is coupled
+//! L2, as torch's `weight_decay`: the summed gradient of a touched row
+//! becomes `g + weight_decay * w` before the update (untouched rows do not
+//! decay). AdamW's `weight_decay` is decoupled, as torch.optim.AdamW's.
 
 use std::collections::BTreeMap;
 
@@ -18,6 +23,8 @@ pub enum Optimizer {
     Sgd {
         /// Learning rate.
         lr: f64,
+        /// Coupled L2: `g += weight_decay * w` first.
+        weight_decay: f64,
     },
     /// torch.optim.Adagrad. State `h[dim]`.
     Adagrad {
@@ -27,6 +34,8 @@ pub enum Optimizer {
         initial_accumulator_value: f64,
         /// Added to `sqrt(h)`.
         eps: f64,
+        /// Coupled L2: `g += weight_decay * w` first.
+        weight_decay: f64,
     },
     /// FBGEMM's row-wise Adagrad. State: one float `h` per row.
     RowWiseAdagrad {
@@ -34,6 +43,8 @@ pub enum Optimizer {
         lr: f64,
         /// Added to `sqrt(h)`.
         eps: f64,
+        /// Coupled L2: `g += weight_decay * w` first.
+        weight_decay: f64,
     },
     /// torch.optim.SparseAdam. State `m[dim], v[dim]`.
     Adam {
@@ -45,6 +56,8 @@ pub enum Optimizer {
         beta2: f64,
         /// Added to `sqrt(v)`.
         eps: f64,
+        /// Coupled L2: `g += weight_decay * w` first.
+        weight_decay: f64,
     },
     /// torch.optim.AdamW applied to touched rows only. State `m[dim], v[dim]`.
     AdamW {
@@ -72,6 +85,8 @@ pub enum Optimizer {
         beta: f64,
         /// Starting value of `n`.
         initial_accumulator_value: f64,
+        /// Coupled L2: `g += weight_decay * w` first.
+        weight_decay: f64,
     },
 }
 
@@ -123,24 +138,29 @@ impl Optimizer {
     /// # Errors
     /// An unknown name, a missing required parameter or a bad value.
     pub fn from_named(name: &str, p: &BTreeMap<String, f64>) -> Result<Optimizer> {
+        let wd = || param(p, "weight_decay", Some(0.0));
         let opt = match name {
             "SGD" => Optimizer::Sgd {
                 lr: param(p, "lr", None)?,
+                weight_decay: wd()?,
             },
             "Adagrad" => Optimizer::Adagrad {
                 lr: param(p, "lr", None)?,
                 initial_accumulator_value: param(p, "initial_accumulator_value", Some(0.0))?,
                 eps: param(p, "eps", Some(1e-10))?,
+                weight_decay: wd()?,
             },
             "RowWiseAdagrad" => Optimizer::RowWiseAdagrad {
                 lr: param(p, "lr", None)?,
                 eps: param(p, "eps", Some(1e-10))?,
+                weight_decay: wd()?,
             },
             "Adam" => Optimizer::Adam {
                 lr: param(p, "lr", Some(1e-3))?,
                 beta1: param(p, "beta1", Some(0.9))?,
                 beta2: param(p, "beta2", Some(0.999))?,
                 eps: param(p, "eps", Some(1e-8))?,
+                weight_decay: wd()?,
             },
             "AdamW" => Optimizer::AdamW {
                 lr: param(p, "lr", Some(1e-3))?,
@@ -155,6 +175,7 @@ impl Optimizer {
                 l2: param(p, "l2", Some(0.0))?,
                 beta: param(p, "beta", Some(0.0))?,
                 initial_accumulator_value: param(p, "initial_accumulator_value", Some(0.1))?,
+                weight_decay: wd()?,
             },
             other => {
                 return Err(invalid(
@@ -172,23 +193,36 @@ impl Optimizer {
     /// The name and every parameter, the inverse of [`Optimizer::from_named`].
     pub fn to_named(&self) -> (&'static str, BTreeMap<String, f64>) {
         let p: Vec<(&str, f64)> = match *self {
-            Optimizer::Sgd { lr } => vec![("lr", lr)],
+            Optimizer::Sgd { lr, weight_decay } => vec![("lr", lr), ("weight_decay", weight_decay)],
             Optimizer::Adagrad {
                 lr,
                 initial_accumulator_value,
                 eps,
+                weight_decay,
             } => vec![
                 ("lr", lr),
                 ("initial_accumulator_value", initial_accumulator_value),
                 ("eps", eps),
+                ("weight_decay", weight_decay),
             ],
-            Optimizer::RowWiseAdagrad { lr, eps } => vec![("lr", lr), ("eps", eps)],
+            Optimizer::RowWiseAdagrad {
+                lr,
+                eps,
+                weight_decay,
+            } => vec![("lr", lr), ("eps", eps), ("weight_decay", weight_decay)],
             Optimizer::Adam {
                 lr,
                 beta1,
                 beta2,
                 eps,
-            } => vec![("lr", lr), ("beta1", beta1), ("beta2", beta2), ("eps", eps)],
+                weight_decay,
+            } => vec![
+                ("lr", lr),
+                ("beta1", beta1),
+                ("beta2", beta2),
+                ("eps", eps),
+                ("weight_decay", weight_decay),
+            ],
             Optimizer::AdamW {
                 lr,
                 beta1,
@@ -208,12 +242,14 @@ impl Optimizer {
                 l2,
                 beta,
                 initial_accumulator_value,
+                weight_decay,
             } => vec![
                 ("lr", lr),
                 ("l1", l1),
                 ("l2", l2),
                 ("beta", beta),
                 ("initial_accumulator_value", initial_accumulator_value),
+                ("weight_decay", weight_decay),
             ],
         };
         (
@@ -259,12 +295,19 @@ impl Optimizer {
         let lr_ok = |lr: f64| check("lr", lr, lr > 0.0, "a finite lr > 0");
         let eps_ok = |e: f64| check("eps", e, e >= 0.0, "a finite eps >= 0");
         let beta_ok = |arg, b: f64| check(arg, b, (0.0..1.0).contains(&b), "0 <= beta < 1");
+        check(
+            "weight_decay",
+            self.coupled_decay(),
+            self.coupled_decay() >= 0.0,
+            "a finite weight_decay >= 0",
+        )?;
         match *self {
-            Optimizer::Sgd { lr } => lr_ok(lr),
+            Optimizer::Sgd { lr, .. } => lr_ok(lr),
             Optimizer::Adagrad {
                 lr,
                 initial_accumulator_value,
                 eps,
+                ..
             } => {
                 lr_ok(lr)?;
                 check(
@@ -275,7 +318,7 @@ impl Optimizer {
                 )?;
                 eps_ok(eps)
             }
-            Optimizer::RowWiseAdagrad { lr, eps } => {
+            Optimizer::RowWiseAdagrad { lr, eps, .. } => {
                 lr_ok(lr)?;
                 eps_ok(eps)
             }
@@ -284,6 +327,7 @@ impl Optimizer {
                 beta1,
                 beta2,
                 eps,
+                ..
             } => {
                 lr_ok(lr)?;
                 beta_ok("beta1", beta1)?;
@@ -314,6 +358,7 @@ impl Optimizer {
                 l2,
                 beta,
                 initial_accumulator_value,
+                ..
             } => {
                 lr_ok(lr)?;
                 check("l1", l1, l1 >= 0.0, "a finite l1 >= 0")?;
@@ -326,6 +371,31 @@ impl Optimizer {
                     "a finite value > 0",
                 )
             }
+        }
+    }
+
+    /// The coupled L2 strength (`g += weight_decay * w` before the update);
+    /// 0 for AdamW, whose decay is decoupled and part of its step.
+    pub fn coupled_decay(&self) -> f64 {
+        match *self {
+            Optimizer::Sgd { weight_decay, .. }
+            | Optimizer::Adagrad { weight_decay, .. }
+            | Optimizer::RowWiseAdagrad { weight_decay, .. }
+            | Optimizer::Adam { weight_decay, .. }
+            | Optimizer::Ftrl { weight_decay, .. } => weight_decay,
+            Optimizer::AdamW { .. } => 0.0,
+        }
+    }
+
+    /// The parameter names optimizer `name` takes (empty for an unknown name).
+    pub fn param_names(name: &str) -> &'static [&'static str] {
+        match name {
+            "SGD" => &["lr", "weight_decay"],
+            "Adagrad" => &["lr", "initial_accumulator_value", "eps", "weight_decay"],
+            "RowWiseAdagrad" => &["lr", "eps", "weight_decay"],
+            "Adam" | "AdamW" => &["lr", "beta1", "beta2", "eps", "weight_decay"],
+            "Ftrl" => &["lr", "l1", "l2", "beta", "initial_accumulator_value", "weight_decay"],
+            _ => &[],
         }
     }
 
@@ -352,9 +422,9 @@ impl Optimizer {
     pub fn step_consts(&self, t: u64) -> StepConsts {
         let t = t.min(i32::MAX as u64) as i32;
         match *self {
-            Optimizer::Sgd { lr } => StepConsts::Sgd(lr as f32),
+            Optimizer::Sgd { lr, .. } => StepConsts::Sgd(lr as f32),
             Optimizer::Adagrad { lr, eps, .. } => StepConsts::Adagrad(lr as f32, eps as f32),
-            Optimizer::RowWiseAdagrad { lr, eps } => {
+            Optimizer::RowWiseAdagrad { lr, eps, .. } => {
                 StepConsts::RowWiseAdagrad(lr as f32, eps as f32)
             }
             Optimizer::Adam {
@@ -362,6 +432,7 @@ impl Optimizer {
                 beta1,
                 beta2,
                 eps,
+                ..
             } => {
                 let bc1 = 1.0 - beta1.powi(t);
                 let bc2 = 1.0 - beta2.powi(t);

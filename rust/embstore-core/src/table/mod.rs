@@ -1527,6 +1527,7 @@ impl Table {
         let (dim, ww) = (self.dim, self.wwords);
         let t = at.unwrap_or_else(|| self.step.fetch_add(1, Ordering::AcqRel) + 1);
         let consts = opt.step_consts(t);
+        let wd = opt.coupled_decay() as f32;
         let backend = self.backend;
         let save_gen = self.generation();
         let track = self.policy.tracks();
@@ -1567,6 +1568,7 @@ impl Table {
             pairs.sort_unstable();
             let mut acc = vec![0.0f32; dim];
             let mut wtmp = vec![0.0f32; if compact { dim } else { 0 }];
+            let mut decayed = vec![0.0f32; if wd != 0.0 { dim } else { 0 }];
             let mut j = 0;
             // Gradient rows are random reads, and rows (in ascending order)
             // skip: keep loads of both in flight for the pairs a little
@@ -1605,7 +1607,11 @@ impl Table {
                 }
                 let (w, state) = g.arena.row_mut(r).split_at_mut(ww);
                 if compact {
-                    self.apply_compact(&consts, w, state, gsum, &mut wtmp);
+                    self.apply_compact(&consts, w, state, gsum, &mut wtmp, wd, &mut decayed);
+                } else if wd != 0.0 {
+                    decayed.copy_from_slice(gsum);
+                    backend.axpy(&mut decayed, wd, w);
+                    consts.apply(backend, w, state, &decayed);
                 } else {
                     consts.apply(backend, w, state, gsum);
                 }
@@ -1629,9 +1635,17 @@ impl Table {
         state: &mut [f32],
         gsum: &[f32],
         wtmp: &mut [f32],
+        wd: f32,
+        decayed: &mut [f32],
     ) {
         self.policy.format.decode(w, wtmp);
-        consts.apply(self.backend, wtmp, state, gsum);
+        if wd != 0.0 {
+            decayed.copy_from_slice(gsum);
+            self.backend.axpy(decayed, wd, wtmp);
+            consts.apply(self.backend, wtmp, state, decayed);
+        } else {
+            consts.apply(self.backend, wtmp, state, gsum);
+        }
         // A row saturates at the format's largest value instead of
         // becoming inf.
         let most = self.policy.format.max_finite();
