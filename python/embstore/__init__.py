@@ -13,6 +13,7 @@ from embstore._core import output_buffer_stats as _output_buffer_stats
 from embstore.collection import Collection
 from embstore.exceptions import CheckpointError, EmbstoreError
 from embstore.store import Table
+from embstore.strings import hash_keys
 
 __all__ = [
     "CheckpointError",
@@ -21,6 +22,7 @@ __all__ = [
     "Table",
     "__version__",
     "free_output_buffers",
+    "hash_keys",
     "init",
     "optim",
     "output_buffers",

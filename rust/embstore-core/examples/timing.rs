@@ -13,7 +13,7 @@ fn main() {
             beta1: 0.9,
             beta2: 0.999,
             eps: 1e-8,
-        weight_decay: 0.0,
+            weight_decay: 0.0,
         }),
     ] {
         let mut cfg = TableConfig::new(64);

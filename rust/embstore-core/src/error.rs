@@ -96,7 +96,7 @@ pub(crate) fn ckpt_err(path: impl AsRef<std::path::Path>, msg: impl Into<String>
 }
 
 /// Shorthand for [`StoreError::OutOfMemory`].
-pub(crate) fn oom(arg: &'static str, bytes: impl TryInto<u128>) -> StoreError {
+pub fn oom(arg: &'static str, bytes: impl TryInto<u128>) -> StoreError {
     StoreError::OutOfMemory {
         arg,
         bytes: bytes.try_into().unwrap_or(u128::MAX),

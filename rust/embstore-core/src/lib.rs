@@ -65,6 +65,7 @@ pub mod optim;
 pub mod partition;
 pub mod policy;
 pub mod simd;
+pub mod strings;
 pub mod table;
 
 pub use error::{Result, StoreError};

@@ -11,7 +11,10 @@ const DIM: usize = 5;
 
 fn table(num_shards: usize) -> Table {
     let mut cfg = TableConfig::new(DIM);
-    cfg.optimizer = Some(Optimizer::Sgd { lr: 0.5, weight_decay: 0.0 });
+    cfg.optimizer = Some(Optimizer::Sgd {
+        lr: 0.5,
+        weight_decay: 0.0,
+    });
     cfg.seed = 11;
     cfg.num_shards = Some(num_shards);
     Table::new(cfg).unwrap()

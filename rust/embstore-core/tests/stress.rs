@@ -14,7 +14,10 @@ const DIM: usize = 16;
 
 fn table() -> Arc<Table> {
     let mut cfg = TableConfig::new(DIM);
-    cfg.optimizer = Some(Optimizer::Sgd { lr: 1.0, weight_decay: 0.0 });
+    cfg.optimizer = Some(Optimizer::Sgd {
+        lr: 1.0,
+        weight_decay: 0.0,
+    });
     cfg.initializer = Initializer::Zeros;
     cfg.num_shards = Some(4);
     Arc::new(Table::new(cfg).unwrap())

@@ -8,6 +8,7 @@ mod distributed;
 mod error;
 mod outbuf;
 mod store;
+mod strings;
 
 use pyo3::prelude::*;
 
@@ -30,6 +31,8 @@ mod _core {
     use crate::error::{CheckpointError, EmbstoreError};
     #[pymodule_export]
     use crate::store::{PyProgress, PyTable, load_table, verify_checkpoint};
+    #[pymodule_export]
+    use crate::strings::{hash_fixed_bytes, hash_objects, hash_ucs4};
 
     /// Names of the SIMD backends this CPU supports, scalar first.
     #[pyfunction]

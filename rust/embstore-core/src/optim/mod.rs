@@ -394,7 +394,14 @@ impl Optimizer {
             "Adagrad" => &["lr", "initial_accumulator_value", "eps", "weight_decay"],
             "RowWiseAdagrad" => &["lr", "eps", "weight_decay"],
             "Adam" | "AdamW" => &["lr", "beta1", "beta2", "eps", "weight_decay"],
-            "Ftrl" => &["lr", "l1", "l2", "beta", "initial_accumulator_value", "weight_decay"],
+            "Ftrl" => &[
+                "lr",
+                "l1",
+                "l2",
+                "beta",
+                "initial_accumulator_value",
+                "weight_decay",
+            ],
             _ => &[],
         }
     }
