@@ -41,4 +41,51 @@ def test_demo_command_prints_its_report() -> None:
     )
     for what in ("held-out AUC", "samples/s", "table:", "train loss"):
         assert what in out.stdout
-    assert "step 13/13" in out.stderr, "progress bar"
+    # stderr is a pipe here: phase lines, no bar (tests/test_cli.py)
+    assert "training: 13 steps of 4,096 samples" in out.stderr
+    assert "\r" not in out.stderr
+
+
+def test_demo_draws_its_progress_bar_on_a_terminal() -> None:
+    """On a terminal (a pseudo-terminal here) the demo draws its bar."""
+    import os
+    import pty
+
+    leader, follower = pty.openpty()
+    try:
+        proc = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "embstore",
+                "demo",
+                "--samples",
+                "50000",
+                "--test-samples",
+                "20000",
+            ],
+            stdout=subprocess.PIPE,
+            stderr=follower,
+            text=True,
+            timeout=300,
+            check=True,
+        )
+        os.close(follower)
+        follower = -1
+        chunks = []
+        while True:
+            try:
+                data = os.read(leader, 65536)
+            except OSError:  # EIO: the terminal's other end is closed
+                break
+            if not data:
+                break
+            chunks.append(data)
+    finally:
+        if follower >= 0:
+            os.close(follower)
+        os.close(leader)
+    tty_err = b"".join(chunks).decode()
+    assert "held-out AUC" in proc.stdout
+    assert "step 13/13" in tty_err, tty_err[-500:]
+    assert "\r[" in tty_err

@@ -64,7 +64,7 @@ pub fn hash_fixed_bytes<'py>(
     let d = data
         .as_slice()
         .map_err(|_| PyValueError::new_err("values: expected a contiguous array"))?;
-    let n = if width == 0 { 0 } else { d.len() / width };
+    let n = d.len().checked_div(width).unwrap_or(0);
     if width != 0 && d.len() % width != 0 {
         return Err(PyValueError::new_err(
             "values: data is not a whole number of values",

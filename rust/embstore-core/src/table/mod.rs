@@ -1567,8 +1567,13 @@ impl Table {
             };
             pairs.sort_unstable();
             let mut acc = vec![0.0f32; dim];
+            // Scratch rows: a 16-bit row decoded, a gradient plus its decay.
             let mut wtmp = vec![0.0f32; if compact { dim } else { 0 }];
             let mut decayed = vec![0.0f32; if wd != 0.0 { dim } else { 0 }];
+            let mut decay = Decay {
+                wd,
+                g: &mut decayed,
+            };
             let mut j = 0;
             // Gradient rows are random reads, and rows (in ascending order)
             // skip: keep loads of both in flight for the pairs a little
@@ -1607,13 +1612,10 @@ impl Table {
                 }
                 let (w, state) = g.arena.row_mut(r).split_at_mut(ww);
                 if compact {
-                    self.apply_compact(&consts, w, state, gsum, &mut wtmp, wd, &mut decayed);
-                } else if wd != 0.0 {
-                    decayed.copy_from_slice(gsum);
-                    backend.axpy(&mut decayed, wd, w);
-                    consts.apply(backend, w, state, &decayed);
+                    self.apply_compact(&consts, w, state, gsum, &mut wtmp, &mut decay);
                 } else {
-                    consts.apply(backend, w, state, gsum);
+                    let g = decay.of(backend, gsum, w);
+                    consts.apply(backend, w, state, g);
                 }
                 j = end;
             }
@@ -1635,17 +1637,11 @@ impl Table {
         state: &mut [f32],
         gsum: &[f32],
         wtmp: &mut [f32],
-        wd: f32,
-        decayed: &mut [f32],
+        decay: &mut Decay<'_>,
     ) {
         self.policy.format.decode(w, wtmp);
-        if wd != 0.0 {
-            decayed.copy_from_slice(gsum);
-            self.backend.axpy(decayed, wd, wtmp);
-            consts.apply(self.backend, wtmp, state, decayed);
-        } else {
-            consts.apply(self.backend, wtmp, state, gsum);
-        }
+        let g = decay.of(self.backend, gsum, wtmp);
+        consts.apply(self.backend, wtmp, state, g);
         // A row saturates at the format's largest value instead of
         // becoming inf.
         let most = self.policy.format.max_finite();
@@ -1932,3 +1928,24 @@ struct SharedBools(*mut bool);
 unsafe impl Sync for SharedBools {}
 // SAFETY: as for `Sync`.
 unsafe impl Send for SharedBools {}
+
+/// Coupled weight decay of one step: the gradient a row's update sees is
+/// `g + wd * w` ([`crate::optim::Optimizer::coupled_decay`]).
+struct Decay<'a> {
+    wd: f32,
+    /// Scratch of `dim` floats (empty when `wd` is 0).
+    g: &'a mut [f32],
+}
+
+impl Decay<'_> {
+    /// The gradient to apply to row `w` whose summed gradient is `gsum`.
+    #[inline]
+    fn of<'s>(&'s mut self, backend: Backend, gsum: &'s [f32], w: &[f32]) -> &'s [f32] {
+        if self.wd == 0.0 {
+            return gsum;
+        }
+        self.g.copy_from_slice(gsum);
+        backend.axpy(self.g, self.wd, w);
+        self.g
+    }
+}
