@@ -298,3 +298,32 @@ def test_collection_bad_input_changes_nothing(rng: np.random.Generator) -> None:
     with pytest.raises(ValueError, match=r"^combiner: expected one of"):
         embstore.Collection({"a": t}, combiner="max")
     assert_same(before, snapshot(t))
+
+
+def test_collection_plain_ids_mean_one_id_per_sample() -> None:
+    """A feature given as 1-D ids equals (ids, arange(n + 1)): forward and step."""
+    from embstore import optim
+
+    def make() -> embstore.Collection:
+        user = embstore.Table(4, optimizer=optim.Adagrad(lr=0.1), seed=1)
+        item = embstore.Table(4, optimizer=optim.Adagrad(lr=0.1), seed=2)
+        return embstore.Collection({"user": user, "item": item, "hist": item})
+
+    users, items = np.array([1, 2, 2]), [7, 8, 9]
+    hist = (np.array([7, 7, 5, 9]), np.array([0, 2, 3, 4]))
+    csr = {"user": (users, np.arange(4)), "item": (np.array(items), np.arange(4)), "hist": hist}
+    plain = {"user": users, "item": items, "hist": hist}
+    a, b = make(), make()
+    np.testing.assert_array_equal(a.lookup_pooled(csr), b.lookup_pooled(plain))
+    g = np.linspace(-1, 1, 36, dtype=np.float32).reshape(3, 12)
+    a.apply_pooled_gradients(csr, g)
+    b.apply_pooled_gradients(plain, g)
+    for name in ("user", "item"):
+        ka, ra = a.tables[name].export()
+        kb, rb = b.tables[name].export()
+        np.testing.assert_array_equal(ka, kb)
+        np.testing.assert_array_equal(ra, rb)
+    with pytest.raises(ValueError, match=r"batch\['user'\] ids: expected a 1-D"):
+        b.lookup_pooled({**plain, "user": np.ones((3, 2), np.int64)})
+    with pytest.raises(ValueError, match=r"batch\['item'\] offsets: expected batch size 2"):
+        b.lookup_pooled({**plain, "user": [1, 2]})  # the first feature sets the batch size

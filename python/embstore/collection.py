@@ -9,12 +9,29 @@ import numpy as np
 import numpy.typing as npt
 
 from embstore import _core
-from embstore._convert import as_bags, as_rows, check_bool, check_combiner
+from embstore._convert import as_bags, as_keys, as_rows, check_bool, check_combiner
 from embstore.store import Table
 
 __all__ = ["Collection"]
 
-Batch = Mapping[str, tuple[Any, ...]]
+#: Feature name -> ``ids`` (1-D, one id per sample), ``(ids, offsets)`` or
+#: ``(ids, offsets, weights)`` (CSR bags as :meth:`Table.lookup_pooled`).
+Batch = Mapping[str, Any]
+
+
+def feature_entry(name: str, entry: Any) -> tuple[Any, ...]:
+    """One feature of a batch as ``(ids, offsets[, weights])``: plain ids
+    (any 1-D array or list, not a tuple) mean one id per sample, offsets
+    ``0, 1, ..., n``."""
+    if not isinstance(entry, tuple):
+        one = as_keys(entry, f"batch[{name!r}] ids")
+        return one, np.arange(one.shape[0] + 1, dtype=np.int64)
+    if len(entry) not in (2, 3):
+        raise ValueError(
+            f"batch[{name!r}]: expected ids (one per sample), (ids, offsets) or "
+            "(ids, offsets, weights)"
+        )
+    return entry
 
 
 class Collection:
@@ -81,7 +98,7 @@ class Collection:
     def _args(self, batch: Batch) -> tuple[list[Any], list[Any], list[Any], list[Any], int]:
         if not isinstance(batch, Mapping):
             raise TypeError(
-                f"batch: expected a mapping of feature -> (ids, offsets[, weights]), "
+                f"batch: expected a mapping of feature -> ids or (ids, offsets[, weights]), "
                 f"got {type(batch).__name__}"
             )
         missing = [n for n in self._features if n not in batch]
@@ -93,11 +110,7 @@ class Collection:
         ids, offsets, weights = [], [], []
         size = None
         for name in self._features:
-            entry = batch[name]
-            if not isinstance(entry, tuple) or len(entry) not in (2, 3):
-                raise ValueError(
-                    f"batch[{name!r}]: expected (ids, offsets) or (ids, offsets, weights)"
-                )
+            entry = feature_entry(name, batch[name])
             i, o, w, _ = as_bags(
                 entry[0],
                 entry[1],
@@ -123,7 +136,8 @@ class Collection:
     def lookup_pooled(self, batch: Batch, *, insert: bool = True) -> npt.NDArray[np.float32]:
         """Pooled rows of every feature: float32 ``(batch, sum of dims)``.
 
-        ``batch`` maps each feature name to ``(ids, offsets)`` or
+        ``batch`` maps each feature name to its ids, 1-D with one id per
+        sample (a plain array or list), or to ``(ids, offsets)`` or
         ``(ids, offsets, weights)`` in the CSR form of
         :meth:`Table.lookup_pooled`; every feature has the same batch size.
         """

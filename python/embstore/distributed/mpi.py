@@ -32,6 +32,7 @@ import numpy.typing as npt
 from embstore import _core
 from embstore._convert import as_bags, as_keys, as_rows, check_bool, check_combiner
 from embstore._deps import require
+from embstore.collection import feature_entry
 from embstore.exceptions import CheckpointError
 from embstore.store import Table
 
@@ -659,7 +660,7 @@ class Collection:
     def dim(self) -> int:
         return sum(t.dim for t in self._features.values())
 
-    def _prep(self, batch: Mapping[str, tuple[Any, ...]]) -> dict[str, Any]:
+    def _prep(self, batch: Mapping[str, Any]) -> dict[str, Any]:
         if set(batch) != set(self._features):
             raise ValueError(f"batch: expected features {self.features}, got {sorted(batch)}")
         out: dict[str, Any] = {}
@@ -668,7 +669,7 @@ class Collection:
             table = self._features[group[0]]
             parts = {}
             for name in group:
-                entry = batch[name]
+                entry = feature_entry(name, batch[name])
                 w = entry[2] if len(entry) == 3 else None
                 i, o, w_, c, b, _, _ = table._bags(entry[0], entry[1], w, self._combiners[name])
                 if size is None:

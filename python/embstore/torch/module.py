@@ -167,8 +167,11 @@ class EmbeddingCollection(nn.Module):
             )
         self.collection = collection
 
-    def forward(self, batch: Mapping[str, tuple[Any, ...]]) -> torch.Tensor:
-        host = {name: tuple(_np(x) for x in entry) for name, entry in batch.items()}
+    def forward(self, batch: Mapping[str, Any]) -> torch.Tensor:
+        host = {
+            name: _np(entry) if not isinstance(entry, tuple) else tuple(_np(x) for x in entry)
+            for name, entry in batch.items()
+        }
         out: torch.Tensor = _CollectionPooled.apply(_anchor(), self.collection, host, self.training)
         return out
 
