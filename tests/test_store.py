@@ -177,3 +177,50 @@ def test_integer_key_dtypes_are_widened() -> None:
     assert table.lookup([]).shape == (0, 2)
     # A non-contiguous view is accepted.
     np.testing.assert_array_equal(table.lookup(np.array([1, 9, 2, 9, 3])[::2]), ref)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_missing_keys_read_as_the_given_default(dtype: str) -> None:
+    """default= of non-inserting lookups: "init" (the initializer's row),
+    "zeros" or a given row; present keys read their own row; nothing stored."""
+    t = embstore.Table(4, optimizer=optim.SGD(lr=0.5), seed=3, dtype=dtype)
+    t.assign([1], np.full((1, 4), 2.0))
+    keys = np.array([1, 99, 1, 77])
+    init_rows = embstore.Table(4, seed=3, dtype=dtype).lookup([99, 77], insert=False)
+    got = t.lookup(keys, insert=False)
+    np.testing.assert_array_equal(got[[1, 3]], init_rows)
+    zeros = t.lookup(keys, insert=False, default="zeros")
+    np.testing.assert_array_equal(zeros[[0, 2]], np.full((2, 4), 2.0))
+    np.testing.assert_array_equal(zeros[[1, 3]], np.zeros((2, 4)))
+    row = np.array([0.5, -1.0, 0.25, 3.0])
+    given = t.lookup(keys, insert=False, default=row)
+    np.testing.assert_array_equal(given[[1, 3]], np.stack([row, row]))
+    assert len(t) == 1 and t.stats()["inserts"] == 1
+    # pooled: a missing id pools as the default (sum of 2.0-row and the default)
+    pooled = t.lookup_pooled([1, 99], [0, 2], insert=False, default=row)
+    np.testing.assert_array_equal(pooled[0], 2.0 + row)
+    pooled0 = t.lookup_pooled([1, 99], [0, 2], insert=False, default="zeros", combiner="mean")
+    np.testing.assert_array_equal(pooled0[0], np.full(4, 1.0))
+    # a Collection takes "init" or "zeros"
+    c = embstore.Collection({"a": t, "b": t})
+    out = c.lookup_pooled({"a": [1, 99], "b": [99, 1]}, insert=False, default="zeros")
+    np.testing.assert_array_equal(out, [[2, 2, 2, 2, 0, 0, 0, 0], [0, 0, 0, 0, 2, 2, 2, 2]])
+    assert len(t) == 1
+
+
+@pytest.mark.parametrize(
+    ("default", "error", "match"),
+    [
+        ("mean", ValueError, 'default: expected "init", "zeros" or a row'),
+        ([1.0, 2.0], ValueError, "default: expected .* a row of 4 floats, got shape \\(2,\\)"),
+        ([1.0, 2.0, np.nan, 0.0], ValueError, "default: expected finite values"),
+        (["a", "b", "c", "d"], ValueError, "default: .* got dtype <U1"),
+    ],
+)
+def test_bad_default_is_refused(default: object, error: type[Exception], match: str) -> None:
+    t = embstore.Table(4)
+    with pytest.raises(error, match=match):
+        t.lookup([1], insert=False, default=default)  # type: ignore[arg-type]
+    with pytest.raises((TypeError, ValueError), match="default"):
+        embstore.Collection({"a": t}).lookup_pooled({"a": [1]}, default=np.zeros(4))  # type: ignore[arg-type]
+    assert len(t) == 0

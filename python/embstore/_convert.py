@@ -8,7 +8,7 @@ before any native call, so a refused call changes nothing.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal, TypeAlias
 
 import numpy as np
 import numpy.typing as npt
@@ -154,3 +154,29 @@ class NativeConfig:
 
     def _native(self) -> tuple[str, dict[str, float]]:
         return type(self).__name__, {k: float(v) for k, v in asdict(self).items()}
+
+
+#: A lookup's value for keys without a row: "init", "zeros" or a row.
+Default: TypeAlias = 'Literal["init", "zeros"] | npt.ArrayLike'
+
+
+def check_default(default: Any, dim: int | None) -> tuple[str, npt.NDArray[np.float32] | None]:
+    """``(mode, row)`` of a lookup's ``default``: "init", "zeros", or a row of
+    ``dim`` finite floats (``dim=None``: only the two names)."""
+    if isinstance(default, str):
+        if default in ("init", "zeros"):
+            return default, None
+        raise ValueError(f'default: expected "init", "zeros" or a row of floats, got {default!r}')
+    if dim is None:
+        raise TypeError(f'default: expected "init" or "zeros" here, got {type(default).__name__}')
+    row = np.asarray(default)
+    if row.dtype.kind not in "iuf" or row.shape != (dim,):
+        raise ValueError(
+            f'default: expected "init", "zeros" or a row of {dim} floats, got '
+            f"{'shape ' + str(row.shape) if row.dtype.kind in 'iuf' else 'dtype ' + str(row.dtype)}"
+        )
+    with np.errstate(over="ignore"):
+        r = np.ascontiguousarray(row, dtype=np.float32)
+    if not np.isfinite(r).all():
+        raise ValueError("default: expected finite values (as float32)")
+    return "row", r

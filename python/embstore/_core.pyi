@@ -49,7 +49,11 @@ class Table:
     def state_names(self) -> list[str]: ...
     def __len__(self) -> int: ...
     def lookup(
-        self, keys: npt.NDArray[np.int64], insert: bool = True
+        self,
+        keys: npt.NDArray[np.int64],
+        insert: bool = True,
+        missing: str = "init",
+        default_row: npt.NDArray[np.float32] | None = None,
     ) -> npt.NDArray[np.float32]: ...
     def lookup_pooled(
         self,
@@ -58,6 +62,8 @@ class Table:
         weights: npt.NDArray[np.float32] | None = None,
         combiner: str = "sum",
         insert: bool = True,
+        missing: str = "init",
+        default_row: npt.NDArray[np.float32] | None = None,
     ) -> npt.NDArray[np.float32]: ...
     def apply_pooled_gradients(
         self,
@@ -137,6 +143,7 @@ def collection_lookup_pooled(
     combiners: list[str],
     insert: bool = True,
     names: list[str] | None = None,
+    missing: str = "init",
 ) -> npt.NDArray[np.float32]: ...
 def collection_apply_pooled_gradients(
     tables: list[Table],

@@ -9,7 +9,14 @@ import numpy as np
 import numpy.typing as npt
 
 from embstore import _core
-from embstore._convert import as_bags, as_keys, as_rows, check_bool, check_combiner
+from embstore._convert import (
+    as_bags,
+    as_keys,
+    as_rows,
+    check_bool,
+    check_combiner,
+    check_default,
+)
 from embstore.store import Table
 
 __all__ = ["Collection"]
@@ -133,14 +140,19 @@ class Collection:
     def _inners(self) -> list[Any]:
         return [t._inner for t in self._features.values()]
 
-    def lookup_pooled(self, batch: Batch, *, insert: bool = True) -> npt.NDArray[np.float32]:
+    def lookup_pooled(
+        self, batch: Batch, *, insert: bool = True, default: str = "init"
+    ) -> npt.NDArray[np.float32]:
         """Pooled rows of every feature: float32 ``(batch, sum of dims)``.
 
         ``batch`` maps each feature name to its ids, 1-D with one id per
         sample (a plain array or list), or to ``(ids, offsets)`` or
         ``(ids, offsets, weights)`` in the CSR form of
         :meth:`Table.lookup_pooled`; every feature has the same batch size.
+        ``default`` is what an id without a row pools as: "init" (the
+        initializer's row) or "zeros".
         """
+        mode, _ = check_default(default, None)
         ids, offsets, weights, combiners, _ = self._args(batch)
         return _core.collection_lookup_pooled(
             self._inners(),
@@ -150,6 +162,7 @@ class Collection:
             combiners,
             check_bool("insert", insert),
             self.features,
+            mode,
         )
 
     def apply_pooled_gradients(self, batch: Batch, grads: Any) -> None:

@@ -10,7 +10,15 @@ import numpy as np
 import numpy.typing as npt
 
 from embstore import _core, init, optim, policy
-from embstore._convert import as_bags, as_keys, as_rows, check_bool, check_int
+from embstore._convert import (
+    Default,
+    as_bags,
+    as_keys,
+    as_rows,
+    check_bool,
+    check_default,
+    check_int,
+)
 from embstore._progress import run_with_progress
 from embstore.init import Initializer, Uniform
 from embstore.optim import Optimizer
@@ -225,16 +233,26 @@ class Table:
 
     # -- batch protocol ------------------------------------------------------
 
-    def lookup(self, keys: Any, *, insert: bool = True) -> npt.NDArray[np.float32]:
+    def lookup(
+        self, keys: Any, *, insert: bool = True, default: Default = "init"
+    ) -> npt.NDArray[np.float32]:
         """Rows of ``keys (n,)`` as float32 ``(n, dim)``.
 
         With ``insert=True`` a missing key gets a row from the initializer
         (unless the table has an admission filter: then only gradient calls
-        admit keys); with ``insert=False`` (serving) it gets the
-        initializer's row and nothing is stored.
+        admit keys); with ``insert=False`` (serving) nothing is stored.
+
+        ``default`` is what a key that has no row (and gets none) reads as:
+        ``"init"`` the row the initializer would give it (the default),
+        ``"zeros"``, or a given row (``dim`` finite floats), e.g. the mean
+        row for unseen ids at evaluation.
         """
         k = as_keys(keys)
-        return self._inner.lookup(k, check_bool("insert", insert))
+        mode, row = self._default(default)
+        return self._inner.lookup(k, check_bool("insert", insert), mode, row)
+
+    def _default(self, default: Default) -> tuple[str, npt.NDArray[np.float32] | None]:
+        return check_default(default, self.dim)
 
     def contains(self, keys: Any) -> npt.NDArray[np.bool_]:
         """Whether each of ``keys (n,)`` has a row: bool ``(n,)``."""
@@ -289,6 +307,7 @@ class Table:
         combiner: str = "sum",
         weights: Any = None,
         insert: bool = True,
+        default: Default = "init",
     ) -> npt.NDArray[np.float32]:
         """Pooled rows of bags: float32 ``(batch, dim)``.
 
@@ -297,10 +316,12 @@ class Table:
         starts at 0, never decreases and ends at ``len(ids)``. ``combiner`` is
         "sum" (sum of w*x), "mean" (sum of w*x over sum of w) or "sqrtn" (sum
         of w*x over sqrt of sum of w**2); ``weights (nnz,)`` are optional
-        per-id weights (1 without). An empty bag pools to zeros.
+        per-id weights (1 without). An empty bag pools to zeros. ``default``
+        is what an id without a row pools as (see :meth:`lookup`).
         """
         i, o, w, c = as_bags(ids, offsets, weights, combiner)
-        return self._inner.lookup_pooled(i, o, w, c, check_bool("insert", insert))
+        mode, row = self._default(default)
+        return self._inner.lookup_pooled(i, o, w, c, check_bool("insert", insert), mode, row)
 
     def apply_pooled_gradients(
         self,

@@ -6,7 +6,7 @@
 use rayon::prelude::*;
 
 use crate::error::{Result, StoreError, invalid};
-use crate::table::{Bags, SharedOut, Table, check_finite_max, check_len};
+use crate::table::{Bags, Missing, SharedOut, Table, check_finite_max, check_len};
 
 /// One feature of a grouped call: its table and its bags.
 #[derive(Debug, Clone, Copy)]
@@ -70,6 +70,27 @@ fn groups<'a>(features: &[Feature<'a>]) -> Vec<(&'a Table, Vec<usize>)> {
 /// # Errors
 /// Bad CSR input, differing batch sizes, a wrong `out` length; nothing changed.
 pub fn lookup_pooled(features: &[Feature<'_>], insert: bool, out: &mut [f32]) -> Result<()> {
+    lookup_pooled_or(features, insert, Missing::Init, out)
+}
+
+/// [`lookup_pooled`] whose ids without a row (not inserted) pool `missing`
+/// ([`Missing::Init`] or [`Missing::Zeros`]: the features' tables may differ
+/// in width, so a given row is refused).
+///
+/// # Errors
+/// As [`lookup_pooled`]; a [`Missing::Row`].
+pub fn lookup_pooled_or(
+    features: &[Feature<'_>],
+    insert: bool,
+    missing: Missing<'_>,
+    out: &mut [f32],
+) -> Result<()> {
+    if let Missing::Row(_) = missing {
+        return Err(invalid(
+            "default",
+            "a Collection takes \"init\" or \"zeros\" (its tables may differ in width)",
+        ));
+    }
     let (batch, total) = check(features)?;
     check_len("out", batch * total, out.len())?;
     let cols = columns(features);
@@ -90,7 +111,7 @@ pub fn lookup_pooled(features: &[Feature<'_>], insert: bool, out: &mut [f32]) ->
                 .iter()
                 .map(|&fi| (features[fi].bags, cols[fi]))
                 .collect();
-            table.lookup_pooled_in(&feats, insert, shared)
+            table.lookup_pooled_in(&feats, insert, missing, shared)
         })
         .collect::<Result<Vec<()>>>()?;
     if insert {

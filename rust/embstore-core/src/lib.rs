@@ -73,4 +73,4 @@ pub use init::Initializer;
 pub use optim::Optimizer;
 pub use policy::{Admission, Eviction, Policy, RowFormat};
 pub use simd::Backend;
-pub use table::{Bags, Combiner, Stats, Table, TableConfig};
+pub use table::{Bags, Combiner, Missing, Stats, Table, TableConfig};

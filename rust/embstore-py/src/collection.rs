@@ -57,7 +57,7 @@ fn zip<'a>(tables: &'a [Arc<Table>], bags: &[Bags<'a>]) -> Vec<Feature<'a>> {
 
 /// Pooled rows of every feature side by side: (batch, sum of dims).
 #[pyfunction]
-#[pyo3(signature = (tables, ids, offsets, weights, combiners, insert=true, names=None))]
+#[pyo3(signature = (tables, ids, offsets, weights, combiners, insert=true, names=None, missing="init"))]
 #[allow(clippy::too_many_arguments)]
 pub fn collection_lookup_pooled<'py>(
     py: Python<'py>,
@@ -68,7 +68,9 @@ pub fn collection_lookup_pooled<'py>(
     combiners: Vec<String>,
     insert: bool,
     names: Option<Vec<String>>,
+    missing: &str,
 ) -> PyResult<Bound<'py, PyArray2<f32>>> {
+    let missing = crate::convert::missing(missing, None)?;
     let tables: Vec<Arc<Table>> = tables.iter().map(|t| t.inner.clone()).collect();
     let bags = features(
         &tables,
@@ -85,7 +87,7 @@ pub fn collection_lookup_pooled<'py>(
         let mut rw = out.readwrite();
         let dst = rw.as_slice_mut()?;
         let feats = zip(&tables, &bags);
-        py.enter_store(|| collection::lookup_pooled(&feats, insert, dst))?;
+        py.enter_store(|| collection::lookup_pooled_or(&feats, insert, missing, dst))?;
     }
     Ok(out)
 }

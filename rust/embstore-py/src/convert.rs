@@ -8,7 +8,8 @@ use std::sync::{Arc, OnceLock, PoisonError, RwLock, RwLockWriteGuard};
 
 use rayon::{ThreadPool, ThreadPoolBuilder};
 
-use embstore_core::{Admission, Initializer, Optimizer, StoreError};
+use embstore_core::{Admission, Initializer, Missing, Optimizer, StoreError};
+use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
 use crate::error::{PyStoreError, panic_error};
@@ -134,4 +135,17 @@ pub fn initializer(name: &str, p: &HashMap<String, f64>) -> PyResult<Initializer
 pub fn admission(name: &str, p: &HashMap<String, f64>) -> PyResult<Admission> {
     let p: Vec<(String, f64)> = p.iter().map(|(k, v)| (k.clone(), *v)).collect();
     Ok(Admission::from_named(name, &p).map_err(PyStoreError)?)
+}
+
+/// A lookup's default for keys without a row: "init", "zeros" or "row" (then
+/// `row` holds it).
+pub fn missing<'a>(mode: &str, row: Option<&'a [f32]>) -> PyResult<Missing<'a>> {
+    match (mode, row) {
+        ("init", None) => Ok(Missing::Init),
+        ("zeros", None) => Ok(Missing::Zeros),
+        ("row", Some(r)) => Ok(Missing::Row(r)),
+        _ => Err(PyValueError::new_err(format!(
+            "default: expected \"init\", \"zeros\" or a row of dim floats, got {mode:?}"
+        ))),
+    }
 }

@@ -291,25 +291,35 @@ impl PyTable {
         Ok(out.into_pyarray(py))
     }
 
-    #[pyo3(signature = (keys, insert=true))]
+    #[pyo3(signature = (keys, insert=true, missing="init", default_row=None))]
     fn lookup<'py>(
         &self,
         py: Python<'py>,
         keys: PyReadonlyArray1<'py, i64>,
         insert: bool,
+        missing: &str,
+        default_row: Option<PyReadonlyArray1<'py, f32>>,
     ) -> PyResult<Bound<'py, PyArray2<f32>>> {
         let k = slice(&keys, "keys")?;
+        let row = default_row
+            .as_ref()
+            .map(|r| slice(r, "default"))
+            .transpose()?;
+        let missing = crate::convert::missing(missing, row)?;
         let table = &self.inner;
         let out = crate::outbuf::array2(py, k.len(), table.dim(), "keys")?;
         {
             let mut rw = out.readwrite();
             let dst = rw.as_slice_mut()?;
-            py.enter_store(|| table.lookup(k, insert, dst))?;
+            py.enter_store(|| table.lookup_or(k, insert, missing, dst))?;
         }
         Ok(out)
     }
 
-    #[pyo3(signature = (ids, offsets, weights=None, combiner="sum", insert=true))]
+    #[pyo3(signature = (
+        ids, offsets, weights=None, combiner="sum", insert=true, missing="init", default_row=None
+    ))]
+    #[allow(clippy::too_many_arguments)]
     fn lookup_pooled<'py>(
         &self,
         py: Python<'py>,
@@ -318,14 +328,21 @@ impl PyTable {
         weights: Option<PyReadonlyArray1<'py, f32>>,
         combiner: &str,
         insert: bool,
+        missing: &str,
+        default_row: Option<PyReadonlyArray1<'py, f32>>,
     ) -> PyResult<Bound<'py, PyArray2<f32>>> {
         let b = bags(&ids, &offsets, weights.as_ref(), combiner)?;
+        let row = default_row
+            .as_ref()
+            .map(|r| slice(r, "default"))
+            .transpose()?;
+        let missing = crate::convert::missing(missing, row)?;
         let table = &self.inner;
         let out = crate::outbuf::array2(py, b.batch(), table.dim(), "offsets")?;
         {
             let mut rw = out.readwrite();
             let dst = rw.as_slice_mut()?;
-            py.enter_store(|| table.lookup_pooled(&b, insert, dst))?;
+            py.enter_store(|| table.lookup_pooled_or(&b, insert, missing, dst))?;
         }
         Ok(out)
     }

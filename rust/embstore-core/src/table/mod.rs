@@ -29,6 +29,19 @@ use crate::simd::{Backend, copy_streaming, prefetch, stream_fence};
 pub use pooled::{Bags, Combiner, pool_rows, spread_pooled};
 use shard::Shard;
 
+/// What a lookup returns for a key that has no row and gets none.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub enum Missing<'a> {
+    /// The row the initializer would give the key (a pure function of
+    /// seed, key and column), as before a first training step.
+    #[default]
+    Init,
+    /// Zeros (serving: an unknown id contributes nothing to a sum).
+    Zeros,
+    /// This row (`dim` floats).
+    Row(&'a [f32]),
+}
+
 /// Outputs at least this large are written with non-temporal stores
 /// ([`SharedOut::streams`]).
 pub(crate) const STREAM_MIN_BYTES: usize = 8 << 20;
@@ -714,13 +727,32 @@ impl Table {
         }
     }
 
-    /// The row a missing key would get, as a lookup returns it (rounded to
-    /// the row format), into `dst` (`dim` floats).
+    /// What a lookup returns for a key without a row, into `dst` (`dim`
+    /// floats): the row the key would get (rounded to the row format), zeros
+    /// or the caller's default row.
     #[inline]
-    fn fill_missing(&self, key: i64, dst: &mut [f32]) {
-        self.initializer
-            .fill_with(self.backend, self.seed, key, dst);
-        self.policy.format.round(dst);
+    pub(crate) fn fill_missing(&self, key: i64, dst: &mut [f32], missing: Missing<'_>) {
+        match missing {
+            Missing::Init => {
+                self.initializer
+                    .fill_with(self.backend, self.seed, key, dst);
+                self.policy.format.round(dst);
+            }
+            Missing::Zeros => dst.fill(0.0),
+            Missing::Row(row) => dst.copy_from_slice(row),
+        }
+    }
+
+    /// Checks a lookup's default for missing keys: a given row has `dim`
+    /// finite floats.
+    pub(crate) fn check_missing(&self, missing: Missing<'_>) -> Result<()> {
+        if let Missing::Row(row) = missing {
+            check_len("default", self.dim, row.len())?;
+            if row.iter().any(|v| !v.is_finite()) {
+                return Err(invalid("default", "expected finite values"));
+            }
+        }
+        Ok(())
     }
 
     /// Writes the weights of arena row `row` (all its words) to `dst`.
@@ -932,7 +964,24 @@ impl Table {
     /// # Errors
     /// `ShapeMismatch` when `out` has the wrong length.
     pub fn lookup(&self, keys: &[i64], insert: bool, out: &mut [f32]) -> Result<()> {
+        self.lookup_or(keys, insert, Missing::Init, out)
+    }
+
+    /// [`Table::lookup`] whose keys without a row (not inserted) read as
+    /// `missing` instead of the initializer's row.
+    ///
+    /// # Errors
+    /// `ShapeMismatch` when `out` or a default row has the wrong length; a
+    /// non-finite default row.
+    pub fn lookup_or(
+        &self,
+        keys: &[i64],
+        insert: bool,
+        missing: Missing<'_>,
+        out: &mut [f32],
+    ) -> Result<()> {
         Self::check_batch(keys)?;
+        self.check_missing(missing)?;
         let dim = self.dim;
         check_len("out", keys.len() * dim, out.len())?;
         let plan = self.plan(keys);
@@ -940,7 +989,7 @@ impl Table {
         let _gate = self.lookup_changes(insert).then(|| self.enter());
         let found = self.found();
         self.lookup_rows(keys, &plan, insert, Some(&found), |g, pos, rows| {
-            self.copy_rows(&g.arena, keys, pos, rows, out);
+            self.copy_rows(&g.arena, keys, pos, rows, out, missing);
         })?;
         self.remember(plan, found);
         if insert {
@@ -1018,7 +1067,7 @@ impl Table {
         let st_out = SharedOut::new(state, sl);
         let _gate = self.lookup_changes(insert).then(|| self.enter());
         self.lookup_rows(keys, &plan, insert, None, |g, pos, rows| {
-            self.copy_rows(&g.arena, keys, pos, rows, out);
+            self.copy_rows(&g.arena, keys, pos, rows, out, Missing::Init);
             if sl == 0 {
                 return;
             }
@@ -1143,6 +1192,7 @@ impl Table {
         pos: &[u32],
         rows: &[u32],
         out: SharedOut,
+        missing: Missing<'_>,
     ) {
         let (dim, ww) = (self.dim, self.wwords);
         // The row format is matched once per call, not per row.
@@ -1159,7 +1209,7 @@ impl Table {
                 if rows[j] != u32::MAX {
                     decode(arena.row(rows[j] as usize), dst);
                 } else {
-                    self.fill_missing(keys[i], dst);
+                    self.fill_missing(keys[i], dst, missing);
                 }
             }
         };

@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use rayon::prelude::*;
 
-use super::{PREFETCH_AHEAD, SharedOut, Table, check_finite, check_finite_max, check_len};
+use super::{Missing, PREFETCH_AHEAD, SharedOut, Table, check_finite, check_finite_max, check_len};
 use crate::error::{Result, invalid};
 use crate::simd::{copy_streaming, prefetch, stream_fence};
 
@@ -162,10 +162,31 @@ impl Table {
     /// # Errors
     /// Bad CSR input or a wrong `out` length; nothing changed.
     pub fn lookup_pooled(&self, bags: &Bags<'_>, insert: bool, out: &mut [f32]) -> Result<()> {
+        self.lookup_pooled_or(bags, insert, Missing::Init, out)
+    }
+
+    /// [`Table::lookup_pooled`] whose ids without a row (not inserted) pool
+    /// `missing` instead of the initializer's row.
+    ///
+    /// # Errors
+    /// Bad CSR input, a wrong `out` length or a bad default row; nothing changed.
+    pub fn lookup_pooled_or(
+        &self,
+        bags: &Bags<'_>,
+        insert: bool,
+        missing: Missing<'_>,
+        out: &mut [f32],
+    ) -> Result<()> {
         bags.validate()?;
+        self.check_missing(missing)?;
         check_len("out", bags.batch() * self.dim, out.len())?;
         let _gate = self.lookup_changes(insert).then(|| self.enter());
-        self.lookup_pooled_in(&[(*bags, 0)], insert, SharedOut::new(out, self.dim))?;
+        self.lookup_pooled_in(
+            &[(*bags, 0)],
+            insert,
+            missing,
+            SharedOut::new(out, self.dim),
+        )?;
         if insert {
             self.enforce_capacity();
         }
@@ -181,6 +202,7 @@ impl Table {
         &self,
         feats: &[(Bags<'_>, usize)],
         insert: bool,
+        missing: Missing<'_>,
         out: SharedOut,
     ) -> Result<()> {
         let dim = self.dim;
@@ -269,7 +291,7 @@ impl Table {
                 }
                 let i = i as usize;
                 if r == u32::MAX {
-                    self.fill_missing(ids[i], &mut tmp);
+                    self.fill_missing(ids[i], &mut tmp, missing);
                     emit(i, &tmp);
                 } else {
                     emit(i, self.weights(g.arena.row(r as usize), &mut tmp));
