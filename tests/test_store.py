@@ -195,7 +195,8 @@ def test_missing_keys_read_as_the_given_default(dtype: str) -> None:
     row = np.array([0.5, -1.0, 0.25, 3.0])
     given = t.lookup(keys, insert=False, default=row)
     np.testing.assert_array_equal(given[[1, 3]], np.stack([row, row]))
-    assert len(t) == 1 and t.stats()["inserts"] == 1
+    assert len(t) == 1
+    assert t.stats()["inserts"] == 1
     # pooled: a missing id pools as the default (sum of 2.0-row and the default)
     pooled = t.lookup_pooled([1, 99], [0, 2], insert=False, default=row)
     np.testing.assert_array_equal(pooled[0], 2.0 + row)
