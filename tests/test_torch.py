@@ -97,7 +97,9 @@ def test_torch_model_trains_like_embedding_bag_and_sparse_adam(
 
     head = Head()
     dense = torch.optim.Adam(head.parameters(), lr=0.01)
-    modules = {f: et.EmbeddingBag(t) for f, t in tables.items()}
+    modules = {
+        f: et.EmbeddingBag(t, mode="sum", include_last_offset=True) for f, t in tables.items()
+    }
     coll = et.EmbeddingCollection(embstore.Collection(tables))
     for b in batches:
         if style == "embedding_bag":
@@ -141,7 +143,9 @@ def test_embedding_module_rows_and_gradient_step() -> None:
 def test_modules_refuse_wrong_arguments() -> None:
     with pytest.raises(TypeError, match=r"^table: expected an embstore.Table"):
         et.Embedding("t")  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match=r"^combiner: expected one of"):
+    with pytest.raises(ValueError, match=r'^mode: embstore pools with "sum", "mean" or "sqrtn"'):
         et.EmbeddingBag(embstore.Table(2), combiner="max")
+    with pytest.raises(ValueError, match=r"^combiner: expected one of"):
+        et.EmbeddingBag(embstore.Table(2), mode="median")
     with pytest.raises(TypeError, match=r"^collection: expected an embstore.Collection"):
         et.EmbeddingCollection({})  # type: ignore[arg-type]

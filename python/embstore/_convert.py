@@ -16,14 +16,53 @@ import numpy.typing as npt
 _I64_MAX = np.iinfo(np.int64).max
 
 
+def is_tensor(x: Any) -> bool:
+    """Whether ``x`` is a torch tensor (without importing torch)."""
+    return type(x).__module__.startswith("torch") and hasattr(x, "requires_grad")
+
+
+def host_array(x: Any, arg: str) -> Any:
+    """``x`` as something NumPy reads without copying where it can: a torch
+    tensor on the CPU becomes its NumPy view; one on another device, or one
+    that requires grad, is refused with the argument's name. Anything else
+    is returned as it is."""
+    if not is_tensor(x):
+        return x
+    if x.requires_grad:
+        raise TypeError(
+            f"{arg}: a tensor that requires grad; embstore gives it no gradient: pass "
+            f"{arg}.detach()"
+        )
+    if x.device.type != "cpu":
+        raise TypeError(
+            f"{arg}: a {x.device.type} tensor; embstore tables live in host memory: pass "
+            f"{arg}.cpu() (or put an embstore.gpu.DeviceCache in front of the table)"
+        )
+    if str(x.layout) != "torch.strided":
+        raise TypeError(f"{arg}: expected a dense tensor, got layout {x.layout}")
+    if str(x.dtype) in ("torch.bfloat16", "torch.float16"):
+        return x.float().numpy()
+    return x.numpy()
+
+
+def like(given: Any, out: npt.NDArray[Any]) -> Any:
+    """``out`` as a torch tensor sharing its memory when the caller gave a
+    tensor (``given``), else as it is."""
+    if not is_tensor(given):
+        return out
+    import torch
+
+    return torch.from_numpy(out)
+
+
 def as_keys(keys: Any, arg: str = "keys") -> npt.NDArray[np.int64]:
     """Return ``keys`` as a 1-D C-contiguous int64 array.
 
     Integer arrays of other dtypes are widened. Floats, bools, strings and
     objects raise TypeError; uint64 values above 2**63-1 and arrays that are
-    not 1-D raise ValueError.
+    not 1-D raise ValueError. A CPU torch tensor is read without a copy.
     """
-    arr = np.asarray(keys)
+    arr = np.asarray(host_array(keys, arg))
     if arr.dtype == np.int64 and arr.ndim == 1:
         return np.ascontiguousarray(arr)
     if (
@@ -48,7 +87,7 @@ def as_keys(keys: Any, arg: str = "keys") -> npt.NDArray[np.int64]:
 
 def as_rows(values: Any, n: int, dim: int, arg: str) -> npt.NDArray[np.float32]:
     """Return ``values`` as a C-contiguous float32 array of shape (n, dim)."""
-    arr = np.asarray(values)
+    arr = np.asarray(host_array(values, arg))
     if arr.dtype.kind not in "fiu" or arr.dtype.kind == "b":
         raise TypeError(f"{arg}: expected a float array, got dtype {arr.dtype}")
     if arr.shape != (n, dim):
@@ -65,7 +104,7 @@ def as_weights(weights: Any, n: int) -> npt.NDArray[np.float32] | None:
     """Return per-id weights as a C-contiguous float32 array of shape (n,), or None."""
     if weights is None:
         return None
-    arr = np.asarray(weights)
+    arr = np.asarray(host_array(weights, "weights"))
     if arr.dtype.kind not in "fiu" or arr.dtype.kind == "b":
         raise TypeError(f"weights: expected a float array, got dtype {arr.dtype}")
     if arr.shape != (n,):

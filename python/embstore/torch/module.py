@@ -1,4 +1,13 @@
-"""nn.Modules whose rows live in embstore tables."""
+"""nn.Modules whose rows live in embstore tables.
+
+They follow torch.nn.Embedding / EmbeddingBag's conventions (ids of any
+shape, ``include_last_offset`` either way, 2-D fixed-length bags,
+``per_sample_weights``, ``mode``) and take part in ``state_dict()`` /
+``load_state_dict()``: the tables' keys, rows, optimizer state, step and seed
+travel with the model (see :meth:`embstore.Table.state_dict` for the memory
+cost, and use the tables' own checkpoints for tables that do not fit twice
+in memory).
+"""
 
 from __future__ import annotations
 
@@ -9,19 +18,29 @@ import numpy as np
 import torch
 from torch import nn
 
+from embstore._convert import Default, check_combiner, check_default, host_array
 from embstore.collection import Collection
 from embstore.store import Table
 
 __all__ = ["Embedding", "EmbeddingBag", "EmbeddingCollection"]
 
+_STATE_FIELDS = ("keys", "rows", "state", "step", "seed")
 
-def _np(t: Any) -> Any:
+
+def _np(t: Any, arg: str) -> Any:
     """A torch tensor as a NumPy array of its own (on the host); anything
     else unchanged. A copy, not a view: the backward must see the ids of the
     forward even if the caller reuses (modifies in place) its id tensor in
-    between, as a loader refilling one buffer does."""
+    between, as a loader refilling one buffer does. Ids on a GPU are copied
+    to the host (the output goes back to their device); a tensor that
+    requires grad is refused with the argument's name."""
     if isinstance(t, torch.Tensor):
-        return t.detach().cpu().numpy().copy()
+        if t.requires_grad:
+            raise TypeError(
+                f"{arg}: a tensor that requires grad; embstore gives {arg} no gradient: "
+                f"pass {arg}.detach()"
+            )
+        return host_array(t.detach().cpu(), arg).copy()
     if isinstance(t, np.ndarray):
         return t.copy()
     return t
@@ -34,15 +53,15 @@ def _grad_np(grad: torch.Tensor) -> np.ndarray:
 class _Lookup(torch.autograd.Function):
     @staticmethod
     def forward(
-        ctx: Any, anchor: torch.Tensor, table: Table, ids: np.ndarray, insert: bool
+        ctx: Any, anchor: torch.Tensor, table: Table, ids: np.ndarray, insert: bool, default: Any
     ) -> torch.Tensor:
         ctx.table, ctx.ids = table, ids
-        return torch.from_numpy(table.lookup(ids, insert=insert))
+        return torch.from_numpy(table.lookup(ids, insert=insert, default=default))
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[None, ...]:
         ctx.table.apply_gradients(ctx.ids, _grad_np(grad))
-        return (None,) * 4
+        return (None,) * 5
 
 
 class _LookupPooled(torch.autograd.Function):
@@ -56,10 +75,13 @@ class _LookupPooled(torch.autograd.Function):
         weights: np.ndarray | None,
         combiner: str,
         insert: bool,
+        default: Any,
     ) -> torch.Tensor:
         ctx.args = (table, ids, offsets, weights, combiner)
         return torch.from_numpy(
-            table.lookup_pooled(ids, offsets, combiner=combiner, weights=weights, insert=insert)
+            table.lookup_pooled(
+                ids, offsets, combiner=combiner, weights=weights, insert=insert, default=default
+            )
         )
 
     @staticmethod
@@ -68,7 +90,7 @@ class _LookupPooled(torch.autograd.Function):
         table.apply_pooled_gradients(
             ids, offsets, _grad_np(grad), combiner=combiner, weights=weights
         )
-        return (None,) * 7
+        return (None,) * 8
 
 
 class _CollectionPooled(torch.autograd.Function):
@@ -77,16 +99,17 @@ class _CollectionPooled(torch.autograd.Function):
         ctx: Any,
         anchor: torch.Tensor,
         collection: Collection,
-        batch: dict[str, tuple[Any, ...]],
+        batch: dict[str, Any],
         insert: bool,
+        default: str,
     ) -> torch.Tensor:
         ctx.collection, ctx.batch = collection, batch
-        return torch.from_numpy(collection.lookup_pooled(batch, insert=insert))
+        return torch.from_numpy(collection.lookup_pooled(batch, insert=insert, default=default))
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[None, ...]:
         ctx.collection.apply_pooled_gradients(ctx.batch, _grad_np(grad))
-        return (None,) * 4
+        return (None,) * 5
 
 
 def _anchor() -> torch.Tensor:
@@ -95,84 +118,246 @@ def _anchor() -> torch.Tensor:
     return torch.empty(0, requires_grad=True)
 
 
-class Embedding(nn.Module):
-    """``forward(ids) -> (n, dim)`` rows of ``table``; backward steps the table's optimizer.
+def _device(x: Any) -> torch.device:
+    return x.device if isinstance(x, torch.Tensor) else torch.device("cpu")
+
+
+class _TableState(nn.Module):
+    """State-dict support for modules over embstore tables: each table's
+    :meth:`Table.state_dict` as tensors under ``{prefix}{name}.{field}``."""
+
+    #: Whether state_dict() includes the tables' optimizer state.
+    state_dict_optimizer: bool = True
+
+    def _tables(self) -> dict[str, Table]:
+        raise NotImplementedError
+
+    def _save_to_state_dict(self, destination: Any, prefix: str, keep_vars: bool) -> None:
+        super()._save_to_state_dict(destination, prefix, keep_vars)
+        for name, table in self._tables().items():
+            for field, value in table.state_dict(with_optimizer=self.state_dict_optimizer).items():
+                destination[f"{prefix}{name}.{field}"] = torch.from_numpy(np.asarray(value))
+
+    def _load_from_state_dict(
+        self,
+        state_dict: Any,
+        prefix: str,
+        local_metadata: Any,
+        strict: bool,
+        missing_keys: list[str],
+        unexpected_keys: list[str],
+        error_msgs: list[str],
+    ) -> None:
+        super()._load_from_state_dict(
+            state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
+        )
+        ours = {f"{prefix}{name}.{f}" for name in self._tables() for f in _STATE_FIELDS}
+        unexpected_keys[:] = [k for k in unexpected_keys if k not in ours]
+        for name, table in self._tables().items():
+            entries = {
+                f: state_dict[f"{prefix}{name}.{f}"]
+                for f in _STATE_FIELDS
+                if f"{prefix}{name}.{f}" in state_dict
+            }
+            required = [f for f in ("keys", "rows", "step", "seed") if f not in entries]
+            if required:
+                missing_keys.extend(f"{prefix}{name}.{f}" for f in required)
+                continue
+            try:
+                table.load_state_dict({f: v.detach().cpu().numpy() for f, v in entries.items()})
+            except (TypeError, ValueError) as e:
+                error_msgs.append(f"{prefix}{name}: {e}")
+
+
+class Embedding(_TableState):
+    """``forward(ids) -> (*ids.shape, dim)`` rows of ``table``, as
+    torch.nn.Embedding (ids of any shape); backward steps the table's optimizer.
 
     In training mode a missing id gets a stored row; in eval mode
-    (``module.eval()``) it gets the initializer's row and nothing is stored.
+    (``module.eval()``) nothing is stored and a missing id reads as
+    ``default``: "init" (the row it would get), "zeros" or a given row.
 
     Each backward pass is one optimizer step of the table. Use one module per
     table per forward pass (a Collection shares tables between features).
     """
 
-    def __init__(self, table: Table) -> None:
+    def __init__(self, table: Table, *, default: Default = "init") -> None:
         super().__init__()
         if not isinstance(table, Table):
             raise TypeError(f"table: expected an embstore.Table, got {type(table).__name__}")
+        check_default(default, table.dim)
         self.table = table
+        self.default = default
+
+    def _tables(self) -> dict[str, Table]:
+        return {"table": self.table}
 
     def forward(self, ids: Any) -> torch.Tensor:
-        device = ids.device if isinstance(ids, torch.Tensor) else torch.device("cpu")
-        out: torch.Tensor = _Lookup.apply(_anchor(), self.table, _np(ids), self.training)
-        return out.to(device)
+        host = _np(ids, "ids")
+        shape = np.shape(host)
+        flat = np.reshape(host, -1)
+        out: torch.Tensor = _Lookup.apply(
+            _anchor(), self.table, flat, self.training, "init" if self.training else self.default
+        )
+        return out.view(*shape, self.table.dim).to(_device(ids))
 
     def extra_repr(self) -> str:
         return f"dim={self.table.dim}, rows={len(self.table)}"
 
 
-class EmbeddingBag(nn.Module):
-    """``forward(ids, offsets, per_sample_weights=None) -> (batch, dim)`` pooled rows.
+class EmbeddingBag(_TableState):
+    """``forward(input, offsets=None, per_sample_weights=None) -> (batch, dim)``
+    pooled rows, with torch.nn.EmbeddingBag's conventions:
 
-    CSR input as ``torch.nn.EmbeddingBag(include_last_offset=True)``;
-    ``combiner`` is "sum", "mean" or "sqrtn". ``per_sample_weights`` are
-    constants (they receive no gradient).
+    - ``input`` 2-D ``(batch, L)`` with ``offsets=None``: fixed-length bags;
+    - ``input`` 1-D with ``offsets``: bag ``b`` starts at ``offsets[b]``;
+      with ``include_last_offset=False`` (torch's default) ``offsets`` has
+      one entry per bag, with ``True`` a last entry ``len(input)`` too;
+    - ``mode`` "sum", "mean" (torch's default) or "sqrtn" ("max" is not
+      supported); ``combiner`` is another name for it;
+    - ``per_sample_weights``, the shape of ``input``, are constants (they
+      receive no gradient).
+
+    In eval mode nothing is stored and a missing id pools as ``default``.
     """
 
-    def __init__(self, table: Table, combiner: str = "sum") -> None:
+    def __init__(
+        self,
+        table: Table,
+        mode: str | None = None,
+        *,
+        combiner: str | None = None,
+        include_last_offset: bool = False,
+        default: Default = "init",
+    ) -> None:
         super().__init__()
         if not isinstance(table, Table):
             raise TypeError(f"table: expected an embstore.Table, got {type(table).__name__}")
-        from embstore._convert import check_combiner
-
+        if mode is not None and combiner is not None and mode != combiner:
+            raise ValueError(f"mode: {mode!r} and combiner {combiner!r} disagree; give one")
+        name = mode if mode is not None else combiner if combiner is not None else "mean"
+        if name == "max":
+            raise ValueError(
+                'mode: embstore pools with "sum", "mean" or "sqrtn"; "max" is not supported'
+            )
+        if not isinstance(include_last_offset, bool):
+            raise TypeError("include_last_offset: expected a bool")
+        check_default(default, table.dim)
         self.table = table
-        self.combiner = check_combiner(combiner)
+        self.combiner = check_combiner(name)
+        self.include_last_offset = include_last_offset
+        self.default = default
 
-    def forward(self, ids: Any, offsets: Any, per_sample_weights: Any = None) -> torch.Tensor:
-        device = ids.device if isinstance(ids, torch.Tensor) else torch.device("cpu")
+    @property
+    def mode(self) -> str:
+        return self.combiner
+
+    def _tables(self) -> dict[str, Table]:
+        return {"table": self.table}
+
+    def _csr(self, ids: np.ndarray, offsets: Any) -> tuple[np.ndarray, np.ndarray]:
+        """``(ids, offsets)`` in the table's CSR form (a last offset)."""
+        if offsets is None:
+            if ids.ndim != 2:
+                raise ValueError(
+                    f"input: expected a 2-D (batch, bag length) array when offsets is None, "
+                    f"got shape {ids.shape}"
+                )
+            b, length = ids.shape
+            return ids.reshape(-1), np.arange(b + 1, dtype=np.int64) * length
+        if ids.ndim != 1:
+            raise ValueError(
+                f"offsets: given with {ids.ndim}-D input; 2-D input (fixed-length bags) "
+                "takes offsets=None"
+            )
+        off = np.asarray(offsets)
+        if off.ndim != 1 or off.dtype.kind not in "iu":
+            raise ValueError(f"offsets: expected a 1-D integer array, got {off.dtype} {off.shape}")
+        off = off.astype(np.int64)
+        if not self.include_last_offset:
+            return ids, np.concatenate([off, [ids.shape[0]]])
+        if off.size == 0 or int(off[-1]) != ids.shape[0]:
+            raise ValueError(
+                "offsets: with include_last_offset=True the last offset is len(input) "
+                f"({ids.shape[0]}), got {int(off[-1]) if off.size else 'none'}; offsets "
+                "without a last entry take include_last_offset=False (torch's default)"
+            )
+        return ids, off
+
+    def forward(
+        self, input: Any, offsets: Any = None, per_sample_weights: Any = None
+    ) -> torch.Tensor:
+        given = np.asarray(_np(input, "input"))
+        ids, off = self._csr(given, _np(offsets, "offsets"))
+        w = _np(per_sample_weights, "per_sample_weights")
+        if w is not None:
+            w = np.asarray(w)
+            if w.shape != given.shape:
+                raise ValueError(
+                    f"per_sample_weights: expected the shape of input {given.shape}, got {w.shape}"
+                )
+            w = w.reshape(-1)
         out: torch.Tensor = _LookupPooled.apply(
             _anchor(),
             self.table,
-            _np(ids),
-            _np(offsets),
-            _np(per_sample_weights),
+            ids,
+            off,
+            w,
             self.combiner,
             self.training,
+            "init" if self.training else self.default,
         )
-        return out.to(device)
+        return out.to(_device(input))
 
     def extra_repr(self) -> str:
-        return f"dim={self.table.dim}, combiner={self.combiner!r}"
+        return (
+            f"dim={self.table.dim}, mode={self.combiner!r}, "
+            f"include_last_offset={self.include_last_offset}"
+        )
 
 
-class EmbeddingCollection(nn.Module):
+class EmbeddingCollection(_TableState):
     """``forward(batch) -> (batch, sum of dims)``: every feature of a
     :class:`embstore.Collection` pooled in one native call; backward takes one
-    optimizer step per distinct table."""
+    optimizer step per distinct table. A feature is ``ids`` (one per
+    sample), ``(ids, offsets)`` or ``(ids, offsets, weights)`` as in
+    :meth:`embstore.Collection.lookup_pooled`. In eval mode nothing is stored
+    and a missing id pools as ``default`` ("init" or "zeros")."""
 
-    def __init__(self, collection: Collection) -> None:
+    def __init__(self, collection: Collection, *, default: str = "init") -> None:
         super().__init__()
         if not isinstance(collection, Collection):
             raise TypeError(
                 f"collection: expected an embstore.Collection, got {type(collection).__name__}"
             )
+        check_default(default, None)
         self.collection = collection
+        self.default = default
+
+    def _tables(self) -> dict[str, Table]:
+        # One entry per distinct table, named by its first feature.
+        out: dict[str, Table] = {}
+        seen: set[int] = set()
+        for name, table in self.collection.tables.items():
+            if id(table) not in seen:
+                seen.add(id(table))
+                out[name] = table
+        return out
 
     def forward(self, batch: Mapping[str, Any]) -> torch.Tensor:
         host = {
-            name: _np(entry) if not isinstance(entry, tuple) else tuple(_np(x) for x in entry)
+            name: _np(entry, f"batch[{name!r}]")
+            if not isinstance(entry, tuple)
+            else tuple(_np(x, f"batch[{name!r}]") for x in entry)
             for name, entry in batch.items()
         }
-        out: torch.Tensor = _CollectionPooled.apply(_anchor(), self.collection, host, self.training)
+        out: torch.Tensor = _CollectionPooled.apply(
+            _anchor(),
+            self.collection,
+            host,
+            self.training,
+            "init" if self.training else self.default,
+        )
         return out
 
     def extra_repr(self) -> str:
