@@ -225,3 +225,24 @@ def test_bad_default_is_refused(default: object, error: type[Exception], match: 
     with pytest.raises((TypeError, ValueError), match="default"):
         embstore.Collection({"a": t}).lookup_pooled({"a": [1]}, default=np.zeros(4))  # type: ignore[arg-type]
     assert len(t) == 0
+
+
+def test_default_seeds_differ_between_tables_and_repeat_under_manual_seed() -> None:
+    """Tables built without seed= take 0, 1, 2, ... of a process-wide
+    sequence: two of them start key 5 differently; manual_seed restarts
+    the sequence; an explicit seed gives the same rows every time."""
+    embstore.manual_seed(100)
+    a, b = embstore.Table(8), embstore.Table(8)
+    assert (a.seed, b.seed) == (100, 101)
+    assert not np.array_equal(a.lookup([5], insert=False), b.lookup([5], insert=False))
+    embstore.manual_seed(100)
+    again = embstore.Table(8)
+    np.testing.assert_array_equal(again.lookup([5]), a.lookup([5]))
+    np.testing.assert_array_equal(
+        embstore.Table(8, seed=7).lookup([5]), embstore.Table(8, seed=7).lookup([5])
+    )
+    with pytest.raises(ValueError, match="dim"):
+        embstore.Table(0)  # refused before drawing: the sequence does not move
+    assert embstore.Table(8).seed == 101  # after "again" took 100; seed=7 tables took none
+    with pytest.raises(ValueError, match="seed"):
+        embstore.manual_seed(-1)

@@ -266,3 +266,71 @@ def test_unusable_tensors_are_refused_naming_the_argument(
     with pytest.raises((TypeError, ValueError), match=match):
         call(t)
     assert len(t) == 0
+
+
+class FakeKJT:
+    """A KeyedJaggedTensor's accessors (what torchrec users pass in)."""
+
+    def __init__(
+        self, keys: list[str], values: torch.Tensor, lengths: torch.Tensor, weights: Any = None
+    ) -> None:
+        self._k, self._v, self._l, self._w = keys, values, lengths, weights
+
+    def keys(self) -> list[str]:
+        return self._k
+
+    def values(self) -> torch.Tensor:
+        return self._v
+
+    def lengths(self) -> torch.Tensor:
+        return self._l
+
+    def weights_or_none(self) -> Any:
+        return self._w
+
+    def stride(self) -> int:
+        return len(self._l) // len(self._k)
+
+
+def test_embedding_bag_collection_takes_keyed_jagged_input() -> None:
+    """KJT layout: lengths feature-major ([f0 sample0, f0 sample1, ..., f1
+    sample0, ...]); values in the same order. Output: a KeyedTensor of the
+    collection's features, equal to EmbeddingCollection on the same bags."""
+
+    def make() -> embstore.Collection:
+        a = embstore.Table(DIM, optimizer=optim.Adagrad(lr=0.1), seed=1)
+        b = embstore.Table(3, optimizer=optim.Adagrad(lr=0.1), seed=2)
+        return embstore.Collection({"item": a, "user": b, "hist": a}, combiner="sum")
+
+    # features in the input's order: user, hist, item, extra (ignored); batch 2
+    kjt = FakeKJT(
+        ["user", "hist", "item", "extra"],
+        torch.tensor([10, 11, 5, 6, 7, 8, 20, 21, 99]),
+        torch.tensor([1, 1, 3, 1, 1, 1, 0, 1]),
+        torch.tensor([1.0, 1.0, 0.5, 2.0, 1.0, 1.0, 1.0, 1.0, 1.0]),
+    )
+    bags = {
+        "user": (np.array([10, 11]), np.array([0, 1, 2]), np.array([1.0, 1.0])),
+        "hist": (np.array([5, 6, 7, 8]), np.array([0, 3, 4]), np.array([0.5, 2.0, 1.0, 1.0])),
+        "item": (np.array([20, 21]), np.array([0, 1, 2]), np.array([1.0, 1.0])),
+    }
+    ebc, ref = et.EmbeddingBagCollection(make()), et.EmbeddingCollection(make())
+    for _ in range(3):
+        kt = ebc(kjt)
+        want = ref(bags)
+        assert kt.keys() == ["item", "user", "hist"]
+        assert kt.length_per_key() == [DIM, 3, DIM]
+        assert torch.equal(kt.values(), want)
+        assert torch.equal(kt.to_dict()["user"], want[:, DIM : DIM + 3])
+        g = torch.linspace(-1, 1, want.numel()).reshape(want.shape)
+        (kt.values() * g).sum().backward()
+        (want * g).sum().backward()
+    for name in ("item", "user"):
+        ka, ra = ebc.collection.tables[name].export()
+        kb, rb = ref.collection.tables[name].export()
+        np.testing.assert_array_equal(ka, kb)
+        np.testing.assert_array_equal(ra, rb)
+    with pytest.raises(ValueError, match=r"features: missing keys \['item'\]"):
+        ebc(FakeKJT(["user", "hist"], torch.tensor([1, 2]), torch.tensor([1, 0, 1, 0])))
+    with pytest.raises(TypeError, match="features: expected a torchrec KeyedJaggedTensor"):
+        ebc({"item": torch.tensor([1])})

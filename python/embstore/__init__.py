@@ -12,7 +12,7 @@ from embstore._core import free_output_buffers as _free_output_buffers
 from embstore._core import output_buffer_stats as _output_buffer_stats
 from embstore.collection import Collection
 from embstore.exceptions import CheckpointError, EmbstoreError
-from embstore.store import Table
+from embstore.store import Table, manual_seed
 from embstore.strings import hash_keys
 
 __all__ = [
@@ -24,6 +24,7 @@ __all__ = [
     "free_output_buffers",
     "hash_keys",
     "init",
+    "manual_seed",
     "optim",
     "output_buffers",
     "policy",

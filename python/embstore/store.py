@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Literal, overload
 
@@ -47,6 +48,41 @@ _U64_MAX = 2**64 - 1
 _I64_MAX = 2**63 - 1
 
 
+class _SeedSequence:
+    """The seeds of tables built without one: 0, 1, 2, ... in the order the
+    process builds them (like torch's global generator: tables differ from
+    one another, and a program that builds its tables in the same order gets
+    the same rows every run). :func:`embstore.manual_seed` restarts it."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._next = 0
+
+    def draw(self) -> int:
+        with self._lock:
+            seed = self._next
+            self._next = (self._next + 1) % 2**64
+            return seed
+
+    def reset(self, start: int) -> None:
+        with self._lock:
+            self._next = start
+
+
+_SEEDS = _SeedSequence()
+
+
+def manual_seed(seed: int) -> None:
+    """Restart the seeds of tables built without ``seed=`` at ``seed``: the
+    next such table gets ``seed``, the one after ``seed + 1``, and so on."""
+    _SEEDS.reset(check_int("seed", seed, 0, _U64_MAX))
+
+
+def next_seed() -> int:
+    """The seed the next table built without ``seed=`` gets (drawing it)."""
+    return _SEEDS.draw()
+
+
 class Table:
     """A growable table from int64 keys to float32 rows and optimizer state.
 
@@ -64,7 +100,13 @@ class Table:
     initializer:
         An :mod:`embstore.init` initializer; default ``Uniform(-0.05, 0.05)``.
     seed:
-        Seed of the initializer (0 <= seed < 2**64).
+        Seed of the initializer (0 <= seed < 2**64): a key's first row is a
+        pure function of (seed, key, column). Without one, tables get the
+        seeds 0, 1, 2, ... in the order the process builds them
+        (:func:`embstore.manual_seed` restarts the sequence), so two tables
+        do not start "user 5" and "item 5" as the same vector, and a program
+        that builds its tables in the same order gets the same rows every
+        run. The seed is saved in checkpoints and state dicts.
     num_shards:
         Number of shards; default four per core, a power of two.
     dtype:
@@ -96,7 +138,7 @@ class Table:
         *,
         optimizer: Optimizer | None = None,
         initializer: Initializer | None = None,
-        seed: int = 0,
+        seed: int | None = None,
         num_shards: int | None = None,
         dtype: str = "float32",
         admission: Admission | None = None,
@@ -117,10 +159,11 @@ class Table:
                 f"initializer: expected an embstore.init initializer, "
                 f"got {type(initializer).__name__}"
             )
-        if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
-            raise TypeError(f"seed: expected an int, got {type(seed).__name__}")
-        if not 0 <= seed < 2**64:
-            raise ValueError(f"seed: expected 0 <= seed < 2**64, got {seed}")
+        if seed is not None:
+            if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
+                raise TypeError(f"seed: expected an int or None, got {type(seed).__name__}")
+            if not 0 <= seed < 2**64:
+                raise ValueError(f"seed: expected 0 <= seed < 2**64, got {seed}")
         if num_shards is not None:
             num_shards = check_int("num_shards", num_shards, 1, _U64_MAX)
         if dtype not in _DTYPES:
@@ -141,8 +184,11 @@ class Table:
         self._ttl_steps = ttl
         self._capacity = cap
         self._eviction = eviction
+        # Drawn last: a refused construction uses no seed of the sequence.
         self._inner = self._native_table(
-            int(dim), int(seed), None if num_shards is None else int(num_shards)
+            int(dim),
+            _SEEDS.draw() if seed is None else int(seed),
+            None if num_shards is None else int(num_shards),
         )
 
     def _native_table(self, dim: int, seed: int, num_shards: int | None) -> _core.Table:

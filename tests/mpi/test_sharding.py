@@ -260,3 +260,20 @@ def test_device_cache_in_front_of_each_rank_equals_one_table(pooled: bool) -> No
     assert stats["cache"]["evictions"] > 0
     keys, rows = single.export()
     np.testing.assert_allclose(sharded.lookup(keys, insert=False), rows, rtol=1e-5, atol=1e-6)
+
+
+def test_default_seeds_agree_across_ranks_and_differ_between_tables() -> None:
+    """Without seed=, every rank uses rank 0's draw of the seed sequence:
+    rows equal one Table of that seed; a second table gets another seed."""
+    # Ranks may have built different numbers of tables before: skew them.
+    for _ in range(RANK):
+        embstore.Table(2)
+    users = ShardedTable(DIM, optimizer=optim.SGD(lr=0.1))
+    items = ShardedTable(DIM, optimizer=optim.SGD(lr=0.1))
+    seeds = COMM.allgather((users.local.seed, items.local.seed))
+    assert len(set(seeds)) == 1, seeds
+    assert users.local.seed != items.local.seed
+    keys = np.arange(50, dtype=np.int64)
+    ref = embstore.Table(DIM, seed=users.local.seed).lookup(keys, insert=False)
+    np.testing.assert_array_equal(users.lookup(keys), ref)
+    assert not np.array_equal(users.lookup(keys[5:6]), items.lookup(keys[5:6]))

@@ -34,7 +34,7 @@ from embstore._convert import as_bags, as_keys, as_rows, check_bool, check_combi
 from embstore._deps import require
 from embstore.collection import feature_entry
 from embstore.exceptions import CheckpointError
-from embstore.store import Table
+from embstore.store import Table, next_seed
 
 __all__ = ["Collection", "ShardedTable"]
 
@@ -122,6 +122,12 @@ class ShardedTable:
         **table_kwargs: Any,
     ) -> None:
         self._setup(comm, partition, key_space, timeout)
+        if table_kwargs.get("seed") is None:
+            # Every rank draws from its own sequence (keeping them in step);
+            # all use rank 0's draw, so every rank initializes a key alike.
+            drawn = next_seed()
+            with self._watch("ShardedTable() seed"):
+                table_kwargs["seed"] = int(self.comm.bcast(drawn, root=0))
         local: Table | None = None
         error: BaseException | None = None
         cache: Any = None

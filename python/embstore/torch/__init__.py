@@ -12,6 +12,18 @@ from embstore._deps import require
 
 require("torch", "torch")
 
-from embstore.torch.module import Embedding, EmbeddingBag, EmbeddingCollection  # noqa: E402
+from embstore.torch.module import (  # noqa: E402
+    Embedding,
+    EmbeddingBag,
+    EmbeddingBagCollection,
+    EmbeddingCollection,
+    KeyedTensor,
+)
 
-__all__ = ["Embedding", "EmbeddingBag", "EmbeddingCollection"]
+__all__ = [
+    "Embedding",
+    "EmbeddingBag",
+    "EmbeddingBagCollection",
+    "EmbeddingCollection",
+    "KeyedTensor",
+]

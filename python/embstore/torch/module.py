@@ -22,7 +22,13 @@ from embstore._convert import Default, check_combiner, check_default, host_array
 from embstore.collection import Collection
 from embstore.store import Table
 
-__all__ = ["Embedding", "EmbeddingBag", "EmbeddingCollection"]
+__all__ = [
+    "Embedding",
+    "EmbeddingBag",
+    "EmbeddingBagCollection",
+    "EmbeddingCollection",
+    "KeyedTensor",
+]
 
 _STATE_FIELDS = ("keys", "rows", "state", "step", "seed")
 
@@ -364,3 +370,88 @@ class EmbeddingCollection(_TableState):
         return ", ".join(
             f"{n}: {d}" for n, d in zip(self.collection.features, self.collection.dims, strict=True)
         )
+
+
+class KeyedTensor:
+    """What :class:`EmbeddingBagCollection` returns when torchrec is not
+    installed: TorchRec's ``KeyedTensor`` accessors over one ``(batch, sum of
+    dims)`` tensor (``keys()``, ``values()``, ``length_per_key()``,
+    ``offset_per_key()``, ``to_dict()``, ``__getitem__``)."""
+
+    def __init__(self, keys: list[str], length_per_key: list[int], values: torch.Tensor) -> None:
+        self._keys, self._lengths, self._values = list(keys), list(length_per_key), values
+
+    def keys(self) -> list[str]:
+        return list(self._keys)
+
+    def values(self) -> torch.Tensor:
+        return self._values
+
+    def length_per_key(self) -> list[int]:
+        return list(self._lengths)
+
+    def offset_per_key(self) -> list[int]:
+        return [0, *np.cumsum(self._lengths).tolist()]
+
+    def to_dict(self) -> dict[str, torch.Tensor]:
+        cuts = self.offset_per_key()
+        return {k: self._values[:, cuts[i] : cuts[i + 1]] for i, k in enumerate(self._keys)}
+
+    def __getitem__(self, key: str) -> torch.Tensor:
+        return self.to_dict()[key]
+
+
+def _keyed_tensor(keys: list[str], lengths: list[int], values: torch.Tensor) -> Any:
+    try:
+        from torchrec.sparse.jagged_tensor import (  # type: ignore[import-not-found, unused-ignore]
+            KeyedTensor as TorchRecKeyedTensor,
+        )
+    except ImportError:
+        return KeyedTensor(keys, lengths, values)
+    return TorchRecKeyedTensor(keys=keys, length_per_key=lengths, values=values)
+
+
+class EmbeddingBagCollection(EmbeddingCollection):
+    """TorchRec's ``EmbeddingBagCollection`` interface over an
+    :class:`embstore.Collection`: ``forward(features)`` takes a
+    ``KeyedJaggedTensor`` (or any object with its accessors ``keys()``,
+    ``values()``, ``lengths()``, ``weights_or_none()``, ``stride()``) and
+    returns a torchrec ``KeyedTensor`` (this module's :class:`KeyedTensor`
+    without torchrec) of the pooled features in the collection's order.
+    Features of the input that the collection does not serve are ignored;
+    a feature it serves must be present. Backward steps each distinct
+    table's optimizer once (a fused backward, as TorchRec's FBGEMM tables)."""
+
+    def forward(self, features: Any) -> Any:
+        try:
+            names = list(features.keys())
+            values, lengths = features.values(), features.lengths()
+            weights = features.weights_or_none()
+            batch = int(features.stride())
+        except AttributeError as e:
+            raise TypeError(
+                "features: expected a torchrec KeyedJaggedTensor (keys(), values(), lengths(), "
+                f"weights_or_none(), stride()), got {type(features).__name__}"
+            ) from e
+        vals = _np(values, "features.values()")
+        lens = np.asarray(_np(lengths, "features.lengths()"), dtype=np.int64)
+        w = None if weights is None else _np(weights, "features.weights()")
+        if lens.shape != (len(names) * batch,):
+            raise ValueError(
+                f"features: expected {len(names)} keys x stride {batch} lengths, got "
+                f"{lens.shape[0]} (variable-stride inputs are not supported)"
+            )
+        starts = np.concatenate([[0], np.cumsum(lens)])
+        bags: dict[str, Any] = {}
+        for j, name in enumerate(names):
+            if name not in self.collection.tables:
+                continue
+            lo, hi = int(starts[j * batch]), int(starts[(j + 1) * batch])
+            offsets = starts[j * batch : (j + 1) * batch + 1] - lo
+            ids = vals[lo:hi]
+            bags[name] = (ids, offsets) if w is None else (ids, offsets, w[lo:hi])
+        missing = [f for f in self.collection.features if f not in bags]
+        if missing:
+            raise ValueError(f"features: missing keys {missing} (the collection serves them)")
+        out = super().forward(bags)
+        return _keyed_tensor(self.collection.features, self.collection.dims, out)
