@@ -633,14 +633,14 @@ class _Proxy:
 def test_11_the_cache_takes_its_step_number_from_the_table() -> None:
     from embstore.gpu import DeviceCache
 
-    t = embstore.Table(4, optimizer=optim.Adam(lr=0.1), num_shards=2)
+    t = embstore.Table(4, optimizer=optim.Adam(lr=0.1), num_shards=2, seed=0)
     cache = DeviceCache(t, rows=2, xp=np)
     cache.apply_gradients([1], np.ones((1, 4)))
     t.apply_gradients([100], np.ones((1, 4)))  # the table, directly, in between
     cache.apply_gradients([1, 7, 8], np.ones((3, 4)))
     assert t.step == 3
     assert cache.stats()["step"] == 3
-    ref = embstore.Table(4, optimizer=optim.Adam(lr=0.1), num_shards=2)
+    ref = embstore.Table(4, optimizer=optim.Adam(lr=0.1), num_shards=2, seed=0)
     ref.apply_gradients([1], np.ones((1, 4)))
     ref.apply_gradients([100], np.ones((1, 4)))
     ref.apply_gradients([1, 7, 8], np.ones((3, 4)))
