@@ -36,6 +36,8 @@ def hash_keys(values: Any, *, salt: int = 0) -> npt.NDArray[np.int64]:
             f"values: expected an array or a list of str/bytes, got one {type(values).__name__}; "
             "wrap it in a list"
         )
+    if isinstance(values, list):
+        return _core.hash_objects(values, s)  # read in place: no copy of the list
     if not isinstance(values, np.ndarray):
         try:
             seq = list(values)
