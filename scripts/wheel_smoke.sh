@@ -10,8 +10,8 @@
 #     script under mpirun; plot: cache-curve --png; gpu: cupy imports and
 #     DeviceCache(xp=cupy) refuses this GPU-less machine with one clear error
 # then, in the same venv with cargo back on PATH, the checkout forms
-#   pip install ., ".[mpi]", ".[plot]", ".[mpi,plot]", ".[gpu]", ".[torch]"
-#     (the forms README.md and the hints name) -> they import
+#   pip install ., ".[mpi]", ".[plot]", ".[mpi,plot]", ".[gpu]", ".[torch]",
+#   ".[test]" (the forms README.md and the hints name) -> they import
 # Usage: bash scripts/wheel_smoke.sh WHEEL   (run from anywhere)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -94,8 +94,9 @@ PY
   pip install ".[mpi,plot]"
   pip install ".[gpu]"
   pip install ".[torch]"
+  pip install ".[test]"  # the README's test extra (its torch etc. are already here)
   cd "$work"
-  python -c "import embstore, mpi4py.MPI, matplotlib, cupy, torch; print('checkout install with every extra:', embstore.__version__)"
+  python -c "import embstore, mpi4py.MPI, matplotlib, cupy, torch, pytest, xxhash; print('checkout install with every extra:', embstore.__version__)"
   python -c "$torch_example"
 )
 rm -rf "$work"
