@@ -347,3 +347,31 @@ def test_weight_decay_is_refused_when_negative_and_saved_in_checkpoints(tmp_path
     path = f"{tmp_path}/ckpt"
     t.save(path)
     assert embstore.Table.load(path).optimizer == optim.SGD(lr=0.1, weight_decay=0.01)
+
+
+@pytest.mark.parametrize("n", [1, 200, 256, 257, 1024, 1025, 3000])
+def test_adam_matches_sparse_adam_on_both_sides_of_the_small_call_threshold(n: int) -> None:
+    """Batches of up to 256 keys step on the calling thread (1,024 for
+    lookups), larger ones on the pool: both equal torch.optim.SparseAdam."""
+    rng = np.random.default_rng(n)
+    pool = np.arange(4000, dtype=np.int64) * 7919
+    table = embstore.Table(DIM, optimizer=optim.Adam(lr=0.01), seed=5, num_shards=8)
+    w = torch.nn.Parameter(torch.from_numpy(table.lookup(pool, insert=False)))
+    opt = torch.optim.SparseAdam([w], lr=0.01)
+    for _ in range(3):
+        idx = rng.integers(0, len(pool), n)
+        grads = rng.normal(size=(n, DIM)).astype(np.float32)
+        rows = table.lookup(pool[idx])
+        np.testing.assert_allclose(rows, w.detach().numpy()[idx], rtol=1e-5, atol=1e-6)
+        table.apply_gradients(pool[idx], grads)
+        w.grad = torch.sparse_coo_tensor(
+            torch.from_numpy(idx)[None, :],
+            torch.from_numpy(grads),
+            w.shape,
+            check_invariants=True,
+        )
+        opt.step()
+    keys, rows = table.export()
+    np.testing.assert_allclose(
+        rows, w.detach().numpy()[np.searchsorted(pool, keys)], rtol=1e-5, atol=1e-6
+    )

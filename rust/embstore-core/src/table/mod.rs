@@ -818,6 +818,24 @@ impl Table {
     where
         F: Fn(&mut Shard, &[u32]) -> usize + Sync,
     {
+        self.par_shards_mut_below(plan, SEQUENTIAL_KEYS, f)
+    }
+
+    /// [`Table::par_shards_mut`] that runs on the calling thread for plans
+    /// of at most `sequential` keys.
+    fn par_shards_mut_below<F>(&self, plan: &Plan, sequential: usize, f: F) -> usize
+    where
+        F: Fn(&mut Shard, &[u32]) -> usize + Sync,
+    {
+        if plan.hashes.len() <= sequential {
+            // A small call: on the calling thread, only the shards it needs.
+            return (0..self.shards.len())
+                .filter_map(|s| {
+                    let pos = plan.positions(s);
+                    (!pos.is_empty()).then(|| f(&mut write(&self.shards[s]), pos))
+                })
+                .sum();
+        }
         self.shards
             .par_iter()
             .enumerate()
@@ -935,6 +953,16 @@ impl Table {
     where
         F: Fn(&Shard, &[u32]) + Sync,
     {
+        if plan.hashes.len() <= SEQUENTIAL_KEYS {
+            // A small call: on the calling thread, only the shards it needs.
+            for (s, lock) in self.shards.iter().enumerate() {
+                let pos = plan.positions(s);
+                if !pos.is_empty() {
+                    f(&read(lock), pos);
+                }
+            }
+            return;
+        }
         self.shards.par_iter().enumerate().for_each(|(s, lock)| {
             let pos = plan.positions(s);
             if !pos.is_empty() {
@@ -1587,7 +1615,7 @@ impl Table {
         let memo = prepared.memo.as_ref().ok();
         let plan = prepared.plan();
         let n = self.shards.len();
-        self.par_shards_mut(plan, |g, pos| {
+        self.par_shards_mut_below(plan, SEQUENTIAL_STEP_KEYS, |g, pos| {
             let len0 = g.len();
             // (row << 32 | position), sorted: each row's positions in batch order.
             let mut pairs: Vec<u64> = if always {
@@ -1960,6 +1988,21 @@ impl Table {
 /// Batches of fewer keys than this make their reservations
 /// ([`Table::reserve_plan`]) on the calling thread.
 const SMALL_BATCH: usize = 1 << 14;
+
+/// Batches of at most this many keys run their shard passes (lookups,
+/// pooling, assign, remove) on the calling thread, visiting only the shards
+/// they need, instead of dispatching a job per shard to the pool: below it
+/// the dispatch (waking pool threads, about 10 us here) costs more than the
+/// work it spreads. Chosen from measurements on the 2-core CI-class VM
+/// (benches/RESULTS.md, "Small calls": at 512 keys a lookup took 48-51 us
+/// on the calling thread against 55-75 us spread, at 1,024 about the
+/// same); several Python threads making small calls run them in parallel.
+pub(crate) const SEQUENTIAL_KEYS: usize = 1024;
+
+/// [`SEQUENTIAL_KEYS`] for the pass of an optimizer step, which does more
+/// work per key (at 512 keys an Adam step of dim 64 took 153-160 us on the
+/// calling thread against 131-137 us spread).
+pub(crate) const SEQUENTIAL_STEP_KEYS: usize = 256;
 
 /// How many rows ahead [`copy_rows`] prefetches.
 pub(crate) const PREFETCH_AHEAD: usize = 8;
