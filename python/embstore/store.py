@@ -313,11 +313,8 @@ class Table:
         row for unseen ids at evaluation.
         """
         k = as_keys(keys)
-        mode, row = self._default(default)
+        mode, row = check_default(default, self.dim)
         return like(keys, self._inner.lookup(k, check_bool("insert", insert), mode, row))
-
-    def _default(self, default: Default) -> tuple[str, npt.NDArray[np.float32] | None]:
-        return check_default(default, self.dim)
 
     @overload
     def contains(self, keys: torch.Tensor) -> torch.Tensor: ...
@@ -413,7 +410,7 @@ class Table:
         is what an id without a row pools as (see :meth:`lookup`).
         """
         i, o, w, c = as_bags(ids, offsets, weights, combiner)
-        mode, row = self._default(default)
+        mode, row = check_default(default, self.dim)
         out = self._inner.lookup_pooled(i, o, w, c, check_bool("insert", insert), mode, row)
         return like(ids, out)
 

@@ -53,6 +53,23 @@ pub fn hash_objects<'py>(
     Ok(out.into_pyarray(py))
 }
 
+/// The contiguous elements of a fixed-width value array and the number of
+/// values, checked to be a whole number of values of `width` >= 1 elements.
+fn fixed_width<'a, T: numpy::Element>(
+    data: &'a PyReadonlyArray1<'_, T>,
+    width: usize,
+) -> PyResult<(&'a [T], usize)> {
+    let d = data
+        .as_slice()
+        .map_err(|_| PyValueError::new_err("values: expected a contiguous array"))?;
+    if width == 0 || d.len() % width != 0 {
+        return Err(PyValueError::new_err(
+            "values: data is not a whole number of values of width >= 1",
+        ));
+    }
+    Ok((d, d.len() / width))
+}
+
 /// Keys of fixed-width byte strings (NumPy `S<width>`, as its raw bytes).
 #[pyfunction]
 pub fn hash_fixed_bytes<'py>(
@@ -61,15 +78,7 @@ pub fn hash_fixed_bytes<'py>(
     width: usize,
     salt: u64,
 ) -> PyResult<Bound<'py, PyArray1<i64>>> {
-    let d = data
-        .as_slice()
-        .map_err(|_| PyValueError::new_err("values: expected a contiguous array"))?;
-    let n = d.len().checked_div(width).unwrap_or(0);
-    if width != 0 && d.len() % width != 0 {
-        return Err(PyValueError::new_err(
-            "values: data is not a whole number of values",
-        ));
-    }
+    let (d, n) = fixed_width(&data, width)?;
     let mut out = keys_out(n)?;
     py.enter_store(|| {
         strings::hash_fixed_bytes(d, width, salt, &mut out);
@@ -86,15 +95,8 @@ pub fn hash_ucs4<'py>(
     width: usize,
     salt: u64,
 ) -> PyResult<Bound<'py, PyArray1<i64>>> {
-    let d = data
-        .as_slice()
-        .map_err(|_| PyValueError::new_err("values: expected a contiguous array"))?;
-    if width == 0 || d.len() % width != 0 {
-        return Err(PyValueError::new_err(
-            "values: data is not a whole number of values of width >= 1",
-        ));
-    }
-    let mut out = keys_out(d.len() / width)?;
+    let (d, n) = fixed_width(&data, width)?;
+    let mut out = keys_out(n)?;
     py.enter_store(|| strings::hash_ucs4(d, width, salt, &mut out))?;
     Ok(out.into_pyarray(py))
 }
