@@ -41,12 +41,8 @@ def _np(t: Any, arg: str) -> Any:
     to the host (the output goes back to their device); a tensor that
     requires grad is refused with the argument's name."""
     if isinstance(t, torch.Tensor):
-        if t.requires_grad:
-            raise TypeError(
-                f"{arg}: a tensor that requires grad; embstore gives {arg} no gradient: "
-                f"pass {arg}.detach()"
-            )
-        return host_array(t.detach().cpu(), arg).copy()
+        # host_array refuses a tensor that requires grad, naming the argument.
+        return host_array(t.cpu(), arg).copy()
     if isinstance(t, np.ndarray):
         return t.copy()
     return t
