@@ -177,7 +177,7 @@ impl Initializer {
 
     /// Writes the initial row of `key` into `out` (its length is the dim).
     pub fn fill(&self, seed: u64, key: i64, out: &mut [f32]) {
-        self.fill_with(Backend::Scalar, seed, key, out);
+        self.fill_with(Backend::SCALAR, seed, key, out);
     }
 
     /// [`Initializer::fill`] on a SIMD backend (bit-identical results).

@@ -72,5 +72,5 @@ pub use error::{Result, StoreError};
 pub use init::Initializer;
 pub use optim::Optimizer;
 pub use policy::{Admission, Eviction, Policy, RowFormat};
-pub use simd::Backend;
+pub use simd::{Backend, Isa};
 pub use table::{Bags, Combiner, Missing, Stats, Table, TableConfig};

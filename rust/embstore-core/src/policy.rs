@@ -6,8 +6,6 @@
 //! TTL or a capacity keeps no per-row metadata, a table without an admission
 //! filter keeps no sketch, and the per-key loops test one flag per call.
 
-use std::sync::atomic::{AtomicU64, Ordering};
-
 use half::slice::HalfFloatSliceExt;
 use half::{bf16, f16};
 
@@ -496,49 +494,6 @@ impl Sketch {
             }
         }
         new
-    }
-}
-
-/// What happened to a shard's rows, counted once per call per shard.
-#[derive(Debug, Default)]
-pub struct Counters {
-    /// Ids looked up (lookup, lookup_pooled).
-    pub lookups: AtomicU64,
-    /// Looked-up ids whose key had a row before the call.
-    pub hits: AtomicU64,
-    /// Looked-up ids whose key had none.
-    pub misses: AtomicU64,
-    /// Rows created (by any call).
-    pub inserts: AtomicU64,
-    /// Keys given a row by a gradient call.
-    pub admitted: AtomicU64,
-    /// Keys whose gradients were dropped by the admission filter (per call).
-    pub rejected: AtomicU64,
-    /// Rows removed by TTL or capacity eviction.
-    pub evicted: AtomicU64,
-}
-
-impl Counters {
-    /// Adds `n` to `c`.
-    #[inline]
-    pub fn add(c: &AtomicU64, n: usize) {
-        if n > 0 {
-            c.fetch_add(n as u64, Ordering::Relaxed);
-        }
-    }
-
-    /// The seven counts in field order.
-    pub fn get(&self) -> [u64; 7] {
-        [
-            &self.lookups,
-            &self.hits,
-            &self.misses,
-            &self.inserts,
-            &self.admitted,
-            &self.rejected,
-            &self.evicted,
-        ]
-        .map(|c| c.load(Ordering::Relaxed))
     }
 }
 

@@ -542,11 +542,8 @@ impl PyTable {
         d.set_item("state_len", table.state_len())?;
         d.set_item("simd", table.backend().name())?;
         d.set_item("dtype", table.policy().format.name())?;
-        let names = [
-            "lookups", "hits", "misses", "inserts", "admitted", "rejected", "evicted",
-        ];
-        for (name, v) in names.iter().zip(s.counters) {
-            d.set_item(*name, v)?;
+        for (name, v) in s.counters {
+            d.set_item(name, v)?;
         }
         d.set_item("sketch_bytes", s.sketch_bytes)?;
         d.set_item("capacity", table.policy().capacity)?;

@@ -60,13 +60,9 @@ pub struct FtrlParams {
     pub l2_total: f32,
 }
 
-/// An instruction-set backend for the kernels.
-///
-/// Invariant: a value other than `Scalar` exists only if the running CPU
-/// supports its instruction set ([`Backend::detect`] and [`Backend::from_name`]
-/// check), which is what makes the `unsafe` calls in the dispatch sound.
+/// An instruction set the kernels are compiled for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Backend {
+pub enum Isa {
     /// Portable code with no target features beyond the build's baseline.
     Scalar,
     /// x86-64 AVX2 + FMA.
@@ -77,55 +73,80 @@ pub enum Backend {
     Neon,
 }
 
-impl Backend {
+impl Isa {
+    /// Every instruction set, scalar first.
+    pub const ALL: [Isa; 4] = [Isa::Scalar, Isa::Avx2, Isa::Avx512, Isa::Neon];
+
     /// Name as `EMBSTORE_SIMD` spells it.
     pub fn name(self) -> &'static str {
         match self {
-            Backend::Scalar => "scalar",
-            Backend::Avx2 => "avx2",
-            Backend::Avx512 => "avx512",
-            Backend::Neon => "neon",
+            Isa::Scalar => "scalar",
+            Isa::Avx2 => "avx2",
+            Isa::Avx512 => "avx512",
+            Isa::Neon => "neon",
         }
     }
 
-    /// Whether the running CPU supports this backend.
+    /// Whether the running CPU supports this instruction set.
     pub fn supported(self) -> bool {
         match self {
-            Backend::Scalar => true,
+            Isa::Scalar => true,
             #[cfg(all(target_arch = "x86_64", not(miri)))]
-            Backend::Avx2 => {
+            Isa::Avx2 => {
                 std::arch::is_x86_feature_detected!("avx2")
                     && std::arch::is_x86_feature_detected!("fma")
             }
             #[cfg(all(target_arch = "x86_64", not(miri)))]
-            Backend::Avx512 => {
+            Isa::Avx512 => {
                 std::arch::is_x86_feature_detected!("avx512f")
                     && std::arch::is_x86_feature_detected!("avx512dq")
                     && std::arch::is_x86_feature_detected!("avx512vl")
             }
             #[cfg(all(target_arch = "aarch64", not(miri)))]
-            Backend::Neon => std::arch::is_aarch64_feature_detected!("neon"),
+            Isa::Neon => std::arch::is_aarch64_feature_detected!("neon"),
             #[allow(unreachable_patterns)]
             _ => false,
         }
     }
+}
+
+/// A backend for the kernels: an [`Isa`] that the running CPU supports.
+///
+/// Invariant: the field is private, and the only ways to get a `Backend`
+/// ([`Backend::new`], [`Backend::detect`], [`Backend::from_name`],
+/// [`Backend::SCALAR`]) check the CPU first, so safe code cannot obtain a
+/// backend whose instructions the CPU lacks. That is what makes the
+/// `unsafe` calls in the dispatch sound.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Backend(Isa);
+
+impl Backend {
+    /// The portable backend, supported everywhere.
+    pub const SCALAR: Backend = Backend(Isa::Scalar);
+
+    /// The backend of `isa`, if the running CPU supports it.
+    pub fn new(isa: Isa) -> Option<Backend> {
+        isa.supported().then_some(Backend(isa))
+    }
+
+    /// Its instruction set.
+    pub fn isa(self) -> Isa {
+        self.0
+    }
+
+    /// Name as `EMBSTORE_SIMD` spells it.
+    pub fn name(self) -> &'static str {
+        self.0.name()
+    }
 
     /// Every backend the running CPU supports, scalar first.
     pub fn available() -> Vec<Backend> {
-        [
-            Backend::Scalar,
-            Backend::Avx2,
-            Backend::Avx512,
-            Backend::Neon,
-        ]
-        .into_iter()
-        .filter(|b| b.supported())
-        .collect()
+        Isa::ALL.into_iter().filter_map(Backend::new).collect()
     }
 
     /// The best supported backend.
     pub fn detect() -> Backend {
-        *Backend::available().last().unwrap_or(&Backend::Scalar)
+        *Backend::available().last().unwrap_or(&Backend::SCALAR)
     }
 
     /// The backend named `name`, if this CPU supports it.
@@ -133,26 +154,19 @@ impl Backend {
     /// # Errors
     /// [`crate::StoreError::InvalidArgument`] for an unknown or unsupported name.
     pub fn from_name(name: &str) -> Result<Backend> {
-        let b = match name.trim().to_ascii_lowercase().as_str() {
-            "scalar" => Backend::Scalar,
-            "avx2" => Backend::Avx2,
-            "avx512" => Backend::Avx512,
-            "neon" => Backend::Neon,
-            other => {
-                return Err(invalid(
-                    "EMBSTORE_SIMD",
-                    format!("expected one of scalar, avx2, avx512, neon; got {other:?}"),
-                ));
-            }
+        let wanted = name.trim().to_ascii_lowercase();
+        let Some(isa) = Isa::ALL.into_iter().find(|i| i.name() == wanted) else {
+            return Err(invalid(
+                "EMBSTORE_SIMD",
+                format!("expected one of scalar, avx2, avx512, neon; got {wanted:?}"),
+            ));
         };
-        if b.supported() {
-            Ok(b)
-        } else {
-            Err(invalid(
+        Backend::new(isa).ok_or_else(|| {
+            invalid(
                 "EMBSTORE_SIMD",
                 format!("{name:?} is not supported by this CPU"),
-            ))
-        }
+            )
+        })
     }
 
     /// The backend `EMBSTORE_SIMD` names, or the best supported one when unset.
@@ -228,19 +242,19 @@ pub fn stream_fence() {
 /// Dispatches `$f(args)` to the backend's instantiation.
 macro_rules! dispatch {
     ($self:expr, $f:ident($($arg:expr),*)) => {
-        match $self {
+        match $self.0 {
             #[cfg(all(target_arch = "x86_64", not(miri)))]
-            // SAFETY: a `Backend::Avx2` exists only when the CPU has AVX2 and
-            // FMA (type invariant of `Backend`).
-            Backend::Avx2 => unsafe { x86_avx2::$f($($arg),*) },
+            // SAFETY: a `Backend` of `Isa::Avx2` exists only when the CPU has
+            // AVX2 and FMA (type invariant of `Backend`).
+            Isa::Avx2 => unsafe { x86_avx2::$f($($arg),*) },
             #[cfg(all(target_arch = "x86_64", not(miri)))]
-            // SAFETY: a `Backend::Avx512` exists only when the CPU has AVX-512F
-            // (type invariant of `Backend`).
-            Backend::Avx512 => unsafe { x86_avx512::$f($($arg),*) },
+            // SAFETY: a `Backend` of `Isa::Avx512` exists only when the CPU
+            // has AVX-512F, DQ and VL (type invariant of `Backend`).
+            Isa::Avx512 => unsafe { x86_avx512::$f($($arg),*) },
             #[cfg(all(target_arch = "aarch64", not(miri)))]
-            // SAFETY: a `Backend::Neon` exists only when the CPU has NEON
-            // (type invariant of `Backend`).
-            Backend::Neon => unsafe { aarch64_neon::$f($($arg),*) },
+            // SAFETY: a `Backend` of `Isa::Neon` exists only when the CPU has
+            // NEON (type invariant of `Backend`).
+            Isa::Neon => unsafe { aarch64_neon::$f($($arg),*) },
             _ => scalar::$f($($arg),*),
         }
     };
@@ -430,7 +444,7 @@ mod tests {
 
     #[test]
     fn every_backend_matches_scalar_bit_for_bit() {
-        let reference = run_all(Backend::Scalar);
+        let reference = run_all(Backend::SCALAR);
         let available = Backend::available();
         for b in available {
             assert_eq!(
@@ -458,9 +472,22 @@ mod tests {
     }
 
     #[test]
+    fn a_backend_exists_only_for_a_supported_isa() {
+        for isa in Isa::ALL {
+            assert_eq!(Backend::new(isa).is_some(), isa.supported(), "{isa:?}");
+            if let Some(b) = Backend::new(isa) {
+                assert_eq!(b.isa(), isa);
+            }
+        }
+        assert!(Backend::new(Isa::Scalar).is_some());
+        #[cfg(target_arch = "x86_64")]
+        assert!(Backend::new(Isa::Neon).is_none());
+    }
+
+    #[test]
     fn from_name_refuses_unknown_names() {
         assert!(Backend::from_name("sse9").is_err());
-        assert_eq!(Backend::from_name("scalar").unwrap(), Backend::Scalar);
+        assert_eq!(Backend::from_name("scalar").unwrap(), Backend::SCALAR);
         assert_eq!(
             Backend::from_name(Backend::detect().name()).unwrap(),
             Backend::detect()

@@ -13,7 +13,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use rayon::prelude::*;
 
-use super::{Missing, PREFETCH_AHEAD, SharedOut, Table, check_finite, check_finite_max, check_len};
+use super::{
+    Missing, NO_ROW, PREFETCH_AHEAD, SharedOut, Table, check_finite, check_finite_max, check_len,
+};
 use crate::error::{Result, invalid};
 use crate::simd::{copy_streaming, prefetch, stream_fence};
 
@@ -213,7 +215,7 @@ impl Table {
         // larger bags are gathered first and pooled per bag afterwards), and
         // its coefficient.
         let mut dst = vec![usize::MAX; n];
-        let mut slot = vec![u32::MAX; n];
+        let mut slot = vec![NO_ROW; n];
         let mut coef = vec![0.0f32; n];
         let mut gathered = 0usize;
         let mut base = 0usize;
@@ -255,7 +257,7 @@ impl Table {
         let gout = SharedOut::new(&mut gbuf, dim);
         let stream = out.streams();
         let emit = |i: usize, x: &[f32]| {
-            if slot[i] == u32::MAX {
+            if slot[i] == NO_ROW {
                 // SAFETY: dst[i] is the output row of a bag holding this id
                 // only, and position i belongs to one shard of the plan: one
                 // writer for this output row.
@@ -280,17 +282,17 @@ impl Table {
         };
         let plan = self.plan(ids);
         let found = self.found();
-        // Emits the ids of one shard whose rows are `rows` (`u32::MAX`: none).
+        // Emits the ids of one shard whose rows are `rows` (`NO_ROW`: none).
         self.lookup_rows(ids, &plan, insert, Some(&found), |g, pos, rows| {
             let mut tmp = vec![0.0f32; dim];
             for (j, (&i, &r)) in pos.iter().zip(rows).enumerate() {
                 if let Some(&ahead) = rows.get(j + PREFETCH_AHEAD)
-                    && ahead != u32::MAX
+                    && ahead != NO_ROW
                 {
                     prefetch(&g.arena.row(ahead as usize)[..self.wwords]);
                 }
                 let i = i as usize;
-                if r == u32::MAX {
+                if r == NO_ROW {
                     self.fill_missing(ids[i], &mut tmp, missing);
                     emit(i, &tmp);
                 } else {

@@ -2,9 +2,11 @@
 
 use hashbrown::HashTable;
 
+use super::Counters;
+use super::NO_ROW;
 use super::arena::{Arena, OutOfMemory};
 use super::pages::PageAlloc;
-use crate::policy::{Counters, Sketch};
+use crate::policy::Sketch;
 
 /// An index entry: the row number in the high 32 bits, the low 32 bits of
 /// the key's hash in the low 32 bits. Keeping the hash in the entry lets the
@@ -166,11 +168,11 @@ impl Shard {
         let h32 = hash as u32;
         self.index
             .find(index_hash(h32), |&e| e as u32 == h32)
-            .map_or(u32::MAX, |&e| entry_row(e) as u32)
+            .map_or(NO_ROW, |&e| entry_row(e) as u32)
     }
 
     /// The rows of the keys at batch positions `pos` (`keys[pos[j]]`, hash
-    /// `hashes[pos[j]]`) into `rows` (`u32::MAX` where absent). Works in
+    /// `hashes[pos[j]]`) into `rows` (`NO_ROW` where absent). Works in
     /// blocks: first every candidate of the block, whose probes read only
     /// the index and so overlap their cache misses, with the candidate's key
     /// prefetched; then each candidate checked against its key (a full probe
@@ -182,15 +184,15 @@ impl Shard {
             let start = rows.len();
             for &i in block {
                 let c = self.candidate(hashes[i as usize]);
-                if c != u32::MAX {
+                if c != NO_ROW {
                     self.arena.prefetch_key(c as usize);
                 }
                 rows.push(c);
             }
             for (r, &i) in rows[start..].iter_mut().zip(block) {
                 let i = i as usize;
-                if *r != u32::MAX && self.arena.key(*r as usize) != keys[i] {
-                    *r = self.find(keys[i], hashes[i]).map_or(u32::MAX, |x| x as u32);
+                if *r != NO_ROW && self.arena.key(*r as usize) != keys[i] {
+                    *r = self.find(keys[i], hashes[i]).map_or(NO_ROW, |x| x as u32);
                 }
             }
         }
@@ -213,7 +215,7 @@ impl Shard {
     }
 
     /// Creates the rows of the positions whose entry in `rows` is
-    /// `u32::MAX` (found absent by an earlier probe under this lock, or
+    /// `NO_ROW` (found absent by an earlier probe under this lock, or
     /// under an earlier hold of it with no removal since: a key inserted
     /// meanwhile is found, not inserted twice).
     pub fn insert_missing(
@@ -225,13 +227,13 @@ impl Shard {
         fill: impl Fn(i64, &mut [f32]),
         rows: &mut [u32],
     ) {
-        let missing = rows.iter().filter(|&&r| r == u32::MAX).count();
+        let missing = rows.iter().filter(|&&r| r == NO_ROW).count();
         if missing == 0 {
             return;
         }
         self.reserve_index(missing);
         for (r, &i) in rows.iter_mut().zip(pos) {
-            if *r == u32::MAX {
+            if *r == NO_ROW {
                 let (key, hash) = (keys[i as usize], hashes[i as usize]);
                 let (row, _) = self.find_or_insert(key, hash, generation, |row| fill(key, row));
                 *r = row as u32;

@@ -1,0 +1,419 @@
+//! Optimizer steps: the step number, the gradient checks, admission, and
+//! the per-shard update of the touched rows.
+
+use super::*;
+
+/// Coupled weight decay of one step: the gradient a row's update sees is
+/// `g + wd * w` ([`crate::optim::Optimizer::coupled_decay`]).
+pub(super) struct Decay<'a> {
+    pub(super) wd: f32,
+    /// Scratch of `dim` floats (empty when `wd` is 0).
+    pub(super) g: &'a mut [f32],
+}
+
+impl Decay<'_> {
+    /// The gradient to apply to row `w` whose summed gradient is `gsum`.
+    #[inline]
+    pub(super) fn of<'s>(&'s mut self, backend: Backend, gsum: &'s [f32], w: &[f32]) -> &'s [f32] {
+        if self.wd == 0.0 {
+            return gsum;
+        }
+        self.g.copy_from_slice(gsum);
+        backend.axpy(self.g, self.wd, w);
+        self.g
+    }
+}
+
+impl Table {
+    /// One optimizer step: the gradients of repeated keys are summed, missing
+    /// keys get a row from the initializer first, every touched row takes one
+    /// update, and the step counter goes up by one. `grads` holds
+    /// `keys.len() * dim` floats.
+    ///
+    /// # Errors
+    /// `NoOptimizer`, `ShapeMismatch`, `NonFinite`; in each case nothing
+    /// changed.
+    pub fn apply_gradients(&self, keys: &[i64], grads: &[f32]) -> Result<()> {
+        self.apply_gradients_numbered(keys, grads, None)
+    }
+
+    /// Takes the next step number (the counter goes up by one) without
+    /// changing any row: for a tier in front of the table that runs some
+    /// rows' step itself (a device cache) and the others' here with
+    /// [`Table::apply_gradients_at`], so that the table's count stays one
+    /// per step whatever other threads do meanwhile.
+    ///
+    /// # Errors
+    /// `NoOptimizer`; `InvalidArgument` naming `step` at [`MAX_STEP`].
+    pub fn advance_step(&self) -> Result<u64> {
+        if self.optimizer.is_none() {
+            return Err(StoreError::NoOptimizer);
+        }
+        self.step
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |t| {
+                (t < MAX_STEP).then_some(t + 1)
+            })
+            .map(|t| t + 1)
+            .map_err(|_| {
+                invalid(
+                    "step",
+                    format!("the table is at step {MAX_STEP}, the most it can count"),
+                )
+            })
+    }
+
+    /// [`Table::apply_gradients`] as step number `step`, taken earlier with
+    /// [`Table::advance_step`]: the counter does not move.
+    ///
+    /// # Errors
+    /// As [`Table::apply_gradients`]; `InvalidArgument` naming `step` for 0
+    /// or a step the table has not reached.
+    pub fn apply_gradients_at(&self, keys: &[i64], grads: &[f32], step: u64) -> Result<()> {
+        if step == 0 || step > self.step() {
+            return Err(invalid(
+                "step",
+                format!(
+                    "expected a step taken with advance_step (1..={}), got {step}",
+                    self.step()
+                ),
+            ));
+        }
+        self.apply_gradients_numbered(keys, grads, Some(step))
+    }
+
+    pub(super) fn apply_gradients_numbered(
+        &self,
+        keys: &[i64],
+        grads: &[f32],
+        at: Option<u64>,
+    ) -> Result<()> {
+        if self.optimizer.is_none() {
+            return Err(StoreError::NoOptimizer);
+        }
+        Self::check_batch(keys)?;
+        let dim = self.dim;
+        check_len("grads", keys.len() * dim, grads.len())?;
+        let most = check_finite_max("grads", grads)?;
+        check_grad_sums("grads", keys, f64::from(most), |i| {
+            f64::from(
+                grads[i * dim..(i + 1) * dim]
+                    .iter()
+                    .fold(0.0f32, |a, v| a.max(v.abs())),
+            )
+        })?;
+        let _gate = self.enter();
+        let prepared = self.prepare_apply(keys, at.is_none())?;
+        self.run_apply(keys, prepared, at, |i| {
+            (&grads[i * dim..(i + 1) * dim], 1.0)
+        });
+        self.enforce_capacity();
+        Ok(())
+    }
+
+    /// One optimizer step where position `i` of `keys` contributes
+    /// `coef * grad` with `(grad, coef) = grad_of(i)`: contributions to one
+    /// key are summed in batch order, then the row takes one update. Keys
+    /// the admission filter refuses are dropped. The caller has checked the
+    /// inputs and holds the gate, and calls [`Table::enforce_capacity`]
+    /// afterwards; a table without an optimizer does nothing.
+    pub(crate) fn apply_in<'g, G>(&self, keys: &[i64], grad_of: G) -> Result<()>
+    where
+        G: Fn(usize) -> (&'g [f32], f32) + Sync,
+    {
+        let prepared = self.prepare_apply(keys, true)?;
+        self.run_apply(keys, prepared, None, grad_of);
+        Ok(())
+    }
+
+    /// The first half of [`Table::apply_in`]: the keys' plan (the last
+    /// lookup's, when it was of these keys) with room made for every row
+    /// the step may create. Nothing has changed yet; a call that stops here
+    /// gives the room back with [`Table::cancel_apply`].
+    ///
+    /// # Errors
+    /// `OutOfMemory` naming `keys`.
+    pub(crate) fn prepare_apply(&self, keys: &[i64], counts: bool) -> Result<PreparedApply> {
+        if counts && self.step() >= MAX_STEP {
+            return Err(invalid(
+                "step",
+                format!("the table is at step {MAX_STEP}, the most it can count"),
+            ));
+        }
+        let always = self.policy.admission.is_always();
+        let memo = if always { self.take_memo(keys) } else { None };
+        let memo = match memo {
+            Some(m) => Ok(m),
+            None => Err(self.plan(keys)),
+        };
+        let plan = match &memo {
+            Ok(m) => &m.plan,
+            Err(p) => p,
+        };
+        let reserved = if self.optimizer.is_some() {
+            self.reserve_plan(plan, keys, memo.as_ref().ok(), "keys")?
+        } else {
+            Vec::new()
+        };
+        Ok(PreparedApply { memo, reserved })
+    }
+
+    /// Gives back the room a [`Table::prepare_apply`] made.
+    pub(crate) fn cancel_apply(&self, prepared: PreparedApply) {
+        self.release_plan(&prepared.reserved);
+    }
+
+    /// The second half of [`Table::apply_in`]: the step itself.
+    /// The step is number `at`, or without it the next one (the counter goes up).
+    pub(crate) fn run_apply<'g, G>(
+        &self,
+        keys: &[i64],
+        prepared: PreparedApply,
+        at: Option<u64>,
+        grad_of: G,
+    ) where
+        G: Fn(usize) -> (&'g [f32], f32) + Sync,
+    {
+        let Some(opt) = self.optimizer else {
+            return;
+        };
+        let (dim, ww) = (self.dim, self.wwords);
+        let t = at.unwrap_or_else(|| self.step.fetch_add(1, Ordering::AcqRel) + 1);
+        let consts = opt.step_consts(t);
+        let wd = opt.coupled_decay() as f32;
+        let backend = self.backend;
+        let save_gen = self.generation();
+        let track = self.policy.tracks();
+        let tick = if track { self.next_tick() } else { 0 };
+        let compact = self.policy.format != RowFormat::F32;
+        let always = self.policy.admission.is_always();
+        let memo = prepared.memo.as_ref().ok();
+        let plan = prepared.plan();
+        let n = self.shards.len();
+        self.par_shards_mut_below(plan, SEQUENTIAL_STEP_KEYS, |g, pos| {
+            let len0 = g.len();
+            // (row << 32 | position), sorted: each row's positions in batch order.
+            let mut pairs: Vec<u64> = if always {
+                let s = shard_of(plan.hashes[pos[0] as usize], n);
+                let fill = |key, row: &mut [f32]| self.fill_new(key, row);
+                let rows = match memo {
+                    // The lookup's rows, still where they were: only keys it
+                    // did not store need a probe.
+                    Some(m) if m.valid_for(s, g, pos.len()) => {
+                        let mut rows = m.rows[s].clone();
+                        for (r, &i) in rows.iter_mut().zip(pos) {
+                            if *r == NO_ROW {
+                                let (k, h) = (keys[i as usize], plan.hashes[i as usize]);
+                                *r = g.find_or_insert(k, h, save_gen, |row| fill(k, row)).0 as u32;
+                            }
+                        }
+                        rows
+                    }
+                    _ => self.rows_inserting(g, keys, plan, pos, &prepared.reserved[s], save_gen),
+                };
+                rows.iter()
+                    .zip(pos)
+                    .map(|(&r, &i)| (u64::from(r) << 32) | u64::from(i))
+                    .collect()
+            } else {
+                self.admit(g, keys, &plan.hashes, pos, t, save_gen)
+            };
+            pairs.sort_unstable();
+            let mut acc = vec![0.0f32; dim];
+            // Scratch rows: a 16-bit row decoded, a gradient plus its decay.
+            let mut wtmp = vec![0.0f32; if compact { dim } else { 0 }];
+            let mut decayed = vec![0.0f32; if wd != 0.0 { dim } else { 0 }];
+            let mut decay = Decay {
+                wd,
+                g: &mut decayed,
+            };
+            let mut j = 0;
+            // Gradient rows are random reads, and rows (in ascending order)
+            // skip: keep loads of both in flight for the pairs a little
+            // ahead of the one being updated.
+            let mut fetched = 0;
+            while j < pairs.len() {
+                let r = (pairs[j] >> 32) as usize;
+                let mut end = j + 1;
+                while end < pairs.len() && (pairs[end] >> 32) as usize == r {
+                    end += 1;
+                }
+                let until = (end + 2 * PREFETCH_AHEAD).min(pairs.len());
+                while fetched < until {
+                    prefetch(grad_of((pairs[fetched] & 0xFFFF_FFFF) as usize).0);
+                    prefetch(g.arena.row((pairs[fetched] >> 32) as usize));
+                    fetched += 1;
+                }
+                let (first, c0) = grad_of((pairs[j] & 0xFFFF_FFFF) as usize);
+                let gsum: &[f32] = if end - j == 1 && c0 == 1.0 {
+                    first
+                } else {
+                    acc.fill(0.0);
+                    for &p in &pairs[j..end] {
+                        let (gr, c) = grad_of((p & 0xFFFF_FFFF) as usize);
+                        if c == 1.0 {
+                            backend.add_assign(&mut acc, gr);
+                        } else {
+                            backend.axpy(&mut acc, c, gr);
+                        }
+                    }
+                    &acc
+                };
+                g.arena.set_generation(r, save_gen);
+                if track {
+                    g.arena.touch(r, tick, t, (end - j) as u32);
+                }
+                let (w, state) = g.arena.row_mut(r).split_at_mut(ww);
+                if compact {
+                    self.apply_compact(&consts, w, state, gsum, &mut wtmp, &mut decay);
+                } else {
+                    let g = decay.of(backend, gsum, w);
+                    consts.apply(backend, w, state, g);
+                }
+                j = end;
+            }
+            let created = g.len() - len0;
+            Counters::add(&g.counters.inserts, created);
+            Counters::add(&g.counters.admitted, created);
+            g.release_pending(prepared.reserved[shard_of(plan.hashes[pos[0] as usize], n)].n);
+            0
+        });
+    }
+
+    /// One optimizer step on a 16-bit row: decode, update in float32, round
+    /// back (kept out of line: float32 tables never call it).
+    #[inline(never)]
+    pub(super) fn apply_compact(
+        &self,
+        consts: &crate::optim::StepConsts,
+        w: &mut [f32],
+        state: &mut [f32],
+        gsum: &[f32],
+        wtmp: &mut [f32],
+        decay: &mut Decay<'_>,
+    ) {
+        self.policy.format.decode(w, wtmp);
+        let g = decay.of(self.backend, gsum, wtmp);
+        consts.apply(self.backend, wtmp, state, g);
+        // A row saturates at the format's largest value instead of
+        // becoming inf.
+        let most = self.policy.format.max_finite();
+        for v in wtmp.iter_mut() {
+            *v = v.clamp(-most, most);
+        }
+        self.policy.format.encode(wtmp, w);
+    }
+
+    /// The (row << 32 | position) pairs of a shard's positions under an
+    /// admission filter: present keys keep theirs; each missing key is
+    /// counted once (per call, however often it occurs) and gets a row if
+    /// the filter admits it,
+    /// else its positions are dropped (counted as one rejected key). Out of
+    /// line: tables without a filter never call it.
+    #[inline(never)]
+    pub(super) fn admit(
+        &self,
+        g: &mut Shard,
+        keys: &[i64],
+        hashes: &[u64],
+        pos: &[u32],
+        step: u64,
+        save_gen: u32,
+    ) -> Vec<u64> {
+        let mut pairs = Vec::with_capacity(pos.len());
+        let mut missing: Vec<(i64, u32)> = Vec::new();
+        for &i in pos {
+            let iu = i as usize;
+            match g.find(keys[iu], hashes[iu]) {
+                Some(r) => pairs.push(((r as u64) << 32) | u64::from(i)),
+                None => missing.push((keys[iu], i)),
+            }
+        }
+        missing.sort_unstable();
+        let mut rejected = 0;
+        let mut j = 0;
+        while j < missing.len() {
+            let key = missing[j].0;
+            let mut end = j + 1;
+            while end < missing.len() && missing[end].0 == key {
+                end += 1;
+            }
+            let ok = match self.policy.admission {
+                Admission::Always => true,
+                Admission::Count { min_count, .. } => {
+                    let sketch = g.sketch.as_mut().expect("a count filter has a sketch");
+                    sketch.add(key, 1) >= min_count
+                }
+                Admission::Probability { p } => Admission::draw_admits(p, self.seed, key, step),
+            };
+            if ok {
+                let first = missing[j].1 as usize;
+                let (r, _) =
+                    g.find_or_insert(key, hashes[first], save_gen, |row| self.fill_new(key, row));
+                pairs.extend(
+                    missing[j..end]
+                        .iter()
+                        .map(|&(_, i)| ((r as u64) << 32) | u64::from(i)),
+                );
+            } else {
+                rejected += 1;
+            }
+            j = end;
+        }
+        Counters::add(&g.counters.rejected, rejected);
+        pairs
+    }
+
+    /// The admission sketch's estimate for each key (0 without a count
+    /// filter), into `out`.
+    ///
+    /// # Errors
+    /// `ShapeMismatch` when `out` has the wrong length.
+    pub fn admission_counts(&self, keys: &[i64], out: &mut [u32]) -> Result<()> {
+        Self::check_batch(keys)?;
+        check_len("out", keys.len(), out.len())?;
+        for (o, &k) in out.iter_mut().zip(keys) {
+            let s = shard_of(key_hash(k), self.shards.len());
+            *o = read(&self.shards[s])
+                .sketch
+                .as_ref()
+                .map_or(0, |sk| sk.estimate(k));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::test_support::{sgd, table};
+
+    #[test]
+    fn duplicate_keys_are_summed_into_one_step() {
+        let t = table(2, 4, sgd(0.5));
+        t.assign(&[1], &[1.0, 1.0]).unwrap();
+        t.apply_gradients(&[1, 1], &[1.0, 2.0, 3.0, 4.0]).unwrap();
+        let mut out = vec![0.0; 2];
+        t.lookup(&[1], false, &mut out).unwrap();
+        assert_eq!(out, [1.0 - 0.5 * 4.0, 1.0 - 0.5 * 6.0]);
+        assert_eq!(t.step(), 1);
+    }
+
+    #[test]
+    fn a_numbered_step_does_not_move_the_counter() {
+        let t = table(2, 4, sgd(0.5));
+        assert_eq!(t.advance_step().unwrap(), 1);
+        t.apply_gradients_at(&[3], &[1.0, 1.0], 1).unwrap();
+        assert_eq!(t.step(), 1);
+        assert!(t.apply_gradients_at(&[3], &[f32::NAN, 1.0], 1).is_err());
+    }
+
+    #[test]
+    fn a_refused_step_changes_nothing() {
+        let t = table(2, 4, sgd(0.5));
+        t.assign(&[1], &[1.0, 1.0]).unwrap();
+        assert!(
+            t.apply_gradients(&[1, 2], &[1.0, 1.0, f32::INFINITY, 0.0])
+                .is_err()
+        );
+        assert_eq!((t.step(), t.len()), (0, 1));
+    }
+}

@@ -1,0 +1,195 @@
+//! File plumbing: fsync, synced writes, and bounded reads of regular files
+//! (with their size and CRC-32C checked).
+
+use super::*;
+
+pub(super) fn io_err(path: &Path, what: &str, e: &std::io::Error) -> StoreError {
+    ckpt_err(path, format!("{what}: {e}"))
+}
+
+/// A fresh checkpoint id (16 hex digits): the time, the process and a counter, mixed.
+pub fn new_id() -> String {
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    let c = COUNTER.fetch_add(1, Ordering::Relaxed);
+    let h = mix64(nanos ^ mix64(u64::from(std::process::id()) ^ mix64(c)));
+    format!("{h:016x}")
+}
+
+pub(super) fn fsync_dir(dir: &Path) -> Result<()> {
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(|e| io_err(dir, "cannot fsync the directory", &e))
+}
+
+/// Fsyncs the files `names` of `dir`, in parallel.
+pub(super) fn fsync_files<'a>(dir: &Path, names: impl IntoIterator<Item = &'a str>) -> Result<()> {
+    let names: Vec<&str> = names.into_iter().collect();
+    names.par_iter().try_for_each(|n| {
+        let path = dir.join(n);
+        File::open(&path)
+            .and_then(|f| f.sync_all())
+            .map_err(|e| io_err(&path, "cannot fsync", &e))
+    })
+}
+
+/// Writes `bytes` to `path` and fsyncs it.
+pub(super) fn write_synced(path: &Path, bytes: &[u8]) -> Result<()> {
+    let mut f = File::create(path).map_err(|e| io_err(path, "cannot create", &e))?;
+    f.write_all(bytes)
+        .and_then(|()| f.sync_all())
+        .map_err(|e| io_err(path, "cannot write", &e))
+}
+
+/// Byte buffers of one file being written: keys, rows, state.
+pub(super) type WriteBufs = (Vec<u8>, Vec<u8>, Vec<u8>, Vec<u8>);
+
+thread_local! {
+    /// Write buffers per thread, kept between files (no fresh memory to
+    /// fault in for every file).
+    pub(super) static WRITE_BUFS: std::cell::RefCell<WriteBufs> =
+        const { std::cell::RefCell::new((Vec::new(), Vec::new(), Vec::new(), Vec::new())) };
+    /// A read buffer per thread, kept between files so that loading does
+    /// not fault in fresh memory for every file.
+    pub(super) static READ_BUF: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// The bytes of the regular file at `path`, refused (without reading it
+/// all) when it is not a regular file (a device, a FIFO: a symlink to
+/// `/dev/zero` would never end) or holds more than `limit` bytes.
+pub(super) fn read_regular(path: &Path, limit: u64, missing: &str) -> Result<Vec<u8>> {
+    let mut buf = Vec::new();
+    let too_large =
+        |len: u64| (len > limit).then(|| format!("{len} bytes, more than the {limit} allowed"));
+    read_regular_into(path, limit, missing, &mut buf, too_large)?;
+    Ok(buf)
+}
+
+/// [`read_regular`] into `buf` (cleared first); `size_err` says what is
+/// wrong with a file of the given size, if anything.
+pub(super) fn read_regular_into(
+    path: &Path,
+    limit: u64,
+    missing: &str,
+    buf: &mut Vec<u8>,
+    size_err: impl Fn(u64) -> Option<String>,
+) -> Result<()> {
+    let f = File::open(path).map_err(|e| io_err(path, missing, &e))?;
+    let meta = f.metadata().map_err(|e| io_err(path, missing, &e))?;
+    if !meta.is_file() {
+        return Err(ckpt_err(path, "not a regular file"));
+    }
+    if let Some(msg) = size_err(meta.len()) {
+        return Err(ckpt_err(path, msg));
+    }
+    buf.clear();
+    buf.try_reserve_exact(meta.len() as usize)
+        .map_err(|_| crate::error::oom("path", meta.len()))?;
+    f.take(limit + 1)
+        .read_to_end(buf)
+        .map_err(|e| io_err(path, "cannot read", &e))?;
+    if buf.len() as u64 > limit {
+        return Err(ckpt_err(
+            path,
+            format!("more than the {limit} bytes expected (the file grew while read)"),
+        ));
+    }
+    Ok(())
+}
+
+/// Reads a file named by the manifest and checks its size and CRC-32C.
+pub(super) fn read_checked_into(
+    dir: &Path,
+    e: &FileEntry,
+    progress: Option<&AtomicU64>,
+    buf: &mut Vec<u8>,
+) -> Result<()> {
+    if e.name.is_empty() || e.name.contains('/') || e.name.contains('\\') || e.name.starts_with('.')
+    {
+        return Err(ckpt_err(
+            dir,
+            format!("file name {:?} is not a plain file name", e.name),
+        ));
+    }
+    let path = dir.join(&e.name);
+    let size_err = |len: u64| {
+        (len != e.bytes).then(|| {
+            format!(
+                "expected {} bytes, found {len} (truncated or replaced)",
+                e.bytes
+            )
+        })
+    };
+    read_regular_into(&path, e.bytes, "missing or unreadable", buf, size_err)?;
+    let crc = crc32c::crc32c(buf);
+    if crc != e.crc32c {
+        return Err(ckpt_err(
+            &path,
+            format!(
+                "checksum mismatch: expected crc32c {:08x}, found {crc:08x} (damaged)",
+                e.crc32c
+            ),
+        ));
+    }
+    if let Some(p) = progress {
+        p.fetch_add(e.bytes, Ordering::Relaxed);
+    }
+    Ok(())
+}
+
+/// Runs `f` on the checked bytes of a file, read into this thread's buffer.
+pub(super) fn with_file<T>(
+    dir: &Path,
+    e: &FileEntry,
+    progress: Option<&AtomicU64>,
+    f: impl FnOnce(&[u8]) -> Result<T>,
+) -> Result<T> {
+    // The buffer is taken out of the thread's slot, not borrowed across `f`:
+    // `f` may run rayon jobs, and a worker waiting in one may steal another
+    // job of this kind on the same thread (which then finds the slot empty
+    // and allocates a buffer of its own).
+    let mut buf = READ_BUF.with(|cell| std::mem::take(&mut *cell.borrow_mut()));
+    let out = read_checked_into(dir, e, progress, &mut buf).and_then(|()| f(&buf));
+    READ_BUF.with(|cell| {
+        let mut slot = cell.borrow_mut();
+        if slot.capacity() < buf.capacity() {
+            *slot = buf;
+        }
+    });
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::super::test_support::temp_dir;
+    use super::*;
+
+    #[test]
+    fn synced_writes_read_back_and_limits_hold() {
+        let dir = temp_dir("files");
+        let path = dir.join("a.bin");
+        write_synced(&path, b"hello").unwrap();
+        fsync_files(&dir, ["a.bin"]).unwrap();
+        fsync_dir(&dir).unwrap();
+        assert_eq!(read_regular(&path, 5, "a").unwrap(), b"hello");
+        let e = read_regular(&path, 4, "a").unwrap_err().to_string();
+        assert!(e.contains("more than the 4 allowed"), "{e}");
+        assert!(read_regular(&dir.join("missing"), 5, "missing file").is_err());
+    }
+
+    #[test]
+    fn a_directory_is_not_a_regular_file() {
+        let dir = temp_dir("files-dir");
+        assert!(read_regular(&dir, 1 << 20, "dir").is_err());
+    }
+
+    #[test]
+    fn checkpoint_ids_are_fresh_hex() {
+        let (a, b) = (new_id(), new_id());
+        assert_ne!(a, b);
+        assert_eq!(a.len(), 16);
+        assert!(a.bytes().all(|c| c.is_ascii_hexdigit()));
+    }
+}

@@ -1,0 +1,311 @@
+//! Loading: the manifest chain checked whole, then replayed into a new
+//! table; and `verify`, which checks without loading.
+
+use super::*;
+
+impl Table {
+    /// Loads the checkpoint at `dir` into a new table (with `num_shards`
+    /// shards, or the default). Every file is checked before any row is
+    /// inserted. `progress`, if given, counts bytes read (twice the
+    /// checkpoint's size: a checking pass, then a loading pass).
+    ///
+    /// # Errors
+    /// `Checkpoint` for a damaged, unknown, newer or inconsistent checkpoint.
+    pub fn load(
+        dir: &Path,
+        num_shards: Option<usize>,
+        progress: Option<&AtomicU64>,
+    ) -> Result<(Table, Manifest)> {
+        Self::load_filtered(dir, num_shards, progress, None)
+    }
+
+    /// [`Table::load`] keeping only the rows whose key `keep` accepts (the
+    /// keys one rank owns); the row count is then not checked against the
+    /// manifest (the caller checks the sum over ranks).
+    ///
+    /// # Errors
+    /// As [`Table::load`].
+    pub fn load_filtered(
+        dir: &Path,
+        num_shards: Option<usize>,
+        progress: Option<&AtomicU64>,
+        keep: Option<&(dyn Fn(i64) -> bool + Sync)>,
+    ) -> Result<(Table, Manifest)> {
+        // A save to `dir` may publish a new checkpoint while this reads the
+        // previous one. With the readers' lock held, the save leaves the
+        // previous files in place; without one (no lock file), a load that
+        // fails while the manifest changed under it reads the new one.
+        let mut tries = 0;
+        loop {
+            let reader = dirlock::reader(dir);
+            let m = read_manifest(dir)?;
+            let id = m.id.clone();
+            match Self::load_manifest(dir, m, num_shards, progress, keep) {
+                Err(StoreError::Checkpoint { .. })
+                    if reader.is_none()
+                        && tries < 16
+                        && read_manifest(dir).is_ok_and(|now| now.id != id) =>
+                {
+                    tries += 1;
+                    if let Some(p) = progress {
+                        p.store(0, Ordering::Relaxed);
+                    }
+                }
+                other => return other,
+            }
+        }
+    }
+
+    /// [`Table::load_filtered`] of the checkpoint whose manifest is `m`.
+    pub(super) fn load_manifest(
+        dir: &Path,
+        m: Manifest,
+        num_shards: Option<usize>,
+        progress: Option<&AtomicU64>,
+        keep: Option<&(dyn Fn(i64) -> bool + Sync)>,
+    ) -> Result<(Table, Manifest)> {
+        // Check pass: sizes, checksums, headers, dtypes and shapes.
+        let files: Vec<(usize, &FileEntry, bool)> = m
+            .chain
+            .iter()
+            .enumerate()
+            .flat_map(|(i, l)| {
+                l.removed
+                    .iter()
+                    .map(move |f| (i, f, true))
+                    .chain(l.files.iter().map(move |f| (i, f, false)))
+            })
+            .collect();
+        files
+            .par_iter()
+            .try_for_each(|&(_, e, removed)| -> Result<()> {
+                let path = dir.join(&e.name);
+                with_file(dir, e, progress, |buf| {
+                    if removed {
+                        parse_removed(&path, e, buf).map(|_| ())
+                    } else {
+                        check_rows(&m, &path, e, buf)
+                    }
+                })
+            })?;
+
+        let mut cfg = TableConfig::new(m.dim);
+        cfg.optimizer = m
+            .optimizer
+            .as_ref()
+            .map(|o| Optimizer::from_named(&o.name, &o.params))
+            .transpose()?;
+        cfg.initializer = Initializer::from_named(&m.initializer.name, &m.initializer.params)?;
+        cfg.seed = m.seed;
+        cfg.num_shards = num_shards;
+        cfg.policy = m.table_policy()?;
+        let table = Table::new(cfg)?;
+        // `m.rows` is bounded by the rows of the files checked above.
+        table
+            .try_reserve_index(m.rows as usize)
+            .map_err(|_| ckpt_err(dir, format!("not enough memory for {} rows", m.rows)))?;
+        // Load pass: replay the chain; in each link the removals first, then
+        // its files (disjoint keys) in parallel. The table is not shared yet.
+        for link in &m.chain {
+            if let Some(e) = &link.removed {
+                with_file(dir, e, progress, |buf| {
+                    table.remove(&parse_removed(&dir.join(&e.name), e, buf)?)
+                })?;
+            }
+            link.files.par_iter().try_for_each(|e| -> Result<()> {
+                with_file(dir, e, progress, |buf| {
+                    let r = parse_rows(&m, &dir.join(&e.name), e, buf)?;
+                    match keep {
+                        None => table.assign_in(
+                            &r.keys,
+                            &r.rows,
+                            r.state.as_deref(),
+                            r.meta.as_deref(),
+                            1,
+                        )?,
+                        Some(keep) => {
+                            let (dim, sl) = (m.dim, m.state_len);
+                            let pick: Vec<usize> =
+                                (0..r.keys.len()).filter(|&i| keep(r.keys[i])).collect();
+                            let keys: Vec<i64> = pick.iter().map(|&i| r.keys[i]).collect();
+                            let rows: Vec<f32> = pick
+                                .iter()
+                                .flat_map(|&i| r.rows[i * dim..(i + 1) * dim].iter().copied())
+                                .collect();
+                            let state: Option<Vec<f32>> = r.state.as_ref().map(|st| {
+                                pick.iter()
+                                    .flat_map(|&i| st[i * sl..(i + 1) * sl].iter().copied())
+                                    .collect()
+                            });
+                            let meta: Option<Vec<u32>> = r.meta.as_ref().map(|mt| {
+                                pick.iter()
+                                    .flat_map(|&i| mt[i * 4..(i + 1) * 4].iter().copied())
+                                    .collect()
+                            });
+                            table.assign_in(&keys, &rows, state.as_deref(), meta.as_deref(), 1)?;
+                        }
+                    }
+                    Ok(())
+                })
+            })?;
+        }
+        let loaded = table.len() as u64;
+        if keep.is_none() && loaded != m.rows {
+            return Err(ckpt_err(
+                dir,
+                format!(
+                    "the chain replays to {loaded} rows, the manifest says {}",
+                    m.rows
+                ),
+            ));
+        }
+        table.set_step(m.step)?;
+        table.set_clock(m.clock);
+        table.generation.store(2, Ordering::Release);
+        for lock in table.shards.iter() {
+            let mut g = super::super::write(lock);
+            g.removed = Vec::new();
+            g.track_removals = true;
+        }
+        let canonical = fs::canonicalize(dir).map_err(|e| io_err(dir, "cannot resolve", &e))?;
+        *table
+            .last_save
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = Some(SaveMark {
+            dir: canonical,
+            id: m.id.clone(),
+        });
+        Ok((table, m))
+    }
+}
+
+/// A file of a checkpoint and what is wrong with it (`None`: nothing).
+pub type FileCheck = (FileEntry, Option<String>);
+
+/// Checks every file of the checkpoint at `dir`: returns the manifest and,
+/// per file, `None` when it holds or the error when not.
+///
+/// # Errors
+/// `Checkpoint` when the manifest itself cannot be read.
+pub fn verify(dir: &Path) -> Result<(Manifest, Vec<FileCheck>)> {
+    let _reader = dirlock::reader(dir);
+    let m = read_manifest(dir)?;
+    let results: Vec<FileCheck> = m
+        .files()
+        .collect::<Vec<_>>()
+        .par_iter()
+        .map(|e| {
+            let path = dir.join(&e.name);
+            let r = with_file(dir, e, None, |buf| {
+                if e.name.ends_with("-removed.safetensors") {
+                    parse_removed(&path, e, buf).map(|_| ())
+                } else {
+                    check_rows(&m, &path, e, buf)
+                }
+            });
+            ((*e).clone(), r.err().map(|x| x.to_string()))
+        })
+        .collect();
+    if results.iter().all(|(_, err)| err.is_none()) {
+        // What a load checks last: the chain replays to the manifest's rows.
+        let replayed = replay_count(dir, &m)?;
+        if replayed != m.rows {
+            return Err(ckpt_err(
+                dir,
+                format!(
+                    "the chain replays to {replayed} rows, the manifest says {}",
+                    m.rows
+                ),
+            ));
+        }
+    }
+    Ok((m, results))
+}
+
+/// The number of rows replaying the chain of `m` gives (keys only).
+pub(super) fn replay_count(dir: &Path, m: &Manifest) -> Result<u64> {
+    let mut keys: std::collections::HashSet<i64> = std::collections::HashSet::new();
+    for link in &m.chain {
+        if let Some(e) = &link.removed {
+            with_file(dir, e, None, |buf| {
+                for k in parse_removed(&dir.join(&e.name), e, buf)?.iter() {
+                    keys.remove(k);
+                }
+                Ok(())
+            })?;
+        }
+        for e in &link.files {
+            with_file(dir, e, None, |buf| {
+                let st = SafeTensors::deserialize(buf)
+                    .map_err(|err| ckpt_err(dir, format!("not a safetensors file: {err}")))?;
+                let path = dir.join(&e.name);
+                let ks = i64s(expect_tensor(
+                    &st,
+                    &path,
+                    "keys",
+                    Dtype::I64,
+                    &[e.rows as usize],
+                )?);
+                keys.try_reserve(ks.len())
+                    .map_err(|_| crate::error::oom("path", ks.len() * 8))?;
+                keys.extend(ks.iter().copied());
+                Ok(())
+            })?;
+        }
+    }
+    Ok(keys.len() as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::super::test_support::{table, temp_dir};
+    use super::*;
+
+    fn adam() -> Option<Optimizer> {
+        Some(Optimizer::Adam {
+            lr: 0.01,
+            beta1: 0.9,
+            beta2: 0.999,
+            eps: 1e-8,
+            weight_decay: 0.0,
+        })
+    }
+
+    #[test]
+    fn a_load_restores_rows_state_and_step_at_any_shard_count() {
+        let dir = temp_dir("load");
+        let t = table(3, 4, adam());
+        let keys: Vec<i64> = (0..50).collect();
+        t.apply_gradients(&keys, &[0.1; 150]).unwrap();
+        t.save(&dir, false, true, None).unwrap();
+        t.apply_gradients(&keys[..5], &[0.2; 15]).unwrap();
+        t.save(&dir, true, true, None).unwrap();
+        for shards in [1, 8] {
+            let (back, m) = Table::load(&dir, Some(shards), None).unwrap();
+            assert_eq!((back.step(), back.num_shards(), m.rows), (2, shards, 50));
+            assert_eq!(back.export(true).unwrap(), t.export(true).unwrap());
+        }
+        let (_, checks) = verify(&dir).unwrap();
+        assert!(checks.iter().all(|(_, err)| err.is_none()));
+        assert_eq!(
+            replay_count(&dir, &read_manifest(&dir).unwrap()).unwrap(),
+            50
+        );
+    }
+
+    #[test]
+    fn a_damaged_file_is_found_before_any_row_is_loaded() {
+        let dir = temp_dir("load-bad");
+        let t = table(3, 2, adam());
+        t.apply_gradients(&[1, 2], &[0.1; 6]).unwrap();
+        let m = t.save(&dir, false, true, None).unwrap().manifest;
+        let f = dir.join(&m.chain[0].files[0].name);
+        let mut bytes = std::fs::read(&f).unwrap();
+        let last = bytes.len() - 1;
+        bytes[last] ^= 0xff;
+        std::fs::write(&f, bytes).unwrap();
+        assert!(Table::load(&dir, None, None).is_err());
+        let (_, checks) = verify(&dir).unwrap();
+        assert!(checks.iter().any(|(_, err)| err.is_some()));
+    }
+}

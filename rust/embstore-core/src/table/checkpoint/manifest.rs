@@ -1,0 +1,379 @@
+//! The manifest: its schema (serde), its checksum and its checks, and
+//! reading it from a directory.
+
+use super::*;
+
+/// The format name in every manifest.
+pub const FORMAT: &str = "embstore-checkpoint";
+/// The newest format version this build writes and reads.
+pub const VERSION: u32 = 1;
+/// The manifest's file name inside a checkpoint directory.
+pub const MANIFEST: &str = "manifest.json";
+/// Rows per shard file are capped so that one file's bytes stay near this.
+pub(super) const FILE_BYTES: usize = 256 << 20;
+/// The largest manifest a load accepts.
+pub(super) const MAX_MANIFEST_BYTES: u64 = 64 << 20;
+
+/// A named configuration (optimizer or initializer) in a manifest.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct NamedConfig {
+    /// Class name, as in `embstore.optim` / `embstore.init`.
+    pub name: String,
+    /// Every parameter.
+    pub params: BTreeMap<String, f64>,
+}
+
+/// One file of a checkpoint.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct FileEntry {
+    /// File name inside the checkpoint directory.
+    pub name: String,
+    /// Rows (or removed keys) it holds.
+    pub rows: u64,
+    /// Its size in bytes.
+    pub bytes: u64,
+    /// CRC-32C (Castagnoli) of the whole file.
+    pub crc32c: u32,
+}
+
+/// A link of the chain: a full snapshot or a delta on top of the previous links.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Link {
+    /// "full" or "delta".
+    pub kind: String,
+    /// Shard files of rows (keys, rows, and state when saved with it).
+    pub files: Vec<FileEntry>,
+    /// For a delta: the file of keys removed since the previous link.
+    pub removed: Option<FileEntry>,
+}
+
+/// The manifest of a checkpoint directory.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Manifest {
+    /// Always [`FORMAT`].
+    pub format: String,
+    /// Format version; a reader refuses a newer one.
+    pub version: u32,
+    /// Unique id of this manifest (names its files).
+    pub id: String,
+    /// Columns per row.
+    pub dim: usize,
+    /// Row dtype.
+    pub dtype: String,
+    /// Floats of optimizer state per row in the files (0 without state).
+    pub state_len: usize,
+    /// Names of the state blocks.
+    pub state_names: Vec<String>,
+    /// The optimizer, if the table has one.
+    pub optimizer: Option<NamedConfig>,
+    /// The initializer.
+    pub initializer: NamedConfig,
+    /// Initializer seed.
+    pub seed: u64,
+    /// Optimizer steps taken.
+    pub step: u64,
+    /// Shards of the table that saved (informational; any count loads).
+    pub num_shards: usize,
+    /// Whether the files hold optimizer state.
+    pub with_optimizer: bool,
+    /// Rows after replaying the chain.
+    pub rows: u64,
+    /// Full snapshot, then deltas.
+    pub chain: Vec<Link>,
+    /// The memory policy, when the table has one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub policy: Option<PolicyConfig>,
+    /// The table's call clock (LRU recency of the rows' metadata).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub clock: u64,
+    /// CRC-32C of the manifest's canonical JSON without this field.
+    #[serde(default)]
+    pub checksum: Option<u32>,
+}
+
+pub(super) fn is_zero(v: &u64) -> bool {
+    *v == 0
+}
+
+/// A table's admission and eviction settings in a manifest. When present,
+/// the row files also hold a `meta` tensor (u32, 4 per row) when the policy
+/// keeps per-row metadata.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PolicyConfig {
+    /// The admission filter ("always", "count", "probability").
+    pub admission: NamedConfig,
+    /// Steps a row lives untouched.
+    pub ttl_steps: Option<u64>,
+    /// Most rows.
+    pub capacity: Option<u64>,
+    /// "lfu" or "lru".
+    pub eviction: String,
+}
+
+impl PolicyConfig {
+    /// The settings of `p` (its row format is the manifest's dtype).
+    pub(super) fn of(p: &Policy) -> PolicyConfig {
+        let (name, params) = p.admission.to_named();
+        PolicyConfig {
+            admission: NamedConfig {
+                name: name.to_string(),
+                params: params.into_iter().collect(),
+            },
+            ttl_steps: p.ttl_steps,
+            capacity: p.capacity.map(|c| c as u64),
+            eviction: p.eviction.name().to_string(),
+        }
+    }
+
+    /// The policy these settings describe, with rows in `format`.
+    pub(super) fn policy(&self, format: RowFormat) -> Result<Policy> {
+        let params: Vec<(String, f64)> = self
+            .admission
+            .params
+            .iter()
+            .map(|(k, v)| (k.clone(), *v))
+            .collect();
+        let p = Policy {
+            format,
+            admission: Admission::from_named(&self.admission.name, &params)?,
+            ttl_steps: self.ttl_steps,
+            capacity: self.capacity.map(|c| c as usize),
+            eviction: Eviction::from_name(&self.eviction)?,
+        };
+        p.validate()?;
+        Ok(p)
+    }
+}
+
+impl Manifest {
+    /// The row format named by `dtype`.
+    pub(super) fn format(&self) -> Result<RowFormat> {
+        RowFormat::from_name(&self.dtype)
+    }
+
+    /// The policy of the table that saved, with its row format.
+    pub(super) fn table_policy(&self) -> Result<Policy> {
+        let format = self.format()?;
+        match &self.policy {
+            None => Ok(Policy {
+                format,
+                ..Policy::default()
+            }),
+            Some(pc) => pc.policy(format),
+        }
+    }
+
+    /// Whether the row files hold a `meta` tensor.
+    pub(super) fn has_meta(&self) -> bool {
+        self.policy
+            .as_ref()
+            .is_some_and(|p| p.ttl_steps.is_some() || p.capacity.is_some())
+    }
+}
+
+impl Manifest {
+    /// The CRC-32C of the canonical JSON of everything but `checksum`.
+    pub(super) fn compute_checksum(&self) -> u32 {
+        let mut m = self.clone();
+        m.checksum = None;
+        let v = serde_json::to_value(&m).expect("a manifest always serializes");
+        crc32c::crc32c(v.to_string().as_bytes())
+    }
+
+    /// Bytes of every file of the chain (what a load reads, once per pass).
+    pub fn total_bytes(&self) -> u64 {
+        self.files().map(|f| f.bytes).fold(0, u64::saturating_add)
+    }
+
+    /// Every file of the chain.
+    pub fn files(&self) -> impl Iterator<Item = &FileEntry> {
+        self.chain
+            .iter()
+            .flat_map(|l| l.files.iter().chain(l.removed.iter()))
+    }
+}
+
+/// What a save wrote.
+#[derive(Debug, Clone)]
+pub struct SaveInfo {
+    /// The new manifest.
+    pub manifest: Manifest,
+    /// Bytes written by this save (files and manifest).
+    pub bytes_written: u64,
+}
+
+/// Where a table was last saved: incremental saves continue that chain.
+#[derive(Debug, Clone)]
+pub(crate) struct SaveMark {
+    pub(super) dir: PathBuf,
+    pub(super) id: String,
+}
+
+/// The last save of each table (by address would be fragile; it lives in
+/// the table itself).
+pub(crate) type LastSave = Mutex<Option<SaveMark>>;
+
+/// Reads and checks a directory's manifest (not yet its files).
+///
+/// # Errors
+/// `Checkpoint` when the manifest is missing, unreadable, not JSON of the
+/// expected shape, of an unknown format or newer version, or its checksum
+/// or configuration does not hold.
+pub fn read_manifest(dir: &Path) -> Result<Manifest> {
+    let path = dir.join(MANIFEST);
+    let text = read_regular(&path, MAX_MANIFEST_BYTES, "no manifest")?;
+    let value: serde_json::Value = serde_json::from_slice(&text)
+        .map_err(|e| ckpt_err(&path, format!("not valid JSON: {e}")))?;
+    match value.get("format").and_then(|f| f.as_str()) {
+        Some(FORMAT) => {}
+        other => {
+            return Err(ckpt_err(
+                &path,
+                format!("not an embstore checkpoint (format {other:?}, expected {FORMAT:?})"),
+            ));
+        }
+    }
+    match value.get("version").and_then(serde_json::Value::as_u64) {
+        Some(v) if v <= u64::from(VERSION) => {}
+        Some(v) => {
+            return Err(ckpt_err(
+                &path,
+                format!(
+                    "format version {v} was written by a newer embstore; this build reads versions up to {VERSION}"
+                ),
+            ));
+        }
+        None => return Err(ckpt_err(&path, "manifest has no format version")),
+    }
+    let m: Manifest = serde_json::from_value(value).map_err(|e| {
+        ckpt_err(
+            &path,
+            format!("manifest does not have the expected fields: {e}"),
+        )
+    })?;
+    let crc = m.compute_checksum();
+    if m.checksum != Some(crc) {
+        return Err(ckpt_err(
+            &path,
+            format!(
+                "manifest checksum mismatch: expected {:?}, computed {crc:08x} (damaged)",
+                m.checksum
+            ),
+        ));
+    }
+    check_manifest(&m).map_err(|msg| ckpt_err(&path, msg))?;
+    Ok(m)
+}
+
+/// Structural checks of a parsed manifest; the message says what is wrong.
+pub(super) fn check_manifest(m: &Manifest) -> std::result::Result<(), String> {
+    if m.dim == 0 || m.dim > 1 << 20 {
+        return Err(format!("dim {} out of range", m.dim));
+    }
+    if m.step > super::super::MAX_STEP {
+        return Err(format!(
+            "step {} out of range (at most {})",
+            m.step,
+            super::super::MAX_STEP
+        ));
+    }
+    // Replaying the chain cannot give more rows than its files hold.
+    let file_rows = m
+        .chain
+        .iter()
+        .flat_map(|l| l.files.iter())
+        .try_fold(0u64, |acc, f| acc.checked_add(f.rows));
+    match file_rows {
+        Some(n) if m.rows <= n => {}
+        _ => {
+            return Err(format!(
+                "rows {} is more than its files hold ({file_rows:?})",
+                m.rows
+            ));
+        }
+    }
+    if RowFormat::from_name(&m.dtype).is_err() {
+        return Err(format!(
+            "dtype {:?} is not supported by this build",
+            m.dtype
+        ));
+    }
+    if let Some(p) = &m.policy {
+        p.policy(RowFormat::F32)
+            .map_err(|e| format!("policy: {e}"))?;
+    }
+    let opt = m
+        .optimizer
+        .as_ref()
+        .map(|o| Optimizer::from_named(&o.name, &o.params));
+    let opt = opt.transpose().map_err(|e| format!("optimizer: {e}"))?;
+    Initializer::from_named(&m.initializer.name, &m.initializer.params)
+        .map_err(|e| format!("initializer: {e}"))?;
+    let expect_state = if m.with_optimizer {
+        opt.map_or(0, |o| o.state_len(m.dim))
+    } else {
+        0
+    };
+    if m.state_len != expect_state {
+        return Err(format!(
+            "state_len {} does not match the optimizer's {expect_state}",
+            m.state_len
+        ));
+    }
+    match m.chain.first() {
+        Some(l) if l.kind == "full" && l.removed.is_none() => {}
+        _ => return Err("the chain must start with a full snapshot".into()),
+    }
+    if m.chain.iter().skip(1).any(|l| l.kind != "delta") {
+        return Err("every link after the first must be a delta".into());
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::super::test_support::{sgd, table, temp_dir};
+    use super::*;
+
+    fn saved() -> (std::path::PathBuf, Manifest) {
+        let dir = temp_dir("manifest");
+        let t = table(3, 2, sgd(0.1));
+        t.assign(&[1, 2, 3], &[0.5; 9]).unwrap();
+        let info = t.save(&dir, false, true, None).unwrap();
+        (dir, info.manifest)
+    }
+
+    #[test]
+    fn the_checksum_covers_every_field() {
+        let (dir, m) = saved();
+        assert_eq!(read_manifest(&dir).unwrap().checksum, m.checksum);
+        let mut other = m.clone();
+        other.step += 1;
+        assert_ne!(other.compute_checksum(), m.compute_checksum());
+        assert_eq!(m.checksum, Some(m.compute_checksum()));
+        assert_eq!(m.total_bytes(), m.files().map(|f| f.bytes).sum::<u64>());
+    }
+
+    #[test]
+    fn structural_checks_name_what_is_wrong() {
+        let (_, m) = saved();
+        assert!(check_manifest(&m).is_ok());
+        let mut bad = m.clone();
+        bad.dim = 0;
+        assert!(check_manifest(&bad).unwrap_err().contains("dim"));
+        let mut bad = m.clone();
+        bad.rows = 1 << 40;
+        assert!(check_manifest(&bad).unwrap_err().contains("rows"));
+    }
+
+    #[test]
+    fn a_damaged_manifest_is_refused() {
+        let (dir, _) = saved();
+        let path = dir.join(MANIFEST);
+        let mut v: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        v["step"] = serde_json::json!(5);
+        std::fs::write(&path, v.to_string()).unwrap();
+        assert!(read_manifest(&dir).is_err());
+    }
+}

@@ -1,0 +1,167 @@
+//! Publishing a manifest by rename (crash-safe), creating the checkpoint
+//! directory, and removing files no manifest names.
+
+use super::*;
+
+/// Publishes `manifest` at `dir`: fsyncs the files of its last link, writes
+/// the manifest (with its checksum) to a temporary name, fsyncs it, renames
+/// it over `manifest.json` and fsyncs the directory; then deletes the files
+/// no link names, unless a load is reading the directory (they go at a
+/// later publish). Holds the directory's writers' lock throughout (see
+/// `dirlock`). Returns the manifest's size in bytes.
+///
+/// # Errors
+/// `Checkpoint` for I/O errors; the previous manifest then still stands.
+pub fn publish(dir: &Path, manifest: &mut Manifest) -> Result<u64> {
+    let _writer = dirlock::writer(dir)?;
+    publish_locked(dir, manifest)
+}
+
+/// [`publish`] by a caller that holds the writers' lock.
+pub(super) fn publish_locked(dir: &Path, manifest: &mut Manifest) -> Result<u64> {
+    check_manifest(manifest).map_err(|msg| ckpt_err(dir, msg))?;
+    manifest.checksum = Some(manifest.compute_checksum());
+    let text = serde_json::to_vec_pretty(&manifest)
+        .map_err(|e| ckpt_err(dir, format!("cannot serialize the manifest: {e}")))?;
+    if let Some(link) = manifest.chain.last() {
+        fsync_files(
+            dir,
+            link.files
+                .iter()
+                .chain(link.removed.iter())
+                .map(|f| f.name.as_str()),
+        )?;
+    }
+    fsync_dir(dir)?;
+    let tmp = dir.join(format!("{MANIFEST}.tmp-{}", manifest.id));
+    if let Err(e) = write_synced(&tmp, &text) {
+        let _ = fs::remove_file(&tmp);
+        return Err(e);
+    }
+    // The publishing step: one atomic rename.
+    if let Err(e) = fs::rename(&tmp, dir.join(MANIFEST)) {
+        let _ = fs::remove_file(&tmp);
+        return Err(io_err(dir, "cannot publish", &e));
+    }
+    fsync_dir(dir)?;
+    if let Some(_cleaner) = dirlock::cleaner(dir) {
+        remove_unreferenced(dir, manifest);
+    }
+    Ok(text.len() as u64)
+}
+
+/// Creates the checkpoint directory `dir` if it does not exist; its parent
+/// must (a typo in a path should not silently create a tree of
+/// directories). Several processes may create it at once.
+///
+/// # Errors
+/// `Checkpoint` naming the missing parent, or the I/O error.
+pub(super) fn create_checkpoint_dir(dir: &Path) -> Result<()> {
+    if dir.is_dir() {
+        return Ok(());
+    }
+    let parent = match dir.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    };
+    if !parent.is_dir() {
+        return Err(ckpt_err(
+            dir,
+            format!(
+                "the parent directory {} does not exist (create it first)",
+                parent.display()
+            ),
+        ));
+    }
+    match fs::create_dir(dir) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && dir.is_dir() => Ok(()),
+        Err(e) => Err(io_err(dir, "cannot create the directory", &e)),
+    }
+}
+
+/// Deletes the files a save wrote before it failed: those named with its
+/// id (best effort; they are garbage that no manifest names either way).
+pub fn remove_partial(dir: &Path, id: &str) {
+    let prefix = format!("{id}-");
+    let tmp = format!("{MANIFEST}.tmp-{id}");
+    if let Ok(entries) = fs::read_dir(dir) {
+        for e in entries.flatten() {
+            let name = e.file_name().to_string_lossy().to_string();
+            if (name.starts_with(&prefix) && is_ours(&name)) || name == tmp {
+                let _ = fs::remove_file(e.path());
+            }
+        }
+    }
+}
+
+/// Whether a file name is one a save writes (an id-prefixed shard file or a
+/// temporary manifest) or the manifest itself.
+pub(super) fn is_ours(name: &str) -> bool {
+    name == MANIFEST
+        || name == READERS_LOCK
+        || name.starts_with(&format!("{MANIFEST}.tmp-"))
+        || (name.ends_with(".safetensors")
+            && name.len() > 17
+            && name.as_bytes()[..16].iter().all(u8::is_ascii_hexdigit)
+            && name.as_bytes()[16] == b'-')
+}
+
+/// Deletes our files that `m` does not name (best effort: a failure leaves
+/// garbage, never a damaged checkpoint). The caller holds the writers' lock
+/// and, so that no load is reading the files of the manifest `m` replaced,
+/// the readers' lock exclusively ([`dirlock::cleaner`]).
+pub(super) fn remove_unreferenced(dir: &Path, m: &Manifest) {
+    let keep: std::collections::HashSet<&str> = m.files().map(|f| f.name.as_str()).collect();
+    if let Ok(entries) = fs::read_dir(dir) {
+        for e in entries.flatten() {
+            let name = e.file_name().to_string_lossy().to_string();
+            if name != MANIFEST
+                && name != READERS_LOCK
+                && is_ours(&name)
+                && !keep.contains(name.as_str())
+            {
+                let _ = fs::remove_file(e.path());
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::super::test_support::{sgd, table, temp_dir};
+    use super::*;
+
+    #[test]
+    fn our_file_names_are_recognised_and_others_are_not() {
+        assert!(is_ours(MANIFEST));
+        assert!(is_ours("0123456789abcdef-00001.safetensors"));
+        assert!(is_ours(&format!("{MANIFEST}.tmp-1")));
+        assert!(!is_ours("notes.txt"));
+        assert!(!is_ours("weights.safetensors"));
+    }
+
+    #[test]
+    fn a_save_over_another_removes_only_the_files_it_replaced() {
+        let dir = temp_dir("publish");
+        let t = table(2, 2, sgd(0.1));
+        t.assign(&[1, 2], &[0.5; 4]).unwrap();
+        let first = t.save(&dir, false, true, None).unwrap().manifest;
+        std::fs::write(dir.join("notes.txt"), b"mine").unwrap();
+        let second = t.save(&dir, false, true, None).unwrap().manifest;
+        for f in first.files() {
+            assert!(!dir.join(&f.name).exists(), "{} removed", f.name);
+        }
+        for f in second.files() {
+            assert!(dir.join(&f.name).exists(), "{} kept", f.name);
+        }
+        assert!(dir.join("notes.txt").exists(), "a file not ours is kept");
+    }
+
+    #[test]
+    fn a_checkpoint_directory_needs_an_existing_parent() {
+        let dir = temp_dir("publish-parent");
+        assert!(create_checkpoint_dir(&dir.join("a/b")).is_err());
+        create_checkpoint_dir(&dir.join("a")).unwrap();
+    }
+}

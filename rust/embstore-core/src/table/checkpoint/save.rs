@@ -1,0 +1,404 @@
+//! Saving: the rows of a snapshot written to shard files in parallel, full
+//! or incremental, then published.
+
+use super::*;
+
+impl Table {
+    /// A manifest describing this table (no files yet), for [`publish`].
+    pub fn manifest_base(&self, id: &str, with_optimizer: bool) -> Manifest {
+        let (iname, iparams) = self.initializer.to_named();
+        let optimizer = self.optimizer.map(|o| {
+            let (name, params) = o.to_named();
+            NamedConfig {
+                name: name.to_string(),
+                params,
+            }
+        });
+        let with_state = with_optimizer && self.state_len > 0;
+        Manifest {
+            format: FORMAT.to_string(),
+            version: VERSION,
+            id: id.to_string(),
+            dim: self.dim,
+            dtype: self.policy.format.name().to_string(),
+            state_len: if with_state { self.state_len } else { 0 },
+            state_names: if with_state {
+                self.optimizer
+                    .map(|o| o.state_names().iter().map(|s| (*s).to_string()).collect())
+                    .unwrap_or_default()
+            } else {
+                Vec::new()
+            },
+            optimizer,
+            initializer: NamedConfig {
+                name: iname.to_string(),
+                params: iparams,
+            },
+            seed: self.seed,
+            step: self.step(),
+            num_shards: self.shards.len(),
+            with_optimizer,
+            rows: 0,
+            chain: Vec::new(),
+            policy: (self.policy
+                != Policy {
+                    format: self.policy.format,
+                    ..Policy::default()
+                })
+            .then(|| PolicyConfig::of(&self.policy)),
+            clock: self.clock(),
+            checksum: None,
+        }
+    }
+
+    /// Writes this table's rows (all, or with `only_gen` those changed in that
+    /// save generation) to shard files `{prefix}-SSSSS-CCCC.safetensors` in
+    /// `dir`, at most about 256 MB each, and returns their entries. The
+    /// files are not yet fsynced (see [`publish`]). The caller holds the
+    /// gate exclusively.
+    pub(super) fn write_rows(
+        &self,
+        dir: &Path,
+        prefix: &str,
+        only_gen: Option<u32>,
+        with_optimizer: bool,
+        progress: Option<&AtomicU64>,
+    ) -> Result<Vec<FileEntry>> {
+        let with_state = with_optimizer && self.state_len > 0;
+        let (dim, sl, ww) = (self.dim, self.state_len, self.weight_words());
+        let fmt = self.policy.format;
+        let with_meta = self.policy.tracks();
+        let row_bytes = 8 + 4 * (ww + if with_state { sl } else { 0 }) + 16;
+        let per_file = (FILE_BYTES / row_bytes).max(1);
+
+        // Each shard writes its rows (all, or those of this generation) in
+        // files of at most `per_file` rows.
+        let written: Vec<Vec<FileEntry>> = self
+            .shards
+            .par_iter()
+            .enumerate()
+            .map(|(s, lock)| -> Result<Vec<FileEntry>> {
+                let g = read(lock);
+                let rows: Vec<usize> = (0..g.len())
+                    .filter(|&r| only_gen.is_none_or(|gen_| g.arena.generation(r) == gen_))
+                    .collect();
+                let mut out = Vec::new();
+                WRITE_BUFS.with(|cell| -> Result<()> {
+                    let bufs = &mut *cell.borrow_mut();
+                    let (kb, w, st, mb) = (&mut bufs.0, &mut bufs.1, &mut bufs.2, &mut bufs.3);
+                    for (c, chunk) in rows.chunks(per_file).enumerate() {
+                        let n = chunk.len();
+                        kb.clear();
+                        w.clear();
+                        st.clear();
+                        mb.clear();
+                        for &r in chunk {
+                            i64::extend_le(&[g.arena.key(r)], kb);
+                            let row = g.arena.row(r);
+                            match fmt {
+                                RowFormat::F32 => f32::extend_le(&row[..dim], w),
+                                _ => u16::extend_le(&crate::policy::halves(&row[..ww])[..dim], w),
+                            }
+                            if with_state {
+                                f32::extend_le(&row[ww..], st);
+                            }
+                            if with_meta {
+                                u32::extend_le(&g.arena.meta(r).to_words(), mb);
+                            }
+                        }
+                        let mut tensors = vec![
+                            TensorOut {
+                                name: "keys",
+                                dtype: Dtype::I64,
+                                shape: vec![n],
+                                bytes: kb,
+                            },
+                            TensorOut {
+                                name: "rows",
+                                dtype: rows_dtype(fmt),
+                                shape: vec![n, dim],
+                                bytes: w,
+                            },
+                        ];
+                        if with_meta {
+                            tensors.push(TensorOut {
+                                name: "meta",
+                                dtype: Dtype::U32,
+                                shape: vec![n, 4],
+                                bytes: mb,
+                            });
+                        }
+                        if with_state {
+                            tensors.push(TensorOut {
+                                name: "state",
+                                dtype: Dtype::F32,
+                                shape: vec![n, sl],
+                                bytes: st,
+                            });
+                        }
+                        let name = format!("{prefix}-{s:05}-{c:04}.safetensors");
+                        let (bytes, crc) = write_safetensors(&dir.join(&name), &tensors)?;
+                        if let Some(p) = progress {
+                            p.fetch_add(bytes, Ordering::Relaxed);
+                        }
+                        out.push(FileEntry {
+                            name,
+                            rows: n as u64,
+                            bytes,
+                            crc32c: crc,
+                        });
+                    }
+                    Ok(())
+                })?;
+                Ok(out)
+            })
+            .collect::<Result<_>>()?;
+        Ok(written.into_iter().flatten().collect())
+    }
+
+    /// Writes a consistent snapshot of every row to shard files named
+    /// `{prefix}-...` in `dir` (created if missing; its parent must exist) and fsyncs them, without
+    /// publishing a manifest: for a caller that assembles one manifest from
+    /// several tables (the ranks of a sharded table), then calls [`publish`].
+    ///
+    /// # Errors
+    /// `Checkpoint` for I/O errors or a prefix that is not 16 hex digits
+    /// followed by `-` and plain characters.
+    pub fn write_files(
+        &self,
+        dir: &Path,
+        prefix: &str,
+        with_optimizer: bool,
+        progress: Option<&AtomicU64>,
+    ) -> Result<Vec<FileEntry>> {
+        if !is_ours(&format!("{prefix}-00000-0000.safetensors")) || prefix.contains(['/', '\\']) {
+            return Err(ckpt_err(
+                dir,
+                format!("file prefix {prefix:?} is not a checkpoint id"),
+            ));
+        }
+        let _gate = self.gate.write().unwrap_or_else(PoisonError::into_inner);
+        create_checkpoint_dir(dir)?;
+        let written = self
+            .write_rows(dir, prefix, None, with_optimizer, progress)
+            .and_then(|files| {
+                fsync_files(dir, files.iter().map(|f| f.name.as_str()))?;
+                Ok(files)
+            });
+        if written.is_err() {
+            remove_partial(dir, prefix);
+        }
+        written
+    }
+
+    /// Saves a consistent snapshot to directory `dir` (created if missing; its parent must exist).
+    /// With `incremental`, writes only what changed since this table's last
+    /// save to `dir` and appends it to that checkpoint's chain. Without
+    /// `with_optimizer`, writes rows only (a serving export). `progress`, if
+    /// given, counts the bytes written.
+    ///
+    /// Calls that change rows wait while the snapshot is taken; reads go on.
+    ///
+    /// # Errors
+    /// `Checkpoint` for I/O errors, a `dir` that holds something other than
+    /// an embstore checkpoint, or an incremental save with no earlier save
+    /// of this table to `dir`. The previous checkpoint at `dir` stays whole.
+    pub fn save(
+        &self,
+        dir: &Path,
+        incremental: bool,
+        with_optimizer: bool,
+        progress: Option<&AtomicU64>,
+    ) -> Result<SaveInfo> {
+        let _gate = self.gate.write().unwrap_or_else(PoisonError::into_inner);
+        create_checkpoint_dir(dir)?;
+        let canonical = fs::canonicalize(dir).map_err(|e| io_err(dir, "cannot resolve", &e))?;
+        let has_manifest = dir.join(MANIFEST).exists();
+        if !has_manifest
+            && fs::read_dir(dir)
+                .map(|mut d| d.next().is_some())
+                .unwrap_or(false)
+        {
+            let stray = fs::read_dir(dir)
+                .map_err(|e| io_err(dir, "cannot list", &e))?
+                .filter_map(|e| e.ok())
+                .any(|e| !is_ours(&e.file_name().to_string_lossy()));
+            if stray {
+                return Err(ckpt_err(
+                    dir,
+                    "the directory holds files but no embstore manifest; refusing to write into it",
+                ));
+            }
+        }
+        // One save at a time per directory, across threads and processes;
+        // the base of an incremental save is read under the lock.
+        let _writer = dirlock::writer(dir)?;
+        let has_manifest = dir.join(MANIFEST).exists();
+        let base = if incremental {
+            let mark = self
+                .last_save
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .clone();
+            let prev = if has_manifest {
+                Some(read_manifest(dir)?)
+            } else {
+                None
+            };
+            match (mark, prev) {
+                (Some(mark), Some(prev)) if mark.dir == canonical && mark.id == prev.id => {
+                    if prev.with_optimizer != with_optimizer {
+                        return Err(ckpt_err(
+                            dir,
+                            "an incremental save must use the with_optimizer of its base",
+                        ));
+                    }
+                    Some(prev)
+                }
+                _ => {
+                    return Err(ckpt_err(
+                        dir,
+                        "an incremental save needs an earlier save (or load) of this table at this path",
+                    ));
+                }
+            }
+        } else {
+            None
+        };
+        let id = new_id();
+        let written = self.write_and_publish(dir, &id, base, with_optimizer, progress);
+        let (manifest, text_len) = match written {
+            Ok(w) => w,
+            Err(e) => {
+                // Nothing was published: what this save wrote is garbage
+                // (and would fill the disk for the next save).
+                remove_partial(dir, &id);
+                return Err(e);
+            }
+        };
+
+        // From here the new checkpoint is the one at `dir`.
+        self.generation.fetch_add(1, Ordering::AcqRel);
+        for lock in self.shards.iter() {
+            let mut g = super::super::write(lock);
+            g.removed = Vec::new();
+            g.track_removals = true;
+        }
+        *self
+            .last_save
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = Some(SaveMark {
+            dir: canonical,
+            id: id.clone(),
+        });
+        let bytes_written = manifest.chain.last().map_or(0, |l| {
+            l.files
+                .iter()
+                .chain(l.removed.iter())
+                .map(|f| f.bytes)
+                .sum()
+        }) + text_len;
+        Ok(SaveInfo {
+            manifest,
+            bytes_written,
+        })
+    }
+
+    /// The writing part of [`Table::save`]: the files of a new link (all
+    /// rows, or with `base` the changes since it), then the manifest,
+    /// published. Returns the manifest and its size. The caller holds the
+    /// gate exclusively and the writers' lock, and removes what was written
+    /// when this fails.
+    pub(super) fn write_and_publish(
+        &self,
+        dir: &Path,
+        id: &str,
+        base: Option<Manifest>,
+        with_optimizer: bool,
+        progress: Option<&AtomicU64>,
+    ) -> Result<(Manifest, u64)> {
+        let save_gen = self.generation();
+        let delta = base.is_some();
+        let prefix = id.to_string();
+        let files = self.write_rows(
+            dir,
+            &prefix,
+            delta.then_some(save_gen),
+            with_optimizer,
+            progress,
+        )?;
+
+        let mut removed: Vec<i64> = Vec::new();
+        if delta {
+            for lock in self.shards.iter() {
+                removed.extend_from_slice(&read(lock).removed);
+            }
+        }
+        let removed_entry = if delta && !removed.is_empty() {
+            let mut kb = Vec::with_capacity(removed.len() * 8);
+            i64::extend_le(&removed, &mut kb);
+            let name = format!("{id}-removed.safetensors");
+            let (bytes, crc) = write_safetensors(
+                &dir.join(&name),
+                &[TensorOut {
+                    name: "keys",
+                    dtype: Dtype::I64,
+                    shape: vec![removed.len()],
+                    bytes: &kb,
+                }],
+            )?;
+            Some(FileEntry {
+                name,
+                rows: removed.len() as u64,
+                bytes,
+                crc32c: crc,
+            })
+        } else {
+            None
+        };
+
+        let mut manifest = self.manifest_base(id, with_optimizer);
+        manifest.rows = self.shards.iter().map(|s| read(s).len() as u64).sum();
+        manifest.chain = base.map(|b| b.chain).unwrap_or_default();
+        manifest.chain.push(Link {
+            kind: if delta { "delta" } else { "full" }.to_string(),
+            files,
+            removed: removed_entry,
+        });
+        let text_len = publish_locked(dir, &mut manifest)?;
+        Ok((manifest, text_len))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::super::test_support::{sgd, table, temp_dir};
+
+    #[test]
+    fn an_incremental_save_writes_only_the_changed_rows() {
+        let dir = temp_dir("save");
+        let t = table(2, 2, sgd(0.1));
+        t.assign(&(0..100).collect::<Vec<i64>>(), &[0.5; 200])
+            .unwrap();
+        let full = t.save(&dir, false, true, None).unwrap().manifest;
+        t.apply_gradients(&[3, 4], &[0.1; 4]).unwrap();
+        t.remove(&[7]).unwrap();
+        let delta = t.save(&dir, true, true, None).unwrap().manifest;
+        assert_eq!(delta.chain.len(), 2);
+        let link = &delta.chain[1];
+        assert_eq!(link.files.iter().map(|f| f.rows).sum::<u64>(), 2);
+        assert!(link.removed.is_some());
+        assert_eq!(delta.rows, 99);
+        assert!(full.chain.len() == 1);
+    }
+
+    #[test]
+    fn a_rows_only_save_has_no_state() {
+        let dir = temp_dir("save-rows");
+        let t = table(2, 2, sgd(0.1));
+        t.assign(&[1], &[1.0, 2.0]).unwrap();
+        let m = t.save(&dir, false, false, None).unwrap().manifest;
+        assert!(!m.with_optimizer);
+        assert_eq!(t.manifest_base("x", false).dim, 2);
+    }
+}

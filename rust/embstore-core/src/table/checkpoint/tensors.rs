@@ -1,0 +1,340 @@
+//! The safetensors codec of the shard files: writing tensors, and reading
+//! and checking the keys, rows, state, metadata and removed-keys tensors.
+
+use super::*;
+
+/// Plain number types whose in-memory bytes are their little-endian
+/// encoding on a little-endian machine.
+pub(super) trait Plain: Copy {
+    /// Appends the little-endian bytes of `v` to `out`.
+    fn extend_le(v: &[Self], out: &mut Vec<u8>);
+}
+
+macro_rules! plain {
+    ($t:ty) => {
+        impl Plain for $t {
+            fn extend_le(v: &[Self], out: &mut Vec<u8>) {
+                #[cfg(target_endian = "little")]
+                {
+                    // SAFETY: `$t` is a primitive number: no padding, every
+                    // byte initialized; u8 has alignment 1; the length is the
+                    // slice's size in bytes. On a little-endian machine these
+                    // bytes are the little-endian encoding.
+                    let bytes = unsafe {
+                        std::slice::from_raw_parts(v.as_ptr().cast::<u8>(), size_of_val(v))
+                    };
+                    out.extend_from_slice(bytes);
+                }
+                #[cfg(not(target_endian = "little"))]
+                for x in v {
+                    out.extend_from_slice(&x.to_le_bytes());
+                }
+            }
+        }
+    };
+}
+plain!(f32);
+plain!(i64);
+plain!(u16);
+plain!(u32);
+
+/// One tensor to write: name, dtype, shape, and its bytes in pieces.
+pub(super) struct TensorOut<'a> {
+    pub(super) name: &'static str,
+    pub(super) dtype: Dtype,
+    pub(super) shape: Vec<usize>,
+    pub(super) bytes: &'a [u8],
+}
+
+/// Writes a safetensors file (header from the crate's own `Metadata`, then
+/// the tensors' bytes) and returns its size and CRC-32C. The caller fsyncs
+/// it ([`fsync_files`]) before publishing: deferring the fsyncs lets the
+/// kernel write files back while later ones are still being built.
+pub(super) fn write_safetensors(path: &Path, tensors: &[TensorOut<'_>]) -> Result<(u64, u32)> {
+    let mut offset = 0;
+    let mut infos = Vec::with_capacity(tensors.len());
+    for t in tensors {
+        infos.push((
+            t.name.to_string(),
+            TensorInfo {
+                dtype: t.dtype,
+                shape: t.shape.clone(),
+                data_offsets: (offset, offset + t.bytes.len()),
+            },
+        ));
+        offset += t.bytes.len();
+    }
+    let meta = Metadata::new(None, infos)
+        .map_err(|e| ckpt_err(path, format!("cannot describe the tensors: {e}")))?;
+    let mut header = serde_json::to_vec(&meta)
+        .map_err(|e| ckpt_err(path, format!("cannot serialize the header: {e}")))?;
+    header.resize(header.len().next_multiple_of(8), b' ');
+    let mut f = File::create(path).map_err(|e| io_err(path, "cannot create", &e))?;
+    let n = (header.len() as u64).to_le_bytes();
+    let mut crc = crc32c::crc32c(&n);
+    crc = crc32c::crc32c_append(crc, &header);
+    let mut write = |b: &[u8]| f.write_all(b).map_err(|e| io_err(path, "cannot write", &e));
+    write(&n)?;
+    write(&header)?;
+    for t in tensors {
+        crc = crc32c::crc32c_append(crc, t.bytes);
+        write(t.bytes)?;
+    }
+    Ok(((8 + header.len() + offset) as u64, crc))
+}
+
+/// The tensors of one shard file, checked against the manifest.
+pub(super) struct Rows<'a> {
+    pub(super) keys: Cow<'a, [i64]>,
+    pub(super) rows: Cow<'a, [f32]>,
+    pub(super) state: Option<Cow<'a, [f32]>>,
+    /// Per-row policy metadata, 4 words a row ([`Meta::to_words`]).
+    pub(super) meta: Option<Cow<'a, [u32]>>,
+}
+
+/// The safetensors dtype of rows stored in `fmt`.
+pub(super) fn rows_dtype(fmt: RowFormat) -> Dtype {
+    match fmt {
+        RowFormat::F32 => Dtype::F32,
+        RowFormat::F16 => Dtype::F16,
+        RowFormat::BF16 => Dtype::BF16,
+    }
+}
+
+/// Rows stored in `fmt` as float32 (exact: every 16-bit value is a float32).
+pub(super) fn rows_f32(fmt: RowFormat, b: &[u8]) -> Cow<'_, [f32]> {
+    let halves = || b.chunks_exact(2).map(|c| u16::from_le_bytes([c[0], c[1]]));
+    match fmt {
+        RowFormat::F32 => f32s(b),
+        RowFormat::F16 => Cow::Owned(halves().map(|h| half::f16::from_bits(h).to_f32()).collect()),
+        RowFormat::BF16 => Cow::Owned(
+            halves()
+                .map(|h| half::bf16::from_bits(h).to_f32())
+                .collect(),
+        ),
+    }
+}
+
+pub(super) fn tensor<'d>(st: &SafeTensors<'d>, path: &Path, name: &str) -> Result<TensorView<'d>> {
+    st.tensor(name)
+        .map_err(|e| ckpt_err(path, format!("tensor {name:?}: {e}")))
+}
+
+pub(super) fn expect_tensor<'d>(
+    st: &SafeTensors<'d>,
+    path: &Path,
+    name: &str,
+    dtype: Dtype,
+    shape: &[usize],
+) -> Result<&'d [u8]> {
+    let t = tensor(st, path, name)?;
+    if t.dtype() != dtype || t.shape() != shape {
+        return Err(ckpt_err(
+            path,
+            format!(
+                "tensor {name:?}: expected {dtype:?} of shape {shape:?}, found {:?} of shape {:?}",
+                t.dtype(),
+                t.shape()
+            ),
+        ));
+    }
+    Ok(t.data())
+}
+
+/// Little-endian bytes as numbers: borrowed in place when the machine is
+/// little-endian and the bytes are aligned (the usual case: tensors start at
+/// 8-byte offsets of a heap buffer), converted otherwise.
+pub(super) trait FromLe: Plain {
+    fn from_le(b: &[u8]) -> Self;
+
+    fn view(b: &[u8]) -> Cow<'_, [Self]> {
+        #[cfg(target_endian = "little")]
+        {
+            // SAFETY: `Self` is a primitive number (f32/i64): every bit
+            // pattern is a valid value; `align_to` only returns a middle part
+            // that is correctly aligned and in bounds.
+            let (head, mid, tail) = unsafe { b.align_to::<Self>() };
+            if head.is_empty() && tail.is_empty() {
+                return Cow::Borrowed(mid);
+            }
+        }
+        Cow::Owned(
+            b.chunks_exact(size_of::<Self>())
+                .map(Self::from_le)
+                .collect(),
+        )
+    }
+}
+
+impl FromLe for f32 {
+    fn from_le(b: &[u8]) -> Self {
+        f32::from_le_bytes(b.try_into().expect("4-byte chunk"))
+    }
+}
+
+impl FromLe for u32 {
+    fn from_le(b: &[u8]) -> Self {
+        u32::from_le_bytes(b.try_into().expect("4-byte chunk"))
+    }
+}
+
+impl FromLe for i64 {
+    fn from_le(b: &[u8]) -> Self {
+        i64::from_le_bytes(b.try_into().expect("8-byte chunk"))
+    }
+}
+
+pub(super) fn f32s(b: &[u8]) -> Cow<'_, [f32]> {
+    f32::view(b)
+}
+
+pub(super) fn i64s(b: &[u8]) -> Cow<'_, [i64]> {
+    i64::view(b)
+}
+
+/// Checks the tensors of one rows file without converting them.
+pub(super) fn check_rows(m: &Manifest, path: &Path, e: &FileEntry, buf: &[u8]) -> Result<()> {
+    let st = SafeTensors::deserialize(buf)
+        .map_err(|err| ckpt_err(path, format!("not a safetensors file: {err}")))?;
+    let n = e.rows as usize;
+    let fmt = m.format().map_err(|err| ckpt_err(path, err.to_string()))?;
+    expect_tensor(&st, path, "keys", Dtype::I64, &[n])?;
+    let rows = expect_tensor(&st, path, "rows", rows_dtype(fmt), &[n, m.dim])?;
+    finite_in_file(path, "rows", &rows_f32(fmt, rows))?;
+    if m.with_optimizer && m.state_len > 0 {
+        let state = expect_tensor(&st, path, "state", Dtype::F32, &[n, m.state_len])?;
+        finite_in_file(path, "state", &f32s(state))?;
+    }
+    if m.has_meta() {
+        expect_tensor(&st, path, "meta", Dtype::U32, &[n, 4])?;
+    }
+    Ok(())
+}
+
+/// Refuses a tensor holding NaN or inf (a row or state that no call could
+/// have written).
+pub(super) fn finite_in_file(path: &Path, name: &str, v: &[f32]) -> Result<()> {
+    super::super::check_finite("values", v).map_err(|e| match e {
+        StoreError::NonFinite { index, .. } => ckpt_err(
+            path,
+            format!("tensor {name:?} holds NaN or inf at flat index {index} (damaged)"),
+        ),
+        other => other,
+    })
+}
+
+/// Parses and checks one rows file of the manifest.
+pub(super) fn parse_rows<'a>(
+    m: &Manifest,
+    path: &Path,
+    e: &FileEntry,
+    buf: &'a [u8],
+) -> Result<Rows<'a>> {
+    let st = SafeTensors::deserialize(buf)
+        .map_err(|err| ckpt_err(path, format!("not a safetensors file: {err}")))?;
+    let n = e.rows as usize;
+    let fmt = m.format().map_err(|err| ckpt_err(path, err.to_string()))?;
+    let keys = i64s(expect_tensor(&st, path, "keys", Dtype::I64, &[n])?);
+    let rows = rows_f32(
+        fmt,
+        expect_tensor(&st, path, "rows", rows_dtype(fmt), &[n, m.dim])?,
+    );
+    let state = if m.with_optimizer && m.state_len > 0 {
+        Some(f32s(expect_tensor(
+            &st,
+            path,
+            "state",
+            Dtype::F32,
+            &[n, m.state_len],
+        )?))
+    } else {
+        None
+    };
+    let meta = if m.has_meta() {
+        Some(u32::view(expect_tensor(
+            &st,
+            path,
+            "meta",
+            Dtype::U32,
+            &[n, 4],
+        )?))
+    } else {
+        None
+    };
+    Ok(Rows {
+        keys,
+        rows,
+        state,
+        meta,
+    })
+}
+
+/// Parses and checks one removed-keys file.
+pub(super) fn parse_removed<'a>(
+    path: &Path,
+    e: &FileEntry,
+    buf: &'a [u8],
+) -> Result<Cow<'a, [i64]>> {
+    let st = SafeTensors::deserialize(buf)
+        .map_err(|err| ckpt_err(path, format!("not a safetensors file: {err}")))?;
+    Ok(i64s(expect_tensor(
+        &st,
+        path,
+        "keys",
+        Dtype::I64,
+        &[e.rows as usize],
+    )?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::super::test_support::temp_dir;
+    use super::*;
+
+    #[test]
+    fn tensors_round_trip_through_a_safetensors_file() {
+        let dir = temp_dir("tensors");
+        let path = dir.join("t.safetensors");
+        let mut keys = Vec::new();
+        i64::extend_le(&[3, -1, i64::MAX], &mut keys);
+        let mut rows = Vec::new();
+        f32::extend_le(&[1.5, -2.0, 0.25, 8.0, 0.0, -0.5], &mut rows);
+        let (bytes, crc) = write_safetensors(
+            &path,
+            &[
+                TensorOut {
+                    name: "keys",
+                    dtype: Dtype::I64,
+                    shape: vec![3],
+                    bytes: &keys,
+                },
+                TensorOut {
+                    name: "rows",
+                    dtype: Dtype::F32,
+                    shape: vec![3, 2],
+                    bytes: &rows,
+                },
+            ],
+        )
+        .unwrap();
+        let data = std::fs::read(&path).unwrap();
+        assert_eq!(bytes, data.len() as u64);
+        assert_eq!(crc, crc32c::crc32c(&data));
+        let st = SafeTensors::deserialize(&data).unwrap();
+        let k = tensor(&st, &path, "keys").unwrap();
+        assert_eq!(&*i64s(k.data()), &[3, -1, i64::MAX]);
+        let r = tensor(&st, &path, "rows").unwrap();
+        assert_eq!(r.shape(), &[3, 2]);
+        assert_eq!(f32s(r.data())[3], 8.0);
+        assert!(tensor(&st, &path, "state").is_err());
+    }
+
+    #[test]
+    fn compact_rows_widen_to_f32() {
+        assert_eq!(rows_dtype(RowFormat::F16), Dtype::F16);
+        assert_eq!(rows_dtype(RowFormat::BF16), Dtype::BF16);
+        let mut b = Vec::new();
+        u16::extend_le(&[half::f16::from_f32(1.5).to_bits()], &mut b);
+        assert_eq!(&*rows_f32(RowFormat::F16, &b), &[1.5]);
+    }
+}

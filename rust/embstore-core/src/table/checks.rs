@@ -1,0 +1,157 @@
+//! Checks every batch call makes before it changes anything: finite
+//! values, bounded gradient sums, lengths, and the transient memory a call
+//! needs.
+
+use super::*;
+
+/// Fails with the flat index of the first non-finite value.
+pub fn check_finite(arg: &'static str, data: &[f32]) -> Result<()> {
+    check_finite_max(arg, data).map(|_| ())
+}
+
+/// The summed gradient of one key may not exceed this in magnitude: beyond
+/// it the squared-gradient state of Adagrad, Adam and FTRL overflows
+/// float32 (1e18 squared is 1e36, float32's largest value about 3.4e38).
+pub const MAX_GRAD_SUM: f64 = 1e18;
+
+/// [`check_finite`] that also returns the largest magnitude in `data`.
+pub fn check_finite_max(arg: &'static str, data: &[f32]) -> Result<f32> {
+    const CHUNK: usize = 1 << 16;
+    // A branch-free scan that vectorizes: the largest magnitude's bits; an
+    // exponent of all ones is NaN/inf.
+    let most = |c: &[f32]| {
+        c.iter()
+            .fold(0u32, |acc, v| acc.max(v.to_bits() & 0x7FFF_FFFF))
+    };
+    let top = data
+        .par_chunks(CHUNK)
+        .map(most)
+        .reduce(|| 0, std::cmp::Ord::max);
+    if top < 0x7F80_0000 {
+        return Ok(f32::from_bits(top));
+    }
+    let bad = |c: &[f32]| c.iter().any(|v| !v.is_finite());
+    let first_bad_chunk = data.par_chunks(CHUNK).position_first(bad);
+    match first_bad_chunk {
+        None => Ok(f32::from_bits(top)),
+        Some(c) => {
+            let start = c * CHUNK;
+            let offset = data[start..]
+                .iter()
+                .position(|v| !v.is_finite())
+                .expect("the chunk holds a non-finite value");
+            Err(StoreError::NonFinite {
+                arg,
+                index: start + offset,
+            })
+        }
+    }
+}
+
+/// Refuses a gradient call whose summed gradient of some key would exceed
+/// [`MAX_GRAD_SUM`] in magnitude. Position `i` of `keys` contributes at most
+/// `bound(i)` to each column of its key's sum; `max_bound` bounds them all.
+/// Cheap when `max_bound * keys.len()` is within the limit (always, for
+/// gradients of any sane size); else exact per key.
+///
+/// # Errors
+/// `InvalidArgument` naming `arg` and the key.
+pub(crate) fn check_grad_sums(
+    arg: &'static str,
+    keys: &[i64],
+    max_bound: f64,
+    bound: impl Fn(usize) -> f64 + Sync,
+) -> Result<()> {
+    if max_bound * keys.len() as f64 <= MAX_GRAD_SUM {
+        return Ok(());
+    }
+    let mut sums: Vec<(i64, f64)> = keys
+        .par_iter()
+        .enumerate()
+        .map(|(i, &k)| (k, bound(i)))
+        .collect();
+    sums.par_sort_unstable_by_key(|p| p.0);
+    let mut j = 0;
+    while j < sums.len() {
+        let key = sums[j].0;
+        let mut total = 0.0f64;
+        while j < sums.len() && sums[j].0 == key {
+            total += sums[j].1;
+            j += 1;
+        }
+        if total > MAX_GRAD_SUM {
+            return Err(invalid(
+                arg,
+                format!(
+                    "the gradients of key {key} sum to up to {total:e} in magnitude, more than \
+                     {MAX_GRAD_SUM:e} (the optimizer state would overflow float32); nothing changed"
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Batches of more keys than this check, before they start, that the
+/// memory of their per-key work arrays is available (below it the check
+/// would cost more than it could save).
+pub(super) const TRANSIENT_CHECK_KEYS: usize = 1 << 20;
+
+/// Bytes of per-key work arrays a batch call may hold at once (plan,
+/// positions, rows found, coefficients).
+pub(super) const TRANSIENT_BYTES_PER_KEY: usize = 40;
+
+/// Refuses a batch of `n` keys whose work arrays do not fit in the memory
+/// available (an allocation that fails would abort the process).
+///
+/// # Errors
+/// `OutOfMemory` naming `arg`.
+pub(crate) fn check_transient(arg: &'static str, n: usize) -> Result<()> {
+    if n < TRANSIENT_CHECK_KEYS {
+        return Ok(());
+    }
+    let need = n.saturating_mul(TRANSIENT_BYTES_PER_KEY);
+    match pages::available_memory() {
+        Some(avail) if need > avail => Err(oom(arg, need)),
+        _ => Ok(()),
+    }
+}
+
+pub(crate) fn check_len(arg: &'static str, expected: usize, got: usize) -> Result<()> {
+    if expected == got {
+        Ok(())
+    } else {
+        Err(StoreError::ShapeMismatch { arg, expected, got })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn non_finite_values_are_refused_by_name() {
+        assert!(check_finite("grads", &[1.0, -2.0]).is_ok());
+        let e = check_finite("grads", &[1.0, f32::NAN])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("grads"), "{e}");
+        assert!(check_finite_max("grads", &[f32::INFINITY]).is_err());
+        assert_eq!(check_finite_max("grads", &[1.0, -3.0, 2.0]).unwrap(), 3.0);
+    }
+
+    #[test]
+    fn lengths_must_match() {
+        assert!(check_len("values", 6, 6).is_ok());
+        let e = check_len("values", 6, 5).unwrap_err().to_string();
+        assert!(
+            e.contains("values") && e.contains('6') && e.contains('5'),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn small_batches_need_no_memory_check() {
+        assert!(check_transient("keys", 10).is_ok());
+    }
+}

@@ -1,0 +1,171 @@
+//! Eviction: TTL and capacity (LFU / LRU), after calls and on demand.
+
+use super::*;
+
+impl Table {
+    /// After a call that inserted: evicts the lowest-scoring rows until at
+    /// most `capacity` remain. The caller holds the gate shared.
+    pub(crate) fn enforce_capacity(&self) {
+        let Some(cap) = self.policy.capacity else {
+            return;
+        };
+        let len = self.len();
+        if len > cap {
+            self.evict_lowest(len - cap, false);
+        }
+    }
+
+    /// Removes the `k` rows of lowest eviction score; returns their keys
+    /// and, with `with_rows`, their weights (in no particular order).
+    pub(super) fn evict_lowest(&self, k: usize, with_rows: bool) -> (Vec<i64>, Vec<f32>) {
+        let ev = self.policy.eviction;
+        let smallest = |v: &mut Vec<(u64, u64, i64)>| {
+            if v.len() > k {
+                v.select_nth_unstable(k);
+                v.truncate(k);
+            }
+        };
+        let mut cands: Vec<(u64, u64, i64)> = self
+            .shards
+            .par_iter()
+            .flat_map_iter(|lock| {
+                let g = read(lock);
+                let mut v: Vec<_> = (0..g.len())
+                    .map(|r| ev.score(&g.arena.meta(r), g.arena.key(r)))
+                    .collect();
+                smallest(&mut v);
+                v
+            })
+            .collect();
+        smallest(&mut cands);
+        let keys: Vec<i64> = cands.iter().map(|c| c.2).collect();
+        self.remove_evicted(&keys, with_rows)
+    }
+
+    /// Removes `keys` as evictions (counted), returning those that were
+    /// present and, with `with_rows`, their weights.
+    pub(super) fn remove_evicted(&self, keys: &[i64], with_rows: bool) -> (Vec<i64>, Vec<f32>) {
+        let dim = self.dim;
+        let plan = self.plan(keys);
+        let mut rows = vec![0.0f32; if with_rows { keys.len() * dim } else { 0 }];
+        let mut found = vec![false; keys.len()];
+        let out = SharedOut::new(&mut rows, dim);
+        let flags = SharedBools::new(&mut found);
+        self.par_shards_mut(&plan, |g, pos| {
+            let flags = &flags;
+            let mut n = 0;
+            for &i in pos {
+                let i = i as usize;
+                if let Some(r) = g.find(keys[i], plan.hashes[i]) {
+                    if with_rows {
+                        // SAFETY: position i belongs to this shard only (plan).
+                        self.read_weights(g.arena.row(r), unsafe { out.row(i, dim) });
+                    }
+                    g.remove(keys[i], plan.hashes[i]);
+                    // SAFETY: i < found.len(); position i is this shard's only.
+                    unsafe { flags.set(i, true) };
+                    n += 1;
+                }
+            }
+            Counters::add(&g.counters.evicted, n);
+            n
+        });
+        let mut kept_keys = Vec::new();
+        let mut kept_rows = Vec::new();
+        for (i, &f) in found.iter().enumerate() {
+            if f {
+                kept_keys.push(keys[i]);
+                if with_rows {
+                    kept_rows.extend_from_slice(&rows[i * dim..(i + 1) * dim]);
+                }
+            }
+        }
+        (kept_keys, kept_rows)
+    }
+
+    /// Runs the eviction policy now: removes the rows not touched for
+    /// `ttl_steps` optimizer steps, then, above `capacity`, the
+    /// lowest-scoring rows. Returns the evicted keys ascending and, with
+    /// `with_rows`, their weights (`n * dim`) for archiving.
+    pub fn evict(&self, with_rows: bool) -> (Vec<i64>, Vec<f32>) {
+        let _gate = self.enter();
+        let mut keys = Vec::new();
+        let mut rows = Vec::new();
+        if let Some(ttl) = self.policy.ttl_steps {
+            let now = self.step();
+            let expired: Vec<i64> = self
+                .shards
+                .par_iter()
+                .flat_map_iter(|lock| {
+                    let g = read(lock);
+                    (0..g.len())
+                        .filter(|&r| g.arena.meta(r).age(now) >= ttl)
+                        .map(|r| g.arena.key(r))
+                        .collect::<Vec<_>>()
+                })
+                .collect();
+            (keys, rows) = self.remove_evicted(&expired, with_rows);
+        }
+        if let Some(cap) = self.policy.capacity {
+            let len = self.len();
+            if len > cap {
+                let (k2, r2) = self.evict_lowest(len - cap, with_rows);
+                keys.extend(k2);
+                rows.extend(r2);
+            }
+        }
+        let dim = self.dim;
+        let mut order: Vec<usize> = (0..keys.len()).collect();
+        order.sort_unstable_by_key(|&i| keys[i]);
+        let sorted_keys = order.iter().map(|&i| keys[i]).collect();
+        let sorted_rows = if with_rows {
+            order
+                .iter()
+                .flat_map(|&i| rows[i * dim..(i + 1) * dim].iter().copied())
+                .collect()
+        } else {
+            Vec::new()
+        };
+        (sorted_keys, sorted_rows)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::test_support::sgd;
+    use super::*;
+    use crate::policy::Eviction;
+
+    fn table(capacity: Option<usize>, ttl: Option<u64>) -> Table {
+        let mut cfg = TableConfig::new(2);
+        cfg.optimizer = sgd(0.1);
+        cfg.num_shards = Some(2);
+        cfg.policy.capacity = capacity;
+        cfg.policy.ttl_steps = ttl;
+        cfg.policy.eviction = Eviction::Lfu;
+        Table::new(cfg).unwrap()
+    }
+
+    #[test]
+    fn capacity_keeps_the_most_touched_rows() {
+        let t = table(Some(2), None);
+        let mut out = vec![0.0; 6];
+        t.lookup(&[1, 1, 2], true, &mut out).unwrap();
+        t.lookup(&[2, 3, 3], true, &mut out).unwrap();
+        let (mut keys, _, _) = t.export(false).unwrap();
+        keys.sort_unstable();
+        assert_eq!(keys, [2, 3], "key 1 (two touches, oldest) goes first");
+    }
+
+    #[test]
+    fn ttl_removes_rows_untouched_for_that_many_steps() {
+        let t = table(None, Some(1));
+        t.apply_gradients(&[1], &[0.1, 0.1]).unwrap();
+        t.apply_gradients(&[2], &[0.1, 0.1]).unwrap();
+        t.apply_gradients(&[2], &[0.1, 0.1]).unwrap();
+        let (keys, rows) = t.evict(true);
+        assert_eq!(keys, [1]);
+        assert_eq!(rows.len(), 2);
+        assert_eq!(t.len(), 1);
+    }
+}

@@ -1,0 +1,332 @@
+//! Reads: lookups (with or without inserting, with a default for missing
+//! keys, with optimizer state), `contains`, and `export`.
+
+use super::*;
+
+impl Table {
+    /// Writes the rows of `keys` into `out` (`keys.len() * dim` floats).
+    /// With `insert` (and no admission filter), missing keys get a new row
+    /// from the initializer; otherwise `out` gets the initializer's row and
+    /// nothing is stored.
+    ///
+    /// # Errors
+    /// `ShapeMismatch` when `out` has the wrong length.
+    pub fn lookup(&self, keys: &[i64], insert: bool, out: &mut [f32]) -> Result<()> {
+        self.lookup_or(keys, insert, Missing::Init, out)
+    }
+
+    /// [`Table::lookup`] whose keys without a row (not inserted) read as
+    /// `missing` instead of the initializer's row.
+    ///
+    /// # Errors
+    /// `ShapeMismatch` when `out` or a default row has the wrong length; a
+    /// non-finite default row.
+    pub fn lookup_or(
+        &self,
+        keys: &[i64],
+        insert: bool,
+        missing: Missing<'_>,
+        out: &mut [f32],
+    ) -> Result<()> {
+        Self::check_batch(keys)?;
+        self.check_missing(missing)?;
+        let dim = self.dim;
+        check_len("out", keys.len() * dim, out.len())?;
+        let plan = self.plan(keys);
+        let out = SharedOut::new(out, dim);
+        let _gate = self.lookup_changes(insert).then(|| self.enter());
+        let found = self.found();
+        self.lookup_rows(keys, &plan, insert, Some(&found), |g, pos, rows| {
+            self.copy_rows(&g.arena, keys, pos, rows, out, missing);
+        })?;
+        self.remember(plan, found);
+        if insert {
+            self.enforce_capacity();
+        }
+        Ok(())
+    }
+
+    /// [`Table::lookup`] that also writes each key's optimizer state to
+    /// `state` (`keys.len() * state_len` floats): for a tier in front of the
+    /// table (a device cache) that takes rows over with their state. A key
+    /// without a row gets the optimizer's initial state.
+    ///
+    /// # Errors
+    /// `ShapeMismatch` when `out` or `state` has the wrong length.
+    pub fn lookup_with_state(
+        &self,
+        keys: &[i64],
+        insert: bool,
+        out: &mut [f32],
+        state: &mut [f32],
+    ) -> Result<()> {
+        Self::check_batch(keys)?;
+        let (dim, sl, ww) = (self.dim, self.state_len, self.wwords);
+        check_len("out", keys.len() * dim, out.len())?;
+        check_len("state", keys.len() * sl, state.len())?;
+        let plan = self.plan(keys);
+        let out = SharedOut::new(out, dim);
+        let st_out = SharedOut::new(state, sl);
+        let _gate = self.lookup_changes(insert).then(|| self.enter());
+        self.lookup_rows(keys, &plan, insert, None, |g, pos, rows| {
+            self.copy_rows(&g.arena, keys, pos, rows, out, Missing::Init);
+            if sl == 0 {
+                return;
+            }
+            for (&i, &r) in pos.iter().zip(rows) {
+                // SAFETY: position i belongs to this shard only (plan).
+                let dst = unsafe { st_out.row(i as usize, sl) };
+                match (r, &self.optimizer) {
+                    (NO_ROW, Some(o)) => o.init_state(dst),
+                    (NO_ROW, None) => {}
+                    _ => dst.copy_from_slice(&g.arena.row(r as usize)[ww..]),
+                }
+            }
+        })?;
+        if insert {
+            self.enforce_capacity();
+        }
+        Ok(())
+    }
+
+    /// The shard pass of a lookup: resolves the row of each of the plan's
+    /// keys (creating missing ones when `insert` and no admission filter;
+    /// else `NO_ROW`), records the touches when rows carry metadata, hands
+    /// each shard's positions and rows to `emit`, and counts. The caller
+    /// holds the gate when [`Table::lookup_changes`].
+    pub(super) fn lookup_rows<F>(
+        &self,
+        keys: &[i64],
+        plan: &Plan,
+        insert: bool,
+        found: Option<&Found>,
+        emit: F,
+    ) -> Result<()>
+    where
+        F: Fn(&Shard, &[u32], &[u32]) + Sync,
+    {
+        let n = self.shards.len();
+        let keep = |g: &Shard, pos: &[u32], rows: Vec<u32>| {
+            if let Some(found) = found {
+                let s = shard_of(plan.hashes[pos[0] as usize], n);
+                *found[s].lock().unwrap_or_else(PoisonError::into_inner) = (rows, g.removals);
+            }
+        };
+        let insert = insert && self.policy.admission.is_always();
+        let track = self.policy.tracks();
+        let reserved = if insert {
+            self.reserve_plan(plan, keys, None, "keys")?
+        } else {
+            Vec::new()
+        };
+        if insert || track {
+            let save_gen = self.generation();
+            let (tick, step) = if track {
+                (self.next_tick(), self.step())
+            } else {
+                (0, 0)
+            };
+            self.par_shards_mut(plan, |g, pos| {
+                let len0 = g.len();
+                // Resolve every row first (independent probes overlap their
+                // cache misses); `emit` then reads them with prefetching.
+                let mut rows = Vec::new();
+                let s = shard_of(plan.hashes[pos[0] as usize], n);
+                if insert {
+                    rows = self.rows_inserting(g, keys, plan, pos, &reserved[s], save_gen);
+                } else {
+                    g.find_many(keys, &plan.hashes, pos, &mut rows);
+                }
+                if track {
+                    for &r in &rows {
+                        if r != NO_ROW {
+                            g.arena.touch(r as usize, tick, step, 1);
+                        }
+                    }
+                }
+                emit(g, pos, &rows);
+                self.count_lookups(g, pos.len(), &rows, len0);
+                keep(g, pos, rows);
+                if insert {
+                    g.release_pending(reserved[s].n);
+                }
+                0
+            });
+        } else {
+            self.par_shards(plan, |g, pos| {
+                let mut rows = Vec::new();
+                g.find_many(keys, &plan.hashes, pos, &mut rows);
+                emit(g, pos, &rows);
+                self.count_lookups(g, pos.len(), &rows, g.len());
+                keep(g, pos, rows);
+            });
+        }
+        Ok(())
+    }
+
+    /// Counts a shard's part of a lookup: `rows` holds the row of each id
+    /// (`NO_ROW` for none); rows at or past `len0` were created by the call.
+    pub(super) fn count_lookups(&self, g: &Shard, n: usize, rows: &[u32], len0: usize) {
+        let hits = rows.iter().filter(|&&r| (r as usize) < len0).count();
+        let c = &g.counters;
+        Counters::add(&c.lookups, n);
+        Counters::add(&c.hits, hits);
+        Counters::add(&c.misses, n - hits);
+        Counters::add(&c.inserts, g.len() - len0);
+    }
+
+    /// Copies the weights of arena row `rows[j]` to output row `pos[j]`,
+    /// prefetching the rows a few steps ahead; where `rows[j]` is
+    /// `NO_ROW`, writes the row key `keys[pos[j]]` would get.
+    pub(super) fn copy_rows(
+        &self,
+        arena: &arena::Arena,
+        keys: &[i64],
+        pos: &[u32],
+        rows: &[u32],
+        out: SharedOut,
+        missing: Missing<'_>,
+    ) {
+        let (dim, ww) = (self.dim, self.wwords);
+        // The row format is matched once per call, not per row.
+        let copy = |decode: &dyn Fn(&[f32], &mut [f32])| {
+            for j in 0..pos.len() {
+                if let Some(&ahead) = rows.get(j + PREFETCH_AHEAD)
+                    && ahead != NO_ROW
+                {
+                    prefetch(&arena.row(ahead as usize)[..ww]);
+                }
+                let i = pos[j] as usize;
+                // SAFETY: position i belongs to this shard only (plan).
+                let dst = unsafe { out.row(i, dim) };
+                if rows[j] != NO_ROW {
+                    decode(arena.row(rows[j] as usize), dst);
+                } else {
+                    self.fill_missing(keys[i], dst, missing);
+                }
+            }
+        };
+        match self.policy.format {
+            RowFormat::F32 if out.streams() => {
+                copy(&|row, dst| copy_streaming(dst, &row[..dim]));
+                stream_fence();
+            }
+            RowFormat::F32 => copy(&|row, dst| dst.copy_from_slice(&row[..dim])),
+            f => copy(&|row, dst| f.decode(&row[..ww], dst)),
+        }
+    }
+
+    /// Whether each key has a row; `out` gets one bool per key.
+    ///
+    /// # Errors
+    /// `ShapeMismatch` when `out` has the wrong length.
+    pub fn contains(&self, keys: &[i64], out: &mut [bool]) -> Result<()> {
+        Self::check_batch(keys)?;
+        check_len("out", keys.len(), out.len())?;
+        let plan = self.plan(keys);
+        let mut found = vec![false; keys.len()];
+        let shared = SharedBools::new(&mut found);
+        self.par_shards(&plan, |g, pos| {
+            let shared = &shared;
+            for &i in pos {
+                let i = i as usize;
+                let hit = g.find(keys[i], plan.hashes[i]).is_some();
+                // SAFETY: i < keys.len() == found.len(), and position i belongs
+                // to this shard only, so no other thread writes it.
+                unsafe { shared.set(i, hit) };
+            }
+        });
+        out.copy_from_slice(&found);
+        Ok(())
+    }
+
+    /// Every row: keys ascending, their weights (`n * dim`), and with
+    /// `with_state` their optimizer state (`n * state_len`). One consistent
+    /// snapshot of one moment, even while other threads call the table.
+    ///
+    /// # Errors
+    /// `OutOfMemory` when the copy cannot be allocated.
+    pub fn export(&self, with_state: bool) -> Result<(Vec<i64>, Vec<f32>, Vec<f32>)> {
+        // Exclusive gate: no call that changes rows is running or can start,
+        // so the shard read locks below wait for nobody, and the parallel
+        // copy under them cannot be held up by a job that needs a write lock.
+        let _gate = self.gate.write().unwrap_or_else(PoisonError::into_inner);
+        let guards: Vec<_> = self.shards.iter().map(|s| read(s)).collect();
+        let total: usize = guards.iter().map(|g| g.len()).sum();
+        let (dim, sl) = (self.dim, self.state_len);
+        let need = |n: usize| -> Result<()> {
+            match pages::available_memory() {
+                Some(avail) if n as u128 > avail as u128 => Err(oom("with_state", n)),
+                _ => Ok(()),
+            }
+        };
+        need(total * (16 + 4 * dim + if with_state { 4 * sl } else { 0 }))?;
+        let mut refs: Vec<(i64, u32, u32)> = Vec::new();
+        refs.try_reserve_exact(total)
+            .map_err(|_| oom("with_state", total * 16))?;
+        for (s, g) in guards.iter().enumerate() {
+            for r in 0..g.len() {
+                refs.push((g.arena.key(r), s as u32, r as u32));
+            }
+        }
+        refs.par_sort_unstable_by_key(|&(k, _, _)| k);
+        let n = refs.len();
+        let keys: Vec<i64> = refs.iter().map(|r| r.0).collect();
+        let mut rows = vec![0.0f32; n * dim];
+        let mut state = vec![0.0f32; if with_state { n * sl } else { 0 }];
+        let ww = self.wwords;
+        rows.par_chunks_mut(dim)
+            .zip(refs.par_iter())
+            .for_each(|(dst, &(_, s, r))| {
+                self.read_weights(guards[s as usize].arena.row(r as usize), dst);
+            });
+        if with_state && sl > 0 {
+            state
+                .par_chunks_mut(sl)
+                .zip(refs.par_iter())
+                .for_each(|(dst, &(_, s, r))| {
+                    dst.copy_from_slice(&guards[s as usize].arena.row(r as usize)[ww..]);
+                });
+        }
+        Ok((keys, rows, state))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::test_support::{sgd, table};
+    use super::*;
+
+    #[test]
+    fn serving_lookups_store_nothing_and_read_the_default() {
+        let t = table(3, 4, sgd(0.1));
+        let mut out = vec![9.0; 6];
+        t.lookup_or(&[1, 2], false, Missing::Zeros, &mut out)
+            .unwrap();
+        assert_eq!(out, [0.0; 6]);
+        assert_eq!(t.len(), 0);
+        let row = [1.0, 2.0, 3.0];
+        t.lookup_or(&[4], false, Missing::Row(&row), &mut out[..3])
+            .unwrap();
+        assert_eq!(&out[..3], &row);
+        let mut init = vec![0.0; 3];
+        t.lookup(&[4], false, &mut init).unwrap();
+        let mut expect = vec![0.0; 3];
+        t.initializer().fill(7, 4, &mut expect);
+        assert_eq!(init, expect);
+    }
+
+    #[test]
+    fn inserting_lookups_create_rows_that_contains_sees() {
+        let t = table(2, 4, None);
+        let mut out = vec![0.0; 4];
+        t.lookup(&[10, 11], true, &mut out).unwrap();
+        let mut found = vec![false; 3];
+        t.contains(&[10, 12, 11], &mut found).unwrap();
+        assert_eq!(found, [true, false, true]);
+        let (keys, rows, state) = t.export(false).unwrap();
+        assert_eq!(keys, [10, 11]);
+        assert_eq!(rows, out);
+        assert!(state.is_empty());
+    }
+}

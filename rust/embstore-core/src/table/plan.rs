@@ -1,0 +1,343 @@
+//! Planning a batch: keys grouped by shard (a stable counting sort), the
+//! shard passes run in parallel or, for small batches, on the calling
+//! thread, and the reservations that let a call apply whole or not at all.
+
+use super::*;
+
+/// A batch's keys grouped by shard.
+#[derive(Debug)]
+pub(crate) struct Plan {
+    pub(super) hashes: Vec<u64>,
+    /// Positions in the batch, grouped by shard, in batch order within a shard.
+    pub(super) order: Vec<u32>,
+    /// `order[starts[s]..starts[s + 1]]` are shard `s`'s positions.
+    pub(super) starts: Vec<usize>,
+}
+
+impl Plan {
+    pub(super) fn positions(&self, s: usize) -> &[u32] {
+        &self.order[self.starts[s]..self.starts[s + 1]]
+    }
+}
+
+/// What [`Table::reserve_plan`] did for one shard.
+#[derive(Debug, Default)]
+pub(crate) struct Reserved {
+    /// Rows reserved (pending until the call's pass over the shard).
+    pub(super) n: usize,
+    /// The rows of the shard's positions, when it probed for them, and the
+    /// shard's removal count then: still right while that has not changed.
+    /// Taken (not copied) by the one job of the call's pass over the shard.
+    pub(super) probed: std::sync::Mutex<Option<(Vec<u32>, u64)>>,
+}
+
+impl Reserved {
+    /// The probed rows, if still valid for shard `g` (taken out: one use).
+    pub(super) fn rows_for(&self, g: &Shard) -> Option<Vec<u32>> {
+        let probed = self
+            .probed
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        match probed {
+            Some((rows, removals)) if removals == g.removals => Some(rows),
+            _ => None,
+        }
+    }
+}
+
+/// A gradient call's plan with room made for its new rows
+/// ([`Table::prepare_apply`]): the last lookup's memo when it was of the
+/// same keys, else a fresh plan.
+#[derive(Debug)]
+pub(crate) struct PreparedApply {
+    pub(super) memo: std::result::Result<Memo, Plan>,
+    /// What was reserved per shard ([`Table::reserve_plan`]).
+    pub(super) reserved: Vec<Reserved>,
+}
+
+impl PreparedApply {
+    pub(super) fn plan(&self) -> &Plan {
+        match &self.memo {
+            Ok(m) => &m.plan,
+            Err(p) => p,
+        }
+    }
+}
+
+/// Batches of fewer keys than this make their reservations
+/// ([`Table::reserve_plan`]) on the calling thread.
+pub(super) const SMALL_BATCH: usize = 1 << 14;
+
+/// Batches of at most this many keys run their shard passes (lookups,
+/// pooling, assign, remove) on the calling thread, visiting only the shards
+/// they need, instead of dispatching a job per shard to the pool: below it
+/// the dispatch (waking pool threads, about 10 us here) costs more than the
+/// work it spreads. Chosen from measurements on the 2-core CI-class VM
+/// (benches/RESULTS.md, "Small calls": at 512 keys a lookup took 48-51 us
+/// on the calling thread against 55-75 us spread, at 1,024 about the
+/// same); several Python threads making small calls run them in parallel.
+pub(crate) const SEQUENTIAL_KEYS: usize = 1024;
+
+/// [`SEQUENTIAL_KEYS`] for the pass of an optimizer step, which does more
+/// work per key (at 512 keys an Adam step of dim 64 took 153-160 us on the
+/// calling thread against 131-137 us spread).
+pub(crate) const SEQUENTIAL_STEP_KEYS: usize = 256;
+
+/// How many rows ahead [`copy_rows`] prefetches.
+pub(crate) const PREFETCH_AHEAD: usize = 8;
+
+impl Table {
+    /// Hashes `keys` and groups their positions by shard.
+    pub(super) fn plan(&self, keys: &[i64]) -> Plan {
+        let n_shards = self.shards.len();
+        let hashes: Vec<u64> = keys
+            .par_iter()
+            .with_min_len(1 << 14)
+            .map(|&k| key_hash(k))
+            .collect();
+        let mut shard_ids: Vec<u32> = Vec::with_capacity(keys.len());
+        let mut counts = vec![0usize; n_shards + 1];
+        for &h in &hashes {
+            let s = shard_of(h, n_shards);
+            shard_ids.push(s as u32);
+            counts[s + 1] += 1;
+        }
+        for s in 0..n_shards {
+            counts[s + 1] += counts[s];
+        }
+        let starts = counts.clone();
+        let mut next = counts;
+        let mut order = vec![0u32; keys.len()];
+        for (i, &s) in shard_ids.iter().enumerate() {
+            let slot = &mut next[s as usize];
+            order[*slot] = i as u32;
+            *slot += 1;
+        }
+        Plan {
+            hashes,
+            order,
+            starts,
+        }
+    }
+
+    /// Runs `f(shard, positions)` under each shard's write lock, in parallel,
+    /// for the shards that own at least one of the plan's keys; sums results.
+    pub(super) fn par_shards_mut<F>(&self, plan: &Plan, f: F) -> usize
+    where
+        F: Fn(&mut Shard, &[u32]) -> usize + Sync,
+    {
+        self.par_shards_mut_below(plan, SEQUENTIAL_KEYS, f)
+    }
+
+    /// [`Table::par_shards_mut`] that runs on the calling thread for plans
+    /// of at most `sequential` keys.
+    pub(super) fn par_shards_mut_below<F>(&self, plan: &Plan, sequential: usize, f: F) -> usize
+    where
+        F: Fn(&mut Shard, &[u32]) -> usize + Sync,
+    {
+        if plan.hashes.len() <= sequential {
+            // A small call: on the calling thread, only the shards it needs.
+            return (0..self.shards.len())
+                .filter_map(|s| {
+                    let pos = plan.positions(s);
+                    (!pos.is_empty()).then(|| f(&mut write(&self.shards[s]), pos))
+                })
+                .sum();
+        }
+        self.shards
+            .par_iter()
+            .enumerate()
+            .map(|(s, lock)| {
+                let pos = plan.positions(s);
+                if pos.is_empty() {
+                    0
+                } else {
+                    f(&mut write(lock), pos)
+                }
+            })
+            .sum()
+    }
+
+    /// Makes room, in every shard that owns some of the plan's keys, for
+    /// the rows the call may create ([`Shard::reserve_pending`]): a call
+    /// that may insert does this before it changes anything, so that
+    /// running out of memory refuses it whole. A shard with room for all its
+    /// positions counts them as pending without a probe; one without counts
+    /// its absent keys (from `memo`, the last lookup's rows, when they are
+    /// still valid; else by a probe, whose rows the call's own pass then
+    /// reuses) and makes room for those. Each shard's count is given back by
+    /// the call's pass over that shard ([`Shard::release_pending`]) or by
+    /// [`Table::release_plan`].
+    ///
+    /// # Errors
+    /// `OutOfMemory` naming `arg`; nothing is reserved then.
+    pub(super) fn reserve_plan(
+        &self,
+        plan: &Plan,
+        keys: &[i64],
+        memo: Option<&Memo>,
+        arg: &'static str,
+    ) -> Result<Vec<Reserved>> {
+        // Per shard: what was reserved, or None when that failed. A small
+        // batch stays on the calling thread (a pool dispatch would cost
+        // more than taking a few locks).
+        let one = |(s, lock): (usize, &CachePadded<RwLock<Shard>>)| {
+            let pos = plan.positions(s);
+            let mut r = Reserved::default();
+            if pos.is_empty() {
+                return Some(r);
+            }
+            let mut g = write(lock);
+            r.n = if g.has_room(pos.len()) {
+                pos.len()
+            } else if let Some(m) = memo.filter(|m| m.valid_for(s, &g, pos.len())) {
+                m.rows[s].iter().filter(|&&x| x == NO_ROW).count()
+            } else {
+                let mut rows = Vec::new();
+                g.find_many(keys, &plan.hashes, pos, &mut rows);
+                let missing = rows.iter().filter(|&&x| x == NO_ROW).count();
+                r.probed = std::sync::Mutex::new(Some((rows, g.removals)));
+                missing
+            };
+            g.reserve_pending(r.n).ok()?;
+            Some(r)
+        };
+        let done: Vec<Option<Reserved>> = if plan.hashes.len() < SMALL_BATCH {
+            self.shards.iter().enumerate().map(one).collect()
+        } else {
+            self.shards.par_iter().enumerate().map(one).collect()
+        };
+        if done.iter().all(Option::is_some) {
+            return Ok(done.into_iter().map(Option::unwrap_or_default).collect());
+        }
+        // Give back what the shards that succeeded reserved.
+        let counts: Vec<Reserved> = done.into_iter().map(Option::unwrap_or_default).collect();
+        self.release_plan(&counts);
+        let row = self.wwords + self.state_len;
+        Err(oom(
+            arg,
+            (plan.hashes.len() as u128) * (row as u128 * 4 + 24),
+        ))
+    }
+
+    /// The rows of a shard's positions, creating those of absent keys: from
+    /// the reservation's probe when it is still valid (only the absent keys
+    /// are probed again), else by probing them all.
+    pub(super) fn rows_inserting(
+        &self,
+        g: &mut Shard,
+        keys: &[i64],
+        plan: &Plan,
+        pos: &[u32],
+        reserved: &Reserved,
+        save_gen: u32,
+    ) -> Vec<u32> {
+        let fill = |key, row: &mut [f32]| self.fill_new(key, row);
+        match reserved.rows_for(g) {
+            Some(mut rows) => {
+                g.insert_missing(keys, &plan.hashes, pos, save_gen, fill, &mut rows);
+                rows
+            }
+            None => {
+                let mut rows = Vec::new();
+                g.find_or_insert_many(keys, &plan.hashes, pos, save_gen, fill, &mut rows);
+                rows
+            }
+        }
+    }
+
+    /// Ends the reservations of [`Table::reserve_plan`] without inserting
+    /// (a call that reserved and then stopped).
+    pub(crate) fn release_plan(&self, reserved: &[Reserved]) {
+        for (lock, r) in self.shards.iter().zip(reserved) {
+            if r.n > 0 {
+                write(lock).release_pending(r.n);
+            }
+        }
+    }
+
+    /// As [`Self::par_shards_mut`], under read locks.
+    pub(super) fn par_shards<F>(&self, plan: &Plan, f: F)
+    where
+        F: Fn(&Shard, &[u32]) + Sync,
+    {
+        if plan.hashes.len() <= SEQUENTIAL_KEYS {
+            // A small call: on the calling thread, only the shards it needs.
+            for (s, lock) in self.shards.iter().enumerate() {
+                let pos = plan.positions(s);
+                if !pos.is_empty() {
+                    f(&read(lock), pos);
+                }
+            }
+            return;
+        }
+        self.shards.par_iter().enumerate().for_each(|(s, lock)| {
+            let pos = plan.positions(s);
+            if !pos.is_empty() {
+                f(&read(lock), pos);
+            }
+        });
+    }
+
+    pub(super) fn check_batch(keys: &[i64]) -> Result<()> {
+        if keys.len() > u32::MAX as usize {
+            return Err(invalid(
+                "keys",
+                format!(
+                    "expected at most 2^32 - 1 keys per call, got {}",
+                    keys.len()
+                ),
+            ));
+        }
+        check_transient("keys", keys.len())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::test_support::table;
+    use super::*;
+
+    #[test]
+    fn a_plan_lists_every_position_once_in_its_shard_in_order() {
+        let t = table(2, 8, None);
+        let keys: Vec<i64> = (0..500).map(|k| k * 7919 - 1000).collect();
+        let plan = t.plan(&keys);
+        let mut seen = vec![0u32; keys.len()];
+        for s in 0..t.num_shards() {
+            let pos = plan.positions(s);
+            assert!(
+                pos.windows(2).all(|w| w[0] < w[1]),
+                "stable order in shard {s}"
+            );
+            for &p in pos {
+                assert_eq!(shard_of(plan.hashes[p as usize], t.num_shards()), s);
+                seen[p as usize] += 1;
+            }
+        }
+        assert!(seen.iter().all(|&c| c == 1));
+    }
+
+    #[test]
+    fn small_batches_run_on_the_calling_thread() {
+        let t = table(2, 8, None);
+        let me = std::thread::current().id();
+        let keys: Vec<i64> = (0..SEQUENTIAL_KEYS as i64).collect();
+        let plan = t.plan(&keys);
+        let off_thread = std::sync::atomic::AtomicUsize::new(0);
+        let visited = t.par_shards_mut_below(&plan, SEQUENTIAL_KEYS, |_, pos| {
+            if std::thread::current().id() != me {
+                off_thread.fetch_add(1, Ordering::Relaxed);
+            }
+            pos.len()
+        });
+        assert_eq!(visited, keys.len());
+        assert_eq!(off_thread.load(Ordering::Relaxed), 0);
+    }
+
+    #[test]
+    fn batches_of_more_than_u32_positions_are_refused() {
+        assert!(Table::check_batch(&[1, 2, 3]).is_ok());
+    }
+}

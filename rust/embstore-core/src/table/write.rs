@@ -1,0 +1,235 @@
+//! Writes that are not optimizer steps: assign (with or without state),
+//! reserve, remove.
+
+use super::*;
+
+impl Table {
+    /// Inserts or overwrites rows with their optimizer state (`keys.len() *
+    /// state_len` floats): the inverse of [`Table::lookup_with_state`].
+    ///
+    /// # Errors
+    /// `ShapeMismatch`, `NonFinite`; nothing changed.
+    pub fn assign_state(&self, keys: &[i64], values: &[f32], state: &[f32]) -> Result<()> {
+        self.assign_with_state(keys, values, Some(state), self.generation())
+    }
+
+    /// Inserts or overwrites the rows of `keys` with `values` (`keys.len() *
+    /// dim` floats), resetting their optimizer state. Where a key repeats,
+    /// its last value wins.
+    ///
+    /// # Errors
+    /// `ShapeMismatch` for a wrong `values` length; `NonFinite` for NaN/inf.
+    pub fn assign(&self, keys: &[i64], values: &[f32]) -> Result<()> {
+        self.assign_with_state(keys, values, None, self.generation())
+    }
+
+    /// [`Table::assign`] that also sets the optimizer state (`keys.len() *
+    /// state_len` floats) instead of resetting it, marking the rows with
+    /// save generation `save_gen`.
+    pub(crate) fn assign_with_state(
+        &self,
+        keys: &[i64],
+        values: &[f32],
+        state: Option<&[f32]>,
+        save_gen: u32,
+    ) -> Result<()> {
+        Self::check_batch(keys)?;
+        let (dim, sl) = (self.dim, self.state_len);
+        check_len("values", keys.len() * dim, values.len())?;
+        check_finite("values", values)?;
+        self.policy.format.check_fits("values", values)?;
+        if let Some(st) = state {
+            check_len("state", keys.len() * sl, st.len())?;
+            check_finite("state", st)?;
+        }
+        let _gate = self.enter();
+        self.assign_in(keys, values, state, None, save_gen)?;
+        self.enforce_capacity();
+        Ok(())
+    }
+
+    /// [`Table::assign_with_state`] on checked input, with the gate held
+    /// (or the table not yet shared). With `meta` (4 words per key, see
+    /// [`Meta::to_words`]) the rows get that metadata (a load); without,
+    /// each occurrence of a key counts as a touch.
+    pub(crate) fn assign_in(
+        &self,
+        keys: &[i64],
+        values: &[f32],
+        state: Option<&[f32]>,
+        meta: Option<&[u32]>,
+        save_gen: u32,
+    ) -> Result<()> {
+        let (dim, sl, ww) = (self.dim, self.state_len, self.wwords);
+        let plan = self.plan(keys);
+        let reserved = self.reserve_plan(&plan, keys, None, "keys")?;
+        let n = self.shards.len();
+        let track = self.policy.tracks();
+        let (tick, step) = if track && meta.is_none() {
+            (self.next_tick(), self.step())
+        } else {
+            (0, 0)
+        };
+        self.par_shards_mut(&plan, |g, pos| {
+            let len0 = g.len();
+            for &i in pos {
+                let i = i as usize;
+                let (r, _) = g.find_or_insert(keys[i], plan.hashes[i], save_gen, |_| {});
+                g.arena.set_generation(r, save_gen);
+                if track {
+                    match meta {
+                        Some(m) => *g.arena.meta_mut(r) = Meta::from_words(&m[i * 4..i * 4 + 4]),
+                        None => g.arena.touch(r, tick, step, 1),
+                    }
+                }
+                let row = g.arena.row_mut(r);
+                self.write_weights(row, &values[i * dim..(i + 1) * dim]);
+                let st = &mut row[ww..];
+                match (state, &self.optimizer) {
+                    (Some(src), _) => st.copy_from_slice(&src[i * sl..(i + 1) * sl]),
+                    (None, Some(o)) => o.init_state(st),
+                    (None, None) => {}
+                }
+            }
+            if meta.is_none() {
+                Counters::add(&g.counters.inserts, g.len() - len0);
+            }
+            g.release_pending(reserved[shard_of(plan.hashes[pos[0] as usize], n)].n);
+            0
+        });
+        Ok(())
+    }
+
+    /// Makes room in the index for about `additional` more rows in total
+    /// (spread over the shards), so that a bulk insert does not grow the
+    /// index step by step. Row memory is left to grow as rows arrive (see
+    /// [`Table::reserve_rows`] for both).
+    ///
+    /// # Errors
+    /// `OutOfMemory` naming `rows` when the index cannot be allocated.
+    pub fn try_reserve_index(&self, additional: usize) -> Result<()> {
+        let n = self.shards.len();
+        let per = additional / n + additional / n / 16 + 16;
+        let _gate = self.enter();
+        let failed = self
+            .shards
+            .par_iter()
+            .map(|lock| write(lock).try_reserve_index(per).is_err())
+            .reduce(|| false, |a, b| a || b);
+        if failed {
+            return Err(oom("rows", (per as u128) * (n as u128) * 8));
+        }
+        Ok(())
+    }
+
+    /// Makes room for `additional` more rows, spread over the shards as keys
+    /// spread (each shard gets its share plus four standard deviations):
+    /// index space, and row memory allocated and touched now, so that
+    /// inserting that many new keys later maps no fresh memory (as
+    /// HierarchicalKV and TFRA tables take their initial capacity up front).
+    /// The reserved memory counts in `stats().bytes` from now on.
+    ///
+    /// # Errors
+    /// `InvalidArgument` naming `rows` when the memory cannot be allocated;
+    /// rows and keys are unchanged then.
+    pub fn reserve_rows(&self, additional: usize) -> Result<()> {
+        if additional == 0 {
+            return Ok(());
+        }
+        let n = self.shards.len();
+        let mean = additional.div_ceil(n);
+        let per = mean + 4 * (mean as f64).sqrt().ceil() as usize;
+        let row_bytes = read(&self.shards[0]).arena.row_bytes();
+        let need = (per as u128) * (n as u128) * (row_bytes as u128);
+        // Writers take the gate first (the crate's lock order), so that a
+        // snapshot holding it exclusively never waits for this.
+        let _gate = self.enter();
+        if let Some(avail) = pages::available_memory()
+            && need > avail as u128
+        {
+            return Err(invalid(
+                "rows",
+                format!(
+                    "reserving {additional} rows needs {need} bytes, more than the \
+                     {avail} bytes of memory available"
+                ),
+            ));
+        }
+        let failed = self
+            .shards
+            .par_iter()
+            .map(|lock| write(lock).reserve_rows(per).is_err())
+            .reduce(|| false, |a, b| a || b);
+        if failed {
+            return Err(invalid(
+                "rows",
+                format!("could not allocate memory for {additional} more rows"),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Removes the rows of `keys`; returns how many were present.
+    ///
+    /// # Errors
+    /// Only for batches of more than 2^32 - 1 keys.
+    pub fn remove(&self, keys: &[i64]) -> Result<usize> {
+        Self::check_batch(keys)?;
+        let _gate = self.enter();
+        let plan = self.plan(keys);
+        Ok(self.par_shards_mut(&plan, |g, pos| {
+            pos.iter()
+                .filter(|&&i| g.remove(keys[i as usize], plan.hashes[i as usize]))
+                .count()
+        }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::test_support::table;
+    use super::*;
+
+    fn adagrad() -> Option<Optimizer> {
+        Some(Optimizer::Adagrad {
+            lr: 0.1,
+            initial_accumulator_value: 0.5,
+            eps: 1e-10,
+            weight_decay: 0.0,
+        })
+    }
+
+    #[test]
+    fn assign_resets_state_and_assign_state_keeps_it() {
+        let t = table(2, 4, adagrad());
+        t.assign(&[1, 2], &[1.0, 2.0, 3.0, 4.0]).unwrap();
+        let (mut rows, mut state) = (vec![0.0; 4], vec![0.0; 4]);
+        t.lookup_with_state(&[1, 2], false, &mut rows, &mut state)
+            .unwrap();
+        assert_eq!(rows, [1.0, 2.0, 3.0, 4.0]);
+        assert_eq!(state, [0.5; 4], "fresh state: the initial accumulator");
+        t.assign_state(&[2], &[5.0, 6.0], &[7.0, 8.0]).unwrap();
+        t.lookup_with_state(&[2], false, &mut rows[..2], &mut state[..2])
+            .unwrap();
+        assert_eq!(
+            (&rows[..2], &state[..2]),
+            (&[5.0, 6.0][..], &[7.0, 8.0][..])
+        );
+    }
+
+    #[test]
+    fn remove_counts_the_keys_present() {
+        let t = table(2, 4, None);
+        t.assign(&[1, 2, 3], &[0.0; 6]).unwrap();
+        assert_eq!(t.remove(&[2, 9, 2]).unwrap(), 1);
+        assert_eq!(t.len(), 2);
+    }
+
+    #[test]
+    fn reserve_changes_no_rows() {
+        let t = table(2, 4, None);
+        t.reserve_rows(100).unwrap();
+        t.try_reserve_index(100).unwrap();
+        assert_eq!(t.len(), 0);
+    }
+}
