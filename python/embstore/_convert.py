@@ -13,6 +13,13 @@ from typing import Any, ClassVar, Literal, TypeAlias
 import numpy as np
 import numpy.typing as npt
 
+from embstore import _core
+
+#: Every name, parameter and default the core accepts: ``_core.vocabulary()``
+#: (``embstore_core::vocab``). The lists below and the configuration classes
+#: of optim, init and policy are checked against it (tests/test_vocabulary.py).
+VOCABULARY: dict[str, Any] = _core.vocabulary()
+
 _I64_MAX = np.iinfo(np.int64).max
 
 
@@ -113,14 +120,19 @@ def as_weights(weights: Any, n: int) -> npt.NDArray[np.float32] | None:
         return np.ascontiguousarray(arr, dtype=np.float32)
 
 
-COMBINERS = ("sum", "mean", "sqrtn")
+def check_name(arg: str, kind: str, value: Any) -> str:
+    """``value`` if it is one of the core's ``kind`` names
+    (``VOCABULARY[kind]``: "dtypes", "evictions", "combiners",
+    "partitions"); ValueError naming ``arg`` otherwise."""
+    names = tuple(VOCABULARY[kind])
+    if not isinstance(value, str) or value not in names:
+        raise ValueError(f"{arg}: expected one of {names}, got {value!r}")
+    return value
 
 
 def check_combiner(combiner: Any) -> str:
     """Return ``combiner`` if it names a combiner; ValueError otherwise."""
-    if combiner not in COMBINERS:
-        raise ValueError(f"combiner: expected one of {COMBINERS}, got {combiner!r}")
-    return str(combiner)
+    return check_name("combiner", "combiners", combiner)
 
 
 def as_bags(
@@ -183,8 +195,6 @@ class NativeConfig:
     def __post_init__(self) -> None:
         for name, value in asdict(self).items():
             object.__setattr__(self, name, check_real(name, value))
-        from embstore import _core
-
         getattr(_core, f"check_{self._kind}")(*self._native())
         # Integer fields (checked integral natively) keep their int type.
         for f in fields(self):

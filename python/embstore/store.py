@@ -20,6 +20,7 @@ from embstore._convert import (
     check_bool,
     check_default,
     check_int,
+    check_name,
     like,
 )
 from embstore._progress import run_with_progress
@@ -31,9 +32,6 @@ if TYPE_CHECKING:
     import torch
 
 __all__ = ["Table"]
-
-_DTYPES = ("float32", "float16", "bfloat16")
-_EVICTIONS = ("lfu", "lru")
 
 
 def _opt_int(name: str, value: Any, low: int) -> int | None:
@@ -166,8 +164,7 @@ class Table:
                 raise ValueError(f"seed: expected 0 <= seed < 2**64, got {seed}")
         if num_shards is not None:
             num_shards = check_int("num_shards", num_shards, 1, _U64_MAX)
-        if dtype not in _DTYPES:
-            raise ValueError(f"dtype: expected one of {_DTYPES}, got {dtype!r}")
+        check_name("dtype", "dtypes", dtype)
         if admission is not None and not isinstance(admission, Admission):
             raise TypeError(
                 f"admission: expected an embstore.policy filter or None, "
@@ -175,8 +172,7 @@ class Table:
             )
         ttl = _opt_int("ttl_steps", ttl_steps, 1)
         cap = _opt_int("capacity", capacity, 1)
-        if eviction not in _EVICTIONS:
-            raise ValueError(f"eviction: expected one of {_EVICTIONS}, got {eviction!r}")
+        check_name("eviction", "evictions", eviction)
         self._optimizer = optimizer
         self._initializer = initializer
         self._dtype = dtype
@@ -289,6 +285,23 @@ class Table:
             f"step={self.step}, num_shards={self.num_shards}, dtype={self.dtype!r})"
         )
 
+    def config(self) -> dict[str, Any]:
+        """The configuration every copy of this table must share (the ranks
+        of a ShardedTable check theirs agree): dim, dtype, optimizer,
+        initializer, seed, admission and eviction policies."""
+        opt, adm = self._optimizer, self._admission
+        return {
+            "dim": self.dim,
+            "dtype": self.dtype,
+            "optimizer": None if opt is None else opt._native(),
+            "initializer": self._initializer._native(),
+            "seed": self.seed,
+            "admission": None if adm is None else adm._native(),
+            "ttl_steps": self._ttl_steps,
+            "capacity": self._capacity,
+            "eviction": self._eviction,
+        }
+
     # -- batch protocol ------------------------------------------------------
 
     @overload
@@ -353,18 +366,54 @@ class Table:
         """Remove the rows of ``keys (n,)``; returns how many were present."""
         return int(self._inner.remove(as_keys(keys)))
 
-    def apply_gradients(self, keys: Any, grads: Any) -> None:
+    def apply_gradients(self, keys: Any, grads: Any, *, step: int | None = None) -> None:
         """One optimizer step: ``keys (n,)``, ``grads (n, dim)``.
 
         Gradients of repeated keys are summed first (one update per distinct
         key), missing keys are created from the initializer, only touched
         rows change, and :attr:`step` goes up by one. Non-finite gradients
         raise ValueError and change nothing.
+
+        ``step``: for a tier above the table (a device cache) that applies
+        part of one step itself: the step number from :meth:`take_step`, at
+        which these rows are updated; :attr:`step` does not move.
         """
         self._require_optimizer()
         k = as_keys(keys)
         g = as_rows(grads, k.shape[0], self.dim, "grads")
-        self._inner.apply_gradients(k, g)
+        if step is None:
+            self._inner.apply_gradients(k, g)
+        else:
+            self._inner.apply_gradients_at(k, g, check_int("step", step, 1, _I64_MAX))
+
+    def take_step(self) -> int:
+        """Count one optimizer step and return its number (:attr:`step`
+        after it), without updating any row: a tier above the table that
+        trains some rows itself takes the step here, then applies the
+        table's part with ``apply_gradients(..., step=n)``. Atomic: threads
+        that take steps at once get distinct numbers."""
+        self._require_optimizer()
+        return int(self._inner.advance_step())
+
+    def lookup_with_state(
+        self, keys: Any, *, insert: bool = True
+    ) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.float32]]:
+        """Rows and optimizer state of ``keys (n,)``: ``(n, dim)`` and
+        ``(n, state_len)`` float32 (a missing key reads its initial row and
+        fresh state; with ``insert`` it gets them), for a tier that trains
+        rows away from the table and writes them back with
+        :meth:`write_back`."""
+        rows, state = self._inner.lookup_with_state(as_keys(keys), check_bool("insert", insert))
+        return rows, state
+
+    def write_back(self, keys: Any, rows: Any, state: Any) -> None:
+        """Insert or overwrite rows together with their optimizer state
+        (``keys (n,)``, ``rows (n, dim)``, ``state (n, state_len)``): what a
+        tier that trained them elsewhere returns to the table."""
+        k = as_keys(keys)
+        r = as_rows(rows, k.shape[0], self.dim, "rows")
+        st = as_rows(state, k.shape[0], self.state_len, "state")
+        self._inner.assign(k, r, st)
 
     @overload
     def lookup_pooled(
@@ -536,6 +585,42 @@ class Table:
             len(self) * row_bytes,
             "save",
             progress,
+        )
+        manifest: dict[str, Any] = json.loads(text)
+        return manifest
+
+    def save_part(
+        self, path: str | os.PathLike[str], part: str, *, with_optimizer: bool = True
+    ) -> str:
+        """Write this table's rows to files of the checkpoint directory
+        ``path`` named after ``part`` (``"<checkpoint id>-<name>"``), without
+        publishing them; returns what :meth:`publish_parts` takes. For a
+        checkpoint written by many tables at once (the ranks of a
+        ShardedTable)."""
+        return str(
+            self._inner.write_files(
+                os.fspath(path), part, check_bool("with_optimizer", with_optimizer)
+            )
+        )
+
+    def publish_parts(
+        self,
+        path: str | os.PathLike[str],
+        checkpoint_id: str,
+        parts: list[str],
+        rows: int,
+        *,
+        with_optimizer: bool = True,
+    ) -> dict[str, Any]:
+        """Publish one checkpoint at ``path`` made of the ``parts`` that
+        :meth:`save_part` wrote (``rows`` rows in all), described by this
+        table's configuration and step; returns its manifest."""
+        text = self._inner.publish_parts(
+            os.fspath(path),
+            checkpoint_id,
+            list(parts),
+            check_int("rows", rows, 0, _I64_MAX),
+            check_bool("with_optimizer", with_optimizer),
         )
         manifest: dict[str, Any] = json.loads(text)
         return manifest

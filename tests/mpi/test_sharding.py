@@ -5,6 +5,8 @@ call moves equal the cost model's count."""
 
 from __future__ import annotations
 
+import tempfile
+
 import numpy as np
 import pytest
 from mpi4py import MPI
@@ -12,6 +14,7 @@ from mpi4py import MPI
 import embstore
 from embstore import optim
 from embstore.distributed import Collection, ShardedTable
+from embstore.gpu import DeviceCache
 
 COMM = MPI.COMM_WORLD
 RANK, SIZE = COMM.Get_rank(), COMM.Get_size()
@@ -246,20 +249,37 @@ def test_ttl_and_admission_mean_the_same_when_sharded(admission: embstore.policy
 
 
 @pytest.mark.parametrize("pooled", [False, True])
-def test_device_cache_in_front_of_each_rank_equals_one_table(pooled: bool) -> None:
-    """cache_rows puts a DeviceCache (NumPy here) before each rank's table;
-    with far fewer rows than keys, training still equals one Table."""
+@pytest.mark.parametrize("stack", ["cache", "cache-factory", "table"])
+def test_stacked_tiers_train_to_the_rows_of_one_table(pooled: bool, stack: str) -> None:
+    """ShardedTable(local=DeviceCache(Table)) (NumPy device arrays here), the
+    same built by a factory of the agreed seed, and ShardedTable(local=Table):
+    with far fewer cache rows than keys, training equals one Table; and the
+    stacked tier saves a checkpoint one Table loads."""
     opt = optim.Adam(lr=0.05)
-    sharded = ShardedTable(DIM, optimizer=opt, seed=9, cache_rows=16)
+    if stack == "cache":
+        local: object = DeviceCache(embstore.Table(DIM, optimizer=opt, seed=9), 16, xp=np)
+    elif stack == "cache-factory":
+        local = lambda seed: DeviceCache(  # noqa: E731
+            embstore.Table(DIM, optimizer=opt, seed=seed), 16, xp=np
+        )
+    else:
+        local = embstore.Table(DIM, optimizer=opt, seed=9)
+    sharded = ShardedTable(DIM, local=local, **({"seed": 9} if stack == "cache-factory" else {}))
     single = embstore.Table(DIM, optimizer=opt, seed=9)
     for step in range(STEPS):
         mine = batch_of(step, RANK, pooled)
         every = union(step, pooled)
         step_both(sharded, single, mine, every, pooled)
     stats = sharded.stats()
-    assert stats["cache"]["evictions"] > 0
+    if stack != "table":
+        assert stats["evictions"] > 0
     keys, rows = single.export()
     np.testing.assert_allclose(sharded.lookup(keys, insert=False), rows, rtol=1e-5, atol=1e-6)
+    assert len(sharded) == len(single)
+    path = COMM.bcast(tempfile.mkdtemp() if RANK == 0 else None)
+    sharded.save(path)
+    loaded = embstore.Table.load(path)
+    np.testing.assert_allclose(loaded.lookup(keys, insert=False), rows, rtol=1e-5, atol=1e-6)
 
 
 def test_default_seeds_agree_across_ranks_and_differ_between_tables() -> None:

@@ -30,15 +30,23 @@ import numpy as np
 import numpy.typing as npt
 
 from embstore import _core
-from embstore._convert import as_bags, as_keys, as_rows, check_bool, check_combiner
+from embstore._convert import (
+    as_bags,
+    as_keys,
+    as_rows,
+    check_bool,
+    check_combiner,
+    check_int,
+    check_name,
+)
 from embstore._deps import require
 from embstore.collection import feature_entry
 from embstore.exceptions import CheckpointError
+from embstore.gpu._xp import to_numpy
+from embstore.protocol import LocalTier
 from embstore.store import Table, next_seed
 
 __all__ = ["Collection", "ShardedTable"]
-
-PARTITIONS = ("hash", "mod", "div")
 
 
 def _check_timeout(value: Any, arg: str) -> float:
@@ -92,12 +100,16 @@ class ShardedTable:
         "div" (contiguous ranges of ``[0, key_space)``).
     key_space:
         Required with "div": keys lie in ``[0, key_space)``.
-    cache_rows:
-        Puts an :class:`embstore.gpu.DeviceCache` of this many rows in front
-        of each rank's local table (on the GPU with CuPy where one is usable,
-        else NumPy): the rows this rank owns and uses most are served and
-        trained there. Not with ``ttl_steps`` or ``capacity`` (the table must
-        not drop rows the cache owns).
+    local:
+        What each rank keeps its rows in (an
+        :class:`embstore.protocol.LocalTier`): a Table, or a DeviceCache over
+        one (``local=DeviceCache(Table(dim, ...), rows)`` serves and trains
+        each rank's hottest rows on the device); or a factory called with
+        the seed every rank agrees on (rank 0's draw of the default seed
+        sequence), e.g. ``lambda seed: DeviceCache(Table(dim, seed=seed,
+        optimizer=opt), 4096)``. Default: a Table built from
+        ``table_kwargs``. The ShardedTable reaches it only through that
+        protocol; every rank's configuration must agree.
     timeout:
         Seconds a collective call may take before the whole job is aborted.
     **table_kwargs:
@@ -117,37 +129,50 @@ class ShardedTable:
         comm: Any = None,
         partition: str = "hash",
         key_space: int | None = None,
-        cache_rows: int | None = None,
+        local: LocalTier | Callable[[int], LocalTier] | None = None,
         timeout: float | None = None,
         **table_kwargs: Any,
     ) -> None:
         self._setup(comm, partition, key_space, timeout)
-        if table_kwargs.get("seed") is None:
+        given = isinstance(local, LocalTier)
+        seed = None if given else table_kwargs.pop("seed", None)
+        if seed is None and not given:
             # Every rank draws from its own sequence (keeping them in step);
             # all use rank 0's draw, so every rank initializes a key alike.
             drawn = next_seed()
             with self._watch("ShardedTable() seed"):
-                table_kwargs["seed"] = int(self.comm.bcast(drawn, root=0))
-        local: Table | None = None
+                seed = int(self.comm.bcast(drawn, root=0))
+        tier: LocalTier | None = None
         error: BaseException | None = None
-        cache: Any = None
         try:
-            local = Table(dim, **table_kwargs)
-            if cache_rows is not None:
-                if local.ttl_steps is not None or local.capacity is not None:
-                    raise ValueError(
-                        "cache_rows: expected a table without ttl_steps or capacity (the "
-                        "table must not drop rows the cache owns)"
+            if given:
+                if table_kwargs:
+                    raise TypeError(
+                        f"table_kwargs: expected none with a built local tier, got "
+                        f"{sorted(table_kwargs)}"
                     )
-                from embstore.gpu import DeviceCache
-
-                cache = DeviceCache(local, cache_rows)
+                tier = local  # type: ignore[assignment]
+            elif local is None:
+                tier = Table(dim, seed=seed, **table_kwargs)
+            elif callable(local):
+                if table_kwargs:
+                    raise TypeError(
+                        f"table_kwargs: expected only seed with a local factory, got "
+                        f"{sorted(table_kwargs)}"
+                    )
+                tier = local(int(seed))  # type: ignore[arg-type]
+            if not isinstance(tier, LocalTier):
+                raise TypeError(
+                    "local: expected a Table, a DeviceCache or a factory of one, got "
+                    f"{type(tier if local is not None and not given else local).__name__}"
+                )
+            if tier.dim != check_int("dim", dim, 1, 1 << 20):
+                raise ValueError(f"dim: expected the local tier's dim {tier.dim}, got {dim}")
         except Exception as e:
             error = e
         self._agree("ShardedTable()", error)
-        assert local is not None
-        self.local = local
-        self.cache = cache
+        assert tier is not None
+        self.local: LocalTier = tier
         self._check_config()
 
     # -- set-up ---------------------------------------------------------------
@@ -166,8 +191,7 @@ class ShardedTable:
         self.total_received_bytes = 0
         error: BaseException | None = None
         try:
-            if partition not in PARTITIONS:
-                raise ValueError(f"partition: expected one of {PARTITIONS}, got {partition!r}")
+            check_name("partition", "partitions", partition)
             if partition == "div" and (key_space is None or int(key_space) < 1):
                 raise ValueError('key_space: expected key_space > 0 with partition="div"')
             if timeout is not None:
@@ -179,20 +203,7 @@ class ShardedTable:
         self.key_space = None if key_space is None else int(key_space)
 
     def _config(self) -> dict[str, Any]:
-        opt = self.local.optimizer
-        return {
-            "dim": self.local.dim,
-            "dtype": self.local.dtype,
-            "optimizer": None if opt is None else opt._native(),
-            "initializer": self.local.initializer._native(),
-            "seed": self.local.seed,
-            "partition": self.partition,
-            "key_space": self.key_space,
-            "admission": None if self.local.admission is None else self.local.admission._native(),
-            "ttl_steps": self.local.ttl_steps,
-            "capacity": self.local.capacity,
-            "eviction": self.local.eviction,
-        }
+        return {**self.local.config(), "partition": self.partition, "key_space": self.key_space}
 
     def _check_config(self) -> None:
         """Every rank must have the same configuration: compare per-field
@@ -330,10 +341,7 @@ class ShardedTable:
         """Rows of unique keys, from their owners."""
         dim = self.local.dim
         order, sc, rc, recv_keys = self._route(uniq)
-        if self.cache is None:
-            rows = self.local.lookup(recv_keys, insert=insert)
-        else:
-            rows = self._host(self.cache.lookup(recv_keys, insert=insert))
+        rows = to_numpy(self.local.lookup(recv_keys, insert=insert))
         back = self._alltoallv(rows, rc, sc, dim).reshape(-1, dim)
         out = np.empty((len(uniq), dim), np.float32)
         out[order] = back
@@ -344,13 +352,7 @@ class ShardedTable:
         dim = self.local.dim
         order, sc, rc, recv_keys = self._route(uniq)
         recv = self._alltoallv(grads[order], sc, rc, dim).reshape(-1, dim)
-        (self.local if self.cache is None else self.cache).apply_gradients(recv_keys, recv)
-
-    def _host(self, a: Any) -> np.ndarray:
-        """A device array of the cache as NumPy (for the exchange)."""
-        from embstore.gpu import _xp
-
-        return np.ascontiguousarray(_xp.to_host(self.cache.xp, a))
+        self.local.apply_gradients(recv_keys, recv)
 
     # -- the batch protocol (collective) ---------------------------------------------
 
@@ -363,6 +365,11 @@ class ShardedTable:
     def step(self) -> int:
         """Optimizer steps taken (the same on every rank)."""
         return self.local.step
+
+    @property
+    def optimizer(self) -> Any:
+        """The optimizer (every rank's is the same)."""
+        return self.local.optimizer
 
     def lookup(self, keys: Any, *, insert: bool = True) -> npt.NDArray[np.float32]:
         """Rows of this rank's ``keys (n,)``: float32 ``(n, dim)``. Collective."""
@@ -387,10 +394,7 @@ class ShardedTable:
         uniq, inv = self._prepare("contains", lambda: np.unique(as_keys(keys), return_inverse=True))
         with self._watch("contains"):
             order, sc, rc, recv_keys = self._route(uniq)
-            if self.cache is None:
-                found = self.local.contains(recv_keys).astype(np.uint8)
-            else:
-                found = self._host(self.cache.contains(recv_keys)).astype(np.uint8)
+            found = to_numpy(self.local.contains(recv_keys)).astype(np.uint8)
             back = self._alltoallv(found, rc, sc, 1)
         found_u = np.empty(len(uniq), bool)
         found_u[order] = back.astype(bool)
@@ -475,12 +479,11 @@ class ShardedTable:
             self.comm.Allreduce(total, out)
         return int(out[0])
 
-    def evict(
-        self, *, with_rows: bool = False
-    ) -> npt.NDArray[np.int64] | tuple[npt.NDArray[np.int64], npt.NDArray[np.float32]]:
+    def evict(self, *, with_rows: bool = False) -> Any:
         """Run the eviction policy on this rank's rows (see :meth:`Table.evict`);
-        returns the keys this rank evicted. Local: no communication."""
-        return self.local.evict(with_rows=with_rows)
+        returns the keys this rank evicted (and their rows with
+        ``with_rows``). Local: no communication."""
+        return self.local.evict(with_rows=check_bool("with_rows", with_rows))
 
     def stats(self) -> dict[str, Any]:
         """This rank's table stats plus global figures: rows and bytes per rank,
@@ -499,8 +502,6 @@ class ShardedTable:
         every = np.empty((self.size, 4), np.int64)
         with self._watch("stats"):
             self.comm.Allgather(mine, every)
-        if self.cache is not None:
-            local["cache"] = self.cache.stats()
         return {
             **local,
             "rank": self.rank,
@@ -525,43 +526,28 @@ class ShardedTable:
         path = os.fspath(path)
         wo = check_bool("with_optimizer", with_optimizer)
         self._agree(f"save(with_optimizer={wo})", None)
-        if self.cache is not None:
-            self.cache.flush()
         with self._watch("save"):
             ckpt_id = self.comm.bcast(_core.new_checkpoint_id() if self.rank == 0 else None)
-            files: Any = None
+            part: str | None = None
             error = None
             try:
-                files = json.loads(
-                    self.local._inner.write_files(
-                        path, f"{ckpt_id}-r{self.rank:04d}", bool(with_optimizer)
-                    )
-                )
+                part = self.local.save_part(path, f"{ckpt_id}-r{self.rank:04d}", with_optimizer=wo)
             except (CheckpointError, OSError) as e:
                 error = f"rank {self.rank}: {e}"
             rows = np.array([len(self.local)], np.int64)
             total = np.empty(1, np.int64)
             self.comm.Allreduce(rows, total)
-            gathered = self.comm.gather((files, error), root=0)
+            gathered = self.comm.gather((part, error), root=0)
             manifest: dict[str, Any] | None = None
             if self.rank == 0:
                 assert gathered is not None
                 errors = [e for _, e in gathered if e]
                 if not errors:
                     try:
-                        m = json.loads(
-                            self.local._inner.manifest_base(ckpt_id, bool(with_optimizer))
+                        parts = [p for p, _ in gathered if p is not None]
+                        manifest = self.local.publish_parts(
+                            path, ckpt_id, parts, int(total[0]), with_optimizer=wo
                         )
-                        m["rows"] = int(total[0])
-                        m["chain"] = [
-                            {
-                                "kind": "full",
-                                "removed": None,
-                                "files": [f for fs, _ in gathered for f in fs],
-                            }
-                        ]
-                        _core.publish_manifest(path, json.dumps(m))
-                        manifest = m
                     except (CheckpointError, OSError) as e:
                         errors.append(f"rank 0 publishing: {e}")
                 outcome = "; ".join(errors) if errors else None
@@ -609,7 +595,6 @@ class ShardedTable:
             error = e
         self._agree("load", error)
         assert local is not None
-        self.cache = None
         self.local = local
         self._check_config()
         expect = int(_core.checkpoint_size(os.fspath(path))[1])

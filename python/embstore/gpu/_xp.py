@@ -68,6 +68,14 @@ def to_host(xp: ModuleType, x: Array) -> np.ndarray:
     return np.from_dlpack(x)
 
 
+def to_numpy(x: Any) -> np.ndarray:
+    """Any tier's output (NumPy, CuPy, torch, array-api-strict...) as a
+    C-contiguous NumPy array, copied to the host when it lives elsewhere."""
+    if isinstance(x, np.ndarray):
+        return np.ascontiguousarray(x)
+    return np.ascontiguousarray(to_host(array_api_compat.array_namespace(x), x))
+
+
 def to_device(xp: ModuleType, a: np.ndarray) -> Array:
     """``a`` (NumPy) on the device of ``xp``."""
     return xp.asarray(a)

@@ -25,11 +25,10 @@ import numpy as np
 from embstore import _convert, _core
 from embstore.gpu import _optim
 from embstore.gpu import _xp as X
-from embstore.store import Table
+from embstore.protocol import StateTier
 
 Array = Any
 
-_POLICIES = ("lfu", "lru")
 # The most a key's summed gradient may reach (the table's MAX_GRAD_SUM).
 _MAX_GRAD_SUM = 1e18
 
@@ -53,8 +52,10 @@ class DeviceCache:
     Parameters
     ----------
     table:
-        The :class:`embstore.Table` behind the cache, without ``ttl_steps`` or
-        ``capacity`` (it must not drop rows the cache owns). Its admission
+        The tier behind the cache (a :class:`embstore.protocol.StateTier`:
+        an :class:`embstore.Table`), without ``ttl_steps`` or ``capacity``
+        (it must not drop rows the cache owns). The cache reaches it only
+        through that protocol. Its admission
         filter keeps its meaning: the cache only takes keys the table has
         admitted, and the table trains (and counts) the others.
     rows:
@@ -78,15 +79,18 @@ class DeviceCache:
 
     def __init__(
         self,
-        table: Table,
+        table: StateTier,
         rows: int,
         *,
         xp: ModuleType | None = None,
         policy: str = "lfu",
         admit_after: int = 1,
     ) -> None:
-        if not isinstance(table, Table):
-            raise TypeError(f"table: expected an embstore.Table, got {type(table).__name__}")
+        if not isinstance(table, StateTier):
+            raise TypeError(
+                "table: expected a tier with rows and optimizer state (an embstore.Table), "
+                f"got {type(table).__name__}"
+            )
         if table.ttl_steps is not None or table.capacity is not None:
             raise ValueError(
                 "table: expected a table without ttl_steps or capacity (the table "
@@ -97,8 +101,7 @@ class DeviceCache:
                 raise TypeError(f"{name}: expected an int, got {type(value).__name__}")
             if value < 1:
                 raise ValueError(f"{name}: expected {name} >= 1, got {value}")
-        if policy not in _POLICIES:
-            raise ValueError(f"policy: expected one of {_POLICIES}, got {policy!r}")
+        _convert.check_name("policy", "evictions", policy)
         self.table = table
         self.xp = X.namespace(xp)
         self.policy = policy
@@ -138,6 +141,41 @@ class DeviceCache:
             ],
             0,
         )
+
+    # -- the tier's figures (the protocol's properties) ----------------------------
+
+    @property
+    def dim(self) -> int:
+        """Columns per row."""
+        return self.table.dim
+
+    @property
+    def step(self) -> int:
+        """Optimizer steps taken (the table's counter)."""
+        return self.table.step
+
+    @property
+    def optimizer(self) -> Any:
+        """The table's optimizer."""
+        return self.table.optimizer
+
+    def config(self) -> dict[str, Any]:
+        """The table's configuration and the cache's (rows, policy, admit_after)."""
+        return {
+            **self.table.config(),
+            "cache": {
+                "rows": self.capacity,
+                "policy": self.policy,
+                "admit_after": self.admit_after,
+            },
+        }
+
+    def _require_optimizer(self) -> None:
+        if self.table.optimizer is None:
+            raise ValueError(
+                "optimizer: the cache's table was built with optimizer=None; "
+                "pass an optimizer to train it"
+            )
 
     # -- input ------------------------------------------------------------------
 
@@ -301,10 +339,10 @@ class DeviceCache:
         fetch = np.concatenate([adm_keys, res.served_keys]) if want else adm_keys
         if fetch.size:
             if admit:
-                rows_h, state_h = self.table._inner.lookup_with_state(fetch, True)
+                rows_h, state_h = self.table.lookup_with_state(fetch, insert=True)
                 dev = self._h2d(np.concatenate([rows_h, state_h], axis=1))
             else:
-                dev = self._h2d(self.table._inner.lookup(fetch, False))
+                dev = self._h2d(np.asarray(self.table.lookup(fetch, insert=False)))
             dim = self.table.dim
             if n_adm:
                 self._install(new_slots, xp.take(uniq, adm_pos), dev[:n_adm, :])
@@ -334,7 +372,7 @@ class DeviceCache:
         ok = self._admit_filter(miss_keys)
         if self.table.admission is not None:
             # Only keys the table's filter has admitted (they have a row).
-            held = self.table._inner.contains(self._index_to_host(miss_keys))
+            held = np.asarray(self.table.contains(self._index_to_host(miss_keys)))
             ok = ok & xp.asarray(held)
         cand = xp.take(miss_pos, xp.nonzero(ok)[0])
         free = xp.astype(xp.nonzero(~self._used)[0], xp.int64)
@@ -382,7 +420,7 @@ class DeviceCache:
         in one device-to-host copy."""
         dim = self.table.dim
         block = self._d2h(packed)
-        self.table._inner.assign(
+        self.table.write_back(
             keys,
             np.ascontiguousarray(block[:, :dim]),
             np.ascontiguousarray(block[:, dim:]),
@@ -416,12 +454,12 @@ class DeviceCache:
             xp = self.xp
             u = xp.unique_inverse(keys_d)
             cached = xp.take(self._find(u.values) >= 0, xp.reshape(u.inverse_indices, (-1,)))
-            return cached | xp.asarray(self.table._inner.contains(keys_h))
+            return cached | xp.asarray(np.asarray(self.table.contains(keys_h)))
 
     def apply_gradients(self, keys: Any, grads: Any) -> None:
         """One optimizer step (duplicates summed), on the device for the keys
         the cache holds and in the table for the others."""
-        self.table._require_optimizer()
+        self._require_optimizer()
         keys_h, keys_d = self._keys(keys)
         g = self._rows_in(grads, keys_h.shape[0], "grads")
         with self._lock:
@@ -473,7 +511,7 @@ class DeviceCache:
         has_cached = int(cached.shape[0]) > 0
         guess = self.table.step + 1
         new = device_step(guess) if has_cached else None
-        t = int(self.table._inner.advance_step())
+        t = self.table.take_step()
         if has_cached:
             if t != guess:  # another thread stepped the table meanwhile
                 new = device_step(t)
@@ -482,7 +520,7 @@ class DeviceCache:
             self._state = X.scatter_rows(xp, self._fancy, self._state, cs, new[1])
         if int(served_pos.shape[0]):
             host = np.ascontiguousarray(self._d2h(xp.take(gsum, served_pos, axis=0)))
-            self.table._inner.apply_gradients_at(r.served_keys, host, t)
+            self.table.apply_gradients(r.served_keys, host, step=t)
             self._stats["table_updates"] += int(host.shape[0])
 
     def lookup_pooled(
@@ -515,7 +553,7 @@ class DeviceCache:
         weights: Any = None,
     ) -> None:
         """Backward of :meth:`lookup_pooled` and one optimizer step."""
-        self.table._require_optimizer()
+        self._require_optimizer()
         ids_d, bag_of, coef, batch = self._bags(ids, offsets, weights, combiner)
         g = self._rows_in(grads, batch, "grads")
         with self._lock:
@@ -573,7 +611,35 @@ class DeviceCache:
     def save(self, path: str | os.PathLike[str], **kwargs: Any) -> dict[str, Any]:
         """:meth:`flush`, then the table's :meth:`embstore.Table.save`."""
         self.flush()
-        return self.table.save(path, **kwargs)
+        manifest: dict[str, Any] = self.table.save(path, **kwargs)
+        return manifest
+
+    def save_part(
+        self, path: str | os.PathLike[str], part: str, *, with_optimizer: bool = True
+    ) -> str:
+        """:meth:`flush`, then the table's :meth:`embstore.Table.save_part`."""
+        self.flush()
+        return self.table.save_part(path, part, with_optimizer=with_optimizer)
+
+    def publish_parts(
+        self,
+        path: str | os.PathLike[str],
+        checkpoint_id: str,
+        parts: list[str],
+        rows: int,
+        *,
+        with_optimizer: bool = True,
+    ) -> dict[str, Any]:
+        """The table's :meth:`embstore.Table.publish_parts`."""
+        manifest: dict[str, Any] = self.table.publish_parts(
+            path, checkpoint_id, parts, rows, with_optimizer=with_optimizer
+        )
+        return manifest
+
+    def evict(self, *, with_rows: bool = False) -> Any:
+        """The table under a cache has no TTL or capacity: nothing to evict
+        (empty keys, and rows with ``with_rows``), as the table would return."""
+        return self.table.evict(with_rows=with_rows)
 
     def stats(self) -> dict[str, Any]:
         """hits, misses and hit_rate (per id of lookup calls; a key missing at
@@ -581,11 +647,20 @@ class DeviceCache:
         evictions, write_backs (rows), h2d/d2h copies and bytes of rows and
         state, index_bytes (keys moved to the host for the table),
         table_updates (rows the cache could not hold, trained in the table),
-        rows_cached, capacity, xp (the array namespace the cache runs on)."""
+        rows_cached, capacity, xp (the array namespace the cache runs on);
+        and as every tier's stats, ``rows`` (the table's) and ``bytes`` (the
+        table's and the cache's arrays), with the table's own under
+        ``table``."""
         with self._lock:
             s: dict[str, Any] = dict(self._stats)
             s["hit_rate"] = s["hits"] / s["lookups"] if s["lookups"] else 0.0
             s["rows_cached"] = int(self._idx_keys.shape[0])
+            table = self.table.stats()
+            s["table"] = table
+            s["rows"] = table["rows"]
+            # Rows and state (float32), count, last and key (int64), used (bool).
+            per_slot = 4 * (self.table.dim + self.table.state_len) + 3 * 8 + 1
+            s["bytes"] = table["bytes"] + self.capacity * per_slot
             s["capacity"] = self.capacity
             s["policy"] = self.policy
             s["step"] = self.table.step
@@ -593,10 +668,13 @@ class DeviceCache:
             return s
 
     def __len__(self) -> int:
-        return int(self._idx_keys.shape[0])
+        """Rows this tier holds: the table's (a cached row is one of them);
+        ``stats()["rows_cached"]`` counts the cached ones."""
+        return len(self.table)
 
     def __repr__(self) -> str:
         return (
-            f"DeviceCache(rows={self.capacity}, cached={len(self)}, xp={self.xp.__name__}, "
+            f"DeviceCache(rows={self.capacity}, cached={int(self._idx_keys.shape[0])}, "
+            f"xp={self.xp.__name__}, "
             f"policy={self.policy!r}, table={self.table!r})"
         )

@@ -8,8 +8,8 @@ use std::collections::BTreeMap;
 
 use crate::error::{Result, invalid};
 use crate::hash::{draw, row_stream};
-use crate::optim::param;
 use crate::simd::Backend;
+use crate::vocab;
 
 /// How new rows are filled.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -72,31 +72,26 @@ impl Initializer {
     /// # Errors
     /// An unknown name, a missing required parameter or a bad value.
     pub fn from_named(name: &str, p: &BTreeMap<String, f64>) -> Result<Initializer> {
-        let init = match name {
+        let spec = vocab::find("initializer", vocab::INITIALIZERS, name)?;
+        let get = |param| spec.get(p, param);
+        let init = match spec.name {
             "Uniform" => Initializer::Uniform {
-                low: param(p, "low", Some(-0.05))?,
-                high: param(p, "high", Some(0.05))?,
+                low: get("low")?,
+                high: get("high")?,
             },
             "Normal" => Initializer::Normal {
-                mean: param(p, "mean", Some(0.0))?,
-                std: param(p, "std", Some(1.0))?,
+                mean: get("mean")?,
+                std: get("std")?,
             },
             "TruncatedNormal" => Initializer::TruncatedNormal {
-                mean: param(p, "mean", Some(0.0))?,
-                std: param(p, "std", Some(1.0))?,
+                mean: get("mean")?,
+                std: get("std")?,
             },
             "Zeros" => Initializer::Zeros,
             "Constant" => Initializer::Constant {
-                value: param(p, "value", None)?,
+                value: get("value")?,
             },
-            other => {
-                return Err(invalid(
-                    "initializer",
-                    format!(
-                        "expected one of Uniform, Normal, TruncatedNormal, Zeros, Constant; got {other:?}"
-                    ),
-                ));
-            }
+            other => unreachable!("{other} is listed in vocab::INITIALIZERS without a parser"),
         };
         init.validate()?;
         Ok(init)

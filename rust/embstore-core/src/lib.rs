@@ -67,6 +67,7 @@ pub mod policy;
 pub mod simd;
 pub mod strings;
 pub mod table;
+pub mod vocab;
 
 pub use error::{Result, StoreError};
 pub use init::Initializer;

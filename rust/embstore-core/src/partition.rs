@@ -35,7 +35,10 @@ impl Partition {
             )),
             (other, _) => Err(invalid(
                 "partition",
-                format!("expected one of \"hash\", \"mod\", \"div\"; got {other:?}"),
+                format!(
+                    "expected one of {}; got {other:?}",
+                    crate::vocab::one_of(crate::vocab::PARTITIONS)
+                ),
             )),
         }
     }

@@ -9,8 +9,11 @@
 use half::slice::HalfFloatSliceExt;
 use half::{bf16, f16};
 
+use std::collections::BTreeMap;
+
 use crate::error::{Result, invalid};
 use crate::hash::{draw, mix64};
+use crate::vocab;
 
 /// How a row's `dim` weights are stored. Optimizer state is always float32;
 /// optimizer math is done in float32 and rounded to the row format (round to
@@ -57,7 +60,7 @@ impl RowFormat {
             "bfloat16" => Ok(RowFormat::BF16),
             other => Err(invalid(
                 "dtype",
-                format!("expected \"float32\", \"float16\" or \"bfloat16\", got {other:?}"),
+                format!("expected {}; got {other:?}", vocab::one_of(vocab::DTYPES)),
             )),
         }
     }
@@ -207,25 +210,6 @@ pub enum Admission {
     },
 }
 
-fn param(params: &[(String, f64)], name: &str) -> Result<f64> {
-    params
-        .iter()
-        .find(|(n, _)| n == name)
-        .map(|&(_, v)| v)
-        .ok_or_else(|| invalid("admission", format!("missing parameter {name:?}")))
-}
-
-fn whole(arg: &'static str, v: f64, lo: f64, hi: f64) -> Result<f64> {
-    if v.fract() == 0.0 && (lo..=hi).contains(&v) {
-        Ok(v)
-    } else {
-        Err(invalid(
-            arg,
-            format!("expected an integer in [{lo}, {hi}], got {v}"),
-        ))
-    }
-}
-
 impl Admission {
     /// The filter named `name` with `params` (as the Python classes and the
     /// checkpoint manifest name them).
@@ -233,26 +217,36 @@ impl Admission {
     /// # Errors
     /// `InvalidArgument` for an unknown name or bad parameters.
     pub fn from_named(name: &str, params: &[(String, f64)]) -> Result<Admission> {
-        let a = match name {
-            "always" => Admission::Always,
+        if name == "always" {
+            return Ok(Admission::Always);
+        }
+        let spec = vocab::find("admission", vocab::ADMISSIONS, name)?;
+        let p: BTreeMap<String, f64> = params.iter().cloned().collect();
+        let whole = |arg: &'static str, lo: f64, hi: f64| -> Result<f64> {
+            let v = spec.get(&p, arg)?;
+            if (lo..=hi).contains(&v) {
+                Ok(v)
+            } else {
+                Err(invalid(
+                    arg,
+                    format!("expected an integer in [{lo}, {hi}], got {v}"),
+                ))
+            }
+        };
+        let a = match spec.name {
             "count" => Admission::Count {
-                min_count: whole("min_count", param(params, "min_count")?, 1.0, 255.0)? as u32,
-                width: whole("width", param(params, "width")?, 1.0, (1u64 << 40) as f64)? as usize,
-                depth: whole("depth", param(params, "depth")?, 1.0, 16.0)? as usize,
+                min_count: whole("min_count", 1.0, 255.0)? as u32,
+                width: whole("width", 1.0, (1u64 << 40) as f64)? as usize,
+                depth: whole("depth", 1.0, 16.0)? as usize,
             },
             "probability" => {
-                let p = param(params, "p")?;
+                let p = spec.get(&p, "p")?;
                 if !(p > 0.0 && p <= 1.0) {
                     return Err(invalid("p", format!("expected 0 < p <= 1, got {p}")));
                 }
                 Admission::Probability { p }
             }
-            other => {
-                return Err(invalid(
-                    "admission",
-                    format!("expected \"count\" or \"probability\", got {other:?}"),
-                ));
-            }
+            other => unreachable!("{other} is listed in vocab::ADMISSIONS without a parser"),
         };
         Ok(a)
     }
@@ -314,7 +308,10 @@ impl Eviction {
             "lru" => Ok(Eviction::Lru),
             other => Err(invalid(
                 "eviction",
-                format!("expected \"lfu\" or \"lru\", got {other:?}"),
+                format!(
+                    "expected {}; got {other:?}",
+                    vocab::one_of(vocab::EVICTIONS)
+                ),
             )),
         }
     }

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use embstore_core::Table;
 use embstore_core::partition::Partition;
-use embstore_core::table::checkpoint::{self, Manifest};
+use embstore_core::table::checkpoint;
 use embstore_core::table::{pool_rows as core_pool_rows, spread_pooled as core_spread_pooled};
 use numpy::{
     PyArray1, PyArray2, PyArrayMethods, PyReadonlyArray1, PyReadonlyArray2, PyUntypedArrayMethods,
@@ -108,14 +108,6 @@ pub fn check_bags(
 #[pyfunction]
 pub fn new_checkpoint_id() -> String {
     checkpoint::new_id()
-}
-
-/// Publishes a manifest (JSON) at `path` atomically; returns its bytes.
-#[pyfunction]
-pub fn publish_manifest(py: Python<'_>, path: PathBuf, manifest: &str) -> PyResult<u64> {
-    let mut m: Manifest = serde_json::from_str(manifest)
-        .map_err(|e| PyValueError::new_err(format!("manifest: {e}")))?;
-    py.enter_store(|| checkpoint::publish(&path, &mut m))
 }
 
 /// Loads the rows of a checkpoint that rank `rank` of `size` owns.

@@ -24,8 +24,7 @@ mod _core {
     use crate::collection::{collection_apply_pooled_gradients, collection_lookup_pooled};
     #[pymodule_export]
     use crate::distributed::{
-        check_bags, load_table_owned, new_checkpoint_id, partition_owners, pool_rows,
-        publish_manifest, spread_pooled,
+        check_bags, load_table_owned, new_checkpoint_id, partition_owners, pool_rows, spread_pooled,
     };
     #[pymodule_export]
     use crate::error::{CheckpointError, EmbstoreError};
@@ -104,6 +103,38 @@ mod _core {
     #[pyfunction]
     fn remove_unpublished(path: std::path::PathBuf, prefix: &str) {
         embstore_core::table::checkpoint::remove_partial(&path, prefix);
+    }
+
+    /// Every name, parameter and default the core accepts
+    /// (`embstore_core::vocab`): {"optimizers" | "initializers" |
+    /// "admissions": {name: [(param, default or None, integer)]},
+    /// "dtypes" | "evictions" | "combiners" | "partitions": [name]}.
+    #[pyfunction]
+    fn vocabulary(py: Python<'_>) -> PyResult<Bound<'_, pyo3::types::PyDict>> {
+        use embstore_core::vocab;
+        use pyo3::types::PyDict;
+        let d = PyDict::new(py);
+        for (kind, list) in [
+            ("optimizers", vocab::OPTIMIZERS),
+            ("initializers", vocab::INITIALIZERS),
+            ("admissions", vocab::ADMISSIONS),
+        ] {
+            let by_name = PyDict::new(py);
+            for n in list {
+                let params: Vec<(&str, Option<f64>, bool)> = n
+                    .params
+                    .iter()
+                    .map(|p| (p.name, p.default, p.integer))
+                    .collect();
+                by_name.set_item(n.name, params)?;
+            }
+            d.set_item(kind, by_name)?;
+        }
+        d.set_item("dtypes", vocab::DTYPES)?;
+        d.set_item("evictions", vocab::EVICTIONS)?;
+        d.set_item("combiners", vocab::COMBINERS)?;
+        d.set_item("partitions", vocab::PARTITIONS)?;
+        Ok(d)
     }
 
     /// Number of threads of the native pool.

@@ -22,6 +22,7 @@ use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
 use crate::convert::EnterStore;
+use embstore_core::table::checkpoint;
 
 type Config = Option<(String, HashMap<String, f64>)>;
 
@@ -523,10 +524,29 @@ impl PyTable {
         serde_json::to_string(&files).map_err(|e| PyValueError::new_err(e.to_string()))
     }
 
-    /// The manifest describing this table (no files), as JSON.
-    #[pyo3(signature = (id, with_optimizer=true))]
-    fn manifest_base(&self, id: &str, with_optimizer: bool) -> PyResult<String> {
-        manifest_json(&self.inner.manifest_base(id, with_optimizer))
+    /// Publishes one checkpoint at `path` made of the files of `parts`
+    /// (each a `write_files` result), `rows` rows in all, described by this
+    /// table's configuration and step; returns the manifest as JSON.
+    #[pyo3(signature = (path, id, parts, rows, with_optimizer=true))]
+    fn publish_parts(
+        &self,
+        py: Python<'_>,
+        path: PathBuf,
+        id: &str,
+        parts: Vec<String>,
+        rows: u64,
+        with_optimizer: bool,
+    ) -> PyResult<String> {
+        let files = parts
+            .iter()
+            .map(|p| serde_json::from_str(p))
+            .collect::<std::result::Result<Vec<Vec<checkpoint::FileEntry>>, _>>()
+            .map_err(|e| PyValueError::new_err(format!("parts: {e}")))?;
+        let table = &self.inner;
+        let m = py.enter_store(|| {
+            checkpoint::publish_parts(&path, table, id, with_optimizer, files, rows)
+        })?;
+        manifest_json(&m)
     }
 
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {

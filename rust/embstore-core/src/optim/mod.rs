@@ -15,6 +15,7 @@ use std::collections::BTreeMap;
 
 use crate::error::{Result, invalid};
 use crate::simd::{AdamParams, AdamWParams, Backend, FtrlParams};
+use crate::vocab;
 
 /// An optimizer and its hyper-parameters.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -119,18 +120,6 @@ fn check(arg: &'static str, v: f64, ok: bool, expected: &str) -> Result<()> {
     }
 }
 
-/// Reads parameter `name` of `p`, or `default`.
-pub(crate) fn param(
-    p: &BTreeMap<String, f64>,
-    name: &'static str,
-    default: Option<f64>,
-) -> Result<f64> {
-    p.get(name)
-        .copied()
-        .or(default)
-        .ok_or_else(|| invalid(name, "missing parameter"))
-}
-
 impl Optimizer {
     /// The optimizer named `name` (as `embstore.optim` spells its class) with
     /// parameters `p` (defaults for the ones left out), validated.
@@ -138,53 +127,47 @@ impl Optimizer {
     /// # Errors
     /// An unknown name, a missing required parameter or a bad value.
     pub fn from_named(name: &str, p: &BTreeMap<String, f64>) -> Result<Optimizer> {
-        let wd = || param(p, "weight_decay", Some(0.0));
-        let opt = match name {
+        let spec = vocab::find("optimizer", vocab::OPTIMIZERS, name)?;
+        let get = |param| spec.get(p, param);
+        let opt = match spec.name {
             "SGD" => Optimizer::Sgd {
-                lr: param(p, "lr", None)?,
-                weight_decay: wd()?,
+                lr: get("lr")?,
+                weight_decay: get("weight_decay")?,
             },
             "Adagrad" => Optimizer::Adagrad {
-                lr: param(p, "lr", None)?,
-                initial_accumulator_value: param(p, "initial_accumulator_value", Some(0.0))?,
-                eps: param(p, "eps", Some(1e-10))?,
-                weight_decay: wd()?,
+                lr: get("lr")?,
+                initial_accumulator_value: get("initial_accumulator_value")?,
+                eps: get("eps")?,
+                weight_decay: get("weight_decay")?,
             },
             "RowWiseAdagrad" => Optimizer::RowWiseAdagrad {
-                lr: param(p, "lr", None)?,
-                eps: param(p, "eps", Some(1e-10))?,
-                weight_decay: wd()?,
+                lr: get("lr")?,
+                eps: get("eps")?,
+                weight_decay: get("weight_decay")?,
             },
             "Adam" => Optimizer::Adam {
-                lr: param(p, "lr", Some(1e-3))?,
-                beta1: param(p, "beta1", Some(0.9))?,
-                beta2: param(p, "beta2", Some(0.999))?,
-                eps: param(p, "eps", Some(1e-8))?,
-                weight_decay: wd()?,
+                lr: get("lr")?,
+                beta1: get("beta1")?,
+                beta2: get("beta2")?,
+                eps: get("eps")?,
+                weight_decay: get("weight_decay")?,
             },
             "AdamW" => Optimizer::AdamW {
-                lr: param(p, "lr", Some(1e-3))?,
-                beta1: param(p, "beta1", Some(0.9))?,
-                beta2: param(p, "beta2", Some(0.999))?,
-                eps: param(p, "eps", Some(1e-8))?,
-                weight_decay: param(p, "weight_decay", Some(0.01))?,
+                lr: get("lr")?,
+                beta1: get("beta1")?,
+                beta2: get("beta2")?,
+                eps: get("eps")?,
+                weight_decay: get("weight_decay")?,
             },
             "Ftrl" => Optimizer::Ftrl {
-                lr: param(p, "lr", None)?,
-                l1: param(p, "l1", Some(0.0))?,
-                l2: param(p, "l2", Some(0.0))?,
-                beta: param(p, "beta", Some(0.0))?,
-                initial_accumulator_value: param(p, "initial_accumulator_value", Some(0.1))?,
-                weight_decay: wd()?,
+                lr: get("lr")?,
+                l1: get("l1")?,
+                l2: get("l2")?,
+                beta: get("beta")?,
+                initial_accumulator_value: get("initial_accumulator_value")?,
+                weight_decay: get("weight_decay")?,
             },
-            other => {
-                return Err(invalid(
-                    "optimizer",
-                    format!(
-                        "expected one of SGD, Adagrad, RowWiseAdagrad, Adam, AdamW, Ftrl; got {other:?}"
-                    ),
-                ));
-            }
+            other => unreachable!("{other} is listed in vocab::OPTIMIZERS without a parser"),
         };
         opt.validate()?;
         Ok(opt)
@@ -384,25 +367,6 @@ impl Optimizer {
             | Optimizer::Adam { weight_decay, .. }
             | Optimizer::Ftrl { weight_decay, .. } => weight_decay,
             Optimizer::AdamW { .. } => 0.0,
-        }
-    }
-
-    /// The parameter names optimizer `name` takes (empty for an unknown name).
-    pub fn param_names(name: &str) -> &'static [&'static str] {
-        match name {
-            "SGD" => &["lr", "weight_decay"],
-            "Adagrad" => &["lr", "initial_accumulator_value", "eps", "weight_decay"],
-            "RowWiseAdagrad" => &["lr", "eps", "weight_decay"],
-            "Adam" | "AdamW" => &["lr", "beta1", "beta2", "eps", "weight_decay"],
-            "Ftrl" => &[
-                "lr",
-                "l1",
-                "l2",
-                "beta",
-                "initial_accumulator_value",
-                "weight_decay",
-            ],
-            _ => &[],
         }
     }
 

@@ -42,7 +42,10 @@ impl Combiner {
             "sqrtn" => Ok(Combiner::Sqrtn),
             other => Err(invalid(
                 "combiner",
-                format!("expected one of \"sum\", \"mean\", \"sqrtn\"; got {other:?}"),
+                format!(
+                    "expected one of {}; got {other:?}",
+                    crate::vocab::one_of(crate::vocab::COMBINERS)
+                ),
             )),
         }
     }

@@ -48,5 +48,5 @@ use files::*;
 pub use load::{FileCheck, verify};
 pub use manifest::*;
 use publish::*;
-pub use publish::{publish, remove_partial};
+pub use publish::{publish, publish_parts, remove_partial};
 use tensors::*;

@@ -17,6 +17,33 @@ pub fn publish(dir: &Path, manifest: &mut Manifest) -> Result<u64> {
     publish_locked(dir, manifest)
 }
 
+/// Publishes one full checkpoint at `dir` made of `parts` (the files each
+/// part's [`Table::write_files`] wrote, e.g. one per rank of a sharded
+/// table) holding `rows` rows in all, described by `table`'s configuration
+/// and step: the caller never builds a manifest itself.
+///
+/// # Errors
+/// `Checkpoint` for I/O errors, or a `rows` the files cannot hold.
+pub fn publish_parts(
+    dir: &Path,
+    table: &Table,
+    id: &str,
+    with_optimizer: bool,
+    parts: Vec<Vec<FileEntry>>,
+    rows: u64,
+) -> Result<Manifest> {
+    let mut m = table.manifest_base(id, with_optimizer);
+    m.rows = rows;
+    m.chain = vec![Link {
+        kind: "full".to_string(),
+        files: parts.into_iter().flatten().collect(),
+        removed: None,
+    }];
+    check_manifest(&m).map_err(|e| ckpt_err(dir, e))?;
+    publish(dir, &mut m)?;
+    Ok(m)
+}
+
 /// [`publish`] by a caller that holds the writers' lock.
 pub(super) fn publish_locked(dir: &Path, manifest: &mut Manifest) -> Result<u64> {
     check_manifest(manifest).map_err(|msg| ckpt_err(dir, msg))?;

@@ -1,0 +1,99 @@
+"""The batch protocol every tier offers, and what a tier needs of the one below.
+
+::
+
+    ShardedTable(dim, local=DeviceCache(Table(dim, ...), rows))
+
+is the one way to stack the tiers: a :class:`DeviceCache` is built on a
+:class:`StateTier` (a Table), and a :class:`ShardedTable` on a
+:class:`LocalTier` (a Table, or a DeviceCache over one), through these
+protocols alone. Each is ``runtime_checkable`` and checked by mypy.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+__all__ = ["BatchTier", "LocalTier", "StateTier"]
+
+
+@runtime_checkable
+class BatchTier(Protocol):
+    """The batch calls of every tier: one call is one batch; one
+    ``apply_gradients`` call is one optimizer step; duplicate keys are summed
+    first; a refused call changes nothing."""
+
+    @property
+    def dim(self) -> int: ...
+    @property
+    def step(self) -> int: ...
+    @property
+    def optimizer(self) -> Any: ...
+    def lookup(self, keys: Any, *, insert: bool = True) -> Any: ...
+    def lookup_pooled(
+        self,
+        ids: Any,
+        offsets: Any,
+        *,
+        combiner: str = "sum",
+        weights: Any = None,
+        insert: bool = True,
+    ) -> Any: ...
+    def apply_gradients(self, keys: Any, grads: Any) -> None: ...
+    def apply_pooled_gradients(
+        self, ids: Any, offsets: Any, grads: Any, *, combiner: str = "sum", weights: Any = None
+    ) -> None: ...
+    def contains(self, keys: Any) -> Any: ...
+    def save(self, path: str | os.PathLike[str], *, with_optimizer: bool = True) -> Any: ...
+    def stats(self) -> dict[str, Any]: ...
+    def __len__(self) -> int: ...
+
+
+@runtime_checkable
+class LocalTier(BatchTier, Protocol):
+    """A tier that lives in this process (a Table, or a DeviceCache over
+    one): what each rank of a ShardedTable keeps its rows in."""
+
+    def config(self) -> dict[str, Any]: ...
+    def evict(self, *, with_rows: bool) -> Any: ...
+    def save_part(
+        self, path: str | os.PathLike[str], part: str, *, with_optimizer: bool = True
+    ) -> str: ...
+    def publish_parts(
+        self,
+        path: str | os.PathLike[str],
+        checkpoint_id: str,
+        parts: list[str],
+        rows: int,
+        *,
+        with_optimizer: bool = True,
+    ) -> dict[str, Any]: ...
+
+
+@runtime_checkable
+class StateTier(LocalTier, Protocol):
+    """A tier that hands out rows with their optimizer state and takes them
+    back (a Table): what a DeviceCache is built on."""
+
+    @property
+    def state_len(self) -> int: ...
+    @property
+    def admission(self) -> Any: ...
+    @property
+    def ttl_steps(self) -> int | None: ...
+    @property
+    def capacity(self) -> int | None: ...
+    def lookup_with_state(self, keys: Any, *, insert: bool = True) -> tuple[Any, Any]: ...
+    def write_back(self, keys: Any, rows: Any, state: Any) -> None: ...
+    def take_step(self) -> int: ...
+    def apply_gradients(self, keys: Any, grads: Any, *, step: int | None = None) -> None: ...
+
+
+if TYPE_CHECKING:  # mypy checks that each tier implements its protocol
+    from embstore.distributed.mpi import ShardedTable
+    from embstore.gpu.cache import DeviceCache
+    from embstore.store import Table
+
+    def _tiers(t: Table, c: DeviceCache, s: ShardedTable) -> tuple[StateTier, LocalTier, BatchTier]:
+        return t, c, s
