@@ -2,8 +2,8 @@
 
 Each is a frozen configuration; the table runs the update natively, on the
 rows a batch touches only ("lazy"), after summing the gradients of repeated
-keys (one update per distinct key per step). Formulas are those of DESIGN.md
-and of the named reference implementation.
+keys (one update per distinct key per step). Formulas are those of each
+class's docstring and of the named reference implementation.
 
 ``weight_decay`` (SGD, Adagrad, RowWiseAdagrad, Adam, Ftrl) is coupled L2
 regularisation as torch's ``weight_decay`` (or a Keras embedding

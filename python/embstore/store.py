@@ -650,30 +650,32 @@ class Table:
             total = 2 * _core.checkpoint_size(os.fspath(path))[0]
         except Exception:  # the load itself reports what is wrong
             total = 0
-        inner, text = run_with_progress(
+        inner, _ = run_with_progress(
             lambda p: _core.load_table(os.fspath(path), num_shards, p), total, "load", progress
         )
         table = cls.__new__(cls)
-        table._adopt(inner, json.loads(text))
+        table._adopt(inner)
         return table
 
-    def _adopt(self, inner: _core.Table, manifest: dict[str, Any]) -> None:
-        """Become the wrapper of a native table loaded from a checkpoint."""
-        opt = manifest["optimizer"]
-        self._optimizer = getattr(optim, opt["name"])(**opt["params"]) if opt else None
-        init_cfg = manifest["initializer"]
-        self._initializer = getattr(init, init_cfg["name"])(**init_cfg["params"])
-        self._dtype = manifest["dtype"]
-        pol = manifest.get("policy") or {}
-        adm = pol.get("admission")
+    def _adopt(self, inner: _core.Table) -> None:
+        """Become the wrapper of a native table (loaded from a checkpoint):
+        the configuration objects are rebuilt from the table's own."""
+        cfg = inner.config()
+        opt = cfg["optimizer"]
+        self._optimizer = getattr(optim, opt[0])(**opt[1]) if opt else None
+        name, params = cfg["initializer"]
+        self._initializer = getattr(init, name)(**params)
+        self._dtype = cfg["dtype"]
+        adm = cfg["admission"]
         self._admission = None
-        if adm and adm["name"] != "always":
-            cls = {"count": policy.CountFilter, "probability": policy.ProbabilityFilter}
-            params = {k: int(v) if adm["name"] == "count" else v for k, v in adm["params"].items()}
-            self._admission = cls[adm["name"]](**params)
-        self._ttl_steps = pol.get("ttl_steps")
-        self._capacity = pol.get("capacity")
-        self._eviction = pol.get("eviction", "lfu")
+        if adm is not None:
+            cls = next(
+                c for c in (policy.CountFilter, policy.ProbabilityFilter) if c._name == adm[0]
+            )
+            self._admission = cls(**adm[1])
+        self._ttl_steps = cfg["ttl_steps"]
+        self._capacity = cfg["capacity"]
+        self._eviction = cfg["eviction"]
         self._inner = inner
 
     # -- torch-style state dict ------------------------------------------------

@@ -581,10 +581,10 @@ class ShardedTable:
 
         def prep() -> Table:
             table = Table.__new__(Table)
-            inner, text = _core.load_table_owned(
+            inner, _ = _core.load_table_owned(
                 os.fspath(path), self.size, self.rank, partition, key_space, num_shards
             )
-            Table._adopt(table, inner, json.loads(text))
+            table._adopt(inner)
             return table
 
         local = None

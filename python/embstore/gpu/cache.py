@@ -1,6 +1,6 @@
 """DeviceCache: the hottest rows and their optimizer state in device arrays.
 
-The owner rule of DESIGN.md: a cached row is trained on the device by the
+The owner rule (docs/ARCHITECTURE.md): a cached row is trained on the device by the
 table's own optimizer formulas, and the table's copy of it is stale until the
 cache writes it back (on eviction, :meth:`DeviceCache.flush` or
 :meth:`DeviceCache.save`). A key is owned by exactly one tier at a time, so
@@ -8,7 +8,10 @@ training through the cache equals training on the table.
 
 Per call, misses are fetched from the table in one native call and moved to
 the device in one copy; evicted rows (with their state), and the gradients of
-keys the cache cannot hold, go back to the host in one copy.
+keys the cache cannot hold, go back to the host in one copy. The cache
+reaches its table only through :class:`embstore.protocol.StateTier`; a step
+number comes from the table (``take_step``), so other threads may train the
+table at the same time.
 """
 
 from __future__ import annotations
@@ -576,20 +579,11 @@ class DeviceCache:
             None if weights is None else self._host(weights, "weights"),
             combiner,
         )
-        batch = int(_core.check_bags(i, o, w, c))
-        ids_d, off_d = xp.asarray(i), xp.asarray(o)
-        nnz = int(i.shape[0])
-        bag_of = xp.searchsorted(off_d[1:], xp.arange(nnz, dtype=xp.int64), side="right")
-        wt = xp.ones((nnz,), dtype=xp.float32) if w is None else xp.asarray(w)
-        if c == "sum":
-            coef = wt
-        else:
-            v = wt if c == "mean" else wt * wt
-            denom = X.segment_sum(xp, bag_of, xp.reshape(v, (-1, 1)), batch)[:, 0]
-            if c == "sqrtn":
-                denom = xp.sqrt(denom)
-            d = xp.take(denom, bag_of)
-            coef = xp.where(d == 0, xp.asarray(0.0, dtype=xp.float32), wt / d)
+        # Each id's bag and coefficient w_i / d_bag: the core's own (checked
+        # there), so the cache pools with the table's coefficients exactly.
+        bag_of_h, coef_h = _core.bag_coefficients(i, o, w, c)
+        batch = max(0, int(o.shape[0]) - 1)
+        ids_d, bag_of, coef = xp.asarray(i), xp.asarray(bag_of_h), xp.asarray(coef_h)
         return ids_d, bag_of, coef, batch
 
     # -- write-back and checkpoints -----------------------------------------------------

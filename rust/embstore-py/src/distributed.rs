@@ -8,7 +8,8 @@ use embstore_core::partition::Partition;
 use embstore_core::table::checkpoint;
 use embstore_core::table::{pool_rows as core_pool_rows, spread_pooled as core_spread_pooled};
 use numpy::{
-    PyArray1, PyArray2, PyArrayMethods, PyReadonlyArray1, PyReadonlyArray2, PyUntypedArrayMethods,
+    IntoPyArray, PyArray1, PyArray2, PyArrayMethods, PyReadonlyArray1, PyReadonlyArray2,
+    PyUntypedArrayMethods,
 };
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
@@ -102,6 +103,26 @@ pub fn check_bags(
     let b = bags(&ids, &offsets, weights.as_ref(), combiner)?;
     b.validate().map_err(PyStoreError)?;
     Ok(b.batch())
+}
+
+/// Each id's bag and coefficient, as NumPy arrays.
+type BagCoefficients<'py> = (Bound<'py, PyArray1<i64>>, Bound<'py, PyArray1<f32>>);
+
+/// Checked CSR bags: each id's bag (int64) and the coefficient `w_i / d_bag`
+/// (float32) the native pooling uses.
+#[pyfunction]
+pub fn bag_coefficients<'py>(
+    py: Python<'py>,
+    ids: PyReadonlyArray1<'py, i64>,
+    offsets: PyReadonlyArray1<'py, i64>,
+    weights: Option<PyReadonlyArray1<'py, f32>>,
+    combiner: &str,
+) -> PyResult<BagCoefficients<'py>> {
+    let b = bags(&ids, &offsets, weights.as_ref(), combiner)?;
+    b.validate().map_err(PyStoreError)?;
+    let (bag_of, coef) = py.detach(|| b.coefficients());
+    let bag_of: Vec<i64> = bag_of.into_iter().map(i64::from).collect();
+    Ok((bag_of.into_pyarray(py), coef.into_pyarray(py)))
 }
 
 /// A fresh checkpoint id.

@@ -24,12 +24,13 @@ mod _core {
     use crate::collection::{collection_apply_pooled_gradients, collection_lookup_pooled};
     #[pymodule_export]
     use crate::distributed::{
-        check_bags, load_table_owned, new_checkpoint_id, partition_owners, pool_rows, spread_pooled,
+        bag_coefficients, check_bags, load_table_owned, new_checkpoint_id, partition_owners,
+        pool_rows, spread_pooled,
     };
     #[pymodule_export]
     use crate::error::{CheckpointError, EmbstoreError};
     #[pymodule_export]
-    use crate::store::{PyProgress, PyTable, load_table, verify_checkpoint};
+    use crate::store::{PyProgress, PyTable, checkpoint_report, load_table};
     #[pymodule_export]
     use crate::strings::{hash_fixed_bytes, hash_objects, hash_ucs4};
 
@@ -58,6 +59,55 @@ mod _core {
     #[pyfunction]
     fn check_admission(name: &str, params: HashMap<String, f64>) -> PyResult<()> {
         crate::convert::admission(name, &params).map(|_| ())
+    }
+
+    /// The float32 constants of step number `t` of an optimizer, as the
+    /// native kernels use them (`Optimizer::step_consts`), for the device
+    /// cache's array-API formulas: {"lr", "eps", "one_minus_b1",
+    /// "one_minus_b2", "b2", "step_size", "bc2_sqrt", "decay", "l1",
+    /// "l2_total", "weight_decay"}, those the optimizer has.
+    #[pyfunction]
+    fn optimizer_constants(
+        name: &str,
+        params: HashMap<String, f64>,
+        t: u64,
+    ) -> PyResult<HashMap<&'static str, f32>> {
+        use embstore_core::optim::StepConsts;
+        let opt = crate::convert::optimizer(name, &params)?;
+        let mut c: HashMap<&'static str, f32> = HashMap::new();
+        c.insert("weight_decay", opt.coupled_decay() as f32);
+        match opt.step_consts(t.max(1)) {
+            StepConsts::Sgd(lr) => {
+                c.insert("lr", lr);
+            }
+            StepConsts::Adagrad(lr, eps) | StepConsts::RowWiseAdagrad(lr, eps) => {
+                c.insert("lr", lr);
+                c.insert("eps", eps);
+            }
+            StepConsts::Adam(p) => {
+                c.extend([
+                    ("one_minus_b1", p.one_minus_b1),
+                    ("one_minus_b2", p.one_minus_b2),
+                    ("step_size", p.step_size),
+                    ("eps", p.eps),
+                ]);
+            }
+            StepConsts::AdamW(p) => {
+                c.extend([
+                    ("decay", p.decay),
+                    ("one_minus_b1", p.one_minus_b1),
+                    ("b2", p.b2),
+                    ("one_minus_b2", p.one_minus_b2),
+                    ("step_size", p.step_size),
+                    ("bc2_sqrt", p.bc2_sqrt),
+                    ("eps", p.eps),
+                ]);
+            }
+            StepConsts::Ftrl(p) => {
+                c.extend([("lr", p.lr), ("l1", p.l1), ("l2_total", p.l2_total)]);
+            }
+        }
+        Ok(c)
     }
 
     /// The LRU stack distance of every access of a key stream (-1 for a

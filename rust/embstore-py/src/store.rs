@@ -94,22 +94,12 @@ pub fn load_table(
     ))
 }
 
-/// Checks every file of a checkpoint: the manifest as JSON and, per file,
-/// (name, rows, bytes, error or None).
+/// The report of `python -m embstore inspect`: (text, JSON, whether every
+/// file passed every check).
 #[pyfunction]
-#[allow(clippy::type_complexity)]
-pub fn verify_checkpoint(
-    py: Python<'_>,
-    path: PathBuf,
-) -> PyResult<(String, Vec<(String, u64, u64, Option<String>)>)> {
-    let (m, files) = py.enter_store(|| embstore_core::table::checkpoint::verify(&path))?;
-    Ok((
-        manifest_json(&m)?,
-        files
-            .into_iter()
-            .map(|(f, err)| (f.name, f.rows, f.bytes, err))
-            .collect(),
-    ))
+pub fn checkpoint_report(py: Python<'_>, path: PathBuf) -> PyResult<(String, String, bool)> {
+    let r = py.enter_store(|| checkpoint::report(&path))?;
+    Ok((r.text, r.json, r.whole))
 }
 
 /// The combiner named `name`.
@@ -247,6 +237,28 @@ impl PyTable {
     #[getter]
     fn dtype(&self) -> &'static str {
         self.inner.policy().format.name()
+    }
+
+    /// The table's configuration, each named configuration as (name,
+    /// {param: value}): {"optimizer": (..) or None, "initializer": (..),
+    /// "dtype", "admission": (..) or None, "ttl_steps", "capacity",
+    /// "eviction"} (what a loaded table's wrapper is rebuilt from).
+    fn config<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let t = &self.inner;
+        let d = PyDict::new(py);
+        d.set_item("optimizer", t.optimizer().map(|o| o.to_named()))?;
+        d.set_item("initializer", t.initializer().to_named())?;
+        d.set_item("dtype", t.policy().format.name())?;
+        let adm = &t.policy().admission;
+        let adm = (!adm.is_always()).then(|| {
+            let (name, p) = adm.to_named();
+            (name, p.into_iter().collect::<HashMap<String, f64>>())
+        });
+        d.set_item("admission", adm)?;
+        d.set_item("ttl_steps", t.policy().ttl_steps)?;
+        d.set_item("capacity", t.policy().capacity)?;
+        d.set_item("eviction", t.policy().eviction.name())?;
+        Ok(d)
     }
 
     /// The call clock (LRU recency).

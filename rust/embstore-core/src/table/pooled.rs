@@ -141,6 +141,13 @@ impl Bags<'_> {
         Coefs { bag_of, coef }
     }
 
+    /// Each id's bag and coefficient `w_i / d_bag`, as the pooled kernels
+    /// use them (for a tier that pools on another device).
+    pub fn coefficients(&self) -> (Vec<u32>, Vec<f32>) {
+        let c = self.coefs();
+        (c.bag_of, c.coef)
+    }
+
     /// [`Bags::coefs`] into caller-provided slices of `nnz` entries each.
     pub(crate) fn coefs_into(&self, bag_of: &mut [u32], coef: &mut [f32]) {
         let weight = |i: usize| self.weights.map_or(1.0, |w| w[i]);

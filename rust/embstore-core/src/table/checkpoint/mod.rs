@@ -40,6 +40,7 @@ mod files;
 mod load;
 mod manifest;
 mod publish;
+mod report;
 mod save;
 mod tensors;
 
@@ -49,4 +50,5 @@ pub use load::{FileCheck, verify};
 pub use manifest::*;
 use publish::*;
 pub use publish::{publish, publish_parts, remove_partial};
+pub use report::{Report, report};
 use tensors::*;
