@@ -371,14 +371,14 @@ class Table:
 
         Gradients of repeated keys are summed first (one update per distinct
         key), missing keys are created from the initializer, only touched
-        rows change, and :attr:`step` goes up by one. Non-finite gradients
-        raise ValueError and change nothing.
+        rows change, and :attr:`step` goes up by one. Non-finite gradients,
+        or a table without an optimizer, raise ValueError (the core's) and
+        change nothing.
 
         ``step``: for a tier above the table (a device cache) that applies
         part of one step itself: the step number from :meth:`take_step`, at
         which these rows are updated; :attr:`step` does not move.
         """
-        self._require_optimizer()
         k = as_keys(keys)
         g = as_rows(grads, k.shape[0], self.dim, "grads")
         if step is None:
@@ -392,7 +392,6 @@ class Table:
         trains some rows itself takes the step here, then applies the
         table's part with ``apply_gradients(..., step=n)``. Atomic: threads
         that take steps at once get distinct numbers."""
-        self._require_optimizer()
         return int(self._inner.advance_step())
 
     def lookup_with_state(
@@ -478,7 +477,6 @@ class Table:
         backward spreads it (id i of bag b gets ``w_i / denominator_b *
         grads[b]``), then the step proceeds as :meth:`apply_gradients`.
         """
-        self._require_optimizer()
         i, o, w, c = as_bags(ids, offsets, weights, combiner)
         g = as_rows(grads, o.shape[0] - 1 if o.shape[0] else 0, self.dim, "grads")
         self._inner.apply_pooled_gradients(i, o, g, w, c)
@@ -511,12 +509,6 @@ class Table:
     def admission_counts(self, keys: Any) -> npt.NDArray[np.uint32]:
         """The admission sketch's count estimate of each key (0 without a CountFilter)."""
         return self._inner.admission_counts(as_keys(keys))
-
-    def _require_optimizer(self) -> None:
-        if self._optimizer is None:
-            raise ValueError(
-                "optimizer: this table was built with optimizer=None; pass an optimizer to train it"
-            )
 
     @overload
     def export(

@@ -68,6 +68,7 @@ pub mod simd;
 pub mod strings;
 pub mod table;
 pub mod vocab;
+pub mod zeroed;
 
 pub use error::{Result, StoreError};
 pub use init::Initializer;

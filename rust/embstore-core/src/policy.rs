@@ -441,19 +441,7 @@ impl Sketch {
     /// [`Sketch::new`], or `None` when its counters cannot be allocated.
     pub fn try_new(width: usize, depth: usize) -> Option<Sketch> {
         let n = width.max(1).checked_mul(depth)?;
-        let layout = std::alloc::Layout::array::<u8>(n).ok()?;
-        let cells = if layout.size() == 0 {
-            Vec::new()
-        } else {
-            // SAFETY: the layout has a non-zero size (checked above).
-            let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
-            if ptr.is_null() {
-                return None;
-            }
-            // SAFETY: `ptr` is a fresh global allocation of `n` zeroed
-            // bytes with u8's layout: capacity and length `n`.
-            unsafe { Vec::from_raw_parts(ptr, n, n) }
-        };
+        let cells = crate::zeroed::try_zeroed::<u8>(n)?;
         Some(Sketch {
             width: width.max(1),
             depth,

@@ -63,23 +63,11 @@ fn give(v: Vec<f32>) {
     drop(dropped); // unmapped outside the lock
 }
 
-/// `n` zeros, or `None` when the memory cannot be allocated. Like
-/// `vec![0.0; n]` (zeroed pages from the OS, mapped on first write), but
-/// reporting failure instead of aborting the process.
+/// `n` zeros, or `None` when the memory cannot be allocated
+/// (`embstore_core::zeroed::try_zeroed`: zeroed pages from the OS, mapped
+/// on first write).
 fn zeroed(n: usize) -> Option<Vec<f32>> {
-    let layout = std::alloc::Layout::array::<f32>(n).ok()?;
-    if layout.size() == 0 {
-        return Some(Vec::new());
-    }
-    // SAFETY: the layout has a non-zero size (checked above).
-    let ptr = unsafe { std::alloc::alloc_zeroed(layout) }.cast::<f32>();
-    if ptr.is_null() {
-        return None;
-    }
-    // SAFETY: `ptr` was allocated by the global allocator with the layout
-    // of `n` f32s (so capacity `n` and the same alignment), and all `n`
-    // are initialized (zero bits are 0.0f32).
-    Some(unsafe { Vec::from_raw_parts(ptr, n, n) })
+    embstore_core::zeroed::try_zeroed(n)
 }
 
 /// (buffers kept, bytes kept, most buffers kept, most bytes kept).

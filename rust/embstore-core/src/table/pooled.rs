@@ -260,10 +260,12 @@ impl Table {
         // Set where pooling overflowed float32 (checked per pooled row, in
         // cache; a copied row of a one-id bag is finite already).
         let overflow = AtomicBool::new(false);
-        let mut gbuf = Vec::new();
-        gbuf.try_reserve_exact(gathered * dim)
-            .map_err(|_| crate::error::oom("ids", gathered * dim * 4))?;
-        gbuf.resize(gathered * dim, 0.0f32);
+        // Allocated zeroed (no pass writes the zeros; every gathered row
+        // is written once below before it is read).
+        let mut gbuf = gathered
+            .checked_mul(dim)
+            .and_then(crate::zeroed::try_zeroed::<f32>)
+            .ok_or_else(|| crate::error::oom("ids", gathered.saturating_mul(dim * 4)))?;
         let gout = SharedOut::new(&mut gbuf, dim);
         let stream = out.streams();
         let emit = |i: usize, x: &[f32]| {

@@ -1,0 +1,48 @@
+//! Fallible zeroed allocation: `vec![0; n]` that reports failure instead of
+//! aborting the process, and that takes large blocks from the OS already
+//! zero (calloc), so no pass writes the zeros.
+
+/// Types whose all-zero bit pattern is a valid value (`0`, `0.0`).
+///
+/// # Safety
+/// An implementor must be valid for every byte zero.
+pub unsafe trait Zeroable: Copy {}
+
+// SAFETY: zero bits are 0.0f32.
+unsafe impl Zeroable for f32 {}
+// SAFETY: zero bits are 0u8.
+unsafe impl Zeroable for u8 {}
+// SAFETY: zero bits are 0u32.
+unsafe impl Zeroable for u32 {}
+
+/// `n` zeros, or `None` when the memory cannot be allocated.
+pub fn try_zeroed<T: Zeroable>(n: usize) -> Option<Vec<T>> {
+    let layout = std::alloc::Layout::array::<T>(n).ok()?;
+    if layout.size() == 0 {
+        return Some(Vec::new());
+    }
+    // SAFETY: the layout has a non-zero size (checked above).
+    let ptr = unsafe { std::alloc::alloc_zeroed(layout) }.cast::<T>();
+    if ptr.is_null() {
+        return None;
+    }
+    // SAFETY: `ptr` was allocated by the global allocator with the layout of
+    // `n` values of `T` (capacity `n`, `T`'s alignment), and all `n` are
+    // initialized: zero bytes are a valid `T` (`Zeroable`).
+    Some(unsafe { Vec::from_raw_parts(ptr, n, n) })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn zeroed_vectors_hold_zeros_and_sizes_past_the_address_space_fail() {
+        let v: Vec<f32> = try_zeroed(1000).unwrap();
+        assert!(v.iter().all(|&x| x == 0.0));
+        assert_eq!(v.len(), 1000);
+        assert!(try_zeroed::<u8>(0).unwrap().is_empty());
+        assert!(try_zeroed::<f32>(usize::MAX / 2).is_none());
+        assert!(try_zeroed::<u32>(usize::MAX / 4 + 1).is_none());
+    }
+}
