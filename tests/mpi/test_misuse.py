@@ -68,3 +68,20 @@ def test_a_refusal_of_any_exception_type_is_agreed() -> None:
 def test_bad_timeouts_are_refused_on_every_rank(bad: float) -> None:
     with pytest.raises(ValueError, match="timeout: expected a finite number of seconds"):
         ShardedTable(4, optimizer=optim.SGD(lr=1.0), timeout=bad)
+
+
+def test_a_bad_local_tier_on_one_rank_is_refused_on_every_rank() -> None:
+    """local= must be a LocalTier (or a factory of one) of the given dim; a
+    rank that passes something else makes every rank raise."""
+    import embstore
+
+    last = RANK == SIZE - 1
+    local: object = "a table" if last else embstore.Table(4, optimizer=optim.SGD(lr=1.0), seed=3)
+    with pytest.raises((TypeError, ValueError), match=r"local: |refused its input"):
+        ShardedTable(4, local=local)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"dim: expected the local tier's dim 4|refused"):
+        ShardedTable(8 if last else 4, local=embstore.Table(4, seed=3))
+    with pytest.raises((TypeError, ValueError), match=r"factory to return|refused its input"):
+        ShardedTable(
+            4, local=(lambda seed: 5) if last else (lambda seed: embstore.Table(4, seed=seed))
+        )  # type: ignore[arg-type,return-value]

@@ -42,7 +42,7 @@ from embstore._convert import (
 from embstore._deps import require
 from embstore.collection import feature_entry
 from embstore.exceptions import CheckpointError
-from embstore.gpu._xp import to_numpy
+from embstore.gpu import to_numpy
 from embstore.protocol import LocalTier
 from embstore.store import Table, next_seed
 
@@ -136,15 +136,24 @@ class ShardedTable:
         self._setup(comm, partition, key_space, timeout)
         given = isinstance(local, LocalTier)
         seed = None if given else table_kwargs.pop("seed", None)
-        if seed is None and not given:
-            # Every rank draws from its own sequence (keeping them in step);
-            # all use rank 0's draw, so every rank initializes a key alike.
-            drawn = next_seed()
-            with self._watch("ShardedTable() seed"):
-                seed = int(self.comm.bcast(drawn, root=0))
+        # Every rank that needs a default seed draws from its own sequence
+        # (keeping them in step); all use rank 0's draw, so every rank
+        # initializes a key alike. The broadcast is unconditional: a rank
+        # whose arguments differ must not leave the others waiting in it.
+        need = seed is None and not given
+        drawn = next_seed() if need else None
+        with self._watch("ShardedTable() seed"):
+            agreed = self.comm.bcast(drawn, root=0)
+        if need:
+            seed = agreed
         tier: LocalTier | None = None
         error: BaseException | None = None
         try:
+            if need and seed is None:
+                raise ValueError(
+                    "local: rank 0 passed a built tier and this rank none; every rank "
+                    "must pass the same kind of local"
+                )
             if given:
                 if table_kwargs:
                     raise TypeError(
@@ -161,11 +170,17 @@ class ShardedTable:
                         f"{sorted(table_kwargs)}"
                     )
                 tier = local(int(seed))  # type: ignore[arg-type]
-            if not isinstance(tier, LocalTier):
+                if not isinstance(tier, LocalTier):
+                    raise TypeError(
+                        "local: expected the factory to return a Table or a DeviceCache, "
+                        f"got {type(tier).__name__}"
+                    )
+            else:
                 raise TypeError(
-                    "local: expected a Table, a DeviceCache or a factory of one, got "
-                    f"{type(tier if local is not None and not given else local).__name__}"
+                    "local: expected a Table, a DeviceCache or a factory of one, "
+                    f"got {type(local).__name__}"
                 )
+            assert tier is not None
             if tier.dim != check_int("dim", dim, 1, 1 << 20):
                 raise ValueError(f"dim: expected the local tier's dim {tier.dim}, got {dim}")
         except Exception as e:
