@@ -25,6 +25,10 @@ def test_bench_quick_runs_and_reports_every_measure() -> None:
     for measure in ("torch.index_select", "SparseAdam", "new keys", "2 threads", "resident"):
         assert measure in out
     assert "lookup result equal to torch.index_select: True" in out
+    # The small-call section: a row per key count, and the serving threads.
+    for keys in ("| 1 |", "| 16 |", "| 128 |", "| 1,024 |", "| 16,384 |"):
+        assert keys in out
+    assert "Serving, 128-key lookups (insert=False): 1 thread" in out
 
 
 def cli(*args: str) -> subprocess.CompletedProcess[str]:

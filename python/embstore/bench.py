@@ -7,6 +7,8 @@ process on one machine, reported as ratios.
 Peers: ``torch.index_select`` on a dense tensor and a Python dict of NumPy
 rows (lookup), ``torch.optim.SparseAdam`` (Adam step). Thread scaling and
 memory are measured in child processes (a fresh pool size, a fresh RSS).
+Small calls (1 to 16,384 keys: lookup, Adam step, pooled step; 1 and 4
+serving threads) are measured against np.take and a dict of rows.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -241,6 +244,7 @@ def compare(args: argparse.Namespace) -> dict[str, Any]:
     res["memory"] = _child("memory", args)
     res["collection"] = collection_compare(args)
     res["collection"]["dim"] = dim
+    res["small_calls"] = small_calls(dim, args.quick)
     return res
 
 
@@ -422,6 +426,110 @@ def _coll_torch_shared(
     }
 
 
+SMALL_KEYS = (1, 16, 128, 1024, 16384)
+
+
+def _per_call_us(fn: Callable[[], object], calls: int) -> float:
+    """Best of 5 runs of ``calls`` calls, in microseconds per call."""
+    fn()
+    best = float("inf")
+    for _ in range(5):
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        best = min(best, (time.perf_counter() - t0) / calls)
+    return best * 1e6
+
+
+def _stack_rows(rows: dict[int, np.ndarray], keys: list[int]) -> np.ndarray:
+    return np.stack([rows[k] for k in keys])
+
+
+def small_calls(dim: int, quick: bool) -> dict[str, Any]:
+    """Per-call cost at 1 to 16,384 keys on a 100,000-row Adam table (default
+    shards), against np.take on a dense array and a dict of rows (same run):
+    lookup, Adam step, and a pooled step (lookup_pooled + backward, 4 ids a
+    bag); and calls/s of 128-key serving lookups from 1 and 4 Python threads."""
+    import threading
+
+    rows = 100_000
+    table = embstore.Table(dim, optimizer=optim.Adam(lr=1e-3), seed=0)
+    table.lookup(np.arange(rows))
+    dense = table.lookup(np.arange(rows), insert=False)
+    as_dict = {int(k): dense[k] for k in range(rows)}
+    rng = np.random.default_rng(0)
+    budget = 2_000 if quick else 20_000  # ids per measured run
+    per_keys: dict[str, dict[str, float]] = {}
+    for n in SMALL_KEYS:
+        keys = rng.integers(0, rows, n)
+        key_list = keys.tolist()
+        grads = np.ones((n, dim), np.float32)
+        offsets = np.arange(0, n + 1, 4, dtype=np.int64)
+        if offsets[-1] != n:
+            offsets = np.append(offsets, n)
+        bag_grads = np.ones((offsets.size - 1, dim), np.float32)
+        calls = max(3, budget // n)
+
+        def pooled_step(
+            k: np.ndarray = keys, o: np.ndarray = offsets, g: np.ndarray = bag_grads
+        ) -> None:
+            table.lookup_pooled(k, o)
+            table.apply_pooled_gradients(k, o, g)
+
+        per_keys[str(n)] = {
+            "lookup_us": _per_call_us(partial(table.lookup, keys), calls),
+            "np_take_us": _per_call_us(partial(np.take, dense, keys, axis=0), calls),
+            "dict_stack_us": _per_call_us(partial(_stack_rows, as_dict, key_list), calls),
+            "adam_step_us": _per_call_us(partial(table.apply_gradients, keys, grads), calls),
+            "pooled_step_us": _per_call_us(pooled_step, calls),
+        }
+    keys = rng.integers(0, rows, 128)
+    calls = 500 if quick else 4_000
+
+    def serve() -> None:
+        for _ in range(calls):
+            table.lookup(keys, insert=False)
+
+    serving: dict[str, float] = {}
+    for threads in (1, 4):
+        best = float("inf")
+        for _ in range(3):
+            ts = [threading.Thread(target=serve) for _ in range(threads)]
+            t0 = time.perf_counter()
+            for t in ts:
+                t.start()
+            for t in ts:
+                t.join()
+            best = min(best, time.perf_counter() - t0)
+        serving[str(threads)] = threads * calls / best
+    return {"rows": rows, "per_keys": per_keys, "serving_calls_per_s": serving}
+
+
+def report_small(c: dict[str, Any]) -> str:
+    lines = [
+        f"Small calls: {c['rows']:,}-row Adam table, default shards; microseconds per call "
+        "(best of 5); peers in the same run: np.take on a dense array of the same rows, a "
+        "dict of rows + np.stack.",
+        "",
+        "| keys | lookup | np.take | lookup / np.take | dict + np.stack | Adam step | "
+        "pooled step (4 ids a bag) |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for n, r in c["per_keys"].items():
+        lines.append(
+            f"| {int(n):,} | {r['lookup_us']:.1f} | {r['np_take_us']:.1f} | "
+            f"{r['lookup_us'] / r['np_take_us']:.1f}x | {r['dict_stack_us']:.1f} | "
+            f"{r['adam_step_us']:.1f} | {r['pooled_step_us']:.1f} |"
+        )
+    one, four = c["serving_calls_per_s"]["1"], c["serving_calls_per_s"]["4"]
+    lines += [
+        "",
+        f"Serving, 128-key lookups (insert=False): 1 thread {one:,.0f} calls/s, "
+        f"4 threads {four:,.0f} calls/s ({four / one:.2f}x).",
+    ]
+    return "\n".join(lines)
+
+
 def report_collection(c: dict[str, Any]) -> str:
     best_step = min(c["torch_per_feature_step_s"], c["torch_shared_step_s"])
     best_fwd = min(c["torch_per_feature_forward_s"], c["torch_shared_forward_s"])
@@ -494,6 +602,8 @@ def report(res: dict[str, Any], args: argparse.Namespace) -> str:
         f"filling the table by lookup: {res['fill_rows_per_s'] / 1e6:.2f} M rows/s.",
         "",
         report_collection(res["collection"]),
+        "",
+        report_small(res["small_calls"]),
     ]
     return "\n".join(lines)
 
