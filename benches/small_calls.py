@@ -2,6 +2,7 @@
 (100,000-row Adam table, dim 64, default shards; best of 5), and calls/s of
 128-key serving lookups from 1, 2 and 4 Python threads. For before/after
 comparisons run it against two builds (PYTHONPATH=<old tree>/python).
+``python -m embstore bench`` reports the same measures with peers.
 
     python benches/small_calls.py
 """
@@ -9,24 +10,13 @@ comparisons run it against two builds (PYTHONPATH=<old tree>/python).
 from __future__ import annotations
 
 import json
-import threading
-import time
-from collections.abc import Callable
+from functools import partial
 
 import numpy as np
 
 import embstore
 from embstore import optim
-
-
-def best_us(f: Callable[[], object], reps: int) -> float:
-    best = 1e9
-    for _ in range(5):
-        t0 = time.perf_counter()
-        for _ in range(reps):
-            f()
-        best = min(best, (time.perf_counter() - t0) / reps)
-    return best * 1e6
+from embstore.bench import _per_call_us, serving_calls_per_s
 
 
 def main() -> None:
@@ -39,29 +29,13 @@ def main() -> None:
         grads = np.ones((n, 64), np.float32)
         reps = max(5, 20_000 // n)
         per_call[n] = {
-            "lookup_us": round(best_us(lambda k=keys: table.lookup(k), reps), 1),
+            "lookup_us": round(_per_call_us(partial(table.lookup, keys), reps), 1),
             "adam_step_us": round(
-                best_us(lambda k=keys, g=grads: table.apply_gradients(k, g), reps), 1
+                _per_call_us(partial(table.apply_gradients, keys, grads), reps), 1
             ),
         }
     keys = rng.integers(0, 100_000, 128)
-
-    def serve(calls: int) -> None:
-        for _ in range(calls):
-            table.lookup(keys, insert=False)
-
-    threads_out = {}
-    for threads in (1, 2, 4):
-        best = 1e9
-        for _ in range(3):
-            ts = [threading.Thread(target=serve, args=(4000,)) for _ in range(threads)]
-            t0 = time.perf_counter()
-            for t in ts:
-                t.start()
-            for t in ts:
-                t.join()
-            best = min(best, time.perf_counter() - t0)
-        threads_out[threads] = round(threads * 4000 / best)
+    threads_out = {n: round(serving_calls_per_s(table, keys, n, 4000)) for n in (1, 2, 4)}
     print(json.dumps({"per_call": per_call, "serving_calls_per_s": threads_out}, indent=1))
 
 

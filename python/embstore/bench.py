@@ -445,12 +445,32 @@ def _stack_rows(rows: dict[int, np.ndarray], keys: list[int]) -> np.ndarray:
     return np.stack([rows[k] for k in keys])
 
 
+def serving_calls_per_s(table: embstore.Table, keys: np.ndarray, threads: int, calls: int) -> float:
+    """Serving lookups (``insert=False``) of ``keys`` per second, from
+    ``threads`` Python threads making ``calls`` calls each (best of 3)."""
+    import threading
+
+    def serve() -> None:
+        for _ in range(calls):
+            table.lookup(keys, insert=False)
+
+    best = float("inf")
+    for _ in range(3):
+        ts = [threading.Thread(target=serve) for _ in range(threads)]
+        t0 = time.perf_counter()
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join()
+        best = min(best, time.perf_counter() - t0)
+    return threads * calls / best
+
+
 def small_calls(dim: int, quick: bool) -> dict[str, Any]:
     """Per-call cost at 1 to 16,384 keys on a 100,000-row Adam table (default
     shards), against np.take on a dense array and a dict of rows (same run):
     lookup, Adam step, and a pooled step (lookup_pooled + backward, 4 ids a
     bag); and calls/s of 128-key serving lookups from 1 and 4 Python threads."""
-    import threading
 
     rows = 100_000
     table = embstore.Table(dim, optimizer=optim.Adam(lr=1e-3), seed=0)
@@ -485,23 +505,7 @@ def small_calls(dim: int, quick: bool) -> dict[str, Any]:
         }
     keys = rng.integers(0, rows, 128)
     calls = 500 if quick else 4_000
-
-    def serve() -> None:
-        for _ in range(calls):
-            table.lookup(keys, insert=False)
-
-    serving: dict[str, float] = {}
-    for threads in (1, 4):
-        best = float("inf")
-        for _ in range(3):
-            ts = [threading.Thread(target=serve) for _ in range(threads)]
-            t0 = time.perf_counter()
-            for t in ts:
-                t.start()
-            for t in ts:
-                t.join()
-            best = min(best, time.perf_counter() - t0)
-        serving[str(threads)] = threads * calls / best
+    serving = {str(n): serving_calls_per_s(table, keys, n, calls) for n in (1, 4)}
     return {"rows": rows, "per_keys": per_keys, "serving_calls_per_s": serving}
 
 

@@ -287,20 +287,10 @@ class Table:
 
     def config(self) -> dict[str, Any]:
         """The configuration every copy of this table must share (the ranks
-        of a ShardedTable check theirs agree): dim, dtype, optimizer,
-        initializer, seed, admission and eviction policies."""
-        opt, adm = self._optimizer, self._admission
-        return {
-            "dim": self.dim,
-            "dtype": self.dtype,
-            "optimizer": None if opt is None else opt._native(),
-            "initializer": self._initializer._native(),
-            "seed": self.seed,
-            "admission": None if adm is None else adm._native(),
-            "ttl_steps": self._ttl_steps,
-            "capacity": self._capacity,
-            "eviction": self._eviction,
-        }
+        of a ShardedTable check theirs agree): dim, seed, and the native
+        table's dtype, optimizer, initializer, admission and eviction
+        policies (named configurations as ``(name, {param: value})``)."""
+        return {"dim": self.dim, "seed": self.seed, **self._inner.config()}
 
     # -- batch protocol ------------------------------------------------------
 
@@ -589,10 +579,8 @@ class Table:
         publishing them; returns what :meth:`publish_parts` takes. For a
         checkpoint written by many tables at once (the ranks of a
         ShardedTable)."""
-        return str(
-            self._inner.write_files(
-                os.fspath(path), part, check_bool("with_optimizer", with_optimizer)
-            )
+        return self._inner.write_files(
+            os.fspath(path), part, check_bool("with_optimizer", with_optimizer)
         )
 
     def publish_parts(
@@ -642,7 +630,7 @@ class Table:
             total = 2 * _core.checkpoint_size(os.fspath(path))[0]
         except Exception:  # the load itself reports what is wrong
             total = 0
-        inner, _ = run_with_progress(
+        inner = run_with_progress(
             lambda p: _core.load_table(os.fspath(path), num_shards, p), total, "load", progress
         )
         table = cls.__new__(cls)

@@ -596,7 +596,7 @@ class ShardedTable:
 
         def prep() -> Table:
             table = Table.__new__(Table)
-            inner, _ = _core.load_table_owned(
+            inner = _core.load_table_owned(
                 os.fspath(path), self.size, self.rank, partition, key_space, num_shards
             )
             table._adopt(inner)

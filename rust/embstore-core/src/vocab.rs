@@ -59,6 +59,17 @@ const fn int(name: &'static str, default: Option<f64>) -> Param {
 
 const WEIGHT_DECAY: Param = opt("weight_decay", 0.0);
 
+/// Adam's and AdamW's parameters: the same but for weight_decay's default.
+const fn adam(weight_decay: f64) -> [Param; 5] {
+    [
+        opt("lr", 1e-3),
+        opt("beta1", 0.9),
+        opt("beta2", 0.999),
+        opt("eps", 1e-8),
+        opt("weight_decay", weight_decay),
+    ]
+}
+
 /// The optimizers (see [`crate::optim::Optimizer`]).
 pub const OPTIMIZERS: &[Named] = &[
     Named {
@@ -80,23 +91,11 @@ pub const OPTIMIZERS: &[Named] = &[
     },
     Named {
         name: "Adam",
-        params: &[
-            opt("lr", 1e-3),
-            opt("beta1", 0.9),
-            opt("beta2", 0.999),
-            opt("eps", 1e-8),
-            WEIGHT_DECAY,
-        ],
+        params: &adam(0.0),
     },
     Named {
         name: "AdamW",
-        params: &[
-            opt("lr", 1e-3),
-            opt("beta1", 0.9),
-            opt("beta2", 0.999),
-            opt("eps", 1e-8),
-            opt("weight_decay", 0.01),
-        ],
+        params: &adam(0.01),
     },
     Named {
         name: "Ftrl",

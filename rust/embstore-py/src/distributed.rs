@@ -11,7 +11,6 @@ use numpy::{
     IntoPyArray, PyArray1, PyArray2, PyArrayMethods, PyReadonlyArray1, PyReadonlyArray2,
     PyUntypedArrayMethods,
 };
-use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
 use crate::convert::EnterStore;
@@ -144,12 +143,11 @@ pub fn load_table_owned(
     key_space: Option<i64>,
     num_shards: Option<usize>,
     progress: Option<PyRef<'_, PyProgress>>,
-) -> PyResult<(PyTable, String)> {
+) -> PyResult<PyTable> {
     let p = partition(kind, key_space)?;
     let counter = progress.map(|p| p.done.clone());
     let keep = move |k: i64| p.owner(k, size) == Some(rank);
-    let (table, m) = py
+    let (table, _) = py
         .enter_store(|| Table::load_filtered(&path, num_shards, counter.as_deref(), Some(&keep)))?;
-    let text = serde_json::to_string(&m).map_err(|e| PyValueError::new_err(e.to_string()))?;
-    Ok((PyTable::from_table(table), text))
+    Ok(PyTable::from_table(table))
 }

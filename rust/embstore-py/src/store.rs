@@ -75,7 +75,8 @@ fn manifest_json(m: &embstore_core::table::checkpoint::Manifest) -> PyResult<Str
     serde_json::to_string(m).map_err(|e| PyValueError::new_err(e.to_string()))
 }
 
-/// Loads a checkpoint: the native table and the manifest as JSON.
+/// Loads a checkpoint into a native table (its configuration is read back
+/// with `Table.config()`).
 #[pyfunction]
 #[pyo3(signature = (path, num_shards=None, progress=None))]
 pub fn load_table(
@@ -83,15 +84,10 @@ pub fn load_table(
     path: PathBuf,
     num_shards: Option<usize>,
     progress: Option<PyRef<'_, PyProgress>>,
-) -> PyResult<(PyTable, String)> {
+) -> PyResult<PyTable> {
     let counter = progress.map(|p| p.done.clone());
-    let (table, m) = py.enter_store(|| Table::load(&path, num_shards, counter.as_deref()))?;
-    Ok((
-        PyTable {
-            inner: Arc::new(table),
-        },
-        manifest_json(&m)?,
-    ))
+    let (table, _) = py.enter_store(|| Table::load(&path, num_shards, counter.as_deref()))?;
+    Ok(PyTable::from_table(table))
 }
 
 /// The report of `python -m embstore inspect`: (text, JSON, whether every
