@@ -119,7 +119,7 @@ pub fn bag_coefficients<'py>(
 ) -> PyResult<BagCoefficients<'py>> {
     let b = bags(&ids, &offsets, weights.as_ref(), combiner)?;
     b.validate().map_err(PyStoreError)?;
-    let (bag_of, coef) = py.detach(|| b.coefficients());
+    let (bag_of, coef) = py.enter_store(|| b.coefficients())?;
     let bag_of: Vec<i64> = bag_of.into_iter().map(i64::from).collect();
     Ok((bag_of.into_pyarray(py), coef.into_pyarray(py)))
 }

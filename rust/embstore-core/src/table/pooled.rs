@@ -143,9 +143,14 @@ impl Bags<'_> {
 
     /// Each id's bag and coefficient `w_i / d_bag`, as the pooled kernels
     /// use them (for a tier that pools on another device).
-    pub fn coefficients(&self) -> (Vec<u32>, Vec<f32>) {
+    ///
+    /// # Errors
+    /// `OutOfMemory` naming `ids` when the two arrays cannot fit in the
+    /// memory available (checked before they are allocated).
+    pub fn coefficients(&self) -> Result<(Vec<u32>, Vec<f32>)> {
+        super::check_transient("ids", self.ids.len())?;
         let c = self.coefs();
-        (c.bag_of, c.coef)
+        Ok((c.bag_of, c.coef))
     }
 
     /// [`Bags::coefs`] into caller-provided slices of `nnz` entries each.
