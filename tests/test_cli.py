@@ -5,6 +5,7 @@ end on small sizes."""
 
 from __future__ import annotations
 
+import json
 import pathlib
 import subprocess
 import sys
@@ -29,6 +30,24 @@ def test_bench_quick_runs_and_reports_every_measure() -> None:
     for keys in ("| 1 |", "| 16 |", "| 128 |", "| 1,024 |", "| 16,384 |"):
         assert keys in out
     assert "Serving, 128-key lookups (insert=False): 1 thread" in out
+
+
+@pytest.mark.timeout(300)
+def test_bench_bags_reports_each_bag_length_and_the_full_step() -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "embstore", "bench", "--bags", "--quick", "--json"],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    ).stdout
+    res = json.loads(out)
+    assert list(res["per_bag_length"]) == ["1", "4", "26", "100"]
+    for per, r in res["per_bag_length"].items():
+        assert r["bags"] == res["ids"] // int(per)
+        assert min(r["pooled_s"], r["unpooled_s"], r["torch_s"]) > 0
+    assert res["step26_ours_s"] > 0
+    assert res["step26_torch_s"] > 0
 
 
 def cli(*args: str) -> subprocess.CompletedProcess[str]:

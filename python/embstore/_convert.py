@@ -21,6 +21,11 @@ from embstore import _core
 VOCABULARY: dict[str, Any] = _core.vocabulary()
 
 _I64_MAX = np.iinfo(np.int64).max
+# The native dtypes: NumPy's descriptors for builtin types are singletons, so
+# the fast paths below compare them by identity.
+_I64 = np.dtype(np.int64)
+_F32 = np.dtype(np.float32)
+_NDARRAY = np.ndarray
 
 
 def is_tensor(x: Any) -> bool:
@@ -55,7 +60,7 @@ def host_array(x: Any, arg: str) -> Any:
 def like(given: Any, out: npt.NDArray[Any]) -> Any:
     """``out`` as a torch tensor sharing its memory when the caller gave a
     tensor (``given``), else as it is."""
-    if not is_tensor(given):
+    if type(given) is _NDARRAY or not is_tensor(given):
         return out
     import torch
 
@@ -69,6 +74,8 @@ def as_keys(keys: Any, arg: str = "keys") -> npt.NDArray[np.int64]:
     objects raise TypeError; uint64 values above 2**63-1 and arrays that are
     not 1-D raise ValueError. A CPU torch tensor is read without a copy.
     """
+    if type(keys) is _NDARRAY and keys.dtype is _I64 and keys.ndim == 1 and keys.flags.c_contiguous:
+        return keys  # the common case, as it is (small calls pay for every check)
     arr = np.asarray(host_array(keys, arg))
     if arr.dtype == np.int64 and arr.ndim == 1:
         return np.ascontiguousarray(arr)
@@ -94,6 +101,13 @@ def as_keys(keys: Any, arg: str = "keys") -> npt.NDArray[np.int64]:
 
 def as_rows(values: Any, n: int, dim: int, arg: str) -> npt.NDArray[np.float32]:
     """Return ``values`` as a C-contiguous float32 array of shape (n, dim)."""
+    if (
+        type(values) is _NDARRAY
+        and values.dtype is _F32
+        and values.shape == (n, dim)
+        and values.flags.c_contiguous
+    ):
+        return values
     arr = np.asarray(host_array(values, arg))
     if arr.dtype.kind not in "fiu" or arr.dtype.kind == "b":
         raise TypeError(f"{arg}: expected a float array, got dtype {arr.dtype}")
@@ -154,6 +168,8 @@ def as_bags(
 def check_bool(arg: str, value: Any) -> bool:
     """Return a flag as bool; TypeError unless it is a bool (``insert="no"``
     is no flag: any non-empty string would read as True)."""
+    if value is True or value is False:
+        return value
     if not isinstance(value, (bool, np.bool_)):
         raise TypeError(f"{arg}: expected True or False, got {type(value).__name__}")
     return bool(value)

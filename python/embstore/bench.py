@@ -441,6 +441,24 @@ def _per_call_us(fn: Callable[[], object], calls: int) -> float:
     return best * 1e6
 
 
+def _paired_us(
+    fns: dict[str, Callable[[], object]], calls: int, rounds: int = 7
+) -> dict[str, float]:
+    """:func:`_per_call_us` of several functions measured in turn, round
+    after round (best of ``rounds``): on a machine whose speed drifts, a
+    ratio of two of them compares the same moments."""
+    for fn in fns.values():
+        fn()
+    best = dict.fromkeys(fns, float("inf"))
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                fn()
+            best[name] = min(best[name], (time.perf_counter() - t0) / calls)
+    return {name: b * 1e6 for name, b in best.items()}
+
+
 def _stack_rows(rows: dict[int, np.ndarray], keys: list[int]) -> np.ndarray:
     return np.stack([rows[k] for k in keys])
 
@@ -496,23 +514,120 @@ def small_calls(dim: int, quick: bool) -> dict[str, Any]:
             table.lookup_pooled(k, o)
             table.apply_pooled_gradients(k, o, g)
 
-        per_keys[str(n)] = {
-            "lookup_us": _per_call_us(partial(table.lookup, keys), calls),
-            "np_take_us": _per_call_us(partial(np.take, dense, keys, axis=0), calls),
-            "dict_stack_us": _per_call_us(partial(_stack_rows, as_dict, key_list), calls),
-            "adam_step_us": _per_call_us(partial(table.apply_gradients, keys, grads), calls),
-            "pooled_step_us": _per_call_us(pooled_step, calls),
-        }
+        per_keys[str(n)] = _paired_us(
+            {
+                "lookup_us": partial(table.lookup, keys),
+                "np_take_us": partial(np.take, dense, keys, axis=0),
+                "dict_stack_us": partial(_stack_rows, as_dict, key_list),
+                "adam_step_us": partial(table.apply_gradients, keys, grads),
+                "pooled_step_us": pooled_step,
+            },
+            calls,
+        )
     keys = rng.integers(0, rows, 128)
     calls = 500 if quick else 4_000
     serving = {str(n): serving_calls_per_s(table, keys, n, calls) for n in (1, 4)}
     return {"rows": rows, "per_keys": per_keys, "serving_calls_per_s": serving}
 
 
+BAG_LENGTHS = (1, 4, 26, 100)
+
+
+def bag_lengths(args: argparse.Namespace) -> dict[str, Any]:
+    """Pooled lookups of ``batch * fields`` ids (1.7M by default) from a
+    ``vocab``-row Adam table, in bags of 1, 4, 26 and 100 ids: lookup_pooled
+    against the unpooled lookup of the same ids and torch EmbeddingBag's
+    forward (sum, include_last_offset=True, a dense weight of the same
+    size); and the full step at 26 ids a bag (pooled forward, backward,
+    Adam) against EmbeddingBag(sparse=True) + SparseAdam. Calls measured in
+    turn, best of ``reps``."""
+    import torch
+
+    vocab, dim = args.vocab, args.dim
+    n = args.batch * args.fields
+    table = embstore.Table(dim, optimizer=optim.Adam(lr=1e-3), seed=0)
+    table.reserve(vocab)
+    table.lookup(np.arange(vocab))
+    ids = np.random.default_rng(0).integers(0, vocab, n).astype(np.int64)
+    emb = torch.nn.EmbeddingBag(vocab, dim, mode="sum", include_last_offset=True)
+    rows: dict[str, dict[str, float]] = {}
+    for per in BAG_LENGTHS:
+        bags = n // per
+        offsets = (np.arange(bags + 1) * per).astype(np.int64)
+        ii = ids[: bags * per]
+        ti, to = torch.from_numpy(ii), torch.from_numpy(offsets)
+
+        def torch_forward(ti: torch.Tensor = ti, to: torch.Tensor = to) -> None:
+            with torch.no_grad():
+                emb(ti, to)
+
+        best = _paired_us(
+            {
+                "pooled": partial(table.lookup_pooled, ii, offsets),
+                "unpooled": partial(table.lookup, ii),
+                "torch": torch_forward,
+            },
+            1,
+            args.reps,
+        )
+        rows[str(per)] = {f"{k}_s": v / 1e6 for k, v in best.items()} | {"bags": bags}
+    per = 26
+    bags = n // per
+    offsets = (np.arange(bags + 1) * per).astype(np.int64)
+    ii = ids[: bags * per]
+    grads = np.ones((bags, dim), np.float32)
+    sparse = torch.nn.EmbeddingBag(vocab, dim, mode="sum", include_last_offset=True, sparse=True)
+    topt = torch.optim.SparseAdam(list(sparse.parameters()), lr=1e-3)
+    ti, to, tg = torch.from_numpy(ii), torch.from_numpy(offsets), torch.from_numpy(grads)
+
+    def ours_step() -> None:
+        table.lookup_pooled(ii, offsets)
+        table.apply_pooled_gradients(ii, offsets, grads)
+
+    def torch_step() -> None:
+        topt.zero_grad()
+        (sparse(ti, to) * tg).sum().backward()
+        topt.step()
+
+    step = _paired_us({"ours": ours_step, "torch": torch_step}, 1, args.reps)
+    return {
+        "vocab": vocab,
+        "dim": dim,
+        "ids": n,
+        "per_bag_length": rows,
+        "step26_ours_s": step["ours"] / 1e6,
+        "step26_torch_s": step["torch"] / 1e6,
+    }
+
+
+def report_bags(c: dict[str, Any]) -> str:
+    lines = [
+        f"Bags of several ids: {c['ids']:,} ids a call from a {c['vocab']:,}-row Adam table, "
+        f"dim {c['dim']}; best of the runs, the three calls measured in turn.",
+        "",
+        "| ids per bag | bags | lookup_pooled | unpooled lookup of the same ids | "
+        "torch EmbeddingBag forward | pooled / unpooled | pooled / torch |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for per, r in c["per_bag_length"].items():
+        lines.append(
+            f"| {per} | {r['bags']:,} | {r['pooled_s'] * 1e3:.1f} ms | {r['unpooled_s'] * 1e3:.1f} ms"
+            f" | {r['torch_s'] * 1e3:.1f} ms | {r['pooled_s'] / r['unpooled_s']:.2f}x | "
+            f"{r['pooled_s'] / r['torch_s']:.2f}x |"
+        )
+    lines += [
+        "",
+        f"Full step at 26 ids a bag (pooled forward, backward, Adam): embstore "
+        f"{c['step26_ours_s'] * 1e3:.0f} ms, torch EmbeddingBag + SparseAdam "
+        f"{c['step26_torch_s'] * 1e3:.0f} ms ({c['step26_torch_s'] / c['step26_ours_s']:.1f}x).",
+    ]
+    return "\n".join(lines)
+
+
 def report_small(c: dict[str, Any]) -> str:
     lines = [
         f"Small calls: {c['rows']:,}-row Adam table, default shards; microseconds per call "
-        "(best of 5); peers in the same run: np.take on a dense array of the same rows, a "
+        "(best of 7 rounds, the five calls measured in turn); peers in the same run: np.take on a dense array of the same rows, a "
         "dict of rows + np.stack.",
         "",
         "| keys | lookup | np.take | lookup / np.take | dict + np.stack | Adam step | "
@@ -659,6 +774,11 @@ def main(argv: list[str] | None = None) -> int:
         help="measure only the cost of the memory policies' bookkeeping",
     )
     p.add_argument(
+        "--bags",
+        action="store_true",
+        help="measure only pooled lookups of bags of 1, 4, 26 and 100 ids against torch",
+    )
+    p.add_argument(
         "--dir", default=None, help="where the checkpoint benchmark writes (default: a temp dir)"
     )
     p.add_argument("--child", choices=["core", "memory"], help=argparse.SUPPRESS)
@@ -671,6 +791,10 @@ def main(argv: list[str] | None = None) -> int:
         rows = 200_000 if args.quick else args.checkpoint_rows
         res = checkpoint_compare(rows, args.dim, max(2, args.reps - 1), args.dir)
         print(json.dumps(res) if args.json else report_checkpoint(res))
+        return 0
+    if args.bags:
+        res = bag_lengths(args)
+        print(json.dumps(res) if args.json else report_bags(res))
         return 0
     if args.policy:
         res = policy_costs(args.vocab, args.batch, args.fields, args.dim, args.reps)

@@ -4,6 +4,7 @@
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock, PoisonError, RwLock, RwLockWriteGuard};
 
 use rayon::{ThreadPool, ThreadPoolBuilder};
@@ -16,6 +17,11 @@ use crate::error::{PyStoreError, panic_error};
 
 /// The process that imported the module.
 pub static PARENT_PID: OnceLock<u32> = OnceLock::new();
+
+/// Set in a child process by the fork handler ([`install_fork_handlers`]):
+/// until then every call runs in the importing process, which [`in_pool`]
+/// knows without asking the OS for the process id (a system call per call).
+static FORKED: AtomicBool = AtomicBool::new(false);
 
 thread_local! {
     /// In a forked child: this thread's own pool, and the process it was made in.
@@ -30,6 +36,9 @@ thread_local! {
 /// PyTorch DataLoader worker, a multiprocessing child); there each calling
 /// thread gets a pool of its own, so calls still never steal one another.
 pub fn in_pool<T: Send>(f: impl FnOnce() -> T + Send) -> T {
+    if !FORKED.load(Ordering::Relaxed) {
+        return f();
+    }
     let pid = std::process::id();
     if *PARENT_PID.get_or_init(|| pid) == pid {
         return f();
@@ -78,6 +87,11 @@ extern "C" fn after_fork() {
     FORK_HOLD.with(|h| drop(h.borrow_mut().take()));
 }
 
+extern "C" fn after_fork_in_child() {
+    FORKED.store(true, Ordering::Relaxed);
+    after_fork();
+}
+
 /// Registers the fork handlers (once, at import). The forking thread holds
 /// the GIL, and a call inside the core never needs it, so waiting for the
 /// calls in flight cannot deadlock.
@@ -89,9 +103,13 @@ pub fn install_fork_handlers() {
             // SAFETY: the three handlers are plain functions that live as
             // long as the process (the module is never unloaded); they only
             // take and release a std lock held in a thread-local slot of the
-            // forking thread.
+            // forking thread (the child's also sets an atomic flag).
             unsafe {
-                libc::pthread_atfork(Some(before_fork), Some(after_fork), Some(after_fork));
+                libc::pthread_atfork(
+                    Some(before_fork),
+                    Some(after_fork),
+                    Some(after_fork_in_child),
+                );
             }
         });
     }

@@ -1,7 +1,24 @@
 //! Reads: lookups (with or without inserting, with a default for missing
 //! keys, with optimizer state), `contains`, and `export`.
 
+use std::ops::Range;
+
+use super::plan::Reserved;
+
 use super::*;
+
+/// What every span of one lookup pass shares ([`Table::lookup_span`]).
+pub(super) struct Pass<'a> {
+    pub(super) keys: &'a [i64],
+    pub(super) plan: &'a Plan,
+    pub(super) insert: bool,
+    /// The whole pass's reservations ([`Table::reserve_lookup`]).
+    pub(super) reserved: &'a [Reserved],
+    /// Whether each shard's reservation ends with its pass (one span);
+    /// else the caller releases them all after its last span.
+    pub(super) release: bool,
+    pub(super) found: Option<&'a Found>,
+}
 
 impl Table {
     /// Writes the rows of `keys` into `out` (`keys.len() * dim` floats).
@@ -35,12 +52,15 @@ impl Table {
         let plan = self.plan(keys);
         let out = SharedOut::new(out, dim);
         let _gate = self.lookup_changes(insert).then(|| self.enter());
-        let found = self.found();
-        self.lookup_rows(keys, &plan, insert, Some(&found), |g, pos, rows| {
+        // Only a training lookup (inserting) leaves a memo for the gradient
+        // call that follows it: a serving lookup neither pays for one nor
+        // replaces a training thread's.
+        let found = insert.then(|| self.found());
+        self.lookup_rows(keys, &plan, insert, found.as_ref(), |g, pos, rows| {
             self.copy_rows(&g.arena, keys, pos, rows, out, missing);
         })?;
-        self.remember(plan, found);
-        if insert {
+        if let Some(found) = found {
+            self.remember(plan, found);
             self.enforce_capacity();
         }
         Ok(())
@@ -105,20 +125,74 @@ impl Table {
     where
         F: Fn(&Shard, &[u32], &[u32]) + Sync,
     {
+        let reserved = self.reserve_lookup(keys, plan, insert)?;
+        let pass = Pass {
+            keys,
+            plan,
+            insert,
+            reserved: &reserved,
+            release: true,
+            found,
+        };
+        self.lookup_span(&pass, None, emit);
+        Ok(())
+    }
+
+    /// The reservations of a lookup over `plan` ([`Table::reserve_plan`]):
+    /// none unless it inserts (`insert` and no admission filter).
+    pub(super) fn reserve_lookup(
+        &self,
+        keys: &[i64],
+        plan: &Plan,
+        insert: bool,
+    ) -> Result<Vec<Reserved>> {
+        if insert && self.policy.admission.is_always() {
+            self.reserve_plan(plan, keys, None, "keys")
+        } else {
+            Ok(Vec::new())
+        }
+    }
+
+    /// The shard pass of [`Table::lookup_rows`] over the plan's positions in
+    /// `span` (all of them for `None`; positions are in batch order within
+    /// a shard, so a span of the batch is a run of each shard's positions).
+    /// A lookup in several spans ([`Table::lookup_pooled_in`]) reserves once
+    /// for the whole plan, with no probed rows kept, runs its spans, then
+    /// releases the reservation; `found` collects each shard's rows across
+    /// the spans, with the shard's removal count at its first span.
+    pub(super) fn lookup_span<F>(&self, pass: &Pass<'_>, span: Option<Range<u32>>, emit: F)
+    where
+        F: Fn(&Shard, &[u32], &[u32]) + Sync,
+    {
+        let Pass {
+            keys,
+            plan,
+            reserved,
+            found,
+            ..
+        } = *pass;
         let n = self.shards.len();
+        let narrow = |pos: &'_ [u32]| -> std::ops::Range<usize> {
+            match &span {
+                None => 0..pos.len(),
+                Some(r) => {
+                    pos.partition_point(|&p| p < r.start)..pos.partition_point(|&p| p < r.end)
+                }
+            }
+        };
         let keep = |g: &Shard, pos: &[u32], rows: Vec<u32>| {
             if let Some(found) = found {
                 let s = shard_of(plan.hashes[pos[0] as usize], n);
-                *found[s].lock().unwrap_or_else(PoisonError::into_inner) = (rows, g.removals);
+                let mut slot = found[s].lock().unwrap_or_else(PoisonError::into_inner);
+                if slot.0.is_empty() {
+                    *slot = (rows, g.removals);
+                } else {
+                    slot.0.extend_from_slice(&rows);
+                }
             }
         };
-        let insert = insert && self.policy.admission.is_always();
+        let insert = pass.insert && self.policy.admission.is_always();
         let track = self.policy.tracks();
-        let reserved = if insert {
-            self.reserve_plan(plan, keys, None, "keys")?
-        } else {
-            Vec::new()
-        };
         if insert || track {
             let save_gen = self.generation();
             let (tick, step) = if track {
@@ -127,6 +201,10 @@ impl Table {
                 (0, 0)
             };
             self.par_shards_mut(plan, |g, pos| {
+                let pos = &pos[narrow(pos)];
+                if pos.is_empty() {
+                    return 0;
+                }
                 let len0 = g.len();
                 // Resolve every row first (independent probes overlap their
                 // cache misses); `emit` then reads them with prefetching.
@@ -147,13 +225,17 @@ impl Table {
                 emit(g, pos, &rows);
                 self.count_lookups(g, pos.len(), &rows, len0);
                 keep(g, pos, rows);
-                if insert {
+                if insert && pass.release {
                     g.release_pending(reserved[s].n);
                 }
                 0
             });
         } else {
             self.par_shards(plan, |g, pos| {
+                let pos = &pos[narrow(pos)];
+                if pos.is_empty() {
+                    return;
+                }
                 let mut rows = Vec::new();
                 g.find_many(keys, &plan.hashes, pos, &mut rows);
                 emit(g, pos, &rows);
@@ -161,7 +243,6 @@ impl Table {
                 keep(g, pos, rows);
             });
         }
-        Ok(())
     }
 
     /// Counts a shard's part of a lookup: `rows` holds the row of each id
@@ -211,7 +292,7 @@ impl Table {
                 copy(&|row, dst| copy_streaming(dst, &row[..dim]));
                 stream_fence();
             }
-            RowFormat::F32 => copy(&|row, dst| dst.copy_from_slice(&row[..dim])),
+            RowFormat::F32 => copy(&|row, dst| copy_row(dst, &row[..dim])),
             f => copy(&|row, dst| f.decode(&row[..ww], dst)),
         }
     }
@@ -290,6 +371,22 @@ impl Table {
         }
         Ok((keys, rows, state))
     }
+}
+
+/// Copies a row (`dst` and `src` of one length) in an inlined loop of
+/// 16-float blocks: for rows of a few hundred bytes, a call to `memcpy` per
+/// row costs more than the copy.
+#[inline(always)]
+pub(super) fn copy_row(dst: &mut [f32], src: &[f32]) {
+    assert_eq!(dst.len(), src.len(), "copy_row: rows of different lengths");
+    let mut d = dst.chunks_exact_mut(16);
+    let mut s = src.chunks_exact(16);
+    for (a, b) in (&mut d).zip(&mut s) {
+        let a: &mut [f32; 16] = a.try_into().expect("16-float block");
+        let b: &[f32; 16] = b.try_into().expect("16-float block");
+        *a = *b;
+    }
+    d.into_remainder().copy_from_slice(s.remainder());
 }
 
 #[cfg(test)]

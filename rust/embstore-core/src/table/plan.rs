@@ -32,6 +32,14 @@ pub(crate) struct Reserved {
 }
 
 impl Reserved {
+    /// Drops the probed rows (a pass in spans cannot use them).
+    pub(super) fn forget_probe(&self) {
+        self.probed
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+    }
+
     /// The probed rows, if still valid for shard `g` (taken out: one use).
     pub(super) fn rows_for(&self, g: &Shard) -> Option<Vec<u32>> {
         let probed = self

@@ -9,13 +9,21 @@
 //! what EmbeddingBag's backward gives, and then takes one optimizer step.
 //! An empty bag pools to zeros (and a bag whose denominator is 0 too).
 
+use std::ops::Range;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use rayon::prelude::*;
 
+use super::lookup::Pass;
 use super::{
     Missing, NO_ROW, PREFETCH_AHEAD, SharedOut, Table, check_finite, check_finite_max, check_len,
 };
+
+/// Rows of the ids of multi-id bags that one span of a pooled lookup
+/// gathers before summing them ([`Table::lookup_pooled_in`]): small enough
+/// to stay in the L2 or L3 cache, large enough that the span's two pool
+/// dispatches cost little against its work.
+pub(crate) const POOL_SPAN_BYTES: usize = 4 << 20;
 use crate::error::{Result, invalid};
 use crate::simd::{copy_streaming, prefetch, stream_fence};
 
@@ -213,8 +221,16 @@ impl Table {
     /// [`Table::lookup_pooled`] on checked input, with the gate held when
     /// `insert`, for one or more features served by this table: feature
     /// `(bags, col)` writes bag `b` to row `b` of `out` from column `col`.
-    /// All the features' ids go through one plan and one pass over the
-    /// shards.
+    /// All the features' ids go through one plan, one reservation and one
+    /// memo.
+    ///
+    /// An id alone in its bag is copied (scaled) straight to its output
+    /// row by the shard pass. The ids of larger bags are pooled in spans of
+    /// whole bags of about [`POOL_SPAN_BYTES`] of rows: a shard pass over
+    /// the span's ids copies their rows into one small buffer, reused by
+    /// every span and so kept in cache, and then the span's bags are summed
+    /// from it in parallel (no lock held). The rows never pass through a
+    /// buffer of the whole input's size.
     pub(crate) fn lookup_pooled_in(
         &self,
         feats: &[(Bags<'_>, usize)],
@@ -223,16 +239,19 @@ impl Table {
         out: SharedOut,
     ) -> Result<()> {
         let dim = self.dim;
-        let backend = self.backend;
         let n: usize = feats.iter().map(|(b, _)| b.ids.len()).sum();
+        let span_ids = (POOL_SPAN_BYTES / (4 * dim)).max(1);
         // Per id: where its row goes (the flat offset of its bag's output
-        // columns, for an id alone in its bag) or its gather slot (ids of
-        // larger bags are gathered first and pooled per bag afterwards), and
-        // its coefficient.
+        // columns, for an id alone in its bag) or its slot in its span's
+        // buffer, and its coefficient.
         let mut dst = vec![usize::MAX; n];
         let mut slot = vec![NO_ROW; n];
         let mut coef = vec![0.0f32; n];
-        let mut gathered = 0usize;
+        // Spans of the concatenated ids, cut at bag starts: (first id,
+        // end), each with at most `span_ids` ids of multi-id bags unless one
+        // bag alone has more.
+        let mut spans: Vec<Range<usize>> = Vec::new();
+        let (mut start, mut held, mut most) = (0usize, 0usize, 0usize);
         let mut base = 0usize;
         let mut bag_of = Vec::new();
         for (bags, col) in feats {
@@ -243,15 +262,22 @@ impl Table {
                 let r = bags.range(b);
                 if r.len() == 1 {
                     dst[base + r.start] = out.offset(b, *col);
-                } else {
-                    for i in r {
-                        slot[base + i] = gathered as u32;
-                        gathered += 1;
-                    }
+                    continue;
+                }
+                if held > 0 && held + r.len() > span_ids {
+                    spans.push(start..base + r.start);
+                    most = most.max(held);
+                    (start, held) = (base + r.start, 0);
+                }
+                for i in r {
+                    slot[base + i] = held as u32;
+                    held += 1;
                 }
             }
             base += m;
         }
+        spans.push(start..n);
+        most = most.max(held);
         let ids: std::borrow::Cow<'_, [i64]> = match feats {
             [(bags, _)] => bags.ids.into(),
             _ => feats
@@ -260,75 +286,137 @@ impl Table {
                 .collect(),
         };
         let ids = &ids[..];
-        // Rows of the ids of bags of several ids: as large as the input
-        // times dim, so its allocation may fail (refused before any change).
+        // The span buffer: refused before any change when even that cannot
+        // be allocated. Allocated zeroed (no pass writes the zeros; every
+        // slot is written by its span's shard pass before it is read).
+        let mut gbuf = most
+            .checked_mul(dim)
+            .and_then(crate::zeroed::try_zeroed::<f32>)
+            .ok_or_else(|| crate::error::oom("ids", most.saturating_mul(dim * 4)))?;
+        let plan = self.plan(ids);
+        let reserved = self.reserve_lookup(ids, &plan, insert)?;
+        if spans.len() > 1 {
+            // Each span probes its own keys; a probe of all of them made by
+            // the reservation is of no use to any one span.
+            for r in &reserved {
+                r.forget_probe();
+            }
+        }
+        let found = self.found();
+        let pass = Pass {
+            keys: ids,
+            plan: &plan,
+            insert,
+            reserved: &reserved,
+            release: spans.len() == 1,
+            found: Some(&found),
+        };
         // Set where pooling overflowed float32 (checked per pooled row, in
         // cache; a copied row of a one-id bag is finite already).
         let overflow = AtomicBool::new(false);
-        // Allocated zeroed (no pass writes the zeros; every gathered row
-        // is written once below before it is read).
-        let mut gbuf = gathered
-            .checked_mul(dim)
-            .and_then(crate::zeroed::try_zeroed::<f32>)
-            .ok_or_else(|| crate::error::oom("ids", gathered.saturating_mul(dim * 4)))?;
-        let gout = SharedOut::new(&mut gbuf, dim);
         let stream = out.streams();
-        let emit = |i: usize, x: &[f32]| {
-            if slot[i] == NO_ROW {
-                // SAFETY: dst[i] is the output row of a bag holding this id
-                // only, and position i belongs to one shard of the plan: one
-                // writer for this output row.
-                let d = unsafe { out.at(dst[i], dim) };
-                if coef[i] == 1.0 && stream {
-                    copy_streaming(d, x);
-                } else {
-                    d.copy_from_slice(x);
-                    if coef[i] != 1.0 {
-                        backend.scale(d, coef[i]);
-                        // Checked while the row is in cache: a weight can
-                        // scale a finite row past float32.
-                        if !all_finite(d) {
-                            overflow.store(true, Ordering::Relaxed);
+        for span in &spans {
+            let gout = SharedOut::new(&mut gbuf, dim);
+            let emit = |i: usize, x: &[f32]| {
+                if slot[i] == NO_ROW {
+                    // SAFETY: dst[i] is the output row of a bag holding this
+                    // id only, and position i belongs to one shard of the
+                    // plan: one writer for this output row.
+                    let d = unsafe { out.at(dst[i], dim) };
+                    if coef[i] == 1.0 && stream {
+                        copy_streaming(d, x);
+                    } else {
+                        d.copy_from_slice(x);
+                        if coef[i] != 1.0 {
+                            self.backend.scale(d, coef[i]);
+                            // Checked while the row is in cache: a weight can
+                            // scale a finite row past float32.
+                            if !all_finite(d) {
+                                overflow.store(true, Ordering::Relaxed);
+                            }
                         }
                     }
-                }
-            } else {
-                // SAFETY: slot[i] is position i's own gather row.
-                unsafe { gout.row(slot[i] as usize, dim) }.copy_from_slice(x);
-            }
-        };
-        let plan = self.plan(ids);
-        let found = self.found();
-        // Emits the ids of one shard whose rows are `rows` (`NO_ROW`: none).
-        self.lookup_rows(ids, &plan, insert, Some(&found), |g, pos, rows| {
-            let mut tmp = vec![0.0f32; dim];
-            for (j, (&i, &r)) in pos.iter().zip(rows).enumerate() {
-                if let Some(&ahead) = rows.get(j + PREFETCH_AHEAD)
-                    && ahead != NO_ROW
-                {
-                    prefetch(&g.arena.row(ahead as usize)[..self.wwords]);
-                }
-                let i = i as usize;
-                if r == NO_ROW {
-                    self.fill_missing(ids[i], &mut tmp, missing);
-                    emit(i, &tmp);
                 } else {
-                    emit(i, self.weights(g.arena.row(r as usize), &mut tmp));
+                    // SAFETY: slot[i] is position i's own row of the span
+                    // buffer (slots are distinct within a span).
+                    unsafe { gout.row(slot[i] as usize, dim) }.copy_from_slice(x);
                 }
-            }
-            if stream {
-                stream_fence();
-            }
-        })?;
+            };
+            let whole = span.start == 0 && span.end == n;
+            let bounds = (!whole).then_some(span.start as u32..span.end as u32);
+            // Emits the ids of one shard whose rows are `rows` (`NO_ROW`: none).
+            self.lookup_span(&pass, bounds, |g, pos, rows| {
+                let mut tmp = vec![0.0f32; dim];
+                for (j, (&i, &r)) in pos.iter().zip(rows).enumerate() {
+                    if let Some(&ahead) = rows.get(j + PREFETCH_AHEAD)
+                        && ahead != NO_ROW
+                    {
+                        prefetch(&g.arena.row(ahead as usize)[..self.wwords]);
+                    }
+                    let i = i as usize;
+                    if r == NO_ROW {
+                        self.fill_missing(ids[i], &mut tmp, missing);
+                        emit(i, &tmp);
+                    } else {
+                        emit(i, self.weights(g.arena.row(r as usize), &mut tmp));
+                    }
+                }
+                if stream {
+                    stream_fence();
+                }
+            });
+            self.pool_span(feats, span, &slot, &coef, &gbuf, out, &overflow);
+        }
+        if !pass.release {
+            self.release_plan(&reserved);
+        }
         self.remember(plan, found);
-        let gbuf = &gbuf;
+        if overflow.load(Ordering::Relaxed) {
+            return Err(invalid(
+                "weights",
+                "pooling with these weights overflows float32 (a pooled value is inf or NaN); \
+                 the output is not returned",
+            ));
+        }
+        Ok(())
+    }
+
+    /// Sums the bags of several ids that start in `span` (of the
+    /// concatenated ids of `feats`; the last span also takes the empty bags
+    /// at the very end) from the span buffer `gbuf` into their output rows,
+    /// in parallel over bags; an empty bag pools to zeros.
+    #[allow(clippy::too_many_arguments)]
+    fn pool_span(
+        &self,
+        feats: &[(Bags<'_>, usize)],
+        span: &Range<usize>,
+        slot: &[u32],
+        coef: &[f32],
+        gbuf: &[f32],
+        out: SharedOut,
+        overflow: &AtomicBool,
+    ) {
+        let (dim, backend) = (self.dim, self.backend);
+        let n = slot.len();
         let mut base = 0usize;
         for (bags, col) in feats {
             let out = out.with_col(*col);
-            let (slot, coef) = (&slot[base..], &coef[base..]);
-            (0..bags.batch())
+            let m = bags.ids.len();
+            let (slot, coef) = (&slot[base..base + m], &coef[base..base + m]);
+            // The feature's bags that start in the span, by their offsets.
+            let first = |at: usize| {
+                bags.offsets[..bags.batch()].partition_point(|&o| base + (o as usize) < at)
+            };
+            let lo = first(span.start);
+            let hi = if span.end == n {
+                bags.batch()
+            } else {
+                first(span.end)
+            };
+            let per_bag = (m / bags.batch().max(1)).max(1);
+            (lo..hi)
                 .into_par_iter()
-                .with_min_len(1024)
+                .with_min_len((4096 / per_bag).max(1))
                 .for_each(|b| {
                     let r = bags.range(b);
                     if r.len() == 1 {
@@ -345,16 +433,8 @@ impl Table {
                         overflow.store(true, Ordering::Relaxed);
                     }
                 });
-            base += bags.ids.len();
+            base += m;
         }
-        if overflow.load(Ordering::Relaxed) {
-            return Err(invalid(
-                "weights",
-                "pooling with these weights overflows float32 (a pooled value is inf or NaN); \
-                 the output is not returned",
-            ));
-        }
-        Ok(())
     }
 
     /// The backward of [`Table::lookup_pooled`] followed by one optimizer
@@ -499,4 +579,71 @@ fn check_idx(
         ));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::test_support::{sgd, table};
+    use super::*;
+
+    /// Bags of `sizes` ids drawn from `0..keys`: (ids, offsets).
+    fn bags_of(sizes: &[usize], keys: i64) -> (Vec<i64>, Vec<i64>) {
+        let mut offsets = vec![0i64];
+        let mut ids = Vec::new();
+        let mut x = 12345i64;
+        for &s in sizes {
+            for _ in 0..s {
+                x = (x * 1_103_515_245 + 12345) % 2_147_483_648;
+                ids.push(x % keys);
+            }
+            offsets.push(ids.len() as i64);
+        }
+        (ids, offsets)
+    }
+
+    #[test]
+    fn pooling_in_several_spans_sums_each_bag_of_the_unpooled_rows() {
+        // dim 1024: a span holds 1,024 gathered rows, so these bags (one
+        // longer than a span, empty ones, one-id ones) need several.
+        let dim = 1024;
+        let span = POOL_SPAN_BYTES / (4 * dim);
+        let sizes: Vec<usize> = (0..900)
+            .map(|b| [0, 1, 2, 5, 7][b % 5])
+            .chain([span + 9, 0])
+            .collect();
+        let (ids, offsets) = bags_of(&sizes, 300);
+        assert!(ids.len() > 3 * span);
+        for insert in [true, false] {
+            let t = table(dim, 3, sgd(0.1));
+            let bags = Bags {
+                ids: &ids,
+                offsets: &offsets,
+                weights: None,
+                combiner: Combiner::Mean,
+            };
+            let mut pooled = vec![f32::NAN; sizes.len() * dim];
+            t.lookup_pooled(&bags, insert, &mut pooled).unwrap();
+            let distinct = ids.iter().collect::<std::collections::HashSet<_>>().len();
+            assert_eq!(t.len(), if insert { distinct } else { 0 });
+            let mut rows = vec![0.0; ids.len() * dim];
+            t.lookup(&ids, false, &mut rows).unwrap();
+            for (b, w) in offsets.windows(2).enumerate() {
+                let (s, e) = (w[0] as usize, w[1] as usize);
+                let got = &pooled[b * dim..(b + 1) * dim];
+                for c in 0..dim {
+                    let sum: f64 = (s..e).map(|i| f64::from(rows[i * dim + c])).sum();
+                    let want = if e > s { sum / (e - s) as f64 } else { 0.0 };
+                    assert!(
+                        (f64::from(got[c]) - want).abs() <= 1e-5,
+                        "bag {b} column {c}: {} != {want} (insert {insert})",
+                        got[c]
+                    );
+                }
+            }
+            if insert {
+                // The memo of the whole call serves its backward.
+                assert!(t.take_memo(&ids).is_some());
+            }
+        }
+    }
 }

@@ -1,0 +1,76 @@
+//! Times lookups of a few keys on the calling thread, phase by phase (plan,
+//! probe, copy), against a plain gather from a dense array: the per-key cost
+//! that issue 14's small-call figures are made of.
+//! `cargo run --release -p embstore-core --example small_lookup`; `KEYS=n`
+//! times one size alone (for a profiler), `SCALE=x` repeats x times more,
+//! `SHARDS=n` sets the shard count, `OPT=none` drops Adam's state.
+use std::time::Instant;
+
+use embstore_core::{Optimizer, Table, TableConfig};
+
+fn best<F: FnMut()>(mut f: F, reps: usize) -> f64 {
+    let mut best = f64::INFINITY;
+    for _ in 0..7 {
+        let t = Instant::now();
+        for _ in 0..reps {
+            f();
+        }
+        best = best.min(t.elapsed().as_secs_f64() / reps as f64);
+    }
+    best * 1e9
+}
+
+fn main() {
+    let dim = 64;
+    let rows = 100_000usize;
+    let mut cfg = TableConfig::new(dim);
+    // OPT=none: rows without optimizer state (a stride of dim floats).
+    if std::env::var("OPT").as_deref() != Ok("none") {
+        cfg.optimizer = Some(Optimizer::from_named("Adam", &Default::default()).unwrap());
+    }
+    cfg.num_shards = std::env::var("SHARDS")
+        .ok()
+        .map(|v| v.parse().expect("SHARDS: a number"));
+    let table = Table::new(cfg).unwrap();
+    let all: Vec<i64> = (0..rows as i64).collect();
+    let mut dense = vec![0.0f32; rows * dim];
+    table.lookup(&all, true, &mut dense).unwrap();
+    let mut x = 0x9e37_79b9_7f4a_7c15u64;
+    let sizes: Vec<usize> = match std::env::var("KEYS") {
+        Ok(v) => vec![v.parse().expect("KEYS: a number of keys")],
+        Err(_) => vec![1, 16, 128, 1024],
+    };
+    let scale: usize = std::env::var("SCALE").map_or(1, |v| v.parse().expect("SCALE: a number"));
+    for n in sizes {
+        let keys: Vec<i64> = (0..n)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                (x % rows as u64) as i64
+            })
+            .collect();
+        let mut out = vec![0.0f32; n * dim];
+        let reps = scale * 200_000 / n;
+        let gather = best(
+            || {
+                for (o, &k) in out.chunks_exact_mut(dim).zip(&keys) {
+                    o.copy_from_slice(&dense[k as usize * dim..(k as usize + 1) * dim]);
+                }
+                std::hint::black_box(&out);
+            },
+            reps,
+        );
+        let mut found = vec![false; n];
+        let contains = best(|| table.contains(&keys, &mut found).unwrap(), reps);
+        let serve = best(|| table.lookup(&keys, false, &mut out).unwrap(), reps);
+        let train = best(|| table.lookup(&keys, true, &mut out).unwrap(), reps);
+        println!(
+            "{n:5} keys: gather {:8.0} ns, contains {contains:8.0} ns, lookup(insert=false) {:8.0} ns ({:.1} ns/key), insert=true {:8.0} ns",
+            gather,
+            serve,
+            serve / n as f64,
+            train
+        );
+    }
+}
