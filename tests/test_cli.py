@@ -30,6 +30,12 @@ def test_bench_quick_runs_and_reports_every_measure() -> None:
     for keys in ("| 1 |", "| 16 |", "| 128 |", "| 1,024 |", "| 16,384 |"):
         assert keys in out
     assert "Serving, 128-key lookups (insert=False): 1 thread" in out
+    assert "The GIL's bound on this machine, same run: hashlib.sha256" in out
+    # The FBGEMM and TorchRec rows: measured where they import, else skipped
+    # with the reason.
+    for peer in ("FBGEMM CPU table-batched embedding", "TorchRec FusedEmbeddingBagCollection"):
+        line = next(x for x in out.splitlines() if x.startswith(peer))
+        assert "x embstore's time" in line or "skipped, not importable here (" in line
 
 
 @pytest.mark.timeout(300)

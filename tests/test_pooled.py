@@ -338,6 +338,47 @@ def test_collection_bad_input_changes_nothing(rng: np.random.Generator) -> None:
     assert_same(before, snapshot(t))
 
 
+def test_collection_arrays_taken_as_given_or_converted_give_the_same_results() -> None:
+    """A batch of (ids, offsets) int64 arrays goes to the native call as it
+    is; arrays it cannot read as they are (int32, strided) are converted
+    and give the same rows; bad arrays raise what the checked path raises
+    and change nothing."""
+    results = []
+    for form in ("ready", "int32", "strided"):
+        t = embstore.Table(4, optimizer=optim.Adam(lr=0.1), seed=1)
+        coll = embstore.Collection({"a": t, "b": t}, combiner="mean")
+        ids = np.array([5, 6, 7, 5], np.int64)
+        offsets = np.array([0, 1, 4], np.int64)
+        if form == "int32":
+            ids = ids.astype(np.int32)
+        elif form == "strided":
+            ids = np.repeat(ids, 2)[::2]
+            assert not ids.flags.c_contiguous
+        batch = {"a": (ids, offsets), "b": (ids[::-1].copy(), offsets)}
+        out = coll.lookup_pooled(batch)
+        coll.apply_pooled_gradients(batch, np.ones((2, 8), np.float32))
+        results.append((out, snapshot(t)))
+    for out, snap in results[1:]:
+        np.testing.assert_array_equal(out, results[0][0])
+        assert_same(snap, results[0][1])
+    t = embstore.Table(4, optimizer=optim.Adam())
+    coll = embstore.Collection({"a": t, "b": t})
+    t.lookup([1, 2, 3])
+    before = snapshot(t)
+    good = (np.array([1, 2]), np.array([0, 1, 2]))
+    with pytest.raises(ValueError, match=r"expected batch size 2 like the first feature"):
+        coll.lookup_pooled({"a": good, "b": (np.array([1]), np.array([0, 1]))})
+    with pytest.raises(ValueError, match=r"offsets: expected non-decreasing offsets"):
+        coll.apply_pooled_gradients(
+            {"a": good, "b": (np.array([1, 2]), np.array([0, 2, 1]))}, np.ones((2, 8), np.float32)
+        )
+    with pytest.raises(ValueError, match=r"^grads: expected shape \(2, 8\)"):
+        coll.apply_pooled_gradients({"a": good, "b": good}, np.ones((2, 4), np.float32))
+    with pytest.raises(ValueError, match=r"^grads: expected only finite values"):
+        coll.apply_pooled_gradients({"a": good, "b": good}, np.full((2, 8), np.inf, np.float32))
+    assert_same(before, snapshot(t))
+
+
 def test_collection_plain_ids_mean_one_id_per_sample() -> None:
     """A feature given as 1-D ids equals (ids, arange(n + 1)): forward and step."""
     from embstore import optim

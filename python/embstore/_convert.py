@@ -8,7 +8,7 @@ before any native call, so a refused call changes nothing.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields
-from typing import Any, ClassVar, Literal, TypeAlias
+from typing import Any, ClassVar, Literal, TypeAlias, TypeGuard
 
 import numpy as np
 import numpy.typing as npt
@@ -67,6 +67,12 @@ def like(given: Any, out: npt.NDArray[Any]) -> Any:
     return torch.from_numpy(out)
 
 
+def ready_i64(a: Any) -> TypeGuard[npt.NDArray[np.int64]]:
+    """Whether ``a`` is already what :func:`as_keys` returns: a 1-D
+    C-contiguous int64 NumPy array (then taken as it is)."""
+    return type(a) is _NDARRAY and a.dtype is _I64 and a.ndim == 1 and a.flags.c_contiguous
+
+
 def as_keys(keys: Any, arg: str = "keys") -> npt.NDArray[np.int64]:
     """Return ``keys`` as a 1-D C-contiguous int64 array.
 
@@ -74,7 +80,7 @@ def as_keys(keys: Any, arg: str = "keys") -> npt.NDArray[np.int64]:
     objects raise TypeError; uint64 values above 2**63-1 and arrays that are
     not 1-D raise ValueError. A CPU torch tensor is read without a copy.
     """
-    if type(keys) is _NDARRAY and keys.dtype is _I64 and keys.ndim == 1 and keys.flags.c_contiguous:
+    if ready_i64(keys):
         return keys  # the common case, as it is (small calls pay for every check)
     arr = np.asarray(host_array(keys, arg))
     if arr.dtype == np.int64 and arr.ndim == 1:

@@ -81,6 +81,11 @@ class Collection:
             raise ValueError(f"combiners: names not in features: {sorted(unknown)}")
         self._features = dict(features)
         self._combiners = {n: check_combiner(combiners.get(n, combiner)) for n in self._features}
+        self._combiner_list = list(self._combiners.values())
+        self._names = list(self._features)
+        self._dim = sum(t.dim for t in self._features.values())
+        self._untrained = [n for n, t in self._features.items() if t.optimizer is None]
+        self._no_weights: list[npt.NDArray[np.float32] | None] = [None] * len(self._features)
 
     @property
     def features(self) -> list[str]:
@@ -100,7 +105,7 @@ class Collection:
     @property
     def dim(self) -> int:
         """Width of the output: the sum of the features' dims."""
-        return sum(self.dims)
+        return self._dim
 
     def _args(self, batch: Batch) -> tuple[list[Any], list[Any], list[Any], list[Any], int]:
         if not isinstance(batch, Mapping):
@@ -137,6 +142,20 @@ class Collection:
             weights.append(w)
         return ids, offsets, weights, [self._combiners[n] for n in self._features], size or 0
 
+    def _split(self, batch: Batch) -> tuple[list[Any], list[Any]] | None:
+        """The ids and offsets of a batch given as a dict of exactly the
+        features, each an ``(ids, offsets)`` pair, taken as they are; None
+        for any other form. The native call then reads them if they are
+        1-D C-contiguous int64 arrays of one batch size and refuses them
+        otherwise (changing nothing), and the call converts and checks them
+        as usual: a small step pays for no conversion it does not need."""
+        if type(batch) is not dict or batch.keys() != self._features.keys():
+            return None
+        entries = [batch[n] for n in self._features]
+        if not all(type(e) is tuple and len(e) == 2 for e in entries):
+            return None
+        return [e[0] for e in entries], [e[1] for e in entries]
+
     def _inners(self) -> list[Any]:
         return [t._inner for t in self._features.values()]
 
@@ -153,28 +172,53 @@ class Collection:
         initializer's row) or "zeros".
         """
         mode, _ = check_default(default, None)
+        flag = check_bool("insert", insert)
+        split = self._split(batch)
+        if split is not None:
+            try:
+                return _core.collection_lookup_pooled(
+                    self._inners(),
+                    split[0],
+                    split[1],
+                    self._no_weights,
+                    self._combiner_list,
+                    flag,
+                    self._names,
+                    mode,
+                )
+            except (TypeError, ValueError):
+                pass  # not readable as given, or bad: converted and checked below
         ids, offsets, weights, combiners, _ = self._args(batch)
         return _core.collection_lookup_pooled(
-            self._inners(),
-            ids,
-            offsets,
-            weights,
-            combiners,
-            check_bool("insert", insert),
-            self.features,
-            mode,
+            self._inners(), ids, offsets, weights, combiners, flag, self._names, mode
         )
 
     def apply_pooled_gradients(self, batch: Batch, grads: Any) -> None:
         """Backward of :meth:`lookup_pooled` (``grads`` has its output's
         layout) and one optimizer step per distinct table."""
-        for name, table in self._features.items():
-            if table.optimizer is None:
-                raise ValueError(f"optimizer: the table of feature {name!r} has no optimizer")
+        if self._untrained:
+            raise ValueError(
+                f"optimizer: the table of feature {self._untrained[0]!r} has no optimizer"
+            )
+        split = self._split(batch)
+        if split is not None and type(grads) is np.ndarray and grads.dtype == np.float32:
+            try:
+                _core.collection_apply_pooled_gradients(
+                    self._inners(),
+                    split[0],
+                    split[1],
+                    self._no_weights,
+                    self._combiner_list,
+                    grads,
+                    self._names,
+                )
+                return
+            except (TypeError, ValueError):
+                pass  # not readable as given, or bad: converted and checked below
         ids, offsets, weights, combiners, size = self._args(batch)
-        g = as_rows(grads, size, self.dim, "grads")
+        g = as_rows(grads, size, self._dim, "grads")
         _core.collection_apply_pooled_gradients(
-            self._inners(), ids, offsets, weights, combiners, g, self.features
+            self._inners(), ids, offsets, weights, combiners, g, self._names
         )
 
     def __repr__(self) -> str:

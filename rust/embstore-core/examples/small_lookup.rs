@@ -3,7 +3,9 @@
 //! that issue 14's small-call figures are made of.
 //! `cargo run --release -p embstore-core --example small_lookup`; `KEYS=n`
 //! times one size alone (for a profiler), `SCALE=x` repeats x times more,
-//! `SHARDS=n` sets the shard count, `OPT=none` drops Adam's state.
+//! `SHARDS=n` sets the shard count, `OPT=none` drops Adam's state (`OPT=SGD` and the
+//! like pick another optimizer),
+//! `APPLY_ONLY=1` times only apply_gradients.
 use std::time::Instant;
 
 use embstore_core::{Optimizer, Table, TableConfig};
@@ -25,8 +27,13 @@ fn main() {
     let rows = 100_000usize;
     let mut cfg = TableConfig::new(dim);
     // OPT=none: rows without optimizer state (a stride of dim floats).
-    if std::env::var("OPT").as_deref() != Ok("none") {
-        cfg.optimizer = Some(Optimizer::from_named("Adam", &Default::default()).unwrap());
+    match std::env::var("OPT").as_deref() {
+        Ok("none") => {}
+        Ok(name) => {
+            let lr = std::collections::BTreeMap::from([("lr".to_string(), 0.01)]);
+            cfg.optimizer = Some(Optimizer::from_named(name, &lr).expect("OPT: an optimizer"));
+        }
+        Err(_) => cfg.optimizer = Some(Optimizer::from_named("Adam", &Default::default()).unwrap()),
     }
     cfg.num_shards = std::env::var("SHARDS")
         .ok()
@@ -52,6 +59,12 @@ fn main() {
             .collect();
         let mut out = vec![0.0f32; n * dim];
         let reps = scale * 200_000 / n;
+        let grads = vec![0.001f32; n * dim];
+        let apply = best(|| table.apply_gradients(&keys, &grads).unwrap(), reps);
+        println!("{n:5} keys: apply_gradients {apply:8.0} ns");
+        if std::env::var_os("APPLY_ONLY").is_some() {
+            continue;
+        }
         let gather = best(
             || {
                 for (o, &k) in out.chunks_exact_mut(dim).zip(&keys) {

@@ -6,7 +6,7 @@
 use rayon::prelude::*;
 
 use crate::error::{Result, StoreError, invalid};
-use crate::table::{Bags, Missing, SharedOut, Table, check_finite_max, check_len};
+use crate::table::{Bags, Missing, SEQUENTIAL_KEYS, SharedOut, Table, check_finite_max, check_len};
 
 /// One feature of a grouped call: its table and its bags.
 #[derive(Debug, Clone, Copy)]
@@ -106,6 +106,7 @@ pub fn lookup_pooled_or(
     // One pass per distinct table over all the features it serves.
     groups
         .par_iter()
+        .with_min_len(split_at(features))
         .map(|(table, idx)| {
             let feats: Vec<_> = idx
                 .iter()
@@ -121,6 +122,19 @@ pub fn lookup_pooled_or(
     }
     drop(gates);
     Ok(())
+}
+
+/// The least number of tables or features a job of a Collection call's
+/// parallel loops takes: all of them (no split, so no dispatch to the
+/// pool, which costs more than the work) when the call's ids are few
+/// enough for one thread ([`SEQUENTIAL_KEYS`]); one otherwise.
+fn split_at(features: &[Feature<'_>]) -> usize {
+    let ids: usize = features.iter().map(|f| f.bags.ids.len()).sum();
+    if ids <= SEQUENTIAL_KEYS {
+        usize::MAX
+    } else {
+        1
+    }
 }
 
 /// The backward of [`lookup_pooled`] and one optimizer step per distinct
@@ -140,8 +154,10 @@ pub fn apply_pooled_gradients(features: &[Feature<'_>], grads: &[f32]) -> Result
     let groups = groups(features);
     let gates: Vec<_> = groups.iter().map(|(t, _)| t.enter()).collect();
     // Every table's ids, gradient offsets and coefficients.
+    let min_len = split_at(features);
     let inputs: Vec<(Vec<i64>, Vec<usize>, Vec<f32>)> = groups
         .par_iter()
+        .with_min_len(min_len)
         .map(|(_, idx)| {
             // Every id of every feature on this table, with the flat offset of
             // its bag's gradient row and its coefficient; each feature fills its
@@ -160,15 +176,18 @@ pub fn apply_pooled_gradients(features: &[Feature<'_>], grads: &[f32]) -> Result
                 parts.push((fi, k0, s0, c0));
                 (k, s, c) = (k1, s1, c1);
             }
-            parts.into_par_iter().for_each(|(fi, k, s, c)| {
-                let bags = &features[fi].bags;
-                k.copy_from_slice(bags.ids);
-                let mut bag_of = vec![0u32; k.len()];
-                bags.coefs_into(&mut bag_of, c);
-                for (dst, &b) in s.iter_mut().zip(&bag_of) {
-                    *dst = b as usize * total + cols[fi];
-                }
-            });
+            parts
+                .into_par_iter()
+                .with_min_len(min_len)
+                .for_each(|(fi, k, s, c)| {
+                    let bags = &features[fi].bags;
+                    k.copy_from_slice(bags.ids);
+                    let mut bag_of = vec![0u32; k.len()];
+                    bags.coefs_into(&mut bag_of, c);
+                    for (dst, &b) in s.iter_mut().zip(&bag_of) {
+                        *dst = b as usize * total + cols[fi];
+                    }
+                });
             (keys, src, coef)
         })
         .collect();
@@ -200,6 +219,7 @@ pub fn apply_pooled_gradients(features: &[Feature<'_>], grads: &[f32]) -> Result
         .par_iter()
         .zip(inputs.par_iter())
         .zip(prepared.into_par_iter())
+        .with_min_len(min_len)
         .for_each(|(((table, _), (keys, src, coef)), p)| {
             let dim = table.dim();
             table.run_apply(keys, p, None, |i| (&grads[src[i]..src[i] + dim], coef[i]));

@@ -56,6 +56,18 @@ impl Default for Initializer {
 
 const INV_2_24: f64 = 1.0 / (1u64 << 24) as f64;
 
+/// The largest float32 below `high`, and no lower than `low` rounded
+/// (`low < high`): the top of a uniform draw in `[low, high)`.
+fn below(high: f64, low: f64) -> f32 {
+    let h = high as f32;
+    let top = if f64::from(h) >= high {
+        h.next_down()
+    } else {
+        h
+    };
+    top.max(low as f32)
+}
+
 /// A standard normal draw from one 64-bit value (Box-Muller, both uniforms
 /// from disjoint bits; computed in f64 so rounding does not depend on SIMD).
 #[inline]
@@ -180,6 +192,17 @@ impl Initializer {
         match *self {
             Initializer::Uniform { low, high } => {
                 backend.uniform_fill(out, row_stream(seed, key), low, high - low);
+                // A draw within half a float32 step of `high` rounds up to
+                // it: such values become the largest float32 below `high`,
+                // so that the interval stays half-open.
+                if high > low {
+                    let top = below(high, low);
+                    for o in out.iter_mut() {
+                        if f64::from(*o) >= high {
+                            *o = top;
+                        }
+                    }
+                }
             }
             Initializer::Normal { mean, std } => {
                 let s = row_stream(seed, key);
@@ -213,6 +236,27 @@ impl Initializer {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn uniform_draws_stay_below_high() {
+        // Seed 101, key 15269, column 3 drew -1 + 4u with u so close to 1
+        // that it rounded to 3.0 as float32 (found by a search; the
+        // initializer's interval is [low, high)).
+        let init = Initializer::Uniform {
+            low: -1.0,
+            high: 3.0,
+        };
+        let mut row = [0.0f32; 8];
+        init.fill(101, 15269, &mut row);
+        assert!(row.iter().all(|v| (-1.0..3.0).contains(v)), "{row:?}");
+        assert_eq!(row[3], 3.0f32.next_down());
+        assert_eq!(below(3.0, -1.0), 3.0f32.next_down());
+        // 0.1 is no float32: the largest one below it.
+        let t = below(0.1, -1.0);
+        assert!(f64::from(t) < 0.1 && f64::from(t.next_up()) >= 0.1);
+        // No float32 in [low, high): low, rounded.
+        assert_eq!(below(1.0, 1.0 - 1e-12), 1.0);
+    }
 
     #[test]
     fn uniform_in_range_and_mean_near_center() {

@@ -189,6 +189,7 @@ impl Table {
         let memo = prepared.memo.as_ref().ok();
         let plan = prepared.plan();
         let n = self.shards.len();
+        let ahead = prefetches(plan.hashes.len(), SEQUENTIAL_STEP_KEYS);
         self.par_shards_mut_below(plan, SEQUENTIAL_STEP_KEYS, |g, pos| {
             let len0 = g.len();
             // (row << 32 | position), sorted: each row's positions in batch order.
@@ -238,7 +239,7 @@ impl Table {
                     end += 1;
                 }
                 let until = (end + 2 * PREFETCH_AHEAD).min(pairs.len());
-                while fetched < until {
+                while ahead && fetched < until {
                     prefetch(grad_of((pairs[fetched] & 0xFFFF_FFFF) as usize).0);
                     prefetch(g.arena.row((pairs[fetched] >> 32) as usize));
                     fetched += 1;

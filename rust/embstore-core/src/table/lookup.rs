@@ -270,9 +270,11 @@ impl Table {
     ) {
         let (dim, ww) = (self.dim, self.wwords);
         // The row format is matched once per call, not per row.
+        let ahead = prefetches(keys.len(), SEQUENTIAL_KEYS);
         let copy = |decode: &dyn Fn(&[f32], &mut [f32])| {
             for j in 0..pos.len() {
-                if let Some(&ahead) = rows.get(j + PREFETCH_AHEAD)
+                if ahead
+                    && let Some(&ahead) = rows.get(j + PREFETCH_AHEAD)
                     && ahead != NO_ROW
                 {
                     prefetch(&arena.row(ahead as usize)[..ww]);

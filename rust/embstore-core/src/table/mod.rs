@@ -44,7 +44,9 @@ pub(crate) use checks::{check_grad_sums, check_len, check_transient};
 use memo::{Found, Memo};
 use output::SharedBools;
 pub(crate) use output::SharedOut;
-pub(crate) use plan::{PREFETCH_AHEAD, Plan, PreparedApply, SEQUENTIAL_STEP_KEYS};
+pub(crate) use plan::{
+    PREFETCH_AHEAD, Plan, PreparedApply, SEQUENTIAL_KEYS, SEQUENTIAL_STEP_KEYS, prefetches,
+};
 
 thread_local! {
     /// A row of floats for encoding new compact rows.

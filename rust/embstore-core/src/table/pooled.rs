@@ -16,7 +16,8 @@ use rayon::prelude::*;
 
 use super::lookup::Pass;
 use super::{
-    Missing, NO_ROW, PREFETCH_AHEAD, SharedOut, Table, check_finite, check_finite_max, check_len,
+    Missing, NO_ROW, PREFETCH_AHEAD, SEQUENTIAL_KEYS, SharedOut, Table, check_finite,
+    check_finite_max, check_len,
 };
 
 /// Rows of the ids of multi-id bags that one span of a pooled lookup
@@ -315,6 +316,7 @@ impl Table {
         // cache; a copied row of a one-id bag is finite already).
         let overflow = AtomicBool::new(false);
         let stream = out.streams();
+        let ahead = super::prefetches(n, SEQUENTIAL_KEYS);
         for span in &spans {
             let gout = SharedOut::new(&mut gbuf, dim);
             let emit = |i: usize, x: &[f32]| {
@@ -348,7 +350,8 @@ impl Table {
             self.lookup_span(&pass, bounds, |g, pos, rows| {
                 let mut tmp = vec![0.0f32; dim];
                 for (j, (&i, &r)) in pos.iter().zip(rows).enumerate() {
-                    if let Some(&ahead) = rows.get(j + PREFETCH_AHEAD)
+                    if ahead
+                        && let Some(&ahead) = rows.get(j + PREFETCH_AHEAD)
                         && ahead != NO_ROW
                     {
                         prefetch(&g.arena.row(ahead as usize)[..self.wwords]);
@@ -414,9 +417,16 @@ impl Table {
                 first(span.end)
             };
             let per_bag = (m / bags.batch().max(1)).max(1);
+            // A small call sums its bags on the calling thread (a split would
+            // dispatch to the pool, which costs more than the work).
+            let min_len = if n <= SEQUENTIAL_KEYS {
+                usize::MAX
+            } else {
+                (4096 / per_bag).max(1)
+            };
             (lo..hi)
                 .into_par_iter()
-                .with_min_len((4096 / per_bag).max(1))
+                .with_min_len(min_len)
                 .for_each(|b| {
                     let r = bags.range(b);
                     if r.len() == 1 {

@@ -180,11 +180,12 @@ impl Shard {
     pub fn find_many(&self, keys: &[i64], hashes: &[u64], pos: &[u32], rows: &mut Vec<u32>) {
         rows.clear();
         rows.reserve(pos.len());
+        let ahead = super::prefetches(keys.len(), super::SEQUENTIAL_KEYS);
         for block in pos.chunks(FIND_BLOCK) {
             let start = rows.len();
             for &i in block {
                 let c = self.candidate(hashes[i as usize]);
-                if c != NO_ROW {
+                if ahead && c != NO_ROW {
                     self.arena.prefetch_key(c as usize);
                 }
                 rows.push(c);
