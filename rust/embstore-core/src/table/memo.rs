@@ -133,6 +133,22 @@ mod tests {
     }
 
     #[test]
+    fn a_serving_lookup_keeps_no_memo_and_leaves_the_training_one() {
+        let t = table(4, 4, sgd(0.1));
+        let train = [5i64, 9];
+        let mut out = vec![0.0; 8];
+        t.lookup(&train, true, &mut out).unwrap();
+        // Another thread serves other keys between the forward and the
+        // backward of a training step.
+        t.lookup(&[1, 2], false, &mut out).unwrap();
+        assert!(
+            t.take_memo(&[1, 2]).is_none(),
+            "no memo of a serving lookup"
+        );
+        assert!(t.take_memo(&train).is_some(), "the training memo survives");
+    }
+
+    #[test]
     fn a_memo_does_not_survive_a_removal_in_its_shard() {
         let t = table(4, 1, sgd(0.1));
         let keys = [1i64, 2, 3];

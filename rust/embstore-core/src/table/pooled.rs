@@ -20,13 +20,14 @@ use super::{
     check_finite_max, check_len,
 };
 
+use crate::error::{Result, invalid};
+use crate::simd::{copy_streaming, prefetch, stream_fence};
+
 /// Rows of the ids of multi-id bags that one span of a pooled lookup
 /// gathers before summing them ([`Table::lookup_pooled_in`]): small enough
 /// to stay in the L2 or L3 cache, large enough that the span's two pool
 /// dispatches cost little against its work.
 pub(crate) const POOL_SPAN_BYTES: usize = 4 << 20;
-use crate::error::{Result, invalid};
-use crate::simd::{copy_streaming, prefetch, stream_fence};
 
 /// How a bag's rows are combined.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
