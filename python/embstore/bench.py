@@ -384,6 +384,7 @@ def _coll_peers(
 
     res["ours_rowwise_adagrad_step_s"] = _best(ours, reps)
     tup = torch.from_numpy(upstream)
+    flat = torch.from_numpy(local.reshape(-1).astype(np.int64))  # feature-major
     try:
         from fbgemm_gpu.split_embedding_configs import EmbOptimType
         from fbgemm_gpu.split_table_batched_embeddings_ops_common import (
@@ -402,11 +403,10 @@ def _coll_peers(
             eps=1e-8,
             pooling_mode=PoolingMode.SUM,
         )
-        indices = torch.from_numpy(local.reshape(-1).astype(np.int64))
         toffsets = torch.arange(fields * batch + 1, dtype=torch.int64)
 
         def fbgemm_step() -> None:
-            tbe(indices, toffsets).backward(tup)
+            tbe(flat, toffsets).backward(tup)
 
         res["fbgemm_rowwise_adagrad_step_s"] = _best(fbgemm_step, reps)
         res["fbgemm"] = _version("fbgemm-gpu-cpu")
@@ -431,7 +431,7 @@ def _coll_peers(
         )
         kjt = KeyedJaggedTensor.from_lengths_sync(
             keys=[f"f{f}" for f in range(fields)],
-            values=torch.from_numpy(local.reshape(-1).astype(np.int64)),
+            values=flat,
             lengths=torch.ones(fields * batch, dtype=torch.int64),
         )
 
@@ -533,14 +533,7 @@ SMALL_KEYS = (1, 16, 128, 1024, 16384)
 
 def _per_call_us(fn: Callable[[], object], calls: int) -> float:
     """Best of 5 runs of ``calls`` calls, in microseconds per call."""
-    fn()
-    best = float("inf")
-    for _ in range(5):
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        best = min(best, (time.perf_counter() - t0) / calls)
-    return best * 1e6
+    return _paired_us({"fn": fn}, calls, rounds=5)["fn"]
 
 
 def _paired_us(
@@ -681,7 +674,7 @@ def small_calls(dim: int, quick: bool) -> dict[str, Any]:
 
 
 def _numpy_adam_step(
-    w: np.ndarray, m: np.ndarray, v: np.ndarray, t: int
+    w: np.ndarray, m: np.ndarray, v: np.ndarray
 ) -> Callable[[np.ndarray, np.ndarray], np.ndarray]:
     """The step of a Collection written in NumPy on dense arrays: forward
     ``np.take``, backward ``np.add.at`` into the touched rows, Adam (lr 1e-3,
@@ -689,7 +682,7 @@ def _numpy_adam_step(
     batch), upstream (batch, fields * dim)) -> forward output``."""
     lr, b1, b2, eps = 1e-3, 0.9, 0.999, 1e-8
     dim = w.shape[1]
-    count = [t]
+    count = [0]
 
     def step(keys: np.ndarray, upstream: np.ndarray) -> np.ndarray:
         fields, batch = keys.shape
@@ -709,6 +702,14 @@ def _numpy_adam_step(
     return step
 
 
+def _filled_adam_table(vocab: int, dim: int) -> embstore.Table:
+    """An Adam table (lr 1e-3) holding the keys ``0..vocab``."""
+    table = embstore.Table(dim, optimizer=optim.Adam(lr=1e-3), seed=0)
+    table.reserve(vocab)
+    table.lookup(np.arange(vocab))
+    return table
+
+
 def batch_sizes(args: argparse.Namespace) -> dict[str, Any]:
     """A ``fields``-feature Collection training step (one id per feature
     per sample, one shared ``vocab``-row Adam table: pooled forward,
@@ -717,12 +718,10 @@ def batch_sizes(args: argparse.Namespace) -> dict[str, Any]:
     measured in turn, best of the rounds."""
     vocab, dim, fields = args.vocab, args.dim, args.fields
     sizes = [b for b in (1, 16, 128, 1_024, 16_384, 65_536) if b < args.batch] + [args.batch]
-    table = embstore.Table(dim, optimizer=optim.Adam(lr=1e-3), seed=0)
-    table.reserve(vocab)
-    table.lookup(np.arange(vocab))
+    table = _filled_adam_table(vocab, dim)
     w = table.lookup(np.arange(vocab), insert=False)
     m, v = np.zeros_like(w), np.zeros_like(w)
-    numpy_step = _numpy_adam_step(w, m, v, 0)
+    numpy_step = _numpy_adam_step(w, m, v)
     coll = embstore.Collection({f"f{f}": table for f in range(fields)})
     per = vocab // fields
     rng = np.random.default_rng(2)
@@ -766,6 +765,12 @@ def report_batch_sizes(c: dict[str, Any]) -> str:
 BAG_LENGTHS = (1, 4, 26, 100)
 
 
+def _even_bags(ids: np.ndarray, per: int) -> tuple[np.ndarray, np.ndarray]:
+    """The whole bags of ``per`` ids that ``ids`` makes: (ids, offsets)."""
+    bags = ids.size // per
+    return ids[: bags * per], (np.arange(bags + 1) * per).astype(np.int64)
+
+
 def bag_lengths(args: argparse.Namespace) -> dict[str, Any]:
     """Pooled lookups of ``batch * fields`` ids (1.7M by default) from a
     ``vocab``-row Adam table, in bags of 1, 4, 26 and 100 ids: lookup_pooled
@@ -778,16 +783,13 @@ def bag_lengths(args: argparse.Namespace) -> dict[str, Any]:
 
     vocab, dim = args.vocab, args.dim
     n = args.batch * args.fields
-    table = embstore.Table(dim, optimizer=optim.Adam(lr=1e-3), seed=0)
-    table.reserve(vocab)
-    table.lookup(np.arange(vocab))
+    table = _filled_adam_table(vocab, dim)
     ids = np.random.default_rng(0).integers(0, vocab, n).astype(np.int64)
     emb = torch.nn.EmbeddingBag(vocab, dim, mode="sum", include_last_offset=True)
     rows: dict[str, dict[str, float]] = {}
     for per in BAG_LENGTHS:
-        bags = n // per
-        offsets = (np.arange(bags + 1) * per).astype(np.int64)
-        ii = ids[: bags * per]
+        ii, offsets = _even_bags(ids, per)
+        bags = offsets.size - 1
         ti, to = torch.from_numpy(ii), torch.from_numpy(offsets)
 
         def torch_forward(ti: torch.Tensor = ti, to: torch.Tensor = to) -> None:
@@ -804,11 +806,8 @@ def bag_lengths(args: argparse.Namespace) -> dict[str, Any]:
             args.reps,
         )
         rows[str(per)] = {f"{k}_s": v / 1e6 for k, v in best.items()} | {"bags": bags}
-    per = 26
-    bags = n // per
-    offsets = (np.arange(bags + 1) * per).astype(np.int64)
-    ii = ids[: bags * per]
-    grads = np.ones((bags, dim), np.float32)
+    ii, offsets = _even_bags(ids, 26)
+    grads = np.ones((offsets.size - 1, dim), np.float32)
     sparse = torch.nn.EmbeddingBag(vocab, dim, mode="sum", include_last_offset=True, sparse=True)
     topt = torch.optim.SparseAdam(list(sparse.parameters()), lr=1e-3)
     ti, to, tg = torch.from_numpy(ii), torch.from_numpy(offsets), torch.from_numpy(grads)
@@ -879,13 +878,12 @@ def report_small(c: dict[str, Any]) -> str:
         f"Serving, 128-key lookups (insert=False): 1 thread {one:,.0f} calls/s, "
         f"4 threads {four:,.0f} calls/s ({four / one:.2f}x).",
     ]
-    if "gil_ceiling" in c:
-        g = c["gil_ceiling"]
-        lines.append(
-            f"The GIL's bound on this machine, same run: hashlib.sha256 of 2,100 bytes "
-            f"({g['call_us']:.1f} us a call, GIL released inside) from 4 threads reaches "
-            f"{g['4'] / g['1']:.2f}x the calls/s of one."
-        )
+    g = c["gil_ceiling"]
+    lines.append(
+        f"The GIL's bound on this machine, same run: hashlib.sha256 of 2,100 bytes "
+        f"({g['call_us']:.1f} us a call, GIL released inside) from 4 threads reaches "
+        f"{g['4'] / g['1']:.2f}x the calls/s of one."
+    )
     return "\n".join(lines)
 
 

@@ -140,7 +140,7 @@ class Collection:
             ids.append(i)
             offsets.append(o)
             weights.append(w)
-        return ids, offsets, weights, [self._combiners[n] for n in self._features], size or 0
+        return ids, offsets, weights, self._combiner_list, size or 0
 
     def _split(self, batch: Batch) -> tuple[list[Any], list[Any]] | None:
         """The ids and offsets of a batch given as a dict of exactly the

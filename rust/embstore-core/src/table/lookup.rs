@@ -139,14 +139,14 @@ impl Table {
     }
 
     /// The reservations of a lookup over `plan` ([`Table::reserve_plan`]):
-    /// none unless it inserts (`insert` and no admission filter).
+    /// none unless it inserts ([`Table::inserts`]).
     pub(super) fn reserve_lookup(
         &self,
         keys: &[i64],
         plan: &Plan,
         insert: bool,
     ) -> Result<Vec<Reserved>> {
-        if insert && self.policy.admission.is_always() {
+        if self.inserts(insert) {
             self.reserve_plan(plan, keys, None, "keys")
         } else {
             Ok(Vec::new())
@@ -191,7 +191,7 @@ impl Table {
                 }
             }
         };
-        let insert = pass.insert && self.policy.admission.is_always();
+        let insert = self.inserts(pass.insert);
         let track = self.policy.tracks();
         if insert || track {
             let save_gen = self.generation();

@@ -346,7 +346,12 @@ impl Table {
     /// Whether a lookup changes the table (inserts rows or records touches),
     /// so that it must take the gate.
     pub(crate) fn lookup_changes(&self, insert: bool) -> bool {
-        (insert && self.policy.admission.is_always()) || self.policy.tracks()
+        self.inserts(insert) || self.policy.tracks()
+    }
+    /// Whether a lookup asked to `insert` stores rows: only without an
+    /// admission filter (with one, only gradient calls admit keys).
+    pub(super) fn inserts(&self, insert: bool) -> bool {
+        insert && self.policy.admission.is_always()
     }
     /// Advances the call clock; returns this call's tick.
     fn next_tick(&self) -> u64 {

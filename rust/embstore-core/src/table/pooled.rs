@@ -345,30 +345,32 @@ impl Table {
                     unsafe { gout.row(slot[i] as usize, dim) }.copy_from_slice(x);
                 }
             };
-            let whole = span.start == 0 && span.end == n;
-            let bounds = (!whole).then_some(span.start as u32..span.end as u32);
             // Emits the ids of one shard whose rows are `rows` (`NO_ROW`: none).
-            self.lookup_span(&pass, bounds, |g, pos, rows| {
-                let mut tmp = vec![0.0f32; dim];
-                for (j, (&i, &r)) in pos.iter().zip(rows).enumerate() {
-                    if ahead
-                        && let Some(&ahead) = rows.get(j + PREFETCH_AHEAD)
-                        && ahead != NO_ROW
-                    {
-                        prefetch(&g.arena.row(ahead as usize)[..self.wwords]);
+            self.lookup_span(
+                &pass,
+                Some(span.start as u32..span.end as u32),
+                |g, pos, rows| {
+                    let mut tmp = vec![0.0f32; dim];
+                    for (j, (&i, &r)) in pos.iter().zip(rows).enumerate() {
+                        if ahead
+                            && let Some(&ahead) = rows.get(j + PREFETCH_AHEAD)
+                            && ahead != NO_ROW
+                        {
+                            prefetch(&g.arena.row(ahead as usize)[..self.wwords]);
+                        }
+                        let i = i as usize;
+                        if r == NO_ROW {
+                            self.fill_missing(ids[i], &mut tmp, missing);
+                            emit(i, &tmp);
+                        } else {
+                            emit(i, self.weights(g.arena.row(r as usize), &mut tmp));
+                        }
                     }
-                    let i = i as usize;
-                    if r == NO_ROW {
-                        self.fill_missing(ids[i], &mut tmp, missing);
-                        emit(i, &tmp);
-                    } else {
-                        emit(i, self.weights(g.arena.row(r as usize), &mut tmp));
+                    if stream {
+                        stream_fence();
                     }
-                }
-                if stream {
-                    stream_fence();
-                }
-            });
+                },
+            );
             self.pool_span(feats, span, &slot, &coef, &gbuf, out, &overflow);
         }
         if !pass.release {
