@@ -406,3 +406,56 @@ def test_collection_plain_ids_mean_one_id_per_sample() -> None:
         b.lookup_pooled({**plain, "user": np.ones((3, 2), np.int64)})
     with pytest.raises(ValueError, match=r"batch\['item'\] offsets: expected batch size 2"):
         b.lookup_pooled({**plain, "user": [1, 2]})  # the first feature sets the batch size
+
+
+def test_table_arrays_taken_as_given_or_converted_give_the_same_results() -> None:
+    """lookup, apply_gradients, lookup_pooled and apply_pooled_gradients
+    pass NumPy arrays to the native call as they are; arrays it cannot read
+    as they are (int32, strided, float64 gradients) are converted and give
+    the same rows; bad arguments raise what the checked path raises and
+    change nothing."""
+    results = []
+    for form in ("ready", "int32", "strided", "float64"):
+        t = embstore.Table(4, optimizer=optim.Adam(lr=0.1), seed=1)
+        keys = np.array([5, 6, 7, 5], np.int64)
+        offsets = np.array([0, 1, 4], np.int64)
+        grads = np.linspace(-1, 1, 16, dtype=np.float32).reshape(4, 4)
+        bag_grads = grads[:2].copy()
+        if form == "int32":
+            keys, offsets = keys.astype(np.int32), offsets.astype(np.int32)
+        elif form == "strided":
+            keys, grads = np.repeat(keys, 2)[::2], np.repeat(grads, 2, axis=0)[::2]
+            assert not keys.flags.c_contiguous and not grads.flags.c_contiguous
+        elif form == "float64":
+            grads, bag_grads = grads.astype(np.float64), bag_grads.astype(np.float64)
+        out = [t.lookup(keys), t.lookup(keys, insert=np.bool_(False))]
+        t.apply_gradients(keys, grads)
+        out.append(t.lookup_pooled(keys, offsets, combiner="mean"))
+        t.apply_pooled_gradients(keys, offsets, bag_grads, combiner="mean")
+        out.append(t.lookup(keys, insert=False, default="zeros"))
+        results.append((out, snapshot(t)))
+    for out, snap in results[1:]:
+        for a, b in zip(out, results[0][0]):
+            np.testing.assert_array_equal(a, b)
+        assert_same(snap, results[0][1])
+    t = embstore.Table(4, optimizer=optim.Adam())
+    keys = np.array([1, 2], np.int64)
+    t.lookup(keys)
+    before = snapshot(t)
+    with pytest.raises(ValueError, match=r"^grads: expected shape \(2, 4\), got \(4, 2\)"):
+        t.apply_gradients(keys, np.ones((4, 2), np.float32))
+    with pytest.raises(ValueError, match=r"^grads: expected only finite values"):
+        t.apply_gradients(keys, np.full((2, 4), np.inf, np.float32))
+    with pytest.raises(TypeError, match=r"^insert: expected True or False, got str"):
+        t.lookup(np.array([9], np.int64), insert="no")
+    with pytest.raises(ValueError, match=r"^default: expected \"init\", \"zeros\" or a row"):
+        t.lookup(np.array([9], np.int64), default="row")
+    with pytest.raises(TypeError, match=r"^keys: expected an integer array, got dtype float64"):
+        t.lookup(np.array([9.0]))
+    with pytest.raises(ValueError, match=r"^combiner: expected one of"):
+        t.lookup_pooled(keys, np.array([0, 2], np.int64), combiner="max")
+    with pytest.raises(ValueError, match=r"^offsets: expected batch \+ 1 >= 1 offsets"):
+        t.lookup_pooled(keys, np.array([], np.int64))
+    with pytest.raises(ValueError, match=r"^grads: expected shape \(1, 4\), got \(2, 4\)"):
+        t.apply_pooled_gradients(keys, np.array([0, 2], np.int64), np.ones((2, 4), np.float32))
+    assert_same(before, snapshot(t))

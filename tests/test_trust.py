@@ -358,6 +358,27 @@ def test_6_running_out_of_memory_mid_call_refuses_it_whole(call: str) -> None:
     assert "rows 100 0 step 0 0" in out, out
 
 
+def test_6_a_first_parallel_call_under_a_memory_limit_still_runs() -> None:
+    # rayon starts its global pool once per process, on first use: a first
+    # use where no thread stack can be mapped used to leave the process
+    # without a pool, every later call failing as an internal error. The
+    # pool now starts at import; the import above ran before the limit.
+    out = _child.ok(
+        """
+        t = embstore.Table(4, optimizer=optim.SGD(lr=0.1), num_shards=8)
+        limit_memory(16 << 20)
+        try:
+            t.lookup(np.arange(200_000))  # spread over the pool
+            print("looked up", len(t))
+        except MemoryError as e:
+            print("refused:", e)
+        print("threads", embstore._core.num_threads())
+        """
+    )
+    assert "looked up 200000" in out or "refused: keys:" in out, out
+    assert "threads" in out, out
+
+
 def test_6_an_output_larger_than_memory_is_a_memory_error() -> None:
     out = _child.ok(
         """

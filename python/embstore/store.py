@@ -28,6 +28,8 @@ from embstore.init import Initializer, Uniform
 from embstore.optim import Optimizer
 from embstore.policy import Admission
 
+_NDARRAY = np.ndarray
+
 if TYPE_CHECKING:
     import torch
 
@@ -315,6 +317,15 @@ class Table:
         ``"zeros"``, or a given row (``dim`` finite floats), e.g. the mean
         row for unseen ids at evaluation.
         """
+        if type(keys) is _NDARRAY and type(default) is str:
+            # Small calls pay for every check: arrays go to the native call
+            # as given, which takes int64 1-D C-contiguous keys, a flag and a
+            # default's name, and refuses anything else with nothing changed;
+            # the checked path below then converts it or names the problem.
+            try:
+                return self._inner.lookup(keys, insert, default, None)
+            except (TypeError, ValueError):
+                pass
         k = as_keys(keys)
         mode, row = check_default(default, self.dim)
         return like(keys, self._inner.lookup(k, check_bool("insert", insert), mode, row))
@@ -369,6 +380,12 @@ class Table:
         part of one step itself: the step number from :meth:`take_step`, at
         which these rows are updated; :attr:`step` does not move.
         """
+        if step is None and type(keys) is _NDARRAY and type(grads) is _NDARRAY:
+            try:  # as given, else checked below (see lookup)
+                self._inner.apply_gradients(keys, grads)
+                return
+            except (TypeError, ValueError):
+                pass
         k = as_keys(keys)
         g = as_rows(grads, k.shape[0], self.dim, "grads")
         if step is None:
@@ -447,6 +464,17 @@ class Table:
         per-id weights (1 without). An empty bag pools to zeros. ``default``
         is what an id without a row pools as (see :meth:`lookup`).
         """
+        if (
+            weights is None
+            and type(ids) is _NDARRAY
+            and type(offsets) is _NDARRAY
+            and type(combiner) is str
+            and type(default) is str
+        ):
+            try:  # as given, else checked below (see lookup)
+                return self._inner.lookup_pooled(ids, offsets, None, combiner, insert, default)
+            except (TypeError, ValueError):
+                pass
         i, o, w, c = as_bags(ids, offsets, weights, combiner)
         mode, row = check_default(default, self.dim)
         out = self._inner.lookup_pooled(i, o, w, c, check_bool("insert", insert), mode, row)
@@ -467,6 +495,18 @@ class Table:
         backward spreads it (id i of bag b gets ``w_i / denominator_b *
         grads[b]``), then the step proceeds as :meth:`apply_gradients`.
         """
+        if (
+            weights is None
+            and type(ids) is _NDARRAY
+            and type(offsets) is _NDARRAY
+            and type(grads) is _NDARRAY
+            and type(combiner) is str
+        ):
+            try:  # as given, else checked below (see lookup)
+                self._inner.apply_pooled_gradients(ids, offsets, grads, None, combiner)
+                return
+            except (TypeError, ValueError):
+                pass
         i, o, w, c = as_bags(ids, offsets, weights, combiner)
         g = as_rows(grads, o.shape[0] - 1 if o.shape[0] else 0, self.dim, "grads")
         self._inner.apply_pooled_gradients(i, o, g, w, c)

@@ -7,10 +7,10 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock, PoisonError, RwLock, RwLockWriteGuard};
 
-use rayon::{ThreadPool, ThreadPoolBuilder};
+use rayon::{ThreadPool, ThreadPoolBuildError, ThreadPoolBuilder};
 
 use embstore_core::{Admission, Initializer, Missing, Optimizer, StoreError};
-use pyo3::exceptions::PyValueError;
+use pyo3::exceptions::{PyMemoryError, PyValueError};
 use pyo3::prelude::*;
 
 use crate::error::{PyStoreError, panic_error};
@@ -35,34 +35,66 @@ thread_local! {
 /// the global pool's threads do not exist (its first call would hang: a
 /// PyTorch DataLoader worker, a multiprocessing child); there each calling
 /// thread gets a pool of its own, so calls still never steal one another.
-pub fn in_pool<T: Send>(f: impl FnOnce() -> T + Send) -> T {
+///
+/// # Errors
+/// When a forked child's pool cannot start its threads (nothing ran).
+pub fn in_pool<T: Send>(f: impl FnOnce() -> T + Send) -> Result<T, ThreadPoolBuildError> {
     if !FORKED.load(Ordering::Relaxed) {
-        return f();
+        return Ok(f());
     }
     let pid = std::process::id();
     if *PARENT_PID.get_or_init(|| pid) == pid {
-        return f();
+        return Ok(f());
     }
     let pool = CHILD_POOL.with(|cell| {
         let mut slot = cell.borrow_mut();
         match slot.as_ref() {
-            Some((owner, pool)) if *owner == pid => pool.clone(),
+            Some((owner, pool)) if *owner == pid => Ok(pool.clone()),
             _ => {
                 let pool = Arc::new(
                     ThreadPoolBuilder::new()
                         .thread_name(|i| format!("embstore-child-{i}"))
-                        .build()
-                        .expect("cannot start a thread pool in the forked child"),
+                        .build()?,
                 );
                 if let Some(stale) = slot.replace((pid, pool.clone())) {
                     // A pool of an earlier process: its threads are gone.
                     std::mem::forget(stale);
                 }
-                pool
+                Ok(pool)
             }
         }
-    });
-    pool.install(f)
+    })?;
+    Ok(pool.install(f))
+}
+
+/// Starts rayon's global pool (at import), so that no later call is the
+/// first to need its threads: rayon tries to start its global pool once
+/// per process, so a first call made where no thread can start (a memory
+/// or process limit reached since import) would leave every later call
+/// without a pool.
+///
+/// # Errors
+/// `MemoryError` naming the OS's reason when the threads cannot start (the
+/// import fails with it).
+pub fn start_global_pool() -> PyResult<()> {
+    let started = ThreadPoolBuilder::new()
+        .thread_name(|i| format!("embstore-{i}"))
+        .build_global();
+    match started {
+        Ok(()) => Ok(()),
+        // Started already: this process imported the module before.
+        Err(e) if e.to_string().contains("already") => Ok(()),
+        Err(e) => Err(PyMemoryError::new_err(format!(
+            "embstore: cannot start its native thread pool: {e}"
+        ))),
+    }
+}
+
+/// The error of a call that found no pool to run in.
+pub fn no_pool(e: ThreadPoolBuildError) -> PyErr {
+    PyMemoryError::new_err(format!(
+        "cannot start a native thread pool in this forked process: {e}; nothing changed"
+    ))
 }
 
 /// Held shared by every core call ([`EnterStore::enter_store`]) and
@@ -130,9 +162,10 @@ impl EnterStore for Python<'_> {
             in_pool(|| catch_unwind(AssertUnwindSafe(f)))
         };
         match self.detach(run) {
-            Ok(Ok(v)) => Ok(v),
-            Ok(Err(e)) => Err(PyStoreError(e).into()),
-            Err(payload) => Err(panic_error(payload)),
+            Ok(Ok(Ok(v))) => Ok(v),
+            Ok(Ok(Err(e))) => Err(PyStoreError(e).into()),
+            Ok(Err(payload)) => Err(panic_error(payload)),
+            Err(e) => Err(no_pool(e)),
         }
     }
 }

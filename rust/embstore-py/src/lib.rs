@@ -189,14 +189,15 @@ mod _core {
 
     /// Number of threads of the native pool.
     #[pyfunction]
-    fn num_threads() -> usize {
-        crate::convert::in_pool(rayon::current_num_threads)
+    fn num_threads() -> PyResult<usize> {
+        crate::convert::in_pool(rayon::current_num_threads).map_err(crate::convert::no_pool)
     }
 
     #[pymodule_init]
     fn init(m: &Bound<'_, PyModule>) -> PyResult<()> {
         crate::convert::PARENT_PID.get_or_init(std::process::id);
         crate::convert::install_fork_handlers();
+        crate::convert::start_global_pool()?;
         m.add("__version__", env!("CARGO_PKG_VERSION"))?;
         Ok(())
     }

@@ -16,7 +16,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use embstore_core::{
     Admission, Backend, Bags, Combiner, Eviction, Policy, RowFormat, Table, TableConfig,
 };
-use numpy::{IntoPyArray, PyArray1, PyArray2, PyArrayMethods, PyReadonlyArray1, PyReadonlyArray2};
+use numpy::{
+    IntoPyArray, PyArray1, PyArray2, PyArrayMethods, PyReadonlyArray1, PyReadonlyArray2,
+    PyUntypedArrayMethods,
+};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
@@ -39,6 +42,25 @@ pub(crate) fn slice<'a, T: numpy::Element>(
 ) -> PyResult<&'a [T]> {
     arr.as_slice()
         .map_err(|_| PyValueError::new_err(format!("{arg}: expected a C-contiguous array")))
+}
+
+/// The rows of a `(n, dim)` gradient array, refused as `as_rows` refuses
+/// any other shape (the Python wrapper passes arrays as given and converts
+/// only what this refuses).
+pub(crate) fn rows_of<'a>(
+    arr: &'a PyReadonlyArray2<'_, f32>,
+    n: usize,
+    dim: usize,
+    arg: &str,
+) -> PyResult<&'a [f32]> {
+    let shape = arr.shape();
+    if shape != [n, dim] {
+        return Err(PyValueError::new_err(format!(
+            "{arg}: expected shape ({n}, {dim}), got ({}, {})",
+            shape[0], shape[1]
+        )));
+    }
+    slice2(arr, arg)
 }
 
 pub(crate) fn slice2<'a, T: numpy::Element>(
@@ -367,8 +389,13 @@ impl PyTable {
         combiner: &str,
     ) -> PyResult<()> {
         let b = bags(&ids, &offsets, weights.as_ref(), combiner)?;
-        let g = slice2(&grads, "grads")?;
         let table = &self.inner;
+        let g = rows_of(
+            &grads,
+            b.offsets.len().saturating_sub(1),
+            table.dim(),
+            "grads",
+        )?;
         py.enter_store(|| table.apply_pooled_gradients(&b, g))
     }
 
@@ -463,8 +490,9 @@ impl PyTable {
         grads: PyReadonlyArray2<'_, f32>,
         step: u64,
     ) -> PyResult<()> {
-        let (k, g) = (slice(&keys, "keys")?, slice2(&grads, "grads")?);
         let table = &self.inner;
+        let k = slice(&keys, "keys")?;
+        let g = rows_of(&grads, k.len(), table.dim(), "grads")?;
         py.enter_store(|| table.apply_gradients_at(k, g, step))
     }
 
@@ -474,8 +502,9 @@ impl PyTable {
         keys: PyReadonlyArray1<'_, i64>,
         grads: PyReadonlyArray2<'_, f32>,
     ) -> PyResult<()> {
-        let (k, g) = (slice(&keys, "keys")?, slice2(&grads, "grads")?);
         let table = &self.inner;
+        let k = slice(&keys, "keys")?;
+        let g = rows_of(&grads, k.len(), table.dim(), "grads")?;
         py.enter_store(|| table.apply_gradients(k, g))
     }
 

@@ -25,6 +25,15 @@ pub fn axpy(acc: &mut [f32], a: f32, x: &[f32]) {
     }
 }
 
+/// The largest of `data`'s magnitudes as bits (sign cleared), 0 for no
+/// data: bits of `0x7F80_0000` or more mean a NaN or an infinity is present.
+/// Integer max is exact in any order, so every backend agrees.
+#[inline(always)]
+pub fn max_magnitude_bits(data: &[f32]) -> u32 {
+    data.iter()
+        .fold(0u32, |acc, v| acc.max(v.to_bits() & 0x7FFF_FFFF))
+}
+
 /// `x *= a`.
 #[inline(always)]
 pub fn scale(x: &mut [f32], a: f32) {

@@ -149,6 +149,14 @@ impl Backend {
         *Backend::available().last().unwrap_or(&Backend::SCALAR)
     }
 
+    /// [`Backend::detect`], detected once per process: for kernels whose
+    /// result is the same on every backend (integer scans), where
+    /// `EMBSTORE_SIMD` need not be honoured.
+    pub fn best() -> Backend {
+        static BEST: std::sync::OnceLock<Backend> = std::sync::OnceLock::new();
+        *BEST.get_or_init(Backend::detect)
+    }
+
     /// The backend named `name`, if this CPU supports it.
     ///
     /// # Errors
@@ -271,6 +279,11 @@ impl Backend {
     pub fn axpy(self, acc: &mut [f32], a: f32, x: &[f32]) {
         dispatch!(self, axpy(acc, a, x))
     }
+    /// The largest magnitude in `data` as bits ([`kernels::max_magnitude_bits`]).
+    #[inline]
+    pub fn max_magnitude_bits(self, data: &[f32]) -> u32 {
+        dispatch!(self, max_magnitude_bits(data))
+    }
     /// `x *= a`.
     #[inline]
     pub fn scale(self, x: &mut [f32], a: f32) {
@@ -326,6 +339,8 @@ macro_rules! instantiate {
         pub fn axpy(acc: &mut [f32], a: f32, x: &[f32]) { kernels::axpy(acc, a, x) }
         $(#[$attr])*
         pub fn scale(x: &mut [f32], a: f32) { kernels::scale(x, a) }
+        $(#[$attr])*
+        pub fn max_magnitude_bits(data: &[f32]) -> u32 { kernels::max_magnitude_bits(data) }
         $(#[$attr])*
         pub fn sgd(w: &mut [f32], g: &[f32], lr: f32) { kernels::sgd(w, g, lr) }
         $(#[$attr])*
@@ -434,6 +449,11 @@ mod tests {
             };
             b.ftrl(&mut w, &mut z, &mut n, &g, &p);
             out.extend(w.iter().chain(&z).chain(&n).map(|v| v.to_bits()));
+
+            let mut scan = values(s + 5, dim);
+            out.push(b.max_magnitude_bits(&scan));
+            scan[dim / 2] = f32::NEG_INFINITY;
+            out.push(b.max_magnitude_bits(&scan));
 
             let mut row = vec![0.0f32; dim];
             b.uniform_fill(&mut row, crate::hash::row_stream(s, -7), -0.05, 0.1);

@@ -17,16 +17,16 @@ pub const MAX_GRAD_SUM: f64 = 1e18;
 /// [`check_finite`] that also returns the largest magnitude in `data`.
 pub fn check_finite_max(arg: &'static str, data: &[f32]) -> Result<f32> {
     const CHUNK: usize = 1 << 16;
-    // A branch-free scan that vectorizes: the largest magnitude's bits; an
-    // exponent of all ones is NaN/inf.
-    let most = |c: &[f32]| {
-        c.iter()
-            .fold(0u32, |acc, v| acc.max(v.to_bits() & 0x7FFF_FFFF))
+    // A branch-free scan in the CPU's widest vectors: the largest
+    // magnitude's bits; an exponent of all ones is NaN/inf.
+    let backend = crate::simd::Backend::best();
+    let top = if data.len() <= CHUNK {
+        backend.max_magnitude_bits(data)
+    } else {
+        data.par_chunks(CHUNK)
+            .map(|c| backend.max_magnitude_bits(c))
+            .reduce(|| 0, std::cmp::Ord::max)
     };
-    let top = data
-        .par_chunks(CHUNK)
-        .map(most)
-        .reduce(|| 0, std::cmp::Ord::max);
     if top < 0x7F80_0000 {
         return Ok(f32::from_bits(top));
     }

@@ -111,11 +111,14 @@ impl Table {
     /// Hashes `keys` and groups their positions by shard.
     pub(super) fn plan(&self, keys: &[i64]) -> Plan {
         let n_shards = self.shards.len();
-        let hashes: Vec<u64> = keys
-            .par_iter()
-            .with_min_len(1 << 14)
-            .map(|&k| key_hash(k))
-            .collect();
+        let hashes: Vec<u64> = if keys.len() < 1 << 14 {
+            keys.iter().map(|&k| key_hash(k)).collect()
+        } else {
+            keys.par_iter()
+                .with_min_len(1 << 14)
+                .map(|&k| key_hash(k))
+                .collect()
+        };
         let mut shard_ids: Vec<u32> = Vec::with_capacity(keys.len());
         let mut counts = vec![0usize; n_shards + 1];
         for &h in &hashes {
