@@ -425,7 +425,8 @@ def test_table_arrays_taken_as_given_or_converted_give_the_same_results() -> Non
             keys, offsets = keys.astype(np.int32), offsets.astype(np.int32)
         elif form == "strided":
             keys, grads = np.repeat(keys, 2)[::2], np.repeat(grads, 2, axis=0)[::2]
-            assert not keys.flags.c_contiguous and not grads.flags.c_contiguous
+            assert not keys.flags.c_contiguous
+            assert not grads.flags.c_contiguous
         elif form == "float64":
             grads, bag_grads = grads.astype(np.float64), bag_grads.astype(np.float64)
         out = [t.lookup(keys), t.lookup(keys, insert=np.bool_(False))]
@@ -435,7 +436,7 @@ def test_table_arrays_taken_as_given_or_converted_give_the_same_results() -> Non
         out.append(t.lookup(keys, insert=False, default="zeros"))
         results.append((out, snapshot(t)))
     for out, snap in results[1:]:
-        for a, b in zip(out, results[0][0]):
+        for a, b in zip(out, results[0][0], strict=True):
             np.testing.assert_array_equal(a, b)
         assert_same(snap, results[0][1])
     t = embstore.Table(4, optimizer=optim.Adam())

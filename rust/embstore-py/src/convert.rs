@@ -170,6 +170,30 @@ impl EnterStore for Python<'_> {
     }
 }
 
+/// Runs a core call that never waits (it answers `None` where it would
+/// have to) with the GIL held: for a call of a few microseconds, handing
+/// the GIL over and back costs more than the call, and from several
+/// Python threads each hand-over waits for a thread switch. Nothing here
+/// blocks: the call lock is only tried (a fork in progress means `None`),
+/// and the core call takes only locks that are free. `Ok(None)`: the
+/// caller makes the ordinary call ([`EnterStore::enter_store`]).
+///
+/// # Errors
+/// The core call's error, or a panic as an internal error.
+pub fn now<T>(f: impl FnOnce() -> Option<Result<T, StoreError>>) -> PyResult<Option<T>> {
+    let _call = match CALLS.try_read() {
+        Ok(g) => g,
+        Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
+        Err(std::sync::TryLockError::WouldBlock) => return Ok(None),
+    };
+    match catch_unwind(AssertUnwindSafe(f)) {
+        Ok(None) => Ok(None),
+        Ok(Some(Ok(v))) => Ok(Some(v)),
+        Ok(Some(Err(e))) => Err(PyStoreError(e).into()),
+        Err(payload) => Err(panic_error(payload)),
+    }
+}
+
 /// An optimizer from its class name and parameters, as `embstore.optim` passes them.
 pub fn optimizer(name: &str, p: &HashMap<String, f64>) -> PyResult<Optimizer> {
     let p = p.iter().map(|(k, v)| (k.clone(), *v)).collect();

@@ -66,6 +66,55 @@ impl Table {
         Ok(())
     }
 
+    /// A serving lookup ([`Table::lookup_or`] without inserting) that runs
+    /// only if it can run at once without waiting: at most
+    /// [`SEQUENTIAL_KEYS`] keys, a table whose lookups record nothing
+    /// (no [`Table::lookup_changes`]), and every shard it needs free to
+    /// read now. It then runs on the calling thread, holding those shards'
+    /// read locks together (taken in index order, none waited for). For a
+    /// caller that must not wait (the binding, which runs it without
+    /// releasing the GIL: a few microseconds of work then cost no GIL
+    /// hand-over).
+    ///
+    /// Returns `None`, having counted nothing and changed nothing (`out`
+    /// may hold some rows), when it cannot run so; the caller then makes
+    /// the ordinary call.
+    ///
+    /// # Errors
+    /// As [`Table::lookup_or`].
+    pub fn try_serve_now(
+        &self,
+        keys: &[i64],
+        missing: Missing<'_>,
+        out: &mut [f32],
+    ) -> Option<Result<()>> {
+        if keys.len() > SEQUENTIAL_KEYS || self.lookup_changes(false) {
+            return None;
+        }
+        let checked = Self::check_batch(keys)
+            .and_then(|()| self.check_missing(missing))
+            .and_then(|()| check_len("out", keys.len() * self.dim, out.len()));
+        if let Err(e) = checked {
+            return Some(Err(e));
+        }
+        let plan = self.plan(keys);
+        let mut held = Vec::with_capacity(self.shards.len().min(keys.len()));
+        for (s, lock) in self.shards.iter().enumerate() {
+            if !plan.positions(s).is_empty() {
+                held.push((s, try_read(lock)?));
+            }
+        }
+        let out = SharedOut::new(out, self.dim);
+        let mut rows = Vec::new();
+        for (s, g) in &held {
+            let pos = plan.positions(*s);
+            g.find_many(keys, &plan.hashes, pos, &mut rows);
+            self.copy_rows(&g.arena, keys, pos, &rows, out, missing);
+            self.count_lookups(g, pos.len(), &rows, g.len());
+        }
+        Some(Ok(()))
+    }
+
     /// [`Table::lookup`] that also writes each key's optimizer state to
     /// `state` (`keys.len() * state_len` floats): for a tier in front of the
     /// table (a device cache) that takes rows over with their state. A key
@@ -395,6 +444,44 @@ pub(super) fn copy_row(dst: &mut [f32], src: &[f32]) {
 mod tests {
     use super::super::test_support::{sgd, table};
     use super::*;
+
+    #[test]
+    fn a_serving_lookup_now_reads_what_lookup_reads_or_declines_without_waiting() {
+        let t = table(3, 4, sgd(0.1));
+        t.lookup(&[1, 2, 3, 4, 5], true, &mut [0.0; 15]).unwrap();
+        let keys = [5, 1, 9, 2, 5];
+        let row = [7.0, 8.0, 9.0];
+        let (mut want, mut got) = ([0.0; 15], [0.0; 15]);
+        t.lookup_or(&keys, false, Missing::Row(&row), &mut want)
+            .unwrap();
+        let lookups = |t: &Table| t.stats().counters[0].1;
+        assert_eq!(t.stats().counters[0].0, "lookups");
+        let before = lookups(&t);
+        t.try_serve_now(&keys, Missing::Row(&row), &mut got)
+            .expect("no shard is busy")
+            .unwrap();
+        assert_eq!(got, want);
+        assert_eq!(lookups(&t) - before, 5);
+        assert_eq!(t.len(), 5, "nothing inserted");
+        // A shard held by a writer: declined at once, nothing counted.
+        let s = shard_of(key_hash(5), t.shards.len());
+        let held = write(&t.shards[s]);
+        assert!(t.try_serve_now(&keys, Missing::Init, &mut got).is_none());
+        drop(held);
+        assert_eq!(lookups(&t), before + 5);
+        // Bad arguments are errors, as lookup_or's.
+        let e = t
+            .try_serve_now(&keys, Missing::Init, &mut [0.0; 3])
+            .unwrap();
+        assert!(matches!(
+            e,
+            Err(StoreError::ShapeMismatch { arg: "out", .. })
+        ));
+        // Too many keys for the calling thread: declined.
+        let many: Vec<i64> = (0..SEQUENTIAL_KEYS as i64 + 1).collect();
+        let mut out = vec![0.0; many.len() * 3];
+        assert!(t.try_serve_now(&many, Missing::Init, &mut out).is_none());
+    }
 
     #[test]
     fn serving_lookups_store_nothing_and_read_the_default() {

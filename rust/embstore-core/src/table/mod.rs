@@ -177,6 +177,15 @@ fn read(lock: &RwLock<Shard>) -> RwLockReadGuard<'_, Shard> {
     lock.read().unwrap_or_else(PoisonError::into_inner)
 }
 
+/// A shard's read lock if it is free now (`None` instead of waiting).
+fn try_read(lock: &RwLock<Shard>) -> Option<RwLockReadGuard<'_, Shard>> {
+    match lock.try_read() {
+        Ok(g) => Some(g),
+        Err(std::sync::TryLockError::Poisoned(p)) => Some(p.into_inner()),
+        Err(std::sync::TryLockError::WouldBlock) => None,
+    }
+}
+
 fn write(lock: &RwLock<Shard>) -> RwLockWriteGuard<'_, Shard> {
     lock.write().unwrap_or_else(PoisonError::into_inner)
 }
