@@ -31,6 +31,7 @@ def test_bench_quick_runs_and_reports_every_measure() -> None:
         assert keys in out
     assert "Serving, 128-key lookups (insert=False): 1 thread" in out
     assert "The GIL's bound on this machine, same run: hashlib.sha256" in out
+    assert "pure-Python calls (the GIL held throughout" in out
     # The FBGEMM and TorchRec rows: measured where they import, else skipped
     # with the reason.
     for peer in ("FBGEMM CPU table-batched embedding", "TorchRec FusedEmbeddingBagCollection"):

@@ -219,7 +219,9 @@ impl Table {
                 self.admit(g, keys, &plan.hashes, pos, t, save_gen)
             };
             pairs.sort_unstable();
-            let mut acc = vec![0.0f32; dim];
+            // The sum of a key's gradients, allocated only for a key given
+            // more than once (or scaled).
+            let mut acc: Vec<f32> = Vec::new();
             // Scratch rows: a 16-bit row decoded, a gradient plus its decay.
             let mut wtmp = vec![0.0f32; if compact { dim } else { 0 }];
             let mut decayed = vec![0.0f32; if wd != 0.0 { dim } else { 0 }];
@@ -248,7 +250,8 @@ impl Table {
                 let gsum: &[f32] = if end - j == 1 && c0 == 1.0 {
                     first
                 } else {
-                    acc.fill(0.0);
+                    acc.clear();
+                    acc.resize(dim, 0.0);
                     for &p in &pairs[j..end] {
                         let (gr, c) = grad_of((p & 0xFFFF_FFFF) as usize);
                         if c == 1.0 {
