@@ -762,3 +762,13 @@ def test_manifest_rows_check_keeps_valid_chains(tmp_path: pathlib.Path) -> None:
 
 if __name__ == "__main__":  # pragma: no cover
     print(textwrap.dedent(__doc__ or ""))
+
+
+@pytest.mark.parametrize("n", [2**40, 2**60])
+def test_6_a_huge_output_of_the_distributed_helpers_is_a_memory_error(n: int) -> None:
+    # spread_pooled's output has n rows, a count it is given: an output
+    # NumPy could not allocate used to panic (PanicException, a
+    # BaseException) instead of raising MemoryError.
+    grads = np.ones((1, 4), np.float32)
+    with pytest.raises(MemoryError, match=r"^n: the output of"):
+        embstore._core.spread_pooled(grads, np.array([0]), np.array([0, 1]), n)

@@ -11,6 +11,7 @@ use numpy::{
     IntoPyArray, PyArray1, PyArray2, PyArrayMethods, PyReadonlyArray1, PyReadonlyArray2,
     PyUntypedArrayMethods,
 };
+use pyo3::exceptions::PyMemoryError;
 use pyo3::prelude::*;
 
 use crate::convert::EnterStore;
@@ -33,13 +34,17 @@ pub fn partition_owners<'py>(
 ) -> PyResult<Bound<'py, PyArray1<i32>>> {
     let p = partition(kind, key_space)?;
     let k = slice(&keys, "keys")?;
-    let out = PyArray1::<i32>::zeros(py, k.len(), false);
-    {
-        let mut rw = out.readwrite();
-        let dst = rw.as_slice_mut()?;
-        py.enter_store(|| p.owners(k, size, dst))?;
-    }
-    Ok(out)
+    let mut out: Vec<i32> = Vec::new();
+    out.try_reserve_exact(k.len()).map_err(|_| {
+        PyMemoryError::new_err(format!(
+            "keys: the owners of {} keys need {} bytes, more than could be allocated",
+            k.len(),
+            k.len() as u128 * 4
+        ))
+    })?;
+    out.resize(k.len(), 0);
+    py.enter_store(|| p.owners(k, size, &mut out))?;
+    Ok(out.into_pyarray(py))
 }
 
 /// Pools rows already fetched: id i of the bags uses row idx[i] of rows.
@@ -56,7 +61,7 @@ pub fn pool_rows<'py>(
     let dim = rows.shape()[1];
     let b = bags(&idx, &offsets, weights.as_ref(), combiner)?;
     let (r, i) = (slice2(&rows, "rows")?, slice(&idx, "idx")?);
-    let out = PyArray2::<f32>::zeros(py, [b.batch(), dim], false);
+    let out = crate::outbuf::array2(py, b.batch(), dim, "offsets")?;
     {
         let mut rw = out.readwrite();
         let dst = rw.as_slice_mut()?;
@@ -80,7 +85,7 @@ pub fn spread_pooled<'py>(
     let dim = grads.shape()[1];
     let b = bags(&idx, &offsets, weights.as_ref(), combiner)?;
     let (g, i) = (slice2(&grads, "grads")?, slice(&idx, "idx")?);
-    let out = PyArray2::<f32>::zeros(py, [n, dim], false);
+    let out = crate::outbuf::array2(py, n, dim, "n")?;
     {
         let mut rw = out.readwrite();
         let dst = rw.as_slice_mut()?;
