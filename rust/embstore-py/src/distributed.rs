@@ -4,6 +4,7 @@
 use std::path::PathBuf;
 
 use embstore_core::Table;
+use embstore_core::error::oom;
 use embstore_core::partition::Partition;
 use embstore_core::table::checkpoint;
 use embstore_core::table::{pool_rows as core_pool_rows, spread_pooled as core_spread_pooled};
@@ -11,7 +12,6 @@ use numpy::{
     IntoPyArray, PyArray1, PyArray2, PyArrayMethods, PyReadonlyArray1, PyReadonlyArray2,
     PyUntypedArrayMethods,
 };
-use pyo3::exceptions::PyMemoryError;
 use pyo3::prelude::*;
 
 use crate::convert::EnterStore;
@@ -35,13 +35,8 @@ pub fn partition_owners<'py>(
     let p = partition(kind, key_space)?;
     let k = slice(&keys, "keys")?;
     let mut out: Vec<i32> = Vec::new();
-    out.try_reserve_exact(k.len()).map_err(|_| {
-        PyMemoryError::new_err(format!(
-            "keys: the owners of {} keys need {} bytes, more than could be allocated",
-            k.len(),
-            k.len() as u128 * 4
-        ))
-    })?;
+    out.try_reserve_exact(k.len())
+        .map_err(|_| PyStoreError(oom("keys", k.len() as u128 * 4)))?;
     out.resize(k.len(), 0);
     py.enter_store(|| p.owners(k, size, &mut out))?;
     Ok(out.into_pyarray(py))

@@ -103,13 +103,18 @@ impl Drop for OutputBuffer {
 /// module's contract, which recycled buffers rely on too), and clearing it
 /// first cost 1.4 us of a 128-key lookup's 8.6. A failed allocation is
 /// NumPy's MemoryError (`PyArray2::new` and `zeros` would panic on it).
-fn uninit2(py: Python<'_>, rows: usize, cols: usize) -> PyResult<Bound<'_, PyArray2<f32>>> {
+/// `no_memory` is the error for dimensions NumPy cannot take.
+fn uninit2(
+    py: Python<'_>,
+    rows: usize,
+    cols: usize,
+    no_memory: impl Fn() -> PyErr,
+) -> PyResult<Bound<'_, PyArray2<f32>>> {
     use numpy::npyffi::{NpyTypes, PY_ARRAY_API, get_type_object, npy_intp};
     use numpy::{Element, PyArrayDescrMethods};
-    let too_big = || PyMemoryError::new_err(format!("an output of {rows} x {cols} floats"));
     let mut dims = [
-        npy_intp::try_from(rows).map_err(|_| too_big())?,
-        npy_intp::try_from(cols).map_err(|_| too_big())?,
+        npy_intp::try_from(rows).map_err(|_| no_memory())?,
+        npy_intp::try_from(cols).map_err(|_| no_memory())?,
     ];
     // SAFETY: the NumPy C API (imported by `PY_ARRAY_API`) called with the
     // GIL held: a 2-D array of the float32 descriptor (a new reference,
@@ -160,7 +165,7 @@ pub fn array2<'py>(
     };
     let n = n.ok_or_else(no_memory)?;
     if n * 4 < MIN_BYTES {
-        return uninit2(py, rows, cols);
+        return uninit2(py, rows, cols, no_memory);
     }
     let mut v = match take(n) {
         Some(v) => v,

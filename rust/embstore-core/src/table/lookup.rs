@@ -45,12 +45,9 @@ impl Table {
         missing: Missing<'_>,
         out: &mut [f32],
     ) -> Result<()> {
-        Self::check_batch(keys)?;
-        self.check_missing(missing)?;
-        let dim = self.dim;
-        check_len("out", keys.len() * dim, out.len())?;
+        self.check_lookup(keys, missing, out)?;
         let plan = self.plan(keys);
-        let out = SharedOut::new(out, dim);
+        let out = SharedOut::new(out, self.dim);
         let _gate = self.lookup_changes(insert).then(|| self.enter());
         // Only a training lookup (inserting) leaves a memo for the gradient
         // call that follows it: a serving lookup neither pays for one nor
@@ -91,10 +88,7 @@ impl Table {
         if keys.len() > SEQUENTIAL_KEYS || self.lookup_changes(false) {
             return None;
         }
-        let checked = Self::check_batch(keys)
-            .and_then(|()| self.check_missing(missing))
-            .and_then(|()| check_len("out", keys.len() * self.dim, out.len()));
-        if let Err(e) = checked {
+        if let Err(e) = self.check_lookup(keys, missing, out) {
             return Some(Err(e));
         }
         let plan = self.plan(keys);
@@ -113,6 +107,13 @@ impl Table {
             self.count_lookups(g, pos.len(), &rows, g.len());
         }
         Some(Ok(()))
+    }
+
+    /// The checks of [`Table::lookup_or`]'s arguments.
+    fn check_lookup(&self, keys: &[i64], missing: Missing<'_>, out: &[f32]) -> Result<()> {
+        Self::check_batch(keys)?;
+        self.check_missing(missing)?;
+        check_len("out", keys.len() * self.dim, out.len())
     }
 
     /// [`Table::lookup`] that also writes each key's optimizer state to
