@@ -3,9 +3,9 @@
 //! that issue 14's small-call figures are made of.
 //! `cargo run --release -p embstore-core --example small_lookup`; `KEYS=n`
 //! times one size alone (for a profiler), `SCALE=x` repeats x times more,
-//! `SHARDS=n` sets the shard count, `OPT=none` drops Adam's state (`OPT=SGD` and the
+//! `SHARDS=n` sets the shard count, `DIM=n` the row width (64), `OPT=none` drops Adam's state (`OPT=SGD` and the
 //! like pick another optimizer),
-//! `APPLY_ONLY=1` times only apply_gradients.
+//! `APPLY_ONLY=1` times only apply_gradients, `SERVE_ONLY=1` only serving lookups.
 use std::time::Instant;
 
 use embstore_core::{Optimizer, Table, TableConfig};
@@ -23,7 +23,7 @@ fn best<F: FnMut()>(mut f: F, reps: usize) -> f64 {
 }
 
 fn main() {
-    let dim = 64;
+    let dim: usize = std::env::var("DIM").map_or(64, |v| v.parse().expect("DIM: a number"));
     let rows = 100_000usize;
     let mut cfg = TableConfig::new(dim);
     // OPT=none: rows without optimizer state (a stride of dim floats).
@@ -60,9 +60,16 @@ fn main() {
         let mut out = vec![0.0f32; n * dim];
         let reps = scale * 200_000 / n;
         let grads = vec![0.001f32; n * dim];
-        let apply = best(|| table.apply_gradients(&keys, &grads).unwrap(), reps);
-        println!("{n:5} keys: apply_gradients {apply:8.0} ns");
+        if std::env::var_os("SERVE_ONLY").is_none() {
+            let apply = best(|| table.apply_gradients(&keys, &grads).unwrap(), reps);
+            println!("{n:5} keys: apply_gradients {apply:8.0} ns");
+        }
         if std::env::var_os("APPLY_ONLY").is_some() {
+            continue;
+        }
+        if std::env::var_os("SERVE_ONLY").is_some() {
+            let serve = best(|| table.lookup(&keys, false, &mut out).unwrap(), reps * 5);
+            println!("{n:5} keys: lookup(insert=false) {serve:8.0} ns");
             continue;
         }
         let gather = best(

@@ -297,13 +297,6 @@ impl Table {
             .ok_or_else(|| crate::error::oom("ids", most.saturating_mul(dim * 4)))?;
         let plan = self.plan(ids);
         let reserved = self.reserve_lookup(ids, &plan, insert)?;
-        if spans.len() > 1 {
-            // Each span probes its own keys; a probe of all of them made by
-            // the reservation is of no use to any one span.
-            for r in &reserved {
-                r.forget_probe();
-            }
-        }
         let found = self.found();
         let pass = Pass {
             keys: ids,
