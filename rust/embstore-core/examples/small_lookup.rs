@@ -5,7 +5,8 @@
 //! times one size alone (for a profiler), `SCALE=x` repeats x times more,
 //! `SHARDS=n` sets the shard count, `DIM=n` the row width (64), `OPT=none` drops Adam's state (`OPT=SGD` and the
 //! like pick another optimizer),
-//! `APPLY_ONLY=1` times only apply_gradients, `SERVE_ONLY=1` only serving lookups.
+//! `APPLY_ONLY=1` times only apply_gradients, `SERVE_ONLY=1` only serving lookups and
+//! `Table::try_lookup_now` (serving and inserting).
 use std::time::Instant;
 
 use embstore_core::{Optimizer, Table, TableConfig};
@@ -69,7 +70,22 @@ fn main() {
         }
         if std::env::var_os("SERVE_ONLY").is_some() {
             let serve = best(|| table.lookup(&keys, false, &mut out).unwrap(), reps * 5);
-            println!("{n:5} keys: lookup(insert=false) {serve:8.0} ns");
+            let mut now = |insert| {
+                let m = embstore_core::Missing::Init;
+                best(
+                    || {
+                        table
+                            .try_lookup_now(&keys, insert, m, &mut out)
+                            .unwrap()
+                            .unwrap()
+                    },
+                    reps * 5,
+                )
+            };
+            let (serve_now, train_now) = (now(false), now(true));
+            println!(
+                "{n:5} keys: lookup(insert=false) {serve:8.0} ns, now: insert=false {serve_now:8.0} ns, insert=true {train_now:8.0} ns"
+            );
             continue;
         }
         let gather = best(

@@ -37,9 +37,10 @@
 //!    across a parallel call is `export` (every shard's read lock, taken in
 //!    index order), and it holds its gate exclusively: every shard writer
 //!    holds the gate shared, so no job can be waiting for a write lock
-//!    then, and readers never wait for readers. [`Table::try_serve_now`]
-//!    holds the read locks of the shards it needs together, on the calling
-//!    thread, having only tried each (in index order): it never waits.
+//!    then, and readers never wait for readers. [`Table::try_lookup_now`]
+//!    holds the read (serving) or write (inserting) locks of the shards it
+//!    needs together, on the calling thread, having only tried each (in
+//!    index order, after trying its gate when it inserts): it never waits.
 //! 5. Leaf locks, never held while taking another or running parallel work:
 //!    the memo, the last-save mark, the per-shard `Found` slots, the
 //!    binding's output buffer pool.
@@ -52,7 +53,8 @@
 //! held across native calls, never taken by native code. The GIL is not in
 //! the order: native code waits for locks only with the GIL released; the
 //! one call run with it held (the binding's `convert::now`, for
-//! `try_serve_now`) only tries the call lock and the shard locks.
+//! `try_lookup_now`) only tries the call lock, the gate, the shard locks
+//! and the memo's lock.
 //!
 //! ## Determinism
 //! A new row's values are a pure function of (seed, key, column)

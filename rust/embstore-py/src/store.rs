@@ -342,10 +342,10 @@ impl PyTable {
         {
             let mut rw = out.readwrite();
             let dst = rw.as_slice_mut()?;
-            // A small serving lookup runs at once, with the GIL held, when
-            // it need not wait for any lock.
+            // A small lookup runs at once, with the GIL held, when it need
+            // not wait for any lock.
             let done =
-                !insert && crate::convert::now(|| table.try_serve_now(k, missing, dst))?.is_some();
+                crate::convert::now(|| table.try_lookup_now(k, insert, missing, dst))?.is_some();
             if !done {
                 py.enter_store(|| table.lookup_or(k, insert, missing, dst))?;
             }

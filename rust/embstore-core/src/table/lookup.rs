@@ -63,15 +63,22 @@ impl Table {
         Ok(())
     }
 
-    /// A serving lookup ([`Table::lookup_or`] without inserting) that runs
-    /// only if it can run at once without waiting: at most
-    /// [`SEQUENTIAL_KEYS`] keys, a table whose lookups record nothing
-    /// (no [`Table::lookup_changes`]), and every shard it needs free to
-    /// read now. It then runs on the calling thread, holding those shards'
-    /// read locks together (taken in index order, none waited for). For a
+    /// A small [`Table::lookup_or`] that runs only if it can run at once
+    /// without waiting: at most [`SEQUENTIAL_KEYS`] keys, a table whose
+    /// lookups record no touches (no TTL, no capacity: no eviction follows)
+    /// and, for a lookup that inserts, no admission filter, and every lock
+    /// it needs free now: the gate (shared) when it inserts,
+    /// then the read locks (serving) or write locks (inserting) of the
+    /// shards it needs, each only tried, in index order. It then runs on
+    /// the calling thread, holding those shard locks together. For a
     /// caller that must not wait (the binding, which runs it without
     /// releasing the GIL: a few microseconds of work then cost no GIL
     /// hand-over).
+    ///
+    /// An inserting lookup makes room for the rows it may create in every
+    /// shard before it creates any (refused whole, as `lookup_or`), and
+    /// leaves its memo for the gradient call that follows when the memo's
+    /// lock is free (else none: that call then probes the index itself).
     ///
     /// Returns `None`, having counted nothing and changed nothing (`out`
     /// may hold some rows), when it cannot run so; the caller then makes
@@ -79,17 +86,22 @@ impl Table {
     ///
     /// # Errors
     /// As [`Table::lookup_or`].
-    pub fn try_serve_now(
+    pub fn try_lookup_now(
         &self,
         keys: &[i64],
+        insert: bool,
         missing: Missing<'_>,
         out: &mut [f32],
     ) -> Option<Result<()>> {
-        if keys.len() > SEQUENTIAL_KEYS || self.lookup_changes(false) {
+        let inserts = self.inserts(insert);
+        if keys.len() > SEQUENTIAL_KEYS || self.policy.tracks() || insert && !inserts {
             return None;
         }
         if let Err(e) = self.check_lookup(keys, missing, out) {
             return Some(Err(e));
+        }
+        if inserts {
+            return self.try_insert_now(keys, missing, out);
         }
         let plan = self.plan(keys);
         let mut held = Vec::with_capacity(self.shards.len().min(keys.len()));
@@ -106,6 +118,54 @@ impl Table {
             self.copy_rows(&g.arena, keys, pos, &rows, out, missing);
             self.count_lookups(g, pos.len(), &rows, g.len());
         }
+        Some(Ok(()))
+    }
+
+    /// The inserting half of [`Table::try_lookup_now`], on checked input.
+    fn try_insert_now(
+        &self,
+        keys: &[i64],
+        missing: Missing<'_>,
+        out: &mut [f32],
+    ) -> Option<Result<()>> {
+        let _gate = try_lock(self.gate.try_read())?;
+        let plan = self.plan(keys);
+        let mut held = Vec::with_capacity(self.shards.len().min(keys.len()));
+        for (s, lock) in self.shards.iter().enumerate() {
+            if !plan.positions(s).is_empty() {
+                held.push((s, try_lock(lock.try_write())?));
+            }
+        }
+        // Every shard's rows, and room for the absent ones, before any row
+        // is created: running out of memory refuses the call whole.
+        let mut found_rows: Vec<(Vec<u32>, usize)> = Vec::with_capacity(held.len());
+        for (s, g) in &mut held {
+            let mut rows = Vec::new();
+            g.find_many(keys, &plan.hashes, plan.positions(*s), &mut rows);
+            let absent = rows.iter().filter(|&&r| r == NO_ROW).count();
+            if g.reserve_pending(absent).is_err() {
+                for ((_, g), (_, n)) in held.iter_mut().zip(&found_rows) {
+                    g.release_pending(*n);
+                }
+                return Some(Err(self.refuse_rows("keys", keys.len())));
+            }
+            found_rows.push((rows, absent));
+        }
+        let save_gen = self.generation();
+        let fill = |key, row: &mut [f32]| self.fill_new(key, row);
+        let shared = SharedOut::new(out, self.dim);
+        let mut found = self.found();
+        for ((s, g), (mut rows, absent)) in held.iter_mut().zip(found_rows) {
+            let pos = plan.positions(*s);
+            let len0 = g.len();
+            g.insert_missing(keys, &plan.hashes, pos, save_gen, fill, &mut rows);
+            g.release_pending(absent);
+            self.copy_rows(&g.arena, keys, pos, &rows, shared, missing);
+            self.count_lookups(g, pos.len(), &rows, len0);
+            *found[*s].get_mut().unwrap_or_else(PoisonError::into_inner) = (rows, g.removals);
+        }
+        drop(held);
+        self.try_remember(plan, found);
         Some(Ok(()))
     }
 
@@ -456,7 +516,7 @@ mod tests {
         let lookups = |t: &Table| t.stats().counters[0].1;
         assert_eq!(t.stats().counters[0].0, "lookups");
         let before = lookups(&t);
-        t.try_serve_now(&keys, Missing::Row(&row), &mut got)
+        t.try_lookup_now(&keys, false, Missing::Row(&row), &mut got)
             .expect("no shard is busy")
             .unwrap();
         assert_eq!(got, want);
@@ -465,12 +525,15 @@ mod tests {
         // A shard held by a writer: declined at once, nothing counted.
         let s = shard_of(key_hash(5), t.shards.len());
         let held = write(&t.shards[s]);
-        assert!(t.try_serve_now(&keys, Missing::Init, &mut got).is_none());
+        assert!(
+            t.try_lookup_now(&keys, false, Missing::Init, &mut got)
+                .is_none()
+        );
         drop(held);
         assert_eq!(lookups(&t), before + 5);
         // Bad arguments are errors, as lookup_or's.
         let e = t
-            .try_serve_now(&keys, Missing::Init, &mut [0.0; 3])
+            .try_lookup_now(&keys, false, Missing::Init, &mut [0.0; 3])
             .unwrap();
         assert!(matches!(
             e,
@@ -479,7 +542,55 @@ mod tests {
         // Too many keys for the calling thread: declined.
         let many: Vec<i64> = (0..SEQUENTIAL_KEYS as i64 + 1).collect();
         let mut out = vec![0.0; many.len() * 3];
-        assert!(t.try_serve_now(&many, Missing::Init, &mut out).is_none());
+        assert!(
+            t.try_lookup_now(&many, false, Missing::Init, &mut out)
+                .is_none()
+        );
+    }
+
+    #[test]
+    fn a_training_lookup_now_does_what_lookup_does_or_declines_without_waiting() {
+        let (want, got) = (table(3, 4, sgd(0.1)), table(3, 4, sgd(0.1)));
+        for t in [&want, &got] {
+            t.lookup(&[1, 2, 3], true, &mut [0.0; 9]).unwrap();
+        }
+        let keys = [5, 1, 9, 2, 5, 12];
+        let (mut a, mut b) = ([0.0; 18], [f32::NAN; 18]);
+        want.lookup(&keys, true, &mut a).unwrap();
+        got.try_lookup_now(&keys, true, Missing::Init, &mut b)
+            .expect("nothing is busy")
+            .unwrap();
+        assert_eq!(a, b, "the same rows, new ones included");
+        assert_eq!(want.export(true).unwrap(), got.export(true).unwrap());
+        assert_eq!(want.stats().counters, got.stats().counters);
+        assert!(got.take_memo(&keys).is_some(), "a memo for the backward");
+        // The gate or a shard held elsewhere: declined, nothing changed.
+        let (len, counters) = (got.len(), got.stats().counters);
+        let new = [40i64, 41, 42];
+        {
+            let _snapshot = got.gate.write().unwrap();
+            assert!(
+                got.try_lookup_now(&new, true, Missing::Init, &mut [0.0; 9])
+                    .is_none()
+            );
+        }
+        let s = shard_of(key_hash(41), got.shards.len());
+        let held = read(&got.shards[s]);
+        assert!(
+            got.try_lookup_now(&new, true, Missing::Init, &mut [0.0; 9])
+                .is_none()
+        );
+        drop(held);
+        assert_eq!((got.len(), got.stats().counters), (len, counters));
+        // A table whose lookups may evict: always the ordinary call.
+        let mut cfg = TableConfig::new(3);
+        cfg.policy.capacity = Some(100);
+        let capped = Table::new(cfg).unwrap();
+        assert!(
+            capped
+                .try_lookup_now(&new, true, Missing::Init, &mut [0.0; 9])
+                .is_none()
+        );
     }
 
     #[test]

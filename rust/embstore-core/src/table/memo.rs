@@ -95,6 +95,28 @@ impl Table {
         *self.memo.lock().unwrap_or_else(PoisonError::into_inner) = Some(memo);
     }
 
+    /// [`Table::remember`] for a caller that must not wait: the memo's lock
+    /// is only tried, and when it is busy nothing is kept (the gradient
+    /// call that follows then probes the index itself). A lookup of at most
+    /// [`SEQUENTIAL_KEYS`] keys.
+    pub(crate) fn try_remember(&self, plan: Plan, found: Found) {
+        let Some(mut slot) = try_lock(self.memo.try_lock()) else {
+            return;
+        };
+        let (rows, removals) = found
+            .into_iter()
+            .map(|m| m.into_inner().unwrap_or_else(PoisonError::into_inner))
+            .unzip();
+        // The old memo is dropped after the lock (it may be large).
+        let old = slot.replace(Memo {
+            plan,
+            rows,
+            removals,
+        });
+        drop(slot);
+        drop(old);
+    }
+
     /// The memo of exactly `keys`, taken out (a gradient call uses it once).
     /// The comparison runs on the pool, so it runs outside the lock; a memo
     /// of other keys goes back unless a newer one has arrived meanwhile.

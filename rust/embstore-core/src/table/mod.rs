@@ -179,7 +179,13 @@ fn read(lock: &RwLock<Shard>) -> RwLockReadGuard<'_, Shard> {
 
 /// A shard's read lock if it is free now (`None` instead of waiting).
 fn try_read(lock: &RwLock<Shard>) -> Option<RwLockReadGuard<'_, Shard>> {
-    match lock.try_read() {
+    try_lock(lock.try_read())
+}
+
+/// The guard of a `try_read`/`try_write`/`try_lock` if the lock was free
+/// (`None` instead of waiting; a poisoned lock is taken as the others are).
+fn try_lock<G>(r: std::sync::TryLockResult<G>) -> Option<G> {
+    match r {
         Ok(g) => Some(g),
         Err(std::sync::TryLockError::Poisoned(p)) => Some(p.into_inner()),
         Err(std::sync::TryLockError::WouldBlock) => None,

@@ -237,11 +237,14 @@ impl Table {
         // Give back what the shards that succeeded reserved.
         let counts: Vec<Reserved> = done.into_iter().map(Option::unwrap_or_default).collect();
         self.release_plan(&counts);
+        Err(self.refuse_rows(arg, plan.hashes.len()))
+    }
+
+    /// The error of a call of `n` keys (`arg`) refused for want of memory
+    /// for the rows it may create.
+    pub(super) fn refuse_rows(&self, arg: &'static str, n: usize) -> StoreError {
         let row = self.wwords + self.state_len;
-        Err(oom(
-            arg,
-            (plan.hashes.len() as u128) * (row as u128 * 4 + 24),
-        ))
+        oom(arg, (n as u128) * (row as u128 * 4 + 24))
     }
 
     /// The rows of a shard's positions `pos` (its positions `within` the
