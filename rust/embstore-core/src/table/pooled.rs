@@ -142,6 +142,15 @@ impl Bags<'_> {
         Ok(())
     }
 
+    /// Whether every bag holds exactly one id and there are no weights:
+    /// then every coefficient is 1 (whatever the combiner) and bag `b` is
+    /// id `b`. On validated bags.
+    pub(crate) fn one_id_each(&self) -> bool {
+        self.weights.is_none()
+            && self.ids.len() == self.batch()
+            && self.offsets.iter().enumerate().all(|(b, &o)| o == b as i64)
+    }
+
     /// Each id's bag and coefficient `w_i / d_bag`.
     pub(crate) fn coefs(&self) -> Coefs {
         let nnz = self.ids.len();
@@ -205,6 +214,11 @@ impl Table {
         out: &mut [f32],
     ) -> Result<()> {
         bags.validate()?;
+        if bags.one_id_each() {
+            // Each pooled row is its id's row: the plain lookup, without
+            // the per-id bag bookkeeping.
+            return self.lookup_or(bags.ids, insert, missing, out);
+        }
         self.check_missing(missing)?;
         check_len("out", bags.batch() * self.dim, out.len())?;
         let _gate = self.lookup_changes(insert).then(|| self.enter());
@@ -455,6 +469,10 @@ impl Table {
             return Err(crate::StoreError::NoOptimizer);
         }
         bags.validate()?;
+        if bags.one_id_each() {
+            // Each id takes its bag's gradient as it is: the plain step.
+            return self.apply_gradients(bags.ids, grads);
+        }
         check_len("grads", bags.batch() * self.dim, grads.len())?;
         let most = check_finite_max("grads", grads)?;
         let Coefs { bag_of, coef } = bags.coefs();
@@ -605,6 +623,54 @@ mod tests {
             offsets.push(ids.len() as i64);
         }
         (ids, offsets)
+    }
+
+    #[test]
+    fn bags_of_one_id_each_pool_and_step_as_the_plain_calls() {
+        let ids = [4i64, 9, 4, 7];
+        let offsets = [0i64, 1, 2, 3, 4];
+        let grads: Vec<f32> = (0..12).map(|i| 0.1 * i as f32 - 0.5).collect();
+        for combiner in [Combiner::Sum, Combiner::Mean, Combiner::Sqrtn] {
+            let bags = Bags {
+                ids: &ids,
+                offsets: &offsets,
+                weights: None,
+                combiner,
+            };
+            assert!(bags.one_id_each());
+            let (pooled, plain) = (table(3, 2, sgd(0.1)), table(3, 2, sgd(0.1)));
+            let (mut a, mut b) = (vec![0.0; 12], vec![0.0; 12]);
+            pooled.lookup_pooled(&bags, true, &mut a).unwrap();
+            plain.lookup(&ids, true, &mut b).unwrap();
+            assert_eq!(a, b);
+            pooled.apply_pooled_gradients(&bags, &grads).unwrap();
+            plain.apply_gradients(&ids, &grads).unwrap();
+            assert_eq!(pooled.export(true).unwrap(), plain.export(true).unwrap());
+            assert_eq!(pooled.step(), 1);
+        }
+        // Weights, an empty bag or a bag of two: the pooled path.
+        let w = [2.0f32; 4];
+        let weighted = Bags {
+            ids: &ids,
+            offsets: &offsets,
+            weights: Some(&w),
+            combiner: Combiner::Sum,
+        };
+        assert!(!weighted.one_id_each());
+        for offsets in [[0i64, 1, 1, 3, 4], [0, 2, 2, 3, 4]] {
+            let bags = Bags {
+                offsets: &offsets,
+                weights: None,
+                ..weighted
+            };
+            assert!(!bags.one_id_each());
+        }
+        let t = table(3, 2, sgd(0.1));
+        let (mut a, mut b) = (vec![0.0; 12], vec![0.0; 12]);
+        t.lookup_pooled(&weighted, true, &mut a).unwrap();
+        t.lookup(&ids, false, &mut b).unwrap();
+        let doubled: Vec<f32> = b.iter().map(|x| 2.0 * x).collect();
+        assert_eq!(a, doubled);
     }
 
     #[test]
