@@ -33,7 +33,12 @@
 //!    lock shared; a save deletes old files only if it gets that lock
 //!    exclusively without waiting.
 //! 4. Shard locks, by shard index. Inside rayon jobs a thread holds at most
-//!    one, and only for the job. The one caller that holds shard locks
+//!    one, and only for the job, except a pooling job of a pooled lookup
+//!    (`table::pooled`), which holds the read locks of the shards its bags
+//!    read, taken in index order, for the job: a writer holds one write
+//!    lock at a time and waits for nothing while holding it (or, on the
+//!    calling thread, only tries further ones), so the job's wait for a
+//!    read lock always ends. The one caller that holds shard locks
 //!    across a parallel call is `export` (every shard's read lock, taken in
 //!    index order), and it holds its gate exclusively: every shard writer
 //!    holds the gate shared, so no job can be waiting for a write lock

@@ -62,23 +62,6 @@ impl<'a> SharedOut<'a> {
         self.len * 4 >= STREAM_MIN_BYTES
     }
 
-    /// The flat offset of row `i`, column `col` (for [`SharedOut::at`]).
-    pub(crate) fn offset(&self, i: usize, col: usize) -> usize {
-        i * self.stride + col
-    }
-
-    /// The `dim` floats from flat offset `off`.
-    ///
-    /// # Safety
-    /// No other live reference may cover them (one writer per output row).
-    #[allow(clippy::mut_from_ref)]
-    pub(crate) unsafe fn at(&self, off: usize, dim: usize) -> &mut [f32] {
-        assert!(off + dim <= self.len, "output row out of range");
-        // SAFETY: in bounds by the assert; exclusive by this function's
-        // contract; the buffer outlives the call (type invariant).
-        unsafe { std::slice::from_raw_parts_mut(self.ptr.add(off), dim) }
-    }
-
     /// The `dim` floats of output row `i`.
     ///
     /// # Safety
@@ -150,7 +133,6 @@ mod tests {
                 out.row(2, 3).copy_from_slice(&[7.0, 8.0, 9.0]);
             }
             assert!(!out.streams());
-            assert_eq!(out.offset(1, 2), 6);
         }
         assert_eq!(buf, [0., 1., 2., 0., 0., 0., 0., 0., 0., 7., 8., 9.]);
     }

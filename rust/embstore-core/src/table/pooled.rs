@@ -14,20 +14,37 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use rayon::prelude::*;
 
-use super::lookup::Pass;
+use std::sync::{PoisonError, RwLockReadGuard};
+
+use super::shard::Shard;
 use super::{
     Missing, NO_ROW, PREFETCH_AHEAD, SEQUENTIAL_KEYS, SharedOut, Table, check_finite,
-    check_finite_max, check_len,
+    check_finite_max, check_len, prefetches, read, shard_of,
 };
 
 use crate::error::{Result, invalid};
 use crate::simd::{copy_streaming, prefetch, stream_fence};
 
-/// Rows of the ids of multi-id bags that one span of a pooled lookup
-/// gathers before summing them ([`Table::lookup_pooled_in`]): small enough
-/// to stay in the L2 or L3 cache, large enough that the span's two pool
-/// dispatches cost little against its work.
-pub(crate) const POOL_SPAN_BYTES: usize = 4 << 20;
+/// Ids of one job of a pooled lookup's pooling pass
+/// ([`Table::lookup_pooled_in`]): whole bags of about this many ids, so
+/// that taking the job's shard read locks costs little against its work.
+const POOL_CHUNK_IDS: usize = 4096;
+
+/// What every pooling job of one [`Table::lookup_pooled_in`] shares.
+struct Pooling<'a> {
+    /// The call's ids (all its features', back to back) and their hashes.
+    ids: &'a [i64],
+    hashes: &'a [u64],
+    /// Each id's row as the lookup pass found it (`NO_ROW`: none).
+    row_of: &'a [u32],
+    /// Each shard's removal count when the lookup pass found its rows.
+    removals: &'a [u64],
+    /// Each id's coefficient in its bag.
+    coef: &'a [f32],
+    missing: Missing<'a>,
+    /// Set where pooling overflowed float32.
+    overflow: &'a AtomicBool,
+}
 
 /// How a bag's rows are combined.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -240,13 +257,14 @@ impl Table {
     /// All the features' ids go through one plan, one reservation and one
     /// memo.
     ///
-    /// An id alone in its bag is copied (scaled) straight to its output
-    /// row by the shard pass. The ids of larger bags are pooled in spans of
-    /// whole bags of about [`POOL_SPAN_BYTES`] of rows: a shard pass over
-    /// the span's ids copies their rows into one small buffer, reused by
-    /// every span and so kept in cache, and then the span's bags are summed
-    /// from it in parallel (no lock held). The rows never pass through a
-    /// buffer of the whole input's size.
+    /// First the rows of every id are found (and created, when `insert`)
+    /// by the shard pass of an unpooled lookup, which copies nothing. Then
+    /// the bags are pooled in parallel, in chunks of whole bags: a chunk's
+    /// job holds the read locks of the shards its ids live in (taken in
+    /// index order) and sums each bag's rows straight from the shards, in
+    /// the bag's id order. No row passes through a buffer. A shard that
+    /// removed rows since the first pass (another thread's eviction or
+    /// removal) has the chunk's ids probed again under the read lock.
     pub(crate) fn lookup_pooled_in(
         &self,
         feats: &[(Bags<'_>, usize)],
@@ -254,46 +272,7 @@ impl Table {
         missing: Missing<'_>,
         out: SharedOut,
     ) -> Result<()> {
-        let dim = self.dim;
         let n: usize = feats.iter().map(|(b, _)| b.ids.len()).sum();
-        let span_ids = (POOL_SPAN_BYTES / (4 * dim)).max(1);
-        // Per id: where its row goes (the flat offset of its bag's output
-        // columns, for an id alone in its bag) or its slot in its span's
-        // buffer, and its coefficient.
-        let mut dst = vec![usize::MAX; n];
-        let mut slot = vec![NO_ROW; n];
-        let mut coef = vec![0.0f32; n];
-        // Spans of the concatenated ids, cut at bag starts: (first id,
-        // end), each with at most `span_ids` ids of multi-id bags unless one
-        // bag alone has more.
-        let mut spans: Vec<Range<usize>> = Vec::new();
-        let (mut start, mut held, mut most) = (0usize, 0usize, 0usize);
-        let mut base = 0usize;
-        let mut bag_of = Vec::new();
-        for (bags, col) in feats {
-            let m = bags.ids.len();
-            bag_of.resize(m, 0);
-            bags.coefs_into(&mut bag_of, &mut coef[base..base + m]);
-            for b in 0..bags.batch() {
-                let r = bags.range(b);
-                if r.len() == 1 {
-                    dst[base + r.start] = out.offset(b, *col);
-                    continue;
-                }
-                if held > 0 && held + r.len() > span_ids {
-                    spans.push(start..base + r.start);
-                    most = most.max(held);
-                    (start, held) = (base + r.start, 0);
-                }
-                for i in r {
-                    slot[base + i] = held as u32;
-                    held += 1;
-                }
-            }
-            base += m;
-        }
-        spans.push(start..n);
-        most = most.max(held);
         let ids: std::borrow::Cow<'_, [i64]> = match feats {
             [(bags, _)] => bags.ids.into(),
             _ => feats
@@ -302,86 +281,43 @@ impl Table {
                 .collect(),
         };
         let ids = &ids[..];
-        // The span buffer: refused before any change when even that cannot
-        // be allocated. Allocated zeroed (no pass writes the zeros; every
-        // slot is written by its span's shard pass before it is read).
-        let mut gbuf = most
-            .checked_mul(dim)
-            .and_then(crate::zeroed::try_zeroed::<f32>)
-            .ok_or_else(|| crate::error::oom("ids", most.saturating_mul(dim * 4)))?;
-        let plan = self.plan(ids);
-        let reserved = self.reserve_lookup(ids, &plan, insert)?;
-        let found = self.found();
-        let pass = Pass {
-            keys: ids,
-            plan: &plan,
-            insert,
-            reserved: &reserved,
-            release: spans.len() == 1,
-            found: Some(&found),
-        };
-        // Set where pooling overflowed float32 (checked per pooled row, in
-        // cache; a copied row of a one-id bag is finite already).
-        let overflow = AtomicBool::new(false);
-        let stream = out.streams();
-        let ahead = super::prefetches(n, SEQUENTIAL_KEYS);
-        for span in &spans {
-            let gout = SharedOut::new(&mut gbuf, dim);
-            let emit = |i: usize, x: &[f32]| {
-                if slot[i] == NO_ROW {
-                    // SAFETY: dst[i] is the output row of a bag holding this
-                    // id only, and position i belongs to one shard of the
-                    // plan: one writer for this output row.
-                    let d = unsafe { out.at(dst[i], dim) };
-                    if coef[i] == 1.0 && stream {
-                        copy_streaming(d, x);
-                    } else {
-                        d.copy_from_slice(x);
-                        if coef[i] != 1.0 {
-                            self.backend.scale(d, coef[i]);
-                            // Checked while the row is in cache: a weight can
-                            // scale a finite row past float32.
-                            if !all_finite(d) {
-                                overflow.store(true, Ordering::Relaxed);
-                            }
-                        }
-                    }
-                } else {
-                    // SAFETY: slot[i] is position i's own row of the span
-                    // buffer (slots are distinct within a span).
-                    unsafe { gout.row(slot[i] as usize, dim) }.copy_from_slice(x);
-                }
-            };
-            // Emits the ids of one shard whose rows are `rows` (`NO_ROW`: none).
-            self.lookup_span(
-                &pass,
-                Some(span.start as u32..span.end as u32),
-                |g, pos, rows| {
-                    let mut tmp = vec![0.0f32; dim];
-                    for (j, (&i, &r)) in pos.iter().zip(rows).enumerate() {
-                        if ahead
-                            && let Some(&ahead) = rows.get(j + PREFETCH_AHEAD)
-                            && ahead != NO_ROW
-                        {
-                            prefetch(&g.arena.row(ahead as usize)[..self.wwords]);
-                        }
-                        let i = i as usize;
-                        if r == NO_ROW {
-                            self.fill_missing(ids[i], &mut tmp, missing);
-                            emit(i, &tmp);
-                        } else {
-                            emit(i, self.weights(g.arena.row(r as usize), &mut tmp));
-                        }
-                    }
-                    if stream {
-                        stream_fence();
-                    }
-                },
-            );
-            self.pool_span(feats, span, &slot, &coef, &gbuf, out, &overflow);
+        let mut coef = vec![0.0f32; n];
+        let mut bag_of = Vec::new();
+        let mut base = 0usize;
+        for (bags, _) in feats {
+            let m = bags.ids.len();
+            bag_of.resize(m, 0);
+            bags.coefs_into(&mut bag_of, &mut coef[base..base + m]);
+            base += m;
         }
-        if !pass.release {
-            self.release_plan(&reserved);
+        drop(bag_of);
+        let plan = self.plan(ids);
+        let found = self.found();
+        self.lookup_rows(ids, &plan, insert, Some(&found), |_, _, _| {})?;
+        // Each id's row, and each shard's removal count when it was found.
+        let mut row_of = vec![NO_ROW; n];
+        let mut removals = vec![0u64; self.shards.len()];
+        for (s, slot) in found.iter().enumerate() {
+            let slot = slot.lock().unwrap_or_else(PoisonError::into_inner);
+            for (&i, &r) in plan.positions(s).iter().zip(&slot.0) {
+                row_of[i as usize] = r;
+            }
+            removals[s] = slot.1;
+        }
+        let overflow = AtomicBool::new(false);
+        let pool = Pooling {
+            ids,
+            hashes: &plan.hashes,
+            row_of: &row_of,
+            removals: &removals,
+            coef: &coef,
+            missing,
+            overflow: &overflow,
+        };
+        let mut base = 0usize;
+        for (bags, col) in feats {
+            self.pool_bags(bags, base, &pool, out.with_col(*col));
+            base += bags.ids.len();
         }
         self.remember(plan, found);
         if overflow.load(Ordering::Relaxed) {
@@ -394,66 +330,114 @@ impl Table {
         Ok(())
     }
 
-    /// Sums the bags of several ids that start in `span` (of the
-    /// concatenated ids of `feats`; the last span also takes the empty bags
-    /// at the very end) from the span buffer `gbuf` into their output rows,
-    /// in parallel over bags; an empty bag pools to zeros.
-    #[allow(clippy::too_many_arguments)]
-    fn pool_span(
+    /// Pools the bags of one feature (its ids start at `base` of the
+    /// call's ids) into `out`, in parallel over chunks of bags unless the
+    /// call is small; see [`Table::lookup_pooled_in`].
+    fn pool_bags(&self, bags: &Bags<'_>, base: usize, pool: &Pooling<'_>, out: SharedOut) {
+        let batch = bags.batch();
+        let per_bag = (bags.ids.len() / batch.max(1)).max(1);
+        let chunk = (POOL_CHUNK_IDS / per_bag).max(1);
+        let chunks = batch.div_ceil(chunk);
+        let run = |c: usize| {
+            let bags_of = c * chunk..((c + 1) * chunk).min(batch);
+            self.pool_chunk(bags, base, bags_of, pool, out);
+        };
+        if pool.ids.len() <= SEQUENTIAL_KEYS {
+            (0..chunks).for_each(run);
+        } else {
+            (0..chunks).into_par_iter().for_each(run);
+        }
+    }
+
+    /// Pools bags `range` of one feature (ids from `base` of the call's)
+    /// under the read locks of the shards their ids live in.
+    fn pool_chunk(
         &self,
-        feats: &[(Bags<'_>, usize)],
-        span: &Range<usize>,
-        slot: &[u32],
-        coef: &[f32],
-        gbuf: &[f32],
+        bags: &Bags<'_>,
+        base: usize,
+        range: Range<usize>,
+        pool: &Pooling<'_>,
         out: SharedOut,
-        overflow: &AtomicBool,
     ) {
-        let (dim, backend) = (self.dim, self.backend);
-        let n = slot.len();
-        let mut base = 0usize;
-        for (bags, col) in feats {
-            let out = out.with_col(*col);
-            let m = bags.ids.len();
-            let (slot, coef) = (&slot[base..base + m], &coef[base..base + m]);
-            // The feature's bags that start in the span, by their offsets.
-            let first = |at: usize| {
-                bags.offsets[..bags.batch()].partition_point(|&o| base + (o as usize) < at)
-            };
-            let lo = first(span.start);
-            let hi = if span.end == n {
-                bags.batch()
+        let (dim, ns) = (self.dim, self.shards.len());
+        if range.is_empty() {
+            return;
+        }
+        let end = bags.offsets[range.end] as usize + base;
+        let start = bags.offsets[range.start] as usize + base;
+        // The shards this chunk reads, read-locked in index order.
+        let mut need = vec![false; ns];
+        for &h in &pool.hashes[start..end] {
+            need[shard_of(h, ns)] = true;
+        }
+        let guards: Vec<Option<RwLockReadGuard<'_, Shard>>> = need
+            .iter()
+            .zip(self.shards.iter())
+            .map(|(&need, lock)| need.then(|| read(lock)))
+            .collect();
+        let stale: Vec<bool> = guards
+            .iter()
+            .zip(pool.removals)
+            .map(|(g, &r)| g.as_ref().is_some_and(|g| g.removals != r))
+            .collect();
+        // The row of position i in its (locked) shard, or NO_ROW.
+        let locate = |i: usize| -> (&Shard, u32) {
+            let s = shard_of(pool.hashes[i], ns);
+            let g = guards[s]
+                .as_deref()
+                .expect("every shard of the chunk's ids is locked");
+            let r = if stale[s] {
+                g.find(pool.ids[i], pool.hashes[i])
+                    .map_or(NO_ROW, |r| r as u32)
             } else {
-                first(span.end)
+                pool.row_of[i]
             };
-            let per_bag = (m / bags.batch().max(1)).max(1);
-            // A small call sums its bags on the calling thread (a split would
-            // dispatch to the pool, which costs more than the work).
-            let min_len = if n <= SEQUENTIAL_KEYS {
-                usize::MAX
-            } else {
-                (4096 / per_bag).max(1)
-            };
-            (lo..hi)
-                .into_par_iter()
-                .with_min_len(min_len)
-                .for_each(|b| {
-                    let r = bags.range(b);
-                    if r.len() == 1 {
-                        return;
+            (g, r)
+        };
+        let stream = out.streams();
+        let ahead = prefetches(pool.ids.len(), SEQUENTIAL_KEYS);
+        let mut tmp = vec![0.0f32; dim];
+        for b in range {
+            let ids = bags.range(b);
+            let (lo, hi) = (ids.start + base, ids.end + base);
+            // SAFETY: each bag's output row is written by this chunk only.
+            let d = unsafe { out.row(b, dim) };
+            for i in lo..hi {
+                if ahead && i + PREFETCH_AHEAD < end {
+                    let (g, r) = locate(i + PREFETCH_AHEAD);
+                    if r != NO_ROW {
+                        prefetch(&g.arena.row(r as usize)[..self.wwords]);
                     }
-                    // SAFETY: each bag's output row is written by this task only.
-                    let d = unsafe { out.row(b, dim) };
-                    d.fill(0.0);
-                    for i in r {
-                        let s = slot[i] as usize;
-                        backend.axpy(d, coef[i], &gbuf[s * dim..(s + 1) * dim]);
-                    }
-                    if !all_finite(d) {
-                        overflow.store(true, Ordering::Relaxed);
-                    }
-                });
-            base += m;
+                }
+                let (g, row) = locate(i);
+                let x = if row == NO_ROW {
+                    self.fill_missing(pool.ids[i], &mut tmp, pool.missing);
+                    &tmp[..]
+                } else {
+                    self.weights(g.arena.row(row as usize), &mut tmp)
+                };
+                let c = pool.coef[i];
+                if i > lo {
+                    self.backend.axpy(d, c, x);
+                } else if c != 1.0 {
+                    d.copy_from_slice(x);
+                    self.backend.scale(d, c);
+                } else if stream && hi - lo == 1 {
+                    copy_streaming(d, x);
+                } else {
+                    d.copy_from_slice(x);
+                }
+            }
+            if lo == hi {
+                d.fill(0.0);
+            } else if (hi - lo > 1 || pool.coef[lo] != 1.0) && !all_finite(d) {
+                // A copied row is finite already; a scaled or summed one
+                // is checked while it is in cache.
+                pool.overflow.store(true, Ordering::Relaxed);
+            }
+        }
+        if stream {
+            stream_fence();
         }
     }
 
@@ -674,17 +658,74 @@ mod tests {
     }
 
     #[test]
-    fn pooling_in_several_spans_sums_each_bag_of_the_unpooled_rows() {
-        // dim 1024: a span holds 1,024 gathered rows, so these bags (one
-        // longer than a span, empty ones, one-id ones) need several.
-        let dim = 1024;
-        let span = POOL_SPAN_BYTES / (4 * dim);
-        let sizes: Vec<usize> = (0..900)
+    fn a_chunk_probes_again_the_shards_that_removed_rows_since_the_lookup_pass() {
+        let t = table(2, 2, sgd(0.1));
+        let ids = [1i64, 2, 3, 4, 5, 6];
+        let offsets = [0i64, 2, 3, 6];
+        let bags = Bags {
+            ids: &ids,
+            offsets: &offsets,
+            weights: None,
+            combiner: Combiner::Sum,
+        };
+        let mut want = vec![0.0; 6];
+        t.lookup_pooled(&bags, true, &mut want).unwrap();
+        // The rows as a pass found them, then key 2 removed (its shard's
+        // last row moves into its place) and key 5's row found stale too.
+        let plan = t.plan(&ids);
+        let mut row_of = vec![NO_ROW; ids.len()];
+        let mut removals = vec![0u64; t.shards.len()];
+        for (s, lock) in t.shards.iter().enumerate() {
+            let g = read(lock);
+            let mut rows = Vec::new();
+            g.find_many(&ids, &plan.hashes, plan.positions(s), &mut rows);
+            for (&i, &r) in plan.positions(s).iter().zip(&rows) {
+                row_of[i as usize] = r;
+            }
+            removals[s] = g.removals;
+        }
+        t.remove(&[2]).unwrap();
+        let coef = vec![1.0f32; ids.len()];
+        let overflow = AtomicBool::new(false);
+        let pool = Pooling {
+            ids: &ids,
+            hashes: &plan.hashes,
+            row_of: &row_of,
+            removals: &removals,
+            coef: &coef,
+            missing: Missing::Zeros,
+            overflow: &overflow,
+        };
+        let mut got = vec![f32::NAN; 6];
+        t.pool_bags(&bags, 0, &pool, SharedOut::new(&mut got, 2));
+        // Key 2 now has no row (zeros); every other id reads its own row.
+        let mut rows = vec![0.0; 12];
+        t.lookup_or(&ids, false, Missing::Zeros, &mut rows).unwrap();
+        assert_eq!(&rows[2..4], &[0.0, 0.0]);
+        for (b, w) in offsets.windows(2).enumerate() {
+            for c in 0..2 {
+                let sum: f32 = (w[0] as usize..w[1] as usize)
+                    .map(|i| rows[i * 2 + c])
+                    .sum();
+                assert_eq!(got[b * 2 + c], sum, "bag {b} column {c}");
+            }
+        }
+        assert_ne!(&got[..2], &want[..2], "bag 0 lost key 2's row");
+        assert!(!overflow.load(Ordering::Relaxed));
+    }
+
+    #[test]
+    fn pooling_in_several_chunks_sums_each_bag_of_the_unpooled_rows() {
+        // Bags of many sizes (empty ones, one-id ones, one longer than a
+        // chunk) over more ids than several chunks hold.
+        let dim = 16;
+        let chunk = POOL_CHUNK_IDS;
+        let sizes: Vec<usize> = (0..4000)
             .map(|b| [0, 1, 2, 5, 7][b % 5])
-            .chain([span + 9, 0])
+            .chain([chunk + 9, 0])
             .collect();
         let (ids, offsets) = bags_of(&sizes, 300);
-        assert!(ids.len() > 3 * span);
+        assert!(ids.len() > 3 * chunk);
         for insert in [true, false] {
             let t = table(dim, 3, sgd(0.1));
             let bags = Bags {
