@@ -209,15 +209,7 @@ impl Table {
                         }
                         rows
                     }
-                    _ => self.rows_inserting(
-                        g,
-                        keys,
-                        plan,
-                        pos,
-                        &prepared.reserved[s],
-                        None,
-                        save_gen,
-                    ),
+                    _ => self.rows_inserting(g, keys, plan, pos, &prepared.reserved[s], save_gen),
                 };
                 rows.iter()
                     .zip(pos)

@@ -1,24 +1,9 @@
 //! Reads: lookups (with or without inserting, with a default for missing
 //! keys, with optimizer state), `contains`, and `export`.
 
-use std::ops::Range;
-
 use super::plan::Reserved;
 
 use super::*;
-
-/// What every span of one lookup pass shares ([`Table::lookup_span`]).
-pub(super) struct Pass<'a> {
-    pub(super) keys: &'a [i64],
-    pub(super) plan: &'a Plan,
-    pub(super) insert: bool,
-    /// The whole pass's reservations ([`Table::reserve_lookup`]).
-    pub(super) reserved: &'a [Reserved],
-    /// Whether each shard's reservation ends with its pass (one span);
-    /// else the caller releases them all after its last span.
-    pub(super) release: bool,
-    pub(super) found: Option<&'a Found>,
-}
 
 impl Table {
     /// Writes the rows of `keys` into `out` (`keys.len() * dim` floats).
@@ -236,15 +221,57 @@ impl Table {
         F: Fn(&Shard, &[u32], &[u32]) + Sync,
     {
         let reserved = self.reserve_lookup(keys, plan, insert)?;
-        let pass = Pass {
-            keys,
-            plan,
-            insert,
-            reserved: &reserved,
-            release: true,
-            found,
+        let n = self.shards.len();
+        let keep = |g: &Shard, pos: &[u32], rows: Vec<u32>| {
+            if let Some(found) = found {
+                let s = shard_of(plan.hashes[pos[0] as usize], n);
+                *found[s].lock().unwrap_or_else(PoisonError::into_inner) = (rows, g.removals);
+            }
         };
-        self.lookup_span(&pass, None, emit);
+        let insert = self.inserts(insert);
+        let track = self.policy.tracks();
+        if insert || track {
+            let save_gen = self.generation();
+            let (tick, step) = if track {
+                (self.next_tick(), self.step())
+            } else {
+                (0, 0)
+            };
+            self.par_shards_mut(plan, |g, pos| {
+                let len0 = g.len();
+                // Resolve every row first (independent probes overlap their
+                // cache misses); `emit` then reads them with prefetching.
+                let mut rows = Vec::new();
+                let s = shard_of(plan.hashes[pos[0] as usize], n);
+                if insert {
+                    rows = self.rows_inserting(g, keys, plan, pos, &reserved[s], save_gen);
+                } else {
+                    g.find_many(keys, &plan.hashes, pos, &mut rows);
+                }
+                if track {
+                    for &r in &rows {
+                        if r != NO_ROW {
+                            g.arena.touch(r as usize, tick, step, 1);
+                        }
+                    }
+                }
+                emit(g, pos, &rows);
+                self.count_lookups(g, pos.len(), &rows, len0);
+                keep(g, pos, rows);
+                if insert {
+                    g.release_pending(reserved[s].n);
+                }
+                0
+            });
+        } else {
+            self.par_shards(plan, |g, pos| {
+                let mut rows = Vec::new();
+                g.find_many(keys, &plan.hashes, pos, &mut rows);
+                emit(g, pos, &rows);
+                self.count_lookups(g, pos.len(), &rows, g.len());
+                keep(g, pos, rows);
+            });
+        }
         Ok(())
     }
 
@@ -260,107 +287,6 @@ impl Table {
             self.reserve_plan(plan, keys, None, "keys")
         } else {
             Ok(Vec::new())
-        }
-    }
-
-    /// The shard pass of [`Table::lookup_rows`] over the plan's positions in
-    /// `span` (all of them for `None`; positions are in batch order within
-    /// a shard, so a span of the batch is a run of each shard's positions).
-    /// A lookup in several spans ([`Table::lookup_pooled_in`]) reserves once
-    /// for the whole plan, with no probed rows kept, runs its spans, then
-    /// releases the reservation; `found` collects each shard's rows across
-    /// the spans, with the shard's removal count at its first span.
-    pub(super) fn lookup_span<F>(&self, pass: &Pass<'_>, span: Option<Range<u32>>, emit: F)
-    where
-        F: Fn(&Shard, &[u32], &[u32]) + Sync,
-    {
-        let Pass {
-            keys,
-            plan,
-            reserved,
-            found,
-            ..
-        } = *pass;
-        let n = self.shards.len();
-        let narrow = |pos: &'_ [u32]| -> std::ops::Range<usize> {
-            match &span {
-                None => 0..pos.len(),
-                Some(r) => {
-                    pos.partition_point(|&p| p < r.start)..pos.partition_point(|&p| p < r.end)
-                }
-            }
-        };
-        let keep = |g: &Shard, pos: &[u32], rows: Vec<u32>| {
-            if let Some(found) = found {
-                let s = shard_of(plan.hashes[pos[0] as usize], n);
-                let mut slot = found[s].lock().unwrap_or_else(PoisonError::into_inner);
-                if slot.0.is_empty() {
-                    *slot = (rows, g.removals);
-                } else {
-                    slot.0.extend_from_slice(&rows);
-                }
-            }
-        };
-        let insert = self.inserts(pass.insert);
-        let track = self.policy.tracks();
-        if insert || track {
-            let save_gen = self.generation();
-            let (tick, step) = if track {
-                (self.next_tick(), self.step())
-            } else {
-                (0, 0)
-            };
-            self.par_shards_mut(plan, |g, pos| {
-                let within = narrow(pos);
-                let pos = &pos[within.clone()];
-                if pos.is_empty() {
-                    return 0;
-                }
-                let len0 = g.len();
-                // Resolve every row first (independent probes overlap their
-                // cache misses); `emit` then reads them with prefetching.
-                let mut rows = Vec::new();
-                let s = shard_of(plan.hashes[pos[0] as usize], n);
-                if insert {
-                    rows = self.rows_inserting(
-                        g,
-                        keys,
-                        plan,
-                        pos,
-                        &reserved[s],
-                        (!pass.release).then_some(within),
-                        save_gen,
-                    );
-                } else {
-                    g.find_many(keys, &plan.hashes, pos, &mut rows);
-                }
-                if track {
-                    for &r in &rows {
-                        if r != NO_ROW {
-                            g.arena.touch(r as usize, tick, step, 1);
-                        }
-                    }
-                }
-                emit(g, pos, &rows);
-                self.count_lookups(g, pos.len(), &rows, len0);
-                keep(g, pos, rows);
-                if insert && pass.release {
-                    g.release_pending(reserved[s].n);
-                }
-                0
-            });
-        } else {
-            self.par_shards(plan, |g, pos| {
-                let pos = &pos[narrow(pos)];
-                if pos.is_empty() {
-                    return;
-                }
-                let mut rows = Vec::new();
-                g.find_many(keys, &plan.hashes, pos, &mut rows);
-                emit(g, pos, &rows);
-                self.count_lookups(g, pos.len(), &rows, g.len());
-                keep(g, pos, rows);
-            });
         }
     }
 

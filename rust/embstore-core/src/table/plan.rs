@@ -2,8 +2,6 @@
 //! shard passes run in parallel or, for small batches, on the calling
 //! thread, and the reservations that let a call apply whole or not at all.
 
-use std::ops::Range;
-
 use super::*;
 
 /// A batch's keys grouped by shard.
@@ -34,22 +32,16 @@ pub(crate) struct Reserved {
 }
 
 impl Reserved {
-    /// The probed rows of the shard's positions `within` (all of them for
-    /// `None`, then taken out: one use; a range, for a pass in spans, is
-    /// copied out, the rest kept for the later spans), if still valid for
-    /// shard `g`: no removal since the probe. Rows found absent may have
-    /// been inserted since (by the call's earlier spans or by another call);
-    /// [`Shard::insert_missing`] finds those instead of inserting them twice.
-    pub(super) fn rows_for(&self, g: &Shard, within: Option<Range<usize>>) -> Option<Vec<u32>> {
-        let mut probed = self.probed.lock().unwrap_or_else(PoisonError::into_inner);
-        match (within, probed.as_ref()) {
-            (_, Some((_, removals))) if *removals != g.removals => {
-                probed.take();
-                None
-            }
-            (None, Some(_)) => probed.take().map(|(rows, _)| rows),
-            (Some(r), Some((rows, _))) => rows.get(r).map(<[u32]>::to_vec),
-            (_, None) => None,
+    /// The probed rows, if still valid for shard `g` (taken out: one use).
+    pub(super) fn rows_for(&self, g: &Shard) -> Option<Vec<u32>> {
+        let probed = self
+            .probed
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        match probed {
+            Some((rows, removals)) if removals == g.removals => Some(rows),
+            _ => None,
         }
     }
 }
@@ -247,11 +239,9 @@ impl Table {
         oom(arg, (n as u128) * (row as u128 * 4 + 24))
     }
 
-    /// The rows of a shard's positions `pos` (its positions `within` the
-    /// plan's, for a pass in spans; all of them for `None`), creating those
-    /// of absent keys: from the reservation's probe when it is still valid
-    /// (only the absent keys are probed again), else by probing them all.
-    #[allow(clippy::too_many_arguments)]
+    /// The rows of a shard's positions, creating those of absent keys: from
+    /// the reservation's probe when it is still valid (only the absent keys
+    /// are probed again), else by probing them all.
     pub(super) fn rows_inserting(
         &self,
         g: &mut Shard,
@@ -259,11 +249,10 @@ impl Table {
         plan: &Plan,
         pos: &[u32],
         reserved: &Reserved,
-        within: Option<Range<usize>>,
         save_gen: u32,
     ) -> Vec<u32> {
         let fill = |key, row: &mut [f32]| self.fill_new(key, row);
-        match reserved.rows_for(g, within) {
+        match reserved.rows_for(g) {
             Some(mut rows) => {
                 g.insert_missing(keys, &plan.hashes, pos, save_gen, fill, &mut rows);
                 rows
@@ -325,43 +314,8 @@ impl Table {
 
 #[cfg(test)]
 mod tests {
-    use super::super::test_support::{sgd, table};
+    use super::super::test_support::table;
     use super::*;
-
-    #[test]
-    fn a_probe_serves_each_span_its_slice_until_a_removal() {
-        let t = table(2, 1, sgd(0.1));
-        t.lookup(&[1, 2, 3], true, &mut [0.0; 6]).unwrap();
-        let keys = [3i64, 9, 1, 2, 8];
-        let plan = t.plan(&keys);
-        let reserved = t.reserve_plan(&plan, &keys, None, "keys").unwrap();
-        let g = read(&t.shards[0]);
-        let mut whole = Vec::new();
-        g.find_many(&keys, &plan.hashes, plan.positions(0), &mut whole);
-        assert_eq!(whole.iter().filter(|&&r| r == NO_ROW).count(), 2);
-        // A full shard: the reservation probed, and each span gets its slice
-        // (copied: later spans still find theirs).
-        assert_eq!(reserved[0].rows_for(&g, Some(1..3)).unwrap(), &whole[1..3]);
-        assert_eq!(reserved[0].rows_for(&g, Some(3..5)).unwrap(), &whole[3..5]);
-        assert_eq!(
-            reserved[0].rows_for(&g, None).unwrap(),
-            whole,
-            "taken whole"
-        );
-        assert!(
-            reserved[0].rows_for(&g, None).is_none(),
-            "a whole take is once"
-        );
-        drop(g);
-        t.release_plan(&reserved);
-        // After a removal in the shard the probe is stale: no rows.
-        let reserved = t.reserve_plan(&plan, &keys, None, "keys").unwrap();
-        t.remove(&[2]).unwrap();
-        let g = read(&t.shards[0]);
-        assert!(reserved[0].rows_for(&g, Some(0..2)).is_none());
-        drop(g);
-        t.release_plan(&reserved);
-    }
 
     #[test]
     fn a_plan_lists_every_position_once_in_its_shard_in_order() {
