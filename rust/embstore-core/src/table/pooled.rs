@@ -30,6 +30,14 @@ use crate::simd::{copy_streaming, prefetch, stream_fence};
 /// that taking the job's shard read locks costs little against its work.
 const POOL_CHUNK_IDS: usize = 4096;
 
+/// Shard read locks a pooling pass holds ([`Table::hold`]): per shard, its
+/// guard if the pass reads it, and whether it removed rows since the lookup
+/// pass found them (its ids are then probed again).
+struct Held<'t> {
+    guards: Vec<Option<RwLockReadGuard<'t, Shard>>>,
+    stale: Vec<bool>,
+}
+
 /// What every pooling job of one [`Table::lookup_pooled_in`] shares.
 struct Pooling<'a> {
     /// The call's ids (all its features', back to back) and their hashes.
@@ -314,11 +322,18 @@ impl Table {
             missing,
             overflow: &overflow,
         };
+        // A small call pools on the calling thread under one set of locks.
+        let held = (n <= SEQUENTIAL_KEYS).then(|| self.hold(&pool, 0..n));
         let mut base = 0usize;
         for (bags, col) in feats {
-            self.pool_bags(bags, base, &pool, out.with_col(*col));
+            let out = out.with_col(*col);
+            match &held {
+                Some(held) => self.pool_chunk(bags, base, 0..bags.batch(), &pool, out, held),
+                None => self.pool_bags(bags, base, &pool, out),
+            }
             base += bags.ids.len();
         }
+        drop(held);
         self.remember(plan, found);
         if overflow.load(Ordering::Relaxed) {
             return Err(invalid(
@@ -331,43 +346,28 @@ impl Table {
     }
 
     /// Pools the bags of one feature (its ids start at `base` of the
-    /// call's ids) into `out`, in parallel over chunks of bags unless the
-    /// call is small; see [`Table::lookup_pooled_in`].
+    /// call's ids) into `out`, in parallel over chunks of bags, each job
+    /// holding its own shard read locks; see [`Table::lookup_pooled_in`].
     fn pool_bags(&self, bags: &Bags<'_>, base: usize, pool: &Pooling<'_>, out: SharedOut) {
         let batch = bags.batch();
         let per_bag = (bags.ids.len() / batch.max(1)).max(1);
         let chunk = (POOL_CHUNK_IDS / per_bag).max(1);
-        let chunks = batch.div_ceil(chunk);
-        let run = |c: usize| {
-            let bags_of = c * chunk..((c + 1) * chunk).min(batch);
-            self.pool_chunk(bags, base, bags_of, pool, out);
-        };
-        if pool.ids.len() <= SEQUENTIAL_KEYS {
-            (0..chunks).for_each(run);
-        } else {
-            (0..chunks).into_par_iter().for_each(run);
-        }
+        (0..batch.div_ceil(chunk)).into_par_iter().for_each(|c| {
+            let range = c * chunk..((c + 1) * chunk).min(batch);
+            let ids =
+                bags.offsets[range.start] as usize + base..bags.offsets[range.end] as usize + base;
+            let held = self.hold(pool, ids);
+            self.pool_chunk(bags, base, range, pool, out, &held);
+        });
     }
 
-    /// Pools bags `range` of one feature (ids from `base` of the call's)
-    /// under the read locks of the shards their ids live in.
-    fn pool_chunk(
-        &self,
-        bags: &Bags<'_>,
-        base: usize,
-        range: Range<usize>,
-        pool: &Pooling<'_>,
-        out: SharedOut,
-    ) {
-        let (dim, ns) = (self.dim, self.shards.len());
-        if range.is_empty() {
-            return;
-        }
-        let end = bags.offsets[range.end] as usize + base;
-        let start = bags.offsets[range.start] as usize + base;
-        // The shards this chunk reads, read-locked in index order.
+    /// The read locks of the shards that the call's ids `ids` live in,
+    /// taken in index order, and which of them removed rows since the
+    /// lookup pass.
+    fn hold(&self, pool: &Pooling<'_>, ids: Range<usize>) -> Held<'_> {
+        let ns = self.shards.len();
         let mut need = vec![false; ns];
-        for &h in &pool.hashes[start..end] {
+        for &h in &pool.hashes[ids] {
             need[shard_of(h, ns)] = true;
         }
         let guards: Vec<Option<RwLockReadGuard<'_, Shard>>> = need
@@ -375,11 +375,31 @@ impl Table {
             .zip(self.shards.iter())
             .map(|(&need, lock)| need.then(|| read(lock)))
             .collect();
-        let stale: Vec<bool> = guards
+        let stale = guards
             .iter()
             .zip(pool.removals)
             .map(|(g, &r)| g.as_ref().is_some_and(|g| g.removals != r))
             .collect();
+        Held { guards, stale }
+    }
+
+    /// Pools bags `range` of one feature (ids from `base` of the call's)
+    /// under `held`, the read locks of the shards their ids live in.
+    fn pool_chunk(
+        &self,
+        bags: &Bags<'_>,
+        base: usize,
+        range: Range<usize>,
+        pool: &Pooling<'_>,
+        out: SharedOut,
+        held: &Held<'_>,
+    ) {
+        let (dim, ns) = (self.dim, self.shards.len());
+        if range.is_empty() {
+            return;
+        }
+        let end = bags.offsets[range.end] as usize + base;
+        let Held { guards, stale } = held;
         // The row of position i in its (locked) shard, or NO_ROW.
         let locate = |i: usize| -> (&Shard, u32) {
             let s = shard_of(pool.hashes[i], ns);
@@ -698,6 +718,12 @@ mod tests {
         };
         let mut got = vec![f32::NAN; 6];
         t.pool_bags(&bags, 0, &pool, SharedOut::new(&mut got, 2));
+        // The calling thread's path, under one set of locks: the same.
+        let held = t.hold(&pool, 0..ids.len());
+        let mut again = vec![f32::NAN; 6];
+        t.pool_chunk(&bags, 0, 0..3, &pool, SharedOut::new(&mut again, 2), &held);
+        drop(held);
+        assert_eq!(again, got);
         // Key 2 now has no row (zeros); every other id reads its own row.
         let mut rows = vec![0.0; 12];
         t.lookup_or(&ids, false, Missing::Zeros, &mut rows).unwrap();
