@@ -24,6 +24,19 @@ impl std::fmt::Debug for Memo {
 }
 
 impl Memo {
+    /// The memo of a lookup over `plan` that found `found`.
+    fn of(plan: Plan, found: Found) -> Memo {
+        let (rows, removals) = found
+            .into_iter()
+            .map(|m| m.into_inner().unwrap_or_else(PoisonError::into_inner))
+            .unzip();
+        Memo {
+            plan,
+            rows,
+            removals,
+        }
+    }
+
     /// Bytes held: 16 per key of the lookup (hash, position, row).
     pub(super) fn bytes(&self) -> usize {
         let p = &self.plan;
@@ -83,15 +96,7 @@ impl Table {
             return;
         }
         drop(slot);
-        let (rows, removals) = found
-            .into_iter()
-            .map(|m| m.into_inner().unwrap_or_else(PoisonError::into_inner))
-            .unzip();
-        let memo = Memo {
-            plan,
-            rows,
-            removals,
-        };
+        let memo = Memo::of(plan, found);
         *self.memo.lock().unwrap_or_else(PoisonError::into_inner) = Some(memo);
     }
 
@@ -103,16 +108,8 @@ impl Table {
         let Some(mut slot) = try_lock(self.memo.try_lock()) else {
             return;
         };
-        let (rows, removals) = found
-            .into_iter()
-            .map(|m| m.into_inner().unwrap_or_else(PoisonError::into_inner))
-            .unzip();
         // The old memo is dropped after the lock (it may be large).
-        let old = slot.replace(Memo {
-            plan,
-            rows,
-            removals,
-        });
+        let old = slot.replace(Memo::of(plan, found));
         drop(slot);
         drop(old);
     }
