@@ -150,7 +150,7 @@ impl Table {
             Err(p) => p,
         };
         let reserved = if self.optimizer.is_some() {
-            self.reserve_plan(plan, keys, memo.as_ref().ok(), "keys")?
+            self.reserve_plan(plan, keys, memo.as_ref().ok(), !always, "keys")?
         } else {
             Vec::new()
         };
@@ -216,7 +216,8 @@ impl Table {
                     .map(|(&r, &i)| (u64::from(r) << 32) | u64::from(i))
                     .collect()
             } else {
-                self.admit(g, keys, &plan.hashes, pos, t, save_gen)
+                let room = prepared.reserved[shard_of(plan.hashes[pos[0] as usize], n)].n;
+                self.admit(g, keys, &plan.hashes, pos, t, save_gen, room)
             };
             pairs.sort_unstable();
             // The sum of a key's gradients, allocated only for a key given
@@ -311,9 +312,13 @@ impl Table {
     /// admission filter: present keys keep theirs; each missing key is
     /// counted once (per call, however often it occurs) and gets a row if
     /// the filter admits it,
-    /// else its positions are dropped (counted as one rejected key). Out of
-    /// line: tables without a filter never call it.
+    /// else its positions are dropped (counted as one rejected key). The
+    /// call made room for `room` new rows ([`Table::reserve_plan`]); a key
+    /// admitted past them gets room now, and is turned away (as if not
+    /// admitted) when the memory cannot be had, so that the call still
+    /// applies whole. Out of line: tables without a filter never call it.
     #[inline(never)]
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn admit(
         &self,
         g: &mut Shard,
@@ -322,6 +327,7 @@ impl Table {
         pos: &[u32],
         step: u64,
         save_gen: u32,
+        room: usize,
     ) -> Vec<u64> {
         let mut pairs = Vec::with_capacity(pos.len());
         let mut missing: Vec<(i64, u32)> = Vec::new();
@@ -334,6 +340,7 @@ impl Table {
         }
         missing.sort_unstable();
         let mut rejected = 0;
+        let mut created = 0;
         let mut j = 0;
         while j < missing.len() {
             let key = missing[j].0;
@@ -349,7 +356,8 @@ impl Table {
                 }
                 Admission::Probability { p } => Admission::draw_admits(p, self.seed, key, step),
             };
-            if ok {
+            if ok && (created < room || g.make_room(1)) {
+                created += 1;
                 let first = missing[j].1 as usize;
                 let (r, _) =
                     g.find_or_insert(key, hashes[first], save_gen, |row| self.fill_new(key, row));
@@ -365,6 +373,29 @@ impl Table {
         }
         Counters::add(&g.counters.rejected, rejected);
         pairs
+    }
+
+    /// How many of a shard's absent keys (positions `pos`, `rows` their
+    /// probe) the admission filter would admit now: each absent key once
+    /// (however often it occurs), those whose count filter estimate would
+    /// reach the minimum with this sighting; every one under a probability
+    /// filter (its draw depends on the step, not known yet).
+    pub(super) fn admissible(&self, g: &Shard, keys: &[i64], pos: &[u32], rows: &[u32]) -> usize {
+        let mut absent: Vec<i64> = rows
+            .iter()
+            .zip(pos)
+            .filter(|&(&r, _)| r == NO_ROW)
+            .map(|(_, &i)| keys[i as usize])
+            .collect();
+        absent.sort_unstable();
+        absent.dedup();
+        match (self.policy.admission, &g.sketch) {
+            (Admission::Count { min_count, .. }, Some(sketch)) => absent
+                .iter()
+                .filter(|&&k| (sketch.estimate(k) + 1).min(255) >= min_count)
+                .count(),
+            _ => absent.len(),
+        }
     }
 
     /// The admission sketch's estimate for each key (0 without a count
@@ -419,5 +450,62 @@ mod tests {
                 .is_err()
         );
         assert_eq!((t.step(), t.len()), (0, 1));
+    }
+
+    /// A table of 8 columns, 4 shards, SGD, admitting keys on their second
+    /// sighting.
+    fn count_filtered() -> super::Table {
+        use crate::policy::{Admission, Policy};
+        let mut cfg = super::TableConfig::new(8);
+        cfg.optimizer = sgd(0.5);
+        cfg.num_shards = Some(4);
+        cfg.policy = Policy {
+            admission: Admission::Count {
+                min_count: 2,
+                width: 1 << 20,
+                depth: 4,
+            },
+            ..Policy::default()
+        };
+        super::Table::new(cfg).unwrap()
+    }
+
+    #[test]
+    fn keys_the_filter_turns_away_do_not_grow_the_index() {
+        let t = count_filtered();
+        let keys: Vec<i64> = (0..20_000).collect();
+        let grads = vec![1.0f32; keys.len() * 8];
+        let before = t.stats().bytes;
+        t.apply_gradients(&keys, &grads).unwrap();
+        // Seen once: no key admitted, and no room made for any.
+        assert_eq!(t.len(), 0);
+        assert_eq!(t.stats().bytes, before);
+        // Seen twice: every key admitted, with room made for each.
+        t.apply_gradients(&keys, &grads).unwrap();
+        assert_eq!(t.len(), keys.len());
+        let mut out = vec![0.0f32; 8];
+        t.lookup(&[19_999], false, &mut out).unwrap();
+        assert!(out.iter().all(|x| x.is_finite()));
+    }
+
+    #[test]
+    fn a_key_admitted_past_the_room_made_for_the_call_gets_room_then() {
+        let t = count_filtered();
+        let keys: Vec<i64> = (0..5_000).collect();
+        let grads = vec![1.0f32; keys.len() * 8];
+        t.apply_gradients(&keys, &grads).unwrap();
+        assert_eq!(t.len(), 0);
+        // The pass over a shard told it made room for no rows: the keys its
+        // filter admits get room one by one.
+        let plan = t.plan(&keys);
+        for (s, lock) in t.shards.iter().enumerate() {
+            let pos = plan.positions(s);
+            let mut g = super::write(lock);
+            let before = g.len();
+            let pairs = t.admit(&mut g, &keys, &plan.hashes, pos, 2, t.generation(), 0);
+            assert_eq!(pairs.len(), pos.len());
+            assert_eq!(g.len() - before, pos.len());
+        }
+        assert_eq!(t.len(), keys.len());
     }
 }

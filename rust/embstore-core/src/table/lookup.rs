@@ -284,7 +284,7 @@ impl Table {
         insert: bool,
     ) -> Result<Vec<Reserved>> {
         if self.inserts(insert) {
-            self.reserve_plan(plan, keys, None, "keys")
+            self.reserve_plan(plan, keys, None, false, "keys")
         } else {
             Ok(Vec::new())
         }

@@ -185,6 +185,13 @@ impl Table {
     /// the call's pass over that shard ([`Shard::release_pending`]) or by
     /// [`Table::release_plan`].
     ///
+    /// A gradient call on a table with an admission filter (`admits`)
+    /// makes room only for the absent keys the filter would admit now
+    /// ([`Table::admissible`]), so that a flood of keys the filter turns
+    /// away does not grow the index; a key admitted past that count (the
+    /// filter's counts rose meanwhile) gets room then, or is turned away
+    /// ([`Table::admit`]).
+    ///
     /// # Errors
     /// `OutOfMemory` naming `arg`; nothing is reserved then.
     pub(super) fn reserve_plan(
@@ -192,6 +199,7 @@ impl Table {
         plan: &Plan,
         keys: &[i64],
         memo: Option<&Memo>,
+        admits: bool,
         arg: &'static str,
     ) -> Result<Vec<Reserved>> {
         // Per shard: what was reserved, or None when that failed. A small
@@ -211,7 +219,11 @@ impl Table {
             } else {
                 let mut rows = Vec::new();
                 g.find_many(keys, &plan.hashes, pos, &mut rows);
-                let missing = rows.iter().filter(|&&x| x == NO_ROW).count();
+                let missing = if admits {
+                    self.admissible(&g, keys, pos, &rows)
+                } else {
+                    rows.iter().filter(|&&x| x == NO_ROW).count()
+                };
                 r.probed = std::sync::Mutex::new(Some((rows, g.removals)));
                 missing
             };

@@ -62,7 +62,7 @@ impl Table {
     ) -> Result<()> {
         let (dim, sl, ww) = (self.dim, self.state_len, self.wwords);
         let plan = self.plan(keys);
-        let reserved = self.reserve_plan(&plan, keys, None, "keys")?;
+        let reserved = self.reserve_plan(&plan, keys, None, false, "keys")?;
         let n = self.shards.len();
         let track = self.policy.tracks();
         let (tick, step) = if track && meta.is_none() {
