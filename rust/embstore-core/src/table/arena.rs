@@ -233,6 +233,13 @@ impl Arena {
         self.keys[k][o]
     }
 
+    /// Starts loading the key of row `r` into cache.
+    #[inline(always)]
+    pub fn prefetch_key(&self, r: usize) {
+        let (k, o) = locate(r);
+        crate::simd::prefetch(std::slice::from_ref(&self.keys[k][o]));
+    }
+
     /// Row `r`: its `stride` floats.
     ///
     /// # Panics

@@ -8,16 +8,11 @@ use super::arena::{Arena, OutOfMemory};
 use super::pages::PageAlloc;
 use crate::policy::Sketch;
 
-/// An index entry: the key, its row number and the low 32 bits of its hash.
-/// Keeping the key in the entry makes a probe read the index only (not the
-/// arena's key as well: one cache miss fewer per key in a large table), and
-/// keeping the hash lets the index grow without reading the arena.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Entry {
-    key: i64,
-    row: u32,
-    h32: u32,
-}
+/// An index entry: the row number in the high 32 bits, the low 32 bits of
+/// the key's hash in the low 32 bits. Keeping the hash in the entry lets the
+/// index grow without reading the arena, and filters probes before the key
+/// comparison.
+type Entry = u64;
 
 /// The hash hashbrown sees for an entry: a function of the stored 32 hash
 /// bits only, with those bits in both halves so that the slot (low bits) and
@@ -28,10 +23,17 @@ fn index_hash(h32: u32) -> u64 {
     u64::from(h32) | (u64::from(h32) << 32)
 }
 
-/// The hash of an entry, for the index to move it when it grows.
+/// Keys per block of [`Shard::find_many`].
+const FIND_BLOCK: usize = 64;
+
 #[inline(always)]
-fn rehash(e: &Entry) -> u64 {
-    index_hash(e.h32)
+fn entry(row: usize, h32: u32) -> Entry {
+    ((row as u64) << 32) | u64::from(h32)
+}
+
+#[inline(always)]
+fn entry_row(e: Entry) -> usize {
+    (e >> 32) as usize
 }
 
 /// A shard's index and rows. Not synchronized: the table wraps each shard in
@@ -39,7 +41,7 @@ fn rehash(e: &Entry) -> u64 {
 #[derive(Debug)]
 #[allow(clippy::len_without_is_empty)]
 pub struct Shard {
-    /// Keys, row numbers and hash bits ([`Entry`]).
+    /// Row numbers and hash bits ([`Entry`]); the key lives in the arena.
     index: HashTable<Entry, PageAlloc>,
     /// Keys removed since the last save (for incremental checkpoints).
     pub removed: Vec<i64>,
@@ -95,7 +97,7 @@ impl Shard {
 
     /// Makes room in the index for `additional` more keys.
     pub fn reserve_index(&mut self, additional: usize) {
-        self.index.reserve(additional, rehash);
+        self.index.reserve(additional, |&e| index_hash(e as u32));
     }
 
     /// [`Shard::reserve_index`] that reports running out of memory.
@@ -104,7 +106,7 @@ impl Shard {
     /// When the index cannot be allocated; it is unchanged then.
     pub fn try_reserve_index(&mut self, additional: usize) -> Result<(), OutOfMemory> {
         self.index
-            .try_reserve(additional, rehash)
+            .try_reserve(additional, |&e| index_hash(e as u32))
             .map_err(|_| OutOfMemory)
     }
 
@@ -115,7 +117,7 @@ impl Shard {
     /// When the memory cannot be allocated.
     pub fn reserve_rows(&mut self, additional: usize) -> Result<(), OutOfMemory> {
         self.index
-            .try_reserve(additional, rehash)
+            .try_reserve(additional, |&e| index_hash(e as u32))
             .map_err(|_| OutOfMemory)?;
         self.arena.reserve(additional)
     }
@@ -136,7 +138,7 @@ impl Shard {
             return Err(OutOfMemory);
         }
         self.index
-            .try_reserve(pending, rehash)
+            .try_reserve(pending, |&e| index_hash(e as u32))
             .map_err(|_| OutOfMemory)?;
         self.arena.ensure_segments(target)?;
         self.pending = pending;
@@ -145,15 +147,17 @@ impl Shard {
 
     /// Makes room for `n` more rows on top of the pending ones (index slots
     /// and arena segments) without counting them as pending: for a call
-    /// that inserts them at once, under this lock. `false` (nothing
-    /// changed) when the memory cannot be allocated.
+    /// that inserts them at once, under this lock. `false` when the memory
+    /// cannot be allocated (the index may have grown; no row changed).
     pub fn make_room(&mut self, n: usize) -> bool {
         let Some(want) = self.pending.checked_add(n) else {
             return false;
         };
         match self.len().checked_add(want) {
             Some(target) if target <= u32::MAX as usize => {
-                self.index.try_reserve(want, rehash).is_ok()
+                self.index
+                    .try_reserve(want, |&e| index_hash(e as u32))
+                    .is_ok()
                     && self.arena.ensure_segments(target).is_ok()
             }
             _ => false,
@@ -174,17 +178,44 @@ impl Shard {
         self.pending -= n;
     }
 
+    /// The row of the entry whose stored hash bits match `hash`'s, if any: a
+    /// probe that reads the index only. A present key's row is its
+    /// candidate (or, in the rare case of two keys sharing 32 hash bits,
+    /// another key's); no candidate means the key is absent.
+    #[inline(always)]
+    fn candidate(&self, hash: u64) -> u32 {
+        let h32 = hash as u32;
+        self.index
+            .find(index_hash(h32), |&e| e as u32 == h32)
+            .map_or(NO_ROW, |&e| entry_row(e) as u32)
+    }
+
     /// The rows of the keys at batch positions `pos` (`keys[pos[j]]`, hash
-    /// `hashes[pos[j]]`) into `rows` (`NO_ROW` where absent). A probe reads
-    /// the index only, so the probes of consecutive keys overlap their cache
-    /// misses.
+    /// `hashes[pos[j]]`) into `rows` (`NO_ROW` where absent). Works in
+    /// blocks: first every candidate of the block, whose probes read only
+    /// the index and so overlap their cache misses, with the candidate's key
+    /// prefetched; then each candidate checked against its key (a full probe
+    /// where the check fails).
     pub fn find_many(&self, keys: &[i64], hashes: &[u64], pos: &[u32], rows: &mut Vec<u32>) {
         rows.clear();
         rows.reserve(pos.len());
-        rows.extend(pos.iter().map(|&i| {
-            let i = i as usize;
-            self.find(keys[i], hashes[i]).map_or(NO_ROW, |r| r as u32)
-        }));
+        let ahead = super::prefetches(keys.len(), super::SEQUENTIAL_KEYS);
+        for block in pos.chunks(FIND_BLOCK) {
+            let start = rows.len();
+            for &i in block {
+                let c = self.candidate(hashes[i as usize]);
+                if ahead && c != NO_ROW {
+                    self.arena.prefetch_key(c as usize);
+                }
+                rows.push(c);
+            }
+            for (r, &i) in rows[start..].iter_mut().zip(block) {
+                let i = i as usize;
+                if *r != NO_ROW && self.arena.key(*r as usize) != keys[i] {
+                    *r = self.find(keys[i], hashes[i]).map_or(NO_ROW, |x| x as u32);
+                }
+            }
+        }
     }
 
     /// As [`Shard::find_many`], creating the rows of absent keys (filled by
@@ -233,9 +264,13 @@ impl Shard {
     /// The row of `key` (whose hash is `hash`), if present.
     #[inline]
     pub fn find(&self, key: i64, hash: u64) -> Option<usize> {
+        let arena = &self.arena;
+        let h32 = hash as u32;
         self.index
-            .find(index_hash(hash as u32), |e| e.key == key)
-            .map(|e| e.row as usize)
+            .find(index_hash(h32), |&e| {
+                e as u32 == h32 && arena.key(entry_row(e)) == key
+            })
+            .map(|&e| entry_row(e))
     }
 
     /// The row of `key`, created by `fill` when missing; `true` when created.
@@ -247,17 +282,18 @@ impl Shard {
         generation: u32,
         fill: impl FnOnce(&mut [f32]),
     ) -> (usize, bool) {
+        let arena = &self.arena;
         let h32 = hash as u32;
-        match self.index.entry(index_hash(h32), |e| e.key == key, rehash) {
-            hashbrown::hash_table::Entry::Occupied(e) => (e.get().row as usize, false),
+        match self.index.entry(
+            index_hash(h32),
+            |&e| e as u32 == h32 && arena.key(entry_row(e)) == key,
+            |&e| index_hash(e as u32),
+        ) {
+            hashbrown::hash_table::Entry::Occupied(e) => (entry_row(*e.get()), false),
             hashbrown::hash_table::Entry::Vacant(e) => {
                 let r = self.arena.push(key, generation, fill);
                 assert!(r <= u32::MAX as usize, "a shard holds at most 2^32 rows");
-                e.insert(Entry {
-                    key,
-                    row: r as u32,
-                    h32,
-                });
+                e.insert(entry(r, h32));
                 (r, true)
             }
         }
@@ -265,14 +301,15 @@ impl Shard {
 
     /// Removes `key`; `true` when it was present.
     pub fn remove(&mut self, key: i64, hash: u64) -> bool {
-        let Ok(found) = self
-            .index
-            .find_entry(index_hash(hash as u32), |e| e.key == key)
-        else {
+        let arena = &self.arena;
+        let h32 = hash as u32;
+        let Ok(found) = self.index.find_entry(index_hash(h32), |&e| {
+            e as u32 == h32 && arena.key(entry_row(e)) == key
+        }) else {
             return false;
         };
         let (e, _) = found.remove();
-        let r = e.row as usize;
+        let r = entry_row(e);
         self.removals += 1;
         if self.track_removals {
             self.removed.push(key);
@@ -282,10 +319,9 @@ impl Shard {
             let mh = crate::hash::key_hash(moved) as u32;
             let slot = self
                 .index
-                .find_mut(index_hash(mh), |x| x.key == moved)
+                .find_mut(index_hash(mh), |&x| x == entry(last, mh))
                 .expect("index holds every arena row");
-            debug_assert_eq!(slot.row as usize, last);
-            slot.row = r as u32;
+            *slot = entry(r, mh);
         }
         true
     }
