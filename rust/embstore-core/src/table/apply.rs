@@ -176,7 +176,7 @@ impl Table {
         let Some(opt) = self.optimizer else {
             return;
         };
-        let (dim, ww) = (self.dim, self.wwords);
+        let dim = self.dim;
         let t = at.unwrap_or_else(|| self.step.fetch_add(1, Ordering::AcqRel) + 1);
         let consts = opt.step_consts(t);
         let wd = opt.coupled_decay() as f32;
@@ -195,7 +195,7 @@ impl Table {
             // (row << 32 | position), sorted: each row's positions in batch order.
             let mut pairs: Vec<u64> = if always {
                 let s = shard_of(plan.hashes[pos[0] as usize], n);
-                let fill = |key, row: &mut [f32]| self.fill_new(key, row);
+                let fill = |key, w: &mut [f32], st: &mut [f32]| self.fill_new(key, w, st);
                 let rows = match memo {
                     // The lookup's rows, still where they were: only keys it
                     // did not store need a probe.
@@ -204,7 +204,8 @@ impl Table {
                         for (r, &i) in rows.iter_mut().zip(pos) {
                             if *r == NO_ROW {
                                 let (k, h) = (keys[i as usize], plan.hashes[i as usize]);
-                                *r = g.find_or_insert(k, h, save_gen, |row| fill(k, row)).0 as u32;
+                                *r = g.find_or_insert(k, h, save_gen, |w, st| fill(k, w, st)).0
+                                    as u32;
                             }
                         }
                         rows
@@ -244,7 +245,9 @@ impl Table {
                 let until = (end + 2 * PREFETCH_AHEAD).min(pairs.len());
                 while ahead && fetched < until {
                     prefetch(grad_of((pairs[fetched] & 0xFFFF_FFFF) as usize).0);
-                    prefetch(g.arena.row((pairs[fetched] >> 32) as usize));
+                    let ar = (pairs[fetched] >> 32) as usize;
+                    prefetch(g.arena.weights(ar));
+                    prefetch(g.arena.state(ar));
                     fetched += 1;
                 }
                 let (first, c0) = grad_of((pairs[j] & 0xFFFF_FFFF) as usize);
@@ -267,7 +270,7 @@ impl Table {
                 if track {
                     g.arena.touch(r, tick, t, (end - j) as u32);
                 }
-                let (w, state) = g.arena.row_mut(r).split_at_mut(ww);
+                let (w, state) = g.arena.row_mut(r);
                 if compact {
                     self.apply_compact(&consts, w, state, gsum, &mut wtmp, &mut decay);
                 } else {
@@ -359,8 +362,9 @@ impl Table {
             if ok && (created < room || g.make_room(1)) {
                 created += 1;
                 let first = missing[j].1 as usize;
-                let (r, _) =
-                    g.find_or_insert(key, hashes[first], save_gen, |row| self.fill_new(key, row));
+                let (r, _) = g.find_or_insert(key, hashes[first], save_gen, |w, st| {
+                    self.fill_new(key, w, st)
+                });
                 pairs.extend(
                     missing[j..end]
                         .iter()

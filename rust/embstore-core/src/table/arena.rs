@@ -1,4 +1,6 @@
-//! Row storage of one shard: keys and fixed-stride float rows in segments
+//! Row storage of one shard: each row's weights and optimizer state, in
+//! two columns of fixed-stride floats, with its key hash bits and save
+//! generation, in segments
 //! that double in size. A segment is allocated once at its full capacity and
 //! never reallocated, so rows never move in memory when the shard grows, no
 //! growth copies the arena, and untouched capacity stays unmapped (the OS
@@ -19,16 +21,28 @@ fn locate(r: usize) -> (usize, usize) {
     (k, x - (FIRST << k))
 }
 
-/// Keys and rows of one shard, indexed densely from 0 to `len`.
+/// Rows of one shard, indexed densely from 0 to `len`. The keys live in the
+/// shard's index only; each row keeps the 32 hash bits the index files its
+/// key under, so that the entry of a row can be found from the row.
 #[derive(Debug)]
 pub struct Arena {
-    stride: usize,
+    /// Floats of a row's weights.
+    ww: usize,
+    /// Floats of a row's optimizer state.
+    sl: usize,
     len: usize,
-    keys: Vec<Vec<i64>>,
+    /// Per row: the low 32 bits of its key's hash.
+    hashes: Vec<Vec<u32>>,
     /// Per row: the save generation in which it last changed (for
     /// incremental checkpoints).
     gens: Vec<Vec<u32>>,
-    rows: Vec<Vec<f32>>,
+    /// Weights, `ww` floats a row. Kept apart from the state so that a
+    /// lookup reads memory of weights only: an Adam table's lookups touch a
+    /// third of the memory (and of the pages) an interleaved row would make
+    /// them touch.
+    weights: Vec<Vec<f32>>,
+    /// Optimizer state, `sl` floats a row.
+    state: Vec<Vec<f32>>,
     /// Per row, when the table's policy scores rows: its metadata. Empty
     /// otherwise (`track` false).
     meta: Vec<Vec<Meta>>,
@@ -63,16 +77,31 @@ fn touch_spare<T: Copy + Default>(v: &mut Vec<T>, upto: usize) {
     }
 }
 
+/// Copies the `s` floats at segment and offset `from` of `col` over those
+/// at `to` (`to` before `from`: an earlier segment, or an earlier offset
+/// of the same one).
+fn move_row(col: &mut [Vec<f32>], s: usize, from: (usize, usize), to: (usize, usize)) {
+    let ((lk, lo), (rk, ro)) = (from, to);
+    if lk == rk {
+        col[rk].copy_within(lo * s..(lo + 1) * s, ro * s);
+    } else {
+        let (a, b) = col.split_at_mut(lk);
+        a[rk][ro * s..(ro + 1) * s].copy_from_slice(&b[0][lo * s..(lo + 1) * s]);
+    }
+}
+
 impl Arena {
-    /// An empty arena of rows of `stride` floats, with per-row [`Meta`]
-    /// when `track`.
-    pub fn new(stride: usize, track: bool) -> Self {
+    /// An empty arena of rows of `ww` floats of weights and `sl` of
+    /// optimizer state, with per-row [`Meta`] when `track`.
+    pub fn new(ww: usize, sl: usize, track: bool) -> Self {
         Arena {
-            stride,
+            ww,
+            sl,
             len: 0,
-            keys: Vec::new(),
+            hashes: Vec::new(),
             gens: Vec::new(),
-            rows: Vec::new(),
+            weights: Vec::new(),
+            state: Vec::new(),
             meta: Vec::new(),
             track,
             reserved: 0,
@@ -113,13 +142,13 @@ impl Arena {
         self.len
     }
 
-    /// Bytes of one row: key, save generation, floats and metadata.
+    /// Bytes of one row: hash bits, save generation, floats and metadata.
     pub fn row_bytes(&self) -> usize {
         let meta = if self.track { size_of::<Meta>() } else { 0 };
-        8 + 4 + 4 * self.stride + meta
+        4 + 4 + 4 * (self.ww + self.sl) + meta
     }
 
-    /// Bytes of the keys and rows stored, and of rows reserved (what is
+    /// Bytes of the rows stored, and of rows reserved (what is
     /// resident).
     pub fn bytes(&self) -> usize {
         self.len.max(self.reserved) * self.row_bytes()
@@ -140,14 +169,15 @@ impl Arena {
             return Ok(());
         }
         let (last, _) = locate(target - 1);
-        while self.keys.len() <= last {
+        while self.hashes.len() <= last {
             self.add_segment()?;
         }
         let (first, _) = locate(self.len);
         for k in first..=last {
             let upto = (target - segment_start(k)).min(FIRST << k);
-            touch_spare(&mut self.rows[k], upto * self.stride);
-            touch_spare(&mut self.keys[k], upto);
+            touch_spare(&mut self.weights[k], upto * self.ww);
+            touch_spare(&mut self.state[k], upto * self.sl);
+            touch_spare(&mut self.hashes[k], upto);
             touch_spare(&mut self.gens[k], upto);
             if self.track {
                 touch_spare(&mut self.meta[k], upto);
@@ -159,10 +189,10 @@ impl Arena {
 
     /// Rows the allocated segments hold (stored and room for more).
     pub fn room(&self) -> usize {
-        if self.keys.is_empty() {
+        if self.hashes.is_empty() {
             0
         } else {
-            segment_start(self.keys.len())
+            segment_start(self.hashes.len())
         }
     }
 
@@ -178,7 +208,7 @@ impl Arena {
             return Ok(());
         }
         let (last, _) = locate(target - 1);
-        while self.keys.len() <= last {
+        while self.hashes.len() <= last {
             self.add_segment()?;
         }
         Ok(())
@@ -187,22 +217,25 @@ impl Arena {
     /// Appends the next (empty) segment at its full capacity.
     fn add_segment(&mut self) -> Result<(), OutOfMemory> {
         let cap = FIRST
-            .checked_shl(self.keys.len() as u32)
-            .filter(|c| c.checked_mul(self.stride.max(8) * 4).is_some())
+            .checked_shl(self.hashes.len() as u32)
+            .filter(|c| c.checked_mul((self.ww + self.sl).max(8) * 4).is_some())
             .ok_or(OutOfMemory)?;
-        let mut keys = Vec::new();
-        keys.try_reserve_exact(cap)?;
+        let mut hashes = Vec::new();
+        hashes.try_reserve_exact(cap)?;
         let mut gens = Vec::new();
         gens.try_reserve_exact(cap)?;
-        let mut rows = Vec::new();
-        rows.try_reserve_exact(cap * self.stride)?;
+        let mut weights = Vec::new();
+        weights.try_reserve_exact(cap * self.ww)?;
+        let mut state = Vec::new();
+        state.try_reserve_exact(cap * self.sl)?;
         let mut meta = Vec::new();
         if self.track {
             meta.try_reserve_exact(cap)?;
         }
-        self.keys.push(keys);
+        self.hashes.push(hashes);
         self.gens.push(gens);
-        self.rows.push(rows);
+        self.weights.push(weights);
+        self.state.push(state);
         if self.track {
             self.meta.push(meta);
         }
@@ -223,50 +256,62 @@ impl Arena {
         self.gens[k][o] = g;
     }
 
-    /// The key of row `r`.
+    /// The low 32 bits of the hash of row `r`'s key.
     ///
     /// # Panics
     /// If `r >= len`.
     #[inline]
-    pub fn key(&self, r: usize) -> i64 {
+    pub fn hash32(&self, r: usize) -> u32 {
         let (k, o) = locate(r);
-        self.keys[k][o]
+        self.hashes[k][o]
     }
 
-    /// Starts loading the key of row `r` into cache.
-    #[inline(always)]
-    pub fn prefetch_key(&self, r: usize) {
-        let (k, o) = locate(r);
-        crate::simd::prefetch(std::slice::from_ref(&self.keys[k][o]));
-    }
-
-    /// Row `r`: its `stride` floats.
+    /// The weights of row `r` (`ww` floats).
     ///
     /// # Panics
     /// If `r >= len`.
     #[inline]
-    pub fn row(&self, r: usize) -> &[f32] {
+    pub fn weights(&self, r: usize) -> &[f32] {
         let (k, o) = locate(r);
-        &self.rows[k][o * self.stride..(o + 1) * self.stride]
+        &self.weights[k][o * self.ww..(o + 1) * self.ww]
     }
 
-    /// Row `r`, mutably.
+    /// The optimizer state of row `r` (`sl` floats).
     ///
     /// # Panics
     /// If `r >= len`.
     #[inline]
-    pub fn row_mut(&mut self, r: usize) -> &mut [f32] {
+    pub fn state(&self, r: usize) -> &[f32] {
         let (k, o) = locate(r);
-        let s = self.stride;
-        &mut self.rows[k][o * s..(o + 1) * s]
+        &self.state[k][o * self.sl..(o + 1) * self.sl]
     }
 
-    /// Appends a row for `key`, filled by `fill`, and returns its index.
+    /// The weights and optimizer state of row `r`, mutably.
+    ///
+    /// # Panics
+    /// If `r >= len`.
     #[inline]
-    pub fn push(&mut self, key: i64, generation: u32, fill: impl FnOnce(&mut [f32])) -> usize {
+    pub fn row_mut(&mut self, r: usize) -> (&mut [f32], &mut [f32]) {
+        let (k, o) = locate(r);
+        let (ww, sl) = (self.ww, self.sl);
+        (
+            &mut self.weights[k][o * ww..(o + 1) * ww],
+            &mut self.state[k][o * sl..(o + 1) * sl],
+        )
+    }
+
+    /// Appends a row for the key whose hash has low bits `h32`, filled by
+    /// `fill(weights, state)`, and returns its index.
+    #[inline]
+    pub fn push(
+        &mut self,
+        h32: u32,
+        generation: u32,
+        fill: impl FnOnce(&mut [f32], &mut [f32]),
+    ) -> usize {
         let r = self.len;
         let (k, _) = locate(r);
-        if k == self.keys.len() {
+        if k == self.hashes.len() {
             // Callers reserve room first (`Shard::reserve_pending`), so this
             // allocates only for a caller that did not.
             self.add_segment().expect("out of memory for a row segment");
@@ -274,61 +319,60 @@ impl Arena {
         if self.track {
             self.meta[k].push(Meta::default());
         }
-        self.keys[k].push(key);
+        self.hashes[k].push(h32);
         self.gens[k].push(generation);
-        let seg = &mut self.rows[k];
-        let start = seg.len();
-        seg.resize(start + self.stride, 0.0);
-        fill(&mut seg[start..]);
+        let (w, st) = (&mut self.weights[k], &mut self.state[k]);
+        let (w0, s0) = (w.len(), st.len());
+        w.resize(w0 + self.ww, 0.0);
+        st.resize(s0 + self.sl, 0.0);
+        fill(&mut w[w0..], &mut st[s0..]);
         self.len += 1;
         r
     }
 
-    /// Removes row `r` by moving the last row into its place. Returns the key
-    /// of the moved row when one moved (it now lives at `r`).
+    /// Removes row `r` by moving the last row into its place. Returns the
+    /// hash bits of the moved row's key when one moved (it now lives at `r`).
     ///
     /// # Panics
     /// If `r >= len`.
-    pub fn swap_remove(&mut self, r: usize) -> Option<i64> {
+    pub fn swap_remove(&mut self, r: usize) -> Option<u32> {
         assert!(r < self.len, "row {r} out of range {}", self.len);
         let last = self.len - 1;
         let moved = if r != last {
-            let key = self.key(last);
-            let s = self.stride;
+            let h32 = self.hash32(last);
             let (lk, lo) = locate(last);
             let (rk, ro) = locate(r);
-            self.keys[rk][ro] = key;
+            self.hashes[rk][ro] = h32;
             self.gens[rk][ro] = self.gens[lk][lo];
             if self.track {
                 self.meta[rk][ro] = self.meta[lk][lo];
             }
-            if lk == rk {
-                self.rows[rk].copy_within(lo * s..(lo + 1) * s, ro * s);
-            } else {
-                let (a, b) = self.rows.split_at_mut(lk);
-                a[rk][ro * s..(ro + 1) * s].copy_from_slice(&b[0][lo * s..(lo + 1) * s]);
-            }
-            Some(key)
+            move_row(&mut self.weights, self.ww, (lk, lo), (rk, ro));
+            move_row(&mut self.state, self.sl, (lk, lo), (rk, ro));
+            Some(h32)
         } else {
             None
         };
         let (lk, _) = locate(last);
-        self.keys[lk].pop();
+        self.hashes[lk].pop();
         self.gens[lk].pop();
         if self.track {
             self.meta[lk].pop();
         }
-        let new_len = self.rows[lk].len() - self.stride;
-        self.rows[lk].truncate(new_len);
-        if self.keys[lk].is_empty() && lk + 1 == self.keys.len() && lk > 0 {
+        let new_len = self.weights[lk].len() - self.ww;
+        self.weights[lk].truncate(new_len);
+        let new_len = self.state[lk].len() - self.sl;
+        self.state[lk].truncate(new_len);
+        if self.hashes[lk].is_empty() && lk + 1 == self.hashes.len() && lk > 0 {
             // Give back an emptied top segment (but keep the first one).
-            self.keys.pop();
+            self.hashes.pop();
             self.gens.pop();
-            self.rows.pop();
+            self.weights.pop();
+            self.state.pop();
             if self.track {
                 self.meta.pop();
             }
-            self.reserved = self.reserved.min(segment_start(self.keys.len()));
+            self.reserved = self.reserved.min(segment_start(self.hashes.len()));
         }
         self.len = last;
         moved
@@ -355,24 +399,32 @@ mod tests {
 
     #[test]
     fn reserve_touches_segments_and_counts_reserved_rows() {
-        let mut a = Arena::new(4, true);
-        let per_row = 8 + 4 + 16 + size_of::<Meta>();
-        a.push(1, 0, |row| row.fill(1.0));
+        let mut a = Arena::new(4, 2, true);
+        let per_row = 4 + 4 + 24 + size_of::<Meta>();
+        a.push(1, 0, |w, st| {
+            w.fill(1.0);
+            st.fill(-1.0);
+        });
         a.reserve(1000).unwrap();
         assert_eq!(a.bytes(), 1001 * per_row, "reserved rows count as resident");
         let (last, _) = locate(1000);
-        assert_eq!(a.keys.len(), last + 1, "every needed segment exists");
-        assert!(a.rows[last].capacity() >= (1001 - segment_start(last)) * 4);
+        assert_eq!(a.hashes.len(), last + 1, "every needed segment exists");
+        assert!(a.weights[last].capacity() >= (1001 - segment_start(last)) * 4);
+        assert!(a.state[last].capacity() >= (1001 - segment_start(last)) * 2);
         // Reserving less than what is reserved changes nothing.
         a.reserve(10).unwrap();
         assert_eq!(a.bytes(), 1001 * per_row);
         for key in 2..=1500i64 {
-            a.push(key, 0, |row| row.fill(key as f32));
+            a.push(key as u32, 0, |w, st| {
+                w.fill(key as f32);
+                st.fill(-key as f32);
+            });
         }
         assert_eq!(a.len(), 1500);
         assert_eq!(a.bytes(), 1500 * per_row, "past the reservation: rows");
-        assert_eq!(a.row(777), &[778.0; 4]);
-        assert_eq!(a.key(1499), 1500);
+        assert_eq!(a.weights(777), &[778.0; 4]);
+        assert_eq!(a.state(777), &[-778.0; 2]);
+        assert_eq!(a.hash32(1499), 1500);
         while a.len() > 0 {
             a.swap_remove(a.len() - 1);
         }
@@ -381,30 +433,40 @@ mod tests {
     }
 
     #[test]
-    fn push_and_swap_remove_keep_keys_and_rows_together() {
-        let mut a = Arena::new(3, true);
-        for key in 0..500i64 {
-            let r = a.push(key, 0, |row| row.fill(key as f32));
-            a.touch(r, key as u64, 0, 1);
-        }
-        // Remove row 10 (key 10): the last row (key 499) moves there.
-        assert_eq!(a.swap_remove(10), Some(499));
-        assert_eq!(a.key(10), 499);
-        assert_eq!(a.row(10), &[499.0; 3]);
-        assert_eq!(a.meta(10).tick, 499, "metadata moves with its row");
-        assert_eq!(a.len(), 499);
-        // Remove the last row: nothing moves.
-        assert_eq!(a.swap_remove(498), None);
-        while a.len() > 0 {
-            let r = a.len() / 2;
-            let moved = a.swap_remove(r);
-            if r < a.len() {
-                let k = moved.unwrap();
-                assert_eq!(a.row(r), &[k as f32; 3]);
+    fn push_and_swap_remove_keep_hashes_weights_and_state_together() {
+        for sl in [0, 5] {
+            let mut a = Arena::new(3, sl, true);
+            for key in 0..500i64 {
+                let r = a.push(key as u32, 0, |w, st| {
+                    w.fill(key as f32);
+                    st.fill(-key as f32);
+                });
+                a.touch(r, key as u64, 0, 1);
             }
+            // Remove row 10 (key 10): the last row (key 499) moves there.
+            assert_eq!(a.swap_remove(10), Some(499));
+            assert_eq!(a.hash32(10), 499);
+            assert_eq!(a.weights(10), &[499.0; 3]);
+            assert_eq!(a.state(10), vec![-499.0; sl]);
+            assert_eq!(a.meta(10).tick, 499, "metadata moves with its row");
+            assert_eq!(a.len(), 499);
+            // Remove the last row: nothing moves.
+            assert_eq!(a.swap_remove(498), None);
+            while a.len() > 0 {
+                let r = a.len() / 2;
+                let moved = a.swap_remove(r);
+                if r < a.len() {
+                    let k = moved.unwrap();
+                    assert_eq!(a.weights(r), &[k as f32; 3]);
+                    assert_eq!(a.state(r), vec![-(k as f32); sl]);
+                    let (w, st) = a.row_mut(r);
+                    assert_eq!((w.len(), st.len()), (3, sl));
+                }
+            }
+            assert_eq!(a.bytes(), 0);
+            a.push(7, 0, |w, _| w.fill(1.0));
+            assert_eq!(a.hash32(0), 7);
+            assert_eq!(a.weights(0), &[1.0; 3]);
         }
-        assert_eq!(a.bytes(), 0);
-        a.push(7, 0, |row| row.fill(1.0));
-        assert_eq!(a.key(0), 7);
     }
 }

@@ -30,8 +30,9 @@ impl Table {
             .par_iter()
             .flat_map_iter(|lock| {
                 let g = read(lock);
-                let mut v: Vec<_> = (0..g.len())
-                    .map(|r| ev.score(&g.arena.meta(r), g.arena.key(r)))
+                let mut v: Vec<_> = g
+                    .keys_and_rows()
+                    .map(|(key, r)| ev.score(&g.arena.meta(r), key))
                     .collect();
                 smallest(&mut v);
                 v
@@ -59,7 +60,7 @@ impl Table {
                 if let Some(r) = g.find(keys[i], plan.hashes[i]) {
                     if with_rows {
                         // SAFETY: position i belongs to this shard only (plan).
-                        self.read_weights(g.arena.row(r), unsafe { out.row(i, dim) });
+                        self.read_weights(g.arena.weights(r), unsafe { out.row(i, dim) });
                     }
                     g.remove(keys[i], plan.hashes[i]);
                     // SAFETY: i < found.len(); position i is this shard's only.
@@ -98,9 +99,9 @@ impl Table {
                 .par_iter()
                 .flat_map_iter(|lock| {
                     let g = read(lock);
-                    (0..g.len())
-                        .filter(|&r| g.arena.meta(r).age(now) >= ttl)
-                        .map(|r| g.arena.key(r))
+                    g.keys_and_rows()
+                        .filter(|&(_, r)| g.arena.meta(r).age(now) >= ttl)
+                        .map(|(key, _)| key)
                         .collect::<Vec<_>>()
                 })
                 .collect();

@@ -137,7 +137,7 @@ impl Table {
             found_rows.push((rows, absent));
         }
         let save_gen = self.generation();
-        let fill = |key, row: &mut [f32]| self.fill_new(key, row);
+        let fill = |key, w: &mut [f32], st: &mut [f32]| self.fill_new(key, w, st);
         let shared = SharedOut::new(out, self.dim);
         let mut found = self.found();
         for ((s, g), (mut rows, absent)) in held.iter_mut().zip(found_rows) {
@@ -176,7 +176,7 @@ impl Table {
         state: &mut [f32],
     ) -> Result<()> {
         Self::check_batch(keys)?;
-        let (dim, sl, ww) = (self.dim, self.state_len, self.wwords);
+        let (dim, sl) = (self.dim, self.state_len);
         check_len("out", keys.len() * dim, out.len())?;
         check_len("state", keys.len() * sl, state.len())?;
         let plan = self.plan(keys);
@@ -194,7 +194,7 @@ impl Table {
                 match (r, &self.optimizer) {
                     (NO_ROW, Some(o)) => o.init_state(dst),
                     (NO_ROW, None) => {}
-                    _ => dst.copy_from_slice(&g.arena.row(r as usize)[ww..]),
+                    _ => dst.copy_from_slice(g.arena.state(r as usize)),
                 }
             }
         })?;
@@ -322,13 +322,13 @@ impl Table {
                     && let Some(&ahead) = rows.get(j + PREFETCH_AHEAD)
                     && ahead != NO_ROW
                 {
-                    prefetch(&arena.row(ahead as usize)[..ww]);
+                    prefetch(arena.weights(ahead as usize));
                 }
                 let i = pos[j] as usize;
                 // SAFETY: position i belongs to this shard only (plan).
                 let dst = unsafe { out.row(i, dim) };
                 if rows[j] != NO_ROW {
-                    decode(arena.row(rows[j] as usize), dst);
+                    decode(arena.weights(rows[j] as usize), dst);
                 } else {
                     self.fill_missing(keys[i], dst, missing);
                 }
@@ -398,27 +398,24 @@ impl Table {
         refs.try_reserve_exact(total)
             .map_err(|_| oom("with_state", total * 16))?;
         for (s, g) in guards.iter().enumerate() {
-            for r in 0..g.len() {
-                refs.push((g.arena.key(r), s as u32, r as u32));
-            }
+            refs.extend(g.keys_and_rows().map(|(k, r)| (k, s as u32, r as u32)));
         }
         refs.par_sort_unstable_by_key(|&(k, _, _)| k);
         let n = refs.len();
         let keys: Vec<i64> = refs.iter().map(|r| r.0).collect();
         let mut rows = vec![0.0f32; n * dim];
         let mut state = vec![0.0f32; if with_state { n * sl } else { 0 }];
-        let ww = self.wwords;
         rows.par_chunks_mut(dim)
             .zip(refs.par_iter())
             .for_each(|(dst, &(_, s, r))| {
-                self.read_weights(guards[s as usize].arena.row(r as usize), dst);
+                self.read_weights(guards[s as usize].arena.weights(r as usize), dst);
             });
         if with_state && sl > 0 {
             state
                 .par_chunks_mut(sl)
                 .zip(refs.par_iter())
                 .for_each(|(dst, &(_, s, r))| {
-                    dst.copy_from_slice(&guards[s as usize].arena.row(r as usize)[ww..]);
+                    dst.copy_from_slice(guards[s as usize].arena.state(r as usize));
                 });
         }
         Ok((keys, rows, state))

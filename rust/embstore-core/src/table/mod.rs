@@ -255,7 +255,6 @@ impl Table {
         let state_len = cfg.optimizer.map_or(0, |o| o.state_len(cfg.dim));
         let policy = cfg.policy;
         let wwords = policy.format.words(cfg.dim);
-        let stride = wwords + state_len;
         let track = policy.tracks();
         let shards = (0..num_shards)
             .map(|_| {
@@ -270,7 +269,7 @@ impl Table {
                     _ => None,
                 };
                 Ok(CachePadded::new(RwLock::new(Shard::new(
-                    stride, track, sketch,
+                    wwords, state_len, track, sketch,
                 ))))
             })
             .collect::<Result<_>>()?;
@@ -419,8 +418,7 @@ impl Table {
 
     /// Fills a new row (weights from the initializer, state from the optimizer).
     #[inline]
-    fn fill_new(&self, key: i64, row: &mut [f32]) {
-        let (w, state) = row.split_at_mut(self.wwords);
+    fn fill_new(&self, key: i64, w: &mut [f32], state: &mut [f32]) {
         if self.policy.format == RowFormat::F32 {
             self.initializer.fill_with(self.backend, self.seed, key, w);
         } else {

@@ -263,7 +263,7 @@ impl Table {
         reserved: &Reserved,
         save_gen: u32,
     ) -> Vec<u32> {
-        let fill = |key, row: &mut [f32]| self.fill_new(key, row);
+        let fill = |key, w: &mut [f32], st: &mut [f32]| self.fill_new(key, w, st);
         match reserved.rows_for(g) {
             Some(mut rows) => {
                 g.insert_missing(keys, &plan.hashes, pos, save_gen, fill, &mut rows);

@@ -426,7 +426,7 @@ impl Table {
                 if ahead && i + PREFETCH_AHEAD < end {
                     let (g, r) = locate(i + PREFETCH_AHEAD);
                     if r != NO_ROW {
-                        prefetch(&g.arena.row(r as usize)[..self.wwords]);
+                        prefetch(g.arena.weights(r as usize));
                     }
                 }
                 let (g, row) = locate(i);
@@ -434,7 +434,7 @@ impl Table {
                     self.fill_missing(pool.ids[i], &mut tmp, pool.missing);
                     &tmp[..]
                 } else {
-                    self.weights(g.arena.row(row as usize), &mut tmp)
+                    self.weights(g.arena.weights(row as usize), &mut tmp)
                 };
                 let c = pool.coef[i];
                 if i > lo {

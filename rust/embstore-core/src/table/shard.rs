@@ -8,32 +8,43 @@ use super::arena::{Arena, OutOfMemory};
 use super::pages::PageAlloc;
 use crate::policy::Sketch;
 
-/// An index entry: the row number in the high 32 bits, the low 32 bits of
-/// the key's hash in the low 32 bits. Keeping the hash in the entry lets the
-/// index grow without reading the arena, and filters probes before the key
-/// comparison.
-type Entry = u64;
+/// An index entry: a key and its row number, 12 bytes. Keeping the key in
+/// the entry makes a probe read the index only, not the row's storage as
+/// well (one cache miss fewer per key in a large table); the arena keeps no
+/// copy of the key, only its 32 hash bits, so that a row's entry can be
+/// found from the row when the row moves.
+#[derive(Debug, Clone, Copy)]
+#[repr(C, packed(4))]
+struct Entry {
+    key: i64,
+    row: u32,
+}
 
-/// The hash hashbrown sees for an entry: a function of the stored 32 hash
-/// bits only, with those bits in both halves so that the slot (low bits) and
-/// the tag (top 7 bits) both vary. The table picks shards from the other 32
-/// bits of the key hash ([`crate::hash::shard_of`]).
+impl Entry {
+    #[inline(always)]
+    fn key(&self) -> i64 {
+        self.key
+    }
+
+    #[inline(always)]
+    fn row(&self) -> usize {
+        self.row as usize
+    }
+}
+
+/// The hash hashbrown sees for a key of hash `hash`: a function of its low
+/// 32 bits only, with those bits in both halves so that the slot (low bits)
+/// and the tag (top 7 bits) both vary. The table picks shards from the other
+/// 32 bits of the key hash ([`crate::hash::shard_of`]).
 #[inline(always)]
 fn index_hash(h32: u32) -> u64 {
     u64::from(h32) | (u64::from(h32) << 32)
 }
 
-/// Keys per block of [`Shard::find_many`].
-const FIND_BLOCK: usize = 64;
-
+/// The hash of an entry, for the index to move it when it grows.
 #[inline(always)]
-fn entry(row: usize, h32: u32) -> Entry {
-    ((row as u64) << 32) | u64::from(h32)
-}
-
-#[inline(always)]
-fn entry_row(e: Entry) -> usize {
-    (e >> 32) as usize
+fn rehash(e: &Entry) -> u64 {
+    index_hash(crate::hash::key_hash(e.key()) as u32)
 }
 
 /// A shard's index and rows. Not synchronized: the table wraps each shard in
@@ -41,7 +52,7 @@ fn entry_row(e: Entry) -> usize {
 #[derive(Debug)]
 #[allow(clippy::len_without_is_empty)]
 pub struct Shard {
-    /// Row numbers and hash bits ([`Entry`]); the key lives in the arena.
+    /// Keys and row numbers ([`Entry`]).
     index: HashTable<Entry, PageAlloc>,
     /// Keys removed since the last save (for incremental checkpoints).
     pub removed: Vec<i64>,
@@ -49,7 +60,7 @@ pub struct Shard {
     /// been saved or loaded (before that, no incremental save can follow, so
     /// an eviction-heavy table never saved keeps no list).
     pub track_removals: bool,
-    /// Keys and rows.
+    /// Rows.
     pub arena: Arena,
     /// This shard's part of the admission sketch, if any.
     pub sketch: Option<Sketch>,
@@ -66,14 +77,15 @@ pub struct Shard {
 }
 
 impl Shard {
-    /// An empty shard of rows of `stride` floats, with per-row metadata
-    /// when `track`, and an admission sketch if given.
-    pub fn new(stride: usize, track: bool, sketch: Option<Sketch>) -> Self {
+    /// An empty shard of rows of `ww` floats of weights and `sl` of
+    /// optimizer state, with per-row metadata when `track`, and an
+    /// admission sketch if given.
+    pub fn new(ww: usize, sl: usize, track: bool, sketch: Option<Sketch>) -> Self {
         Shard {
             index: HashTable::new_in(PageAlloc),
             removed: Vec::new(),
             track_removals: false,
-            arena: Arena::new(stride, track),
+            arena: Arena::new(ww, sl, track),
             sketch,
             counters: Counters::default(),
             removals: 0,
@@ -97,7 +109,7 @@ impl Shard {
 
     /// Makes room in the index for `additional` more keys.
     pub fn reserve_index(&mut self, additional: usize) {
-        self.index.reserve(additional, |&e| index_hash(e as u32));
+        self.index.reserve(additional, rehash);
     }
 
     /// [`Shard::reserve_index`] that reports running out of memory.
@@ -106,7 +118,7 @@ impl Shard {
     /// When the index cannot be allocated; it is unchanged then.
     pub fn try_reserve_index(&mut self, additional: usize) -> Result<(), OutOfMemory> {
         self.index
-            .try_reserve(additional, |&e| index_hash(e as u32))
+            .try_reserve(additional, rehash)
             .map_err(|_| OutOfMemory)
     }
 
@@ -117,7 +129,7 @@ impl Shard {
     /// When the memory cannot be allocated.
     pub fn reserve_rows(&mut self, additional: usize) -> Result<(), OutOfMemory> {
         self.index
-            .try_reserve(additional, |&e| index_hash(e as u32))
+            .try_reserve(additional, rehash)
             .map_err(|_| OutOfMemory)?;
         self.arena.reserve(additional)
     }
@@ -138,7 +150,7 @@ impl Shard {
             return Err(OutOfMemory);
         }
         self.index
-            .try_reserve(pending, |&e| index_hash(e as u32))
+            .try_reserve(pending, rehash)
             .map_err(|_| OutOfMemory)?;
         self.arena.ensure_segments(target)?;
         self.pending = pending;
@@ -155,9 +167,7 @@ impl Shard {
         };
         match self.len().checked_add(want) {
             Some(target) if target <= u32::MAX as usize => {
-                self.index
-                    .try_reserve(want, |&e| index_hash(e as u32))
-                    .is_ok()
+                self.index.try_reserve(want, rehash).is_ok()
                     && self.arena.ensure_segments(target).is_ok()
             }
             _ => false,
@@ -178,48 +188,26 @@ impl Shard {
         self.pending -= n;
     }
 
-    /// The row of the entry whose stored hash bits match `hash`'s, if any: a
-    /// probe that reads the index only. A present key's row is its
-    /// candidate (or, in the rare case of two keys sharing 32 hash bits,
-    /// another key's); no candidate means the key is absent.
-    #[inline(always)]
-    fn candidate(&self, hash: u64) -> u32 {
-        let h32 = hash as u32;
-        self.index
-            .find(index_hash(h32), |&e| e as u32 == h32)
-            .map_or(NO_ROW, |&e| entry_row(e) as u32)
-    }
-
     /// The rows of the keys at batch positions `pos` (`keys[pos[j]]`, hash
-    /// `hashes[pos[j]]`) into `rows` (`NO_ROW` where absent). Works in
-    /// blocks: first every candidate of the block, whose probes read only
-    /// the index and so overlap their cache misses, with the candidate's key
-    /// prefetched; then each candidate checked against its key (a full probe
-    /// where the check fails).
+    /// `hashes[pos[j]]`) into `rows` (`NO_ROW` where absent). A probe reads
+    /// the index only, so the probes of consecutive keys overlap their cache
+    /// misses.
     pub fn find_many(&self, keys: &[i64], hashes: &[u64], pos: &[u32], rows: &mut Vec<u32>) {
         rows.clear();
         rows.reserve(pos.len());
-        let ahead = super::prefetches(keys.len(), super::SEQUENTIAL_KEYS);
-        for block in pos.chunks(FIND_BLOCK) {
-            let start = rows.len();
-            for &i in block {
-                let c = self.candidate(hashes[i as usize]);
-                if ahead && c != NO_ROW {
-                    self.arena.prefetch_key(c as usize);
-                }
-                rows.push(c);
-            }
-            for (r, &i) in rows[start..].iter_mut().zip(block) {
-                let i = i as usize;
-                if *r != NO_ROW && self.arena.key(*r as usize) != keys[i] {
-                    *r = self.find(keys[i], hashes[i]).map_or(NO_ROW, |x| x as u32);
-                }
-            }
-        }
+        rows.extend(pos.iter().map(|&i| {
+            let i = i as usize;
+            self.find(keys[i], hashes[i]).map_or(NO_ROW, |r| r as u32)
+        }));
+    }
+
+    /// Every key held with its row number, in no particular order.
+    pub fn keys_and_rows(&self) -> impl Iterator<Item = (i64, usize)> + '_ {
+        self.index.iter().map(|e| (e.key(), e.row()))
     }
 
     /// As [`Shard::find_many`], creating the rows of absent keys (filled by
-    /// `fill(key, row)`) in batch order, after making room in the index for
+    /// `fill(key, weights, state)`) in batch order, after making room in the index for
     /// all of them at once.
     pub fn find_or_insert_many(
         &mut self,
@@ -227,7 +215,7 @@ impl Shard {
         hashes: &[u64],
         pos: &[u32],
         generation: u32,
-        fill: impl Fn(i64, &mut [f32]),
+        fill: impl Fn(i64, &mut [f32], &mut [f32]),
         rows: &mut Vec<u32>,
     ) {
         self.find_many(keys, hashes, pos, rows);
@@ -244,7 +232,7 @@ impl Shard {
         hashes: &[u64],
         pos: &[u32],
         generation: u32,
-        fill: impl Fn(i64, &mut [f32]),
+        fill: impl Fn(i64, &mut [f32], &mut [f32]),
         rows: &mut [u32],
     ) {
         let missing = rows.iter().filter(|&&r| r == NO_ROW).count();
@@ -255,7 +243,7 @@ impl Shard {
         for (r, &i) in rows.iter_mut().zip(pos) {
             if *r == NO_ROW {
                 let (key, hash) = (keys[i as usize], hashes[i as usize]);
-                let (row, _) = self.find_or_insert(key, hash, generation, |row| fill(key, row));
+                let (row, _) = self.find_or_insert(key, hash, generation, |w, st| fill(key, w, st));
                 *r = row as u32;
             }
         }
@@ -264,36 +252,30 @@ impl Shard {
     /// The row of `key` (whose hash is `hash`), if present.
     #[inline]
     pub fn find(&self, key: i64, hash: u64) -> Option<usize> {
-        let arena = &self.arena;
-        let h32 = hash as u32;
         self.index
-            .find(index_hash(h32), |&e| {
-                e as u32 == h32 && arena.key(entry_row(e)) == key
-            })
-            .map(|&e| entry_row(e))
+            .find(index_hash(hash as u32), |e| e.key() == key)
+            .map(Entry::row)
     }
 
-    /// The row of `key`, created by `fill` when missing; `true` when created.
+    /// The row of `key`, created by `fill(weights, state)` when missing; `true` when created.
     #[inline]
     pub fn find_or_insert(
         &mut self,
         key: i64,
         hash: u64,
         generation: u32,
-        fill: impl FnOnce(&mut [f32]),
+        fill: impl FnOnce(&mut [f32], &mut [f32]),
     ) -> (usize, bool) {
-        let arena = &self.arena;
         let h32 = hash as u32;
-        match self.index.entry(
-            index_hash(h32),
-            |&e| e as u32 == h32 && arena.key(entry_row(e)) == key,
-            |&e| index_hash(e as u32),
-        ) {
-            hashbrown::hash_table::Entry::Occupied(e) => (entry_row(*e.get()), false),
+        match self
+            .index
+            .entry(index_hash(h32), |e| e.key() == key, rehash)
+        {
+            hashbrown::hash_table::Entry::Occupied(e) => (e.get().row(), false),
             hashbrown::hash_table::Entry::Vacant(e) => {
-                let r = self.arena.push(key, generation, fill);
+                let r = self.arena.push(h32, generation, fill);
                 assert!(r <= u32::MAX as usize, "a shard holds at most 2^32 rows");
-                e.insert(entry(r, h32));
+                e.insert(Entry { key, row: r as u32 });
                 (r, true)
             }
         }
@@ -301,27 +283,25 @@ impl Shard {
 
     /// Removes `key`; `true` when it was present.
     pub fn remove(&mut self, key: i64, hash: u64) -> bool {
-        let arena = &self.arena;
-        let h32 = hash as u32;
-        let Ok(found) = self.index.find_entry(index_hash(h32), |&e| {
-            e as u32 == h32 && arena.key(entry_row(e)) == key
-        }) else {
+        let Ok(found) = self
+            .index
+            .find_entry(index_hash(hash as u32), |e| e.key() == key)
+        else {
             return false;
         };
         let (e, _) = found.remove();
-        let r = entry_row(e);
+        let r = e.row();
         self.removals += 1;
         if self.track_removals {
             self.removed.push(key);
         }
         let last = self.arena.len() - 1;
-        if let Some(moved) = self.arena.swap_remove(r) {
-            let mh = crate::hash::key_hash(moved) as u32;
+        if let Some(mh) = self.arena.swap_remove(r) {
             let slot = self
                 .index
-                .find_mut(index_hash(mh), |&x| x == entry(last, mh))
+                .find_mut(index_hash(mh), |x| x.row() == last)
                 .expect("index holds every arena row");
-            *slot = entry(r, mh);
+            slot.row = r as u32;
         }
         true
     }

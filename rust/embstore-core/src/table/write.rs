@@ -60,7 +60,7 @@ impl Table {
         meta: Option<&[u32]>,
         save_gen: u32,
     ) -> Result<()> {
-        let (dim, sl, ww) = (self.dim, self.state_len, self.wwords);
+        let (dim, sl) = (self.dim, self.state_len);
         let plan = self.plan(keys);
         let reserved = self.reserve_plan(&plan, keys, None, false, "keys")?;
         let n = self.shards.len();
@@ -74,7 +74,7 @@ impl Table {
             let len0 = g.len();
             for &i in pos {
                 let i = i as usize;
-                let (r, _) = g.find_or_insert(keys[i], plan.hashes[i], save_gen, |_| {});
+                let (r, _) = g.find_or_insert(keys[i], plan.hashes[i], save_gen, |_, _| {});
                 g.arena.set_generation(r, save_gen);
                 if track {
                     match meta {
@@ -82,9 +82,8 @@ impl Table {
                         None => g.arena.touch(r, tick, step, 1),
                     }
                 }
-                let row = g.arena.row_mut(r);
-                self.write_weights(row, &values[i * dim..(i + 1) * dim]);
-                let st = &mut row[ww..];
+                let (w, st) = g.arena.row_mut(r);
+                self.write_weights(w, &values[i * dim..(i + 1) * dim]);
                 match (state, &self.optimizer) {
                     (Some(src), _) => st.copy_from_slice(&src[i * sl..(i + 1) * sl]),
                     (None, Some(o)) => o.init_state(st),

@@ -79,9 +79,13 @@ impl Table {
             .enumerate()
             .map(|(s, lock)| -> Result<Vec<FileEntry>> {
                 let g = read(lock);
-                let rows: Vec<usize> = (0..g.len())
-                    .filter(|&r| only_gen.is_none_or(|gen_| g.arena.generation(r) == gen_))
+                // In row order, so that the rows are read in memory order.
+                let mut rows: Vec<(usize, i64)> = g
+                    .keys_and_rows()
+                    .filter(|&(_, r)| only_gen.is_none_or(|gen_| g.arena.generation(r) == gen_))
+                    .map(|(key, r)| (r, key))
                     .collect();
+                rows.sort_unstable_by_key(|&(r, _)| r);
                 let mut out = Vec::new();
                 WRITE_BUFS.with(|cell| -> Result<()> {
                     let bufs = &mut *cell.borrow_mut();
@@ -92,15 +96,15 @@ impl Table {
                         w.clear();
                         st.clear();
                         mb.clear();
-                        for &r in chunk {
-                            i64::extend_le(&[g.arena.key(r)], kb);
-                            let row = g.arena.row(r);
+                        for &(r, key) in chunk {
+                            i64::extend_le(&[key], kb);
+                            let row = g.arena.weights(r);
                             match fmt {
                                 RowFormat::F32 => f32::extend_le(&row[..dim], w),
-                                _ => u16::extend_le(&crate::policy::halves(&row[..ww])[..dim], w),
+                                _ => u16::extend_le(&crate::policy::halves(row)[..dim], w),
                             }
                             if with_state {
-                                f32::extend_le(&row[ww..], st);
+                                f32::extend_le(g.arena.state(r), st);
                             }
                             if with_meta {
                                 u32::extend_le(&g.arena.meta(r).to_words(), mb);
