@@ -306,3 +306,64 @@ impl Shard {
         true
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::hash::key_hash;
+
+    /// A dict model of a shard under inserts and removals in random order:
+    /// every key held is found at a row holding its weights, and
+    /// `keys_and_rows` lists exactly the keys held, each with its row.
+    #[test]
+    fn removals_keep_every_other_key_found_and_listed() {
+        let mut s = Shard::new(2, 1, false, None);
+        let mut model = std::collections::HashMap::new();
+        let mut x = 0x2545_f491_4f6c_dd1du64;
+        for step in 0..20_000u64 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            // Keys from a small range, negative ones included, so that
+            // inserts hit present keys and removals hit absent ones.
+            let key = (x % 4_000) as i64 - 2_000;
+            if step % 3 == 2 {
+                assert_eq!(s.remove(key, key_hash(key)), model.remove(&key).is_some());
+            } else {
+                let (r, created) = s.find_or_insert(key, key_hash(key), 0, |w, st| {
+                    w.fill(key as f32);
+                    st.fill(-(key as f32));
+                });
+                assert_eq!(created, model.insert(key, ()).is_none());
+                assert_eq!(s.arena.weights(r), &[key as f32; 2]);
+            }
+        }
+        assert_eq!(s.len(), model.len());
+        for &key in model.keys() {
+            let r = s.find(key, key_hash(key)).expect("a held key is found");
+            assert_eq!(s.arena.weights(r), &[key as f32; 2]);
+            assert_eq!(s.arena.state(r), &[-(key as f32)]);
+            assert_eq!(s.arena.hash32(r), key_hash(key) as u32);
+        }
+        let mut listed: Vec<(i64, usize)> = s.keys_and_rows().collect();
+        listed.sort_unstable();
+        let mut keys: Vec<i64> = model.keys().copied().collect();
+        keys.sort_unstable();
+        assert_eq!(listed.iter().map(|p| p.0).collect::<Vec<_>>(), keys);
+        for (key, r) in listed {
+            assert_eq!(
+                s.arena.weights(r),
+                &[key as f32; 2],
+                "key {key} listed with its row"
+            );
+        }
+        let mut rows: Vec<usize> = s.keys_and_rows().map(|p| p.1).collect();
+        rows.sort_unstable();
+        assert_eq!(rows, (0..s.len()).collect::<Vec<_>>(), "rows are dense");
+    }
+
+    #[test]
+    fn an_index_entry_is_twelve_bytes() {
+        assert_eq!(size_of::<Entry>(), 12);
+    }
+}
