@@ -5,7 +5,9 @@
 //! pooled_gather`; `OPT=none` drops Adam's state, `PER=n` sets the ids a bag.
 use std::time::Instant;
 
-use embstore_core::{Bags, Combiner, Optimizer, Table, TableConfig};
+use embstore_core::{Bags, Combiner, Table};
+
+mod common;
 use rayon::prelude::*;
 
 fn gather_sum(dense: &[f32], dim: usize, ids: &[i64], per: usize, out: &mut [f32]) {
@@ -33,29 +35,12 @@ fn main() {
     let dim = 64usize;
     let rows = 2_000_000usize;
     let per: usize = std::env::var("PER").map_or(26, |v| v.parse().expect("PER: a number"));
-    let mut cfg = TableConfig::new(dim);
-    match std::env::var("OPT").as_deref() {
-        Ok("none") => {}
-        Ok(name) => {
-            let lr = std::collections::BTreeMap::from([("lr".to_string(), 0.01)]);
-            cfg.optimizer = Some(Optimizer::from_named(name, &lr).expect("OPT: an optimizer"));
-        }
-        Err(_) => cfg.optimizer = Some(Optimizer::from_named("Adam", &Default::default()).unwrap()),
-    }
+    let cfg = common::config(dim);
     let table = Table::new(cfg).unwrap();
-    let all: Vec<i64> = (0..rows as i64).collect();
-    let mut dense = vec![0.0f32; rows * dim];
-    table.lookup(&all, true, &mut dense).unwrap();
+    let dense = common::fill(&table, rows, dim);
     let mut x = 0x9e37_79b9_7f4a_7c15u64;
     let n = 1_703_936 / per * per;
-    let ids: Vec<i64> = (0..n)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            (x % rows as u64) as i64
-        })
-        .collect();
+    let ids = common::random_keys(&mut x, n, rows);
     let offsets: Vec<i64> = (0..=n / per).map(|b| (b * per) as i64).collect();
     let bags = Bags {
         ids: &ids,

@@ -9,7 +9,9 @@
 //! `Table::try_lookup_now` (serving and inserting).
 use std::time::Instant;
 
-use embstore_core::{Optimizer, Table, TableConfig};
+use embstore_core::Table;
+
+mod common;
 
 fn best<F: FnMut()>(mut f: F, reps: usize) -> f64 {
     let mut best = f64::INFINITY;
@@ -26,23 +28,12 @@ fn best<F: FnMut()>(mut f: F, reps: usize) -> f64 {
 fn main() {
     let dim: usize = std::env::var("DIM").map_or(64, |v| v.parse().expect("DIM: a number"));
     let rows = 100_000usize;
-    let mut cfg = TableConfig::new(dim);
-    // OPT=none: rows without optimizer state (a stride of dim floats).
-    match std::env::var("OPT").as_deref() {
-        Ok("none") => {}
-        Ok(name) => {
-            let lr = std::collections::BTreeMap::from([("lr".to_string(), 0.01)]);
-            cfg.optimizer = Some(Optimizer::from_named(name, &lr).expect("OPT: an optimizer"));
-        }
-        Err(_) => cfg.optimizer = Some(Optimizer::from_named("Adam", &Default::default()).unwrap()),
-    }
+    let mut cfg = common::config(dim);
     cfg.num_shards = std::env::var("SHARDS")
         .ok()
         .map(|v| v.parse().expect("SHARDS: a number"));
     let table = Table::new(cfg).unwrap();
-    let all: Vec<i64> = (0..rows as i64).collect();
-    let mut dense = vec![0.0f32; rows * dim];
-    table.lookup(&all, true, &mut dense).unwrap();
+    let dense = common::fill(&table, rows, dim);
     let mut x = 0x9e37_79b9_7f4a_7c15u64;
     let sizes: Vec<usize> = match std::env::var("KEYS") {
         Ok(v) => vec![v.parse().expect("KEYS: a number of keys")],
@@ -50,14 +41,7 @@ fn main() {
     };
     let scale: usize = std::env::var("SCALE").map_or(1, |v| v.parse().expect("SCALE: a number"));
     for n in sizes {
-        let keys: Vec<i64> = (0..n)
-            .map(|_| {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                (x % rows as u64) as i64
-            })
-            .collect();
+        let keys = common::random_keys(&mut x, n, rows);
         let mut out = vec![0.0f32; n * dim];
         let reps = scale * 200_000 / n;
         let grads = vec![0.001f32; n * dim];

@@ -468,10 +468,16 @@ impl Sketch {
             .unwrap_or(0)
     }
 
+    /// The estimate of `key` after `n` more sightings (what [`Sketch::add`]
+    /// would return), without adding them.
+    pub fn estimate_after(&self, key: i64, n: u32) -> u32 {
+        (self.estimate(key) + n).min(255)
+    }
+
     /// Adds `n` sightings of `key` (conservative update: only counters below
     /// the new estimate rise to it) and returns the new estimate.
     pub fn add(&mut self, key: i64, n: u32) -> u32 {
-        let new = (self.estimate(key) + n).min(255);
+        let new = self.estimate_after(key, n);
         for d in 0..self.depth {
             let c = self.cell(key, d);
             if u32::from(self.cells[c]) < new {

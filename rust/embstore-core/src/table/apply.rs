@@ -396,7 +396,7 @@ impl Table {
         match (self.policy.admission, &g.sketch) {
             (Admission::Count { min_count, .. }, Some(sketch)) => absent
                 .iter()
-                .filter(|&&k| (sketch.estimate(k) + 1).min(255) >= min_count)
+                .filter(|&&k| sketch.estimate_after(k, 1) >= min_count)
                 .count(),
             _ => absent.len(),
         }

@@ -144,16 +144,10 @@ impl Shard {
     /// # Errors
     /// When the memory cannot be allocated; nothing is pending then.
     pub fn reserve_pending(&mut self, n: usize) -> Result<(), OutOfMemory> {
-        let pending = self.pending.checked_add(n).ok_or(OutOfMemory)?;
-        let target = self.len().checked_add(pending).ok_or(OutOfMemory)?;
-        if target > u32::MAX as usize {
+        if !self.make_room(n) {
             return Err(OutOfMemory);
         }
-        self.index
-            .try_reserve(pending, rehash)
-            .map_err(|_| OutOfMemory)?;
-        self.arena.ensure_segments(target)?;
-        self.pending = pending;
+        self.pending += n;
         Ok(())
     }
 
