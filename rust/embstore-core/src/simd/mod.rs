@@ -210,6 +210,22 @@ pub fn prefetch<T>(slice: &[T]) {
     let _ = slice;
 }
 
+/// Asks the CPU to start loading the cache line at address `addr`, which
+/// need not be mapped (a prefetch never faults): for addresses computed
+/// from a layout, not taken from a live reference.
+#[inline(always)]
+pub fn prefetch_addr(addr: usize) {
+    #[cfg(all(target_arch = "x86_64", not(miri)))]
+    {
+        use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
+        // SAFETY: a prefetch reads and changes nothing architecturally and
+        // never faults, whatever the address.
+        unsafe { _mm_prefetch::<_MM_HINT_T0>(addr as *const i8) };
+    }
+    #[cfg(not(all(target_arch = "x86_64", not(miri))))]
+    let _ = addr;
+}
+
 /// Copies `src` to `dst` (same length) with non-temporal stores where the
 /// CPU has them and `dst` allows (x86-64: 16-byte aligned, whole 16-byte
 /// chunks): the written lines go to memory without first being read into

@@ -99,6 +99,77 @@ pub(crate) fn prefetches(n: usize, sequential: usize) -> bool {
 /// How many rows ahead [`copy_rows`] prefetches.
 pub(crate) const PREFETCH_AHEAD: usize = 8;
 
+/// Batches of at least this many keys group their positions by shard in
+/// parallel, in chunks of this many.
+const PARALLEL_PLAN_KEYS: usize = 1 << 16;
+
+/// A stable counting sort of the positions of `hashes` by shard: the
+/// positions, and where each shard's start.
+fn group_by_shard(hashes: &[u64], n_shards: usize) -> (Vec<u32>, Vec<usize>) {
+    let mut counts = vec![0usize; n_shards + 1];
+    for &h in hashes {
+        counts[shard_of(h, n_shards) + 1] += 1;
+    }
+    for s in 0..n_shards {
+        counts[s + 1] += counts[s];
+    }
+    let starts = counts.clone();
+    let mut next = counts;
+    let mut order = vec![0u32; hashes.len()];
+    for (i, &h) in hashes.iter().enumerate() {
+        let slot = &mut next[shard_of(h, n_shards)];
+        order[*slot] = i as u32;
+        *slot += 1;
+    }
+    (order, starts)
+}
+
+/// [`group_by_shard`] in parallel: each chunk of [`PARALLEL_PLAN_KEYS`]
+/// positions counts its shards, and then writes its positions into its own
+/// part of each shard's range (the parts lie in chunk order, so the sort
+/// stays stable).
+fn par_group_by_shard(hashes: &[u64], n_shards: usize) -> (Vec<u32>, Vec<usize>) {
+    let counts: Vec<Vec<usize>> = hashes
+        .par_chunks(PARALLEL_PLAN_KEYS)
+        .map(|c| {
+            let mut n = vec![0usize; n_shards];
+            for &h in c {
+                n[shard_of(h, n_shards)] += 1;
+            }
+            n
+        })
+        .collect();
+    let mut starts = vec![0usize; n_shards + 1];
+    for s in 0..n_shards {
+        starts[s + 1] = starts[s] + counts.iter().map(|n| n[s]).sum::<usize>();
+    }
+    let mut order = vec![0u32; hashes.len()];
+    // parts[c][s]: chunk c's part of shard s's range.
+    let mut parts: Vec<Vec<&mut [u32]>> = counts.iter().map(|_| Vec::new()).collect();
+    let mut rest: &mut [u32] = &mut order;
+    for s in 0..n_shards {
+        for (c, n) in counts.iter().enumerate() {
+            let (part, tail) = std::mem::take(&mut rest).split_at_mut(n[s]);
+            parts[c].push(part);
+            rest = tail;
+        }
+    }
+    parts
+        .into_par_iter()
+        .zip(hashes.par_chunks(PARALLEL_PLAN_KEYS))
+        .enumerate()
+        .for_each(|(c, (mut parts, chunk))| {
+            let mut next = vec![0usize; n_shards];
+            let base = c * PARALLEL_PLAN_KEYS;
+            for (j, &h) in chunk.iter().enumerate() {
+                let s = shard_of(h, n_shards);
+                parts[s][next[s]] = (base + j) as u32;
+                next[s] += 1;
+            }
+        });
+    (order, starts)
+}
+
 impl Table {
     /// Hashes `keys` and groups their positions by shard.
     pub(super) fn plan(&self, keys: &[i64]) -> Plan {
@@ -111,24 +182,11 @@ impl Table {
                 .map(|&k| key_hash(k))
                 .collect()
         };
-        let mut shard_ids: Vec<u32> = Vec::with_capacity(keys.len());
-        let mut counts = vec![0usize; n_shards + 1];
-        for &h in &hashes {
-            let s = shard_of(h, n_shards);
-            shard_ids.push(s as u32);
-            counts[s + 1] += 1;
-        }
-        for s in 0..n_shards {
-            counts[s + 1] += counts[s];
-        }
-        let starts = counts.clone();
-        let mut next = counts;
-        let mut order = vec![0u32; keys.len()];
-        for (i, &s) in shard_ids.iter().enumerate() {
-            let slot = &mut next[s as usize];
-            order[*slot] = i as u32;
-            *slot += 1;
-        }
+        let (order, starts) = if keys.len() < PARALLEL_PLAN_KEYS {
+            group_by_shard(&hashes, n_shards)
+        } else {
+            par_group_by_shard(&hashes, n_shards)
+        };
         Plan {
             hashes,
             order,
@@ -347,6 +405,20 @@ mod tests {
             }
         }
         assert!(seen.iter().all(|&c| c == 1));
+    }
+
+    #[test]
+    fn the_parallel_grouping_is_the_sequential_counting_sort() {
+        // Several chunks, the last one partial, skewed shards, 1 to 64 shards.
+        let n = 3 * PARALLEL_PLAN_KEYS + 12_345;
+        let hashes: Vec<u64> = (0..n as u64)
+            .map(|i| crate::hash::key_hash((i * i % 100_003) as i64))
+            .collect();
+        for shards in [1, 3, 8, 64] {
+            let par = par_group_by_shard(&hashes, shards);
+            assert_eq!(par, group_by_shard(&hashes, shards), "{shards} shards");
+            assert_eq!(par.1[shards], n);
+        }
     }
 
     #[test]

@@ -414,6 +414,15 @@ impl Table {
             };
             (g, r)
         };
+        // First each id's row (None: not held), then the sums: the summing
+        // loop, bound by row fetches, runs no bookkeeping between them.
+        let start = bags.offsets[range.start] as usize + base;
+        let rows: Vec<Option<&[f32]>> = (start..end)
+            .map(|i| {
+                let (g, r) = locate(i);
+                (r != NO_ROW).then(|| g.arena.weights(r as usize))
+            })
+            .collect();
         let stream = out.streams();
         let ahead = prefetches(pool.ids.len(), SEQUENTIAL_KEYS);
         let mut tmp = vec![0.0f32; dim];
@@ -423,18 +432,15 @@ impl Table {
             // SAFETY: each bag's output row is written by this chunk only.
             let d = unsafe { out.row(b, dim) };
             for i in lo..hi {
-                if ahead && i + PREFETCH_AHEAD < end {
-                    let (g, r) = locate(i + PREFETCH_AHEAD);
-                    if r != NO_ROW {
-                        prefetch(g.arena.weights(r as usize));
-                    }
+                if ahead && let Some(Some(r)) = rows.get(i + PREFETCH_AHEAD - start) {
+                    prefetch(r);
                 }
-                let (g, row) = locate(i);
-                let x = if row == NO_ROW {
-                    self.fill_missing(pool.ids[i], &mut tmp, pool.missing);
-                    &tmp[..]
-                } else {
-                    self.weights(g.arena.weights(row as usize), &mut tmp)
+                let x = match rows[i - start] {
+                    Some(r) => self.weights(r, &mut tmp),
+                    None => {
+                        self.fill_missing(pool.ids[i], &mut tmp, pool.missing);
+                        &tmp[..]
+                    }
                 };
                 let c = pool.coef[i];
                 if i > lo {

@@ -32,6 +32,50 @@ impl Entry {
     }
 }
 
+/// A batch probe prefetches index lines when it probes at least this many
+/// keys in the shard: as with rows ([`super::plan::prefetches`]), a small
+/// call's prefetches cost more than they save, and its index lines are
+/// often in cache.
+const PROBE_PREFETCH_MIN: usize = 1024;
+
+/// How many keys ahead a batch probe prefetches the index lines.
+const PROBE_AHEAD: usize = 8;
+
+/// The addresses of the index lines a probe for a hash reads first: its
+/// group's control bytes and its home bucket. hashbrown keeps control byte
+/// `i` at `data_end + i` and bucket `i` at `data_end - (i + 1) * 12`, and
+/// starts a probe at bucket `hash & mask`; those are its layout, not its
+/// API, so the addresses are only ever prefetched (a prefetch of a wrong
+/// address costs a wasted fetch, never a wrong result), and a test checks
+/// them against `get_bucket` so that a layout change is noticed.
+#[derive(Debug, Clone, Copy)]
+pub struct IndexLines {
+    data_end: usize,
+    mask: usize,
+}
+
+impl IndexLines {
+    /// The first bucket a probe for a key of hash `hash` looks at.
+    #[inline(always)]
+    fn home(&self, hash: u64) -> usize {
+        index_hash(hash as u32) as usize & self.mask
+    }
+
+    /// The address of bucket `i`.
+    #[inline(always)]
+    fn bucket(&self, i: usize) -> usize {
+        self.data_end.wrapping_sub((i + 1) * size_of::<Entry>())
+    }
+
+    /// Starts loading the lines a probe for `hash` reads first.
+    #[inline(always)]
+    pub fn prefetch(&self, hash: u64) {
+        let i = self.home(hash);
+        crate::simd::prefetch_addr(self.data_end.wrapping_add(i));
+        crate::simd::prefetch_addr(self.bucket(i));
+    }
+}
+
 /// The hash hashbrown sees for a key of hash `hash`: a function of its low
 /// 32 bits only, with those bits in both halves so that the slot (low bits)
 /// and the tag (top 7 bits) both vary. The table picks shards from the other
@@ -189,10 +233,31 @@ impl Shard {
     pub fn find_many(&self, keys: &[i64], hashes: &[u64], pos: &[u32], rows: &mut Vec<u32>) {
         rows.clear();
         rows.reserve(pos.len());
-        rows.extend(pos.iter().map(|&i| {
+        let lines = (pos.len() >= PROBE_PREFETCH_MIN)
+            .then(|| self.index_lines())
+            .flatten();
+        rows.extend(pos.iter().enumerate().map(|(j, &i)| {
+            if let (Some(lines), Some(&ahead)) = (&lines, pos.get(j + PROBE_AHEAD)) {
+                lines.prefetch(hashes[ahead as usize]);
+            }
             let i = i as usize;
             self.find(keys[i], hashes[i]).map_or(NO_ROW, |r| r as u32)
         }));
+    }
+
+    /// Where the index keeps the buckets a hash probes first, or None when
+    /// the index is empty; see [`IndexLines`].
+    pub fn index_lines(&self) -> Option<IndexLines> {
+        if self.index.is_empty() {
+            return None;
+        }
+        let j = self.index.iter_buckets().next()?;
+        let e: &Entry = self.index.get_bucket(j)?;
+        let data_end = std::ptr::from_ref(e) as usize + (j + 1) * size_of::<Entry>();
+        Some(IndexLines {
+            data_end,
+            mask: self.index.num_buckets() - 1,
+        })
     }
 
     /// Every key held with its row number, in no particular order.
@@ -354,6 +419,37 @@ mod tests {
         let mut rows: Vec<usize> = s.keys_and_rows().map(|p| p.1).collect();
         rows.sort_unstable();
         assert_eq!(rows, (0..s.len()).collect::<Vec<_>>(), "rows are dense");
+    }
+
+    #[test]
+    fn index_lines_give_the_home_bucket_and_control_byte_of_each_key() {
+        let mut s = Shard::new(4, 0, false, None);
+        assert!(s.index_lines().is_none(), "an empty index has no lines");
+        let mut homes = 0;
+        for key in -5_000i64..5_000 {
+            s.find_or_insert(key, key_hash(key), 0, |_, _| {});
+        }
+        let lines = s.index_lines().expect("a filled index has lines");
+        for key in -5_000i64..5_000 {
+            let hash = key_hash(key);
+            let b = s
+                .index
+                .find_bucket_index(index_hash(hash as u32), |e| e.key() == key)
+                .expect("every inserted key is held");
+            let e = s.index.get_bucket(b).expect("a found bucket is full");
+            // Every key's bucket sits where the layout puts it, so the
+            // home bucket's address is right too.
+            assert_eq!(lines.bucket(b), std::ptr::from_ref(e) as usize, "key {key}");
+            if b == lines.home(hash) {
+                homes += 1;
+            }
+        }
+        // Most keys sit in their home bucket or its group, so prefetching
+        // the home bucket's line fetches the entry a probe reads.
+        assert!(
+            homes > 5_000,
+            "only {homes} of 10,000 keys in their home bucket"
+        );
     }
 
     #[test]
