@@ -10,7 +10,7 @@
 //! An empty bag pools to zeros (and a bag whose denominator is 0 too).
 
 use std::ops::Range;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 
 use rayon::prelude::*;
 
@@ -43,8 +43,9 @@ struct Pooling<'a> {
     /// The call's ids (all its features', back to back) and their hashes.
     ids: &'a [i64],
     hashes: &'a [u64],
-    /// Each id's row as the lookup pass found it (`NO_ROW`: none).
-    row_of: &'a [u32],
+    /// Each id's row as the lookup pass found it (`NO_ROW`: none), stored
+    /// by that pass's shard jobs.
+    row_of: &'a [AtomicU32],
     /// Each shard's removal count when the lookup pass found its rows.
     removals: &'a [u64],
     /// Each id's coefficient in its bag.
@@ -301,17 +302,18 @@ impl Table {
         drop(bag_of);
         let plan = self.plan(ids);
         let found = self.found();
-        self.lookup_rows(ids, &plan, insert, Some(&found), |_, _, _| {})?;
-        // Each id's row, and each shard's removal count when it was found.
-        let mut row_of = vec![NO_ROW; n];
-        let mut removals = vec![0u64; self.shards.len()];
-        for (s, slot) in found.iter().enumerate() {
-            let slot = slot.lock().unwrap_or_else(PoisonError::into_inner);
-            for (&i, &r) in plan.positions(s).iter().zip(&slot.0) {
-                row_of[i as usize] = r;
+        // Each id's row, written by each shard's job as it finds them, and
+        // each shard's removal count then.
+        let row_of: Vec<AtomicU32> = (0..n).map(|_| AtomicU32::new(NO_ROW)).collect();
+        self.lookup_rows(ids, &plan, insert, Some(&found), |_, pos, rows| {
+            for (&i, &r) in pos.iter().zip(rows) {
+                row_of[i as usize].store(r, Ordering::Relaxed);
             }
-            removals[s] = slot.1;
-        }
+        })?;
+        let removals: Vec<u64> = found
+            .iter()
+            .map(|slot| slot.lock().unwrap_or_else(PoisonError::into_inner).1)
+            .collect();
         let overflow = AtomicBool::new(false);
         let pool = Pooling {
             ids,
@@ -410,7 +412,7 @@ impl Table {
                 g.find(pool.ids[i], pool.hashes[i])
                     .map_or(NO_ROW, |r| r as u32)
             } else {
-                pool.row_of[i]
+                pool.row_of[i].load(Ordering::Relaxed)
             };
             (g, r)
         };
@@ -699,14 +701,14 @@ mod tests {
         // The rows as a pass found them, then key 2 removed (its shard's
         // last row moves into its place) and key 5's row found stale too.
         let plan = t.plan(&ids);
-        let mut row_of = vec![NO_ROW; ids.len()];
+        let row_of: Vec<AtomicU32> = ids.iter().map(|_| AtomicU32::new(NO_ROW)).collect();
         let mut removals = vec![0u64; t.shards.len()];
         for (s, lock) in t.shards.iter().enumerate() {
             let g = read(lock);
             let mut rows = Vec::new();
             g.find_many(&ids, &plan.hashes, plan.positions(s), &mut rows);
             for (&i, &r) in plan.positions(s).iter().zip(&rows) {
-                row_of[i as usize] = r;
+                row_of[i as usize].store(r, Ordering::Relaxed);
             }
             removals[s] = g.removals;
         }
