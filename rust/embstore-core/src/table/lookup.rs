@@ -315,7 +315,7 @@ impl Table {
     ) {
         let (dim, ww) = (self.dim, self.wwords);
         // The row format is matched once per call, not per row.
-        let ahead = prefetches(keys.len(), SEQUENTIAL_KEYS);
+        let ahead = prefetches(keys.len(), COPY_PREFETCH_KEYS);
         let copy = |decode: &dyn Fn(&[f32], &mut [f32])| {
             for j in 0..pos.len() {
                 if ahead

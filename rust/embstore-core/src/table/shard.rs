@@ -33,10 +33,9 @@ impl Entry {
 }
 
 /// A batch probe prefetches index lines when it probes at least this many
-/// keys in the shard: as with rows ([`super::plan::prefetches`]), a small
-/// call's prefetches cost more than they save, and its index lines are
-/// often in cache.
-const PROBE_PREFETCH_MIN: usize = 1024;
+/// keys in the shard: below it (a call of up to about 512 keys with the
+/// default shards), the prefetches cost about what they save.
+const PROBE_PREFETCH_MIN: usize = 64;
 
 /// How many keys ahead a batch probe prefetches the index lines.
 const PROBE_AHEAD: usize = 8;
