@@ -98,8 +98,9 @@ pub(crate) fn check_grad_sums(
 pub(super) const TRANSIENT_CHECK_KEYS: usize = 1 << 20;
 
 /// Bytes of per-key work arrays a batch call may hold at once (plan,
-/// positions, rows found, coefficients).
-pub(super) const TRANSIENT_BYTES_PER_KEY: usize = 40;
+/// positions, rows found, coefficients, and the resolved rows of a pooling
+/// chunk, 16 bytes an id, which for a call of one huge bag is every id).
+pub(super) const TRANSIENT_BYTES_PER_KEY: usize = 56;
 
 /// Refuses a batch of `n` keys whose work arrays do not fit in the memory
 /// available (an allocation that fails would abort the process).
