@@ -84,16 +84,18 @@ pub(crate) const SEQUENTIAL_KEYS: usize = 1024;
 /// calling thread against 131-137 us spread).
 pub(crate) const SEQUENTIAL_STEP_KEYS: usize = 256;
 
-/// Whether a call of `n` keys (`sequential`: the most that run on the
-/// calling thread) prefetches rows and keys ahead of their use: only a call
-/// large enough to run on the pool, whose rows are mostly out of cache. In
-/// a small call the prefetches cost more than they save (measured with
-/// examples/small_lookup.rs on the 2-core VM: an SGD step on 128 keys took
-/// 11.5-11.9 us without them against 15-23 us with them; at 1,024 keys,
-/// on the pool, 135-181 us with them against 197-234 us without).
+/// Whether a call of `n` keys prefetches rows and keys ahead of their use:
+/// only a call of more than `most` keys, whose rows are mostly out of
+/// cache (`most` is the pass's [`SEQUENTIAL_KEYS`] or
+/// [`SEQUENTIAL_STEP_KEYS`], so that prefetching starts where the pass
+/// moves to the pool, or a lower [`COPY_PREFETCH_KEYS`] for a lookup's
+/// copy). In a small call the prefetches cost more than they save (measured
+/// with examples/small_lookup.rs on the 2-core VM: an SGD step on 128 keys
+/// took 11.5-11.9 us without them against 15-23 us with them; at 1,024
+/// keys, on the pool, 135-181 us with them against 197-234 us without).
 #[inline]
-pub(crate) fn prefetches(n: usize, sequential: usize) -> bool {
-    n > sequential
+pub(crate) fn prefetches(n: usize, most: usize) -> bool {
+    n > most
 }
 
 /// The most keys a lookup copies without prefetching rows: lower than

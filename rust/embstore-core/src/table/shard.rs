@@ -228,7 +228,8 @@ impl Shard {
     /// The rows of the keys at batch positions `pos` (`keys[pos[j]]`, hash
     /// `hashes[pos[j]]`) into `rows` (`NO_ROW` where absent). A probe reads
     /// the index only, so the probes of consecutive keys overlap their cache
-    /// misses.
+    /// misses; from [`PROBE_PREFETCH_MIN`] keys on, the index lines of the
+    /// key [`PROBE_AHEAD`] ahead are prefetched too.
     pub fn find_many(&self, keys: &[i64], hashes: &[u64], pos: &[u32], rows: &mut Vec<u32>) {
         rows.clear();
         rows.reserve(pos.len());
@@ -421,7 +422,7 @@ mod tests {
     }
 
     #[test]
-    fn index_lines_give_the_home_bucket_and_control_byte_of_each_key() {
+    fn index_lines_give_the_bucket_address_of_each_key() {
         let mut s = Shard::new(4, 0, false, None);
         assert!(s.index_lines().is_none(), "an empty index has no lines");
         let mut homes = 0;
