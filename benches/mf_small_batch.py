@@ -3,7 +3,7 @@ a MovieLens user (the model Surprise's SVD trains), on synthetic ratings of
 MovieLens-100k's shape (943 users, 1,682 items, 100,000 ratings, 1 to 5
 stars).
 
-    python benches/mf_small_batch.py [--epochs 3] [--factors 100] [--json]
+    python benches/mf_small_batch.py [--epochs 3] [--factors 100] [--json] [--floor]
 
 Four tables, all trained with SGD (Surprise's defaults: lr 0.005, reg 0.02,
 factors drawn from N(0, 0.1), biases from 0): user factors, item factors,
@@ -11,6 +11,11 @@ user biases and item biases. One step looks up the batch's rows in the four
 tables, computes ``mu + b_u + b_i + p_u . q_i`` and the regularised
 gradients in NumPy, and applies them to the four tables. Prints epochs/s
 and microseconds per step, best of the epochs after the first.
+
+``--floor`` also times the same loop with each table replaced by a stand-in
+whose lookup returns rows it holds ready and whose gradient call does
+nothing: the step's NumPy and Python share, which no store can remove (the
+least time a step can take).
 
 The script uses only the API every embstore version has had (Table,
 lookup, apply_gradients, optim.SGD, init.Normal, init.Zeros), so it runs
@@ -23,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from typing import Any
 
 import numpy as np
 
@@ -45,15 +51,40 @@ def ratings(seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return users.astype(np.int64), items.astype(np.int64), stars.astype(np.float32)
 
 
-def train(epochs: int, factors: int, batch: int = 128) -> dict[str, float]:
+class FreeTable:
+    """A stand-in for a table that costs nothing: ``lookup`` returns rows
+    it holds ready (N(0, 0.1) factors, or zeros), ``apply_gradients`` does
+    nothing. The loop run with it times what is left of a step without any
+    store."""
+
+    def __init__(self, dim: int, batch: int, seed: int) -> None:
+        rng = np.random.default_rng(seed)
+        self.rows = rng.normal(0.0, 0.1, (batch, dim)).astype(np.float32)
+
+    def lookup(self, keys: np.ndarray) -> np.ndarray:
+        return self.rows[: len(keys)]
+
+    def apply_gradients(self, keys: np.ndarray, grads: np.ndarray) -> None:
+        pass
+
+
+def train(epochs: int, factors: int, batch: int = 128, free: bool = False) -> dict[str, float]:
     users, items, stars = ratings()
     lr, reg = 0.005, 0.02
     mu = float(stars.mean())
     normal = init.Normal(mean=0.0, std=0.1)
-    p = embstore.Table(factors, optimizer=optim.SGD(lr=lr), initializer=normal, seed=1)
-    q = embstore.Table(factors, optimizer=optim.SGD(lr=lr), initializer=normal, seed=2)
-    bu = embstore.Table(1, optimizer=optim.SGD(lr=lr), initializer=init.Zeros(), seed=3)
-    bi = embstore.Table(1, optimizer=optim.SGD(lr=lr), initializer=init.Zeros(), seed=4)
+    p: Any
+    q: Any
+    bu: Any
+    bi: Any
+    if free:
+        p, q = FreeTable(factors, batch, 1), FreeTable(factors, batch, 2)
+        bu, bi = FreeTable(1, batch, 3), FreeTable(1, batch, 4)
+    else:
+        p = embstore.Table(factors, optimizer=optim.SGD(lr=lr), initializer=normal, seed=1)
+        q = embstore.Table(factors, optimizer=optim.SGD(lr=lr), initializer=normal, seed=2)
+        bu = embstore.Table(1, optimizer=optim.SGD(lr=lr), initializer=init.Zeros(), seed=3)
+        bi = embstore.Table(1, optimizer=optim.SGD(lr=lr), initializer=init.Zeros(), seed=4)
     rng = np.random.default_rng(1)
     epoch_s = []
     rmse = float("nan")
@@ -92,9 +123,17 @@ def main() -> None:
     ap.add_argument("--epochs", type=int, default=3)
     ap.add_argument("--factors", type=int, default=100)
     ap.add_argument("--json", action="store_true")
+    ap.add_argument(
+        "--floor",
+        action="store_true",
+        help="also time the loop with stand-in tables that cost nothing",
+    )
     a = ap.parse_args()
-    res = train(a.epochs, a.factors)
+    res: dict[str, Any] = dict(train(a.epochs, a.factors))
     res["embstore"] = getattr(embstore, "__version__", "?")
+    if a.floor:
+        floor = train(a.epochs, a.factors, free=True)
+        res["floor_us_per_step"] = floor["us_per_step"]
     if a.json:
         print(json.dumps(res))
     else:
@@ -103,6 +142,11 @@ def main() -> None:
             f"{res['epochs_per_s']:.2f} epochs/s, {res['us_per_step']:.0f} us/step, "
             f"train RMSE {res['train_rmse_last_epoch']:.3f} after {res['epochs']} epochs"
         )
+        if a.floor:
+            print(
+                f"the same loop with tables that cost nothing (its NumPy and Python): "
+                f"{res['floor_us_per_step']:.0f} us/step"
+            )
 
 
 if __name__ == "__main__":

@@ -182,6 +182,32 @@ def test_integer_key_dtypes_are_widened() -> None:
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("dim", [1, 3, 64])
+def test_lookup_copies_each_row_to_its_position(
+    dim: int, dtype: str, rng: np.random.Generator
+) -> None:
+    """Every row copy the lookup has (a one-float row, a short row, a long
+    row; float32 and a 16-bit format): present keys read their own row at
+    their batch position, absent ones the default, for batches on the
+    calling thread's small path and on the ordinary one (a dict model)."""
+    t = embstore.Table(dim, seed=5, num_shards=8, dtype=dtype)
+    stored = rng.choice(10_000, 500, replace=False)
+    # Values every format holds exactly (small integers).
+    vals = rng.integers(-100, 100, (500, dim)).astype(np.float32)
+    t.assign(stored, vals)
+    model = {int(k): v for k, v in zip(stored, vals, strict=True)}
+    for n in (1, 7, 128, 1_500):
+        keys = rng.choice(20_000, n)
+        want = np.stack([model.get(int(k), np.zeros(dim, np.float32)) for k in keys])
+        np.testing.assert_array_equal(t.lookup(keys, insert=False, default="zeros"), want)
+        present = keys[np.isin(keys, stored)]
+        np.testing.assert_array_equal(
+            t.lookup(present), np.array([model[int(k)] for k in present]).reshape(-1, dim)
+        )
+    assert len(t) == 500
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_missing_keys_read_as_the_given_default(dtype: str) -> None:
     """default= of non-inserting lookups: "init" (the initializer's row),
     "zeros" or a given row; present keys read their own row; nothing stored."""

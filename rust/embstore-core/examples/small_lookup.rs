@@ -3,7 +3,7 @@
 //! that issue 14's small-call figures are made of.
 //! `cargo run --release -p embstore-core --example small_lookup`; `KEYS=n`
 //! times one size alone (for a profiler), `SCALE=x` repeats x times more,
-//! `SHARDS=n` sets the shard count, `DIM=n` the row width (64), `OPT=none` drops Adam's state (`OPT=SGD` and the
+//! `SHARDS=n` sets the shard count, `ROWS=n` the table's rows (100,000), `DIM=n` the row width (64), `OPT=none` drops Adam's state (`OPT=SGD` and the
 //! like pick another optimizer),
 //! `APPLY_ONLY=1` times only apply_gradients, `SERVE_ONLY=1` only serving lookups and
 //! `Table::try_lookup_now` (serving and inserting).
@@ -27,7 +27,7 @@ fn best<F: FnMut()>(mut f: F, reps: usize) -> f64 {
 
 fn main() {
     let dim: usize = std::env::var("DIM").map_or(64, |v| v.parse().expect("DIM: a number"));
-    let rows = 100_000usize;
+    let rows: usize = std::env::var("ROWS").map_or(100_000, |v| v.parse().expect("ROWS: a number"));
     let mut cfg = common::config(dim);
     cfg.num_shards = std::env::var("SHARDS")
         .ok()
@@ -50,6 +50,29 @@ fn main() {
             println!("{n:5} keys: apply_gradients {apply:8.0} ns");
         }
         if std::env::var_os("APPLY_ONLY").is_some() {
+            // A training step's pair: the lookup leaves a memo of its rows,
+            // which the gradient call of the same keys takes.
+            let m = embstore_core::Missing::Init;
+            let pair = best(
+                || {
+                    table
+                        .try_lookup_now(&keys, true, m, &mut out)
+                        .unwrap()
+                        .unwrap();
+                    table.apply_gradients(&keys, &grads).unwrap();
+                },
+                reps,
+            );
+            let look = best(
+                || {
+                    table
+                        .try_lookup_now(&keys, true, m, &mut out)
+                        .unwrap()
+                        .unwrap()
+                },
+                reps,
+            );
+            println!("{n:5} keys: lookup now + apply {pair:8.0} ns, lookup now {look:8.0} ns");
             continue;
         }
         if std::env::var_os("SERVE_ONLY").is_some() {
