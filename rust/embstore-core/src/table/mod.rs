@@ -45,8 +45,8 @@ use memo::{Found, Memo};
 use output::SharedBools;
 pub(crate) use output::SharedOut;
 pub(crate) use plan::{
-    COPY_PREFETCH_KEYS, PREFETCH_AHEAD, Plan, PreparedApply, SEQUENTIAL_KEYS, SEQUENTIAL_STEP_KEYS,
-    prefetches,
+    COPY_PREFETCH_KEYS, POOL_PREFETCH_AHEAD, PREFETCH_AHEAD, Plan, PreparedApply, SEQUENTIAL_KEYS,
+    SEQUENTIAL_STEP_KEYS, prefetches,
 };
 
 thread_local! {

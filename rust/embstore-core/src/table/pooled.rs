@@ -18,12 +18,12 @@ use std::sync::{PoisonError, RwLockReadGuard};
 
 use super::shard::Shard;
 use super::{
-    Missing, NO_ROW, PREFETCH_AHEAD, SEQUENTIAL_KEYS, SharedOut, Table, check_finite,
+    Missing, NO_ROW, POOL_PREFETCH_AHEAD, SEQUENTIAL_KEYS, SharedOut, Table, check_finite,
     check_finite_max, check_len, prefetches, read, shard_of,
 };
 
 use crate::error::{Result, invalid};
-use crate::simd::{copy_streaming, prefetch, stream_fence};
+use crate::simd::{copy_streaming, prefetch_addr, stream_fence};
 
 /// Ids of one job of a pooled lookup's pooling pass
 /// ([`Table::lookup_pooled_in`]): whole bags of about this many ids, so
@@ -434,8 +434,8 @@ impl Table {
             // SAFETY: each bag's output row is written by this chunk only.
             let d = unsafe { out.row(b, dim) };
             for i in lo..hi {
-                if ahead && let Some(Some(r)) = rows.get(i + PREFETCH_AHEAD - start) {
-                    prefetch(r);
+                if ahead && let Some(Some(r)) = rows.get(i + POOL_PREFETCH_AHEAD - start) {
+                    prefetch_addr(r.as_ptr() as usize);
                 }
                 let x = match rows[i - start] {
                     Some(r) => self.weights(r, &mut tmp),
