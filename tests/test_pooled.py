@@ -159,6 +159,45 @@ def test_pooled_matches_numpy_reference(
         )
 
 
+@pytest.mark.parametrize("combiner", ["sqrtn", "mean", "sum"])
+@pytest.mark.parametrize("weighted", [False, True])
+def test_pooled_output_past_the_streaming_size_matches_numpy(
+    rng: np.random.Generator, combiner: str, weighted: bool
+) -> None:
+    """An output of more than 8 MiB is written with non-temporal stores: a
+    bag of several ids is summed in a scratch row and then streamed out.
+    Every bag (empty, one id, several, repeats) must equal NumPy's pooling
+    of the same rows, with weights and every combiner."""
+    dim, batch = 64, 40_000
+    assert batch * dim * 4 > 8 << 20, "the output streams"
+    pool = key_pool(rng, 3_000)
+    table = embstore.Table(dim, seed=3)
+    sizes = rng.integers(0, 6, batch)
+    sizes[:4] = [0, 1, 5, 0]
+    offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+    ids = rng.choice(pool, offsets[-1]).astype(np.int64)
+    ids[offsets[2] + 1] = ids[offsets[2]]  # a repeat inside one bag
+    weights = rng.uniform(0.2, 2.0, ids.size).astype(np.float32)
+    if not weighted:
+        weights = np.ones_like(weights)
+    rows = table.lookup(ids).astype(np.float64)
+    bag_of = np.repeat(np.arange(batch), sizes)
+    w = weights.astype(np.float64)
+    denom = {
+        "sum": np.ones(batch),
+        "mean": np.bincount(bag_of, w, batch),
+        "sqrtn": np.sqrt(np.bincount(bag_of, w * w, batch)),
+    }[combiner]
+    expect = np.zeros((batch, dim))
+    np.add.at(expect, bag_of, (w / denom[bag_of])[:, None] * rows)
+    got = table.lookup_pooled(
+        ids, offsets, combiner=combiner, weights=weights if weighted else None
+    )
+    assert got.shape == (batch, dim)
+    np.testing.assert_allclose(got, expect, rtol=1e-5, atol=1e-6)
+    assert not got[sizes == 0].any(), "empty bags pool to zeros"
+
+
 def test_pooled_backward_equals_numpy_spread_with_sgd(rng: np.random.Generator) -> None:
     pool = key_pool(rng, POOL)
     for combiner in ("sum", "mean", "sqrtn"):

@@ -428,11 +428,20 @@ impl Table {
         let stream = out.streams();
         let ahead = prefetches(pool.ids.len(), SEQUENTIAL_KEYS);
         let mut tmp = vec![0.0f32; dim];
+        // A bag of several ids is summed here, in cache, when the output
+        // streams, and written once with non-temporal stores: its output
+        // line is then never read into cache.
+        let mut sum = vec![0.0f32; if stream { dim } else { 0 }];
         for b in range {
             let ids = bags.range(b);
             let (lo, hi) = (ids.start + base, ids.end + base);
-            // SAFETY: each bag's output row is written by this chunk only.
-            let d = unsafe { out.row(b, dim) };
+            let buffered = stream && hi - lo > 1;
+            let d: &mut [f32] = if buffered {
+                &mut sum
+            } else {
+                // SAFETY: each bag's output row is written by this chunk only.
+                unsafe { out.row(b, dim) }
+            };
             for i in lo..hi {
                 if ahead && let Some(Some(r)) = rows.get(i + POOL_PREFETCH_AHEAD - start) {
                     prefetch_addr(r.as_ptr() as usize);
@@ -462,6 +471,11 @@ impl Table {
                 // A copied row is finite already; a scaled or summed one
                 // is checked while it is in cache.
                 pool.overflow.store(true, Ordering::Relaxed);
+            }
+            if buffered {
+                // SAFETY: each bag's output row is written by this chunk
+                // only, and `d` (the sum) no longer borrows anything.
+                copy_streaming(unsafe { out.row(b, dim) }, &sum);
             }
         }
         if stream {
