@@ -196,26 +196,30 @@ impl Table {
             let mut pairs: Vec<u64> = if always {
                 let s = shard_of(plan.hashes[pos[0] as usize], n);
                 let fill = |key, w: &mut [f32], st: &mut [f32]| self.fill_new(key, w, st);
-                let rows = match memo {
+                let pair = |r: u32, i: u32| (u64::from(r) << 32) | u64::from(i);
+                match memo {
                     // The lookup's rows, still where they were: only keys it
                     // did not store need a probe.
-                    Some(m) if m.valid_for(s, g, pos.len()) => {
-                        let mut rows = m.rows[s].clone();
-                        for (r, &i) in rows.iter_mut().zip(pos) {
-                            if *r == NO_ROW {
+                    Some(m) if m.valid_for(s, g, pos.len()) => m.rows[s]
+                        .iter()
+                        .zip(pos)
+                        .map(|(&r, &i)| {
+                            let r = if r == NO_ROW {
                                 let (k, h) = (keys[i as usize], plan.hashes[i as usize]);
-                                *r = g.find_or_insert(k, h, save_gen, |w, st| fill(k, w, st)).0
-                                    as u32;
-                            }
-                        }
-                        rows
-                    }
-                    _ => self.rows_inserting(g, keys, plan, pos, &prepared.reserved[s], save_gen),
-                };
-                rows.iter()
-                    .zip(pos)
-                    .map(|(&r, &i)| (u64::from(r) << 32) | u64::from(i))
-                    .collect()
+                                g.find_or_insert(k, h, save_gen, |w, st| fill(k, w, st)).0 as u32
+                            } else {
+                                r
+                            };
+                            pair(r, i)
+                        })
+                        .collect(),
+                    _ => self
+                        .rows_inserting(g, keys, plan, pos, &prepared.reserved[s], save_gen)
+                        .iter()
+                        .zip(pos)
+                        .map(|(&r, &i)| pair(r, i))
+                        .collect(),
+                }
             } else {
                 let room = prepared.reserved[shard_of(plan.hashes[pos[0] as usize], n)].n;
                 self.admit(g, keys, &plan.hashes, pos, t, save_gen, room)
@@ -266,11 +270,10 @@ impl Table {
                     }
                     &acc
                 };
-                g.arena.set_generation(r, save_gen);
                 if track {
                     g.arena.touch(r, tick, t, (end - j) as u32);
                 }
-                let (w, state) = g.arena.row_mut(r);
+                let (w, state) = g.arena.row_to_change(r, save_gen);
                 if compact {
                     self.apply_compact(&consts, w, state, gsum, &mut wtmp, &mut decay);
                 } else {

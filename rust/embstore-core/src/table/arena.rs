@@ -390,6 +390,19 @@ impl Arena {
         (self.weights.row_mut(k, o), self.state.row_mut(k, o))
     }
 
+    /// The weights and optimizer state of row `r`, mutably, for a change
+    /// made in save generation `g` (recorded, as [`Arena::set_generation`]):
+    /// one locate for both.
+    ///
+    /// # Panics
+    /// If `r >= len`.
+    #[inline]
+    pub fn row_to_change(&mut self, r: usize, g: u32) -> (&mut [f32], &mut [f32]) {
+        let (k, o) = locate(r);
+        self.gens[k][o] = g;
+        (self.weights.row_mut(k, o), self.state.row_mut(k, o))
+    }
+
     /// Appends a row for the key whose hash has low bits `h32`, filled by
     /// `fill(weights, state)`, and returns its index.
     #[inline]
