@@ -115,9 +115,10 @@ pub(crate) const PREFETCH_AHEAD: usize = 8;
 /// table, dim 64, the variants alternated in one process, 12 to 20
 /// rounds): against every line of the row 8 ids ahead, 26 ids a bag took
 /// a median 105 ms against 116 (best 62 against 75), 4 ids a bag 150
-/// against 175, 100 ids a bag 129 against 132. Random rows of a large
-/// table miss the TLB as well as the cache; one prefetch a row starts one
-/// page walk where four queue four.
+/// against 175, 100 ids a bag 129 against 132 (perf had put most of the
+/// loop's time on its prefetch instructions: the core's queue of misses
+/// full). A likely reason: random rows of a large table miss the TLB as
+/// well as the cache, and fewer prefetches a row queue fewer page walks.
 pub(crate) const POOL_PREFETCH_AHEAD: usize = 16;
 
 /// Batches of at least this many keys group their positions by shard in
