@@ -343,13 +343,6 @@ impl Arena {
         self.gens[k][o]
     }
 
-    /// Marks row `r` as changed in save generation `g`.
-    #[inline]
-    pub fn set_generation(&mut self, r: usize, g: u32) {
-        let (k, o) = locate(r);
-        self.gens[k][o] = g;
-    }
-
     /// The low 32 bits of the hash of row `r`'s key.
     ///
     /// # Panics
@@ -380,19 +373,9 @@ impl Arena {
         self.state.row(k, o)
     }
 
-    /// The weights and optimizer state of row `r`, mutably.
-    ///
-    /// # Panics
-    /// If `r >= len`.
-    #[inline]
-    pub fn row_mut(&mut self, r: usize) -> (&mut [f32], &mut [f32]) {
-        let (k, o) = locate(r);
-        (self.weights.row_mut(k, o), self.state.row_mut(k, o))
-    }
-
     /// The weights and optimizer state of row `r`, mutably, for a change
-    /// made in save generation `g` (recorded, as [`Arena::set_generation`]):
-    /// one locate for both.
+    /// made in save generation `g`, which is recorded as the row's
+    /// generation (for incremental checkpoints): one locate for all three.
     ///
     /// # Panics
     /// If `r >= len`.
@@ -556,7 +539,7 @@ mod tests {
                     let k = moved.unwrap();
                     assert_eq!(a.weights(r), &[k as f32; 3]);
                     assert_eq!(a.state(r), vec![-(k as f32); sl]);
-                    let (w, st) = a.row_mut(r);
+                    let (w, st) = a.row_to_change(r, 0);
                     assert_eq!((w.len(), st.len()), (3, sl));
                 }
             }

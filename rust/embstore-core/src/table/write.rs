@@ -75,14 +75,13 @@ impl Table {
             for &i in pos {
                 let i = i as usize;
                 let (r, _) = g.find_or_insert(keys[i], plan.hashes[i], save_gen, |_, _| {});
-                g.arena.set_generation(r, save_gen);
                 if track {
                     match meta {
                         Some(m) => *g.arena.meta_mut(r) = Meta::from_words(&m[i * 4..i * 4 + 4]),
                         None => g.arena.touch(r, tick, step, 1),
                     }
                 }
-                let (w, st) = g.arena.row_mut(r);
+                let (w, st) = g.arena.row_to_change(r, save_gen);
                 self.write_weights(w, &values[i * dim..(i + 1) * dim]);
                 match (state, &self.optimizer) {
                     (Some(src), _) => st.copy_from_slice(&src[i * sl..(i + 1) * sl]),
