@@ -14,11 +14,14 @@
 //! The lock file is created by the first save; a directory without one (a
 //! checkpoint written by an older embstore, or on a read-only copy) is read
 //! without the readers' lock, and a load then retries when the manifest
-//! changes under it.
+//! changes under it. A lock file that is not a regular file (a FIFO, a
+//! symbolic link) is refused, never opened blocking, followed or created
+//! through ([`super::untrusted`]).
 
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::path::Path;
 
+use super::untrusted;
 use crate::error::{Result, ckpt_err};
 
 /// The readers' lock file inside a checkpoint directory.
@@ -27,7 +30,16 @@ pub const READERS_LOCK: &str = ".embstore-lock";
 /// A held lock; dropping it releases the lock.
 #[derive(Debug)]
 pub struct DirLock {
-    _file: File,
+    file: File,
+}
+
+impl Drop for DirLock {
+    fn drop(&mut self) {
+        // Released explicitly, not only by closing the file: a process
+        // forked meanwhile shares the open file (and so the lock) until it
+        // closes its copy, which would keep the directory locked.
+        let _ = self.file.unlock();
+    }
 }
 
 /// Takes the writers' lock of `dir` (which exists), waiting for a save
@@ -36,35 +48,41 @@ pub struct DirLock {
 /// # Errors
 /// `Checkpoint` when the directory cannot be opened or locked.
 pub fn writer(dir: &Path) -> Result<DirLock> {
-    let f =
-        File::open(dir).map_err(|e| ckpt_err(dir, format!("cannot open the directory: {e}")))?;
+    let f = untrusted::open_dir(dir)
+        .map_err(|e| ckpt_err(dir, format!("cannot open the directory: {e}")))?;
     f.lock()
         .map_err(|e| ckpt_err(dir, format!("cannot lock the directory for writing: {e}")))?;
     // Created now, while no reader can hold it (a reader that found none
     // reads without it).
-    OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(dir.join(READERS_LOCK))
+    untrusted::open_or_create_file(&dir.join(READERS_LOCK))
         .map_err(|e| ckpt_err(dir, format!("cannot create {READERS_LOCK}: {e}")))?;
-    Ok(DirLock { _file: f })
+    Ok(DirLock { file: f })
 }
 
 /// Takes the readers' lock of `dir` shared, waiting while a writer deletes
-/// files; `None` where the directory has no lock file or it cannot be
-/// opened (read without it).
-pub fn reader(dir: &Path) -> Option<DirLock> {
-    let f = File::open(dir.join(READERS_LOCK)).ok()?;
-    f.lock_shared().ok()?;
-    Some(DirLock { _file: f })
+/// files; `None` where the directory has no lock file (read without it).
+///
+/// # Errors
+/// `Checkpoint` when the lock file is something other than a regular file
+/// or cannot be opened or locked.
+pub fn reader(dir: &Path) -> Result<Option<DirLock>> {
+    let path = dir.join(READERS_LOCK);
+    let f = match untrusted::open_file(&path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(ckpt_err(&path, format!("cannot open the lock file: {e}"))),
+    };
+    f.lock_shared()
+        .map_err(|e| ckpt_err(&path, format!("cannot lock for reading: {e}")))?;
+    Ok(Some(DirLock { file: f }))
 }
 
 /// Takes the readers' lock of `dir` exclusively if no reader holds it;
-/// `None` otherwise (or without a lock file).
+/// `None` otherwise (or without a lock file that is a regular file).
 pub fn cleaner(dir: &Path) -> Option<DirLock> {
-    let f = File::open(dir.join(READERS_LOCK)).ok()?;
+    let f = untrusted::open_file(&dir.join(READERS_LOCK)).ok()?;
     f.try_lock().ok()?;
-    Some(DirLock { _file: f })
+    Some(DirLock { file: f })
 }
 
 #[cfg(test)]
@@ -75,10 +93,15 @@ mod tests {
     fn a_reader_keeps_the_cleaner_out_and_writers_exclude_each_other() {
         let dir = std::env::temp_dir().join(format!("embstore-dirlock-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
-        assert!(reader(&dir).is_none(), "no lock file before the first save");
+        assert!(
+            reader(&dir).unwrap().is_none(),
+            "no lock file before the first save"
+        );
         let w = writer(&dir).unwrap();
         {
-            let _r = reader(&dir).expect("the writer created the lock file");
+            let _r = reader(&dir)
+                .unwrap()
+                .expect("the writer created the lock file");
             assert!(cleaner(&dir).is_none(), "a reader holds it");
         }
         assert!(cleaner(&dir).is_some(), "no reader now");

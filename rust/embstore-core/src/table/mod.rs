@@ -21,6 +21,7 @@ mod pages;
 mod plan;
 mod pooled;
 mod shard;
+mod untrusted;
 mod write;
 
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};

@@ -19,7 +19,7 @@ pub fn new_id() -> String {
 }
 
 pub(super) fn fsync_dir(dir: &Path) -> Result<()> {
-    File::open(dir)
+    untrusted::open_dir(dir)
         .and_then(|d| d.sync_all())
         .map_err(|e| io_err(dir, "cannot fsync the directory", &e))
 }
@@ -29,15 +29,16 @@ pub(super) fn fsync_files<'a>(dir: &Path, names: impl IntoIterator<Item = &'a st
     let names: Vec<&str> = names.into_iter().collect();
     names.par_iter().try_for_each(|n| {
         let path = dir.join(n);
-        File::open(&path)
+        untrusted::open_file(&path)
             .and_then(|f| f.sync_all())
             .map_err(|e| io_err(&path, "cannot fsync", &e))
     })
 }
 
-/// Writes `bytes` to `path` and fsyncs it.
+/// Writes `bytes` to the new file `path` (nothing may be there, not even a
+/// symbolic link) and fsyncs it.
 pub(super) fn write_synced(path: &Path, bytes: &[u8]) -> Result<()> {
-    let mut f = File::create(path).map_err(|e| io_err(path, "cannot create", &e))?;
+    let mut f = untrusted::create_file(path).map_err(|e| io_err(path, "cannot create", &e))?;
     f.write_all(bytes)
         .and_then(|()| f.sync_all())
         .map_err(|e| io_err(path, "cannot write", &e))
@@ -56,9 +57,9 @@ thread_local! {
     pub(super) static READ_BUF: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
-/// The bytes of the regular file at `path`, refused (without reading it
-/// all) when it is not a regular file (a device, a FIFO: a symlink to
-/// `/dev/zero` would never end) or holds more than `limit` bytes.
+/// The bytes of the regular file at `path`, refused (without blocking or
+/// reading it) when it is not a regular file (a device, a FIFO, a symbolic
+/// link: see [`untrusted`]) or holds more than `limit` bytes.
 pub(super) fn read_regular(path: &Path, limit: u64, missing: &str) -> Result<Vec<u8>> {
     let mut buf = Vec::new();
     let too_large =
@@ -76,11 +77,16 @@ pub(super) fn read_regular_into(
     buf: &mut Vec<u8>,
     size_err: impl Fn(u64) -> Option<String>,
 ) -> Result<()> {
-    let f = File::open(path).map_err(|e| io_err(path, missing, &e))?;
+    let f = untrusted::open_file(path).map_err(|e| {
+        // Refused by kind (a FIFO, a link) rather than missing.
+        let what = if e.kind() == std::io::ErrorKind::Other {
+            "refused"
+        } else {
+            missing
+        };
+        io_err(path, what, &e)
+    })?;
     let meta = f.metadata().map_err(|e| io_err(path, missing, &e))?;
-    if !meta.is_file() {
-        return Err(ckpt_err(path, "not a regular file"));
-    }
     if let Some(msg) = size_err(meta.len()) {
         return Err(ckpt_err(path, msg));
     }

@@ -37,7 +37,7 @@ impl Table {
         // fails while the manifest changed under it reads the new one.
         let mut tries = 0;
         loop {
-            let reader = dirlock::reader(dir);
+            let reader = dirlock::reader(dir)?;
             let m = read_manifest(dir)?;
             let id = m.id.clone();
             match Self::load_manifest(dir, m, num_shards, progress, keep) {
@@ -188,7 +188,7 @@ pub type FileCheck = (FileEntry, Option<String>);
 /// # Errors
 /// `Checkpoint` when the manifest itself cannot be read.
 pub fn verify(dir: &Path) -> Result<(Manifest, Vec<FileCheck>)> {
-    let _reader = dirlock::reader(dir);
+    let _reader = dirlock::reader(dir)?;
     let m = read_manifest(dir)?;
     let results: Vec<FileCheck> = m
         .files()

@@ -18,7 +18,7 @@
 
 use std::borrow::Cow;
 use std::collections::BTreeMap;
-use std::fs::{self, File};
+use std::fs;
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -29,6 +29,7 @@ use safetensors::tensor::{Dtype, Metadata, SafeTensors, TensorInfo, TensorView};
 use serde::{Deserialize, Serialize};
 
 use super::dirlock::{self, READERS_LOCK};
+use super::untrusted;
 use super::{Table, TableConfig, read};
 use crate::error::{Result, StoreError, ckpt_err};
 use crate::hash::mix64;
