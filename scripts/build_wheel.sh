@@ -11,8 +11,12 @@ python -m pip install -q "maturin>=1.9.4,<2" "ziglang>=0.13" "auditwheel>=6"
 rm -f "$out"/embstore-*.whl
 python -m maturin build --release --zig --compatibility manylinux2014 --out "$out"
 wheel=$(ls "$out"/embstore-*.whl)
-python -m auditwheel show "$wheel"
-python -m auditwheel show "$wheel" | grep -q 'manylinux_2_17_x86_64' || {
+# auditwheel's report is captured whole, then searched: a `grep -q` in the
+# pipe stops reading at the first match, and under pipefail auditwheel's
+# EPIPE would then fail a good wheel.
+report=$(python -m auditwheel show "$wheel")
+echo "$report"
+grep -q 'manylinux_2_17_x86_64' <<<"$report" || {
   echo "build_wheel: $wheel is not manylinux_2_17 (manylinux2014)" >&2
   exit 1
 }

@@ -7,6 +7,7 @@ use rayon::prelude::*;
 
 use crate::error::{Result, StoreError, invalid};
 use crate::table::{Bags, Missing, SEQUENTIAL_KEYS, SharedOut, Table, check_finite_max, check_len};
+use crate::zeroed::zeros;
 
 /// One feature of a grouped call: its table and its bags.
 #[derive(Debug, Clone, Copy)]
@@ -158,14 +159,14 @@ pub fn apply_pooled_gradients(features: &[Feature<'_>], grads: &[f32]) -> Result
     let inputs: Vec<(Vec<i64>, Vec<usize>, Vec<f32>)> = groups
         .par_iter()
         .with_min_len(min_len)
-        .map(|(_, idx)| {
+        .map(|(_, idx)| -> Result<_> {
             // Every id of every feature on this table, with the flat offset of
             // its bag's gradient row and its coefficient; each feature fills its
             // own part, in parallel.
             let n: usize = idx.iter().map(|&fi| features[fi].bags.ids.len()).sum();
-            let mut keys = vec![0i64; n];
-            let mut src = vec![0usize; n];
-            let mut coef = vec![0.0f32; n];
+            let mut keys = zeros::<i64>("ids", n)?;
+            let mut src = zeros::<usize>("ids", n)?;
+            let mut coef = zeros::<f32>("ids", n)?;
             let mut parts = Vec::with_capacity(idx.len());
             let (mut k, mut s, mut c) = (&mut keys[..], &mut src[..], &mut coef[..]);
             for &fi in idx {
@@ -176,21 +177,21 @@ pub fn apply_pooled_gradients(features: &[Feature<'_>], grads: &[f32]) -> Result
                 parts.push((fi, k0, s0, c0));
                 (k, s, c) = (k1, s1, c1);
             }
-            parts
-                .into_par_iter()
-                .with_min_len(min_len)
-                .for_each(|(fi, k, s, c)| {
+            parts.into_par_iter().with_min_len(min_len).try_for_each(
+                |(fi, k, s, c)| -> Result<()> {
                     let bags = &features[fi].bags;
                     k.copy_from_slice(bags.ids);
-                    let mut bag_of = vec![0u32; k.len()];
+                    let mut bag_of = zeros::<u32>("ids", k.len())?;
                     bags.coefs_into(&mut bag_of, c);
                     for (dst, &b) in s.iter_mut().zip(&bag_of) {
                         *dst = b as usize * total + cols[fi];
                     }
-                });
-            (keys, src, coef)
+                    Ok(())
+                },
+            )?;
+            Ok((keys, src, coef))
         })
-        .collect();
+        .collect::<Result<_>>()?;
     for ((table, _), (keys, src, coef)) in groups.iter().zip(&inputs) {
         let dim = table.dim();
         let max_coef = coef.iter().fold(0.0f32, |a, c| a.max(c.abs()));

@@ -14,6 +14,36 @@ unsafe impl Zeroable for f32 {}
 unsafe impl Zeroable for u8 {}
 // SAFETY: zero bits are 0u32.
 unsafe impl Zeroable for u32 {}
+// SAFETY: zero bits are 0u64.
+unsafe impl Zeroable for u64 {}
+// SAFETY: zero bits are 0i64.
+unsafe impl Zeroable for i64 {}
+// SAFETY: zero bits are 0usize.
+unsafe impl Zeroable for usize {}
+// SAFETY: the zero byte is `false`.
+unsafe impl Zeroable for bool {}
+
+/// `n` zeros of a work or output array sized by the argument `arg`, or
+/// `OutOfMemory` naming it: the one way a call allocates an array whose
+/// length comes from its input (`vec![0; n]` would abort the process when
+/// the memory cannot be had).
+///
+/// # Errors
+/// `OutOfMemory` naming `arg` and the bytes asked for.
+pub fn zeros<T: Zeroable>(arg: &'static str, n: usize) -> crate::error::Result<Vec<T>> {
+    try_zeroed(n).ok_or_else(|| crate::error::oom(arg, n.saturating_mul(size_of::<T>())))
+}
+
+/// An empty vector with room for `n` values, or `OutOfMemory` naming `arg`.
+///
+/// # Errors
+/// `OutOfMemory` naming `arg` and the bytes asked for.
+pub fn with_room<T>(arg: &'static str, n: usize) -> crate::error::Result<Vec<T>> {
+    let mut v = Vec::new();
+    v.try_reserve_exact(n)
+        .map_err(|_| crate::error::oom(arg, n.saturating_mul(size_of::<T>())))?;
+    Ok(v)
+}
 
 /// `n` zeros, or `None` when the memory cannot be allocated.
 pub fn try_zeroed<T: Zeroable>(n: usize) -> Option<Vec<T>> {
@@ -44,5 +74,11 @@ mod tests {
         assert!(try_zeroed::<u8>(0).unwrap().is_empty());
         assert!(try_zeroed::<f32>(usize::MAX / 2).is_none());
         assert!(try_zeroed::<u32>(usize::MAX / 4 + 1).is_none());
+        let e = zeros::<bool>("keys", usize::MAX / 2)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("keys"), "{e}");
+        assert!(with_room::<i64>("values", usize::MAX / 16).is_err());
+        assert_eq!(zeros::<i64>("keys", 3).unwrap(), vec![0, 0, 0]);
     }
 }

@@ -120,7 +120,12 @@ pub fn bag_coefficients<'py>(
     let b = bags(&ids, &offsets, weights.as_ref(), combiner)?;
     b.validate().map_err(PyStoreError)?;
     let (bag_of, coef) = py.enter_store(|| b.coefficients())?;
-    let bag_of: Vec<i64> = bag_of.into_iter().map(i64::from).collect();
+    let mut wide =
+        embstore_core::zeroed::zeros::<i64>("ids", bag_of.len()).map_err(PyStoreError)?;
+    for (w, b) in wide.iter_mut().zip(bag_of) {
+        *w = i64::from(b);
+    }
+    let bag_of = wide;
     Ok((bag_of.into_pyarray(py), coef.into_pyarray(py)))
 }
 

@@ -25,7 +25,9 @@ use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
 use crate::convert::EnterStore;
+use crate::error::PyStoreError;
 use embstore_core::table::checkpoint;
+use embstore_core::zeroed::zeros;
 
 type Config = Option<(String, HashMap<String, f64>)>;
 
@@ -122,7 +124,7 @@ pub fn checkpoint_report(py: Python<'_>, path: PathBuf) -> PyResult<(String, Str
 
 /// The combiner named `name`.
 pub(crate) fn combiner(name: &str) -> PyResult<Combiner> {
-    Ok(Combiner::from_name(name).map_err(crate::error::PyStoreError)?)
+    Ok(Combiner::from_name(name).map_err(PyStoreError)?)
 }
 
 /// Bags over borrowed slices.
@@ -188,20 +190,20 @@ impl PyTable {
         cfg.seed = seed;
         cfg.num_shards = num_shards;
         cfg.policy = Policy {
-            format: RowFormat::from_name(dtype).map_err(crate::error::PyStoreError)?,
+            format: RowFormat::from_name(dtype).map_err(PyStoreError)?,
             admission: match admission {
                 Some((name, params)) => crate::convert::admission(&name, &params)?,
                 None => Admission::Always,
             },
             ttl_steps,
             capacity,
-            eviction: Eviction::from_name(eviction).map_err(crate::error::PyStoreError)?,
+            eviction: Eviction::from_name(eviction).map_err(PyStoreError)?,
         };
         cfg.backend = match simd {
-            Some(name) => Some(Backend::from_name(name).map_err(crate::error::PyStoreError)?),
+            Some(name) => Some(Backend::from_name(name).map_err(PyStoreError)?),
             None => None,
         };
-        let table = Table::new(cfg).map_err(crate::error::PyStoreError)?;
+        let table = Table::new(cfg).map_err(PyStoreError)?;
         Ok(PyTable {
             inner: Arc::new(table),
         })
@@ -316,7 +318,7 @@ impl PyTable {
         keys: PyReadonlyArray1<'_, i64>,
     ) -> PyResult<Bound<'py, PyArray1<u32>>> {
         let k = slice(&keys, "keys")?;
-        let mut out = vec![0u32; k.len()];
+        let mut out = zeros::<u32>("keys", k.len()).map_err(PyStoreError)?;
         let table = &self.inner;
         py.enter_store(|| table.admission_counts(k, &mut out))?;
         Ok(out.into_pyarray(py))
@@ -413,7 +415,7 @@ impl PyTable {
         let k = slice(&keys, "keys")?;
         let table = &self.inner;
         let out = py.enter_store(|| {
-            let mut out = vec![false; k.len()];
+            let mut out = zeros::<bool>("keys", k.len())?;
             table.contains(k, &mut out).map(|()| out)
         })?;
         Ok(out.into_pyarray(py))
@@ -461,10 +463,7 @@ impl PyTable {
     /// Sets the optimizer step counter (a tier in front of the table that
     /// runs the optimizer itself keeps the table's count in step).
     fn set_step(&self, step: u64) -> PyResult<()> {
-        Ok(self
-            .inner
-            .set_step(step)
-            .map_err(crate::error::PyStoreError)?)
+        Ok(self.inner.set_step(step).map_err(PyStoreError)?)
     }
 
     /// Reserves index space and touched row memory for `rows` more rows.
@@ -482,10 +481,7 @@ impl PyTable {
     /// Takes the next step number (a tier in front that runs the step of
     /// some rows itself), without changing any row.
     fn advance_step(&self) -> PyResult<u64> {
-        Ok(self
-            .inner
-            .advance_step()
-            .map_err(crate::error::PyStoreError)?)
+        Ok(self.inner.advance_step().map_err(PyStoreError)?)
     }
 
     /// One optimizer step numbered `step` (from `advance_step`).

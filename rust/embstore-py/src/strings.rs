@@ -6,7 +6,7 @@ use embstore_core::strings;
 use numpy::{IntoPyArray, PyArray1, PyReadonlyArray1};
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyString};
+use pyo3::types::{PyBytes, PyList, PyString};
 
 use crate::convert::EnterStore;
 
@@ -19,18 +19,26 @@ fn keys_out(n: usize) -> PyResult<Vec<i64>> {
     Ok(out)
 }
 
-/// Keys of a list of `str` / `bytes` objects (UTF-8 for `str`).
+/// Keys of a list of `str` / `bytes` objects (UTF-8 for `str`). The list
+/// is read in place: its items are borrowed, not first copied into a
+/// vector whose allocation could fail without an error to raise.
 #[pyfunction]
 pub fn hash_objects<'py>(
     py: Python<'py>,
-    values: Vec<Bound<'py, PyAny>>,
+    values: &Bound<'py, PyList>,
     salt: u64,
 ) -> PyResult<Bound<'py, PyArray1<i64>>> {
+    let n = values.len();
+    let mut items: Vec<Bound<'py, PyAny>> = Vec::new();
+    items
+        .try_reserve_exact(n)
+        .map_err(|_| crate::error::PyStoreError(oom("values", n.saturating_mul(8))))?;
+    items.extend(values.iter());
     let mut slices: Vec<&[u8]> = Vec::new();
     slices
-        .try_reserve_exact(values.len())
-        .map_err(|_| crate::error::PyStoreError(oom("values", values.len().saturating_mul(16))))?;
-    for (i, v) in values.iter().enumerate() {
+        .try_reserve_exact(n)
+        .map_err(|_| crate::error::PyStoreError(oom("values", n.saturating_mul(16))))?;
+    for (i, v) in items.iter().enumerate() {
         if let Ok(s) = v.cast::<PyString>() {
             let text = s.to_str().map_err(|e| {
                 PyValueError::new_err(format!("values: value {i} is not valid UTF-8 text: {e}"))

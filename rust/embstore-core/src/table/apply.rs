@@ -143,7 +143,7 @@ impl Table {
         let memo = if always { self.take_memo(keys) } else { None };
         let memo = match memo {
             Some(m) => Ok(m),
-            None => Err(self.plan(keys)),
+            None => Err(self.plan(keys)?),
         };
         let plan = match &memo {
             Ok(m) => &m.plan,
@@ -504,7 +504,7 @@ mod tests {
         assert_eq!(t.len(), 0);
         // The pass over a shard told it made room for no rows: the keys its
         // filter admits get room one by one.
-        let plan = t.plan(&keys);
+        let plan = t.plan(&keys).unwrap();
         for (s, lock) in t.shards.iter().enumerate() {
             let pos = plan.positions(s);
             let mut g = super::write(lock);

@@ -44,10 +44,14 @@ impl Table {
     }
 
     /// Removes `keys` as evictions (counted), returning those that were
-    /// present and, with `with_rows`, their weights.
+    /// present and, with `with_rows`, their weights. Without the memory for
+    /// its work arrays it removes nothing (the next call that inserts, or
+    /// `evict`, tries again): an eviction is never worth an abort.
     pub(super) fn remove_evicted(&self, keys: &[i64], with_rows: bool) -> (Vec<i64>, Vec<f32>) {
         let dim = self.dim;
-        let plan = self.plan(keys);
+        let Ok(plan) = self.plan(keys) else {
+            return (Vec::new(), Vec::new());
+        };
         let mut rows = vec![0.0f32; if with_rows { keys.len() * dim } else { 0 }];
         let mut found = vec![false; keys.len()];
         let out = SharedOut::new(&mut rows, dim);

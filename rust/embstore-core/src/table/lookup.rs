@@ -31,7 +31,7 @@ impl Table {
         out: &mut [f32],
     ) -> Result<()> {
         self.check_lookup(keys, missing, out)?;
-        let plan = self.plan(keys);
+        let plan = self.plan(keys)?;
         let out = SharedOut::new(out, self.dim);
         let _gate = self.lookup_changes(insert).then(|| self.enter());
         // Only a training lookup (inserting) leaves a memo for the gradient
@@ -88,7 +88,7 @@ impl Table {
         if inserts {
             return self.try_insert_now(keys, missing, out);
         }
-        let plan = self.plan(keys);
+        let plan = self.plan(keys).ok()?;
         let mut held = Vec::with_capacity(self.shards.len().min(keys.len()));
         for (s, lock) in self.shards.iter().enumerate() {
             if !plan.positions(s).is_empty() {
@@ -114,7 +114,7 @@ impl Table {
         out: &mut [f32],
     ) -> Option<Result<()>> {
         let _gate = try_lock(self.gate.try_read())?;
-        let plan = self.plan(keys);
+        let plan = self.plan(keys).ok()?;
         let mut held = Vec::with_capacity(self.shards.len().min(keys.len()));
         for (s, lock) in self.shards.iter().enumerate() {
             if !plan.positions(s).is_empty() {
@@ -179,7 +179,7 @@ impl Table {
         let (dim, sl) = (self.dim, self.state_len);
         check_len("out", keys.len() * dim, out.len())?;
         check_len("state", keys.len() * sl, state.len())?;
-        let plan = self.plan(keys);
+        let plan = self.plan(keys)?;
         let out = SharedOut::new(out, dim);
         let st_out = SharedOut::new(state, sl);
         let _gate = self.lookup_changes(insert).then(|| self.enter());
@@ -367,20 +367,18 @@ impl Table {
     pub fn contains(&self, keys: &[i64], out: &mut [bool]) -> Result<()> {
         Self::check_batch(keys)?;
         check_len("out", keys.len(), out.len())?;
-        let plan = self.plan(keys);
-        let mut found = vec![false; keys.len()];
-        let shared = SharedBools::new(&mut found);
+        let plan = self.plan(keys)?;
+        let shared = SharedBools::new(out);
         self.par_shards(&plan, |g, pos| {
             let shared = &shared;
             for &i in pos {
                 let i = i as usize;
                 let hit = g.find(keys[i], plan.hashes[i]).is_some();
-                // SAFETY: i < keys.len() == found.len(), and position i belongs
+                // SAFETY: i < keys.len() == out.len(), and position i belongs
                 // to this shard only, so no other thread writes it.
                 unsafe { shared.set(i, hit) };
             }
         });
-        out.copy_from_slice(&found);
         Ok(())
     }
 
@@ -413,9 +411,12 @@ impl Table {
         }
         refs.par_sort_unstable_by_key(|&(k, _, _)| k);
         let n = refs.len();
-        let keys: Vec<i64> = refs.iter().map(|r| r.0).collect();
-        let mut rows = vec![0.0f32; n * dim];
-        let mut state = vec![0.0f32; if with_state { n * sl } else { 0 }];
+        let mut keys = zeros::<i64>("with_state", n)?;
+        for (k, r) in keys.iter_mut().zip(&refs) {
+            *k = r.0;
+        }
+        let mut rows = zeros::<f32>("with_state", n * dim)?;
+        let mut state = zeros::<f32>("with_state", if with_state { n * sl } else { 0 })?;
         rows.par_chunks_mut(dim)
             .zip(refs.par_iter())
             .for_each(|(dst, &(_, s, r))| {

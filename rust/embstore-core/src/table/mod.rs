@@ -36,6 +36,7 @@ use crate::init::Initializer;
 use crate::optim::Optimizer;
 use crate::policy::{Admission, Meta, Policy, RowFormat, Sketch};
 use crate::simd::{Backend, copy_streaming, prefetch, stream_fence};
+use crate::zeroed::zeros;
 pub use counters::{COUNTER_NAMES, Counters, NamedCounts};
 pub use pooled::{Bags, Combiner, pool_rows, spread_pooled};
 use shard::Shard;

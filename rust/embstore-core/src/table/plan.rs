@@ -127,7 +127,7 @@ const PARALLEL_PLAN_KEYS: usize = 1 << 16;
 
 /// A stable counting sort of the positions of `hashes` by shard: the
 /// positions, and where each shard's start.
-fn group_by_shard(hashes: &[u64], n_shards: usize) -> (Vec<u32>, Vec<usize>) {
+fn group_by_shard(hashes: &[u64], n_shards: usize) -> Result<(Vec<u32>, Vec<usize>)> {
     let mut counts = vec![0usize; n_shards + 1];
     for &h in hashes {
         counts[shard_of(h, n_shards) + 1] += 1;
@@ -137,20 +137,20 @@ fn group_by_shard(hashes: &[u64], n_shards: usize) -> (Vec<u32>, Vec<usize>) {
     }
     let starts = counts.clone();
     let mut next = counts;
-    let mut order = vec![0u32; hashes.len()];
+    let mut order = zeros::<u32>("keys", hashes.len())?;
     for (i, &h) in hashes.iter().enumerate() {
         let slot = &mut next[shard_of(h, n_shards)];
         order[*slot] = i as u32;
         *slot += 1;
     }
-    (order, starts)
+    Ok((order, starts))
 }
 
 /// [`group_by_shard`] in parallel: each chunk of [`PARALLEL_PLAN_KEYS`]
 /// positions counts its shards, and then writes its positions into its own
 /// part of each shard's range (the parts lie in chunk order, so the sort
 /// stays stable).
-fn par_group_by_shard(hashes: &[u64], n_shards: usize) -> (Vec<u32>, Vec<usize>) {
+fn par_group_by_shard(hashes: &[u64], n_shards: usize) -> Result<(Vec<u32>, Vec<usize>)> {
     let counts: Vec<Vec<usize>> = hashes
         .par_chunks(PARALLEL_PLAN_KEYS)
         .map(|c| {
@@ -165,7 +165,7 @@ fn par_group_by_shard(hashes: &[u64], n_shards: usize) -> (Vec<u32>, Vec<usize>)
     for s in 0..n_shards {
         starts[s + 1] = starts[s] + counts.iter().map(|n| n[s]).sum::<usize>();
     }
-    let mut order = vec![0u32; hashes.len()];
+    let mut order = zeros::<u32>("keys", hashes.len())?;
     // parts[c][s]: chunk c's part of shard s's range.
     let mut parts: Vec<Vec<&mut [u32]>> = counts.iter().map(|_| Vec::new()).collect();
     let mut rest: &mut [u32] = &mut order;
@@ -189,31 +189,38 @@ fn par_group_by_shard(hashes: &[u64], n_shards: usize) -> (Vec<u32>, Vec<usize>)
                 next[s] += 1;
             }
         });
-    (order, starts)
+    Ok((order, starts))
 }
 
 impl Table {
     /// Hashes `keys` and groups their positions by shard.
-    pub(super) fn plan(&self, keys: &[i64]) -> Plan {
+    ///
+    /// # Errors
+    /// `OutOfMemory` naming `keys` when its work arrays cannot be had.
+    pub(super) fn plan(&self, keys: &[i64]) -> Result<Plan> {
         let n_shards = self.shards.len();
-        let hashes: Vec<u64> = if keys.len() < 1 << 14 {
-            keys.iter().map(|&k| key_hash(k)).collect()
+        let mut hashes = zeros::<u64>("keys", keys.len())?;
+        if keys.len() < 1 << 14 {
+            for (h, &k) in hashes.iter_mut().zip(keys) {
+                *h = key_hash(k);
+            }
         } else {
-            keys.par_iter()
+            hashes
+                .par_iter_mut()
+                .zip(keys.par_iter())
                 .with_min_len(1 << 14)
-                .map(|&k| key_hash(k))
-                .collect()
-        };
+                .for_each(|(h, &k)| *h = key_hash(k));
+        }
         let (order, starts) = if keys.len() < PARALLEL_PLAN_KEYS {
-            group_by_shard(&hashes, n_shards)
+            group_by_shard(&hashes, n_shards)?
         } else {
-            par_group_by_shard(&hashes, n_shards)
+            par_group_by_shard(&hashes, n_shards)?
         };
-        Plan {
+        Ok(Plan {
             hashes,
             order,
             starts,
-        }
+        })
     }
 
     /// Runs `f(shard, positions)` under each shard's write lock, in parallel,
@@ -413,7 +420,7 @@ mod tests {
     fn a_plan_lists_every_position_once_in_its_shard_in_order() {
         let t = table(2, 8, None);
         let keys: Vec<i64> = (0..500).map(|k| k * 7919 - 1000).collect();
-        let plan = t.plan(&keys);
+        let plan = t.plan(&keys).unwrap();
         let mut seen = vec![0u32; keys.len()];
         for s in 0..t.num_shards() {
             let pos = plan.positions(s);
@@ -437,8 +444,8 @@ mod tests {
             .map(|i| crate::hash::key_hash((i * i % 100_003) as i64))
             .collect();
         for shards in [1, 3, 8, 64] {
-            let par = par_group_by_shard(&hashes, shards);
-            assert_eq!(par, group_by_shard(&hashes, shards), "{shards} shards");
+            let par = par_group_by_shard(&hashes, shards).unwrap();
+            assert_eq!(par, group_by_shard(&hashes, shards).unwrap(), "{shards} shards");
             assert_eq!(par.1[shards], n);
         }
     }
@@ -448,7 +455,7 @@ mod tests {
         let t = table(2, 8, None);
         let me = std::thread::current().id();
         let keys: Vec<i64> = (0..SEQUENTIAL_KEYS as i64).collect();
-        let plan = t.plan(&keys);
+        let plan = t.plan(&keys).unwrap();
         let off_thread = std::sync::atomic::AtomicUsize::new(0);
         let visited = t.par_shards_mut_below(&plan, SEQUENTIAL_KEYS, |_, pos| {
             if std::thread::current().id() != me {

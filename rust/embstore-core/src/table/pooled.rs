@@ -24,6 +24,7 @@ use super::{
 
 use crate::error::{Result, invalid};
 use crate::simd::{copy_streaming, prefetch_addr, stream_fence};
+use crate::zeroed::{with_room, zeros};
 
 /// Ids of one job of a pooled lookup's pooling pass
 /// ([`Table::lookup_pooled_in`]): whole bags of about this many ids, so
@@ -178,12 +179,15 @@ impl Bags<'_> {
     }
 
     /// Each id's bag and coefficient `w_i / d_bag`.
-    pub(crate) fn coefs(&self) -> Coefs {
+    ///
+    /// # Errors
+    /// `OutOfMemory` naming `ids` when the two arrays cannot be had.
+    pub(crate) fn coefs(&self) -> Result<Coefs> {
         let nnz = self.ids.len();
-        let mut bag_of = vec![0u32; nnz];
-        let mut coef = vec![0.0f32; nnz];
+        let mut bag_of = zeros::<u32>("ids", nnz)?;
+        let mut coef = zeros::<f32>("ids", nnz)?;
         self.coefs_into(&mut bag_of, &mut coef);
-        Coefs { bag_of, coef }
+        Ok(Coefs { bag_of, coef })
     }
 
     /// Each id's bag and coefficient `w_i / d_bag`, as the pooled kernels
@@ -194,7 +198,7 @@ impl Bags<'_> {
     /// memory available (checked before they are allocated).
     pub fn coefficients(&self) -> Result<(Vec<u32>, Vec<f32>)> {
         super::check_transient("ids", self.ids.len())?;
-        let c = self.coefs();
+        let c = self.coefs()?;
         Ok((c.bag_of, c.coef))
     }
 
@@ -284,13 +288,14 @@ impl Table {
         let n: usize = feats.iter().map(|(b, _)| b.ids.len()).sum();
         let ids: std::borrow::Cow<'_, [i64]> = match feats {
             [(bags, _)] => bags.ids.into(),
-            _ => feats
-                .iter()
-                .flat_map(|(b, _)| b.ids.iter().copied())
-                .collect(),
+            _ => {
+                let mut all = with_room("ids", n)?;
+                all.extend(feats.iter().flat_map(|(b, _)| b.ids.iter().copied()));
+                all.into()
+            }
         };
         let ids = &ids[..];
-        let mut coef = vec![0.0f32; n];
+        let mut coef = zeros::<f32>("ids", n)?;
         let mut bag_of = Vec::new();
         let mut base = 0usize;
         for (bags, _) in feats {
@@ -300,11 +305,12 @@ impl Table {
             base += m;
         }
         drop(bag_of);
-        let plan = self.plan(ids);
+        let plan = self.plan(ids)?;
         let found = self.found();
         // Each id's row, written by each shard's job as it finds them, and
         // each shard's removal count then.
-        let row_of: Vec<AtomicU32> = (0..n).map(|_| AtomicU32::new(NO_ROW)).collect();
+        let mut row_of: Vec<AtomicU32> = with_room("ids", n)?;
+        row_of.extend((0..n).map(|_| AtomicU32::new(NO_ROW)));
         self.lookup_rows(ids, &plan, insert, Some(&found), |_, pos, rows| {
             for (&i, &r) in pos.iter().zip(rows) {
                 row_of[i as usize].store(r, Ordering::Relaxed);
@@ -501,7 +507,7 @@ impl Table {
         }
         check_len("grads", bags.batch() * self.dim, grads.len())?;
         let most = check_finite_max("grads", grads)?;
-        let Coefs { bag_of, coef } = bags.coefs();
+        let Coefs { bag_of, coef } = bags.coefs()?;
         let dim = self.dim;
         check_pooled_sums(bags.ids, &bag_of, &coef, grads, dim, 0, dim, most)?;
         let _gate = self.enter();
@@ -563,7 +569,7 @@ pub fn pool_rows(
     check_idx("rows", rows.len(), dim, idx, bags)?;
     check_len("out", bags.batch() * dim, out.len())?;
     let backend = crate::simd::Backend::from_env()?;
-    let Coefs { coef, .. } = bags.coefs();
+    let Coefs { coef, .. } = bags.coefs()?;
     out.par_chunks_mut(dim.max(1))
         .enumerate()
         .with_min_len(256)
@@ -594,7 +600,7 @@ pub fn spread_pooled(
     check_finite("grads", grads)?;
     check_idx("out", out.len(), dim, idx, bags)?;
     let backend = crate::simd::Backend::from_env()?;
-    let Coefs { bag_of, coef } = bags.coefs();
+    let Coefs { bag_of, coef } = bags.coefs()?;
     out.fill(0.0);
     for (i, &r) in idx.iter().enumerate() {
         let b = bag_of[i] as usize;
@@ -714,7 +720,7 @@ mod tests {
         t.lookup_pooled(&bags, true, &mut want).unwrap();
         // The rows as a pass found them, then key 2 removed (its shard's
         // last row moves into its place) and key 5's row found stale too.
-        let plan = t.plan(&ids);
+        let plan = t.plan(&ids).unwrap();
         let row_of: Vec<AtomicU32> = ids.iter().map(|_| AtomicU32::new(NO_ROW)).collect();
         let mut removals = vec![0u64; t.shards.len()];
         for (s, lock) in t.shards.iter().enumerate() {

@@ -61,7 +61,7 @@ impl Table {
         save_gen: u32,
     ) -> Result<()> {
         let (dim, sl) = (self.dim, self.state_len);
-        let plan = self.plan(keys);
+        let plan = self.plan(keys)?;
         let reserved = self.reserve_plan(&plan, keys, None, false, "keys")?;
         let n = self.shards.len();
         let track = self.policy.tracks();
@@ -174,7 +174,7 @@ impl Table {
     pub fn remove(&self, keys: &[i64]) -> Result<usize> {
         Self::check_batch(keys)?;
         let _gate = self.enter();
-        let plan = self.plan(keys);
+        let plan = self.plan(keys)?;
         Ok(self.par_shards_mut(&plan, |g, pos| {
             pos.iter()
                 .filter(|&&i| g.remove(keys[i as usize], plan.hashes[i as usize]))
