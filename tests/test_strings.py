@@ -17,6 +17,23 @@ def signed(u: int) -> int:
     return u - (1 << 64) if u >= 1 << 63 else u
 
 
+M64 = (1 << 64) - 1
+
+
+def mix64(z: int) -> int:
+    """splitmix64's finalizer, from its published constants."""
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & M64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & M64
+    return z ^ (z >> 31)
+
+
+def oracle(value: bytes, salt: int) -> int:
+    """The documented key: XXH3-64 of the bytes (the xxhash package's), and
+    under a salt s != 0, mix64(h ^ mix64(s))."""
+    h = xxhash.xxh3_64_intdigest(value)
+    return signed(h if salt == 0 else mix64(h ^ mix64(salt)))
+
+
 def test_pinned_values() -> None:
     """These keys may never change: models store them."""
     assert embstore.hash_keys(["", "a", "user:42", "héllo", "日本語"]).tolist() == [
@@ -26,15 +43,14 @@ def test_pinned_values() -> None:
         7657728615535385375,
         1296689438140682423,
     ]
-    assert embstore.hash_keys(["a"], salt=1).tolist() == [-3245177124059371744]
+    assert embstore.hash_keys(["a"], salt=1).tolist() == [oracle(b"a", 1)]
 
 
 @pytest.mark.parametrize("salt", [0, 1, 12345, 2**64 - 1])
-def test_equals_xxh3_64_of_the_utf8_bytes(salt: int) -> None:
+def test_equals_xxh3_64_of_the_utf8_bytes_then_the_salt(salt: int) -> None:
     got = embstore.hash_keys(WORDS, salt=salt)
     assert got.dtype == np.int64
-    want = [signed(xxhash.xxh3_64_intdigest(w.encode(), seed=salt)) for w in WORDS]
-    assert got.tolist() == want
+    assert got.tolist() == [oracle(w.encode(), salt) for w in WORDS]
 
 
 def test_every_container_gives_the_same_keys() -> None:
@@ -70,6 +86,21 @@ def test_salts_separate_features() -> None:
     user = embstore.hash_keys(["5"], salt=1)
     item = embstore.hash_keys(["5"], salt=2)
     assert user[0] != item[0]
+
+
+def test_short_strings_under_different_salts_never_share_a_key() -> None:
+    """Ids of 1 to 3 characters (a Frappe-like dataset's user and item ids)
+    under one salt per field: 26 fields x 1,000 ids, and every 1- and
+    2-byte value under salts 0..63 -- all keys distinct (XXH3's seed gave
+    19,440 collisions of 26,000 in the first case)."""
+    ids = [str(i) for i in range(1000)]
+    keys = np.concatenate([embstore.hash_keys(ids, salt=s) for s in range(26)])
+    assert np.unique(keys).size == keys.size
+    short = [bytes([a]) for a in range(256)] + [
+        bytes([a, b]) for a in range(256) for b in range(256)
+    ]
+    keys = np.concatenate([embstore.hash_keys(short, salt=s) for s in range(64)])
+    assert np.unique(keys).size == keys.size
 
 
 @pytest.mark.slow

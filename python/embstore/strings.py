@@ -15,7 +15,11 @@ __all__ = ["hash_keys"]
 
 def hash_keys(values: Any, *, salt: int = 0) -> npt.NDArray[np.int64]:
     """The int64 key of each ``str`` or ``bytes`` value: XXH3-64 of its bytes
-    (UTF-8 for ``str``) seeded with ``salt``, read as a signed int64.
+    (UTF-8 for ``str``), read as a signed int64; with ``salt`` s != 0 the
+    hash h becomes ``mix64(h ^ mix64(s))`` (splitmix64's bijective
+    finalizer), so keys under different salts are independent at every
+    length (XXH3's own seed is not, for strings of 1-3 bytes; builds before
+    2026-11-24 used it, so their salted keys differ).
 
     ``values`` may be a NumPy array of unicode (``U``), bytes (``S``),
     ``StringDType`` or object (``str``/``bytes``) values, which keeps its
@@ -24,8 +28,8 @@ def hash_keys(values: Any, *, salt: int = 0) -> npt.NDArray[np.int64]:
     same text gives the same key from every container.
 
     The hash is stable: the same value and salt give the same key on every
-    platform, Python and embstore version (XXH3 is a published algorithm;
-    tests pin values). Different salts give independent keys (one salt per
+    platform and Python (XXH3 is a published algorithm; tests pin values).
+    Different salts give independent keys (one salt per
     feature keeps "5" the user apart from "5" the item). For ``n`` distinct
     values, the chance that any two share a key is about ``n**2 / 2**65``
     (1e-6 for 6 million values). Hashing runs natively on all cores.
