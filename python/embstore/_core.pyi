@@ -97,6 +97,23 @@ class Table:
     def export(
         self, with_state: bool = False
     ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float32], npt.NDArray[np.float32]]: ...
+    def export_all(
+        self, with_state: bool
+    ) -> tuple[
+        npt.NDArray[np.int64],
+        npt.NDArray[np.float32],
+        npt.NDArray[np.float32],
+        npt.NDArray[np.uint32],
+        int,
+    ]: ...
+    def restore(
+        self,
+        keys: npt.NDArray[np.int64],
+        values: npt.NDArray[np.float32],
+        state: npt.NDArray[np.float32] | None,
+        meta: npt.NDArray[np.uint32],
+        clock: int,
+    ) -> None: ...
     def stats(self) -> dict[str, Any]: ...
     def save(
         self,

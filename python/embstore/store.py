@@ -83,6 +83,29 @@ def next_seed() -> int:
     return _SEEDS.draw()
 
 
+def _meta_words(state: Mapping[str, Any], n: int) -> tuple[npt.NDArray[np.uint32], int]:
+    """A state dict's ``meta`` (int64 ``(n, 3)``: tick, step, count) and
+    ``clock`` as the native metadata words (4 u32 a row); none given: no
+    words (rows restored as freshly assigned)."""
+    if state.get("meta") is None:
+        return np.zeros((0, 4), np.uint32), 0
+    meta = np.asarray(state["meta"])
+    if meta.dtype.kind not in "iu" or meta.shape != (n, 3):
+        raise ValueError(f"state['meta']: expected an integer array of shape ({n}, 3)")
+    meta = meta.astype(np.int64)
+    if (meta < 0).any() or (meta[:, 1:] >= 1 << 32).any():
+        raise ValueError("state['meta']: expected ticks >= 0 and steps and counts in [0, 2**32)")
+    clock_arr = np.asarray(state.get("clock", 0))
+    if clock_arr.shape != () or clock_arr.dtype.kind not in "iu" or int(clock_arr) < 0:
+        raise ValueError("state['clock']: expected a non-negative integer scalar")
+    words = np.empty((n, 4), np.uint32)
+    words[:, 0] = meta[:, 0] & 0xFFFFFFFF
+    words[:, 1] = meta[:, 0] >> 32
+    words[:, 2] = meta[:, 1]
+    words[:, 3] = meta[:, 2]
+    return words, int(clock_arr)
+
+
 class Table:
     """A growable table from int64 keys to float32 rows and optimizer state.
 
@@ -713,16 +736,22 @@ class Table:
         caller drops it, plus what torch.save writes. Tables that should not
         be copied whole into memory, or should be saved incrementally, use
         :meth:`save` / :meth:`load` (streamed, checksummed, crash-safe).
-        Policy metadata (touch counts, admission sketch) is not included.
+        A table with ``ttl_steps`` or ``capacity`` also gives each row's
+        touch metadata, ``meta`` int64 ``(n, 3)`` (last touch's call tick,
+        last touch's step, touch count), and the call ``clock`` (int64
+        scalar), so LFU/LRU/TTL decisions after a load equal the original's.
+        The admission sketch is not included (counts of unadmitted keys
+        restart), as in checkpoints.
         """
         with_state = check_bool("with_optimizer", with_optimizer) and self._optimizer is not None
-        if with_state:
-            keys, rows, state = self.export(with_state=True)
-        else:
-            keys, rows = self.export()
+        keys, rows, state, words, clock = self._inner.export_all(with_state)
         out: dict[str, npt.NDArray[Any]] = {"keys": keys, "rows": rows}
         if with_state:
             out["state"] = state
+        if words.shape[1] == 4:
+            w = words.astype(np.int64)
+            out["meta"] = np.stack([w[:, 0] | (w[:, 1] << 32), w[:, 2], w[:, 3]], axis=1)
+            out["clock"] = np.array(clock, dtype=np.int64)
         out["step"] = np.array(self.step, dtype=np.int64)
         out["seed"] = np.array(self.seed, dtype=np.uint64).view(np.int64)
         return out
@@ -755,9 +784,23 @@ class Table:
             raise ValueError("state['seed']: expected an integer scalar")
         step = check_int("state['step']", int(step_arr), 0, _I64_MAX)
         seed = int(seed_arr.astype(np.int64).view(np.uint64))
+        for name, arr in (("state['rows']", rows), ("state['state']", st)):
+            if arr is not None and not np.isfinite(arr).all():
+                raise ValueError(
+                    f"{name}: expected finite values (NaN or inf found); nothing changed"
+                )
+        words, clock = _meta_words(state, keys.shape[0])
         inner = self._native_table(self.dim, seed, self.num_shards)
-        if keys.shape[0]:
-            inner.assign(keys, rows, st)
+        try:
+            if keys.shape[0] or clock:
+                inner.restore(keys, rows, st, words, clock)
+        except ValueError as e:
+            # The native check names its own argument; say which entry it was.
+            msg = str(e)
+            for native, entry in (("state:", "state['state']:"), ("values:", "state['rows']:")):
+                if msg.startswith(native):
+                    raise ValueError(entry + msg[len(native) :]) from None
+            raise
         inner.set_step(step)
         self._inner = inner
 

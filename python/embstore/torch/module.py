@@ -30,7 +30,7 @@ __all__ = [
     "KeyedTensor",
 ]
 
-_STATE_FIELDS = ("keys", "rows", "state", "step", "seed")
+_STATE_FIELDS = ("keys", "rows", "state", "meta", "clock", "step", "seed")
 
 
 def _np(t: Any, arg: str) -> Any:

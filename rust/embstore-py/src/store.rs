@@ -532,6 +532,55 @@ impl PyTable {
         ))
     }
 
+    /// [`export`] with each row's policy metadata (4 u32 words a row:
+    /// tick low, tick high, step, count; empty where the table tracks no
+    /// touches) and the call clock, in one snapshot.
+    #[allow(clippy::type_complexity)]
+    fn export_all<'py>(
+        &self,
+        py: Python<'py>,
+        with_state: bool,
+    ) -> PyResult<(
+        Bound<'py, PyArray1<i64>>,
+        Bound<'py, PyArray2<f32>>,
+        Bound<'py, PyArray2<f32>>,
+        Bound<'py, PyArray2<u32>>,
+        u64,
+    )> {
+        let table = &self.inner;
+        let e = py.enter_store(|| table.export_all(with_state, true))?;
+        let n = e.keys.len();
+        let sl = if with_state { table.state_len() } else { 0 };
+        let words = if e.meta.is_empty() { 0 } else { 4 };
+        Ok((
+            e.keys.into_pyarray(py),
+            to_2d(py, e.rows, n, table.dim())?,
+            to_2d(py, e.state, n, sl)?,
+            e.meta.into_pyarray(py).reshape([n, words])?,
+            e.clock,
+        ))
+    }
+
+    /// Rows with optimizer state and policy metadata (`meta`: 4 u32 words
+    /// a row, as [`export_all`] gives them); the clock moves to `clock`.
+    #[pyo3(signature = (keys, values, state, meta, clock))]
+    fn restore(
+        &self,
+        py: Python<'_>,
+        keys: PyReadonlyArray1<'_, i64>,
+        values: PyReadonlyArray2<'_, f32>,
+        state: Option<PyReadonlyArray2<'_, f32>>,
+        meta: PyReadonlyArray2<'_, u32>,
+        clock: u64,
+    ) -> PyResult<()> {
+        let (k, v) = (slice(&keys, "keys")?, slice2(&values, "values")?);
+        let st = state.as_ref().map(|s| slice2(s, "state")).transpose()?;
+        let m = slice2(&meta, "meta")?;
+        let m = (!m.is_empty()).then_some(m);
+        let table = &self.inner;
+        py.enter_store(|| table.restore(k, v, st, m, clock))
+    }
+
     #[pyo3(signature = (path, incremental=false, with_optimizer=true, progress=None))]
     fn save(
         &self,

@@ -273,6 +273,56 @@ impl Optimizer {
         }
     }
 
+    /// The state blocks (offset within a row's state, length) that never
+    /// go negative: the squared-gradient accumulators (Adagrad's `h`, Adam's
+    /// `v`, FTRL's `n`). Every update adds a square to them (or a decayed
+    /// sum of squares), so no step can make one negative; one that is makes
+    /// the next step's square root NaN.
+    fn nonnegative_state(&self, dim: usize) -> Option<(usize, usize)> {
+        match self {
+            Optimizer::Sgd { .. } => None,
+            Optimizer::RowWiseAdagrad { .. } => Some((0, 1)),
+            Optimizer::Adagrad { .. } => Some((0, dim)),
+            Optimizer::Adam { .. } | Optimizer::AdamW { .. } | Optimizer::Ftrl { .. } => {
+                Some((dim, dim))
+            }
+        }
+    }
+
+    /// Checks rows of optimizer state (`state_len(dim)` floats each, finite
+    /// already) against what this optimizer can produce: its accumulators
+    /// are never negative.
+    ///
+    /// # Errors
+    /// `InvalidArgument` naming `arg`, the row and the block.
+    pub fn check_state(&self, arg: &'static str, dim: usize, state: &[f32]) -> Result<()> {
+        let sl = self.state_len(dim);
+        let Some((off, len)) = self.nonnegative_state(dim) else {
+            return Ok(());
+        };
+        if sl == 0 {
+            return Ok(());
+        }
+        let bad = state
+            .chunks_exact(sl)
+            .position(|row| row[off..off + len].iter().any(|&x| x < 0.0));
+        match bad {
+            None => Ok(()),
+            Some(r) => {
+                let names = self.state_names();
+                let block = names[if off == 0 { 0 } else { names.len() - 1 }];
+                Err(invalid(
+                    arg,
+                    format!(
+                        "row {r}: {} state {block:?} is negative, which no step can produce \
+                         (it accumulates squares); nothing changed",
+                        self.name()
+                    ),
+                ))
+            }
+        }
+    }
+
     /// Checks every hyper-parameter; the error names the first bad one.
     pub fn validate(&self) -> Result<()> {
         let lr_ok = |lr: f64| check("lr", lr, lr > 0.0, "a finite lr > 0");

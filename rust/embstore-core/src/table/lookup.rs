@@ -5,6 +5,21 @@ use super::plan::Reserved;
 
 use super::*;
 
+/// A whole table as arrays ([`Table::export_all`]).
+#[derive(Debug)]
+pub struct Exported {
+    /// Keys, ascending.
+    pub keys: Vec<i64>,
+    /// Weights, `dim` a row.
+    pub rows: Vec<f32>,
+    /// Optimizer state, `state_len` a row (empty without `with_state`).
+    pub state: Vec<f32>,
+    /// Policy metadata, 4 words a row (empty without it).
+    pub meta: Vec<u32>,
+    /// The table's call clock (the recency that metadata ticks count in).
+    pub clock: u64,
+}
+
 impl Table {
     /// Writes the rows of `keys` into `out` (`keys.len() * dim` floats).
     /// With `insert` (and no admission filter), missing keys get a new row
@@ -389,6 +404,18 @@ impl Table {
     /// # Errors
     /// `OutOfMemory` when the copy cannot be allocated.
     pub fn export(&self, with_state: bool) -> Result<(Vec<i64>, Vec<f32>, Vec<f32>)> {
+        let e = self.export_all(with_state, false)?;
+        Ok((e.keys, e.rows, e.state))
+    }
+
+    /// [`Table::export`] with, when `with_meta` and the table tracks touches
+    /// (TTL or capacity), each row's policy metadata ([`Meta::to_words`],
+    /// 4 words a row) and the table's call clock: everything
+    /// [`Table::restore`] needs to rebuild the table exactly.
+    ///
+    /// # Errors
+    /// `OutOfMemory` when the copy cannot be allocated.
+    pub fn export_all(&self, with_state: bool, with_meta: bool) -> Result<Exported> {
         // Exclusive gate: no call that changes rows is running or can start,
         // so the shard read locks below wait for nobody, and the parallel
         // copy under them cannot be held up by a job that needs a write lock.
@@ -417,6 +444,15 @@ impl Table {
         }
         let mut rows = zeros::<f32>("with_state", n * dim)?;
         let mut state = zeros::<f32>("with_state", if with_state { n * sl } else { 0 })?;
+        let with_meta = with_meta && self.policy.tracks();
+        let mut meta = zeros::<u32>("with_state", if with_meta { n * 4 } else { 0 })?;
+        if with_meta {
+            meta.par_chunks_mut(4)
+                .zip(refs.par_iter())
+                .for_each(|(dst, &(_, s, r))| {
+                    dst.copy_from_slice(&guards[s as usize].arena.meta(r as usize).to_words());
+                });
+        }
         rows.par_chunks_mut(dim)
             .zip(refs.par_iter())
             .for_each(|(dst, &(_, s, r))| {
@@ -430,7 +466,13 @@ impl Table {
                     dst.copy_from_slice(guards[s as usize].arena.state(r as usize));
                 });
         }
-        Ok((keys, rows, state))
+        Ok(Exported {
+            keys,
+            rows,
+            state,
+            meta,
+            clock: self.clock(),
+        })
     }
 }
 

@@ -38,6 +38,7 @@ use crate::policy::{Admission, Meta, Policy, RowFormat, Sketch};
 use crate::simd::{Backend, copy_streaming, prefetch, stream_fence};
 use crate::zeroed::zeros;
 pub use counters::{COUNTER_NAMES, Counters, NamedCounts};
+pub use lookup::Exported;
 pub use pooled::{Bags, Combiner, pool_rows, spread_pooled};
 use shard::Shard;
 

@@ -445,7 +445,11 @@ mod tests {
             .collect();
         for shards in [1, 3, 8, 64] {
             let par = par_group_by_shard(&hashes, shards).unwrap();
-            assert_eq!(par, group_by_shard(&hashes, shards).unwrap(), "{shards} shards");
+            assert_eq!(
+                par,
+                group_by_shard(&hashes, shards).unwrap(),
+                "{shards} shards"
+            );
             assert_eq!(par.1[shards], n);
         }
     }

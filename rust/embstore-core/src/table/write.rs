@@ -23,6 +23,46 @@ impl Table {
         self.assign_with_state(keys, values, None, self.generation())
     }
 
+    /// Inserts or overwrites rows with their optimizer state (if given) and
+    /// their policy metadata ([`Meta::to_words`], 4 words a key; ignored by
+    /// a table that tracks no touches; without it each key counts a touch
+    /// now, as [`Table::assign`]), and moves the call clock forward to
+    /// `clock`: the inverse of [`Table::export_all`], which rebuilds an
+    /// LFU/LRU/TTL table exactly (a state dict).
+    ///
+    /// # Errors
+    /// `ShapeMismatch`, `NonFinite`, impossible state; nothing changed.
+    pub fn restore(
+        &self,
+        keys: &[i64],
+        values: &[f32],
+        state: Option<&[f32]>,
+        meta: Option<&[u32]>,
+        clock: u64,
+    ) -> Result<()> {
+        let Some(meta) = meta.filter(|_| self.policy.tracks()) else {
+            return self.assign_with_state(keys, values, state, self.generation());
+        };
+        Self::check_batch(keys)?;
+        let (dim, sl) = (self.dim, self.state_len);
+        check_len("values", keys.len() * dim, values.len())?;
+        check_finite("values", values)?;
+        self.policy.format.check_fits("values", values)?;
+        check_len("meta", keys.len() * 4, meta.len())?;
+        if let Some(st) = state {
+            check_len("state", keys.len() * sl, st.len())?;
+            check_finite("state", st)?;
+            if let Some(opt) = &self.optimizer {
+                opt.check_state("state", dim, st)?;
+            }
+        }
+        let _gate = self.enter();
+        self.assign_in(keys, values, state, Some(meta), self.generation())?;
+        self.set_clock(self.clock().max(clock));
+        self.enforce_capacity();
+        Ok(())
+    }
+
     /// [`Table::assign`] that also sets the optimizer state (`keys.len() *
     /// state_len` floats) instead of resetting it, marking the rows with
     /// save generation `save_gen`.
@@ -41,6 +81,9 @@ impl Table {
         if let Some(st) = state {
             check_len("state", keys.len() * sl, st.len())?;
             check_finite("state", st)?;
+            if let Some(opt) = &self.optimizer {
+                opt.check_state("state", dim, st)?;
+            }
         }
         let _gate = self.enter();
         self.assign_in(keys, values, state, None, save_gen)?;

@@ -203,7 +203,16 @@ pub(super) fn check_rows(m: &Manifest, path: &Path, e: &FileEntry, buf: &[u8]) -
     finite_in_file(path, "rows", &rows_f32(fmt, rows))?;
     if m.with_optimizer && m.state_len > 0 {
         let state = expect_tensor(&st, path, "state", Dtype::F32, &[n, m.state_len])?;
-        finite_in_file(path, "state", &f32s(state))?;
+        let state = f32s(state);
+        finite_in_file(path, "state", &state)?;
+        // State no step can produce (a negative accumulator) is damage too:
+        // the next step would make the row NaN.
+        if let Some(opt) = &m.optimizer {
+            let opt = Optimizer::from_named(&opt.name, &opt.params)
+                .map_err(|err| ckpt_err(path, err.to_string()))?;
+            opt.check_state("state", m.dim, &state)
+                .map_err(|err| ckpt_err(path, format!("tensor \"state\": {err} (damaged)")))?;
+        }
     }
     if m.has_meta() {
         expect_tensor(&st, path, "meta", Dtype::U32, &[n, 4])?;
