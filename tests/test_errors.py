@@ -156,3 +156,40 @@ def test_unknown_simd_backend_is_a_value_error(monkeypatch: pytest.MonkeyPatch) 
     monkeypatch.setenv("EMBSTORE_SIMD", "sse9")
     with pytest.raises(ValueError, match=r"^EMBSTORE_SIMD: expected one of scalar"):
         embstore.Table(2)
+
+
+def test_a_default_row_that_requires_grad_is_refused_naming_default() -> None:
+    torch = pytest.importorskip("torch")
+    t = embstore.Table(4)
+    with pytest.raises(ValueError, match=r"default: .*detach"):
+        t.lookup([1, 2], insert=False, default=torch.ones(4, requires_grad=True))
+    rows = t.lookup([1, 2], insert=False, default=torch.full((4,), 2.0))
+    np.testing.assert_array_equal(rows, np.full((2, 4), 2.0, np.float32))
+    assert len(t) == 0
+
+
+def test_a_collection_call_beyond_memory_is_a_memory_error() -> None:
+    """The feature-naming check of a Collection call keeps the error's type:
+    out of memory is MemoryError (it was ValueError), in a child under RLIMIT_AS."""
+    from . import _child
+
+    out = _child.ok(
+        """
+        t = embstore.Table(4, optimizer=optim.SGD(lr=0.1))
+        c = embstore.Collection({"a": t, "b": t})
+        n = 3_000_000
+        ids, off = np.arange(n), np.arange(n + 1)
+        g = np.ones((n, 8), np.float32)
+        limit_memory(64 << 20)
+        for f in (lambda: c.lookup_pooled({"a": (ids, off), "b": (ids, off)}),
+                  lambda: c.apply_pooled_gradients({"a": (ids, off), "b": (ids, off)}, g)):
+            try:
+                f()
+                print("done")
+            except MemoryError as e:
+                print("memory:", e)
+        print("rows", len(t))
+        """
+    )
+    assert out.count('memory: batch["a"]') == 2, out
+    assert "rows 0" in out, out

@@ -334,3 +334,39 @@ def test_embedding_bag_collection_takes_keyed_jagged_input() -> None:
         ebc(FakeKJT(["user", "hist"], torch.tensor([1, 2]), torch.tensor([1, 0, 1, 0])))
     with pytest.raises(TypeError, match="features: expected a torchrec KeyedJaggedTensor"):
         ebc({"item": torch.tensor([1])})
+
+
+@pytest.mark.parametrize(
+    ("kjt", "match"),
+    [
+        # lengths cover 3 of the 4 ids: the trailing id would be dropped
+        (
+            FakeKJT(["item", "user"], torch.tensor([1, 2, 3, 4]), torch.tensor([1, 1, 1, 0])),
+            "lengths sum to 3 ids but values.. holds 4",
+        ),
+        # lengths claim more ids than there are
+        (
+            FakeKJT(["item", "user"], torch.tensor([1, 2]), torch.tensor([1, 1, 1, 0])),
+            "lengths sum to 3 ids but values.. holds 2",
+        ),
+        # a key named twice: its second bags would replace the first's
+        (
+            FakeKJT(
+                ["item", "user", "item"], torch.tensor([1, 2, 3]), torch.tensor([1, 0, 1, 0, 0, 1])
+            ),
+            "feature 'item' appears twice",
+        ),
+        (
+            FakeKJT(["item", "user"], torch.tensor([1, 2]), torch.tensor([1, 2, -1, 0])),
+            "feature 'user' has a negative length",
+        ),
+    ],
+)
+def test_a_keyed_jagged_tensor_that_does_not_describe_its_values_is_refused(
+    kjt: FakeKJT, match: str
+) -> None:
+    a = embstore.Table(DIM, optimizer=optim.Adagrad(lr=0.1))
+    ebc = et.EmbeddingBagCollection(embstore.Collection({"item": a, "user": a}))
+    with pytest.raises(ValueError, match=match):
+        ebc(kjt)
+    assert len(a) == 0, "a refused batch stored rows"

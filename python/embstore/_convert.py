@@ -240,6 +240,13 @@ def check_default(default: Any, dim: int | None) -> tuple[str, npt.NDArray[np.fl
         raise ValueError(f'default: expected "init", "zeros" or a row of floats, got {default!r}')
     if dim is None:
         raise TypeError(f'default: expected "init" or "zeros" here, got {type(default).__name__}')
+    if type(default).__module__.startswith("torch") and hasattr(default, "detach"):
+        if getattr(default, "requires_grad", False):
+            raise ValueError(
+                "default: expected a row that takes no gradient (the default row is a "
+                "constant, not trained); pass default.detach()"
+            )
+        default = default.detach().cpu().numpy()
     row = np.asarray(default)
     if row.dtype.kind not in "iuf" or row.shape != (dim,):
         raise ValueError(

@@ -437,7 +437,29 @@ class EmbeddingBagCollection(EmbeddingCollection):
                 f"features: expected {len(names)} keys x stride {batch} lengths, got "
                 f"{lens.shape[0]} (variable-stride inputs are not supported)"
             )
+        if (lens < 0).any():
+            j = int(np.flatnonzero(lens < 0)[0]) // max(batch, 1)
+            raise ValueError(f"features: feature {names[j]!r} has a negative length")
         starts = np.concatenate([[0], np.cumsum(lens)])
+        if int(starts[-1]) != vals.shape[0]:
+            # Ids the lengths do not cover would be dropped silently, and
+            # ids they claim but that are missing read past the end.
+            raise ValueError(
+                f"features: the lengths sum to {int(starts[-1])} ids but values() holds "
+                f"{vals.shape[0]} (through feature {names[-1]!r}); nothing looked up"
+            )
+        if w is not None and w.shape[0] != vals.shape[0]:
+            raise ValueError(
+                f"features: weights() holds {w.shape[0]} values for {vals.shape[0]} ids"
+            )
+        seen: set[str] = set()
+        for name in names:
+            if name in seen:
+                raise ValueError(
+                    f"features: feature {name!r} appears twice among the keys (each key "
+                    "names one feature of the batch)"
+                )
+            seen.add(name)
         bags: dict[str, Any] = {}
         for j, name in enumerate(names):
             if name not in self.collection.tables:

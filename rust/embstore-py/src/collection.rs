@@ -5,7 +5,7 @@ use std::sync::Arc;
 use embstore_core::collection::{self, Feature};
 use embstore_core::{Bags, Table};
 use numpy::{PyArray2, PyArrayMethods, PyReadonlyArray1, PyReadonlyArray2};
-use pyo3::exceptions::PyValueError;
+use pyo3::exceptions::{PyMemoryError, PyValueError};
 use pyo3::prelude::*;
 
 use crate::convert::EnterStore;
@@ -40,7 +40,13 @@ fn features<'a>(
             // Checked here too, so that the error names the feature.
             b.validate().map_err(|e| {
                 let name = names.map_or_else(|| format!("feature {i}"), |m| format!("{:?}", m[i]));
-                PyValueError::new_err(format!("batch[{name}] {e}"))
+                let msg = format!("batch[{name}] {e}");
+                // The exception type is the error's (MemoryError for memory),
+                // only the message gains the feature's name.
+                match e {
+                    embstore_core::StoreError::OutOfMemory { .. } => PyMemoryError::new_err(msg),
+                    _ => PyValueError::new_err(msg),
+                }
             })?;
             Ok(b)
         })
