@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import threading
+import weakref
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
@@ -47,6 +48,34 @@ class _Resolved:
     served_keys: np.ndarray  # those keys, on the host
     evicted_keys: np.ndarray  # keys evicted for the admissions (already written back)
     served_rows: Array | None = None  # rows of the table-served keys (lookups)
+
+
+#: Every DeviceCache alive, for the fork handlers below.
+_LIVE: weakref.WeakSet[DeviceCache] = weakref.WeakSet()
+#: The locks the forking thread holds from before the fork until after it.
+_HELD: list[threading.Lock] = []
+
+
+def _before_fork() -> None:
+    """Waits until no DeviceCache call is running, and holds every cache's
+    lock across the fork: a child forked while another thread was inside a
+    call would otherwise inherit that lock held, by a thread that does not
+    exist there, and its first call would wait forever (the native tier
+    does the same for its own calls). Taken in one order (by id)."""
+    for cache in sorted(list(_LIVE), key=id):
+        cache._lock.acquire()
+        _HELD.append(cache._lock)
+
+
+def _after_fork() -> None:
+    while _HELD:
+        _HELD.pop().release()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(
+        before=_before_fork, after_in_parent=_after_fork, after_in_child=_after_fork
+    )
 
 
 class DeviceCache:
@@ -112,6 +141,7 @@ class DeviceCache:
         self.capacity = int(rows)
         self._fancy = X.supports_fancy_setitem(self.xp)
         self._lock = threading.Lock()
+        _LIVE.add(self)
         xp_ = self.xp
         m, dim, sl = self.capacity, table.dim, table.state_len
         self._rows = xp_.zeros((m, dim), dtype=xp_.float32)

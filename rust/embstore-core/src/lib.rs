@@ -20,19 +20,23 @@
 //! crate (and of the binding) is in it. A thread that holds a lock takes
 //! only locks further down the list.
 //!
-//! 1. The binding's call lock (`embstore-py`, `convert::CALLS`): shared by
+//! 1. A checkpoint directory's writers' lock (`table::dirlock`, taken by
+//!    [`table::checkpoint::lock_for_writing`]): a save or a publish takes
+//!    it first, before anything else, and the binding waits for it with
+//!    the GIL released and outside the call lock, so a save that waits for
+//!    another process's save holds nothing and never holds up `fork()`.
+//! 2. The binding's call lock (`embstore-py`, `convert::CALLS`): shared by
 //!    every native call, exclusive only in the `fork()` prepare handler, so
 //!    that a process forks while no call is inside the core.
-//! 2. Table gates ([`Table`]'s `gate`), shared by every call that changes
+//! 3. Table gates ([`Table`]'s `gate`), shared by every call that changes
 //!    rows (lookups that insert or record touches, assigns, steps, removals,
 //!    evictions, `reserve`), exclusive for a snapshot (`export`, `save`).
 //!    A call on several tables (a [`collection`] call) takes their gates in
 //!    ascending [`Table::id`], on the calling thread.
-//! 3. Checkpoint directory locks (`table::dirlock`): a save holds its
-//!    directory's writers' lock (after its gate); a load holds the readers'
-//!    lock shared; a save deletes old files only if it gets that lock
+//! 4. A checkpoint directory's readers' lock (`table::dirlock`): a load
+//!    holds it shared; a save deletes old files only if it gets it
 //!    exclusively without waiting.
-//! 4. Shard locks, by shard index. Inside rayon jobs a thread holds at most
+//! 5. Shard locks, by shard index. Inside rayon jobs a thread holds at most
 //!    one, and only for the job, except a pooling job of a pooled lookup
 //!    (`table::pooled`), which holds the read locks of the shards its bags
 //!    read, taken in index order, for the job: a writer holds one write
@@ -46,7 +50,7 @@
 //!    holds the read (serving) or write (inserting) locks of the shards it
 //!    needs together, on the calling thread, having only tried each (in
 //!    index order, after trying its gate when it inserts): it never waits.
-//! 5. Leaf locks, never held while taking another or running parallel work:
+//! 6. Leaf locks, never held while taking another or running parallel work:
 //!    the memo, the last-save mark, the per-shard `Found` slots, the
 //!    binding's output buffer pool.
 //!

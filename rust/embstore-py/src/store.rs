@@ -73,6 +73,17 @@ pub(crate) fn slice2<'a, T: numpy::Element>(
         .map_err(|_| PyValueError::new_err(format!("{arg}: expected a C-contiguous array")))
 }
 
+/// Takes the writers' lock of the checkpoint directory `path` (creating
+/// the directory), waiting for another save that holds it with the GIL
+/// released and outside the binding's call lock: the first lock of the
+/// crate's order, so that a `fork()` is not held up for as long as another
+/// process keeps the directory locked.
+fn lock_outside_calls(py: Python<'_>, path: &std::path::Path) -> PyResult<checkpoint::DirLock> {
+    Ok(py
+        .detach(|| checkpoint::lock_for_writing(path))
+        .map_err(PyStoreError)?)
+}
+
 /// A byte counter that a running save or load advances, for progress bars.
 #[pyclass(frozen, name = "Progress", module = "embstore._core")]
 #[derive(Default)]
@@ -592,8 +603,10 @@ impl PyTable {
     ) -> PyResult<(String, u64)> {
         let counter = progress.map(|p| p.done.clone());
         let table = &self.inner;
-        let info =
-            py.enter_store(|| table.save(&path, incremental, with_optimizer, counter.as_deref()))?;
+        let writer = lock_outside_calls(py, &path)?;
+        let info = py.enter_store(|| {
+            table.save_locked(&writer, incremental, with_optimizer, counter.as_deref())
+        })?;
         Ok((manifest_json(&info.manifest)?, info.bytes_written))
     }
 
@@ -631,8 +644,9 @@ impl PyTable {
             .collect::<std::result::Result<Vec<Vec<checkpoint::FileEntry>>, _>>()
             .map_err(|e| PyValueError::new_err(format!("parts: {e}")))?;
         let table = &self.inner;
+        let writer = lock_outside_calls(py, &path)?;
         let m = py.enter_store(|| {
-            checkpoint::publish_parts(&path, table, id, with_optimizer, files, rows)
+            checkpoint::publish_parts_locked(&writer, table, id, with_optimizer, files, rows)
         })?;
         manifest_json(&m)
     }

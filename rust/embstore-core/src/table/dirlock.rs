@@ -19,7 +19,7 @@
 //! through ([`super::untrusted`]).
 
 use std::fs::File;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use super::untrusted;
 use crate::error::{Result, ckpt_err};
@@ -31,6 +31,14 @@ pub const READERS_LOCK: &str = ".embstore-lock";
 #[derive(Debug)]
 pub struct DirLock {
     file: File,
+    dir: PathBuf,
+}
+
+impl DirLock {
+    /// The directory this lock is of.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
 }
 
 impl Drop for DirLock {
@@ -56,7 +64,10 @@ pub fn writer(dir: &Path) -> Result<DirLock> {
     // reads without it).
     untrusted::open_or_create_file(&dir.join(READERS_LOCK))
         .map_err(|e| ckpt_err(dir, format!("cannot create {READERS_LOCK}: {e}")))?;
-    Ok(DirLock { file: f })
+    Ok(DirLock {
+        file: f,
+        dir: dir.to_path_buf(),
+    })
 }
 
 /// Takes the readers' lock of `dir` shared, waiting while a writer deletes
@@ -74,7 +85,10 @@ pub fn reader(dir: &Path) -> Result<Option<DirLock>> {
     };
     f.lock_shared()
         .map_err(|e| ckpt_err(&path, format!("cannot lock for reading: {e}")))?;
-    Ok(Some(DirLock { file: f }))
+    Ok(Some(DirLock {
+        file: f,
+        dir: dir.to_path_buf(),
+    }))
 }
 
 /// Takes the readers' lock of `dir` exclusively if no reader holds it;
@@ -82,7 +96,10 @@ pub fn reader(dir: &Path) -> Result<Option<DirLock>> {
 pub fn cleaner(dir: &Path) -> Option<DirLock> {
     let f = untrusted::open_file(&dir.join(READERS_LOCK)).ok()?;
     f.try_lock().ok()?;
-    Some(DirLock { file: f })
+    Some(DirLock {
+        file: f,
+        dir: dir.to_path_buf(),
+    })
 }
 
 #[cfg(test)]

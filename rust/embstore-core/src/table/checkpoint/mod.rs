@@ -45,11 +45,12 @@ mod report;
 mod save;
 mod tensors;
 
+pub use super::dirlock::DirLock;
 pub use files::new_id;
 use files::*;
 pub use load::{FileCheck, verify};
 pub use manifest::*;
 use publish::*;
-pub use publish::{publish, publish_parts, remove_partial};
+pub use publish::{lock_for_writing, publish, publish_parts, publish_parts_locked, remove_partial};
 pub use report::{Report, report};
 use tensors::*;

@@ -17,6 +17,19 @@ pub fn publish(dir: &Path, manifest: &mut Manifest) -> Result<u64> {
     publish_locked(dir, manifest)
 }
 
+/// Creates the checkpoint directory `dir` if it is missing (its parent
+/// must exist) and takes its writers' lock, waiting for a save that holds
+/// it: the first lock of a save ([`Table::save_locked`],
+/// [`publish_parts_locked`]), taken before any other.
+///
+/// # Errors
+/// `Checkpoint` when the directory cannot be created, opened or locked, or
+/// its lock file is not a regular file.
+pub fn lock_for_writing(dir: &Path) -> Result<DirLock> {
+    create_checkpoint_dir(dir)?;
+    dirlock::writer(dir)
+}
+
 /// Publishes one full checkpoint at `dir` made of `parts` (the files each
 /// part's [`Table::write_files`] wrote, e.g. one per rank of a sharded
 /// table) holding `rows` rows in all, described by `table`'s configuration
@@ -32,6 +45,24 @@ pub fn publish_parts(
     parts: Vec<Vec<FileEntry>>,
     rows: u64,
 ) -> Result<Manifest> {
+    let writer = lock_for_writing(dir)?;
+    publish_parts_locked(&writer, table, id, with_optimizer, parts, rows)
+}
+
+/// [`publish_parts`] under the writers' lock the caller took with
+/// [`lock_for_writing`].
+///
+/// # Errors
+/// As [`publish_parts`].
+pub fn publish_parts_locked(
+    writer: &DirLock,
+    table: &Table,
+    id: &str,
+    with_optimizer: bool,
+    parts: Vec<Vec<FileEntry>>,
+    rows: u64,
+) -> Result<Manifest> {
+    let dir = writer.dir();
     let mut m = table.manifest_base(id, with_optimizer);
     m.rows = rows;
     m.chain = vec![Link {
@@ -40,7 +71,7 @@ pub fn publish_parts(
         removed: None,
     }];
     check_manifest(&m).map_err(|e| ckpt_err(dir, e))?;
-    publish(dir, &mut m)?;
+    publish_locked(dir, &mut m)?;
     Ok(m)
 }
 

@@ -214,8 +214,27 @@ impl Table {
         with_optimizer: bool,
         progress: Option<&AtomicU64>,
     ) -> Result<SaveInfo> {
+        let writer = lock_for_writing(dir)?;
+        self.save_locked(&writer, incremental, with_optimizer, progress)
+    }
+
+    /// [`Table::save`] to the directory whose writers' lock the caller
+    /// took with [`lock_for_writing`] (first, before any other lock: see
+    /// the crate's lock order), so that waiting for another save's lock
+    /// holds nothing else, not even the binding's call lock, and a
+    /// `fork()` meanwhile goes ahead.
+    ///
+    /// # Errors
+    /// As [`Table::save`].
+    pub fn save_locked(
+        &self,
+        writer: &DirLock,
+        incremental: bool,
+        with_optimizer: bool,
+        progress: Option<&AtomicU64>,
+    ) -> Result<SaveInfo> {
+        let dir = writer.dir();
         let _gate = self.gate.write().unwrap_or_else(PoisonError::into_inner);
-        create_checkpoint_dir(dir)?;
         let canonical = fs::canonicalize(dir).map_err(|e| io_err(dir, "cannot resolve", &e))?;
         let has_manifest = dir.join(MANIFEST).exists();
         if !has_manifest
@@ -234,9 +253,9 @@ impl Table {
                 ));
             }
         }
-        // One save at a time per directory, across threads and processes;
-        // the base of an incremental save is read under the lock.
-        let _writer = dirlock::writer(dir)?;
+        // One save at a time per directory, across threads and processes
+        // (the writers' lock, held since before the gate); the base of an
+        // incremental save is read under it.
         let has_manifest = dir.join(MANIFEST).exists();
         let base = if incremental {
             let mark = self
