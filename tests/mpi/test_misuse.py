@@ -5,6 +5,7 @@ table is unchanged; watchdog timeouts are validated on every rank."""
 from __future__ import annotations
 
 import math
+import tempfile
 
 import numpy as np
 import pytest
@@ -43,9 +44,55 @@ def test_ranks_entering_different_calls_all_raise_and_change_nothing() -> None:
 
 def test_the_same_call_with_different_flags_is_refused() -> None:
     t = fresh()
-    with pytest.raises(RuntimeError, match=r"lookup\(insert=True\).*lookup\(insert=False\)"):
+    with pytest.raises(
+        ValueError, match=r"passed different arguments.*'insert', True.*'insert', False"
+    ):
         t.lookup(np.arange(5), insert=RANK != SIZE - 1)
     assert len(t) == 20
+
+
+def test_a_flag_refused_on_one_rank_raises_on_every_rank() -> None:
+    """A bad flag on the last rank only: every rank raises (none waits for
+    the watchdog), and nothing changes."""
+    t = fresh()
+    before = state(t)
+    bad = "yes" if RANK == SIZE - 1 else True
+    with pytest.raises((TypeError, ValueError), match="insert"):
+        t.lookup(np.arange(30), insert=bad)  # type: ignore[arg-type]
+    with pytest.raises((TypeError, ValueError), match="insert"):
+        t.lookup_pooled(np.arange(30), np.array([0, 30]), insert=bad)  # type: ignore[arg-type]
+    after = state(t)
+    assert after[0] == before[0]
+    np.testing.assert_array_equal(after[1], before[1])
+    assert len(t) == 20
+
+
+def test_a_save_path_refused_on_one_rank_raises_on_every_rank() -> None:
+    t = fresh()
+    path = COMM.bcast(tempfile.mkdtemp() + "/ck" if RANK == 0 else None)
+    with pytest.raises((TypeError, ValueError), match=r"rank|path"):
+        t.save(None if RANK == SIZE - 1 else path)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="passed different arguments"):
+        t.save(path if RANK == 0 else path + "-elsewhere")
+
+
+@pytest.mark.parametrize("dims", [(4, 4), (4, 6)])
+def test_calls_on_different_tables_are_refused_not_crossed(dims: tuple[int, int]) -> None:
+    """Rank 0 looks up in one table while the others look up in another of
+    the same communicator: every rank raises naming the two tables, and no
+    row moves between them (with other dims it was MPI_ERR_TRUNCATE and an
+    abort)."""
+    t1 = ShardedTable(dims[0], optimizer=optim.SGD(lr=1.0), seed=1)
+    t2 = ShardedTable(dims[1], optimizer=optim.SGD(lr=1.0), seed=2)
+    t1.lookup(np.arange(10))
+    t2.lookup(np.arange(10, 20))
+    mine = t1 if RANK == 0 else t2
+    with pytest.raises(RuntimeError, match="entered different collective calls"):
+        mine.lookup(np.arange(100, 140))
+    assert len(t1) == 10
+    assert len(t2) == 10
+    assert not t1.contains(np.arange(100, 140)).any()
+    assert not t2.contains(np.arange(100, 140)).any()
 
 
 class _Unconvertible:

@@ -81,6 +81,19 @@ def _env_timeout() -> float:
 DEFAULT_TIMEOUT = _env_timeout()
 
 
+#: The id the next ShardedTable built in this process proposes; the ranks
+#: agree on the largest proposal (see ShardedTable._setup).
+_NEXT_TABLE_ID = 0
+
+
+def _fspath(path: Any) -> str:
+    """A checkpoint path as a string, or TypeError naming ``path``."""
+    try:
+        return os.fspath(path)
+    except TypeError:
+        raise TypeError(f"path: expected a str or os.PathLike, got {type(path).__name__}") from None
+
+
 def _mpi() -> Any:
     return require("mpi4py.MPI", "mpi")
 
@@ -216,6 +229,13 @@ class ShardedTable:
         self._agree("ShardedTable()", error)
         self.partition = partition
         self.key_space = None if key_space is None else int(key_space)
+        # An id agreed by every rank, named in every later call's agreement:
+        # ranks that call different tables stop with an error instead of
+        # exchanging one table's rows into another.
+        global _NEXT_TABLE_ID
+        with self._watch("ShardedTable()"):
+            self._id = int(self.comm.allreduce(_NEXT_TABLE_ID, op=mpi.MAX))
+        _NEXT_TABLE_ID = self._id + 1
 
     def _config(self) -> dict[str, Any]:
         return {**self.local.config(), "partition": self.partition, "key_space": self.key_space}
@@ -260,24 +280,37 @@ class ShardedTable:
         finally:
             timer.cancel()
 
-    def _agree(self, what: str, error: BaseException | None) -> None:
-        """Every rank learns which call the others entered (``what``: its
-        name and signature) and whether any rank refused its input; all
-        raise if the calls differ or any refused. Every collective call
-        starts here, so ranks that enter different calls stop with an error
-        instead of exchanging each other's data."""
+    def _agree(
+        self, what: str, error: BaseException | None, args: tuple[Any, ...] | None = ()
+    ) -> None:
+        """Every rank learns which call the others entered (``what``: the
+        table's agreed id, the call's name), with which arguments that must
+        be the same on every rank (``args``: flags, a checkpoint path; None
+        where this rank refused them), and whether any rank refused its
+        input; all raise if the calls or arguments differ or any refused.
+        Every collective call starts here, before any exchange, so ranks
+        that enter different calls, or calls on different tables, stop with
+        an error instead of exchanging each other's data."""
+        tag = f"table {self._id}: {what}" if hasattr(self, "_id") else what
         with self._watch(what):
             msgs = self.comm.allgather(
-                (what, None if error is None else f"{type(error).__name__}: {error}")
+                (tag, args, None if error is None else f"{type(error).__name__}: {error}")
             )
-        calls = {r: w for r, (w, _) in enumerate(msgs)}
+        calls = {r: w for r, (w, _, _) in enumerate(msgs)}
         if len(set(calls.values())) > 1:
             raise RuntimeError(
                 f"{what}: the ranks entered different collective calls "
                 f"({', '.join(f'rank {r}: {w}' for r, w in calls.items())}); every rank must "
-                "make the same calls in the same order; nothing changed"
+                "make the same calls on the same tables in the same order; nothing changed"
             )
-        bad = {r: m for r, (_, m) in enumerate(msgs) if m is not None}
+        given = {r: a for r, (_, a, m) in enumerate(msgs) if m is None}
+        if len({repr(a) for a in given.values()}) > 1:
+            raise ValueError(
+                f"{what}: the ranks passed different arguments "
+                f"({', '.join(f'rank {r}: {a}' for r, a in given.items())}); every rank must "
+                "pass the same; nothing changed"
+            )
+        bad = {r: m for r, (_, _, m) in enumerate(msgs) if m is not None}
         if not bad:
             return
         if error is not None:
@@ -285,17 +318,26 @@ class ShardedTable:
         first = min(bad)
         raise ValueError(f"{what}: rank {first} refused its input ({bad[first]}); nothing changed")
 
-    def _prepare(self, what: str, fn: Callable[[], Any]) -> Any:
+    def _prepare(
+        self,
+        what: str,
+        fn: Callable[[], Any],
+        agreed: Callable[[Any], tuple[Any, ...]] = lambda _: (),
+    ) -> Any:
         """Run local checks and preparation; agree across ranks before sending.
         Any exception is agreed (a rank that raised alone would leave the
-        others waiting in the exchange)."""
+        others waiting in the exchange), and so are the arguments
+        ``agreed(result)`` picks from the result (flags every rank must pass
+        alike)."""
         result = None
+        args: tuple[Any, ...] | None = None
         error: BaseException | None = None
         try:
             result = fn()
+            args = agreed(result)
         except Exception as e:
             error = e
-        self._agree(what, error)
+        self._agree(what, error, args)
         return result
 
     # -- exchange -----------------------------------------------------------------
@@ -390,14 +432,14 @@ class ShardedTable:
         """Rows of this rank's ``keys (n,)``: float32 ``(n, dim)``. Collective."""
         self._begin()
 
-        def prep() -> tuple[np.ndarray, np.ndarray]:
+        def prep() -> tuple[bool, np.ndarray, np.ndarray]:
+            ins = check_bool("insert", insert)
             k = as_keys(keys)
             uniq, inv = np.unique(k, return_inverse=True)
             self._owners(uniq)  # a key outside a "div" key space is refused here
-            return uniq, inv
+            return ins, uniq, inv
 
-        ins = check_bool("insert", insert)
-        uniq, inv = self._prepare(f"lookup(insert={ins})", prep)
+        ins, uniq, inv = self._prepare("lookup", prep, lambda r: (("insert", r[0]),))
         with self._watch("lookup"):
             rows = self._fetch_unique(uniq, ins)
         out: npt.NDArray[np.float32] = rows[inv]
@@ -457,9 +499,10 @@ class ShardedTable:
     ) -> npt.NDArray[np.float32]:
         """Pooled rows of this rank's bags (CSR as :meth:`Table.lookup_pooled`). Collective."""
         self._begin()
-        ins = check_bool("insert", insert)
-        _, o, w, c, _, uniq, inv = self._prepare(
-            f"lookup_pooled(insert={ins})", lambda: self._bags(ids, offsets, weights, combiner)
+        ins, (_, o, w, c, _, uniq, inv) = self._prepare(
+            "lookup_pooled",
+            lambda: (check_bool("insert", insert), self._bags(ids, offsets, weights, combiner)),
+            lambda r: (("insert", r[0]),),
         )
         with self._watch("lookup_pooled"):
             rows = self._fetch_unique(uniq, ins)
@@ -538,15 +581,17 @@ class ShardedTable:
         all ranks share), then rank 0 publishes one manifest. The result is an
         ordinary checkpoint: it loads on any number of ranks and into a single
         :meth:`embstore.Table.load`. Collective."""
-        path = os.fspath(path)
-        wo = check_bool("with_optimizer", with_optimizer)
-        self._agree(f"save(with_optimizer={wo})", None)
+        where, wo = self._prepare(
+            "save",
+            lambda: (_fspath(path), check_bool("with_optimizer", with_optimizer)),
+            lambda r: (("path", r[0]), ("with_optimizer", r[1])),
+        )
         with self._watch("save"):
             ckpt_id = self.comm.bcast(_core.new_checkpoint_id() if self.rank == 0 else None)
             part: str | None = None
             error = None
             try:
-                part = self.local.save_part(path, f"{ckpt_id}-r{self.rank:04d}", with_optimizer=wo)
+                part = self.local.save_part(where, f"{ckpt_id}-r{self.rank:04d}", with_optimizer=wo)
             except (CheckpointError, OSError) as e:
                 error = f"rank {self.rank}: {e}"
             rows = np.array([len(self.local)], np.int64)
@@ -561,7 +606,7 @@ class ShardedTable:
                     try:
                         parts = [p for p, _ in gathered if p is not None]
                         manifest = self.local.publish_parts(
-                            path, ckpt_id, parts, int(total[0]), with_optimizer=wo
+                            where, ckpt_id, parts, int(total[0]), with_optimizer=wo
                         )
                     except (CheckpointError, OSError) as e:
                         errors.append(f"rank 0 publishing: {e}")
@@ -572,8 +617,8 @@ class ShardedTable:
             manifest = self.comm.bcast(manifest, root=0)
         if outcome:
             # Nothing was published: each rank removes what it wrote.
-            _core.remove_unpublished(path, f"{ckpt_id}-r{self.rank:04d}")
-            raise CheckpointError(f"checkpoint {path}: not saved: {outcome}")
+            _core.remove_unpublished(where, f"{ckpt_id}-r{self.rank:04d}")
+            raise CheckpointError(f"checkpoint {where}: not saved: {outcome}")
         assert manifest is not None
         return manifest
 
@@ -701,14 +746,22 @@ class Collection:
     def _any(self) -> ShardedTable:
         return next(iter(self._features.values()))
 
+    def _ids(self) -> str:
+        """The agreed ids of the tables, feature by feature (named in the
+        agreement of every call: two collections over other tables differ)."""
+        return ", ".join(f"{n}: table {t._id}" for n, t in self._features.items())
+
     def lookup_pooled(
         self, batch: Mapping[str, tuple[Any, ...]], *, insert: bool = True
     ) -> np.ndarray:
         first = self._any()
         for t in {id(t): t for t in self._features.values()}.values():
             t._begin()
-        ins = check_bool("insert", insert)
-        prep = first._prepare(f"Collection.lookup_pooled(insert={ins})", lambda: self._prep(batch))
+        ins, prep = first._prepare(
+            f"Collection({self._ids()}).lookup_pooled",
+            lambda: (check_bool("insert", insert), self._prep(batch)),
+            lambda r: (("insert", r[0]),),
+        )
         pooled: dict[str, np.ndarray] = {}
         with first._watch("Collection.lookup_pooled"):
             for group in self._groups:
@@ -734,7 +787,7 @@ class Collection:
                 raise ValueError("grads: expected only finite values")
             return p, g
 
-        p, g = first._prepare("Collection.apply_pooled_gradients", prep)
+        p, g = first._prepare(f"Collection({self._ids()}).apply_pooled_gradients", prep)
         cols: dict[str, tuple[int, int]] = {}
         c0 = 0
         for name, t in self._features.items():
