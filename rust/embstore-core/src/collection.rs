@@ -153,7 +153,6 @@ pub fn apply_pooled_gradients(features: &[Feature<'_>], grads: &[f32]) -> Result
     let most = check_finite_max("grads", grads)?;
     let cols = columns(features);
     let groups = groups(features);
-    let gates: Vec<_> = groups.iter().map(|(t, _)| t.enter()).collect();
     // Every table's ids, gradient offsets and coefficients.
     let min_len = split_at(features);
     let inputs: Vec<(Vec<i64>, Vec<usize>, Vec<f32>)> = groups
@@ -192,42 +191,76 @@ pub fn apply_pooled_gradients(features: &[Feature<'_>], grads: &[f32]) -> Result
             Ok((keys, src, coef))
         })
         .collect::<Result<_>>()?;
+    let mut sums = Vec::with_capacity(groups.len());
     for ((table, _), (keys, src, coef)) in groups.iter().zip(&inputs) {
         let dim = table.dim();
         let max_coef = coef.iter().fold(0.0f32, |a, c| a.max(c.abs()));
-        crate::table::check_grad_sums("grads", keys, f64::from(most * max_coef), |i| {
-            let g = grads[src[i]..src[i] + dim]
-                .iter()
-                .fold(0.0f32, |a, v| a.max(v.abs()));
-            f64::from(g) * f64::from(coef[i].abs())
-        })?;
+        sums.push(crate::table::check_grad_sums(
+            "grads",
+            keys,
+            f64::from(most * max_coef),
+            |i| {
+                let g = grads[src[i]..src[i] + dim]
+                    .iter()
+                    .fold(0.0f32, |a, v| a.max(v.abs()));
+                f64::from(g) * f64::from(coef[i].abs())
+            },
+        )?);
     }
-    // Room for every table's new rows first, so that running out of memory
+    // The gates, in ascending table id (each shared, or exclusive for a
+    // step its bounds cannot clear: see `table::bounds`).
+    let gates: Vec<_> = groups
+        .iter()
+        .zip(&sums)
+        .map(|((t, _), &gs)| t.step_gate(gs, t.step() + 1))
+        .collect();
+    // Room for every table's new rows first, and the dry runs of the steps
+    // that need one, so that running out of memory or a non-finite result
     // refuses the call whole; then every table's step.
     let mut prepared = Vec::with_capacity(groups.len());
-    for ((table, _), (keys, _, _)) in groups.iter().zip(&inputs) {
+    let mut measured = Vec::with_capacity(groups.len());
+    let mut failed = None;
+    for (((table, _), (keys, src, coef)), gate) in groups.iter().zip(&inputs).zip(&gates) {
+        let dim = table.dim();
         match table.prepare_apply(keys, true) {
             Ok(p) => prepared.push(p),
             Err(e) => {
-                for ((t, _), p) in groups.iter().zip(prepared) {
-                    t.cancel_apply(p);
-                }
-                return Err(e);
+                failed = Some(e);
+                break;
             }
         }
+        if gate.needs_dry_run() {
+            let grad_of = |i: usize| (&grads[src[i]..src[i] + dim], coef[i]);
+            match table.dry_run(keys, table.step() + 1, grad_of) {
+                Ok(m) => measured.push(Some(m)),
+                Err(e) => {
+                    failed = Some(e);
+                    break;
+                }
+            }
+        } else {
+            measured.push(None);
+        }
     }
-    groups
+    if let Some(e) = failed {
+        for ((t, _), p) in groups.iter().zip(prepared) {
+            t.cancel_apply(p);
+        }
+        return Err(e);
+    }
+    let written: Vec<f64> = groups
         .par_iter()
         .zip(inputs.par_iter())
         .zip(prepared.into_par_iter())
         .with_min_len(min_len)
-        .for_each(|(((table, _), (keys, src, coef)), p)| {
+        .map(|(((table, _), (keys, src, coef)), p)| {
             let dim = table.dim();
-            table.run_apply(keys, p, None, |i| (&grads[src[i]..src[i] + dim], coef[i]));
-        });
-    for (t, _) in &groups {
+            table.run_apply(keys, p, None, |i| (&grads[src[i]..src[i] + dim], coef[i]))
+        })
+        .collect();
+    for ((((t, _), gate), m), w) in groups.iter().zip(gates).zip(measured).zip(written) {
         t.enforce_capacity();
+        t.end_step(gate, m, w);
     }
-    drop(gates);
     Ok(())
 }

@@ -30,7 +30,9 @@
 //!    that a process forks while no call is inside the core.
 //! 3. Table gates ([`Table`]'s `gate`), shared by every call that changes
 //!    rows (lookups that insert or record touches, assigns, steps, removals,
-//!    evictions, `reserve`), exclusive for a snapshot (`export`, `save`).
+//!    evictions, `reserve`), exclusive for a snapshot (`export`, `save`)
+//!    and for a step whose bounds cannot rule out a non-finite result
+//!    (`table::bounds`: the rows are measured and the step dry-run first).
 //!    A call on several tables (a [`collection`] call) takes their gates in
 //!    ascending [`Table::id`], on the calling thread.
 //! 4. A checkpoint directory's readers' lock (`table::dirlock`): a load

@@ -273,6 +273,140 @@ impl Optimizer {
         }
     }
 
+    /// Where a row's state splits into its two blocks (block 0 is
+    /// `state[..split]`), and which block (if any) is the accumulator a
+    /// step divides by (whose minimum [`Optimizer::predict`] needs).
+    pub(crate) fn state_blocks(&self, dim: usize) -> (usize, Option<usize>) {
+        match self {
+            Optimizer::Sgd { .. } => (0, None),
+            Optimizer::Adagrad { .. } => (dim, Some(0)),
+            Optimizer::RowWiseAdagrad { .. } => (1, Some(0)),
+            Optimizer::Adam { .. } | Optimizer::AdamW { .. } => (dim, None),
+            Optimizer::Ftrl { .. } => (dim, Some(1)),
+        }
+    }
+
+    /// The magnitudes of a fresh row's state: per block, and the
+    /// accumulator's starting value.
+    pub(crate) fn initial_magnitudes(&self) -> ([f64; 2], f64) {
+        let acc = |v: f64| f64::from(v as f32);
+        match *self {
+            Optimizer::Adagrad {
+                initial_accumulator_value: v,
+                ..
+            } => ([acc(v), 0.0], acc(v)),
+            Optimizer::Ftrl {
+                initial_accumulator_value: v,
+                ..
+            } => ([0.0, acc(v)], acc(v)),
+            Optimizer::RowWiseAdagrad { .. } => ([0.0; 2], 0.0),
+            _ => ([0.0; 2], f64::INFINITY),
+        }
+    }
+
+    /// Bounds on every value one step numbered `t` computes (intermediates
+    /// included) for a table whose values are within `m` and whose summed
+    /// gradients are at most `gs` in magnitude: the table's magnitudes
+    /// after the step, or `None` when some bound passes
+    /// [`crate::table::COMFORT`] or a divisor may be zero (the step must
+    /// then be checked row by row). In f64, with a margin for float32
+    /// rounding.
+    pub(crate) fn predict(
+        &self,
+        m: &crate::table::Magnitudes,
+        gs: f64,
+        t: u64,
+        dim: usize,
+    ) -> Option<crate::table::Magnitudes> {
+        const ROUND: f64 = 1.0 + 1e-5;
+        let limit = crate::table::COMFORT;
+        let wd = self.coupled_decay();
+        // The gradient after coupled decay.
+        let gd = (gs + wd * m.w) * ROUND;
+        // |g| / (sqrt(h + g^2) + eps) <= 1 (h >= 0), up to rounding, unless
+        // g^2 underflows to 0 (|g| < 4e-23): then at most 4e-23 / divisor.
+        let ratio = |divisor: f64, rows: f64| -> Option<f64> {
+            (divisor > 0.0).then(|| (gd / divisor).min((1.01 * rows).max(4e-23 / divisor)))
+        };
+        let mut out = *m;
+        let t = t.clamp(1, i32::MAX as u64) as i32;
+        match *self {
+            Optimizer::Sgd { lr, .. } => {
+                let decay = (1.0 - lr * wd).abs().max(1.0);
+                out.w = (m.w * decay + lr * gd) * ROUND;
+                if lr * gd > limit {
+                    return None;
+                }
+            }
+            Optimizer::Adagrad { lr, eps, .. } => {
+                out.s[0] = (m.s[0] + gd * gd) * ROUND;
+                let r = ratio(f64::from(eps as f32) + m.acc_min.sqrt(), 1.0)?;
+                out.w = (m.w + lr * r) * ROUND;
+            }
+            Optimizer::RowWiseAdagrad { lr, eps, .. } => {
+                out.s[0] = (m.s[0] + gd * gd) * ROUND;
+                let r = ratio(
+                    f64::from(eps as f32) + m.acc_min.sqrt(),
+                    (dim as f64).sqrt(),
+                )?;
+                out.w = (m.w + lr * r) * ROUND;
+            }
+            Optimizer::Adam {
+                lr,
+                beta1,
+                beta2,
+                eps,
+                ..
+            }
+            | Optimizer::AdamW {
+                lr,
+                beta1,
+                beta2,
+                eps,
+                ..
+            } => {
+                let eps = f64::from(eps as f32);
+                if eps <= 0.0 {
+                    return None;
+                }
+                let bc1 = 1.0 - beta1.powi(t);
+                let bc2 = 1.0 - beta2.powi(t);
+                let mm = (beta1 * m.s[0] + (1.0 - beta1) * gd) * ROUND;
+                out.s[0] = m.s[0].max(mm);
+                out.s[1] = m.s[1].max((beta2 * m.s[1] + (1.0 - beta2) * gd * gd) * ROUND);
+                // Adam: lr sqrt(bc2) / bc1 * m / (sqrt(v) + eps); AdamW:
+                // lr / bc1 * m / (sqrt(v) / sqrt(bc2) + eps); both divisors >= eps.
+                let step = if matches!(self, Optimizer::Adam { .. }) {
+                    lr * bc2.sqrt() / bc1
+                } else {
+                    lr / bc1
+                };
+                if mm / eps > limit {
+                    return None;
+                }
+                out.w = (m.w + step * mm / eps) * ROUND;
+            }
+            Optimizer::Ftrl { lr, l2, beta, .. } => {
+                let n_new = (m.s[1] + gd * gd) * ROUND;
+                out.s[1] = n_new;
+                // (sqrt(n') - sqrt(n)) / lr and sqrt(n') / lr.
+                let sigma = n_new.sqrt() / lr * ROUND;
+                let z = (m.s[0] + gd + sigma * m.w) * ROUND;
+                out.s[0] = m.s[0].max(z);
+                let divisor = (beta + m.acc_min.sqrt()) / lr + 2.0 * l2;
+                if divisor <= 0.0 || sigma > limit {
+                    return None;
+                }
+                // FTRL's weights are computed afresh from z and n.
+                out.w = m.w.max(z / divisor * ROUND);
+            }
+        }
+        let all = [gd, out.w, out.s[0], out.s[1]];
+        all.iter()
+            .all(|v| v.is_finite() && *v <= limit)
+            .then_some(out)
+    }
+
     /// The state blocks (offset within a row's state, length) that never
     /// go negative: the squared-gradient accumulators (Adagrad's `h`, Adam's
     /// `v`, FTRL's `n`). Every update adds a square to them (or a decayed
@@ -326,7 +460,17 @@ impl Optimizer {
     /// Checks every hyper-parameter; the error names the first bad one.
     pub fn validate(&self) -> Result<()> {
         let lr_ok = |lr: f64| check("lr", lr, lr > 0.0, "a finite lr > 0");
-        let eps_ok = |e: f64| check("eps", e, e >= 0.0, "a finite eps >= 0");
+        // eps keeps a zero gradient on a zero accumulator from being 0 / 0
+        // (NaN): it must be > 0 as float32 (the kernels' precision).
+        let eps_ok = |e: f64| {
+            check(
+                "eps",
+                e,
+                e > 0.0 && (e as f32) > 0.0,
+                "a finite eps > 0 (as float32; with eps = 0 a zero gradient on a zero \
+                 accumulator gives 0/0 = NaN)",
+            )
+        };
         let beta_ok = |arg, b: f64| check(arg, b, (0.0..1.0).contains(&b), "0 <= beta < 1");
         check(
             "weight_decay",
@@ -349,7 +493,12 @@ impl Optimizer {
                     initial_accumulator_value >= 0.0,
                     "a finite value >= 0",
                 )?;
-                eps_ok(eps)
+                // A positive starting accumulator keeps sqrt(h) > 0 on its own.
+                if (initial_accumulator_value as f32) > 0.0 && eps == 0.0 {
+                    Ok(())
+                } else {
+                    eps_ok(eps)
+                }
             }
             Optimizer::RowWiseAdagrad { lr, eps, .. } => {
                 lr_ok(lr)?;

@@ -94,38 +94,52 @@ impl Table {
         let dim = self.dim;
         check_len("grads", keys.len() * dim, grads.len())?;
         let most = check_finite_max("grads", grads)?;
-        check_grad_sums("grads", keys, f64::from(most), |i| {
+        let gs = check_grad_sums("grads", keys, f64::from(most), |i| {
             f64::from(
                 grads[i * dim..(i + 1) * dim]
                     .iter()
                     .fold(0.0f32, |a, v| a.max(v.abs())),
             )
         })?;
-        let _gate = self.enter();
-        let prepared = self.prepare_apply(keys, at.is_none())?;
-        self.run_apply(keys, prepared, at, |i| {
-            (&grads[i * dim..(i + 1) * dim], 1.0)
-        });
-        self.enforce_capacity();
-        Ok(())
+        self.step_whole(keys, gs, at, |i| (&grads[i * dim..(i + 1) * dim], 1.0))
     }
 
-    /// One optimizer step where position `i` of `keys` contributes
-    /// `coef * grad` with `(grad, coef) = grad_of(i)`: contributions to one
-    /// key are summed in batch order, then the row takes one update. Keys
-    /// the admission filter refuses are dropped. The caller has checked the
-    /// inputs and holds the gate, and calls [`Table::enforce_capacity`]
-    /// afterwards; a table without an optimizer does nothing.
-    pub(crate) fn apply_in<'g, G>(&self, keys: &[i64], grad_of: G) -> Result<()>
+    /// One whole step on checked input whose summed gradients are at most
+    /// `gs` in magnitude (numbered `at`, or the next): takes the gate
+    /// ([`Table::step_gate`]), makes room, passes a dry run where the bounds
+    /// cannot rule out a non-finite result, steps, and enforces capacity.
+    /// A step refused on the way changes nothing.
+    pub(crate) fn step_whole<'g, G>(
+        &self,
+        keys: &[i64],
+        gs: f64,
+        at: Option<u64>,
+        grad_of: G,
+    ) -> Result<()>
     where
         G: Fn(usize) -> (&'g [f32], f32) + Sync,
     {
-        let prepared = self.prepare_apply(keys, true)?;
-        self.run_apply(keys, prepared, None, grad_of);
+        let t = at.unwrap_or_else(|| self.step() + 1);
+        let gate = self.step_gate(gs, t);
+        let prepared = self.prepare_apply(keys, at.is_none())?;
+        let measured = if gate.needs_dry_run() {
+            match self.dry_run(keys, t, &grad_of) {
+                Ok(m) => Some(m),
+                Err(e) => {
+                    self.cancel_apply(prepared);
+                    return Err(e);
+                }
+            }
+        } else {
+            None
+        };
+        let written = self.run_apply(keys, prepared, at, grad_of);
+        self.enforce_capacity();
+        self.end_step(gate, measured, written);
         Ok(())
     }
 
-    /// The first half of [`Table::apply_in`]: the keys' plan (the last
+    /// The first half of a step ([`Table::step_whole`]): the keys' plan (the last
     /// lookup's, when it was of these keys) with room made for every row
     /// the step may create. Nothing has changed yet; a call that stops here
     /// gives the room back with [`Table::cancel_apply`].
@@ -162,20 +176,28 @@ impl Table {
         self.release_plan(&prepared.reserved);
     }
 
-    /// The second half of [`Table::apply_in`]: the step itself.
+    /// The second half of a step ([`Table::step_whole`]): the step itself.
+    /// Position `i` of `keys` contributes `coef * grad` with `(grad, coef) =
+    /// grad_of(i)`: contributions to one key are summed in batch order, then
+    /// the row takes one update; keys the admission filter refuses are
+    /// dropped.
     /// The step is number `at`, or without it the next one (the counter goes up).
+    /// Returns the largest `|weight|` the step wrote (measured as each row
+    /// is written, in cache: the bound the next step's check starts from).
     pub(crate) fn run_apply<'g, G>(
         &self,
         keys: &[i64],
         prepared: PreparedApply,
         at: Option<u64>,
         grad_of: G,
-    ) where
+    ) -> f64
+    where
         G: Fn(usize) -> (&'g [f32], f32) + Sync,
     {
         let Some(opt) = self.optimizer else {
-            return;
+            return 0.0;
         };
+        let written = AtomicU32::new(0);
         let dim = self.dim;
         let t = at.unwrap_or_else(|| self.step.fetch_add(1, Ordering::AcqRel) + 1);
         let consts = opt.step_consts(t);
@@ -236,6 +258,7 @@ impl Table {
                 g: &mut decayed,
             };
             let mut j = 0;
+            let mut top = 0u32;
             // Gradient rows are random reads, and rows (in ascending order)
             // skip: keep loads of both in flight for the pairs a little
             // ahead of the one being updated.
@@ -274,24 +297,29 @@ impl Table {
                     g.arena.touch(r, tick, t, (end - j) as u32);
                 }
                 let (w, state) = g.arena.row_to_change(r, save_gen);
-                if compact {
-                    self.apply_compact(&consts, w, state, gsum, &mut wtmp, &mut decay);
+                let most = if compact {
+                    self.apply_compact(&consts, w, state, gsum, &mut wtmp, &mut decay)
                 } else {
                     let g = decay.of(backend, gsum, w);
                     consts.apply(backend, w, state, g);
-                }
+                    backend.max_magnitude_bits(w)
+                };
+                top = top.max(most);
                 j = end;
             }
+            written.fetch_max(top, Ordering::Relaxed);
             let created = g.len() - len0;
             Counters::add(&g.counters.inserts, created);
             Counters::add(&g.counters.admitted, created);
             g.release_pending(prepared.reserved[shard_of(plan.hashes[pos[0] as usize], n)].n);
             0
         });
+        f64::from(f32::from_bits(written.into_inner()))
     }
 
     /// One optimizer step on a 16-bit row: decode, update in float32, round
-    /// back (kept out of line: float32 tables never call it).
+    /// back (kept out of line: float32 tables never call it). Returns the
+    /// largest magnitude written, as bits.
     #[inline(never)]
     pub(super) fn apply_compact(
         &self,
@@ -301,7 +329,7 @@ impl Table {
         gsum: &[f32],
         wtmp: &mut [f32],
         decay: &mut Decay<'_>,
-    ) {
+    ) -> u32 {
         self.policy.format.decode(w, wtmp);
         let g = decay.of(self.backend, gsum, wtmp);
         consts.apply(self.backend, wtmp, state, g);
@@ -312,6 +340,9 @@ impl Table {
             *v = v.clamp(-most, most);
         }
         self.policy.format.encode(wtmp, w);
+        // Encoding rounds by at most 2^-8 relative: a bound above the stored value.
+        let top = f32::from_bits(self.backend.max_magnitude_bits(wtmp));
+        (top * (1.0 + 1.0 / 128.0)).to_bits()
     }
 
     /// The (row << 32 | position) pairs of a shard's positions under an

@@ -52,7 +52,8 @@ pub fn check_finite_max(arg: &'static str, data: &[f32]) -> Result<f32> {
 /// [`MAX_GRAD_SUM`] in magnitude. Position `i` of `keys` contributes at most
 /// `bound(i)` to each column of its key's sum; `max_bound` bounds them all.
 /// Cheap when `max_bound * keys.len()` is within the limit (always, for
-/// gradients of any sane size); else exact per key.
+/// gradients of any sane size); else exact per key. Returns a bound on
+/// every key's summed gradient (what a step's non-finite check starts from).
 ///
 /// # Errors
 /// `InvalidArgument` naming `arg` and the key.
@@ -61,9 +62,10 @@ pub(crate) fn check_grad_sums(
     keys: &[i64],
     max_bound: f64,
     bound: impl Fn(usize) -> f64 + Sync,
-) -> Result<()> {
-    if max_bound * keys.len() as f64 <= MAX_GRAD_SUM {
-        return Ok(());
+) -> Result<f64> {
+    let cheap = max_bound * keys.len() as f64;
+    if cheap <= MAX_GRAD_SUM {
+        return Ok(cheap);
     }
     let mut sums: Vec<(i64, f64)> = keys
         .par_iter()
@@ -72,6 +74,7 @@ pub(crate) fn check_grad_sums(
         .collect();
     sums.par_sort_unstable_by_key(|p| p.0);
     let mut j = 0;
+    let mut most = 0.0f64;
     while j < sums.len() {
         let key = sums[j].0;
         let mut total = 0.0f64;
@@ -88,8 +91,9 @@ pub(crate) fn check_grad_sums(
                 ),
             ));
         }
+        most = most.max(total);
     }
-    Ok(())
+    Ok(most)
 }
 
 /// Batches of more keys than this check, before they start, that the

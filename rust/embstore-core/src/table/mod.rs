@@ -9,6 +9,7 @@
 
 mod apply;
 mod arena;
+mod bounds;
 pub mod checkpoint;
 mod checks;
 mod counters;
@@ -37,6 +38,8 @@ use crate::optim::Optimizer;
 use crate::policy::{Admission, Meta, Policy, RowFormat, Sketch};
 use crate::simd::{Backend, copy_streaming, prefetch, stream_fence};
 use crate::zeroed::zeros;
+pub use bounds::Magnitudes;
+pub(crate) use bounds::{Bounds, COMFORT};
 pub use counters::{COUNTER_NAMES, Counters, NamedCounts};
 pub use lookup::Exported;
 pub use pooled::{Bags, Combiner, pool_rows, spread_pooled};
@@ -157,6 +160,8 @@ pub struct Table {
     last_save: checkpoint::LastSave,
     /// The last lookup's rows, for the gradient call that follows it.
     memo: std::sync::Mutex<Option<Memo>>,
+    /// Bounds on the magnitudes the rows hold (see `bounds`).
+    bounds: Bounds,
 }
 
 /// A table's figures, as `stats()` reports them.
@@ -295,6 +300,10 @@ impl Table {
             generation: AtomicU32::new(1),
             last_save: std::sync::Mutex::new(None),
             memo: std::sync::Mutex::new(None),
+            bounds: Bounds::new(Magnitudes::initial(
+                cfg.optimizer.as_ref(),
+                cfg.initializer.max_abs(),
+            )),
         })
     }
 
@@ -352,6 +361,11 @@ impl Table {
     /// The memory policy.
     pub fn policy(&self) -> &Policy {
         &self.policy
+    }
+    /// Upper bounds on the magnitudes the table holds (and the lowest
+    /// accumulator), as its steps' non-finite checks use them.
+    pub fn magnitudes(&self) -> Magnitudes {
+        self.bounds.get()
     }
     /// The call clock (see [`Meta::tick`]).
     pub fn clock(&self) -> u64 {

@@ -509,14 +509,11 @@ impl Table {
         let most = check_finite_max("grads", grads)?;
         let Coefs { bag_of, coef } = bags.coefs()?;
         let dim = self.dim;
-        check_pooled_sums(bags.ids, &bag_of, &coef, grads, dim, 0, dim, most)?;
-        let _gate = self.enter();
-        self.apply_in(bags.ids, |i| {
+        let gs = check_pooled_sums(bags.ids, &bag_of, &coef, grads, dim, 0, dim, most)?;
+        self.step_whole(bags.ids, gs, None, |i| {
             let b = bag_of[i] as usize;
             (&grads[b * dim..(b + 1) * dim], coef[i])
-        })?;
-        self.enforce_capacity();
-        Ok(())
+        })
     }
 }
 
@@ -534,7 +531,7 @@ pub(crate) fn check_pooled_sums(
     col: usize,
     dim: usize,
     most: f32,
-) -> Result<()> {
+) -> Result<f64> {
     let max_coef = coef.iter().fold(0.0f32, |a, c| a.max(c.abs()));
     super::check_grad_sums("grads", ids, f64::from(most) * f64::from(max_coef), |i| {
         let b = bag_of[i] as usize * stride + col;

@@ -106,6 +106,12 @@ impl Table {
         let (dim, sl) = (self.dim, self.state_len);
         let plan = self.plan(keys)?;
         let reserved = self.reserve_plan(&plan, keys, None, false, "keys")?;
+        // What this writes, in the bounds every step's non-finite check
+        // starts from (raised before the rows change: a bound may only be
+        // too high, never too low). 16-bit rows round by at most 2^-8.
+        let mut m = Magnitudes::of(self.optimizer.as_ref(), dim, values, state.unwrap_or(&[]));
+        m.w *= 1.0 + 1.0 / 128.0;
+        self.bounds.raise(&m);
         let n = self.shards.len();
         let track = self.policy.tracks();
         let (tick, step) = if track && meta.is_none() {
