@@ -89,9 +89,12 @@ _NEXT_TABLE_ID = 0
 def _fspath(path: Any) -> str:
     """A checkpoint path as a string, or TypeError naming ``path``."""
     try:
-        return os.fspath(path)
+        where = os.fspath(path)
     except TypeError:
-        raise TypeError(f"path: expected a str or os.PathLike, got {type(path).__name__}") from None
+        where = None
+    if not isinstance(where, str):
+        raise TypeError(f"path: expected a str or os.PathLike of str, got {type(path).__name__}")
+    return where
 
 
 def _mpi() -> Any:
@@ -638,31 +641,51 @@ class ShardedTable:
         Collective."""
         self = cls.__new__(cls)
         self._setup(comm, partition, key_space, timeout)
-
-        def prep() -> Table:
-            table = Table.__new__(Table)
-            inner = _core.load_table_owned(
-                os.fspath(path), self.size, self.rank, partition, key_space, num_shards
-            )
-            table._adopt(inner)
-            return table
-
-        local = None
-        error: BaseException | None = None
+        # Every rank holds the directory's readers' lock before rank 0 reads
+        # the manifest, and loads the checkpoint of the manifest text rank 0
+        # read: a save publishing meanwhile changes manifest.json but deletes
+        # none of that checkpoint's files while any rank holds the lock, so
+        # the ranks agree on one checkpoint (not some the old, some the new).
+        where = self._prepare("load", lambda: _fspath(path), lambda r: (("path", r),))
+        hold = self._prepare("load", lambda: _core.hold_directory(where))
         try:
-            local = prep()
-        except Exception as e:
-            error = e
-        self._agree("load", error)
-        assert local is not None
+            with self._watch("load"):
+                self.comm.Barrier()
+                text: tuple[str | None, str | None] | None = None
+                if self.rank == 0:
+                    try:
+                        text = (_core.checkpoint_manifest_text(where), None)
+                    except Exception as e:
+                        text = (None, f"{type(e).__name__}: {e}")
+                manifest, refused = self.comm.bcast(text, root=0)
+            if refused is not None:
+                raise CheckpointError(f"checkpoint {where}: rank 0 could not read it: {refused}")
+
+            def prep() -> Table:
+                table = Table.__new__(Table)
+                inner = _core.load_table_owned(
+                    where,
+                    self.size,
+                    self.rank,
+                    partition,
+                    key_space,
+                    num_shards,
+                    None,
+                    manifest,
+                )
+                table._adopt(inner)
+                return table
+
+            local = self._prepare("load", prep)
+        finally:
+            hold.release()
         self.local = local
         self._check_config()
-        expect = int(_core.checkpoint_size(os.fspath(path))[1])
+        expect = int(json.loads(manifest)["rows"])
         total = len(self)
         if total != expect:
             raise CheckpointError(
-                f"checkpoint {os.fspath(path)}: the ranks loaded {total} rows, "
-                f"the manifest says {expect}"
+                f"checkpoint {where}: the ranks loaded {total} rows, the manifest says {expect}"
             )
         return self
 

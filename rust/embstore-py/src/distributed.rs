@@ -135,9 +135,11 @@ pub fn new_checkpoint_id() -> String {
     checkpoint::new_id()
 }
 
-/// Loads the rows of a checkpoint that rank `rank` of `size` owns.
+/// Loads the rows of a checkpoint that rank `rank` of `size` owns: of the
+/// checkpoint whose manifest is `manifest` (the text one rank read, so
+/// that every rank loads the same one), or of the one at `path` now.
 #[pyfunction]
-#[pyo3(signature = (path, size, rank, kind="hash", key_space=None, num_shards=None, progress=None))]
+#[pyo3(signature = (path, size, rank, kind="hash", key_space=None, num_shards=None, progress=None, manifest=None))]
 #[allow(clippy::too_many_arguments)]
 pub fn load_table_owned(
     py: Python<'_>,
@@ -148,11 +150,55 @@ pub fn load_table_owned(
     key_space: Option<i64>,
     num_shards: Option<usize>,
     progress: Option<PyRef<'_, PyProgress>>,
+    manifest: Option<String>,
 ) -> PyResult<PyTable> {
     let p = partition(kind, key_space)?;
     let counter = progress.map(|p| p.done.clone());
     let keep = move |k: i64| p.owner(k, size) == Some(rank);
-    let (table, _) = py
-        .enter_store(|| Table::load_filtered(&path, num_shards, counter.as_deref(), Some(&keep)))?;
+    let (table, _) = py.enter_store(|| match &manifest {
+        Some(text) => Table::load_filtered_manifest(
+            &path,
+            text.as_bytes(),
+            num_shards,
+            counter.as_deref(),
+            Some(&keep),
+        ),
+        None => Table::load_filtered(&path, num_shards, counter.as_deref(), Some(&keep)),
+    })?;
     Ok(PyTable::from_table(table))
+}
+
+/// The manifest of the checkpoint at `path`, as text (checked).
+#[pyfunction]
+pub fn checkpoint_manifest_text(py: Python<'_>, path: PathBuf) -> PyResult<String> {
+    let bytes = py.enter_store(|| checkpoint::read_manifest_text(&path))?;
+    String::from_utf8(bytes).map_err(|e| {
+        pyo3::exceptions::PyValueError::new_err(format!("path: manifest is not UTF-8: {e}"))
+    })
+}
+
+/// A shared hold on a checkpoint directory's readers' lock: while any
+/// process holds one, no save deletes the files of the manifest it saw.
+#[pyclass(name = "DirectoryHold", module = "embstore._core")]
+pub struct PyDirectoryHold {
+    lock: Option<checkpoint::DirLock>,
+}
+
+#[pymethods]
+impl PyDirectoryHold {
+    /// Gives the hold up (also when the object goes away).
+    fn release(&mut self) {
+        self.lock = None;
+    }
+}
+
+/// Holds the readers' lock of the checkpoint directory `path` (waiting,
+/// with the GIL released and outside the call lock, only while a save
+/// deletes files).
+#[pyfunction]
+pub fn hold_directory(py: Python<'_>, path: PathBuf) -> PyResult<PyDirectoryHold> {
+    let lock = py
+        .detach(|| checkpoint::hold_for_reading(&path))
+        .map_err(PyStoreError)?;
+    Ok(PyDirectoryHold { lock: Some(lock) })
 }

@@ -24,8 +24,8 @@ mod _core {
     use crate::collection::{collection_apply_pooled_gradients, collection_lookup_pooled};
     #[pymodule_export]
     use crate::distributed::{
-        bag_coefficients, check_bags, load_table_owned, new_checkpoint_id, partition_owners,
-        pool_rows, spread_pooled,
+        PyDirectoryHold, bag_coefficients, check_bags, checkpoint_manifest_text, hold_directory,
+        load_table_owned, new_checkpoint_id, partition_owners, pool_rows, spread_pooled,
     };
     #[pymodule_export]
     use crate::error::{CheckpointError, EmbstoreError};

@@ -56,6 +56,26 @@ impl Table {
         }
     }
 
+    /// [`Table::load_filtered`] of the checkpoint at `dir` whose manifest is
+    /// `text` (as [`read_manifest_text`] gave it to one process): every
+    /// rank of a sharded table loads the one checkpoint that rank 0 read,
+    /// even while another process publishes a newer one. The caller holds
+    /// the readers' lock ([`hold_for_reading`]) from before `text` was read,
+    /// so its files are still there.
+    ///
+    /// # Errors
+    /// As [`Table::load`].
+    pub fn load_filtered_manifest(
+        dir: &Path,
+        text: &[u8],
+        num_shards: Option<usize>,
+        progress: Option<&AtomicU64>,
+        keep: Option<&(dyn Fn(i64) -> bool + Sync)>,
+    ) -> Result<(Table, Manifest)> {
+        let m = parse_manifest(dir, text)?;
+        Self::load_manifest(dir, m, num_shards, progress, keep)
+    }
+
     /// [`Table::load_filtered`] of the checkpoint whose manifest is `m`.
     pub(super) fn load_manifest(
         dir: &Path,

@@ -222,7 +222,31 @@ pub(crate) type LastSave = Mutex<Option<SaveMark>>;
 pub fn read_manifest(dir: &Path) -> Result<Manifest> {
     let path = dir.join(MANIFEST);
     let text = read_regular(&path, MAX_MANIFEST_BYTES, "no manifest")?;
-    let value: serde_json::Value = serde_json::from_slice(&text)
+    parse_manifest(dir, &text)
+}
+
+/// The bytes of the manifest of the checkpoint at `dir`, bounded and
+/// checked as [`read_manifest`] checks them: for processes that must all
+/// load the one checkpoint a single reader saw ([`parse_manifest`]).
+///
+/// # Errors
+/// As [`read_manifest`].
+pub fn read_manifest_text(dir: &Path) -> Result<Vec<u8>> {
+    let text = read_regular(&dir.join(MANIFEST), MAX_MANIFEST_BYTES, "no manifest")?;
+    parse_manifest(dir, &text)?;
+    Ok(text)
+}
+
+/// Parses and checks the manifest `text` of the checkpoint at `dir`.
+///
+/// # Errors
+/// As [`read_manifest`].
+pub fn parse_manifest(dir: &Path, text: &[u8]) -> Result<Manifest> {
+    let path = dir.join(MANIFEST);
+    if text.len() as u64 > MAX_MANIFEST_BYTES {
+        return Err(ckpt_err(&path, "manifest larger than allowed"));
+    }
+    let value: serde_json::Value = serde_json::from_slice(text)
         .map_err(|e| ckpt_err(&path, format!("not valid JSON: {e}")))?;
     match value.get("format").and_then(|f| f.as_str()) {
         Some(FORMAT) => {}

@@ -51,6 +51,9 @@ use files::*;
 pub use load::{FileCheck, verify};
 pub use manifest::*;
 use publish::*;
-pub use publish::{lock_for_writing, publish, publish_parts, publish_parts_locked, remove_partial};
+pub use publish::{
+    hold_for_reading, lock_for_writing, publish, publish_parts, publish_parts_locked,
+    remove_partial,
+};
 pub use report::{Report, report};
 use tensors::*;

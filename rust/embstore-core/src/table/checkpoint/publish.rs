@@ -17,6 +17,23 @@ pub fn publish(dir: &Path, manifest: &mut Manifest) -> Result<u64> {
     publish_locked(dir, manifest)
 }
 
+/// Holds the readers' lock of the checkpoint directory `dir` shared (no
+/// save deletes the files of the manifest a reader saw while it is held),
+/// creating the lock file if the directory has none; for processes that
+/// load one checkpoint together (the ranks of a sharded table).
+///
+/// # Errors
+/// `Checkpoint` when `dir` is not a directory or its lock file cannot be
+/// opened, created or locked.
+pub fn hold_for_reading(dir: &Path) -> Result<DirLock> {
+    if !dir.is_dir() {
+        return Err(ckpt_err(dir, "not a checkpoint directory"));
+    }
+    untrusted::open_or_create_file(&dir.join(READERS_LOCK))
+        .map_err(|e| ckpt_err(dir, format!("cannot create {READERS_LOCK}: {e}")))?;
+    dirlock::reader(dir)?.ok_or_else(|| ckpt_err(dir, format!("{READERS_LOCK} disappeared")))
+}
+
 /// Creates the checkpoint directory `dir` if it is missing (its parent
 /// must exist) and takes its writers' lock, waiting for a save that holds
 /// it: the first lock of a save ([`Table::save_locked`],
@@ -91,6 +108,10 @@ pub(super) fn publish_locked(dir: &Path, manifest: &mut Manifest) -> Result<u64>
         )?;
     }
     fsync_dir(dir)?;
+    // The manifest this one replaces: its files that the new one does not
+    // name are the ones to delete (other unnamed files may be a part save
+    // in progress, see `remove_unreferenced`).
+    let previous = read_manifest(dir).ok();
     let tmp = dir.join(format!("{MANIFEST}.tmp-{}", manifest.id));
     if let Err(e) = write_synced(&tmp, &text) {
         let _ = fs::remove_file(&tmp);
@@ -103,7 +124,7 @@ pub(super) fn publish_locked(dir: &Path, manifest: &mut Manifest) -> Result<u64>
     }
     fsync_dir(dir)?;
     if let Some(_cleaner) = dirlock::cleaner(dir) {
-        remove_unreferenced(dir, manifest);
+        remove_unreferenced(dir, manifest, previous.as_ref());
     }
     Ok(text.len() as u64)
 }
@@ -165,12 +186,30 @@ pub(super) fn is_ours(name: &str) -> bool {
             && name.as_bytes()[16] == b'-')
 }
 
-/// Deletes our files that `m` does not name (best effort: a failure leaves
-/// garbage, never a damaged checkpoint). The caller holds the writers' lock
-/// and, so that no load is reading the files of the manifest `m` replaced,
-/// the readers' lock exclusively ([`dirlock::cleaner`]).
-pub(super) fn remove_unreferenced(dir: &Path, m: &Manifest) {
+/// Files no manifest names are deleted once they are this old: a save that
+/// crashed, or a deletion deferred while a load read the directory. Younger
+/// ones may be the parts of a save in progress (the ranks of a sharded
+/// table write their files first and publish them together), so they stay.
+pub(super) const STALE_AFTER: std::time::Duration = std::time::Duration::from_secs(3600);
+
+/// Deletes our files that `m` does not name and that either the manifest
+/// it replaced (`previous`) named or are older than [`STALE_AFTER`] (best
+/// effort: a failure leaves garbage, never a damaged checkpoint). The
+/// caller holds the writers' lock and, so that no load is reading the
+/// files of the manifest `m` replaced, the readers' lock exclusively
+/// ([`dirlock::cleaner`]).
+pub(super) fn remove_unreferenced(dir: &Path, m: &Manifest, previous: Option<&Manifest>) {
     let keep: std::collections::HashSet<&str> = m.files().map(|f| f.name.as_str()).collect();
+    let replaced: std::collections::HashSet<&str> = previous
+        .map(|p| p.files().map(|f| f.name.as_str()).collect())
+        .unwrap_or_default();
+    let now = std::time::SystemTime::now();
+    let stale = |e: &fs::DirEntry| {
+        // The entry itself (a link is not followed); unknown age: young.
+        e.metadata()
+            .and_then(|md| md.modified())
+            .is_ok_and(|t| now.duration_since(t).is_ok_and(|age| age > STALE_AFTER))
+    };
     if let Ok(entries) = fs::read_dir(dir) {
         for e in entries.flatten() {
             let name = e.file_name().to_string_lossy().to_string();
@@ -178,6 +217,7 @@ pub(super) fn remove_unreferenced(dir: &Path, m: &Manifest) {
                 && name != READERS_LOCK
                 && is_ours(&name)
                 && !keep.contains(name.as_str())
+                && (replaced.contains(name.as_str()) || stale(&e))
             {
                 let _ = fs::remove_file(e.path());
             }
@@ -197,6 +237,33 @@ mod tests {
         assert!(is_ours(&format!("{MANIFEST}.tmp-1")));
         assert!(!is_ours("notes.txt"));
         assert!(!is_ours("weights.safetensors"));
+    }
+
+    #[test]
+    fn unnamed_files_stay_while_young_and_go_once_stale() {
+        let dir = temp_dir("publish-stale");
+        let t = table(2, 2, sgd(0.1));
+        t.assign(&[1, 2], &[0.5; 4]).unwrap();
+        t.save(&dir, false, true, None).unwrap();
+        // A part save in progress (young) and a crashed one (old).
+        let young = dir.join("00000000000000aa-r0001-00000-0000.safetensors");
+        let old = dir.join("00000000000000bb-r0001-00000-0000.safetensors");
+        std::fs::write(&young, b"part").unwrap();
+        std::fs::write(&old, b"part").unwrap();
+        let long_ago = std::time::SystemTime::now() - STALE_AFTER * 2;
+        std::fs::File::options()
+            .write(true)
+            .open(&old)
+            .unwrap()
+            .set_modified(long_ago)
+            .unwrap();
+        t.save(&dir, false, true, None).unwrap();
+        assert!(
+            young.exists(),
+            "a young unnamed file (a part save in progress) was deleted"
+        );
+        assert!(!old.exists(), "a stale unnamed file was kept");
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
