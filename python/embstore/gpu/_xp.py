@@ -141,3 +141,78 @@ def segment_sum(xp: ModuleType, idx: Array, v: Array, n_out: int) -> Array:
     lo = xp.searchsorted(s, bins, side="left")
     hi = xp.searchsorted(s, bins, side="right")
     return xp.astype(xp.take(cs, hi, axis=0) - xp.take(cs, lo, axis=0), xp.float32)
+
+
+def segment_sum_in_order(xp: ModuleType, idx: Array, v: Array, n_out: int) -> Array:
+    """Rows of ``v`` (n, c) summed by ``idx`` (n,) into (n_out, c) as the
+    table's step sums a key's gradients: in float32, in batch order, one
+    addition at a time (``0 + g_1 + g_2 + ...``; a key given once takes its
+    row as it is), so that the sums are the table's bit for bit.
+
+    Segments are summed side by side: pass ``k`` adds every segment's k-th
+    row, so there are as many passes as the most rows one index has."""
+    c = int(v.shape[1])
+    n = int(idx.shape[0])
+    if n == 0:
+        return xp.zeros((n_out, c), dtype=xp.float32)
+    order = xp.argsort(idx, stable=True)
+    s = xp.take(idx, order)
+    sv = xp.take(v, order, axis=0)
+    bins = xp.arange(n_out, dtype=idx.dtype)
+    lo = xp.searchsorted(s, bins, side="left")
+    hi = xp.searchsorted(s, bins, side="right")
+    count = hi - lo
+    present = count > 0
+    first = xp.take(sv, xp.minimum(lo, n - 1), axis=0)
+    zero = xp.zeros((1, c), dtype=xp.float32)
+    # Two or more rows: the table starts its sum at zero (-0.0 becomes 0.0).
+    acc = xp.where(xp.reshape(count > 1, (-1, 1)), zero + first, first)
+    acc = xp.where(xp.reshape(present, (-1, 1)), acc, zero)
+    # The k-th row of each segment: positions grouped by their rank k.
+    rank = xp.arange(n, dtype=idx.dtype) - xp.take(lo, s)
+    by_rank = xp.argsort(rank, stable=True)
+    ranks = xp.take(rank, by_rank)
+    most = int(xp.max(count))
+    starts = xp.searchsorted(ranks, xp.arange(most + 1, dtype=idx.dtype), side="left")
+    bounds = [int(b) for b in starts]
+    for k in range(1, most):
+        pos = by_rank[bounds[k] : bounds[k + 1]]
+        segs = xp.take(s, pos)
+        rows = xp.take(acc, segs, axis=0) + xp.take(sv, pos, axis=0)
+        acc = scatter_rows(xp, supports_fancy_setitem(xp), acc, segs, rows)
+    return acc
+
+
+#: The largest finite value of each 16-bit row format, as the core clamps.
+_FORMAT_MAX = {"bfloat16": 3.3895313892515355e38, "float16": 65504.0}
+
+
+def round_to_format(xp: ModuleType, w: Array, dtype: str) -> Array:
+    """Rows ``w`` (float32) as a table of ``dtype`` stores them after a
+    step: clamped to the format's largest finite value and rounded to
+    nearest-even 16-bit values (bfloat16, float16), then widened back."""
+    if dtype == "float32":
+        return w
+    top = xp.asarray(_FORMAT_MAX[dtype], dtype=xp.float32)
+    w = xp.clip(w, -top, top)
+    if array_api_compat.is_numpy_namespace(xp):
+        return xp.asarray(_round16(np, np.asarray(w), dtype))
+    if array_api_compat.is_cupy_namespace(xp):
+        import cupy  # type: ignore[import-not-found, unused-ignore]
+
+        return _round16(cupy, w, dtype)
+    # Namespaces without bit views (array-api-strict): on the host.
+    host = _round16(np, np.ascontiguousarray(to_host(xp, w), dtype=np.float32), dtype)
+    return xp.asarray(host)
+
+
+def _round16(xp: Any, w: Any, dtype: str) -> Any:
+    if dtype == "float16":
+        return w.astype(xp.float16).astype(xp.float32)
+    bits = xp.ascontiguousarray(w).view(xp.uint32)
+    # Round to nearest, ties to even, on the top 16 bits (NaN stays NaN:
+    # the step refuses non-finite rows before this).
+    rounded = (bits + xp.uint32(0x7FFF) + ((bits >> xp.uint32(16)) & xp.uint32(1))) & xp.uint32(
+        0xFFFF0000
+    )
+    return rounded.view(xp.float32)

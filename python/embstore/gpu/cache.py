@@ -141,6 +141,7 @@ class DeviceCache:
         self.capacity = int(rows)
         self._fancy = X.supports_fancy_setitem(self.xp)
         self._lock = threading.Lock()
+        self._dtype = str(table.dtype)
         _LIVE.add(self)
         xp_ = self.xp
         m, dim, sl = self.capacity, table.dim, table.state_len
@@ -520,7 +521,8 @@ class DeviceCache:
                 )
         r = self._resolve(keys_d, admit=True, lookup=False)
         slot, served_pos = r.slot, r.served_pos
-        gsum = X.segment_sum(xp, r.inv, g, int(r.uniq.shape[0]))
+        # Summed as the table sums them (float32, batch order): bit for bit.
+        gsum = X.segment_sum_in_order(xp, r.inv, g, int(r.uniq.shape[0]))
         cached = xp.nonzero(slot >= 0)[0]
         cs = xp.take(slot, cached)
 
@@ -535,6 +537,9 @@ class DeviceCache:
                     xp.take(gsum, cached, axis=0),
                     t,
                 )
+                # A 16-bit table saturates and rounds its rows after each
+                # step; the cache keeps exactly what the table would hold.
+                w = X.round_to_format(xp, w, self._dtype)
             if not (bool(xp.all(xp.isfinite(w))) and bool(xp.all(xp.isfinite(st)))):
                 raise ValueError(
                     "grads: this step would make a cached row non-finite; nothing changed"
@@ -591,7 +596,11 @@ class DeviceCache:
         g = self._rows_in(grads, batch, "grads")
         with self._lock:
             xp = self.xp
-            per_id = xp.reshape(coef, (-1, 1)) * xp.take(g, bag_of, axis=0)
+            c = xp.reshape(coef, (-1, 1))
+            per_id = c * xp.take(g, bag_of, axis=0)
+            # The table adds a scaled gradient to a zero sum (0 + c * g), so a
+            # -0.0 there is +0.0: the same here, bit for bit.
+            per_id = xp.where(c != 1.0, per_id + xp.zeros((1, 1), dtype=xp.float32), per_id)
             if not bool(xp.all(xp.isfinite(per_id))):
                 raise ValueError(
                     "weights: these weights times grads overflow float32; nothing changed"
