@@ -17,6 +17,13 @@
 //!
 //! Writes that are not steps (assign, load, restore) raise the bounds by
 //! what they write; new rows start within the initializer's bound.
+//!
+//! Steps that run at once on one table each predict from the bounds as
+//! they were before the other's step, so the state bounds may lag the
+//! truth by a factor of the steps in flight (each step's growth is added
+//! once, not compounded); the factor of about 3e8 between [`COMFORT`] and
+//! float32's largest value absorbs that. The weight bound is measured, so
+//! it never lags.
 
 use std::sync::atomic::{AtomicU32, Ordering};
 
