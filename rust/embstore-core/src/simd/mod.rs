@@ -335,6 +335,19 @@ impl Backend {
     pub fn uniform_fill(self, out: &mut [f32], stream: u64, low: f64, span: f64) {
         dispatch!(self, uniform_fill(out, stream, low, span))
     }
+    /// One optimizer step on a row (as [`crate::optim::StepConsts::apply`])
+    /// that also returns the largest magnitude of the row's new weights, as
+    /// bits (the bound every later step's non-finite check starts from).
+    #[inline]
+    pub fn step_max(
+        self,
+        c: &crate::optim::StepConsts,
+        w: &mut [f32],
+        state: &mut [f32],
+        g: &[f32],
+    ) -> u32 {
+        dispatch!(self, step_max(c, w, state, g))
+    }
     /// FTRL step on one row.
     #[inline]
     pub fn ftrl(self, w: &mut [f32], z: &mut [f32], n: &mut [f32], g: &[f32], p: &FtrlParams) {
@@ -382,6 +395,37 @@ macro_rules! instantiate {
         $(#[$attr])*
         pub fn uniform_fill(out: &mut [f32], stream: u64, low: f64, span: f64) {
             kernels::uniform_fill(out, stream, low, span)
+        }
+        $(#[$attr])*
+        pub fn step_max(
+            c: &crate::optim::StepConsts,
+            w: &mut [f32],
+            state: &mut [f32],
+            g: &[f32],
+        ) -> u32 {
+            use crate::optim::StepConsts as S;
+            match c {
+                S::Sgd(lr) => kernels::sgd(w, g, *lr),
+                S::Adagrad(lr, eps) => kernels::adagrad(w, state, g, *lr, *eps),
+                S::RowWiseAdagrad(lr, eps) => {
+                    kernels::rowwise_adagrad(w, &mut state[0], g, *lr, *eps)
+                }
+                S::Adam(p) => {
+                    let (m, v) = state.split_at_mut(w.len());
+                    kernels::adam(w, m, v, g, p)
+                }
+                S::AdamW(p) => {
+                    let (m, v) = state.split_at_mut(w.len());
+                    kernels::adamw(w, m, v, g, p)
+                }
+                S::Ftrl(p) => {
+                    let (z, n) = state.split_at_mut(w.len());
+                    kernels::ftrl(w, z, n, g, p)
+                }
+            }
+            // The row is in registers or L1 now: its largest magnitude
+            // costs a few vector instructions here, not another call.
+            kernels::max_magnitude_bits(w)
         }
     };
 }
@@ -489,6 +533,76 @@ mod tests {
                 "backend {} differs from scalar",
                 b.name()
             );
+        }
+    }
+
+    /// The fused step-and-measure equals the step then the measure, on
+    /// every backend and optimizer, bit for bit.
+    #[test]
+    fn step_max_is_the_step_and_its_largest_magnitude() {
+        use crate::optim::Optimizer;
+        let opts = [
+            Optimizer::Sgd {
+                lr: 0.3,
+                weight_decay: 0.0,
+            },
+            Optimizer::Adagrad {
+                lr: 0.3,
+                initial_accumulator_value: 0.1,
+                eps: 1e-6,
+                weight_decay: 0.0,
+            },
+            Optimizer::RowWiseAdagrad {
+                lr: 0.3,
+                eps: 1e-6,
+                weight_decay: 0.0,
+            },
+            Optimizer::Adam {
+                lr: 0.3,
+                beta1: 0.9,
+                beta2: 0.999,
+                eps: 1e-6,
+                weight_decay: 0.0,
+            },
+            Optimizer::AdamW {
+                lr: 0.3,
+                beta1: 0.9,
+                beta2: 0.999,
+                eps: 1e-6,
+                weight_decay: 0.1,
+            },
+            Optimizer::Ftrl {
+                lr: 0.3,
+                l1: 0.01,
+                l2: 0.01,
+                beta: 0.0,
+                initial_accumulator_value: 0.1,
+                weight_decay: 0.0,
+            },
+        ];
+        for b in Backend::available() {
+            for opt in opts {
+                for dim in [1usize, 7, 16, 64, 100] {
+                    let c = opt.step_consts(3);
+                    let g = values(1, dim);
+                    let mut w1 = values(2, dim);
+                    let mut s1: Vec<f32> = values(3, opt.state_len(dim))
+                        .iter()
+                        .map(|v| v.abs())
+                        .collect();
+                    let (mut w2, mut s2) = (w1.clone(), s1.clone());
+                    c.apply(b, &mut w1, &mut s1, &g);
+                    let top = b.max_magnitude_bits(&w1);
+                    assert_eq!(
+                        b.step_max(&c, &mut w2, &mut s2, &g),
+                        top,
+                        "{opt:?} {}",
+                        b.name()
+                    );
+                    assert_eq!(w1, w2);
+                    assert_eq!(s1, s2);
+                }
+            }
         }
     }
 

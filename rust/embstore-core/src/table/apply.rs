@@ -301,8 +301,7 @@ impl Table {
                     self.apply_compact(&consts, w, state, gsum, &mut wtmp, &mut decay)
                 } else {
                     let g = decay.of(backend, gsum, w);
-                    consts.apply(backend, w, state, g);
-                    backend.max_magnitude_bits(w)
+                    backend.step_max(&consts, w, state, g)
                 };
                 top = top.max(most);
                 j = end;

@@ -158,12 +158,21 @@ impl Bounds {
         }
     }
 
-    /// Raises the bounds to cover `m` (never lowers one).
+    /// Raises the bounds to cover `m` (never lowers one). A bound already
+    /// high enough is only read (most steps change none: no atomic write).
     pub(crate) fn raise(&self, m: &Magnitudes) {
-        self.w.fetch_max(up(m.w), Ordering::AcqRel);
-        self.s[0].fetch_max(up(m.s[0]), Ordering::AcqRel);
-        self.s[1].fetch_max(up(m.s[1]), Ordering::AcqRel);
-        self.acc_min.fetch_min(down(m.acc_min), Ordering::AcqRel);
+        let raise = |a: &AtomicU32, v: u32| {
+            if a.load(Ordering::Acquire) < v {
+                a.fetch_max(v, Ordering::AcqRel);
+            }
+        };
+        raise(&self.w, up(m.w));
+        raise(&self.s[0], up(m.s[0]));
+        raise(&self.s[1], up(m.s[1]));
+        let lo = down(m.acc_min);
+        if self.acc_min.load(Ordering::Acquire) > lo {
+            self.acc_min.fetch_min(lo, Ordering::AcqRel);
+        }
     }
 
     /// Sets the bounds to `m`: only under the table's gate held
