@@ -42,67 +42,92 @@ pub fn scale(x: &mut [f32], a: f32) {
     }
 }
 
-/// SGD: `w -= lr * g`.
+/// The largest of `top` and the magnitude of `w` as bits (see
+/// [`max_magnitude_bits`]): the step kernels fold each new weight into it
+/// in their own loop, where it costs two vector operations per vector.
 #[inline(always)]
-pub fn sgd(w: &mut [f32], g: &[f32], lr: f32) {
+fn fold_top(top: u32, w: f32) -> u32 {
+    top.max(w.to_bits() & 0x7FFF_FFFF)
+}
+
+/// SGD: `w -= lr * g`. Every step kernel returns the largest magnitude of
+/// the new weights as bits ([`max_magnitude_bits`]).
+#[inline(always)]
+pub fn sgd(w: &mut [f32], g: &[f32], lr: f32) -> u32 {
+    let mut top = 0;
     for (w, &g) in w.iter_mut().zip(g) {
         *w -= lr * g;
+        top = fold_top(top, *w);
     }
+    top
 }
 
 /// Adagrad as torch.optim.Adagrad: `h += g^2; w += -lr * (g / (sqrt(h) + eps))`.
 #[inline(always)]
-pub fn adagrad(w: &mut [f32], h: &mut [f32], g: &[f32], lr: f32, eps: f32) {
+pub fn adagrad(w: &mut [f32], h: &mut [f32], g: &[f32], lr: f32, eps: f32) -> u32 {
+    let mut top = 0;
     for ((w, h), &g) in w.iter_mut().zip(h.iter_mut()).zip(g) {
         *h += g * g;
         *w += -lr * (g / (h.sqrt() + eps));
+        top = fold_top(top, *w);
     }
+    top
 }
 
 /// Row-wise Adagrad as FBGEMM: `h += mean(g^2); w -= lr * g / (sqrt(h) + eps)`.
 #[inline(always)]
-pub fn rowwise_adagrad(w: &mut [f32], h: &mut f32, g: &[f32], lr: f32, eps: f32) {
+pub fn rowwise_adagrad(w: &mut [f32], h: &mut f32, g: &[f32], lr: f32, eps: f32) -> u32 {
     let mut sq = 0.0f32;
     for &g in g {
         sq += g * g;
     }
     *h += sq / g.len() as f32;
     let step = lr / (h.sqrt() + eps);
+    let mut top = 0;
     for (w, &g) in w.iter_mut().zip(g) {
         *w -= step * g;
+        top = fold_top(top, *w);
     }
+    top
 }
 
 /// Adam as torch.optim.SparseAdam:
 /// `m += (g - m)(1 - b1); v += (g^2 - v)(1 - b2); w += -step * (m / (sqrt(v) + eps))`
 /// with `step = lr * sqrt(1 - b2^t) / (1 - b1^t)`.
 #[inline(always)]
-pub fn adam(w: &mut [f32], m: &mut [f32], v: &mut [f32], g: &[f32], p: &AdamParams) {
+pub fn adam(w: &mut [f32], m: &mut [f32], v: &mut [f32], g: &[f32], p: &AdamParams) -> u32 {
+    let mut top = 0;
     for (((w, m), v), &g) in w.iter_mut().zip(m.iter_mut()).zip(v.iter_mut()).zip(g) {
         *m += (g - *m) * p.one_minus_b1;
         *v += (g * g - *v) * p.one_minus_b2;
         *w += -p.step_size * (*m / (v.sqrt() + p.eps));
+        top = fold_top(top, *w);
     }
+    top
 }
 
 /// AdamW as torch.optim.AdamW: `w *= 1 - lr*wd`, then
 /// `m += (g - m)(1 - b1); v = v*b2 + (1 - b2) g^2;
 ///  w += -lr/(1 - b1^t) * (m / (sqrt(v)/sqrt(1 - b2^t) + eps))`.
 #[inline(always)]
-pub fn adamw(w: &mut [f32], m: &mut [f32], v: &mut [f32], g: &[f32], p: &AdamWParams) {
+pub fn adamw(w: &mut [f32], m: &mut [f32], v: &mut [f32], g: &[f32], p: &AdamWParams) -> u32 {
+    let mut top = 0;
     for (((w, m), v), &g) in w.iter_mut().zip(m.iter_mut()).zip(v.iter_mut()).zip(g) {
         *w *= p.decay;
         *m += (g - *m) * p.one_minus_b1;
         *v = *v * p.b2 + p.one_minus_b2 * (g * g);
         *w += -p.step_size * (*m / (v.sqrt() / p.bc2_sqrt + p.eps));
+        top = fold_top(top, *w);
     }
+    top
 }
 
 /// FTRL-Proximal as tf.keras.optimizers.Ftrl (learning_rate_power = -0.5):
 /// `n' = n + g^2; z += g - (sqrt(n') - sqrt(n))/lr * w;
 ///  w = |z| > l1 ? (sign(z) l1 - z) / (sqrt(n')/lr + 2 l2 + beta/lr) : 0`.
 #[inline(always)]
-pub fn ftrl(w: &mut [f32], z: &mut [f32], n: &mut [f32], g: &[f32], p: &FtrlParams) {
+pub fn ftrl(w: &mut [f32], z: &mut [f32], n: &mut [f32], g: &[f32], p: &FtrlParams) -> u32 {
+    let mut top = 0;
     for (((w, z), n), &g) in w.iter_mut().zip(z.iter_mut()).zip(n.iter_mut()).zip(g) {
         let n_new = *n + g * g;
         let sqrt_new = n_new.sqrt();
@@ -116,7 +141,9 @@ pub fn ftrl(w: &mut [f32], z: &mut [f32], n: &mut [f32], g: &[f32], p: &FtrlPara
         } else {
             0.0
         };
+        top = fold_top(top, *w);
     }
+    top
 }
 
 /// The uniform initializer of one row: column `c` is

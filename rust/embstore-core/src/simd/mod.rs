@@ -371,26 +371,26 @@ macro_rules! instantiate {
         $(#[$attr])*
         pub fn max_magnitude_bits(data: &[f32]) -> u32 { kernels::max_magnitude_bits(data) }
         $(#[$attr])*
-        pub fn sgd(w: &mut [f32], g: &[f32], lr: f32) { kernels::sgd(w, g, lr) }
+        pub fn sgd(w: &mut [f32], g: &[f32], lr: f32) { kernels::sgd(w, g, lr); }
         $(#[$attr])*
         pub fn adagrad(w: &mut [f32], h: &mut [f32], g: &[f32], lr: f32, eps: f32) {
-            kernels::adagrad(w, h, g, lr, eps)
+            kernels::adagrad(w, h, g, lr, eps);
         }
         $(#[$attr])*
         pub fn rowwise_adagrad(w: &mut [f32], h: &mut f32, g: &[f32], lr: f32, eps: f32) {
-            kernels::rowwise_adagrad(w, h, g, lr, eps)
+            kernels::rowwise_adagrad(w, h, g, lr, eps);
         }
         $(#[$attr])*
         pub fn adam(w: &mut [f32], m: &mut [f32], v: &mut [f32], g: &[f32], p: &AdamParams) {
-            kernels::adam(w, m, v, g, p)
+            kernels::adam(w, m, v, g, p);
         }
         $(#[$attr])*
         pub fn adamw(w: &mut [f32], m: &mut [f32], v: &mut [f32], g: &[f32], p: &AdamWParams) {
-            kernels::adamw(w, m, v, g, p)
+            kernels::adamw(w, m, v, g, p);
         }
         $(#[$attr])*
         pub fn ftrl(w: &mut [f32], z: &mut [f32], n: &mut [f32], g: &[f32], p: &FtrlParams) {
-            kernels::ftrl(w, z, n, g, p)
+            kernels::ftrl(w, z, n, g, p);
         }
         $(#[$attr])*
         pub fn uniform_fill(out: &mut [f32], stream: u64, low: f64, span: f64) {
@@ -404,6 +404,8 @@ macro_rules! instantiate {
             g: &[f32],
         ) -> u32 {
             use crate::optim::StepConsts as S;
+            // Each kernel folds the new weights' largest magnitude into its
+            // own loop (two vector operations per vector, no second pass).
             match c {
                 S::Sgd(lr) => kernels::sgd(w, g, *lr),
                 S::Adagrad(lr, eps) => kernels::adagrad(w, state, g, *lr, *eps),
@@ -423,9 +425,6 @@ macro_rules! instantiate {
                     kernels::ftrl(w, z, n, g, p)
                 }
             }
-            // The row is in registers or L1 now: its largest magnitude
-            // costs a few vector instructions here, not another call.
-            kernels::max_magnitude_bits(w)
         }
     };
 }
