@@ -311,6 +311,7 @@ impl Optimizer {
     /// [`crate::table::COMFORT`] or a divisor may be zero (the step must
     /// then be checked row by row). In f64, with a margin for float32
     /// rounding.
+    #[inline]
     pub(crate) fn predict(
         &self,
         m: &crate::table::Magnitudes,
@@ -329,7 +330,7 @@ impl Optimizer {
             (divisor > 0.0).then(|| (gd / divisor).min((1.01 * rows).max(4e-23 / divisor)))
         };
         let mut out = *m;
-        let t = t.clamp(1, i32::MAX as u64) as i32;
+        let _ = t; // every bound below holds at any step t >= 1
         match *self {
             Optimizer::Sgd { lr, .. } => {
                 let decay = (1.0 - lr * wd).abs().max(1.0);
@@ -369,18 +370,15 @@ impl Optimizer {
                 if eps <= 0.0 {
                     return None;
                 }
-                let bc1 = 1.0 - beta1.powi(t);
-                let bc2 = 1.0 - beta2.powi(t);
                 let mm = (beta1 * m.s[0] + (1.0 - beta1) * gd) * ROUND;
                 out.s[0] = m.s[0].max(mm);
                 out.s[1] = m.s[1].max((beta2 * m.s[1] + (1.0 - beta2) * gd * gd) * ROUND);
                 // Adam: lr sqrt(bc2) / bc1 * m / (sqrt(v) + eps); AdamW:
-                // lr / bc1 * m / (sqrt(v) / sqrt(bc2) + eps); both divisors >= eps.
-                let step = if matches!(self, Optimizer::Adam { .. }) {
-                    lr * bc2.sqrt() / bc1
-                } else {
-                    lr / bc1
-                };
+                // lr / bc1 * m / (sqrt(v) / sqrt(bc2) + eps); both divisors
+                // >= eps, and bc2 = 1 - beta2^t <= 1, bc1 = 1 - beta1^t >=
+                // 1 - beta1 for every t >= 1: a bound of the step size that
+                // holds at every step (no powers of the betas per call).
+                let step = lr / (1.0 - beta1);
                 if mm / eps > limit {
                     return None;
                 }

@@ -158,8 +158,27 @@ impl Bounds {
         }
     }
 
+    /// [`Bounds::raise`] by a step that started from bounds `before`: only
+    /// what grew past them is written (most steps of a settled table write
+    /// none).
+    pub(crate) fn raise_from(&self, before: &Magnitudes, m: &Magnitudes) {
+        if m.w > before.w || m.s[0] > before.s[0] || m.s[1] > before.s[1] {
+            self.raise(&Magnitudes {
+                acc_min: f64::INFINITY,
+                ..*m
+            });
+        }
+        if m.acc_min < before.acc_min {
+            self.raise(&Magnitudes {
+                w: 0.0,
+                s: [0.0; 2],
+                acc_min: m.acc_min,
+            });
+        }
+    }
+
     /// Raises the bounds to cover `m` (never lowers one). A bound already
-    /// high enough is only read (most steps change none: no atomic write).
+    /// high enough is only read (no atomic write).
     pub(crate) fn raise(&self, m: &Magnitudes) {
         let raise = |a: &AtomicU32, v: u32| {
             if a.load(Ordering::Acquire) < v {
@@ -191,6 +210,7 @@ pub(crate) enum StepGate<'a> {
     Fast {
         _gate: std::sync::RwLockReadGuard<'a, ()>,
         predicted: Magnitudes,
+        before: Magnitudes,
     },
     /// The gate held exclusively; with `None` the step must pass a dry run
     /// first ([`Table::dry_run`]), else the bounds to raise after.
@@ -217,16 +237,19 @@ impl Table {
     /// The gate for a step numbered `t` whose summed gradients are at most
     /// `gs` in magnitude (see [`StepGate`]).
     pub(crate) fn step_gate(&self, gs: f64, t: u64) -> StepGate<'_> {
+        let before = self.bounds.get();
         let Some(opt) = self.optimizer else {
             return StepGate::Fast {
                 _gate: self.enter(),
-                predicted: self.bounds.get(),
+                predicted: before,
+                before,
             };
         };
-        if let Some(predicted) = opt.predict(&self.bounds.get(), gs, t, self.dim) {
+        if let Some(predicted) = opt.predict(&before, gs, t, self.dim) {
             return StepGate::Fast {
                 _gate: self.enter(),
                 predicted,
+                before,
             };
         }
         let gate = self
@@ -248,19 +271,27 @@ impl Table {
     /// bound to what was written. Measuring the weights keeps a loose
     /// prediction from feeding back through weight decay into the next.
     pub(crate) fn end_step(&self, gate: StepGate<'_>, measured: Option<Magnitudes>, written: f64) {
-        let raised = match (&gate, measured) {
+        match (&gate, measured) {
             (
-                StepGate::Fast { predicted: p, .. }
-                | StepGate::Checked {
+                StepGate::Fast {
+                    predicted, before, ..
+                },
+                _,
+            ) => {
+                let m = Magnitudes {
+                    w: written,
+                    ..*predicted
+                };
+                self.bounds.raise_from(before, &m);
+            }
+            (
+                StepGate::Checked {
                     predicted: Some(p), ..
                 },
                 _,
-            ) => Some(*p),
-            (_, m) => m,
-        };
-        if let Some(mut m) = raised {
-            m.w = written;
-            self.bounds.raise(&m);
+            ) => self.bounds.raise(&Magnitudes { w: written, ..*p }),
+            (_, Some(m)) => self.bounds.raise(&Magnitudes { w: written, ..m }),
+            (_, None) => {}
         }
         drop(gate);
     }
