@@ -248,7 +248,7 @@ pub fn apply_pooled_gradients(features: &[Feature<'_>], grads: &[f32]) -> Result
         }
         return Err(e);
     }
-    let written: Vec<f64> = groups
+    let written: Vec<Option<f64>> = groups
         .par_iter()
         .zip(inputs.par_iter())
         .zip(prepared.into_par_iter())

@@ -567,6 +567,20 @@ impl Optimizer {
         }
     }
 
+    /// Whether a step must measure the weights it writes for the next
+    /// step's bound ([`Optimizer::predict`]): where the predicted weight
+    /// bound would feed back into itself and grow geometrically (Adam's
+    /// first moment through coupled weight decay, FTRL's `z` through
+    /// `sigma * w`). Elsewhere the prediction grows by an amount that does
+    /// not depend on the weights, and a step measures nothing.
+    pub(crate) fn measures_weights(&self) -> bool {
+        match *self {
+            Optimizer::Adam { weight_decay, .. } => weight_decay != 0.0,
+            Optimizer::Ftrl { .. } => true,
+            _ => false,
+        }
+    }
+
     /// Writes the state of a new (or newly assigned) row.
     pub fn init_state(&self, state: &mut [f32]) {
         match *self {

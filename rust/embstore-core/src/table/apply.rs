@@ -182,21 +182,22 @@ impl Table {
     /// the row takes one update; keys the admission filter refuses are
     /// dropped.
     /// The step is number `at`, or without it the next one (the counter goes up).
-    /// Returns the largest `|weight|` the step wrote (measured as each row
-    /// is written, in cache: the bound the next step's check starts from).
+    /// Returns, for an optimizer that [measures its
+    /// weights](Optimizer::measures_weights), the largest `|weight|` the
+    /// step wrote (folded into the kernel's loop: the bound the next step's
+    /// check starts from).
     pub(crate) fn run_apply<'g, G>(
         &self,
         keys: &[i64],
         prepared: PreparedApply,
         at: Option<u64>,
         grad_of: G,
-    ) -> f64
+    ) -> Option<f64>
     where
         G: Fn(usize) -> (&'g [f32], f32) + Sync,
     {
-        let Some(opt) = self.optimizer else {
-            return 0.0;
-        };
+        let opt = self.optimizer?;
+        let measure = opt.measures_weights();
         let written = AtomicU32::new(0);
         let dim = self.dim;
         let t = at.unwrap_or_else(|| self.step.fetch_add(1, Ordering::AcqRel) + 1);
@@ -299,9 +300,13 @@ impl Table {
                 let (w, state) = g.arena.row_to_change(r, save_gen);
                 let most = if compact {
                     self.apply_compact(&consts, w, state, gsum, &mut wtmp, &mut decay)
-                } else {
+                } else if measure {
                     let g = decay.of(backend, gsum, w);
                     backend.step_max(&consts, w, state, g)
+                } else {
+                    let g = decay.of(backend, gsum, w);
+                    consts.apply(backend, w, state, g);
+                    0
                 };
                 top = top.max(most);
                 j = end;
@@ -313,7 +318,7 @@ impl Table {
             g.release_pending(prepared.reserved[shard_of(plan.hashes[pos[0] as usize], n)].n);
             0
         });
-        f64::from(f32::from_bits(written.into_inner()))
+        measure.then(|| f64::from(f32::from_bits(written.into_inner())))
     }
 
     /// One optimizer step on a 16-bit row: decode, update in float32, round

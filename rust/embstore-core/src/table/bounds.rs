@@ -265,12 +265,17 @@ impl Table {
         }
     }
 
-    /// After a step that ran through `gate` and wrote weights of at most
-    /// `written` in magnitude (measured): the state bounds rise to the
+    /// After a step that ran through `gate`: the bounds rise to the
     /// prediction (or the dry run's measurement, `measured`), the weight
-    /// bound to what was written. Measuring the weights keeps a loose
-    /// prediction from feeding back through weight decay into the next.
-    pub(crate) fn end_step(&self, gate: StepGate<'_>, measured: Option<Magnitudes>, written: f64) {
+    /// bound to `written`, the largest weight the step wrote, where it
+    /// measured it ([`Optimizer::measures_weights`]: a loose prediction
+    /// there would feed back into the next one).
+    pub(crate) fn end_step(
+        &self,
+        gate: StepGate<'_>,
+        measured: Option<Magnitudes>,
+        written: Option<f64>,
+    ) {
         match (&gate, measured) {
             (
                 StepGate::Fast {
@@ -279,7 +284,7 @@ impl Table {
                 _,
             ) => {
                 let m = Magnitudes {
-                    w: written,
+                    w: written.unwrap_or(predicted.w),
                     ..*predicted
                 };
                 self.bounds.raise_from(before, &m);
@@ -289,8 +294,12 @@ impl Table {
                     predicted: Some(p), ..
                 },
                 _,
-            ) => self.bounds.raise(&Magnitudes { w: written, ..*p }),
-            (_, Some(m)) => self.bounds.raise(&Magnitudes { w: written, ..m }),
+            ) => self.bounds.raise(&Magnitudes {
+                w: written.unwrap_or(p.w),
+                ..*p
+            }),
+            // A dry run measured every row it stepped.
+            (_, Some(m)) => self.bounds.raise(&m),
             (_, None) => {}
         }
         drop(gate);
