@@ -42,16 +42,23 @@ while time.monotonic() < end:
 """
 
 
-def test_ranks_load_one_checkpoint_while_another_process_publishes() -> None:
-    path = COMM.bcast(tempfile.mkdtemp() + "/ck" if RANK == 0 else None)
+def start_saver(path: str, seconds: float) -> subprocess.Popen[str] | None:
+    """On rank 0, the other process (once it has saved a first checkpoint);
+    every rank returns after it is ready."""
     saver = None
     if RANK == 0:
         saver = subprocess.Popen(
-            [sys.executable, "-c", SAVER, path, "6"], stdout=subprocess.PIPE, text=True
+            [sys.executable, "-c", SAVER, path, str(seconds)], stdout=subprocess.PIPE, text=True
         )
         assert saver.stdout is not None
         assert saver.stdout.readline().strip() == "ready"
     COMM.Barrier()
+    return saver
+
+
+def test_ranks_load_one_checkpoint_while_another_process_publishes() -> None:
+    path = COMM.bcast(tempfile.mkdtemp() + "/ck" if RANK == 0 else None)
+    saver = start_saver(path, 6)
     mixed = 0
     loads = 0
     deadline = time.monotonic() + 4
@@ -75,14 +82,7 @@ def test_ranks_load_one_checkpoint_while_another_process_publishes() -> None:
 
 def test_sharded_saves_publish_while_another_process_saves() -> None:
     path = COMM.bcast(tempfile.mkdtemp() + "/ck" if RANK == 0 else None)
-    saver = None
-    if RANK == 0:
-        saver = subprocess.Popen(
-            [sys.executable, "-c", SAVER, path, "6"], stdout=subprocess.PIPE, text=True
-        )
-        assert saver.stdout is not None
-        assert saver.stdout.readline().strip() == "ready"
-    COMM.Barrier()
+    saver = start_saver(path, 6)
     t = ShardedTable(4, optimizer=optim.SGD(lr=0.1), seed=5)
     t.lookup(np.arange(300))
     failed = 0

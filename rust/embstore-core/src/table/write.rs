@@ -40,27 +40,11 @@ impl Table {
         meta: Option<&[u32]>,
         clock: u64,
     ) -> Result<()> {
-        let Some(meta) = meta.filter(|_| self.policy.tracks()) else {
-            return self.assign_with_state(keys, values, state, self.generation());
-        };
-        Self::check_batch(keys)?;
-        let (dim, sl) = (self.dim, self.state_len);
-        check_len("values", keys.len() * dim, values.len())?;
-        check_finite("values", values)?;
-        self.policy.format.check_fits("values", values)?;
-        check_len("meta", keys.len() * 4, meta.len())?;
-        if let Some(st) = state {
-            check_len("state", keys.len() * sl, st.len())?;
-            check_finite("state", st)?;
-            if let Some(opt) = &self.optimizer {
-                opt.check_state("state", dim, st)?;
-            }
+        let meta = meta.filter(|_| self.policy.tracks());
+        if let Some(m) = meta {
+            check_len("meta", keys.len() * 4, m.len())?;
         }
-        let _gate = self.enter();
-        self.assign_in(keys, values, state, Some(meta), self.generation())?;
-        self.set_clock(self.clock().max(clock));
-        self.enforce_capacity();
-        Ok(())
+        self.assign_checked(keys, values, state, meta, self.generation(), Some(clock))
     }
 
     /// [`Table::assign`] that also sets the optimizer state (`keys.len() *
@@ -72,6 +56,23 @@ impl Table {
         values: &[f32],
         state: Option<&[f32]>,
         save_gen: u32,
+    ) -> Result<()> {
+        self.assign_checked(keys, values, state, None, save_gen, None)
+    }
+
+    /// Checks `values` and `state` (finite, of the row format, state an
+    /// optimizer can produce), then assigns them (with `meta`, as
+    /// [`Table::assign_in`]) under the gate and moves the call clock
+    /// forward to `clock`: the one path of assign, assign with state and
+    /// restore.
+    fn assign_checked(
+        &self,
+        keys: &[i64],
+        values: &[f32],
+        state: Option<&[f32]>,
+        meta: Option<&[u32]>,
+        save_gen: u32,
+        clock: Option<u64>,
     ) -> Result<()> {
         Self::check_batch(keys)?;
         let (dim, sl) = (self.dim, self.state_len);
@@ -86,7 +87,10 @@ impl Table {
             }
         }
         let _gate = self.enter();
-        self.assign_in(keys, values, state, None, save_gen)?;
+        self.assign_in(keys, values, state, meta, save_gen)?;
+        if let Some(c) = clock {
+            self.set_clock(self.clock().max(c));
+        }
         self.enforce_capacity();
         Ok(())
     }
