@@ -646,7 +646,7 @@ impl PyTable {
         let table = &self.inner;
         let writer = lock_outside_calls(py, &path)?;
         let m = py.enter_store(|| {
-            checkpoint::publish_parts_locked(&writer, table, id, with_optimizer, files, rows)
+            checkpoint::publish_parts(&writer, table, id, with_optimizer, files, rows)
         })?;
         manifest_json(&m)
     }

@@ -51,9 +51,6 @@ use files::*;
 pub use load::{FileCheck, verify};
 pub use manifest::*;
 use publish::*;
-pub use publish::{
-    hold_for_reading, lock_for_writing, publish, publish_parts, publish_parts_locked,
-    remove_partial,
-};
+pub use publish::{hold_for_reading, lock_for_writing, publish_parts, remove_partial};
 pub use report::{Report, report};
 use tensors::*;

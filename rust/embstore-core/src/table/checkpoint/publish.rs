@@ -3,20 +3,6 @@
 
 use super::*;
 
-/// Publishes `manifest` at `dir`: fsyncs the files of its last link, writes
-/// the manifest (with its checksum) to a temporary name, fsyncs it, renames
-/// it over `manifest.json` and fsyncs the directory; then deletes the files
-/// no link names, unless a load is reading the directory (they go at a
-/// later publish). Holds the directory's writers' lock throughout (see
-/// `dirlock`). Returns the manifest's size in bytes.
-///
-/// # Errors
-/// `Checkpoint` for I/O errors; the previous manifest then still stands.
-pub fn publish(dir: &Path, manifest: &mut Manifest) -> Result<u64> {
-    let _writer = dirlock::writer(dir)?;
-    publish_locked(dir, manifest)
-}
-
 /// Holds the readers' lock of the checkpoint directory `dir` shared (no
 /// save deletes the files of the manifest a reader saw while it is held),
 /// creating the lock file if the directory has none; for processes that
@@ -37,7 +23,7 @@ pub fn hold_for_reading(dir: &Path) -> Result<DirLock> {
 /// Creates the checkpoint directory `dir` if it is missing (its parent
 /// must exist) and takes its writers' lock, waiting for a save that holds
 /// it: the first lock of a save ([`Table::save_locked`],
-/// [`publish_parts_locked`]), taken before any other.
+/// [`publish_parts`]), taken before any other.
 ///
 /// # Errors
 /// `Checkpoint` when the directory cannot be created, opened or locked, or
@@ -47,7 +33,8 @@ pub fn lock_for_writing(dir: &Path) -> Result<DirLock> {
     dirlock::writer(dir)
 }
 
-/// Publishes one full checkpoint at `dir` made of `parts` (the files each
+/// Publishes one full checkpoint, at the directory whose writers' lock
+/// the caller took with [`lock_for_writing`], made of `parts` (the files each
 /// part's [`Table::write_files`] wrote, e.g. one per rank of a sharded
 /// table) holding `rows` rows in all, described by `table`'s configuration
 /// and step: the caller never builds a manifest itself.
@@ -55,23 +42,6 @@ pub fn lock_for_writing(dir: &Path) -> Result<DirLock> {
 /// # Errors
 /// `Checkpoint` for I/O errors, or a `rows` the files cannot hold.
 pub fn publish_parts(
-    dir: &Path,
-    table: &Table,
-    id: &str,
-    with_optimizer: bool,
-    parts: Vec<Vec<FileEntry>>,
-    rows: u64,
-) -> Result<Manifest> {
-    let writer = lock_for_writing(dir)?;
-    publish_parts_locked(&writer, table, id, with_optimizer, parts, rows)
-}
-
-/// [`publish_parts`] under the writers' lock the caller took with
-/// [`lock_for_writing`].
-///
-/// # Errors
-/// As [`publish_parts`].
-pub fn publish_parts_locked(
     writer: &DirLock,
     table: &Table,
     id: &str,

@@ -4,7 +4,7 @@
 use super::*;
 
 impl Table {
-    /// A manifest describing this table (no files yet), for [`publish`].
+    /// A manifest describing this table (no files yet), for [`publish_parts`].
     pub fn manifest_base(&self, id: &str, with_optimizer: bool) -> Manifest {
         let (iname, iparams) = self.initializer.to_named();
         let optimizer = self.optimizer.map(|o| {
@@ -163,7 +163,7 @@ impl Table {
     /// Writes a consistent snapshot of every row to shard files named
     /// `{prefix}-...` in `dir` (created if missing; its parent must exist) and fsyncs them, without
     /// publishing a manifest: for a caller that assembles one manifest from
-    /// several tables (the ranks of a sharded table), then calls [`publish`].
+    /// several tables (the ranks of a sharded table), then calls [`publish_parts`].
     ///
     /// # Errors
     /// `Checkpoint` for I/O errors or a prefix that is not 16 hex digits
