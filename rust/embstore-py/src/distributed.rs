@@ -200,5 +200,5 @@ pub fn hold_directory(py: Python<'_>, path: PathBuf) -> PyResult<PyDirectoryHold
     let lock = py
         .detach(|| checkpoint::hold_for_reading(&path))
         .map_err(PyStoreError)?;
-    Ok(PyDirectoryHold { lock: Some(lock) })
+    Ok(PyDirectoryHold { lock })
 }

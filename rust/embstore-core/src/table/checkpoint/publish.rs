@@ -6,18 +6,30 @@ use super::*;
 /// Holds the readers' lock of the checkpoint directory `dir` shared (no
 /// save deletes the files of the manifest a reader saw while it is held),
 /// creating the lock file if the directory has none; for processes that
-/// load one checkpoint together (the ranks of a sharded table).
+/// load one checkpoint together (the ranks of a sharded table). `None`
+/// where the directory has no lock file and none can be made (a read-only
+/// copy, which no save changes either).
 ///
 /// # Errors
-/// `Checkpoint` when `dir` is not a directory or its lock file cannot be
-/// opened, created or locked.
-pub fn hold_for_reading(dir: &Path) -> Result<DirLock> {
+/// `Checkpoint` when `dir` is not a directory or its lock file is not a
+/// regular file or cannot be locked.
+pub fn hold_for_reading(dir: &Path) -> Result<Option<DirLock>> {
     if !dir.is_dir() {
         return Err(ckpt_err(dir, "not a checkpoint directory"));
     }
-    untrusted::open_or_create_file(&dir.join(READERS_LOCK))
-        .map_err(|e| ckpt_err(dir, format!("cannot create {READERS_LOCK}: {e}")))?;
-    dirlock::reader(dir)?.ok_or_else(|| ckpt_err(dir, format!("{READERS_LOCK} disappeared")))
+    if let Some(held) = dirlock::reader(dir)? {
+        return Ok(Some(held));
+    }
+    match untrusted::open_or_create_file(&dir.join(READERS_LOCK)) {
+        Ok(_) => dirlock::reader(dir),
+        Err(e)
+            if e.kind() == std::io::ErrorKind::PermissionDenied
+                || e.kind() == std::io::ErrorKind::ReadOnlyFilesystem =>
+        {
+            Ok(None)
+        }
+        Err(e) => Err(ckpt_err(dir, format!("cannot create {READERS_LOCK}: {e}"))),
+    }
 }
 
 /// Creates the checkpoint directory `dir` if it is missing (its parent
