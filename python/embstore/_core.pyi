@@ -95,10 +95,7 @@ class Table:
         self, keys: npt.NDArray[np.int64], grads: npt.NDArray[np.float32]
     ) -> None: ...
     def export(
-        self, with_state: bool = False
-    ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float32], npt.NDArray[np.float32]]: ...
-    def export_all(
-        self, with_state: bool
+        self, with_state: bool = False, with_meta: bool = False
     ) -> tuple[
         npt.NDArray[np.int64],
         npt.NDArray[np.float32],

@@ -589,7 +589,7 @@ class Table:
 
         One consistent snapshot, even while other threads call the table.
         """
-        keys, rows, state = self._inner.export(check_bool("with_state", with_state))
+        keys, rows, state, _, _ = self._inner.export(check_bool("with_state", with_state))
         if with_state:
             return keys, rows, state
         return keys, rows
@@ -744,7 +744,7 @@ class Table:
         restart), as in checkpoints.
         """
         with_state = check_bool("with_optimizer", with_optimizer) and self._optimizer is not None
-        keys, rows, state, words, clock = self._inner.export_all(with_state)
+        keys, rows, state, words, clock = self._inner.export(with_state, True)
         out: dict[str, npt.NDArray[Any]] = {"keys": keys, "rows": rows}
         if with_state:
             out["state"] = state

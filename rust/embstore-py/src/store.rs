@@ -521,36 +521,17 @@ impl PyTable {
         py.enter_store(|| table.apply_gradients(k, g))
     }
 
-    #[pyo3(signature = (with_state=false))]
+    /// Every row: keys ascending, rows, with `with_state` their optimizer
+    /// state, and with `with_meta` each row's policy metadata (4 u32 words
+    /// a row: tick low, tick high, step, count; none where the table tracks
+    /// no touches) and the call clock, all of one snapshot.
+    #[pyo3(signature = (with_state=false, with_meta=false))]
     #[allow(clippy::type_complexity)]
     fn export<'py>(
         &self,
         py: Python<'py>,
         with_state: bool,
-    ) -> PyResult<(
-        Bound<'py, PyArray1<i64>>,
-        Bound<'py, PyArray2<f32>>,
-        Bound<'py, PyArray2<f32>>,
-    )> {
-        let table = &self.inner;
-        let (keys, rows, state) = py.enter_store(|| table.export(with_state))?;
-        let n = keys.len();
-        let sl = if with_state { table.state_len() } else { 0 };
-        Ok((
-            keys.into_pyarray(py),
-            to_2d(py, rows, n, table.dim())?,
-            to_2d(py, state, n, sl)?,
-        ))
-    }
-
-    /// [`export`] with each row's policy metadata (4 u32 words a row:
-    /// tick low, tick high, step, count; empty where the table tracks no
-    /// touches) and the call clock, in one snapshot.
-    #[allow(clippy::type_complexity)]
-    fn export_all<'py>(
-        &self,
-        py: Python<'py>,
-        with_state: bool,
+        with_meta: bool,
     ) -> PyResult<(
         Bound<'py, PyArray1<i64>>,
         Bound<'py, PyArray2<f32>>,
@@ -559,7 +540,7 @@ impl PyTable {
         u64,
     )> {
         let table = &self.inner;
-        let e = py.enter_store(|| table.export_all(with_state, true))?;
+        let e = py.enter_store(|| table.export_all(with_state, with_meta))?;
         let n = e.keys.len();
         let sl = if with_state { table.state_len() } else { 0 };
         let words = if e.meta.is_empty() { 0 } else { 4 };
@@ -573,7 +554,7 @@ impl PyTable {
     }
 
     /// Rows with optimizer state and policy metadata (`meta`: 4 u32 words
-    /// a row, as [`export_all`] gives them); the clock moves to `clock`.
+    /// a row, as [`export`] gives them with `with_meta`); the clock moves to `clock`.
     #[pyo3(signature = (keys, values, state, meta, clock))]
     fn restore(
         &self,
