@@ -73,8 +73,10 @@
 //! results do not depend on the number of shards or threads.
 
 #![deny(unsafe_op_in_unsafe_fn)]
+// What the binding, the tests and the benches use is `pub`; the rest is
+// `pub(crate)`.
+#![warn(unreachable_pub)]
 
-pub mod collection;
 pub mod curve;
 pub mod error;
 pub mod hash;
@@ -93,4 +95,5 @@ pub use init::Initializer;
 pub use optim::Optimizer;
 pub use policy::{Admission, Eviction, Policy, RowFormat};
 pub use simd::{Backend, Isa};
+pub use table::step::collection;
 pub use table::{Bags, Combiner, Missing, Stats, Table, TableConfig};

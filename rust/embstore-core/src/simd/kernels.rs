@@ -11,7 +11,7 @@ use crate::hash::{GOLDEN, mix64};
 
 /// `acc += x`.
 #[inline(always)]
-pub fn add_assign(acc: &mut [f32], x: &[f32]) {
+pub(super) fn add_assign(acc: &mut [f32], x: &[f32]) {
     for (a, &v) in acc.iter_mut().zip(x) {
         *a += v;
     }
@@ -19,7 +19,7 @@ pub fn add_assign(acc: &mut [f32], x: &[f32]) {
 
 /// `acc += a * x`.
 #[inline(always)]
-pub fn axpy(acc: &mut [f32], a: f32, x: &[f32]) {
+pub(super) fn axpy(acc: &mut [f32], a: f32, x: &[f32]) {
     for (o, &v) in acc.iter_mut().zip(x) {
         *o += a * v;
     }
@@ -29,14 +29,14 @@ pub fn axpy(acc: &mut [f32], a: f32, x: &[f32]) {
 /// data: bits of `0x7F80_0000` or more mean a NaN or an infinity is present.
 /// Integer max is exact in any order, so every backend agrees.
 #[inline(always)]
-pub fn max_magnitude_bits(data: &[f32]) -> u32 {
+pub(super) fn max_magnitude_bits(data: &[f32]) -> u32 {
     data.iter()
         .fold(0u32, |acc, v| acc.max(v.to_bits() & 0x7FFF_FFFF))
 }
 
 /// `x *= a`.
 #[inline(always)]
-pub fn scale(x: &mut [f32], a: f32) {
+pub(super) fn scale(x: &mut [f32], a: f32) {
     for v in x.iter_mut() {
         *v *= a;
     }
@@ -53,7 +53,7 @@ fn fold_top(top: u32, w: f32) -> u32 {
 /// SGD: `w -= lr * g`. Every step kernel returns the largest magnitude of
 /// the new weights as bits ([`max_magnitude_bits`]).
 #[inline(always)]
-pub fn sgd(w: &mut [f32], g: &[f32], lr: f32) -> u32 {
+pub(super) fn sgd(w: &mut [f32], g: &[f32], lr: f32) -> u32 {
     let mut top = 0;
     for (w, &g) in w.iter_mut().zip(g) {
         *w -= lr * g;
@@ -64,7 +64,7 @@ pub fn sgd(w: &mut [f32], g: &[f32], lr: f32) -> u32 {
 
 /// Adagrad as torch.optim.Adagrad: `h += g^2; w += -lr * (g / (sqrt(h) + eps))`.
 #[inline(always)]
-pub fn adagrad(w: &mut [f32], h: &mut [f32], g: &[f32], lr: f32, eps: f32) -> u32 {
+pub(super) fn adagrad(w: &mut [f32], h: &mut [f32], g: &[f32], lr: f32, eps: f32) -> u32 {
     let mut top = 0;
     for ((w, h), &g) in w.iter_mut().zip(h.iter_mut()).zip(g) {
         *h += g * g;
@@ -76,7 +76,7 @@ pub fn adagrad(w: &mut [f32], h: &mut [f32], g: &[f32], lr: f32, eps: f32) -> u3
 
 /// Row-wise Adagrad as FBGEMM: `h += mean(g^2); w -= lr * g / (sqrt(h) + eps)`.
 #[inline(always)]
-pub fn rowwise_adagrad(w: &mut [f32], h: &mut f32, g: &[f32], lr: f32, eps: f32) -> u32 {
+pub(super) fn rowwise_adagrad(w: &mut [f32], h: &mut f32, g: &[f32], lr: f32, eps: f32) -> u32 {
     let mut sq = 0.0f32;
     for &g in g {
         sq += g * g;
@@ -95,7 +95,7 @@ pub fn rowwise_adagrad(w: &mut [f32], h: &mut f32, g: &[f32], lr: f32, eps: f32)
 /// `m += (g - m)(1 - b1); v += (g^2 - v)(1 - b2); w += -step * (m / (sqrt(v) + eps))`
 /// with `step = lr * sqrt(1 - b2^t) / (1 - b1^t)`.
 #[inline(always)]
-pub fn adam(w: &mut [f32], m: &mut [f32], v: &mut [f32], g: &[f32], p: &AdamParams) -> u32 {
+pub(super) fn adam(w: &mut [f32], m: &mut [f32], v: &mut [f32], g: &[f32], p: &AdamParams) -> u32 {
     let mut top = 0;
     for (((w, m), v), &g) in w.iter_mut().zip(m.iter_mut()).zip(v.iter_mut()).zip(g) {
         *m += (g - *m) * p.one_minus_b1;
@@ -110,7 +110,13 @@ pub fn adam(w: &mut [f32], m: &mut [f32], v: &mut [f32], g: &[f32], p: &AdamPara
 /// `m += (g - m)(1 - b1); v = v*b2 + (1 - b2) g^2;
 ///  w += -lr/(1 - b1^t) * (m / (sqrt(v)/sqrt(1 - b2^t) + eps))`.
 #[inline(always)]
-pub fn adamw(w: &mut [f32], m: &mut [f32], v: &mut [f32], g: &[f32], p: &AdamWParams) -> u32 {
+pub(super) fn adamw(
+    w: &mut [f32],
+    m: &mut [f32],
+    v: &mut [f32],
+    g: &[f32],
+    p: &AdamWParams,
+) -> u32 {
     let mut top = 0;
     for (((w, m), v), &g) in w.iter_mut().zip(m.iter_mut()).zip(v.iter_mut()).zip(g) {
         *w *= p.decay;
@@ -126,7 +132,7 @@ pub fn adamw(w: &mut [f32], m: &mut [f32], v: &mut [f32], g: &[f32], p: &AdamWPa
 /// `n' = n + g^2; z += g - (sqrt(n') - sqrt(n))/lr * w;
 ///  w = |z| > l1 ? (sign(z) l1 - z) / (sqrt(n')/lr + 2 l2 + beta/lr) : 0`.
 #[inline(always)]
-pub fn ftrl(w: &mut [f32], z: &mut [f32], n: &mut [f32], g: &[f32], p: &FtrlParams) -> u32 {
+pub(super) fn ftrl(w: &mut [f32], z: &mut [f32], n: &mut [f32], g: &[f32], p: &FtrlParams) -> u32 {
     let mut top = 0;
     for (((w, z), n), &g) in w.iter_mut().zip(z.iter_mut()).zip(n.iter_mut()).zip(g) {
         let n_new = *n + g * g;
@@ -150,7 +156,7 @@ pub fn ftrl(w: &mut [f32], z: &mut [f32], n: &mut [f32], g: &[f32], p: &FtrlPara
 /// `low + span * u_c` with `u_c = (draw(stream, c) >> 11) * 2^-53`, the
 /// splitmix64 counter draw of [`crate::hash::draw`], computed in f64.
 #[inline(always)]
-pub fn uniform_fill(out: &mut [f32], stream: u64, low: f64, span: f64) {
+pub(super) fn uniform_fill(out: &mut [f32], stream: u64, low: f64, span: f64) {
     const INV_2_53: f64 = 1.0 / (1u64 << 53) as f64;
     for (c, o) in out.iter_mut().enumerate() {
         let bits = mix64(stream.wrapping_add((c as u64).wrapping_add(1).wrapping_mul(GOLDEN)));

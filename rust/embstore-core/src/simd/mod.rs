@@ -1,6 +1,6 @@
 //! SIMD kernels behind one interface, picked once at run time.
 //!
-//! Every backend runs the same kernel bodies ([`kernels`]), compiled for its
+//! Every backend runs the same kernel bodies (`kernels`), compiled for its
 //! instruction set, so results are bit-identical across backends. The backend
 //! is chosen when a table is built: the best the CPU supports, or the one the
 //! environment variable `EMBSTORE_SIMD` names (`scalar`, `avx2`, `avx512`,
@@ -295,7 +295,7 @@ impl Backend {
     pub fn axpy(self, acc: &mut [f32], a: f32, x: &[f32]) {
         dispatch!(self, axpy(acc, a, x))
     }
-    /// The largest magnitude in `data` as bits ([`kernels::max_magnitude_bits`]).
+    /// The largest magnitude in `data` as bits (`kernels::max_magnitude_bits`).
     #[inline]
     pub fn max_magnitude_bits(self, data: &[f32]) -> u32 {
         dispatch!(self, max_magnitude_bits(data))
@@ -330,7 +330,7 @@ impl Backend {
     pub fn adamw(self, w: &mut [f32], m: &mut [f32], v: &mut [f32], g: &[f32], p: &AdamWParams) {
         dispatch!(self, adamw(w, m, v, g, p))
     }
-    /// The uniform initializer's row (see [`kernels::uniform_fill`]).
+    /// The uniform initializer's row (see `kernels::uniform_fill`).
     #[inline]
     pub fn uniform_fill(self, out: &mut [f32], stream: u64, low: f64, span: f64) {
         dispatch!(self, uniform_fill(out, stream, low, span))
@@ -355,7 +355,7 @@ impl Backend {
     }
 }
 
-/// Instantiates every kernel of [`kernels`] as a function of this module,
+/// Instantiates every kernel of `kernels` as a function of this module,
 /// with the given attributes (a `#[target_feature]` for SIMD backends).
 macro_rules! instantiate {
     ($(#[$attr:meta])*) => {
@@ -363,41 +363,41 @@ macro_rules! instantiate {
         use super::{AdamParams, AdamWParams, FtrlParams};
 
         $(#[$attr])*
-        pub fn add_assign(acc: &mut [f32], x: &[f32]) { kernels::add_assign(acc, x) }
+        pub(crate) fn add_assign(acc: &mut [f32], x: &[f32]) { kernels::add_assign(acc, x) }
         $(#[$attr])*
-        pub fn axpy(acc: &mut [f32], a: f32, x: &[f32]) { kernels::axpy(acc, a, x) }
+        pub(crate) fn axpy(acc: &mut [f32], a: f32, x: &[f32]) { kernels::axpy(acc, a, x) }
         $(#[$attr])*
-        pub fn scale(x: &mut [f32], a: f32) { kernels::scale(x, a) }
+        pub(crate) fn scale(x: &mut [f32], a: f32) { kernels::scale(x, a) }
         $(#[$attr])*
-        pub fn max_magnitude_bits(data: &[f32]) -> u32 { kernels::max_magnitude_bits(data) }
+        pub(crate) fn max_magnitude_bits(data: &[f32]) -> u32 { kernels::max_magnitude_bits(data) }
         $(#[$attr])*
-        pub fn sgd(w: &mut [f32], g: &[f32], lr: f32) { kernels::sgd(w, g, lr); }
+        pub(crate) fn sgd(w: &mut [f32], g: &[f32], lr: f32) { kernels::sgd(w, g, lr); }
         $(#[$attr])*
-        pub fn adagrad(w: &mut [f32], h: &mut [f32], g: &[f32], lr: f32, eps: f32) {
+        pub(crate) fn adagrad(w: &mut [f32], h: &mut [f32], g: &[f32], lr: f32, eps: f32) {
             kernels::adagrad(w, h, g, lr, eps);
         }
         $(#[$attr])*
-        pub fn rowwise_adagrad(w: &mut [f32], h: &mut f32, g: &[f32], lr: f32, eps: f32) {
+        pub(crate) fn rowwise_adagrad(w: &mut [f32], h: &mut f32, g: &[f32], lr: f32, eps: f32) {
             kernels::rowwise_adagrad(w, h, g, lr, eps);
         }
         $(#[$attr])*
-        pub fn adam(w: &mut [f32], m: &mut [f32], v: &mut [f32], g: &[f32], p: &AdamParams) {
+        pub(crate) fn adam(w: &mut [f32], m: &mut [f32], v: &mut [f32], g: &[f32], p: &AdamParams) {
             kernels::adam(w, m, v, g, p);
         }
         $(#[$attr])*
-        pub fn adamw(w: &mut [f32], m: &mut [f32], v: &mut [f32], g: &[f32], p: &AdamWParams) {
+        pub(crate) fn adamw(w: &mut [f32], m: &mut [f32], v: &mut [f32], g: &[f32], p: &AdamWParams) {
             kernels::adamw(w, m, v, g, p);
         }
         $(#[$attr])*
-        pub fn ftrl(w: &mut [f32], z: &mut [f32], n: &mut [f32], g: &[f32], p: &FtrlParams) {
+        pub(crate) fn ftrl(w: &mut [f32], z: &mut [f32], n: &mut [f32], g: &[f32], p: &FtrlParams) {
             kernels::ftrl(w, z, n, g, p);
         }
         $(#[$attr])*
-        pub fn uniform_fill(out: &mut [f32], stream: u64, low: f64, span: f64) {
+        pub(crate) fn uniform_fill(out: &mut [f32], stream: u64, low: f64, span: f64) {
             kernels::uniform_fill(out, stream, low, span)
         }
         $(#[$attr])*
-        pub fn step_max(
+        pub(crate) fn step_max(
             c: &crate::optim::StepConsts,
             w: &mut [f32],
             state: &mut [f32],

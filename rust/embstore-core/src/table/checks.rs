@@ -2,7 +2,10 @@
 //! values, bounded gradient sums, lengths, and the transient memory a call
 //! needs.
 
-use super::*;
+use crate::error::{Result, StoreError, invalid, oom};
+use crate::table::storage::pages;
+use rayon::iter::{IndexedParallelIterator, IntoParallelRefIterator, ParallelIterator};
+use rayon::prelude::{ParallelSlice, ParallelSliceMut};
 
 /// Fails with the flat index of the first non-finite value.
 pub fn check_finite(arg: &'static str, data: &[f32]) -> Result<()> {
@@ -99,12 +102,12 @@ pub(crate) fn check_grad_sums(
 /// Batches of more keys than this check, before they start, that the
 /// memory of their per-key work arrays is available (below it the check
 /// would cost more than it could save).
-pub(super) const TRANSIENT_CHECK_KEYS: usize = 1 << 20;
+pub(crate) const TRANSIENT_CHECK_KEYS: usize = 1 << 20;
 
 /// Bytes of per-key work arrays a batch call may hold at once (plan,
 /// positions, rows found, coefficients, and the resolved rows of a pooling
 /// chunk, 16 bytes an id, which for a call of one huge bag is every id).
-pub(super) const TRANSIENT_BYTES_PER_KEY: usize = 56;
+pub(crate) const TRANSIENT_BYTES_PER_KEY: usize = 56;
 
 /// Refuses a batch of `n` keys whose work arrays do not fit in the memory
 /// available (an allocation that fails would abort the process).

@@ -2,7 +2,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-/// The counters' names, in the order of [`Counters::named`].
+/// The counters' names, in the order of `Counters::named`.
 pub const COUNTER_NAMES: [&str; 7] = [
     "lookups", "hits", "misses", "inserts", "admitted", "rejected", "evicted",
 ];
@@ -12,7 +12,7 @@ pub type NamedCounts = [(&'static str, u64); 7];
 
 /// What happened to a shard's rows, counted once per call per shard.
 #[derive(Debug, Default)]
-pub struct Counters {
+pub(crate) struct Counters {
     /// Ids looked up (lookup, lookup_pooled).
     pub lookups: AtomicU64,
     /// Looked-up ids whose key had a row before the call.
@@ -32,14 +32,14 @@ pub struct Counters {
 impl Counters {
     /// Adds `n` to `c`.
     #[inline]
-    pub fn add(c: &AtomicU64, n: usize) {
+    pub(crate) fn add(c: &AtomicU64, n: usize) {
         if n > 0 {
             c.fetch_add(n as u64, Ordering::Relaxed);
         }
     }
 
     /// Every count with its name.
-    pub fn named(&self) -> NamedCounts {
+    pub(crate) fn named(&self) -> NamedCounts {
         let values = [
             &self.lookups,
             &self.hits,
@@ -53,7 +53,7 @@ impl Counters {
     }
 
     /// Sums `other` into `total`, name by name.
-    pub fn sum_into(total: &mut NamedCounts, other: &NamedCounts) {
+    pub(crate) fn sum_into(total: &mut NamedCounts, other: &NamedCounts) {
         for ((name, t), (other_name, v)) in total.iter_mut().zip(other) {
             debug_assert_eq!(name, other_name);
             *t += v;

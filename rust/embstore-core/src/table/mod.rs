@@ -6,54 +6,43 @@
 //! per-key loop takes a lock or touches an atomic. Rows are read and written
 //! only under their shard's lock, so a concurrent reader sees a row wholly
 //! before or wholly after an update.
+//!
+//! The concepts, one folder or file each: `storage` (shards, their index
+//! and arena), `read` (the plan of a batch, lookups, pooled lookups,
+//! export), `step` (rows found earlier, preparing and applying a step, the
+//! bounds that keep it finite, the Collection step), `write` (assign,
+//! reserve, remove), `policy` (TTL and capacity eviction), [`checkpoint`],
+//! and the checks and counters every call shares.
 
-mod apply;
-mod arena;
-mod bounds;
 pub mod checkpoint;
-mod checks;
-mod counters;
-mod dirlock;
-mod evict;
-mod lookup;
-mod memo;
-mod output;
-mod pages;
-mod plan;
-mod pooled;
-mod shard;
-mod untrusted;
+pub(crate) mod checks;
+pub(crate) mod counters;
+mod policy;
+pub(crate) mod read;
+pub(crate) mod step;
+pub(crate) mod storage;
 mod write;
 
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-use std::sync::{PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
-
-use crossbeam_utils::CachePadded;
-use rayon::prelude::*;
-
-use crate::error::{Result, StoreError, invalid, oom};
-use crate::hash::{key_hash, shard_of};
+use crate::error::{Result, invalid, oom};
 use crate::init::Initializer;
 use crate::optim::Optimizer;
-use crate::policy::{Admission, Meta, Policy, RowFormat, Sketch};
-use crate::simd::{Backend, copy_streaming, prefetch, stream_fence};
-use crate::zeroed::zeros;
-pub use bounds::Magnitudes;
-pub(crate) use bounds::{Bounds, COMFORT};
-pub use counters::{COUNTER_NAMES, Counters, NamedCounts};
-pub use lookup::Exported;
-pub use pooled::{Bags, Combiner, pool_rows, spread_pooled};
-use shard::Shard;
+use crate::policy::{Admission, Policy, RowFormat, Sketch};
+use crate::simd::Backend;
+use checks::check_len;
+use counters::Counters;
+use crossbeam_utils::CachePadded;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::{PoisonError, RwLock, RwLockReadGuard};
+use step::bounds::Bounds;
+use step::found::Memo;
+use storage::{Shard, read};
 
 pub use checks::{MAX_GRAD_SUM, check_finite, check_finite_max};
-pub(crate) use checks::{check_grad_sums, check_len, check_transient};
-use memo::{Found, Memo};
-use output::SharedBools;
-pub(crate) use output::SharedOut;
-pub(crate) use plan::{
-    COPY_PREFETCH_KEYS, POOL_PREFETCH_AHEAD, PREFETCH_AHEAD, Plan, PreparedApply, SEQUENTIAL_KEYS,
-    SEQUENTIAL_STEP_KEYS, prefetches,
-};
+pub use counters::{COUNTER_NAMES, NamedCounts};
+pub use read::lookup::Exported;
+pub use read::pooled::{Bags, Combiner, pool_rows};
+pub use step::bounds::Magnitudes;
+pub use step::pooled::spread_pooled;
 
 thread_local! {
     /// A row of floats for encoding new compact rows.
@@ -176,33 +165,10 @@ pub struct Stats {
     /// Optimizer steps taken.
     pub step: u64,
     /// Event counts by name: lookups, hits, misses, inserts, admitted,
-    /// rejected, evicted (see [`Counters`]).
+    /// rejected, evicted (see `Counters`).
     pub counters: NamedCounts,
     /// Bytes of the admission sketch (included in `bytes`).
     pub sketch_bytes: usize,
-}
-
-fn read(lock: &RwLock<Shard>) -> RwLockReadGuard<'_, Shard> {
-    lock.read().unwrap_or_else(PoisonError::into_inner)
-}
-
-/// A shard's read lock if it is free now (`None` instead of waiting).
-fn try_read(lock: &RwLock<Shard>) -> Option<RwLockReadGuard<'_, Shard>> {
-    try_lock(lock.try_read())
-}
-
-/// The guard of a `try_read`/`try_write`/`try_lock` if the lock was free
-/// (`None` instead of waiting; a poisoned lock is taken as the others are).
-fn try_lock<G>(r: std::sync::TryLockResult<G>) -> Option<G> {
-    match r {
-        Ok(g) => Some(g),
-        Err(std::sync::TryLockError::Poisoned(p)) => Some(p.into_inner()),
-        Err(std::sync::TryLockError::WouldBlock) => None,
-    }
-}
-
-fn write(lock: &RwLock<Shard>) -> RwLockWriteGuard<'_, Shard> {
-    lock.write().unwrap_or_else(PoisonError::into_inner)
 }
 
 impl Table {
@@ -367,7 +333,7 @@ impl Table {
     pub fn magnitudes(&self) -> Magnitudes {
         self.bounds.get()
     }
-    /// The call clock (see [`Meta::tick`]).
+    /// The call clock (see [`Meta::tick`](crate::policy::Meta::tick)).
     pub fn clock(&self) -> u64 {
         self.tick.load(Ordering::Acquire)
     }
@@ -382,7 +348,7 @@ impl Table {
     }
     /// Whether a lookup asked to `insert` stores rows: only without an
     /// admission filter (with one, only gradient calls admit keys).
-    pub(super) fn inserts(&self, insert: bool) -> bool {
+    pub(crate) fn inserts(&self, insert: bool) -> bool {
         insert && self.policy.admission.is_always()
     }
     /// Advances the call clock; returns this call's tick.

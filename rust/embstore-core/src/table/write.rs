@@ -1,7 +1,15 @@
 //! Writes that are not optimizer steps: assign (with or without state),
 //! reserve, remove.
 
-use super::*;
+use crate::error::{Result, invalid, oom};
+use crate::hash::shard_of;
+use crate::policy::Meta;
+use crate::table::checks::{check_finite, check_len};
+use crate::table::counters::Counters;
+use crate::table::step::bounds::Magnitudes;
+use crate::table::storage::{pages, write};
+use crate::table::{Table, read};
+use rayon::iter::{IntoParallelRefIterator, ParallelIterator};
 
 impl Table {
     /// Inserts or overwrites rows with their optimizer state (`keys.len() *
@@ -145,7 +153,7 @@ impl Table {
             if meta.is_none() {
                 Counters::add(&g.counters.inserts, g.len() - len0);
             }
-            g.release_pending(reserved[shard_of(plan.hashes[pos[0] as usize], n)].n);
+            g.release_pending(reserved[shard_of(plan.hashes[pos[0] as usize], n)]);
             0
         });
         Ok(())
@@ -238,8 +246,8 @@ impl Table {
 
 #[cfg(test)]
 mod tests {
-    use super::super::test_support::table;
-    use super::*;
+    use crate::optim::Optimizer;
+    use crate::table::test_support::table;
 
     fn adagrad() -> Option<Optimizer> {
         Some(Optimizer::Adagrad {

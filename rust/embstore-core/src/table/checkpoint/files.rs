@@ -1,9 +1,16 @@
 //! File plumbing: fsync, synced writes, and bounded reads of regular files
 //! (with their size and CRC-32C checked).
 
-use super::*;
+use crate::error::{Result, StoreError, ckpt_err};
+use crate::hash::mix64;
+use crate::table::checkpoint::manifest::FileEntry;
+use crate::table::checkpoint::untrusted;
+use rayon::iter::{IntoParallelRefIterator, ParallelIterator};
+use std::io::{Read, Write};
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
 
-pub(super) fn io_err(path: &Path, what: &str, e: &std::io::Error) -> StoreError {
+pub(crate) fn io_err(path: &Path, what: &str, e: &std::io::Error) -> StoreError {
     ckpt_err(path, format!("{what}: {e}"))
 }
 
@@ -18,14 +25,14 @@ pub fn new_id() -> String {
     format!("{h:016x}")
 }
 
-pub(super) fn fsync_dir(dir: &Path) -> Result<()> {
+pub(crate) fn fsync_dir(dir: &Path) -> Result<()> {
     untrusted::open_dir(dir)
         .and_then(|d| d.sync_all())
         .map_err(|e| io_err(dir, "cannot fsync the directory", &e))
 }
 
 /// Fsyncs the files `names` of `dir`, in parallel.
-pub(super) fn fsync_files<'a>(dir: &Path, names: impl IntoIterator<Item = &'a str>) -> Result<()> {
+pub(crate) fn fsync_files<'a>(dir: &Path, names: impl IntoIterator<Item = &'a str>) -> Result<()> {
     let names: Vec<&str> = names.into_iter().collect();
     names.par_iter().try_for_each(|n| {
         let path = dir.join(n);
@@ -37,7 +44,7 @@ pub(super) fn fsync_files<'a>(dir: &Path, names: impl IntoIterator<Item = &'a st
 
 /// Writes `bytes` to the new file `path` (nothing may be there, not even a
 /// symbolic link) and fsyncs it.
-pub(super) fn write_synced(path: &Path, bytes: &[u8]) -> Result<()> {
+pub(crate) fn write_synced(path: &Path, bytes: &[u8]) -> Result<()> {
     let mut f = untrusted::create_file(path).map_err(|e| io_err(path, "cannot create", &e))?;
     f.write_all(bytes)
         .and_then(|()| f.sync_all())
@@ -45,22 +52,22 @@ pub(super) fn write_synced(path: &Path, bytes: &[u8]) -> Result<()> {
 }
 
 /// Byte buffers of one file being written: keys, rows, state.
-pub(super) type WriteBufs = (Vec<u8>, Vec<u8>, Vec<u8>, Vec<u8>);
+pub(crate) type WriteBufs = (Vec<u8>, Vec<u8>, Vec<u8>, Vec<u8>);
 
 thread_local! {
     /// Write buffers per thread, kept between files (no fresh memory to
     /// fault in for every file).
-    pub(super) static WRITE_BUFS: std::cell::RefCell<WriteBufs> =
+    pub(crate) static WRITE_BUFS: std::cell::RefCell<WriteBufs> =
         const { std::cell::RefCell::new((Vec::new(), Vec::new(), Vec::new(), Vec::new())) };
     /// A read buffer per thread, kept between files so that loading does
     /// not fault in fresh memory for every file.
-    pub(super) static READ_BUF: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+    pub(crate) static READ_BUF: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
 /// The bytes of the regular file at `path`, refused (without blocking or
 /// reading it) when it is not a regular file (a device, a FIFO, a symbolic
 /// link: see [`untrusted`]) or holds more than `limit` bytes.
-pub(super) fn read_regular(path: &Path, limit: u64, missing: &str) -> Result<Vec<u8>> {
+pub(crate) fn read_regular(path: &Path, limit: u64, missing: &str) -> Result<Vec<u8>> {
     let mut buf = Vec::new();
     let too_large =
         |len: u64| (len > limit).then(|| format!("{len} bytes, more than the {limit} allowed"));
@@ -70,7 +77,7 @@ pub(super) fn read_regular(path: &Path, limit: u64, missing: &str) -> Result<Vec
 
 /// [`read_regular`] into `buf` (cleared first); `size_err` says what is
 /// wrong with a file of the given size, if anything.
-pub(super) fn read_regular_into(
+pub(crate) fn read_regular_into(
     path: &Path,
     limit: u64,
     missing: &str,
@@ -106,7 +113,7 @@ pub(super) fn read_regular_into(
 }
 
 /// Reads a file named by the manifest and checks its size and CRC-32C.
-pub(super) fn read_checked_into(
+pub(crate) fn read_checked_into(
     dir: &Path,
     e: &FileEntry,
     progress: Option<&AtomicU64>,
@@ -146,7 +153,7 @@ pub(super) fn read_checked_into(
 }
 
 /// Runs `f` on the checked bytes of a file, read into this thread's buffer.
-pub(super) fn with_file<T>(
+pub(crate) fn with_file<T>(
     dir: &Path,
     e: &FileEntry,
     progress: Option<&AtomicU64>,
@@ -169,8 +176,8 @@ pub(super) fn with_file<T>(
 
 #[cfg(test)]
 mod tests {
-    use super::super::super::test_support::temp_dir;
     use super::*;
+    use crate::table::test_support::temp_dir;
 
     #[test]
     fn synced_writes_read_back_and_limits_hold() {

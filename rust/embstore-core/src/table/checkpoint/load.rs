@@ -1,7 +1,24 @@
 //! Loading: the manifest chain checked whole, then replayed into a new
 //! table; and `verify`, which checks without loading.
 
-use super::*;
+use crate::error::{Result, StoreError, ckpt_err};
+use crate::init::Initializer;
+use crate::optim::Optimizer;
+use crate::table::checkpoint::dirlock;
+use crate::table::checkpoint::files::{io_err, with_file};
+use crate::table::checkpoint::manifest::{
+    FileEntry, Manifest, SaveMark, parse_manifest, read_manifest,
+};
+use crate::table::checkpoint::tensors::{
+    check_rows, expect_tensor, i64s, parse_removed, parse_rows,
+};
+use crate::table::{Table, TableConfig, storage};
+use rayon::iter::{IntoParallelRefIterator, ParallelIterator};
+use safetensors::tensor::{Dtype, SafeTensors};
+use std::fs;
+use std::path::Path;
+use std::sync::PoisonError;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 impl Table {
     /// Loads the checkpoint at `dir` into a new table (with `num_shards`
@@ -57,10 +74,10 @@ impl Table {
     }
 
     /// [`Table::load_filtered`] of the checkpoint at `dir` whose manifest is
-    /// `text` (as [`read_manifest_text`] gave it to one process): every
+    /// `text` (as [`read_manifest_text`](super::read_manifest_text) gave it to one process): every
     /// rank of a sharded table loads the one checkpoint that rank 0 read,
     /// even while another process publishes a newer one. The caller holds
-    /// the readers' lock ([`hold_for_reading`]) from before `text` was read,
+    /// the readers' lock ([`hold_for_reading`](super::hold_for_reading)) from before `text` was read,
     /// so its files are still there.
     ///
     /// # Errors
@@ -77,7 +94,7 @@ impl Table {
     }
 
     /// [`Table::load_filtered`] of the checkpoint whose manifest is `m`.
-    pub(super) fn load_manifest(
+    pub(crate) fn load_manifest(
         dir: &Path,
         m: Manifest,
         num_shards: Option<usize>,
@@ -183,7 +200,7 @@ impl Table {
         table.set_clock(m.clock);
         table.generation.store(2, Ordering::Release);
         for lock in table.shards.iter() {
-            let mut g = super::super::write(lock);
+            let mut g = storage::write(lock);
             g.removed = Vec::new();
             g.track_removals = true;
         }
@@ -243,7 +260,7 @@ pub fn verify(dir: &Path) -> Result<(Manifest, Vec<FileCheck>)> {
 }
 
 /// The number of rows replaying the chain of `m` gives (keys only).
-pub(super) fn replay_count(dir: &Path, m: &Manifest) -> Result<u64> {
+pub(crate) fn replay_count(dir: &Path, m: &Manifest) -> Result<u64> {
     let mut keys: std::collections::HashSet<i64> = std::collections::HashSet::new();
     for link in &m.chain {
         if let Some(e) = &link.removed {
@@ -278,8 +295,11 @@ pub(super) fn replay_count(dir: &Path, m: &Manifest) -> Result<u64> {
 
 #[cfg(test)]
 mod tests {
-    use super::super::super::test_support::{table, temp_dir};
     use super::*;
+    use crate::optim::Optimizer;
+    use crate::table::Table;
+    use crate::table::checkpoint::manifest::read_manifest;
+    use crate::table::test_support::{table, temp_dir};
 
     fn adam() -> Option<Optimizer> {
         Some(Optimizer::Adam {

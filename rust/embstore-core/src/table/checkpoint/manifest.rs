@@ -1,7 +1,16 @@
 //! The manifest: its schema (serde), its checksum and its checks, and
 //! reading it from a directory.
 
-use super::*;
+use crate::error::{Result, ckpt_err};
+use crate::init::Initializer;
+use crate::optim::Optimizer;
+use crate::policy::{Admission, Eviction, Policy, RowFormat};
+use crate::table::MAX_STEP;
+use crate::table::checkpoint::files::read_regular;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
 
 /// The format name in every manifest.
 pub const FORMAT: &str = "embstore-checkpoint";
@@ -10,9 +19,9 @@ pub const VERSION: u32 = 1;
 /// The manifest's file name inside a checkpoint directory.
 pub const MANIFEST: &str = "manifest.json";
 /// Rows per shard file are capped so that one file's bytes stay near this.
-pub(super) const FILE_BYTES: usize = 256 << 20;
+pub(crate) const FILE_BYTES: usize = 256 << 20;
 /// The largest manifest a load accepts.
-pub(super) const MAX_MANIFEST_BYTES: u64 = 64 << 20;
+pub(crate) const MAX_MANIFEST_BYTES: u64 = 64 << 20;
 
 /// A named configuration (optimizer or initializer) in a manifest.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -91,7 +100,7 @@ pub struct Manifest {
     pub checksum: Option<u32>,
 }
 
-pub(super) fn is_zero(v: &u64) -> bool {
+pub(crate) fn is_zero(v: &u64) -> bool {
     *v == 0
 }
 
@@ -112,7 +121,7 @@ pub struct PolicyConfig {
 
 impl PolicyConfig {
     /// The settings of `p` (its row format is the manifest's dtype).
-    pub(super) fn of(p: &Policy) -> PolicyConfig {
+    pub(crate) fn of(p: &Policy) -> PolicyConfig {
         let (name, params) = p.admission.to_named();
         PolicyConfig {
             admission: NamedConfig {
@@ -126,7 +135,7 @@ impl PolicyConfig {
     }
 
     /// The policy these settings describe, with rows in `format`.
-    pub(super) fn policy(&self, format: RowFormat) -> Result<Policy> {
+    pub(crate) fn policy(&self, format: RowFormat) -> Result<Policy> {
         let params: Vec<(String, f64)> = self
             .admission
             .params
@@ -147,12 +156,12 @@ impl PolicyConfig {
 
 impl Manifest {
     /// The row format named by `dtype`.
-    pub(super) fn format(&self) -> Result<RowFormat> {
+    pub(crate) fn format(&self) -> Result<RowFormat> {
         RowFormat::from_name(&self.dtype)
     }
 
     /// The policy of the table that saved, with its row format.
-    pub(super) fn table_policy(&self) -> Result<Policy> {
+    pub(crate) fn table_policy(&self) -> Result<Policy> {
         let format = self.format()?;
         match &self.policy {
             None => Ok(Policy {
@@ -164,7 +173,7 @@ impl Manifest {
     }
 
     /// Whether the row files hold a `meta` tensor.
-    pub(super) fn has_meta(&self) -> bool {
+    pub(crate) fn has_meta(&self) -> bool {
         self.policy
             .as_ref()
             .is_some_and(|p| p.ttl_steps.is_some() || p.capacity.is_some())
@@ -173,7 +182,7 @@ impl Manifest {
 
 impl Manifest {
     /// The CRC-32C of the canonical JSON of everything but `checksum`.
-    pub(super) fn compute_checksum(&self) -> u32 {
+    pub(crate) fn compute_checksum(&self) -> u32 {
         let mut m = self.clone();
         m.checksum = None;
         let v = serde_json::to_value(&m).expect("a manifest always serializes");
@@ -205,8 +214,8 @@ pub struct SaveInfo {
 /// Where a table was last saved: incremental saves continue that chain.
 #[derive(Debug, Clone)]
 pub(crate) struct SaveMark {
-    pub(super) dir: PathBuf,
-    pub(super) id: String,
+    pub(crate) dir: PathBuf,
+    pub(crate) id: String,
 }
 
 /// The last save of each table (by address would be fragile; it lives in
@@ -290,15 +299,14 @@ pub fn parse_manifest(dir: &Path, text: &[u8]) -> Result<Manifest> {
 }
 
 /// Structural checks of a parsed manifest; the message says what is wrong.
-pub(super) fn check_manifest(m: &Manifest) -> std::result::Result<(), String> {
+pub(crate) fn check_manifest(m: &Manifest) -> std::result::Result<(), String> {
     if m.dim == 0 || m.dim > 1 << 20 {
         return Err(format!("dim {} out of range", m.dim));
     }
-    if m.step > super::super::MAX_STEP {
+    if m.step > MAX_STEP {
         return Err(format!(
             "step {} out of range (at most {})",
-            m.step,
-            super::super::MAX_STEP
+            m.step, MAX_STEP
         ));
     }
     // Replaying the chain cannot give more rows than its files hold.
@@ -356,8 +364,8 @@ pub(super) fn check_manifest(m: &Manifest) -> std::result::Result<(), String> {
 
 #[cfg(test)]
 mod tests {
-    use super::super::super::test_support::{sgd, table, temp_dir};
     use super::*;
+    use crate::table::test_support::{sgd, table, temp_dir};
 
     fn saved() -> (std::path::PathBuf, Manifest) {
         let dir = temp_dir("manifest");

@@ -16,41 +16,19 @@
 //! changed (inserted, assigned or trained) and the keys removed since the
 //! table's last save to the same directory. Loading replays the chain.
 
-use std::borrow::Cow;
-use std::collections::BTreeMap;
-use std::fs;
-use std::io::{Read, Write};
-use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, PoisonError};
+pub(crate) mod dirlock;
+pub(crate) mod files;
+pub(crate) mod load;
+pub(crate) mod manifest;
+pub(crate) mod publish;
+pub(crate) mod report;
+pub(crate) mod save;
+pub(crate) mod tensors;
+pub(crate) mod untrusted;
 
-use rayon::prelude::*;
-use safetensors::tensor::{Dtype, Metadata, SafeTensors, TensorInfo, TensorView};
-use serde::{Deserialize, Serialize};
-
-use super::dirlock::{self, READERS_LOCK};
-use super::untrusted;
-use super::{Table, TableConfig, read};
-use crate::error::{Result, StoreError, ckpt_err};
-use crate::hash::mix64;
-use crate::init::Initializer;
-use crate::optim::Optimizer;
-use crate::policy::{Admission, Eviction, Policy, RowFormat};
-
-mod files;
-mod load;
-mod manifest;
-mod publish;
-mod report;
-mod save;
-mod tensors;
-
-pub use super::dirlock::DirLock;
+pub use dirlock::DirLock;
 pub use files::new_id;
-use files::*;
 pub use load::{FileCheck, verify};
 pub use manifest::*;
-use publish::*;
 pub use publish::{hold_for_reading, lock_for_writing, publish_parts, remove_partial};
 pub use report::{Report, report};
-use tensors::*;

@@ -1,7 +1,16 @@
 //! Publishing a manifest by rename (crash-safe), creating the checkpoint
 //! directory, and removing files no manifest names.
 
-use super::*;
+use crate::error::{Result, ckpt_err};
+use crate::table::Table;
+use crate::table::checkpoint::dirlock::{DirLock, READERS_LOCK};
+use crate::table::checkpoint::files::{fsync_dir, fsync_files, io_err, write_synced};
+use crate::table::checkpoint::manifest::{
+    FileEntry, Link, MANIFEST, Manifest, check_manifest, read_manifest,
+};
+use crate::table::checkpoint::{dirlock, untrusted};
+use std::fs;
+use std::path::Path;
 
 /// Holds the readers' lock of the checkpoint directory `dir` shared (no
 /// save deletes the files of the manifest a reader saw while it is held),
@@ -75,7 +84,7 @@ pub fn publish_parts(
 }
 
 /// [`publish`] by a caller that holds the writers' lock.
-pub(super) fn publish_locked(dir: &Path, manifest: &mut Manifest) -> Result<u64> {
+pub(crate) fn publish_locked(dir: &Path, manifest: &mut Manifest) -> Result<u64> {
     check_manifest(manifest).map_err(|msg| ckpt_err(dir, msg))?;
     manifest.checksum = Some(manifest.compute_checksum());
     let text = serde_json::to_vec_pretty(&manifest)
@@ -117,7 +126,7 @@ pub(super) fn publish_locked(dir: &Path, manifest: &mut Manifest) -> Result<u64>
 ///
 /// # Errors
 /// `Checkpoint` naming the missing parent, or the I/O error.
-pub(super) fn create_checkpoint_dir(dir: &Path) -> Result<()> {
+pub(crate) fn create_checkpoint_dir(dir: &Path) -> Result<()> {
     if dir.is_dir() {
         return Ok(());
     }
@@ -158,7 +167,7 @@ pub fn remove_partial(dir: &Path, id: &str) {
 
 /// Whether a file name is one a save writes (an id-prefixed shard file or a
 /// temporary manifest) or the manifest itself.
-pub(super) fn is_ours(name: &str) -> bool {
+pub(crate) fn is_ours(name: &str) -> bool {
     name == MANIFEST
         || name == READERS_LOCK
         || name.starts_with(&format!("{MANIFEST}.tmp-"))
@@ -172,7 +181,7 @@ pub(super) fn is_ours(name: &str) -> bool {
 /// crashed, or a deletion deferred while a load read the directory. Younger
 /// ones may be the parts of a save in progress (the ranks of a sharded
 /// table write their files first and publish them together), so they stay.
-pub(super) const STALE_AFTER: std::time::Duration = std::time::Duration::from_secs(3600);
+pub(crate) const STALE_AFTER: std::time::Duration = std::time::Duration::from_secs(3600);
 
 /// Deletes our files that `m` does not name and that either the manifest
 /// it replaced (`previous`) named or are older than [`STALE_AFTER`] (best
@@ -180,7 +189,7 @@ pub(super) const STALE_AFTER: std::time::Duration = std::time::Duration::from_se
 /// caller holds the writers' lock and, so that no load is reading the
 /// files of the manifest `m` replaced, the readers' lock exclusively
 /// ([`dirlock::cleaner`]).
-pub(super) fn remove_unreferenced(dir: &Path, m: &Manifest, previous: Option<&Manifest>) {
+pub(crate) fn remove_unreferenced(dir: &Path, m: &Manifest, previous: Option<&Manifest>) {
     let keep: std::collections::HashSet<&str> = m.files().map(|f| f.name.as_str()).collect();
     let replaced: std::collections::HashSet<&str> = previous
         .map(|p| p.files().map(|f| f.name.as_str()).collect())
@@ -209,8 +218,9 @@ pub(super) fn remove_unreferenced(dir: &Path, m: &Manifest, previous: Option<&Ma
 
 #[cfg(test)]
 mod tests {
-    use super::super::super::test_support::{sgd, table, temp_dir};
     use super::*;
+    use crate::table::checkpoint::manifest::MANIFEST;
+    use crate::table::test_support::{sgd, table, temp_dir};
 
     #[test]
     fn our_file_names_are_recognised_and_others_are_not() {

@@ -2,7 +2,10 @@
 //! whether every check a load makes holds, as text and as JSON. Built here,
 //! next to the manifest, so that nothing outside the core reads its layout.
 
-use super::*;
+use crate::error::Result;
+use crate::table::checkpoint::load::verify;
+use crate::table::checkpoint::manifest::{FileEntry, NamedConfig};
+use std::path::Path;
 
 /// `v` as Python's `{:g}` would print a parameter (e.g. `0.001`, `1e-10`).
 fn short(v: f64) -> String {
@@ -132,8 +135,8 @@ pub fn report(dir: &Path) -> Result<Report> {
 
 #[cfg(test)]
 mod tests {
-    use super::super::super::test_support::{sgd, table, temp_dir};
     use super::*;
+    use crate::table::test_support::{sgd, table, temp_dir};
 
     #[test]
     fn numbers_print_as_python_would() {

@@ -1,10 +1,29 @@
 //! Saving: the rows of a snapshot written to shard files in parallel, full
 //! or incremental, then published.
 
-use super::*;
+use crate::error::{Result, ckpt_err};
+use crate::policy::{Policy, RowFormat};
+use crate::table::checkpoint::dirlock::DirLock;
+use crate::table::checkpoint::files::{WRITE_BUFS, fsync_files, io_err, new_id};
+use crate::table::checkpoint::manifest::{
+    FILE_BYTES, FORMAT, FileEntry, Link, MANIFEST, Manifest, NamedConfig, PolicyConfig, SaveInfo,
+    SaveMark, VERSION, read_manifest,
+};
+use crate::table::checkpoint::publish::{
+    create_checkpoint_dir, is_ours, lock_for_writing, publish_locked, remove_partial,
+};
+use crate::table::checkpoint::tensors::{Plain, TensorOut, rows_dtype, write_safetensors};
+use crate::table::storage::read;
+use crate::table::{Table, storage};
+use rayon::iter::{IndexedParallelIterator, IntoParallelRefIterator, ParallelIterator};
+use safetensors::tensor::Dtype;
+use std::fs;
+use std::path::Path;
+use std::sync::PoisonError;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 impl Table {
-    /// A manifest describing this table (no files yet), for [`publish_parts`].
+    /// A manifest describing this table (no files yet), for [`publish_parts`](super::publish_parts).
     pub fn manifest_base(&self, id: &str, with_optimizer: bool) -> Manifest {
         let (iname, iparams) = self.initializer.to_named();
         let optimizer = self.optimizer.map(|o| {
@@ -56,7 +75,7 @@ impl Table {
     /// `dir`, at most about 256 MB each, and returns their entries. The
     /// files are not yet fsynced (see [`publish`]). The caller holds the
     /// gate exclusively.
-    pub(super) fn write_rows(
+    pub(crate) fn write_rows(
         &self,
         dir: &Path,
         prefix: &str,
@@ -163,7 +182,7 @@ impl Table {
     /// Writes a consistent snapshot of every row to shard files named
     /// `{prefix}-...` in `dir` (created if missing; its parent must exist) and fsyncs them, without
     /// publishing a manifest: for a caller that assembles one manifest from
-    /// several tables (the ranks of a sharded table), then calls [`publish_parts`].
+    /// several tables (the ranks of a sharded table), then calls [`publish_parts`](super::publish_parts).
     ///
     /// # Errors
     /// `Checkpoint` for I/O errors or a prefix that is not 16 hex digits
@@ -303,7 +322,7 @@ impl Table {
         // From here the new checkpoint is the one at `dir`.
         self.generation.fetch_add(1, Ordering::AcqRel);
         for lock in self.shards.iter() {
-            let mut g = super::super::write(lock);
+            let mut g = storage::write(lock);
             g.removed = Vec::new();
             g.track_removals = true;
         }
@@ -332,7 +351,7 @@ impl Table {
     /// published. Returns the manifest and its size. The caller holds the
     /// gate exclusively and the writers' lock, and removes what was written
     /// when this fails.
-    pub(super) fn write_and_publish(
+    pub(crate) fn write_and_publish(
         &self,
         dir: &Path,
         id: &str,
@@ -395,7 +414,7 @@ impl Table {
 
 #[cfg(test)]
 mod tests {
-    use super::super::super::test_support::{sgd, table, temp_dir};
+    use crate::table::test_support::{sgd, table, temp_dir};
 
     #[test]
     fn an_incremental_save_writes_only_the_changed_rows() {

@@ -1,11 +1,21 @@
 //! The safetensors codec of the shard files: writing tensors, and reading
 //! and checking the keys, rows, state, metadata and removed-keys tensors.
 
-use super::*;
+use crate::error::{Result, StoreError, ckpt_err};
+use crate::optim::Optimizer;
+use crate::policy::RowFormat;
+use crate::table::checkpoint::files::io_err;
+use crate::table::checkpoint::manifest::{FileEntry, Manifest};
+use crate::table::checkpoint::untrusted;
+use crate::table::checks::check_finite;
+use safetensors::tensor::{Dtype, Metadata, SafeTensors, TensorInfo, TensorView};
+use std::borrow::Cow;
+use std::io::Write;
+use std::path::Path;
 
 /// Plain number types whose in-memory bytes are their little-endian
 /// encoding on a little-endian machine.
-pub(super) trait Plain: Copy {
+pub(crate) trait Plain: Copy {
     /// Appends the little-endian bytes of `v` to `out`.
     fn extend_le(v: &[Self], out: &mut Vec<u8>);
 }
@@ -39,18 +49,18 @@ plain!(u16);
 plain!(u32);
 
 /// One tensor to write: name, dtype, shape, and its bytes in pieces.
-pub(super) struct TensorOut<'a> {
-    pub(super) name: &'static str,
-    pub(super) dtype: Dtype,
-    pub(super) shape: Vec<usize>,
-    pub(super) bytes: &'a [u8],
+pub(crate) struct TensorOut<'a> {
+    pub(crate) name: &'static str,
+    pub(crate) dtype: Dtype,
+    pub(crate) shape: Vec<usize>,
+    pub(crate) bytes: &'a [u8],
 }
 
 /// Writes a safetensors file (header from the crate's own `Metadata`, then
 /// the tensors' bytes) and returns its size and CRC-32C. The caller fsyncs
 /// it ([`fsync_files`]) before publishing: deferring the fsyncs lets the
 /// kernel write files back while later ones are still being built.
-pub(super) fn write_safetensors(path: &Path, tensors: &[TensorOut<'_>]) -> Result<(u64, u32)> {
+pub(crate) fn write_safetensors(path: &Path, tensors: &[TensorOut<'_>]) -> Result<(u64, u32)> {
     let mut offset = 0;
     let mut infos = Vec::with_capacity(tensors.len());
     for t in tensors {
@@ -84,16 +94,16 @@ pub(super) fn write_safetensors(path: &Path, tensors: &[TensorOut<'_>]) -> Resul
 }
 
 /// The tensors of one shard file, checked against the manifest.
-pub(super) struct Rows<'a> {
-    pub(super) keys: Cow<'a, [i64]>,
-    pub(super) rows: Cow<'a, [f32]>,
-    pub(super) state: Option<Cow<'a, [f32]>>,
+pub(crate) struct Rows<'a> {
+    pub(crate) keys: Cow<'a, [i64]>,
+    pub(crate) rows: Cow<'a, [f32]>,
+    pub(crate) state: Option<Cow<'a, [f32]>>,
     /// Per-row policy metadata, 4 words a row ([`Meta::to_words`]).
-    pub(super) meta: Option<Cow<'a, [u32]>>,
+    pub(crate) meta: Option<Cow<'a, [u32]>>,
 }
 
 /// The safetensors dtype of rows stored in `fmt`.
-pub(super) fn rows_dtype(fmt: RowFormat) -> Dtype {
+pub(crate) fn rows_dtype(fmt: RowFormat) -> Dtype {
     match fmt {
         RowFormat::F32 => Dtype::F32,
         RowFormat::F16 => Dtype::F16,
@@ -102,7 +112,7 @@ pub(super) fn rows_dtype(fmt: RowFormat) -> Dtype {
 }
 
 /// Rows stored in `fmt` as float32 (exact: every 16-bit value is a float32).
-pub(super) fn rows_f32(fmt: RowFormat, b: &[u8]) -> Cow<'_, [f32]> {
+pub(crate) fn rows_f32(fmt: RowFormat, b: &[u8]) -> Cow<'_, [f32]> {
     let halves = || b.chunks_exact(2).map(|c| u16::from_le_bytes([c[0], c[1]]));
     match fmt {
         RowFormat::F32 => f32s(b),
@@ -115,12 +125,12 @@ pub(super) fn rows_f32(fmt: RowFormat, b: &[u8]) -> Cow<'_, [f32]> {
     }
 }
 
-pub(super) fn tensor<'d>(st: &SafeTensors<'d>, path: &Path, name: &str) -> Result<TensorView<'d>> {
+pub(crate) fn tensor<'d>(st: &SafeTensors<'d>, path: &Path, name: &str) -> Result<TensorView<'d>> {
     st.tensor(name)
         .map_err(|e| ckpt_err(path, format!("tensor {name:?}: {e}")))
 }
 
-pub(super) fn expect_tensor<'d>(
+pub(crate) fn expect_tensor<'d>(
     st: &SafeTensors<'d>,
     path: &Path,
     name: &str,
@@ -144,7 +154,7 @@ pub(super) fn expect_tensor<'d>(
 /// Little-endian bytes as numbers: borrowed in place when the machine is
 /// little-endian and the bytes are aligned (the usual case: tensors start at
 /// 8-byte offsets of a heap buffer), converted otherwise.
-pub(super) trait FromLe: Plain {
+pub(crate) trait FromLe: Plain {
     fn from_le(b: &[u8]) -> Self;
 
     fn view(b: &[u8]) -> Cow<'_, [Self]> {
@@ -184,16 +194,16 @@ impl FromLe for i64 {
     }
 }
 
-pub(super) fn f32s(b: &[u8]) -> Cow<'_, [f32]> {
+pub(crate) fn f32s(b: &[u8]) -> Cow<'_, [f32]> {
     f32::view(b)
 }
 
-pub(super) fn i64s(b: &[u8]) -> Cow<'_, [i64]> {
+pub(crate) fn i64s(b: &[u8]) -> Cow<'_, [i64]> {
     i64::view(b)
 }
 
 /// Checks the tensors of one rows file without converting them.
-pub(super) fn check_rows(m: &Manifest, path: &Path, e: &FileEntry, buf: &[u8]) -> Result<()> {
+pub(crate) fn check_rows(m: &Manifest, path: &Path, e: &FileEntry, buf: &[u8]) -> Result<()> {
     let st = SafeTensors::deserialize(buf)
         .map_err(|err| ckpt_err(path, format!("not a safetensors file: {err}")))?;
     let n = e.rows as usize;
@@ -222,8 +232,8 @@ pub(super) fn check_rows(m: &Manifest, path: &Path, e: &FileEntry, buf: &[u8]) -
 
 /// Refuses a tensor holding NaN or inf (a row or state that no call could
 /// have written).
-pub(super) fn finite_in_file(path: &Path, name: &str, v: &[f32]) -> Result<()> {
-    super::super::check_finite("values", v).map_err(|e| match e {
+pub(crate) fn finite_in_file(path: &Path, name: &str, v: &[f32]) -> Result<()> {
+    check_finite("values", v).map_err(|e| match e {
         StoreError::NonFinite { index, .. } => ckpt_err(
             path,
             format!("tensor {name:?} holds NaN or inf at flat index {index} (damaged)"),
@@ -233,7 +243,7 @@ pub(super) fn finite_in_file(path: &Path, name: &str, v: &[f32]) -> Result<()> {
 }
 
 /// Parses and checks one rows file of the manifest.
-pub(super) fn parse_rows<'a>(
+pub(crate) fn parse_rows<'a>(
     m: &Manifest,
     path: &Path,
     e: &FileEntry,
@@ -279,7 +289,7 @@ pub(super) fn parse_rows<'a>(
 }
 
 /// Parses and checks one removed-keys file.
-pub(super) fn parse_removed<'a>(
+pub(crate) fn parse_removed<'a>(
     path: &Path,
     e: &FileEntry,
     buf: &'a [u8],
@@ -297,8 +307,9 @@ pub(super) fn parse_removed<'a>(
 
 #[cfg(test)]
 mod tests {
-    use super::super::super::test_support::temp_dir;
     use super::*;
+    use crate::policy::RowFormat;
+    use crate::table::test_support::temp_dir;
 
     #[test]
     fn tensors_round_trip_through_a_safetensors_file() {

@@ -8,9 +8,8 @@
 //! holds by an allocator-dependent margin. Mapped blocks return to the OS on
 //! free, which keeps resident memory equal to `stats()["bytes"]`.
 
-use std::ptr::NonNull;
-
 use allocator_api2::alloc::{AllocError, Allocator, Global, Layout};
+use std::ptr::NonNull;
 
 /// Blocks at least this large are mapped.
 #[cfg(unix)]
@@ -18,7 +17,7 @@ const MAPPED: usize = 1 << 16;
 
 /// See the module docs.
 #[derive(Debug, Clone, Copy, Default)]
-pub struct PageAlloc;
+pub(crate) struct PageAlloc;
 
 impl PageAlloc {
     #[cfg(unix)]
@@ -86,7 +85,7 @@ unsafe impl Allocator for PageAlloc {
 /// Memory the OS could still give this process without swapping
 /// (`MemAvailable` of `/proc/meminfo`), and no more than the address space
 /// its `RLIMIT_AS` leaves, where known.
-pub fn available_memory() -> Option<usize> {
+pub(crate) fn available_memory() -> Option<usize> {
     let info = std::fs::read_to_string("/proc/meminfo").ok()?;
     let line = info.lines().find(|l| l.starts_with("MemAvailable:"))?;
     let kib: usize = line.split_whitespace().nth(1)?.parse().ok()?;

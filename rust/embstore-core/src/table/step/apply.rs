@@ -1,20 +1,30 @@
 //! Optimizer steps: the step number, the gradient checks, admission, and
 //! the per-shard update of the touched rows.
 
-use super::*;
+use crate::error::{Result, StoreError, invalid};
+use crate::hash::{key_hash, shard_of};
+use crate::policy::{Admission, RowFormat};
+use crate::simd::{Backend, prefetch};
+use crate::table::checks::{check_finite_max, check_grad_sums, check_len};
+use crate::table::counters::Counters;
+use crate::table::read::plan::{PREFETCH_AHEAD, SEQUENTIAL_STEP_KEYS, prefetches};
+use crate::table::step::prepare::PreparedApply;
+use crate::table::storage::shard::Shard;
+use crate::table::{MAX_STEP, NO_ROW, Table, read};
+use std::sync::atomic::{AtomicU32, Ordering};
 
 /// Coupled weight decay of one step: the gradient a row's update sees is
 /// `g + wd * w` ([`crate::optim::Optimizer::coupled_decay`]).
-pub(super) struct Decay<'a> {
-    pub(super) wd: f32,
+pub(crate) struct Decay<'a> {
+    pub(crate) wd: f32,
     /// Scratch of `dim` floats (empty when `wd` is 0).
-    pub(super) g: &'a mut [f32],
+    pub(crate) g: &'a mut [f32],
 }
 
 impl Decay<'_> {
     /// The gradient to apply to row `w` whose summed gradient is `gsum`.
     #[inline]
-    pub(super) fn of<'s>(&'s mut self, backend: Backend, gsum: &'s [f32], w: &[f32]) -> &'s [f32] {
+    pub(crate) fn of<'s>(&'s mut self, backend: Backend, gsum: &'s [f32], w: &[f32]) -> &'s [f32] {
         if self.wd == 0.0 {
             return gsum;
         }
@@ -81,7 +91,7 @@ impl Table {
         self.apply_gradients_numbered(keys, grads, Some(step))
     }
 
-    pub(super) fn apply_gradients_numbered(
+    pub(crate) fn apply_gradients_numbered(
         &self,
         keys: &[i64],
         grads: &[f32],
@@ -139,43 +149,6 @@ impl Table {
         Ok(())
     }
 
-    /// The first half of a step ([`Table::step_whole`]): the keys' plan (the last
-    /// lookup's, when it was of these keys) with room made for every row
-    /// the step may create. Nothing has changed yet; a call that stops here
-    /// gives the room back with [`Table::cancel_apply`].
-    ///
-    /// # Errors
-    /// `OutOfMemory` naming `keys`.
-    pub(crate) fn prepare_apply(&self, keys: &[i64], counts: bool) -> Result<PreparedApply> {
-        if counts && self.step() >= MAX_STEP {
-            return Err(invalid(
-                "step",
-                format!("the table is at step {MAX_STEP}, the most it can count"),
-            ));
-        }
-        let always = self.policy.admission.is_always();
-        let memo = if always { self.take_memo(keys) } else { None };
-        let memo = match memo {
-            Some(m) => Ok(m),
-            None => Err(self.plan(keys)?),
-        };
-        let plan = match &memo {
-            Ok(m) => &m.plan,
-            Err(p) => p,
-        };
-        let reserved = if self.optimizer.is_some() {
-            self.reserve_plan(plan, keys, memo.as_ref().ok(), !always, "keys")?
-        } else {
-            Vec::new()
-        };
-        Ok(PreparedApply { memo, reserved })
-    }
-
-    /// Gives back the room a [`Table::prepare_apply`] made.
-    pub(crate) fn cancel_apply(&self, prepared: PreparedApply) {
-        self.release_plan(&prepared.reserved);
-    }
-
     /// The second half of a step ([`Table::step_whole`]): the step itself.
     /// Position `i` of `keys` contributes `coef * grad` with `(grad, coef) =
     /// grad_of(i)`: contributions to one key are summed in batch order, then
@@ -209,43 +182,29 @@ impl Table {
         let tick = if track { self.next_tick() } else { 0 };
         let compact = self.policy.format != RowFormat::F32;
         let always = self.policy.admission.is_always();
-        let memo = prepared.memo.as_ref().ok();
-        let plan = prepared.plan();
+        let plan = &prepared.plan;
         let n = self.shards.len();
         let ahead = prefetches(plan.hashes.len(), SEQUENTIAL_STEP_KEYS);
         self.par_shards_mut_below(plan, SEQUENTIAL_STEP_KEYS, |g, pos| {
             let len0 = g.len();
             // (row << 32 | position), sorted: each row's positions in batch order.
+            let s = shard_of(plan.hashes[pos[0] as usize], n);
             let mut pairs: Vec<u64> = if always {
-                let s = shard_of(plan.hashes[pos[0] as usize], n);
-                let fill = |key, w: &mut [f32], st: &mut [f32]| self.fill_new(key, w, st);
-                let pair = |r: u32, i: u32| (u64::from(r) << 32) | u64::from(i);
-                match memo {
-                    // The lookup's rows, still where they were: only keys it
-                    // did not store need a probe.
-                    Some(m) if m.valid_for(s, g, pos.len()) => m.rows[s]
-                        .iter()
-                        .zip(pos)
-                        .map(|(&r, &i)| {
-                            let r = if r == NO_ROW {
-                                let (k, h) = (keys[i as usize], plan.hashes[i as usize]);
-                                g.find_or_insert(k, h, save_gen, |w, st| fill(k, w, st)).0 as u32
-                            } else {
-                                r
-                            };
-                            pair(r, i)
-                        })
-                        .collect(),
-                    _ => self
-                        .rows_inserting(g, keys, plan, pos, &prepared.reserved[s], save_gen)
-                        .iter()
-                        .zip(pos)
-                        .map(|(&r, &i)| pair(r, i))
-                        .collect(),
-                }
+                self.rows_inserting(g, s, keys, plan, pos, &prepared.found, save_gen)
+                    .iter()
+                    .zip(pos)
+                    .map(|(&r, &i)| (u64::from(r) << 32) | u64::from(i))
+                    .collect()
             } else {
-                let room = prepared.reserved[shard_of(plan.hashes[pos[0] as usize], n)].n;
-                self.admit(g, keys, &plan.hashes, pos, t, save_gen, room)
+                self.admit(
+                    g,
+                    keys,
+                    &plan.hashes,
+                    pos,
+                    t,
+                    save_gen,
+                    prepared.reserved[s],
+                )
             };
             pairs.sort_unstable();
             // The sum of a key's gradients, allocated only for a key given
@@ -317,7 +276,7 @@ impl Table {
             let created = g.len() - len0;
             Counters::add(&g.counters.inserts, created);
             Counters::add(&g.counters.admitted, created);
-            g.release_pending(prepared.reserved[shard_of(plan.hashes[pos[0] as usize], n)].n);
+            g.release_pending(prepared.reserved[s]);
             0
         });
         measure.then(|| f64::from(f32::from_bits(written.into_inner())))
@@ -327,7 +286,7 @@ impl Table {
     /// back (kept out of line: float32 tables never call it). Returns the
     /// largest magnitude written, as bits.
     #[inline(never)]
-    pub(super) fn apply_compact(
+    pub(crate) fn apply_compact(
         &self,
         consts: &crate::optim::StepConsts,
         w: &mut [f32],
@@ -362,7 +321,7 @@ impl Table {
     /// applies whole. Out of line: tables without a filter never call it.
     #[inline(never)]
     #[allow(clippy::too_many_arguments)]
-    pub(super) fn admit(
+    pub(crate) fn admit(
         &self,
         g: &mut Shard,
         keys: &[i64],
@@ -424,7 +383,7 @@ impl Table {
     /// (however often it occurs), those whose count filter estimate would
     /// reach the minimum with this sighting; every one under a probability
     /// filter (its draw depends on the step, not known yet).
-    pub(super) fn admissible(&self, g: &Shard, keys: &[i64], pos: &[u32], rows: &[u32]) -> usize {
+    pub(crate) fn admissible(&self, g: &Shard, keys: &[i64], pos: &[u32], rows: &[u32]) -> usize {
         let mut absent: Vec<i64> = rows
             .iter()
             .zip(pos)
@@ -463,7 +422,7 @@ impl Table {
 
 #[cfg(test)]
 mod tests {
-    use super::super::test_support::{sgd, table};
+    use crate::table::test_support::{sgd, table};
 
     #[test]
     fn duplicate_keys_are_summed_into_one_step() {
@@ -498,9 +457,9 @@ mod tests {
 
     /// A table of 8 columns, 4 shards, SGD, admitting keys on their second
     /// sighting.
-    fn count_filtered() -> super::Table {
+    fn count_filtered() -> crate::table::Table {
         use crate::policy::{Admission, Policy};
-        let mut cfg = super::TableConfig::new(8);
+        let mut cfg = crate::table::TableConfig::new(8);
         cfg.optimizer = sgd(0.5);
         cfg.num_shards = Some(4);
         cfg.policy = Policy {
@@ -511,7 +470,7 @@ mod tests {
             },
             ..Policy::default()
         };
-        super::Table::new(cfg).unwrap()
+        crate::table::Table::new(cfg).unwrap()
     }
 
     #[test]
@@ -544,7 +503,7 @@ mod tests {
         let plan = t.plan(&keys).unwrap();
         for (s, lock) in t.shards.iter().enumerate() {
             let pos = plan.positions(s);
-            let mut g = super::write(lock);
+            let mut g = crate::table::storage::write(lock);
             let before = g.len();
             let pairs = t.admit(&mut g, &keys, &plan.hashes, pos, 2, t.generation(), 0);
             assert_eq!(pairs.len(), pos.len());

@@ -1,12 +1,11 @@
 //! One shard: a hash index from key to row number over an [`Arena`].
 
-use hashbrown::HashTable;
-
-use super::Counters;
-use super::NO_ROW;
-use super::arena::{Arena, OutOfMemory};
-use super::pages::PageAlloc;
 use crate::policy::Sketch;
+use crate::table::NO_ROW;
+use crate::table::counters::Counters;
+use crate::table::storage::arena::{Arena, OutOfMemory};
+use crate::table::storage::pages::PageAlloc;
+use hashbrown::HashTable;
 
 /// An index entry: a key and its row number, 12 bytes. Keeping the key in
 /// the entry makes a probe read the index only, not the row's storage as
@@ -48,7 +47,7 @@ const PROBE_AHEAD: usize = 8;
 /// address costs a wasted fetch, never a wrong result), and a test checks
 /// them against `get_bucket` so that a layout change is noticed.
 #[derive(Debug, Clone, Copy)]
-pub struct IndexLines {
+pub(crate) struct IndexLines {
     data_end: usize,
     mask: usize,
 }
@@ -68,7 +67,7 @@ impl IndexLines {
 
     /// Starts loading the lines a probe for `hash` reads first.
     #[inline(always)]
-    pub fn prefetch(&self, hash: u64) {
+    pub(crate) fn prefetch(&self, hash: u64) {
         let i = self.home(hash);
         crate::simd::prefetch_addr(self.data_end.wrapping_add(i));
         crate::simd::prefetch_addr(self.bucket(i));
@@ -94,7 +93,7 @@ fn rehash(e: &Entry) -> u64 {
 /// a lock and takes it once per call.
 #[derive(Debug)]
 #[allow(clippy::len_without_is_empty)]
-pub struct Shard {
+pub(crate) struct Shard {
     /// Keys and row numbers ([`Entry`]).
     index: HashTable<Entry, PageAlloc>,
     /// Keys removed since the last save (for incremental checkpoints).
@@ -123,7 +122,7 @@ impl Shard {
     /// An empty shard of rows of `ww` floats of weights and `sl` of
     /// optimizer state, with per-row metadata when `track`, and an
     /// admission sketch if given.
-    pub fn new(ww: usize, sl: usize, track: bool, sketch: Option<Sketch>) -> Self {
+    pub(crate) fn new(ww: usize, sl: usize, track: bool, sketch: Option<Sketch>) -> Self {
         Shard {
             index: HashTable::new_in(PageAlloc),
             removed: Vec::new(),
@@ -138,12 +137,12 @@ impl Shard {
 
     /// Rows held.
     #[inline]
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.arena.len()
     }
 
     /// Bytes held: rows, keys and the index's allocation.
-    pub fn bytes(&self) -> usize {
+    pub(crate) fn bytes(&self) -> usize {
         self.arena.bytes()
             + self.index.allocation_size()
             + self.removed.capacity() * 8
@@ -151,7 +150,7 @@ impl Shard {
     }
 
     /// Makes room in the index for `additional` more keys.
-    pub fn reserve_index(&mut self, additional: usize) {
+    pub(crate) fn reserve_index(&mut self, additional: usize) {
         self.index.reserve(additional, rehash);
     }
 
@@ -159,7 +158,7 @@ impl Shard {
     ///
     /// # Errors
     /// When the index cannot be allocated; it is unchanged then.
-    pub fn try_reserve_index(&mut self, additional: usize) -> Result<(), OutOfMemory> {
+    pub(crate) fn try_reserve_index(&mut self, additional: usize) -> Result<(), OutOfMemory> {
         self.index
             .try_reserve(additional, rehash)
             .map_err(|_| OutOfMemory)
@@ -170,7 +169,7 @@ impl Shard {
     ///
     /// # Errors
     /// When the memory cannot be allocated.
-    pub fn reserve_rows(&mut self, additional: usize) -> Result<(), OutOfMemory> {
+    pub(crate) fn reserve_rows(&mut self, additional: usize) -> Result<(), OutOfMemory> {
         self.index
             .try_reserve(additional, rehash)
             .map_err(|_| OutOfMemory)?;
@@ -186,7 +185,7 @@ impl Shard {
     ///
     /// # Errors
     /// When the memory cannot be allocated; nothing is pending then.
-    pub fn reserve_pending(&mut self, n: usize) -> Result<(), OutOfMemory> {
+    pub(crate) fn reserve_pending(&mut self, n: usize) -> Result<(), OutOfMemory> {
         if !self.make_room(n) {
             return Err(OutOfMemory);
         }
@@ -198,7 +197,7 @@ impl Shard {
     /// and arena segments) without counting them as pending: for a call
     /// that inserts them at once, under this lock. `false` when the memory
     /// cannot be allocated (the index may have grown; no row changed).
-    pub fn make_room(&mut self, n: usize) -> bool {
+    pub(crate) fn make_room(&mut self, n: usize) -> bool {
         let Some(want) = self.pending.checked_add(n) else {
             return false;
         };
@@ -213,7 +212,7 @@ impl Shard {
 
     /// Whether `n` more rows fit, on top of the pending ones, without
     /// allocating.
-    pub fn has_room(&self, n: usize) -> bool {
+    pub(crate) fn has_room(&self, n: usize) -> bool {
         let want = self.pending.saturating_add(n);
         self.index.capacity() - self.index.len() >= want
             && self.arena.room() >= want.saturating_add(self.len())
@@ -221,7 +220,7 @@ impl Shard {
 
     /// Ends a [`Shard::reserve_pending`] of `n` rows (whether or not they
     /// were inserted).
-    pub fn release_pending(&mut self, n: usize) {
+    pub(crate) fn release_pending(&mut self, n: usize) {
         self.pending -= n;
     }
 
@@ -230,7 +229,7 @@ impl Shard {
     /// the index only, so the probes of consecutive keys overlap their cache
     /// misses; from [`PROBE_PREFETCH_MIN`] keys on, the index lines of the
     /// key [`PROBE_AHEAD`] ahead are prefetched too.
-    pub fn find_many(&self, keys: &[i64], hashes: &[u64], pos: &[u32], rows: &mut Vec<u32>) {
+    pub(crate) fn find_many(&self, keys: &[i64], hashes: &[u64], pos: &[u32], rows: &mut Vec<u32>) {
         rows.clear();
         rows.reserve(pos.len());
         let lines = (pos.len() >= PROBE_PREFETCH_MIN)
@@ -247,7 +246,7 @@ impl Shard {
 
     /// Where the index keeps the buckets a hash probes first, or None when
     /// the index is empty; see [`IndexLines`].
-    pub fn index_lines(&self) -> Option<IndexLines> {
+    pub(crate) fn index_lines(&self) -> Option<IndexLines> {
         if self.index.is_empty() {
             return None;
         }
@@ -261,14 +260,14 @@ impl Shard {
     }
 
     /// Every key held with its row number, in no particular order.
-    pub fn keys_and_rows(&self) -> impl Iterator<Item = (i64, usize)> + '_ {
+    pub(crate) fn keys_and_rows(&self) -> impl Iterator<Item = (i64, usize)> + '_ {
         self.index.iter().map(|e| (e.key(), e.row()))
     }
 
     /// As [`Shard::find_many`], creating the rows of absent keys (filled by
     /// `fill(key, weights, state)`) in batch order, after making room in the index for
     /// all of them at once.
-    pub fn find_or_insert_many(
+    pub(crate) fn find_or_insert_many(
         &mut self,
         keys: &[i64],
         hashes: &[u64],
@@ -285,7 +284,7 @@ impl Shard {
     /// `NO_ROW` (found absent by an earlier probe under this lock, or
     /// under an earlier hold of it with no removal since: a key inserted
     /// meanwhile is found, not inserted twice).
-    pub fn insert_missing(
+    pub(crate) fn insert_missing(
         &mut self,
         keys: &[i64],
         hashes: &[u64],
@@ -310,7 +309,7 @@ impl Shard {
 
     /// The row of `key` (whose hash is `hash`), if present.
     #[inline]
-    pub fn find(&self, key: i64, hash: u64) -> Option<usize> {
+    pub(crate) fn find(&self, key: i64, hash: u64) -> Option<usize> {
         self.index
             .find(index_hash(hash as u32), |e| e.key() == key)
             .map(Entry::row)
@@ -318,7 +317,7 @@ impl Shard {
 
     /// The row of `key`, created by `fill(weights, state)` when missing; `true` when created.
     #[inline]
-    pub fn find_or_insert(
+    pub(crate) fn find_or_insert(
         &mut self,
         key: i64,
         hash: u64,
@@ -341,7 +340,7 @@ impl Shard {
     }
 
     /// Removes `key`; `true` when it was present.
-    pub fn remove(&mut self, key: i64, hash: u64) -> bool {
+    pub(crate) fn remove(&mut self, key: i64, hash: u64) -> bool {
         let Ok(found) = self
             .index
             .find_entry(index_hash(hash as u32), |e| e.key() == key)

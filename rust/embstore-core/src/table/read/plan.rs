@@ -2,72 +2,34 @@
 //! shard passes run in parallel or, for small batches, on the calling
 //! thread, and the reservations that let a call apply whole or not at all.
 
-use super::*;
+use crate::error::{Result, invalid};
+use crate::hash::{key_hash, shard_of};
+use crate::table::checks::check_transient;
+use crate::table::storage::shard::Shard;
+use crate::table::storage::write;
+use crate::table::{Table, read};
+use crate::zeroed::zeros;
+use rayon::iter::{
+    IndexedParallelIterator, IntoParallelIterator, IntoParallelRefIterator, ParallelExtend,
+    ParallelIterator,
+};
+use rayon::prelude::ParallelSlice;
 
 /// A batch's keys grouped by shard.
 #[derive(Debug)]
 pub(crate) struct Plan {
-    pub(super) hashes: Vec<u64>,
+    pub(crate) hashes: Vec<u64>,
     /// Positions in the batch, grouped by shard, in batch order within a shard.
-    pub(super) order: Vec<u32>,
+    pub(crate) order: Vec<u32>,
     /// `order[starts[s]..starts[s + 1]]` are shard `s`'s positions.
-    pub(super) starts: Vec<usize>,
+    pub(crate) starts: Vec<usize>,
 }
 
 impl Plan {
-    pub(super) fn positions(&self, s: usize) -> &[u32] {
+    pub(crate) fn positions(&self, s: usize) -> &[u32] {
         &self.order[self.starts[s]..self.starts[s + 1]]
     }
 }
-
-/// What [`Table::reserve_plan`] did for one shard.
-#[derive(Debug, Default)]
-pub(crate) struct Reserved {
-    /// Rows reserved (pending until the call's pass over the shard).
-    pub(super) n: usize,
-    /// The rows of the shard's positions, when it probed for them, and the
-    /// shard's removal count then: still right while that has not changed.
-    /// Taken (not copied) by the one job of the call's pass over the shard.
-    pub(super) probed: std::sync::Mutex<Option<(Vec<u32>, u64)>>,
-}
-
-impl Reserved {
-    /// The probed rows, if still valid for shard `g` (taken out: one use).
-    pub(super) fn rows_for(&self, g: &Shard) -> Option<Vec<u32>> {
-        let probed = self
-            .probed
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .take();
-        match probed {
-            Some((rows, removals)) if removals == g.removals => Some(rows),
-            _ => None,
-        }
-    }
-}
-
-/// A gradient call's plan with room made for its new rows
-/// ([`Table::prepare_apply`]): the last lookup's memo when it was of the
-/// same keys, else a fresh plan.
-#[derive(Debug)]
-pub(crate) struct PreparedApply {
-    pub(super) memo: std::result::Result<Memo, Plan>,
-    /// What was reserved per shard ([`Table::reserve_plan`]).
-    pub(super) reserved: Vec<Reserved>,
-}
-
-impl PreparedApply {
-    pub(super) fn plan(&self) -> &Plan {
-        match &self.memo {
-            Ok(m) => &m.plan,
-            Err(p) => p,
-        }
-    }
-}
-
-/// Batches of fewer keys than this make their reservations
-/// ([`Table::reserve_plan`]) on the calling thread.
-pub(super) const SMALL_BATCH: usize = 1 << 14;
 
 /// Batches of at most this many keys run their shard passes (lookups,
 /// pooling, assign, remove) on the calling thread, visiting only the shards
@@ -108,18 +70,6 @@ pub(crate) const COPY_PREFETCH_KEYS: usize = 256;
 
 /// How many rows ahead [`copy_rows`] prefetches.
 pub(crate) const PREFETCH_AHEAD: usize = 8;
-
-/// How many ids ahead a pooling pass prefetches the first cache line of
-/// a row (the CPU's own prefetchers fetch the lines after it as the row
-/// is read). Measured on the 2-core AMD EPYC VM (1.7M ids, 2M-row Adam
-/// table, dim 64, the variants alternated in one process, 12 to 20
-/// rounds): against every line of the row 8 ids ahead, 26 ids a bag took
-/// a median 105 ms against 116 (best 62 against 75), 4 ids a bag 150
-/// against 175, 100 ids a bag 129 against 132 (perf had put most of the
-/// loop's time on its prefetch instructions: the core's queue of misses
-/// full). A likely reason: random rows of a large table miss the TLB as
-/// well as the cache, and fewer prefetches a row queue fewer page walks.
-pub(crate) const POOL_PREFETCH_AHEAD: usize = 16;
 
 /// Batches of at least this many keys group their positions by shard in
 /// parallel, in chunks of this many.
@@ -197,7 +147,7 @@ impl Table {
     ///
     /// # Errors
     /// `OutOfMemory` naming `keys` when its work arrays cannot be had.
-    pub(super) fn plan(&self, keys: &[i64]) -> Result<Plan> {
+    pub(crate) fn plan(&self, keys: &[i64]) -> Result<Plan> {
         let n_shards = self.shards.len();
         let mut hashes = crate::zeroed::with_room::<u64>("keys", keys.len())?;
         if keys.len() < 1 << 14 {
@@ -220,7 +170,7 @@ impl Table {
 
     /// Runs `f(shard, positions)` under each shard's write lock, in parallel,
     /// for the shards that own at least one of the plan's keys; sums results.
-    pub(super) fn par_shards_mut<F>(&self, plan: &Plan, f: F) -> usize
+    pub(crate) fn par_shards_mut<F>(&self, plan: &Plan, f: F) -> usize
     where
         F: Fn(&mut Shard, &[u32]) -> usize + Sync,
     {
@@ -229,7 +179,7 @@ impl Table {
 
     /// [`Table::par_shards_mut`] that runs on the calling thread for plans
     /// of at most `sequential` keys.
-    pub(super) fn par_shards_mut_below<F>(&self, plan: &Plan, sequential: usize, f: F) -> usize
+    pub(crate) fn par_shards_mut_below<F>(&self, plan: &Plan, sequential: usize, f: F) -> usize
     where
         F: Fn(&mut Shard, &[u32]) -> usize + Sync,
     {
@@ -256,121 +206,8 @@ impl Table {
             .sum()
     }
 
-    /// Makes room, in every shard that owns some of the plan's keys, for
-    /// the rows the call may create ([`Shard::reserve_pending`]): a call
-    /// that may insert does this before it changes anything, so that
-    /// running out of memory refuses it whole. A shard with room for all its
-    /// positions counts them as pending without a probe; one without counts
-    /// its absent keys (from `memo`, the last lookup's rows, when they are
-    /// still valid; else by a probe, whose rows the call's own pass then
-    /// reuses) and makes room for those. Each shard's count is given back by
-    /// the call's pass over that shard ([`Shard::release_pending`]) or by
-    /// [`Table::release_plan`].
-    ///
-    /// A gradient call on a table with an admission filter (`admits`)
-    /// makes room only for the absent keys the filter would admit now
-    /// ([`Table::admissible`]), so that a flood of keys the filter turns
-    /// away does not grow the index; a key admitted past that count (the
-    /// filter's counts rose meanwhile) gets room then, or is turned away
-    /// ([`Table::admit`]).
-    ///
-    /// # Errors
-    /// `OutOfMemory` naming `arg`; nothing is reserved then.
-    pub(super) fn reserve_plan(
-        &self,
-        plan: &Plan,
-        keys: &[i64],
-        memo: Option<&Memo>,
-        admits: bool,
-        arg: &'static str,
-    ) -> Result<Vec<Reserved>> {
-        // Per shard: what was reserved, or None when that failed. A small
-        // batch stays on the calling thread (a pool dispatch would cost
-        // more than taking a few locks).
-        let one = |(s, lock): (usize, &CachePadded<RwLock<Shard>>)| {
-            let pos = plan.positions(s);
-            let mut r = Reserved::default();
-            if pos.is_empty() {
-                return Some(r);
-            }
-            let mut g = write(lock);
-            r.n = if g.has_room(pos.len()) {
-                pos.len()
-            } else if let Some(m) = memo.filter(|m| m.valid_for(s, &g, pos.len())) {
-                m.rows[s].iter().filter(|&&x| x == NO_ROW).count()
-            } else {
-                let mut rows = Vec::new();
-                g.find_many(keys, &plan.hashes, pos, &mut rows);
-                let missing = if admits {
-                    self.admissible(&g, keys, pos, &rows)
-                } else {
-                    rows.iter().filter(|&&x| x == NO_ROW).count()
-                };
-                r.probed = std::sync::Mutex::new(Some((rows, g.removals)));
-                missing
-            };
-            g.reserve_pending(r.n).ok()?;
-            Some(r)
-        };
-        let done: Vec<Option<Reserved>> = if plan.hashes.len() < SMALL_BATCH {
-            self.shards.iter().enumerate().map(one).collect()
-        } else {
-            self.shards.par_iter().enumerate().map(one).collect()
-        };
-        if done.iter().all(Option::is_some) {
-            return Ok(done.into_iter().map(Option::unwrap_or_default).collect());
-        }
-        // Give back what the shards that succeeded reserved.
-        let counts: Vec<Reserved> = done.into_iter().map(Option::unwrap_or_default).collect();
-        self.release_plan(&counts);
-        Err(self.refuse_rows(arg, plan.hashes.len()))
-    }
-
-    /// The error of a call of `n` keys (`arg`) refused for want of memory
-    /// for the rows it may create.
-    pub(super) fn refuse_rows(&self, arg: &'static str, n: usize) -> StoreError {
-        let row = self.wwords + self.state_len;
-        oom(arg, (n as u128) * (row as u128 * 4 + 24))
-    }
-
-    /// The rows of a shard's positions, creating those of absent keys: from
-    /// the reservation's probe when it is still valid (only the absent keys
-    /// are probed again), else by probing them all.
-    pub(super) fn rows_inserting(
-        &self,
-        g: &mut Shard,
-        keys: &[i64],
-        plan: &Plan,
-        pos: &[u32],
-        reserved: &Reserved,
-        save_gen: u32,
-    ) -> Vec<u32> {
-        let fill = |key, w: &mut [f32], st: &mut [f32]| self.fill_new(key, w, st);
-        match reserved.rows_for(g) {
-            Some(mut rows) => {
-                g.insert_missing(keys, &plan.hashes, pos, save_gen, fill, &mut rows);
-                rows
-            }
-            None => {
-                let mut rows = Vec::new();
-                g.find_or_insert_many(keys, &plan.hashes, pos, save_gen, fill, &mut rows);
-                rows
-            }
-        }
-    }
-
-    /// Ends the reservations of [`Table::reserve_plan`] without inserting
-    /// (a call that reserved and then stopped).
-    pub(crate) fn release_plan(&self, reserved: &[Reserved]) {
-        for (lock, r) in self.shards.iter().zip(reserved) {
-            if r.n > 0 {
-                write(lock).release_pending(r.n);
-            }
-        }
-    }
-
     /// As [`Self::par_shards_mut`], under read locks.
-    pub(super) fn par_shards<F>(&self, plan: &Plan, f: F)
+    pub(crate) fn par_shards<F>(&self, plan: &Plan, f: F)
     where
         F: Fn(&Shard, &[u32]) + Sync,
     {
@@ -392,7 +229,7 @@ impl Table {
         });
     }
 
-    pub(super) fn check_batch(keys: &[i64]) -> Result<()> {
+    pub(crate) fn check_batch(keys: &[i64]) -> Result<()> {
         if keys.len() > u32::MAX as usize {
             return Err(invalid(
                 "keys",
@@ -408,8 +245,11 @@ impl Table {
 
 #[cfg(test)]
 mod tests {
-    use super::super::test_support::table;
     use super::*;
+    use crate::hash::shard_of;
+    use crate::table::Table;
+    use crate::table::test_support::table;
+    use std::sync::atomic::Ordering;
 
     #[test]
     fn a_plan_lists_every_position_once_in_its_shard_in_order() {

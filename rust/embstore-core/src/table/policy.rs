@@ -1,6 +1,9 @@
 //! Eviction: TTL and capacity (LFU / LRU), after calls and on demand.
 
-use super::*;
+use crate::table::counters::Counters;
+use crate::table::read::output::{SharedBools, SharedOut};
+use crate::table::{Table, read};
+use rayon::iter::{IntoParallelRefIterator, ParallelIterator};
 
 impl Table {
     /// After a call that inserted: evicts the lowest-scoring rows until at
@@ -17,7 +20,7 @@ impl Table {
 
     /// Removes the `k` rows of lowest eviction score; returns their keys
     /// and, with `with_rows`, their weights (in no particular order).
-    pub(super) fn evict_lowest(&self, k: usize, with_rows: bool) -> (Vec<i64>, Vec<f32>) {
+    pub(crate) fn evict_lowest(&self, k: usize, with_rows: bool) -> (Vec<i64>, Vec<f32>) {
         let ev = self.policy.eviction;
         let smallest = |v: &mut Vec<(u64, u64, i64)>| {
             if v.len() > k {
@@ -47,7 +50,7 @@ impl Table {
     /// present and, with `with_rows`, their weights. Without the memory for
     /// its work arrays it removes nothing (the next call that inserts, or
     /// `evict`, tries again): an eviction is never worth an abort.
-    pub(super) fn remove_evicted(&self, keys: &[i64], with_rows: bool) -> (Vec<i64>, Vec<f32>) {
+    pub(crate) fn remove_evicted(&self, keys: &[i64], with_rows: bool) -> (Vec<i64>, Vec<f32>) {
         let dim = self.dim;
         let Ok(plan) = self.plan(keys) else {
             return (Vec::new(), Vec::new());
@@ -137,9 +140,9 @@ impl Table {
 
 #[cfg(test)]
 mod tests {
-    use super::super::test_support::sgd;
-    use super::*;
     use crate::policy::Eviction;
+    use crate::table::test_support::sgd;
+    use crate::table::{Table, TableConfig};
 
     fn table(capacity: Option<usize>, ttl: Option<u64>) -> Table {
         let mut cfg = TableConfig::new(2);

@@ -1,9 +1,25 @@
 //! Reads: lookups (with or without inserting, with a default for missing
 //! keys, with optimizer state), `contains`, and `export`.
 
-use super::plan::Reserved;
-
-use super::*;
+use crate::error::{Result, oom};
+use crate::hash::shard_of;
+use crate::policy::RowFormat;
+use crate::simd::{copy_streaming, prefetch, stream_fence};
+use crate::table::checks::check_len;
+use crate::table::counters::Counters;
+use crate::table::read::output::{SharedBools, SharedOut};
+use crate::table::read::plan::{
+    COPY_PREFETCH_KEYS, PREFETCH_AHEAD, Plan, SEQUENTIAL_KEYS, prefetches,
+};
+use crate::table::step::found::FoundRows;
+use crate::table::step::prepare::Reserved;
+use crate::table::storage::shard::Shard;
+use crate::table::storage::{arena, pages, try_lock, try_read};
+use crate::table::{Missing, NO_ROW, Table, read};
+use crate::zeroed::zeros;
+use rayon::iter::{IndexedParallelIterator, IntoParallelRefIterator, ParallelIterator};
+use rayon::prelude::ParallelSliceMut;
+use std::sync::PoisonError;
 
 /// A whole table as arrays ([`Table::export_all`]).
 #[derive(Debug)]
@@ -52,7 +68,7 @@ impl Table {
         // Only a training lookup (inserting) leaves a memo for the gradient
         // call that follows it: a serving lookup neither pays for one nor
         // replaces a training thread's.
-        let found = insert.then(|| self.found());
+        let found = insert.then(|| FoundRows::new(self.shards.len()));
         self.lookup_rows(keys, &plan, insert, found.as_ref(), |g, pos, rows| {
             self.copy_rows(&g.arena, keys, pos, rows, out, missing);
         })?;
@@ -64,7 +80,7 @@ impl Table {
     }
 
     /// A small [`Table::lookup_or`] that runs only if it can run at once
-    /// without waiting: at most [`SEQUENTIAL_KEYS`] keys, a table whose
+    /// without waiting: at most `SEQUENTIAL_KEYS` keys, a table whose
     /// lookups record no touches (no TTL, no capacity: no eviction follows)
     /// and, for a lookup that inserts, no admission filter, and every lock
     /// it needs free now: the gate (shared) when it inserts,
@@ -154,7 +170,7 @@ impl Table {
         let save_gen = self.generation();
         let fill = |key, w: &mut [f32], st: &mut [f32]| self.fill_new(key, w, st);
         let shared = SharedOut::new(out, self.dim);
-        let mut found = self.found();
+        let found = FoundRows::new(self.shards.len());
         for ((s, g), (mut rows, absent)) in held.iter_mut().zip(found_rows) {
             let pos = plan.positions(*s);
             let len0 = g.len();
@@ -162,7 +178,7 @@ impl Table {
             g.release_pending(absent);
             self.copy_rows(&g.arena, keys, pos, &rows, shared, missing);
             self.count_lookups(g, pos.len(), &rows, len0);
-            *found[*s].get_mut().unwrap_or_else(PoisonError::into_inner) = (rows, g.removals);
+            found.put(*s, g, rows);
         }
         drop(held);
         self.try_remember(plan, found);
@@ -224,23 +240,25 @@ impl Table {
     /// else `NO_ROW`), records the touches when rows carry metadata, hands
     /// each shard's positions and rows to `emit`, and counts. The caller
     /// holds the gate when [`Table::lookup_changes`].
-    pub(super) fn lookup_rows<F>(
+    pub(crate) fn lookup_rows<F>(
         &self,
         keys: &[i64],
         plan: &Plan,
         insert: bool,
-        found: Option<&Found>,
+        found: Option<&FoundRows>,
         emit: F,
     ) -> Result<()>
     where
         F: Fn(&Shard, &[u32], &[u32]) + Sync,
     {
-        let reserved = self.reserve_lookup(keys, plan, insert)?;
         let n = self.shards.len();
+        // The reservation's probes, for this call's own pass (the caller's
+        // `found` keeps what the pass finds, for the gradient call after).
+        let probed = FoundRows::new(n);
+        let reserved = self.reserve_lookup(keys, plan, insert, &probed)?;
         let keep = |g: &Shard, pos: &[u32], rows: Vec<u32>| {
             if let Some(found) = found {
-                let s = shard_of(plan.hashes[pos[0] as usize], n);
-                *found[s].lock().unwrap_or_else(PoisonError::into_inner) = (rows, g.removals);
+                found.put(shard_of(plan.hashes[pos[0] as usize], n), g, rows);
             }
         };
         let insert = self.inserts(insert);
@@ -259,7 +277,7 @@ impl Table {
                 let mut rows = Vec::new();
                 let s = shard_of(plan.hashes[pos[0] as usize], n);
                 if insert {
-                    rows = self.rows_inserting(g, keys, plan, pos, &reserved[s], save_gen);
+                    rows = self.rows_inserting(g, s, keys, plan, pos, &probed, save_gen);
                 } else {
                     g.find_many(keys, &plan.hashes, pos, &mut rows);
                 }
@@ -274,7 +292,7 @@ impl Table {
                 self.count_lookups(g, pos.len(), &rows, len0);
                 keep(g, pos, rows);
                 if insert {
-                    g.release_pending(reserved[s].n);
+                    g.release_pending(reserved[s]);
                 }
                 0
             });
@@ -292,14 +310,15 @@ impl Table {
 
     /// The reservations of a lookup over `plan` ([`Table::reserve_plan`]):
     /// none unless it inserts ([`Table::inserts`]).
-    pub(super) fn reserve_lookup(
+    pub(crate) fn reserve_lookup(
         &self,
         keys: &[i64],
         plan: &Plan,
         insert: bool,
-    ) -> Result<Vec<Reserved>> {
+        probed: &FoundRows,
+    ) -> Result<Reserved> {
         if self.inserts(insert) {
-            self.reserve_plan(plan, keys, None, false, "keys")
+            self.reserve_plan(plan, keys, Some(probed), false, "keys")
         } else {
             Ok(Vec::new())
         }
@@ -307,7 +326,7 @@ impl Table {
 
     /// Counts a shard's part of a lookup: `rows` holds the row of each id
     /// (`NO_ROW` for none); rows at or past `len0` were created by the call.
-    pub(super) fn count_lookups(&self, g: &Shard, n: usize, rows: &[u32], len0: usize) {
+    pub(crate) fn count_lookups(&self, g: &Shard, n: usize, rows: &[u32], len0: usize) {
         let hits = rows.iter().filter(|&&r| (r as usize) < len0).count();
         let c = &g.counters;
         Counters::add(&c.lookups, n);
@@ -319,7 +338,7 @@ impl Table {
     /// Copies the weights of arena row `rows[j]` to output row `pos[j]`,
     /// prefetching the rows a few steps ahead; where `rows[j]` is
     /// `NO_ROW`, writes the row key `keys[pos[j]]` would get.
-    pub(super) fn copy_rows(
+    pub(crate) fn copy_rows(
         &self,
         arena: &arena::Arena,
         keys: &[i64],
@@ -409,7 +428,7 @@ impl Table {
     }
 
     /// [`Table::export`] with, when `with_meta` and the table tracks touches
-    /// (TTL or capacity), each row's policy metadata ([`Meta::to_words`],
+    /// (TTL or capacity), each row's policy metadata ([`Meta::to_words`](crate::policy::Meta::to_words),
     /// 4 words a row) and the table's call clock: everything
     /// [`Table::restore`] needs to rebuild the table exactly.
     ///
@@ -478,8 +497,12 @@ impl Table {
 
 #[cfg(test)]
 mod tests {
-    use super::super::test_support::{sgd, table};
-    use super::*;
+    use crate::error::StoreError;
+    use crate::hash::{key_hash, shard_of};
+    use crate::table::read::plan::SEQUENTIAL_KEYS;
+    use crate::table::storage::{read, write};
+    use crate::table::test_support::{sgd, table};
+    use crate::table::{Missing, Table, TableConfig};
 
     #[test]
     fn a_serving_lookup_now_reads_what_lookup_reads_or_declines_without_waiting() {

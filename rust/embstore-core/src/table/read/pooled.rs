@@ -9,52 +9,17 @@
 //! what EmbeddingBag's backward gives, and then takes one optimizer step.
 //! An empty bag pools to zeros (and a bag whose denominator is 0 too).
 
-use std::ops::Range;
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
-
-use rayon::prelude::*;
-
-use std::sync::{PoisonError, RwLockReadGuard};
-
-use super::shard::Shard;
-use super::{
-    Missing, NO_ROW, POOL_PREFETCH_AHEAD, SEQUENTIAL_KEYS, SharedOut, Table, check_finite,
-    check_finite_max, check_len, prefetches, read, shard_of,
-};
-
 use crate::error::{Result, invalid};
-use crate::simd::{copy_streaming, prefetch_addr, stream_fence};
+use crate::table::checks::{check_finite, check_len, check_transient};
+use crate::table::read::output::SharedOut;
+use crate::table::read::plan::SEQUENTIAL_KEYS;
+use crate::table::read::pooling::Pooling;
+use crate::table::step::found::FoundRows;
+use crate::table::{Missing, NO_ROW, Table};
 use crate::zeroed::{with_room, zeros};
-
-/// Ids of one job of a pooled lookup's pooling pass
-/// ([`Table::lookup_pooled_in`]): whole bags of about this many ids, so
-/// that taking the job's shard read locks costs little against its work.
-const POOL_CHUNK_IDS: usize = 4096;
-
-/// Shard read locks a pooling pass holds ([`Table::hold`]): per shard, its
-/// guard if the pass reads it, and whether it removed rows since the lookup
-/// pass found them (its ids are then probed again).
-struct Held<'t> {
-    guards: Vec<Option<RwLockReadGuard<'t, Shard>>>,
-    stale: Vec<bool>,
-}
-
-/// What every pooling job of one [`Table::lookup_pooled_in`] shares.
-struct Pooling<'a> {
-    /// The call's ids (all its features', back to back) and their hashes.
-    ids: &'a [i64],
-    hashes: &'a [u64],
-    /// Each id's row as the lookup pass found it (`NO_ROW`: none), stored
-    /// by that pass's shard jobs.
-    row_of: &'a [AtomicU32],
-    /// Each shard's removal count when the lookup pass found its rows.
-    removals: &'a [u64],
-    /// Each id's coefficient in its bag.
-    coef: &'a [f32],
-    missing: Missing<'a>,
-    /// Set where pooling overflowed float32.
-    overflow: &'a AtomicBool,
-}
+use rayon::iter::{IndexedParallelIterator, ParallelIterator};
+use rayon::prelude::ParallelSliceMut;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 
 /// How a bag's rows are combined.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -114,7 +79,7 @@ impl Bags<'_> {
     }
 
     #[inline]
-    fn range(&self, b: usize) -> std::ops::Range<usize> {
+    pub(crate) fn range(&self, b: usize) -> std::ops::Range<usize> {
         self.offsets[b] as usize..self.offsets[b + 1] as usize
     }
 
@@ -130,7 +95,7 @@ impl Bags<'_> {
                 format!("expected at most 2^32 - 1 ids, got {nnz}"),
             ));
         }
-        super::check_transient("ids", nnz)?;
+        check_transient("ids", nnz)?;
         let Some(&first) = self.offsets.first() else {
             return Err(invalid(
                 "offsets",
@@ -197,7 +162,7 @@ impl Bags<'_> {
     /// `OutOfMemory` naming `ids` when the two arrays cannot fit in the
     /// memory available (checked before they are allocated).
     pub fn coefficients(&self) -> Result<(Vec<u32>, Vec<f32>)> {
-        super::check_transient("ids", self.ids.len())?;
+        check_transient("ids", self.ids.len())?;
         let c = self.coefs()?;
         Ok((c.bag_of, c.coef))
     }
@@ -306,7 +271,7 @@ impl Table {
         }
         drop(bag_of);
         let plan = self.plan(ids)?;
-        let found = self.found();
+        let found = FoundRows::new(self.shards.len());
         // Each id's row, written by each shard's job as it finds them, and
         // each shard's removal count then.
         let mut row_of: Vec<AtomicU32> = with_room("ids", n)?;
@@ -316,10 +281,7 @@ impl Table {
                 row_of[i as usize].store(r, Ordering::Relaxed);
             }
         })?;
-        let removals: Vec<u64> = found
-            .iter()
-            .map(|slot| slot.lock().unwrap_or_else(PoisonError::into_inner).1)
-            .collect();
+        let removals = found.removals();
         let overflow = AtomicBool::new(false);
         let pool = Pooling {
             ids,
@@ -352,200 +314,6 @@ impl Table {
         }
         Ok(())
     }
-
-    /// Pools the bags of one feature (its ids start at `base` of the
-    /// call's ids) into `out`, in parallel over chunks of bags, each job
-    /// holding its own shard read locks; see [`Table::lookup_pooled_in`].
-    fn pool_bags(&self, bags: &Bags<'_>, base: usize, pool: &Pooling<'_>, out: SharedOut) {
-        let batch = bags.batch();
-        let per_bag = (bags.ids.len() / batch.max(1)).max(1);
-        let chunk = (POOL_CHUNK_IDS / per_bag).max(1);
-        (0..batch.div_ceil(chunk)).into_par_iter().for_each(|c| {
-            let range = c * chunk..((c + 1) * chunk).min(batch);
-            let ids =
-                bags.offsets[range.start] as usize + base..bags.offsets[range.end] as usize + base;
-            let held = self.hold(pool, ids);
-            self.pool_chunk(bags, base, range, pool, out, &held);
-        });
-    }
-
-    /// The read locks of the shards that the call's ids `ids` live in,
-    /// taken in index order, and which of them removed rows since the
-    /// lookup pass.
-    fn hold(&self, pool: &Pooling<'_>, ids: Range<usize>) -> Held<'_> {
-        let ns = self.shards.len();
-        let mut need = vec![false; ns];
-        for &h in &pool.hashes[ids] {
-            need[shard_of(h, ns)] = true;
-        }
-        let guards: Vec<Option<RwLockReadGuard<'_, Shard>>> = need
-            .iter()
-            .zip(self.shards.iter())
-            .map(|(&need, lock)| need.then(|| read(lock)))
-            .collect();
-        let stale = guards
-            .iter()
-            .zip(pool.removals)
-            .map(|(g, &r)| g.as_ref().is_some_and(|g| g.removals != r))
-            .collect();
-        Held { guards, stale }
-    }
-
-    /// Pools bags `range` of one feature (ids from `base` of the call's)
-    /// under `held`, the read locks of the shards their ids live in.
-    fn pool_chunk(
-        &self,
-        bags: &Bags<'_>,
-        base: usize,
-        range: Range<usize>,
-        pool: &Pooling<'_>,
-        out: SharedOut,
-        held: &Held<'_>,
-    ) {
-        let (dim, ns) = (self.dim, self.shards.len());
-        if range.is_empty() {
-            return;
-        }
-        let end = bags.offsets[range.end] as usize + base;
-        let Held { guards, stale } = held;
-        // The row of position i in its (locked) shard, or NO_ROW.
-        let locate = |i: usize| -> (&Shard, u32) {
-            let s = shard_of(pool.hashes[i], ns);
-            let g = guards[s]
-                .as_deref()
-                .expect("every shard of the chunk's ids is locked");
-            let r = if stale[s] {
-                g.find(pool.ids[i], pool.hashes[i])
-                    .map_or(NO_ROW, |r| r as u32)
-            } else {
-                pool.row_of[i].load(Ordering::Relaxed)
-            };
-            (g, r)
-        };
-        // First each id's row (None: not held), then the sums: the summing
-        // loop, bound by row fetches, runs no bookkeeping between them.
-        let start = bags.offsets[range.start] as usize + base;
-        let rows: Vec<Option<&[f32]>> = (start..end)
-            .map(|i| {
-                let (g, r) = locate(i);
-                (r != NO_ROW).then(|| g.arena.weights(r as usize))
-            })
-            .collect();
-        let stream = out.streams();
-        let ahead = prefetches(pool.ids.len(), SEQUENTIAL_KEYS);
-        let mut tmp = vec![0.0f32; dim];
-        // A bag of several ids is summed here, in cache, when the output
-        // streams, and written once with non-temporal stores: its output
-        // line is then never read into cache.
-        let mut sum = vec![0.0f32; if stream { dim } else { 0 }];
-        for b in range {
-            let ids = bags.range(b);
-            let (lo, hi) = (ids.start + base, ids.end + base);
-            let buffered = stream && hi - lo > 1;
-            let d: &mut [f32] = if buffered {
-                &mut sum
-            } else {
-                // SAFETY: each bag's output row is written by this chunk only.
-                unsafe { out.row(b, dim) }
-            };
-            for i in lo..hi {
-                if ahead && let Some(Some(r)) = rows.get(i + POOL_PREFETCH_AHEAD - start) {
-                    prefetch_addr(r.as_ptr() as usize);
-                }
-                let x = match rows[i - start] {
-                    Some(r) => self.weights(r, &mut tmp),
-                    None => {
-                        self.fill_missing(pool.ids[i], &mut tmp, pool.missing);
-                        &tmp[..]
-                    }
-                };
-                let c = pool.coef[i];
-                if i > lo {
-                    self.backend.axpy(d, c, x);
-                } else if c != 1.0 {
-                    d.copy_from_slice(x);
-                    self.backend.scale(d, c);
-                } else if stream && hi - lo == 1 {
-                    copy_streaming(d, x);
-                } else {
-                    d.copy_from_slice(x);
-                }
-            }
-            if lo == hi {
-                d.fill(0.0);
-            } else if (hi - lo > 1 || pool.coef[lo] != 1.0) && !all_finite(d) {
-                // A copied row is finite already; a scaled or summed one
-                // is checked while it is in cache.
-                pool.overflow.store(true, Ordering::Relaxed);
-            }
-            if buffered {
-                // SAFETY: each bag's output row is written by this chunk
-                // only, and `d` (the sum) no longer borrows anything.
-                copy_streaming(unsafe { out.row(b, dim) }, &sum);
-            }
-        }
-        if stream {
-            stream_fence();
-        }
-    }
-
-    /// The backward of [`Table::lookup_pooled`] followed by one optimizer
-    /// step: id `i` of bag `b` contributes `c_i * grads[b]` (`grads` is
-    /// `batch * dim`).
-    ///
-    /// # Errors
-    /// `NoOptimizer`, bad CSR input, wrong `grads` length, non-finite
-    /// values; nothing changed.
-    pub fn apply_pooled_gradients(&self, bags: &Bags<'_>, grads: &[f32]) -> Result<()> {
-        if self.optimizer.is_none() {
-            return Err(crate::StoreError::NoOptimizer);
-        }
-        bags.validate()?;
-        if bags.one_id_each() {
-            // Each id takes its bag's gradient as it is: the plain step.
-            return self.apply_gradients(bags.ids, grads);
-        }
-        check_len("grads", bags.batch() * self.dim, grads.len())?;
-        let most = check_finite_max("grads", grads)?;
-        let Coefs { bag_of, coef } = bags.coefs()?;
-        let dim = self.dim;
-        let gs = check_pooled_sums(bags.ids, &bag_of, &coef, grads, dim, 0, dim, most)?;
-        self.step_whole(bags.ids, gs, None, |i| {
-            let b = bag_of[i] as usize;
-            (&grads[b * dim..(b + 1) * dim], coef[i])
-        })
-    }
-}
-
-/// Refuses a pooled backward whose summed gradient of some id would exceed
-/// [`super::MAX_GRAD_SUM`]: id `i` contributes `coef[i] * grads[bag_of[i]]`
-/// (row `bag_of[i]` of `grads`, `stride` wide, columns `col..col + dim`);
-/// `most` is the largest magnitude in `grads`.
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn check_pooled_sums(
-    ids: &[i64],
-    bag_of: &[u32],
-    coef: &[f32],
-    grads: &[f32],
-    stride: usize,
-    col: usize,
-    dim: usize,
-    most: f32,
-) -> Result<f64> {
-    let max_coef = coef.iter().fold(0.0f32, |a, c| a.max(c.abs()));
-    super::check_grad_sums("grads", ids, f64::from(most) * f64::from(max_coef), |i| {
-        let b = bag_of[i] as usize * stride + col;
-        let g = grads[b..b + dim].iter().fold(0.0f32, |a, v| a.max(v.abs()));
-        f64::from(g) * f64::from(coef[i].abs())
-    })
-}
-
-/// Whether every value of `v` is finite (a branch-free scan that vectorizes).
-#[inline]
-fn all_finite(v: &[f32]) -> bool {
-    v.iter()
-        .fold(0u32, |acc, x| acc.max(x.to_bits() & 0x7FFF_FFFF))
-        < 0x7F80_0000
 }
 
 /// Pools rows that the caller already holds: id `i` of `bags` uses row
@@ -580,40 +348,9 @@ pub fn pool_rows(
     Ok(())
 }
 
-/// The backward of [`pool_rows`]: sums `c_i * grads[bag(i)]` into row
-/// `idx[i]` of `out` (`n * dim`, zeroed first).
-///
-/// # Errors
-/// Bad CSR input, an `idx` entry out of range, wrong lengths, non-finite values.
-pub fn spread_pooled(
-    grads: &[f32],
-    dim: usize,
-    idx: &[i64],
-    bags: &Bags<'_>,
-    out: &mut [f32],
-) -> Result<()> {
-    bags.validate()?;
-    check_len("grads", bags.batch() * dim, grads.len())?;
-    check_finite("grads", grads)?;
-    check_idx("out", out.len(), dim, idx, bags)?;
-    let backend = crate::simd::Backend::from_env()?;
-    let Coefs { bag_of, coef } = bags.coefs()?;
-    out.fill(0.0);
-    for (i, &r) in idx.iter().enumerate() {
-        let b = bag_of[i] as usize;
-        let r = r as usize;
-        backend.axpy(
-            &mut out[r * dim..(r + 1) * dim],
-            coef[i],
-            &grads[b * dim..(b + 1) * dim],
-        );
-    }
-    Ok(())
-}
-
 /// Checks that `arg` (of `len` floats) holds whole rows of `dim` and that
 /// `idx` has one entry per id, each naming one of those rows.
-fn check_idx(
+pub(crate) fn check_idx(
     arg: &'static str,
     len: usize,
     dim: usize,
@@ -636,8 +373,13 @@ fn check_idx(
 
 #[cfg(test)]
 mod tests {
-    use super::super::test_support::{sgd, table};
     use super::*;
+    use crate::table::read::output::SharedOut;
+    use crate::table::read::pooling::POOL_CHUNK_IDS;
+    use crate::table::storage::read;
+    use crate::table::test_support::{sgd, table};
+    use crate::table::{Missing, NO_ROW};
+    use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 
     /// Bags of `sizes` ids drawn from `0..keys`: (ids, offsets).
     fn bags_of(sizes: &[usize], keys: i64) -> (Vec<i64>, Vec<i64>) {

@@ -3,11 +3,14 @@
 //! table; a shared table takes one optimizer step per call, over the
 //! gradients of all the features that use it.
 
-use rayon::prelude::*;
-
+use crate::Bags;
 use crate::error::{Result, StoreError, invalid};
-use crate::table::{Bags, Missing, SEQUENTIAL_KEYS, SharedOut, Table, check_finite_max, check_len};
+use crate::table::checks::{check_finite_max, check_grad_sums, check_len};
+use crate::table::read::output::SharedOut;
+use crate::table::read::plan::SEQUENTIAL_KEYS;
+use crate::table::{Missing, Table};
 use crate::zeroed::zeros;
+use rayon::prelude::*;
 
 /// One feature of a grouped call: its table and its bags.
 #[derive(Debug, Clone, Copy)]
@@ -195,7 +198,7 @@ pub fn apply_pooled_gradients(features: &[Feature<'_>], grads: &[f32]) -> Result
     for ((table, _), (keys, src, coef)) in groups.iter().zip(&inputs) {
         let dim = table.dim();
         let max_coef = coef.iter().fold(0.0f32, |a, c| a.max(c.abs()));
-        sums.push(crate::table::check_grad_sums(
+        sums.push(check_grad_sums(
             "grads",
             keys,
             f64::from(most * max_coef),

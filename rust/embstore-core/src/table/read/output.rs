@@ -85,7 +85,7 @@ impl<'a> SharedOut<'a> {
 /// Invariant: the pointer is valid for writes of `len` bools for `'a`, the
 /// exclusive borrow it was made from, and each position is written by one
 /// thread only.
-pub(super) struct SharedBools<'a> {
+pub(crate) struct SharedBools<'a> {
     ptr: *mut bool,
     len: usize,
     _buffer: PhantomData<&'a mut [bool]>,
@@ -97,7 +97,7 @@ unsafe impl Send for SharedBools<'_> {}
 
 impl<'a> SharedBools<'a> {
     /// Flags written into `out`.
-    pub(super) fn new(out: &'a mut [bool]) -> Self {
+    pub(crate) fn new(out: &'a mut [bool]) -> Self {
         SharedBools {
             ptr: out.as_mut_ptr(),
             len: out.len(),
@@ -110,7 +110,7 @@ impl<'a> SharedBools<'a> {
     /// # Safety
     /// No other thread may write or read flag `i` during the call (each
     /// position belongs to one shard task).
-    pub(super) unsafe fn set(&self, i: usize, value: bool) {
+    pub(crate) unsafe fn set(&self, i: usize, value: bool) {
         assert!(i < self.len, "flag out of range");
         // SAFETY: in bounds by the assert; the buffer outlives `'a` (type
         // invariant); exclusive by this function's contract.

@@ -10,10 +10,9 @@
 
 use std::fs::{File, OpenOptions};
 use std::io;
-use std::path::Path;
-
 #[cfg(unix)]
 use std::os::unix::fs::OpenOptionsExt;
+use std::path::Path;
 
 /// The flags every open of a file inside a checkpoint directory takes.
 #[cfg(unix)]

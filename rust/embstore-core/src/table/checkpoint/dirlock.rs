@@ -18,14 +18,13 @@
 //! symbolic link) is refused, never opened blocking, followed or created
 //! through ([`super::untrusted`]).
 
+use crate::error::{Result, ckpt_err};
+use crate::table::checkpoint::untrusted;
 use std::fs::File;
 use std::path::{Path, PathBuf};
 
-use super::untrusted;
-use crate::error::{Result, ckpt_err};
-
 /// The readers' lock file inside a checkpoint directory.
-pub const READERS_LOCK: &str = ".embstore-lock";
+pub(crate) const READERS_LOCK: &str = ".embstore-lock";
 
 /// A held lock; dropping it releases the lock.
 #[derive(Debug)]
@@ -55,7 +54,7 @@ impl Drop for DirLock {
 ///
 /// # Errors
 /// `Checkpoint` when the directory cannot be opened or locked.
-pub fn writer(dir: &Path) -> Result<DirLock> {
+pub(crate) fn writer(dir: &Path) -> Result<DirLock> {
     let f = untrusted::open_dir(dir)
         .map_err(|e| ckpt_err(dir, format!("cannot open the directory: {e}")))?;
     f.lock()
@@ -76,7 +75,7 @@ pub fn writer(dir: &Path) -> Result<DirLock> {
 /// # Errors
 /// `Checkpoint` when the lock file is something other than a regular file
 /// or cannot be opened or locked.
-pub fn reader(dir: &Path) -> Result<Option<DirLock>> {
+pub(crate) fn reader(dir: &Path) -> Result<Option<DirLock>> {
     let path = dir.join(READERS_LOCK);
     let f = match untrusted::open_file(&path) {
         Ok(f) => f,
@@ -93,7 +92,7 @@ pub fn reader(dir: &Path) -> Result<Option<DirLock>> {
 
 /// Takes the readers' lock of `dir` exclusively if no reader holds it;
 /// `None` otherwise (or without a lock file that is a regular file).
-pub fn cleaner(dir: &Path) -> Option<DirLock> {
+pub(crate) fn cleaner(dir: &Path) -> Option<DirLock> {
     let f = untrusted::open_file(&dir.join(READERS_LOCK)).ok()?;
     f.try_lock().ok()?;
     Some(DirLock {

@@ -25,14 +25,13 @@
 //! float32's largest value absorbs that. The weight bound is measured, so
 //! it never lags.
 
-use std::sync::atomic::{AtomicU32, Ordering};
-
-use super::{Table, read};
 use crate::error::{Result, invalid};
 use crate::hash::{key_hash, shard_of};
 use crate::optim::Optimizer;
 use crate::policy::RowFormat;
 use crate::simd::Backend;
+use crate::table::{Table, read};
+use std::sync::atomic::{AtomicU32, Ordering};
 
 /// Predicted magnitudes up to this run a step in place. A trained row never
 /// comes near it; float32 overflows only at about 3.4e38, so the margin
@@ -419,7 +418,7 @@ impl Table {
 mod tests {
     use super::*;
     use crate::init::Initializer;
-    use crate::table::TableConfig;
+    use crate::table::{Table, TableConfig};
 
     /// A small deterministic generator (splitmix64) for the test's draws.
     struct Draw(u64);

@@ -25,7 +25,7 @@ fn locate(r: usize) -> (usize, usize) {
 /// shard's index only; each row keeps the 32 hash bits the index files its
 /// key under, so that the entry of a row can be found from the row.
 #[derive(Debug)]
-pub struct Arena {
+pub(crate) struct Arena {
     /// Floats of a row's weights.
     ww: usize,
     /// Floats of a row's optimizer state.
@@ -54,7 +54,7 @@ pub struct Arena {
 
 /// Memory for rows could not be allocated.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct OutOfMemory;
+pub(crate) struct OutOfMemory;
 
 impl From<std::collections::TryReserveError> for OutOfMemory {
     fn from(_: std::collections::TryReserveError) -> Self {
@@ -186,7 +186,7 @@ impl Column {
 impl Arena {
     /// An empty arena of rows of `ww` floats of weights and `sl` of
     /// optimizer state, with per-row [`Meta`] when `track`.
-    pub fn new(ww: usize, sl: usize, track: bool) -> Self {
+    pub(crate) fn new(ww: usize, sl: usize, track: bool) -> Self {
         Arena {
             ww,
             sl,
@@ -203,7 +203,7 @@ impl Arena {
 
     /// The metadata of row `r` (default when not tracked).
     #[inline]
-    pub fn meta(&self, r: usize) -> Meta {
+    pub(crate) fn meta(&self, r: usize) -> Meta {
         if !self.track {
             return Meta::default();
         }
@@ -216,14 +216,14 @@ impl Arena {
     /// # Panics
     /// If rows are not tracked or `r >= len`.
     #[inline]
-    pub fn meta_mut(&mut self, r: usize) -> &mut Meta {
+    pub(crate) fn meta_mut(&mut self, r: usize) -> &mut Meta {
         let (k, o) = locate(r);
         &mut self.meta[k][o]
     }
 
     /// Records `n` touches of row `r` (nothing when not tracked).
     #[inline]
-    pub fn touch(&mut self, r: usize, tick: u64, step: u64, n: u32) {
+    pub(crate) fn touch(&mut self, r: usize, tick: u64, step: u64, n: u32) {
         if self.track {
             self.meta_mut(r).touch(tick, step, n);
         }
@@ -231,19 +231,19 @@ impl Arena {
 
     /// Number of rows.
     #[inline]
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.len
     }
 
     /// Bytes of one row: hash bits, save generation, floats and metadata.
-    pub fn row_bytes(&self) -> usize {
+    pub(crate) fn row_bytes(&self) -> usize {
         let meta = if self.track { size_of::<Meta>() } else { 0 };
         4 + 4 + 4 * (self.ww + self.sl) + meta
     }
 
     /// Bytes of the rows stored, and of rows reserved (what is
     /// resident).
-    pub fn bytes(&self) -> usize {
+    pub(crate) fn bytes(&self) -> usize {
         self.len.max(self.reserved) * self.row_bytes()
     }
 
@@ -256,7 +256,7 @@ impl Arena {
     /// # Errors
     /// When the memory cannot be allocated; nothing was reserved then (the
     /// segments already added stay, empty).
-    pub fn reserve(&mut self, additional: usize) -> Result<(), OutOfMemory> {
+    pub(crate) fn reserve(&mut self, additional: usize) -> Result<(), OutOfMemory> {
         let target = self.len.saturating_add(additional);
         if target <= self.len.max(self.reserved) {
             return Ok(());
@@ -281,7 +281,7 @@ impl Arena {
     }
 
     /// Rows the allocated segments hold (stored and room for more).
-    pub fn room(&self) -> usize {
+    pub(crate) fn room(&self) -> usize {
         if self.hashes.is_empty() {
             0
         } else {
@@ -296,7 +296,7 @@ impl Arena {
     /// # Errors
     /// When the memory cannot be allocated; the segments added before the
     /// failure stay, empty.
-    pub fn ensure_segments(&mut self, target: usize) -> Result<(), OutOfMemory> {
+    pub(crate) fn ensure_segments(&mut self, target: usize) -> Result<(), OutOfMemory> {
         if target == 0 {
             return Ok(());
         }
@@ -338,7 +338,7 @@ impl Arena {
 
     /// The save generation in which row `r` last changed.
     #[inline]
-    pub fn generation(&self, r: usize) -> u32 {
+    pub(crate) fn generation(&self, r: usize) -> u32 {
         let (k, o) = locate(r);
         self.gens[k][o]
     }
@@ -348,7 +348,7 @@ impl Arena {
     /// # Panics
     /// If `r >= len`.
     #[inline]
-    pub fn hash32(&self, r: usize) -> u32 {
+    pub(crate) fn hash32(&self, r: usize) -> u32 {
         let (k, o) = locate(r);
         self.hashes[k][o]
     }
@@ -358,7 +358,7 @@ impl Arena {
     /// # Panics
     /// If `r >= len`.
     #[inline]
-    pub fn weights(&self, r: usize) -> &[f32] {
+    pub(crate) fn weights(&self, r: usize) -> &[f32] {
         let (k, o) = locate(r);
         self.weights.row(k, o)
     }
@@ -368,7 +368,7 @@ impl Arena {
     /// # Panics
     /// If `r >= len`.
     #[inline]
-    pub fn state(&self, r: usize) -> &[f32] {
+    pub(crate) fn state(&self, r: usize) -> &[f32] {
         let (k, o) = locate(r);
         self.state.row(k, o)
     }
@@ -380,7 +380,7 @@ impl Arena {
     /// # Panics
     /// If `r >= len`.
     #[inline]
-    pub fn row_to_change(&mut self, r: usize, g: u32) -> (&mut [f32], &mut [f32]) {
+    pub(crate) fn row_to_change(&mut self, r: usize, g: u32) -> (&mut [f32], &mut [f32]) {
         let (k, o) = locate(r);
         self.gens[k][o] = g;
         (self.weights.row_mut(k, o), self.state.row_mut(k, o))
@@ -389,7 +389,7 @@ impl Arena {
     /// Appends a row for the key whose hash has low bits `h32`, filled by
     /// `fill(weights, state)`, and returns its index.
     #[inline]
-    pub fn push(
+    pub(crate) fn push(
         &mut self,
         h32: u32,
         generation: u32,
@@ -417,7 +417,7 @@ impl Arena {
     ///
     /// # Panics
     /// If `r >= len`.
-    pub fn swap_remove(&mut self, r: usize) -> Option<u32> {
+    pub(crate) fn swap_remove(&mut self, r: usize) -> Option<u32> {
         assert!(r < self.len, "row {r} out of range {}", self.len);
         let last = self.len - 1;
         let moved = if r != last {

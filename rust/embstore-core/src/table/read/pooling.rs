@@ -1,0 +1,209 @@
+//! The pooling pass of a pooled lookup ([`Table::lookup_pooled_in`]): bags
+//! pooled in parallel in chunks of whole bags, each job holding the read
+//! locks of its shards and summing each bag's rows straight from them.
+
+use crate::Bags;
+use crate::hash::shard_of;
+use crate::simd::{copy_streaming, prefetch_addr, stream_fence};
+use crate::table::read::output::SharedOut;
+use crate::table::read::plan::{SEQUENTIAL_KEYS, prefetches};
+use crate::table::storage::shard::Shard;
+use crate::table::{Missing, NO_ROW, Table, read};
+use rayon::iter::{IntoParallelIterator, ParallelIterator};
+use std::ops::Range;
+use std::sync::RwLockReadGuard;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+
+/// Ids of one job of a pooled lookup's pooling pass
+/// ([`Table::lookup_pooled_in`]): whole bags of about this many ids, so
+/// that taking the job's shard read locks costs little against its work.
+pub(crate) const POOL_CHUNK_IDS: usize = 4096;
+
+/// Shard read locks a pooling pass holds ([`Table::hold`]): per shard, its
+/// guard if the pass reads it, and whether it removed rows since the lookup
+/// pass found them (its ids are then probed again).
+pub(crate) struct Held<'t> {
+    guards: Vec<Option<RwLockReadGuard<'t, Shard>>>,
+    stale: Vec<bool>,
+}
+
+/// What every pooling job of one [`Table::lookup_pooled_in`] shares.
+pub(crate) struct Pooling<'a> {
+    /// The call's ids (all its features', back to back) and their hashes.
+    pub(crate) ids: &'a [i64],
+    pub(crate) hashes: &'a [u64],
+    /// Each id's row as the lookup pass found it (`NO_ROW`: none), stored
+    /// by that pass's shard jobs.
+    pub(crate) row_of: &'a [AtomicU32],
+    /// Each shard's removal count when the lookup pass found its rows.
+    pub(crate) removals: &'a [u64],
+    /// Each id's coefficient in its bag.
+    pub(crate) coef: &'a [f32],
+    pub(crate) missing: Missing<'a>,
+    /// Set where pooling overflowed float32.
+    pub(crate) overflow: &'a AtomicBool,
+}
+
+/// How many ids ahead a pooling pass prefetches the first cache line of
+/// a row (the CPU's own prefetchers fetch the lines after it as the row
+/// is read). Measured on the 2-core AMD EPYC VM (1.7M ids, 2M-row Adam
+/// table, dim 64, the variants alternated in one process, 12 to 20
+/// rounds): against every line of the row 8 ids ahead, 26 ids a bag took
+/// a median 105 ms against 116 (best 62 against 75), 4 ids a bag 150
+/// against 175, 100 ids a bag 129 against 132 (perf had put most of the
+/// loop's time on its prefetch instructions: the core's queue of misses
+/// full). A likely reason: random rows of a large table miss the TLB as
+/// well as the cache, and fewer prefetches a row queue fewer page walks.
+pub(crate) const POOL_PREFETCH_AHEAD: usize = 16;
+
+impl Table {
+    /// Pools the bags of one feature (its ids start at `base` of the
+    /// call's ids) into `out`, in parallel over chunks of bags, each job
+    /// holding its own shard read locks; see [`Table::lookup_pooled_in`].
+    pub(crate) fn pool_bags(
+        &self,
+        bags: &Bags<'_>,
+        base: usize,
+        pool: &Pooling<'_>,
+        out: SharedOut,
+    ) {
+        let batch = bags.batch();
+        let per_bag = (bags.ids.len() / batch.max(1)).max(1);
+        let chunk = (POOL_CHUNK_IDS / per_bag).max(1);
+        (0..batch.div_ceil(chunk)).into_par_iter().for_each(|c| {
+            let range = c * chunk..((c + 1) * chunk).min(batch);
+            let ids =
+                bags.offsets[range.start] as usize + base..bags.offsets[range.end] as usize + base;
+            let held = self.hold(pool, ids);
+            self.pool_chunk(bags, base, range, pool, out, &held);
+        });
+    }
+
+    /// The read locks of the shards that the call's ids `ids` live in,
+    /// taken in index order, and which of them removed rows since the
+    /// lookup pass.
+    pub(crate) fn hold(&self, pool: &Pooling<'_>, ids: Range<usize>) -> Held<'_> {
+        let ns = self.shards.len();
+        let mut need = vec![false; ns];
+        for &h in &pool.hashes[ids] {
+            need[shard_of(h, ns)] = true;
+        }
+        let guards: Vec<Option<RwLockReadGuard<'_, Shard>>> = need
+            .iter()
+            .zip(self.shards.iter())
+            .map(|(&need, lock)| need.then(|| read(lock)))
+            .collect();
+        let stale = guards
+            .iter()
+            .zip(pool.removals)
+            .map(|(g, &r)| g.as_ref().is_some_and(|g| g.removals != r))
+            .collect();
+        Held { guards, stale }
+    }
+
+    /// Pools bags `range` of one feature (ids from `base` of the call's)
+    /// under `held`, the read locks of the shards their ids live in.
+    pub(crate) fn pool_chunk(
+        &self,
+        bags: &Bags<'_>,
+        base: usize,
+        range: Range<usize>,
+        pool: &Pooling<'_>,
+        out: SharedOut,
+        held: &Held<'_>,
+    ) {
+        let (dim, ns) = (self.dim, self.shards.len());
+        if range.is_empty() {
+            return;
+        }
+        let end = bags.offsets[range.end] as usize + base;
+        let Held { guards, stale } = held;
+        // The row of position i in its (locked) shard, or NO_ROW.
+        let locate = |i: usize| -> (&Shard, u32) {
+            let s = shard_of(pool.hashes[i], ns);
+            let g = guards[s]
+                .as_deref()
+                .expect("every shard of the chunk's ids is locked");
+            let r = if stale[s] {
+                g.find(pool.ids[i], pool.hashes[i])
+                    .map_or(NO_ROW, |r| r as u32)
+            } else {
+                pool.row_of[i].load(Ordering::Relaxed)
+            };
+            (g, r)
+        };
+        // First each id's row (None: not held), then the sums: the summing
+        // loop, bound by row fetches, runs no bookkeeping between them.
+        let start = bags.offsets[range.start] as usize + base;
+        let rows: Vec<Option<&[f32]>> = (start..end)
+            .map(|i| {
+                let (g, r) = locate(i);
+                (r != NO_ROW).then(|| g.arena.weights(r as usize))
+            })
+            .collect();
+        let stream = out.streams();
+        let ahead = prefetches(pool.ids.len(), SEQUENTIAL_KEYS);
+        let mut tmp = vec![0.0f32; dim];
+        // A bag of several ids is summed here, in cache, when the output
+        // streams, and written once with non-temporal stores: its output
+        // line is then never read into cache.
+        let mut sum = vec![0.0f32; if stream { dim } else { 0 }];
+        for b in range {
+            let ids = bags.range(b);
+            let (lo, hi) = (ids.start + base, ids.end + base);
+            let buffered = stream && hi - lo > 1;
+            let d: &mut [f32] = if buffered {
+                &mut sum
+            } else {
+                // SAFETY: each bag's output row is written by this chunk only.
+                unsafe { out.row(b, dim) }
+            };
+            for i in lo..hi {
+                if ahead && let Some(Some(r)) = rows.get(i + POOL_PREFETCH_AHEAD - start) {
+                    prefetch_addr(r.as_ptr() as usize);
+                }
+                let x = match rows[i - start] {
+                    Some(r) => self.weights(r, &mut tmp),
+                    None => {
+                        self.fill_missing(pool.ids[i], &mut tmp, pool.missing);
+                        &tmp[..]
+                    }
+                };
+                let c = pool.coef[i];
+                if i > lo {
+                    self.backend.axpy(d, c, x);
+                } else if c != 1.0 {
+                    d.copy_from_slice(x);
+                    self.backend.scale(d, c);
+                } else if stream && hi - lo == 1 {
+                    copy_streaming(d, x);
+                } else {
+                    d.copy_from_slice(x);
+                }
+            }
+            if lo == hi {
+                d.fill(0.0);
+            } else if (hi - lo > 1 || pool.coef[lo] != 1.0) && !all_finite(d) {
+                // A copied row is finite already; a scaled or summed one
+                // is checked while it is in cache.
+                pool.overflow.store(true, Ordering::Relaxed);
+            }
+            if buffered {
+                // SAFETY: each bag's output row is written by this chunk
+                // only, and `d` (the sum) no longer borrows anything.
+                copy_streaming(unsafe { out.row(b, dim) }, &sum);
+            }
+        }
+        if stream {
+            stream_fence();
+        }
+    }
+}
+
+/// Whether every value of `v` is finite (a branch-free scan that vectorizes).
+#[inline]
+fn all_finite(v: &[f32]) -> bool {
+    v.iter()
+        .fold(0u32, |acc, x| acc.max(x.to_bits() & 0x7FFF_FFFF))
+        < 0x7F80_0000
+}

@@ -1,0 +1,35 @@
+//! Where rows live: shards (an index of keys to row numbers and an arena of
+//! rows each), the arena's segments and pages, and the shard locks.
+
+pub(crate) mod arena;
+pub(crate) mod pages;
+pub(crate) mod shard;
+
+use std::sync::{PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
+
+pub(crate) use shard::Shard;
+
+/// A shard's read lock (a poisoned lock is taken as the others are).
+pub(crate) fn read(lock: &RwLock<Shard>) -> RwLockReadGuard<'_, Shard> {
+    lock.read().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// A shard's read lock if it is free now (`None` instead of waiting).
+pub(crate) fn try_read(lock: &RwLock<Shard>) -> Option<RwLockReadGuard<'_, Shard>> {
+    try_lock(lock.try_read())
+}
+
+/// The guard of a `try_read`/`try_write`/`try_lock` if the lock was free
+/// (`None` instead of waiting; a poisoned lock is taken as the others are).
+pub(crate) fn try_lock<G>(r: std::sync::TryLockResult<G>) -> Option<G> {
+    match r {
+        Ok(g) => Some(g),
+        Err(std::sync::TryLockError::Poisoned(p)) => Some(p.into_inner()),
+        Err(std::sync::TryLockError::WouldBlock) => None,
+    }
+}
+
+/// A shard's write lock (a poisoned lock is taken as the others are).
+pub(crate) fn write(lock: &RwLock<Shard>) -> RwLockWriteGuard<'_, Shard> {
+    lock.write().unwrap_or_else(PoisonError::into_inner)
+}
