@@ -105,14 +105,15 @@ def as_keys(keys: Any, arg: str = "keys") -> npt.NDArray[np.int64]:
     return np.ascontiguousarray(arr, dtype=np.int64)
 
 
+def ready_rows(a: Any, n: int, dim: int) -> TypeGuard[npt.NDArray[np.float32]]:
+    """Whether ``a`` is already what :func:`as_rows` returns for ``(n, dim)``
+    (then taken as it is)."""
+    return type(a) is _NDARRAY and a.dtype is _F32 and a.shape == (n, dim) and a.flags.c_contiguous
+
+
 def as_rows(values: Any, n: int, dim: int, arg: str) -> npt.NDArray[np.float32]:
     """Return ``values`` as a C-contiguous float32 array of shape (n, dim)."""
-    if (
-        type(values) is _NDARRAY
-        and values.dtype is _F32
-        and values.shape == (n, dim)
-        and values.flags.c_contiguous
-    ):
+    if ready_rows(values, n, dim):
         return values
     arr = np.asarray(host_array(values, arg))
     if arr.dtype.kind not in "fiu" or arr.dtype.kind == "b":

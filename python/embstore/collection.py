@@ -16,6 +16,8 @@ from embstore._convert import (
     check_bool,
     check_combiner,
     check_default,
+    ready_i64,
+    ready_rows,
 )
 from embstore.store import Table
 
@@ -142,19 +144,27 @@ class Collection:
             weights.append(w)
         return ids, offsets, weights, self._combiner_list, size or 0
 
-    def _split(self, batch: Batch) -> tuple[list[Any], list[Any]] | None:
-        """The ids and offsets of a batch given as a dict of exactly the
-        features, each an ``(ids, offsets)`` pair, taken as they are; None
-        for any other form. The native call then reads them if they are
-        1-D C-contiguous int64 arrays of one batch size and refuses them
-        otherwise (changing nothing), and the call converts and checks them
-        as usual: a small step pays for no conversion it does not need."""
+    def _split(self, batch: Batch) -> tuple[list[Any], list[Any], int] | None:
+        """The ids, offsets and batch size of a batch that needs no
+        conversion: a dict of exactly the features, each an ``(ids,
+        offsets)`` pair of 1-D C-contiguous int64 arrays, every feature of
+        one batch size. None for any other form, which :meth:`_args`
+        converts and checks: a small step pays for no conversion it does not
+        need, and each call still has one path."""
         if type(batch) is not dict or batch.keys() != self._features.keys():
             return None
-        entries = [batch[n] for n in self._features]
-        if not all(type(e) is tuple and len(e) == 2 for e in entries):
-            return None
-        return [e[0] for e in entries], [e[1] for e in entries]
+        ids, offsets = [], []
+        size = -1
+        for e in batch.values():
+            if not (type(e) is tuple and len(e) == 2 and ready_i64(e[0]) and ready_i64(e[1])):
+                return None
+            n = e[1].shape[0]
+            if n == 0 or (size >= 0 and n - 1 != size):
+                return None
+            size = n - 1
+            ids.append(e[0])
+            offsets.append(e[1])
+        return ids, offsets, size
 
     def _inners(self) -> list[Any]:
         return [t._inner for t in self._features.values()]
@@ -175,19 +185,16 @@ class Collection:
         flag = check_bool("insert", insert)
         split = self._split(batch)
         if split is not None:
-            try:
-                return _core.collection_lookup_pooled(
-                    self._inners(),
-                    split[0],
-                    split[1],
-                    self._no_weights,
-                    self._combiner_list,
-                    flag,
-                    self._names,
-                    mode,
-                )
-            except (TypeError, ValueError):
-                pass  # not readable as given, or bad: converted and checked below
+            return _core.collection_lookup_pooled(
+                self._inners(),
+                split[0],
+                split[1],
+                self._no_weights,
+                self._combiner_list,
+                flag,
+                self._names,
+                mode,
+            )
         ids, offsets, weights, combiners, _ = self._args(batch)
         return _core.collection_lookup_pooled(
             self._inners(), ids, offsets, weights, combiners, flag, self._names, mode
@@ -201,20 +208,17 @@ class Collection:
                 f"optimizer: the table of feature {self._untrained[0]!r} has no optimizer"
             )
         split = self._split(batch)
-        if split is not None and type(grads) is np.ndarray and grads.dtype == np.float32:
-            try:
-                _core.collection_apply_pooled_gradients(
-                    self._inners(),
-                    split[0],
-                    split[1],
-                    self._no_weights,
-                    self._combiner_list,
-                    grads,
-                    self._names,
-                )
-                return
-            except (TypeError, ValueError):
-                pass  # not readable as given, or bad: converted and checked below
+        if split is not None and ready_rows(grads, split[2], self._dim):
+            _core.collection_apply_pooled_gradients(
+                self._inners(),
+                split[0],
+                split[1],
+                self._no_weights,
+                self._combiner_list,
+                grads,
+                self._names,
+            )
+            return
         ids, offsets, weights, combiners, size = self._args(batch)
         g = as_rows(grads, size, self._dim, "grads")
         _core.collection_apply_pooled_gradients(

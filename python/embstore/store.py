@@ -22,13 +22,13 @@ from embstore._convert import (
     check_int,
     check_name,
     like,
+    ready_i64,
+    ready_rows,
 )
 from embstore._progress import run_with_progress
 from embstore.init import Initializer, Uniform
 from embstore.optim import Optimizer
 from embstore.policy import Admission
-
-_NDARRAY = np.ndarray
 
 if TYPE_CHECKING:
     import torch
@@ -340,18 +340,17 @@ class Table:
         ``"zeros"``, or a given row (``dim`` finite floats), e.g. the mean
         row for unseen ids at evaluation.
         """
-        if type(keys) is _NDARRAY and type(default) is str:
-            # Small calls pay for every check: arrays go to the native call
-            # as given, which takes int64 1-D C-contiguous keys, a flag and a
-            # default's name, and refuses anything else with nothing changed;
-            # the checked path below then converts it or names the problem.
-            try:
-                return self._inner.lookup(keys, insert, default, None)
-            except (TypeError, ValueError):
-                pass
-        k = as_keys(keys)
-        mode, row = check_default(default, self.dim)
-        return like(keys, self._inner.lookup(k, check_bool("insert", insert), mode, row))
+        # One path for every input; a small call pays for every check, so the
+        # common case (an int64 NumPy array, a flag, a default's name) is
+        # recognised inline and the rest converted and checked.
+        k = keys if ready_i64(keys) else as_keys(keys)
+        if insert is not True and insert is not False:
+            insert = check_bool("insert", insert)
+        if default == "init" if type(default) is str else False:
+            out = self._inner.lookup(k, insert, "init", None)
+        else:
+            out = self._inner.lookup(k, insert, *check_default(default, self.dim))
+        return out if type(keys) is np.ndarray else like(keys, out)
 
     @overload
     def contains(self, keys: torch.Tensor) -> torch.Tensor: ...
@@ -403,14 +402,9 @@ class Table:
         part of one step itself: the step number from :meth:`take_step`, at
         which these rows are updated; :attr:`step` does not move.
         """
-        if step is None and type(keys) is _NDARRAY and type(grads) is _NDARRAY:
-            try:  # as given, else checked below (see lookup)
-                self._inner.apply_gradients(keys, grads)
-                return
-            except (TypeError, ValueError):
-                pass
-        k = as_keys(keys)
-        g = as_rows(grads, k.shape[0], self.dim, "grads")
+        k = keys if ready_i64(keys) else as_keys(keys)
+        n = k.shape[0]
+        g = grads if ready_rows(grads, n, self.dim) else as_rows(grads, n, self.dim, "grads")
         if step is None:
             self._inner.apply_gradients(k, g)
         else:
@@ -489,19 +483,21 @@ class Table:
         """
         if (
             weights is None
-            and type(ids) is _NDARRAY
-            and type(offsets) is _NDARRAY
             and type(combiner) is str
-            and type(default) is str
+            and ready_i64(ids)
+            and ready_i64(offsets)
+            and offsets.shape[0]
         ):
-            try:  # as given, else checked below (see lookup)
-                return self._inner.lookup_pooled(ids, offsets, None, combiner, insert, default)
-            except (TypeError, ValueError):
-                pass
-        i, o, w, c = as_bags(ids, offsets, weights, combiner)
-        mode, row = check_default(default, self.dim)
-        out = self._inner.lookup_pooled(i, o, w, c, check_bool("insert", insert), mode, row)
-        return like(ids, out)
+            i, o, w, c = ids, offsets, None, combiner  # the native call checks the name
+        else:
+            i, o, w, c = as_bags(ids, offsets, weights, combiner)
+        if insert is not True and insert is not False:
+            insert = check_bool("insert", insert)
+        if default == "init" if type(default) is str else False:
+            out = self._inner.lookup_pooled(i, o, w, c, insert, "init", None)
+        else:
+            out = self._inner.lookup_pooled(i, o, w, c, insert, *check_default(default, self.dim))
+        return out if type(ids) is np.ndarray else like(ids, out)
 
     def apply_pooled_gradients(
         self,
@@ -520,18 +516,16 @@ class Table:
         """
         if (
             weights is None
-            and type(ids) is _NDARRAY
-            and type(offsets) is _NDARRAY
-            and type(grads) is _NDARRAY
             and type(combiner) is str
+            and ready_i64(ids)
+            and ready_i64(offsets)
+            and offsets.shape[0]
         ):
-            try:  # as given, else checked below (see lookup)
-                self._inner.apply_pooled_gradients(ids, offsets, grads, None, combiner)
-                return
-            except (TypeError, ValueError):
-                pass
-        i, o, w, c = as_bags(ids, offsets, weights, combiner)
-        g = as_rows(grads, o.shape[0] - 1 if o.shape[0] else 0, self.dim, "grads")
+            i, o, w, c = ids, offsets, None, combiner  # the native call checks the name
+        else:
+            i, o, w, c = as_bags(ids, offsets, weights, combiner)
+        b = o.shape[0] - 1
+        g = grads if ready_rows(grads, b, self.dim) else as_rows(grads, b, self.dim, "grads")
         self._inner.apply_pooled_gradients(i, o, g, w, c)
 
     @overload

@@ -8,7 +8,7 @@ use numpy::{PyArray2, PyArrayMethods, PyReadonlyArray1, PyReadonlyArray2};
 use pyo3::exceptions::{PyMemoryError, PyValueError};
 use pyo3::prelude::*;
 
-use crate::convert::EnterStore;
+use crate::runtime::EnterStore;
 use crate::store::{PyTable, bags};
 
 type Ids<'py> = Vec<PyReadonlyArray1<'py, i64>>;

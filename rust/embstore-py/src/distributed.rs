@@ -14,8 +14,8 @@ use numpy::{
 };
 use pyo3::prelude::*;
 
-use crate::convert::EnterStore;
 use crate::error::PyStoreError;
+use crate::runtime::EnterStore;
 use crate::store::{PyProgress, PyTable, bags, slice, slice2};
 
 fn partition(kind: &str, key_space: Option<i64>) -> PyResult<Partition> {

@@ -7,6 +7,7 @@ mod convert;
 mod distributed;
 mod error;
 mod outbuf;
+mod runtime;
 mod store;
 mod strings;
 
@@ -141,7 +142,7 @@ mod _core {
     /// read natively, with the loader's checks and size limit.
     #[pyfunction]
     fn checkpoint_size(py: Python<'_>, path: std::path::PathBuf) -> PyResult<(u64, u64)> {
-        use crate::convert::EnterStore;
+        use crate::runtime::EnterStore;
         py.enter_store(|| {
             embstore_core::table::checkpoint::read_manifest(&path)
                 .map(|m| (m.total_bytes(), m.rows))
@@ -190,14 +191,14 @@ mod _core {
     /// Number of threads of the native pool.
     #[pyfunction]
     fn num_threads() -> PyResult<usize> {
-        crate::convert::in_pool(rayon::current_num_threads).map_err(crate::convert::no_pool)
+        crate::runtime::in_pool(rayon::current_num_threads).map_err(crate::runtime::no_pool)
     }
 
     #[pymodule_init]
     fn init(m: &Bound<'_, PyModule>) -> PyResult<()> {
-        crate::convert::PARENT_PID.get_or_init(std::process::id);
-        crate::convert::install_fork_handlers();
-        crate::convert::start_global_pool()?;
+        crate::runtime::PARENT_PID.get_or_init(std::process::id);
+        crate::runtime::install_fork_handlers();
+        crate::runtime::start_global_pool()?;
         m.add("__version__", env!("CARGO_PKG_VERSION"))?;
         Ok(())
     }

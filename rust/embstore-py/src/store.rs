@@ -24,8 +24,8 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
-use crate::convert::EnterStore;
 use crate::error::PyStoreError;
+use crate::runtime::EnterStore;
 use embstore_core::table::checkpoint;
 use embstore_core::zeroed::zeros;
 
@@ -357,11 +357,11 @@ impl PyTable {
             let dst = rw.as_slice_mut()?;
             // A small lookup runs at once, with the GIL held, when it need
             // not wait for any lock.
-            let done =
-                crate::convert::now(|| table.try_lookup_now(k, insert, missing, dst))?.is_some();
-            if !done {
-                py.enter_store(|| table.lookup_or(k, insert, missing, dst))?;
-            }
+            py.enter_store_now(
+                dst,
+                |dst| table.try_lookup_now(k, insert, missing, dst),
+                |dst| table.lookup_or(k, insert, missing, dst),
+            )?;
         }
         Ok(out)
     }

@@ -8,7 +8,7 @@ use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyList, PyString};
 
-use crate::convert::EnterStore;
+use crate::runtime::EnterStore;
 
 /// An output vector of `n` keys, or MemoryError.
 fn keys_out(n: usize) -> PyResult<Vec<i64>> {

@@ -146,7 +146,7 @@ pub struct Table {
     /// moves it on (incremental checkpoints write the rows of one generation).
     generation: AtomicU32,
     /// Where this table was last saved (incremental saves continue there).
-    last_save: checkpoint::LastSave,
+    last_save: checkpoint::manifest::LastSave,
     /// The last lookup's rows, for the gradient call that follows it.
     memo: std::sync::Mutex<Option<Memo>>,
     /// Bounds on the magnitudes the rows hold (see `bounds`).

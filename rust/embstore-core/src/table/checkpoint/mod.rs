@@ -29,6 +29,9 @@ pub(crate) mod untrusted;
 pub use dirlock::DirLock;
 pub use files::new_id;
 pub use load::{FileCheck, verify};
-pub use manifest::*;
+pub use manifest::{
+    FORMAT, FileEntry, Link, MANIFEST, Manifest, NamedConfig, PolicyConfig, SaveInfo, VERSION,
+    parse_manifest, read_manifest, read_manifest_text,
+};
 pub use publish::{hold_for_reading, lock_for_writing, publish_parts, remove_partial};
 pub use report::{Report, report};
