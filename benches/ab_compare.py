@@ -20,7 +20,7 @@ import numpy as np
 
 import embstore
 from embstore import optim
-from embstore.bench import _best
+from embstore.bench._timing import _best
 
 
 def best_ms(f: Callable[[], object], reps: int = 3) -> float:

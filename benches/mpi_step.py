@@ -19,7 +19,7 @@ from mpi4py import MPI
 
 from embstore import _core, optim
 from embstore.demo import FIELDS, make_data
-from embstore.distributed import Collection, ShardedTable
+from embstore.distributed import ShardedCollection, ShardedTable
 
 
 def main() -> None:
@@ -31,7 +31,7 @@ def main() -> None:
     rank, size = comm.Get_rank(), comm.Get_size()
     dim = 9
     table = ShardedTable(dim, optimizer=optim.Adagrad(lr=0.05))
-    coll = Collection({f"C{f}": table for f in range(FIELDS)})
+    coll = ShardedCollection({f"C{f}": table for f in range(FIELDS)})
     data = make_data(a.batch * a.steps, seed=100 + rank)  # each rank its own samples
     offsets = np.arange(a.batch + 1, dtype=np.int64)
     times, sent, received, model = [], [], [], []

@@ -16,7 +16,8 @@ import numpy as np
 
 import embstore
 from embstore import optim
-from embstore.bench import _per_call_us, serving_calls_per_s
+from embstore.bench._timing import _per_call_us
+from embstore.bench.small import serving_calls_per_s
 
 
 def main() -> None:

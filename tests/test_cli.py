@@ -26,6 +26,10 @@ def test_bench_quick_runs_and_reports_every_measure() -> None:
     for measure in ("torch.index_select", "SparseAdam", "new keys", "2 threads", "resident"):
         assert measure in out
     assert "lookup result equal to torch.index_select: True" in out
+    # A --quick run is not at the sizes the targets are for: none is judged.
+    assert "Targets not judged: they are for vocab 2,000,000" in out
+    assert ">= 8x: not judged |" in out
+    assert ": met |" not in out
     # The small-call section: a row per key count, and the serving threads.
     for keys in ("| 1 |", "| 16 |", "| 128 |", "| 1,024 |", "| 16,384 |"):
         assert keys in out

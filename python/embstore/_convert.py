@@ -8,8 +8,10 @@ before any native call, so a refused call changes nothing.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields
+from types import ModuleType
 from typing import Any, ClassVar, Literal, TypeAlias, TypeGuard
 
+import array_api_compat
 import numpy as np
 import numpy.typing as npt
 
@@ -259,3 +261,22 @@ def check_default(default: Any, dim: int | None) -> tuple[str, npt.NDArray[np.fl
     if not np.isfinite(r).all():
         raise ValueError("default: expected finite values (as float32)")
     return "row", r
+
+
+def to_host(xp: ModuleType, x: Any) -> np.ndarray:
+    """A NumPy copy (or view) of device array ``x``."""
+    if array_api_compat.is_numpy_namespace(xp):
+        return np.asarray(x)
+    if array_api_compat.is_cupy_namespace(xp):
+        return np.asarray(x.get())
+    if array_api_compat.is_torch_namespace(xp):
+        return np.asarray(x.detach().cpu().numpy())
+    return np.from_dlpack(x)
+
+
+def to_numpy(x: Any) -> np.ndarray:
+    """Any tier's output (NumPy, CuPy, torch, array-api-strict...) as a
+    C-contiguous NumPy array, copied to the host when it lives elsewhere."""
+    if isinstance(x, np.ndarray):
+        return np.ascontiguousarray(x)
+    return np.ascontiguousarray(to_host(array_api_compat.array_namespace(x), x))

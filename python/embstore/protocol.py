@@ -7,13 +7,14 @@
 is the one way to stack the tiers: a :class:`DeviceCache` is built on a
 :class:`StateTier` (a Table), and a :class:`ShardedTable` on a
 :class:`LocalTier` (a Table, or a DeviceCache over one), through these
-protocols alone. Each is ``runtime_checkable`` and checked by mypy.
+protocols alone. Each is ``runtime_checkable``; mypy checks that every
+tier implements its protocol (``embstore/_tiers.py``, never imported).
 """
 
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 __all__ = ["BatchTier", "LocalTier", "StateTier"]
 
@@ -57,6 +58,8 @@ class LocalTier(BatchTier, Protocol):
 
     def config(self) -> dict[str, Any]: ...
     def evict(self, *, with_rows: bool) -> Any: ...
+    def new_checkpoint_id(self) -> str: ...
+    def remove_part(self, path: str | os.PathLike[str], part: str) -> None: ...
     def save_part(
         self, path: str | os.PathLike[str], part: str, *, with_optimizer: bool = True
     ) -> str: ...
@@ -94,12 +97,3 @@ class StateTier(LocalTier, Protocol):
     def write_back(self, keys: Any, rows: Any, state: Any) -> None: ...
     def take_step(self) -> int: ...
     def apply_gradients(self, keys: Any, grads: Any, *, step: int | None = None) -> None: ...
-
-
-if TYPE_CHECKING:  # mypy checks that each tier implements its protocol
-    from embstore.distributed.mpi import ShardedTable
-    from embstore.gpu.cache import DeviceCache
-    from embstore.store import Table
-
-    def _tiers(t: Table, c: DeviceCache, s: ShardedTable) -> tuple[StateTier, LocalTier, BatchTier]:
-        return t, c, s

@@ -13,7 +13,7 @@ from mpi4py import MPI
 
 import embstore
 from embstore import optim
-from embstore.distributed import Collection, ShardedTable
+from embstore.distributed import ShardedCollection, ShardedTable
 from embstore.gpu import DeviceCache
 
 COMM = MPI.COMM_WORLD
@@ -122,7 +122,9 @@ def test_sharded_training_equals_one_table_on_the_union(
 def test_collection_over_shared_sharded_tables_steps_once() -> None:
     users = ShardedTable(4, optimizer=optim.Adam(lr=0.05), seed=1)
     items = ShardedTable(3, optimizer=optim.Adagrad(lr=0.1), seed=2)
-    coll = Collection({"user": users, "item": items, "hist": items}, combiners={"hist": "mean"})
+    coll = ShardedCollection(
+        {"user": users, "item": items, "hist": items}, combiners={"hist": "mean"}
+    )
     ref_u = embstore.Table(4, optimizer=optim.Adam(lr=0.05), seed=1)
     ref_i = embstore.Table(3, optimizer=optim.Adagrad(lr=0.1), seed=2)
     for step in range(5):

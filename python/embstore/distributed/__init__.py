@@ -7,6 +7,15 @@ Importing this package does not import mpi4py; building a
 
 from __future__ import annotations
 
-from embstore.distributed.mpi import Collection, ShardedTable
+from typing import Any
 
-__all__ = ["Collection", "ShardedTable"]
+from embstore.distributed import mpi
+from embstore.distributed.mpi import ShardedCollection, ShardedTable
+
+__all__ = ["ShardedCollection", "ShardedTable"]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "Collection":  # the old name of ShardedCollection, deprecated
+        return mpi.__getattr__(name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

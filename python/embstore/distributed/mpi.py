@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from embstore import _core
+from embstore import ops
 from embstore._convert import (
     as_bags,
     as_keys,
@@ -38,15 +38,15 @@ from embstore._convert import (
     check_combiner,
     check_int,
     check_name,
+    to_numpy,
 )
 from embstore._deps import require
 from embstore.collection import feature_entry
 from embstore.exceptions import CheckpointError
-from embstore.gpu import to_numpy
 from embstore.protocol import LocalTier
 from embstore.store import Table, next_seed
 
-__all__ = ["Collection", "ShardedTable"]
+__all__ = ["ShardedCollection", "ShardedTable"]
 
 
 def _check_timeout(value: Any, arg: str) -> float:
@@ -346,7 +346,7 @@ class ShardedTable:
     # -- exchange -----------------------------------------------------------------
 
     def _owners(self, keys: npt.NDArray[np.int64]) -> npt.NDArray[np.int32]:
-        return _core.partition_owners(keys, self.size, self.partition, self.key_space)
+        return ops.partition_owners(keys, self.size, self.partition, self.key_space)
 
     def _alltoallv(
         self, send: np.ndarray, send_counts: np.ndarray, recv_counts: np.ndarray, width: int
@@ -477,7 +477,7 @@ class ShardedTable:
             uniq, inv = np.unique(k, return_inverse=True)
             self._owners(uniq)
             offsets = np.arange(len(k) + 1, dtype=np.int64)
-            summed = _core.spread_pooled(g, inv.astype(np.int64), offsets, len(uniq))
+            summed = ops.spread_pooled(g, inv.astype(np.int64), offsets, len(uniq))
             return uniq, summed
 
         uniq, summed = self._prepare("apply_gradients", prep)
@@ -486,7 +486,7 @@ class ShardedTable:
 
     def _bags(self, ids: Any, offsets: Any, weights: Any, combiner: str) -> tuple[Any, ...]:
         i, o, w, c = as_bags(ids, offsets, weights, combiner)
-        batch = _core.check_bags(i, o, w, c)
+        batch = ops.check_bags(i, o, w, c)
         uniq, inv = np.unique(i, return_inverse=True)
         self._owners(uniq)
         return i, o, w, c, batch, uniq, inv.astype(np.int64)
@@ -509,7 +509,7 @@ class ShardedTable:
         )
         with self._watch("lookup_pooled"):
             rows = self._fetch_unique(uniq, ins)
-        return _core.pool_rows(rows, inv, o, w, c)
+        return ops.pool_rows(rows, inv, o, w, c)
 
     def apply_pooled_gradients(
         self, ids: Any, offsets: Any, grads: Any, *, combiner: str = "sum", weights: Any = None
@@ -525,7 +525,7 @@ class ShardedTable:
             g = as_rows(grads, batch, self.dim, "grads")
             if not np.isfinite(g).all():
                 raise ValueError("grads: expected only finite values")
-            return uniq, _core.spread_pooled(g, inv, o, len(uniq), w, c)
+            return uniq, ops.spread_pooled(g, inv, o, len(uniq), w, c)
 
         uniq, summed = self._prepare("apply_pooled_gradients", prep)
         with self._watch("apply_pooled_gradients"):
@@ -590,7 +590,7 @@ class ShardedTable:
             lambda r: (("path", r[0]), ("with_optimizer", r[1])),
         )
         with self._watch("save"):
-            ckpt_id = self.comm.bcast(_core.new_checkpoint_id() if self.rank == 0 else None)
+            ckpt_id = self.comm.bcast(self.local.new_checkpoint_id() if self.rank == 0 else None)
             part: str | None = None
             error = None
             try:
@@ -620,7 +620,7 @@ class ShardedTable:
             manifest = self.comm.bcast(manifest, root=0)
         if outcome:
             # Nothing was published: each rank removes what it wrote.
-            _core.remove_unpublished(where, f"{ckpt_id}-r{self.rank:04d}")
+            self.local.remove_part(where, f"{ckpt_id}-r{self.rank:04d}")
             raise CheckpointError(f"checkpoint {where}: not saved: {outcome}")
         assert manifest is not None
         return manifest
@@ -647,14 +647,14 @@ class ShardedTable:
         # none of that checkpoint's files while any rank holds the lock, so
         # the ranks agree on one checkpoint (not some the old, some the new).
         where = self._prepare("load", lambda: _fspath(path), lambda r: (("path", r),))
-        hold = self._prepare("load", lambda: _core.hold_directory(where))
+        hold = self._prepare("load", lambda: Table.hold_checkpoint(where))
         try:
             with self._watch("load"):
                 self.comm.Barrier()
                 text: tuple[str | None, str | None] | None = None
                 if self.rank == 0:
                     try:
-                        text = (_core.checkpoint_manifest_text(where), None)
+                        text = (Table.checkpoint_manifest(where), None)
                     except Exception as e:
                         text = (None, f"{type(e).__name__}: {e}")
                 manifest, refused = self.comm.bcast(text, root=0)
@@ -662,19 +662,15 @@ class ShardedTable:
                 raise CheckpointError(f"checkpoint {where}: rank 0 could not read it: {refused}")
 
             def prep() -> Table:
-                table = Table.__new__(Table)
-                inner = _core.load_table_owned(
+                return Table.load_owned(
                     where,
-                    self.size,
-                    self.rank,
-                    partition,
-                    key_space,
-                    num_shards,
-                    None,
-                    manifest,
+                    ranks=self.size,
+                    rank=self.rank,
+                    partition=partition,
+                    key_space=key_space,
+                    num_shards=num_shards,
+                    manifest=manifest,
                 )
-                table._adopt(inner)
-                return table
 
             local = self._prepare("load", prep)
         finally:
@@ -696,7 +692,7 @@ class ShardedTable:
         )
 
 
-class Collection:
+class ShardedCollection:
     """Grouped pooled features over sharded tables (features may share one).
 
     Each distinct table makes one exchange per call (its features' ids
@@ -781,7 +777,7 @@ class Collection:
         for t in {id(t): t for t in self._features.values()}.values():
             t._begin()
         ins, prep = first._prepare(
-            f"Collection({self._ids()}).lookup_pooled",
+            f"ShardedCollection({self._ids()}).lookup_pooled",
             lambda: (check_bool("insert", insert), self._prep(batch)),
             lambda r: (("insert", r[0]),),
         )
@@ -792,7 +788,7 @@ class Collection:
                 uniq, parts = prep[group[0]]
                 rows = table._fetch_unique(uniq, ins)
                 for name, (inv, o, w, c) in parts.items():
-                    pooled[name] = _core.pool_rows(rows, inv, o, w, c)
+                    pooled[name] = ops.pool_rows(rows, inv, o, w, c)
         return np.concatenate([pooled[n] for n in self._features], axis=1)
 
     def apply_pooled_gradients(self, batch: Mapping[str, tuple[Any, ...]], grads: Any) -> None:
@@ -810,7 +806,7 @@ class Collection:
                 raise ValueError("grads: expected only finite values")
             return p, g
 
-        p, g = first._prepare(f"Collection({self._ids()}).apply_pooled_gradients", prep)
+        p, g = first._prepare(f"ShardedCollection({self._ids()}).apply_pooled_gradients", prep)
         cols: dict[str, tuple[int, int]] = {}
         c0 = 0
         for name, t in self._features.items():
@@ -823,7 +819,21 @@ class Collection:
                 summed = np.zeros((len(uniq), table.dim), np.float32)
                 for name, (inv, o, w, c) in parts.items():
                     a, b = cols[name]
-                    summed += _core.spread_pooled(
+                    summed += ops.spread_pooled(
                         np.ascontiguousarray(g[:, a:b]), inv, o, len(uniq), w, c
                     )
                 table._push_unique(uniq, summed)
+
+
+def __getattr__(name: str) -> Any:
+    if name == "Collection":
+        import warnings
+
+        warnings.warn(
+            "embstore.distributed.Collection is now ShardedCollection (the old name goes "
+            "in the next release)",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return ShardedCollection
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -5,7 +5,7 @@ a cache would reach at each size on a recorded key stream."""
 
 from __future__ import annotations
 
-from embstore.gpu._xp import to_numpy
+from embstore._convert import to_numpy
 from embstore.gpu.cache import DeviceCache
 from embstore.gpu.curve import CacheCurve, cache_curve
 

@@ -14,6 +14,8 @@ import array_api_compat
 import array_api_extra as xpx
 import numpy as np
 
+from embstore._convert import to_host
+
 Array = Any
 
 
@@ -55,25 +57,6 @@ def namespace(xp: ModuleType | None) -> ModuleType:
 
 def is_numpy(xp: ModuleType) -> bool:
     return bool(array_api_compat.is_numpy_namespace(xp))
-
-
-def to_host(xp: ModuleType, x: Array) -> np.ndarray:
-    """A NumPy copy (or view) of device array ``x``."""
-    if is_numpy(xp):
-        return np.asarray(x)
-    if array_api_compat.is_cupy_namespace(xp):
-        return np.asarray(x.get())
-    if array_api_compat.is_torch_namespace(xp):
-        return np.asarray(x.detach().cpu().numpy())
-    return np.from_dlpack(x)
-
-
-def to_numpy(x: Any) -> np.ndarray:
-    """Any tier's output (NumPy, CuPy, torch, array-api-strict...) as a
-    C-contiguous NumPy array, copied to the host when it lives elsewhere."""
-    if isinstance(x, np.ndarray):
-        return np.ascontiguousarray(x)
-    return np.ascontiguousarray(to_host(array_api_compat.array_namespace(x), x))
 
 
 def to_device(xp: ModuleType, a: np.ndarray) -> Array:

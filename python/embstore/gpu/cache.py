@@ -27,6 +27,7 @@ import array_api_compat
 import numpy as np
 
 from embstore import _convert, _core
+from embstore._convert import to_host
 from embstore.gpu import _optim
 from embstore.gpu import _xp as X
 from embstore.protocol import StateTier
@@ -229,7 +230,7 @@ class DeviceCache:
                 f"{arg}: expected an array of the cache's namespace ({self.xp.__name__}) "
                 f"or NumPy, got one of {ns.__name__}"
             )
-        return X.to_host(self.xp, a)
+        return to_host(self.xp, a)
 
     def _keys(self, keys: Any, arg: str = "keys") -> tuple[np.ndarray, Array]:
         k = _convert.as_keys(self._host(keys, arg), arg)
@@ -252,7 +253,7 @@ class DeviceCache:
         return X.to_device(self.xp, a)
 
     def _d2h(self, a: Array) -> np.ndarray:
-        out = X.to_host(self.xp, a)
+        out = to_host(self.xp, a)
         self._stats["d2h_copies"] += 1
         self._stats["d2h_bytes"] += int(out.nbytes)
         return out
@@ -445,7 +446,7 @@ class DeviceCache:
     def _index_to_host(self, keys: Array) -> np.ndarray:
         """Keys the table must see (misses, evictions) on the host: index
         traffic, counted apart from the row copies."""
-        out = X.to_host(self.xp, keys)
+        out = to_host(self.xp, keys)
         self._stats["index_bytes"] += int(out.nbytes)
         return np.ascontiguousarray(out, dtype=np.int64)
 
@@ -634,7 +635,7 @@ class DeviceCache:
             xp = self.xp
             slots = xp.nonzero(self._used)[0]
             if int(slots.shape[0]):
-                keys = X.to_host(xp, xp.take(self._key, slots))
+                keys = to_host(xp, xp.take(self._key, slots))
                 packed = xp.concat(
                     [xp.take(self._rows, slots, axis=0), xp.take(self._state, slots, axis=0)],
                     axis=1,
@@ -653,6 +654,14 @@ class DeviceCache:
         """:meth:`flush`, then the table's :meth:`embstore.Table.save_part`."""
         self.flush()
         return self.table.save_part(path, part, with_optimizer=with_optimizer)
+
+    def new_checkpoint_id(self) -> str:
+        """The table's :meth:`embstore.Table.new_checkpoint_id`."""
+        return self.table.new_checkpoint_id()
+
+    def remove_part(self, path: str | os.PathLike[str], part: str) -> None:
+        """The table's :meth:`embstore.Table.remove_part`."""
+        self.table.remove_part(path, part)
 
     def publish_parts(
         self,

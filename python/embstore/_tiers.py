@@ -1,0 +1,16 @@
+"""For mypy only (never imported): every tier implements its protocol.
+
+Kept out of :mod:`embstore.protocol`, which the tiers import, so that no
+import circle exists, not even one of type-only imports.
+"""
+
+from __future__ import annotations
+
+from embstore.distributed.mpi import ShardedTable
+from embstore.gpu.cache import DeviceCache
+from embstore.protocol import BatchTier, LocalTier, StateTier
+from embstore.store import Table
+
+
+def _tiers(t: Table, c: DeviceCache, s: ShardedTable) -> tuple[StateTier, LocalTier, BatchTier]:
+    return t, c, s

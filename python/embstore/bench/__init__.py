@@ -1,0 +1,110 @@
+"""Peer comparison: embstore against what a user would otherwise use, in one
+process on one machine, reported as ratios.
+
+    python -m embstore bench            # full sizes (about 2 minutes on 2 cores)
+    python -m embstore bench --quick    # small sizes, a smoke run
+
+Peers: ``torch.index_select`` on a dense tensor and a Python dict of NumPy
+rows (lookup), ``torch.optim.SparseAdam`` (Adam step). Thread scaling and
+memory are measured in child processes (a fresh pool size, a fresh RSS).
+Small calls (1 to 16,384 keys: lookup, Adam step, pooled step; 1 and 4
+serving threads) are measured against np.take and a dict of rows.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from embstore._cli import Parser, positive_int, require
+from embstore.bench.bags import bag_lengths, report_bags
+from embstore.bench.checkpoint import checkpoint_compare, report_checkpoint
+from embstore.bench.collection import batch_sizes, report_batch_sizes
+from embstore.bench.policy import POLICIES, policy_costs, report_policies
+from embstore.bench.table import compare, core, memory, report
+
+__all__ = ["POLICIES", "main"]
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = Parser("python -m embstore bench", __doc__)
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="small sizes (vocab 50,000, batch 2,048, 200,000 memory rows, 2 reps): a smoke run",
+    )
+    p.add_argument("--vocab", type=positive_int, default=2_000_000, help="distinct ids per table")
+    p.add_argument("--batch", type=positive_int, default=65_536, help="samples per step")
+    p.add_argument(
+        "--fields", type=positive_int, default=26, help="features of the Collection step"
+    )
+    p.add_argument("--dim", type=positive_int, default=64, help="row width")
+    p.add_argument(
+        "--reps", type=positive_int, default=3, help="repetitions of each measure (best taken)"
+    )
+    p.add_argument(
+        "--mem-rows", type=positive_int, default=10_000_000, help="rows of the memory measure"
+    )
+    p.add_argument("--json", action="store_true", help="print the raw figures as JSON")
+    p.add_argument(
+        "--checkpoint",
+        action="store_true",
+        help="measure only checkpoint save/load against cp (needs ~3x the table's "
+        "size in free disk)",
+    )
+    p.add_argument(
+        "--checkpoint-rows",
+        type=positive_int,
+        default=10_000_000,
+        help="rows of the --checkpoint measure",
+    )
+    p.add_argument(
+        "--policy",
+        action="store_true",
+        help="measure only the cost of the memory policies' bookkeeping",
+    )
+    p.add_argument(
+        "--batch-sizes",
+        action="store_true",
+        help="measure only the Collection step at batch sizes 1 to --batch against NumPy",
+    )
+    p.add_argument(
+        "--bags",
+        action="store_true",
+        help="measure only pooled lookups of bags of 1, 4, 26 and 100 ids against torch",
+    )
+    p.add_argument(
+        "--dir", default=None, help="where the checkpoint benchmark writes (default: a temp dir)"
+    )
+    p.add_argument("--child", choices=["core", "memory"], help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if not (args.checkpoint or args.policy or args.child):
+        require(p, "torch", "torch", "the peer comparison")
+    if args.quick:
+        args.vocab, args.batch, args.mem_rows, args.reps = 50_000, 2_048, 200_000, 2
+    if args.checkpoint:
+        rows = 200_000 if args.quick else args.checkpoint_rows
+        res = checkpoint_compare(rows, args.dim, max(2, args.reps - 1), args.dir)
+        print(json.dumps(res) if args.json else report_checkpoint(res))
+        return 0
+    if args.batch_sizes:
+        res = batch_sizes(args)
+        print(json.dumps(res) if args.json else report_batch_sizes(res))
+        return 0
+    if args.bags:
+        res = bag_lengths(args)
+        print(json.dumps(res) if args.json else report_bags(res))
+        return 0
+    if args.policy:
+        res = policy_costs(args.vocab, args.batch, args.fields, args.dim, args.reps)
+        print(json.dumps(res) if args.json else report_policies(res, args))
+        return 0
+    if args.child == "core":
+        print(json.dumps(core(args.vocab, args.batch, args.fields, args.dim, args.reps)))
+        return 0
+    if args.child == "memory":
+        print(json.dumps(memory(args.mem_rows, args.dim)))
+        return 0
+    res = compare(args)
+    print(json.dumps(res) if args.json else report(res, args))
+    return 0

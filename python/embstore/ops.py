@@ -1,0 +1,59 @@
+"""Batch operations on rows a caller already holds, for a tier that fetches
+rows from elsewhere (the ranks of a ShardedTable): which rank owns a key,
+the checks of CSR bags, pooling fetched rows into bags and spreading pooled
+gradients back to the rows. The same native code as a Table's pooled calls.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import numpy.typing as npt
+
+from embstore import _core
+
+__all__ = ["check_bags", "partition_owners", "pool_rows", "spread_pooled"]
+
+
+def partition_owners(
+    keys: npt.NDArray[np.int64], size: int, partition: str = "hash", key_space: int | None = None
+) -> npt.NDArray[np.int32]:
+    """The rank (``0 <= rank < size``) that owns each of ``keys`` under
+    ``partition`` ("hash", "mod", or "div" over ``key_space`` keys)."""
+    return _core.partition_owners(keys, size, partition, key_space)
+
+
+def check_bags(
+    ids: npt.NDArray[np.int64],
+    offsets: npt.NDArray[np.int64],
+    weights: npt.NDArray[np.float32] | None = None,
+    combiner: str = "sum",
+) -> int:
+    """Checks CSR bags as a pooled call does (offsets from 0, never
+    decreasing, ending at ``len(ids)``; a weight per id; a known combiner);
+    returns the batch size."""
+    return _core.check_bags(ids, offsets, weights, combiner)
+
+
+def pool_rows(
+    rows: npt.NDArray[np.float32],
+    idx: npt.NDArray[np.int64],
+    offsets: npt.NDArray[np.int64],
+    weights: npt.NDArray[np.float32] | None = None,
+    combiner: str = "sum",
+) -> npt.NDArray[np.float32]:
+    """Pooled rows of bags whose id ``i`` uses row ``idx[i]`` of ``rows``
+    (``(n, dim)``): float32 ``(batch, dim)``, as ``Table.lookup_pooled``."""
+    return _core.pool_rows(rows, idx, offsets, weights, combiner)
+
+
+def spread_pooled(
+    grads: npt.NDArray[np.float32],
+    idx: npt.NDArray[np.int64],
+    offsets: npt.NDArray[np.int64],
+    n: int,
+    weights: npt.NDArray[np.float32] | None = None,
+    combiner: str = "sum",
+) -> npt.NDArray[np.float32]:
+    """The backward of :func:`pool_rows`: float32 ``(n, dim)``, row ``r``
+    the sum of ``c_i * grads[bag(i)]`` over the ids with ``idx[i] == r``."""
+    return _core.spread_pooled(grads, idx, offsets, n, weights, combiner)
