@@ -1,6 +1,7 @@
 """The memory policies' bookkeeping: lookup and Adam step on a full table
 with each policy configured (nothing evicted or refused), next to the table
-without policies; and a DeviceCache training step next to the table's."""
+without policies (the "none" case, each group's peer); and a DeviceCache
+training step next to the table's."""
 
 from __future__ import annotations
 
@@ -40,6 +41,19 @@ def test_adam_step_under_policy(benchmark, workload: Workload, name: str) -> Non
     benchmark(table.apply_gradients, workload.ids, workload.grads)
     assert table.step > before
     assert len(table) == VOCAB
+
+
+@pytest.mark.benchmark(group="device-cache-step")
+def test_table_step_without_a_cache(benchmark, workload: Workload) -> None:  # type: ignore[no-untyped-def]
+    """The peer of the cached step: the same step on the table alone."""
+    table = embstore.Table(DIM, optimizer=optim.Adam(lr=1e-3))
+
+    def step() -> None:
+        table.lookup(workload.ids)
+        table.apply_gradients(workload.ids, workload.grads)
+
+    benchmark(step)
+    assert table.step >= 1
 
 
 @pytest.mark.benchmark(group="device-cache-step")

@@ -1,4 +1,5 @@
-"""One Adam step on a batch: embstore against torch.optim.SparseAdam."""
+"""One Adam step on a batch, embstore against torch.optim.SparseAdam; and
+inserting new keys, embstore against a dict of rows."""
 
 from __future__ import annotations
 
@@ -42,5 +43,18 @@ def test_embstore_insert_new_keys(benchmark, workload: Workload) -> None:  # typ
         table = embstore.Table(64)
         table.assign(keys, values)
         assert len(table) == keys.size
+
+    benchmark(insert)
+
+
+@pytest.mark.benchmark(group="insert")
+def test_dict_insert_new_keys(benchmark, workload: Workload) -> None:  # type: ignore[no-untyped-def]
+    """The peer: a dict of NumPy rows, filled with the same keys."""
+    keys = (np.unique(workload.ids) + 10 * VOCAB).tolist()
+    values = np.zeros((len(keys), 64), np.float32)
+
+    def insert() -> None:
+        rows = dict(zip(keys, values, strict=True))
+        assert len(rows) == len(keys)
 
     benchmark(insert)

@@ -26,6 +26,10 @@ ruff format --check python tests benches
 step "mypy (package) and stubtest (native module against _core.pyi)"
 python -m mypy
 python -m mypy.stubtest embstore._core --allowlist .mypy-stubtest-allowlist
-step "pytest"
+step "pytest (the default run: no slow tests)"
 python -m pytest -q -p no:randomly "$@"
+step "pytest -m slow (subprocesses, MPI ranks, the chaos run with a fixed seed)"
+python -m pytest -q -p no:randomly -m slow --chaos-seed=20261124 --chaos-seconds=60 "$@"
+step "benches, once each with timing off (pytest benches --benchmark-enable times them)"
+python -m pytest -q -p no:randomly benches
 step "done"

@@ -2,12 +2,30 @@
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 
 import embstore
 
 I64 = np.iinfo(np.int64)
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("embstore")
+    group.addoption(
+        "--chaos-seconds",
+        type=float,
+        default=float(os.environ.get("EMBSTORE_CHAOS_SECONDS", 60)),
+        help="length of the chaos test (default 60, or EMBSTORE_CHAOS_SECONDS)",
+    )
+    group.addoption(
+        "--chaos-seed",
+        default=os.environ.get("EMBSTORE_CHAOS_SEED", "random"),
+        help="seed of the chaos test: an integer (CI fixes one) or 'random' (the default, "
+        "or EMBSTORE_CHAOS_SEED); the seed is printed either way",
+    )
 
 
 def key_pool(rng: np.random.Generator, size: int) -> np.ndarray:

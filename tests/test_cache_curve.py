@@ -52,6 +52,7 @@ def test_curve_predicts_the_cache_and_lfu_nears_the_static_optimum() -> None:
     assert lfu >= 0.9 * float(curve.static[1]), (lfu, curve.static[1])
 
 
+@pytest.mark.slow
 def test_cli_prints_the_table_and_draws_the_png(tmp_path) -> None:  # type: ignore[no-untyped-def]
     pytest.importorskip("matplotlib", reason="the PNG needs matplotlib (embstore[plot])")
     keys = zipf_stream(10_000, 50_000, 1.1, seed=1)
@@ -82,6 +83,7 @@ def test_cli_prints_the_table_and_draws_the_png(tmp_path) -> None:  # type: igno
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+@pytest.mark.slow
 def test_cli_refuses_a_pickled_file(tmp_path) -> None:  # type: ignore[no-untyped-def]
     np.save(tmp_path / "obj.npy", np.array([{"a": 1}], dtype=object), allow_pickle=True)
     proc = subprocess.run(

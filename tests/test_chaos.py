@@ -1,13 +1,12 @@
 """The chaos run of tests/chaos.py for about a minute (issue 13): 8 threads
 mixing every public method of Table, Collection (tables shared in opposite
 orders), DeviceCache, save/load/export/reserve/evict, under a watchdog; then
-exact SGD totals and loadable checkpoints. The seed is printed
-(``EMBSTORE_CHAOS_SEED`` replays it; ``EMBSTORE_CHAOS_SECONDS`` sets the
-length)."""
+exact SGD totals and loadable checkpoints. ``--chaos-seed N`` fixes the
+seed (CI does), ``--chaos-seconds S`` sets the length; the seed is printed
+first, so a failure replays with the same choices."""
 
 from __future__ import annotations
 
-import os
 import pathlib
 import random
 
@@ -16,12 +15,14 @@ import pytest
 from . import chaos
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_chaos_mixing_every_method_loses_nothing_and_never_hangs(
-    tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str], request: pytest.FixtureRequest
 ) -> None:
-    seed = int(os.environ.get("EMBSTORE_CHAOS_SEED", random.SystemRandom().getrandbits(31)))
-    seconds = float(os.environ.get("EMBSTORE_CHAOS_SECONDS", 60))
+    given = request.config.getoption("--chaos-seed")
+    seed = random.SystemRandom().getrandbits(31) if given == "random" else int(given)
+    seconds = float(request.config.getoption("--chaos-seconds"))
     with capsys.disabled():
         result = chaos.run(seconds, threads=8, seed=seed, root=tmp_path)
     assert result["hangs"] == 0

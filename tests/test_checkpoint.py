@@ -340,6 +340,7 @@ for i in range(1000):
 """
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_sigkill_during_save_leaves_the_previous_checkpoint_whole(
     tmp_path: pathlib.Path,
@@ -395,6 +396,7 @@ def test_progress_bar_for_slow_saves_and_loads(
     assert err.count("done in") == 2
 
 
+@pytest.mark.slow
 def test_inspect_command_reports_and_detects_damage(tmp_path: pathlib.Path) -> None:
     table = embstore.Table(4, optimizer=optim.Adam())
     table.lookup(np.arange(1000))

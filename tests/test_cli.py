@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_bench_quick_runs_and_reports_every_measure() -> None:
     out = subprocess.run(
@@ -43,6 +44,7 @@ def test_bench_quick_runs_and_reports_every_measure() -> None:
         assert "x embstore's time" in line or "skipped, not importable here (" in line
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_bench_bags_reports_each_bag_length_and_the_full_step() -> None:
     out = subprocess.run(
@@ -90,6 +92,7 @@ def test_no_command_prints_the_help_and_exits_2() -> None:
     assert "Commands:" in proc.stderr
 
 
+@pytest.mark.slow
 def test_version() -> None:
     import embstore
 

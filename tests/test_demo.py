@@ -31,6 +31,7 @@ def test_auc_matches_pairwise_definition() -> None:
     assert demo.auc(label, score) == pytest.approx(pairs, abs=1e-12)
 
 
+@pytest.mark.slow
 def test_demo_command_prints_its_report() -> None:
     out = subprocess.run(
         [sys.executable, "-m", "embstore", "demo", "--samples", "50000", "--test-samples", "20000"],
@@ -46,6 +47,7 @@ def test_demo_command_prints_its_report() -> None:
     assert "\r" not in out.stderr
 
 
+@pytest.mark.slow
 def test_demo_draws_its_progress_bar_on_a_terminal() -> None:
     """On a terminal (a pseudo-terminal here) the demo draws its bar."""
     import os

@@ -340,3 +340,78 @@ def test_training_through_the_cache_equals_the_table_bit_for_bit_with_repeats(
     np.testing.assert_array_equal(kd, kb)
     np.testing.assert_array_equal(rd, rb)
     np.testing.assert_array_equal(sd, sb)
+
+
+def test_a_refused_step_leaves_the_cache_and_table_as_they_were() -> None:
+    from embstore.gpu import DeviceCache
+
+    t = embstore.Table(4, optimizer=optim.SGD(lr=1e30), num_shards=2)
+    cache = DeviceCache(t, rows=4, xp=np)
+    cache.apply_gradients([1, 2, 3, 4], np.ones((4, 4)))  # fills the cache
+    cache.flush()
+    before = snapshot(t), cache.lookup([1, 2, 3, 4]).copy()
+    # A step that would make cached rows inf (lr 1e30 x gradient 1e10).
+    with pytest.raises(ValueError, match=r"^grads: this step would make a cached row non-finite"):
+        cache.apply_gradients([1, 5], np.full((2, 4), 1e10))
+    cache.flush()
+    assert np.isfinite(cache.lookup([1, 2, 3, 4, 5])).all()
+    after = snapshot(t)
+    # Nothing trained: rows as before (key 5 may now be cached or stored; its
+    # row is its initializer row either way), step unchanged.
+    np.testing.assert_array_equal(cache.lookup([1, 2, 3, 4]), before[1])
+    assert after[-1][0] == before[0][-1][0]
+
+
+def test_a_failed_write_back_loses_no_evicted_row() -> None:
+    from embstore.gpu import DeviceCache
+
+    t = embstore.Table(4, optimizer=optim.SGD(lr=0.5), num_shards=2)
+    cache = DeviceCache(t, rows=2, xp=np)
+    cache.apply_gradients([1, 2], np.ones((2, 4)))
+    trained = cache.lookup([1, 2]).copy()
+    # The next admission evicts 1 or 2; its write-back to the table fails.
+    inner = t._inner
+
+    def failing(*args: object) -> None:
+        raise MemoryError("keys: simulated")
+
+    t._inner = _Proxy(inner, assign=failing)  # type: ignore[assignment]
+    with pytest.raises(MemoryError):
+        cache.lookup([3])
+    t._inner = inner
+    # Both trained rows survive (the cache kept the one it could not write back).
+    np.testing.assert_array_equal(cache.lookup([1, 2]), trained)
+    cache.flush()
+    np.testing.assert_array_equal(t.lookup([1, 2]), trained)
+
+
+class _Proxy:
+    """A native table with some methods replaced (fault injection)."""
+
+    def __init__(self, inner: object, **replace: object) -> None:
+        self.inner = inner
+        self._replace = replace
+
+    def __getattr__(self, name: str) -> object:
+        if name in self._replace:
+            return self._replace[name]
+        return getattr(self.inner, name)
+
+
+def test_the_cache_takes_its_step_number_from_the_table() -> None:
+    from embstore.gpu import DeviceCache
+
+    t = embstore.Table(4, optimizer=optim.Adam(lr=0.1), num_shards=2, seed=0)
+    cache = DeviceCache(t, rows=2, xp=np)
+    cache.apply_gradients([1], np.ones((1, 4)))
+    t.apply_gradients([100], np.ones((1, 4)))  # the table, directly, in between
+    cache.apply_gradients([1, 7, 8], np.ones((3, 4)))
+    assert t.step == 3
+    assert cache.stats()["step"] == 3
+    ref = embstore.Table(4, optimizer=optim.Adam(lr=0.1), num_shards=2, seed=0)
+    ref.apply_gradients([1], np.ones((1, 4)))
+    ref.apply_gradients([100], np.ones((1, 4)))
+    ref.apply_gradients([1, 7, 8], np.ones((3, 4)))
+    cache.flush()
+    for k in ([1], [7], [8], [100]):
+        np.testing.assert_allclose(t.lookup(k), ref.lookup(k), rtol=1e-6)

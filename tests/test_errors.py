@@ -3,6 +3,9 @@ message and leaves the table exactly as it was."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -12,6 +15,8 @@ import pytest
 import embstore
 from embstore import optim
 from tests.conftest import assert_same, snapshot
+
+from . import _child
 
 DIM = 4
 
@@ -168,10 +173,10 @@ def test_a_default_row_that_requires_grad_is_refused_naming_default() -> None:
     assert len(t) == 0
 
 
+@pytest.mark.slow
 def test_a_collection_call_beyond_memory_is_a_memory_error() -> None:
     """The feature-naming check of a Collection call keeps the error's type:
     out of memory is MemoryError (it was ValueError), in a child under RLIMIT_AS."""
-    from . import _child
 
     out = _child.ok(
         """
@@ -193,3 +198,51 @@ def test_a_collection_call_beyond_memory_is_a_memory_error() -> None:
     )
     assert out.count('memory: batch["a"]') == 2, out
     assert "rows 0" in out, out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("value", ["", "soon", "nan", "inf", "0"])
+def test_a_bad_timeout_variable_names_itself(value: str) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-c", "import embstore.distributed.mpi"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "EMBSTORE_MPI_TIMEOUT": value},
+    )
+    assert proc.returncode != 0
+    assert "EMBSTORE_MPI_TIMEOUT: expected" in proc.stderr, proc.stderr[-2000:]
+
+
+@pytest.mark.parametrize(
+    ("call", "exc", "match"),
+    [
+        (lambda t: t.reserve(2**70), ValueError, r"^rows: expected rows <= "),
+        (lambda t: embstore.Table(2**70), ValueError, r"^dim: expected dim <= "),
+        (lambda t: embstore.Table(4, capacity=2**70), ValueError, r"^capacity: expected capacity"),
+        (lambda t: embstore.Table(4, num_shards=2**70), ValueError, r"^num_shards: expected"),
+        (lambda t: optim.SGD(lr=2**1100), ValueError, r"^lr: expected a number finite"),
+        (lambda t: t.lookup([1], insert="no"), TypeError, r"^insert: expected True or False"),
+        (lambda t: t.export(with_state="yes"), TypeError, r"^with_state: expected True or"),
+    ],
+)
+def test_bad_arguments_raise_value_or_type_errors_naming_them(
+    call: object, exc: type, match: str
+) -> None:
+    t = embstore.Table(4, optimizer=optim.SGD(lr=0.1))
+    t.lookup([5])
+    before = snapshot(t)
+    with pytest.raises(exc, match=match):
+        call(t)  # type: ignore[operator]
+    assert_same(before, snapshot(t))
+
+
+def test_collection_offset_errors_name_the_feature() -> None:
+    a = embstore.Table(4, optimizer=optim.SGD(lr=0.1))
+    coll = embstore.Collection({"user": a, "hist": a})
+    batch = {"user": ([1, 2], [0, 1, 2]), "hist": ([1, 2], [0, 2, 1])}
+    with pytest.raises(ValueError, match=r"""^batch\["hist"\] offsets: expected non-decreasing"""):
+        coll.lookup_pooled(batch)
+    with pytest.raises(ValueError, match=r"""^batch\["hist"\] offsets: expected non-decreasing"""):
+        coll.apply_pooled_gradients(batch, np.ones((2, 8)))
+    assert len(a) == 0

@@ -114,3 +114,49 @@ def test_fork_is_not_held_up_by_a_save_waiting_for_another_process(
     assert "child 0" in out, out
     assert "fast" in out, out
     assert "saved True" in out, out
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_child_forked_during_calls_can_use_its_tables() -> None:
+    out = _child.ok(
+        """
+        import os, threading, time
+        t = embstore.Table(32, optimizer=optim.Adam(lr=0.01))
+        t.lookup(np.arange(100_000))
+        stop = False
+        def busy():
+            rng = np.random.default_rng(threading.get_ident() % 1000)
+            while not stop:
+                k = rng.integers(0, 200_000, 50_000)
+                t.lookup(k)
+                t.apply_gradients(k, np.ones((len(k), 32), np.float32))
+        ths = [threading.Thread(target=busy) for _ in range(3)]
+        for th in ths: th.start()
+        ok = 0
+        for i in range(10):
+            time.sleep(0.05)
+            pid = os.fork()
+            if pid == 0:
+                # The child's first calls: a lookup, a step, a save-free export.
+                rows = t.lookup(np.arange(1000))
+                t.apply_gradients(np.arange(1000), np.ones((1000, 32), np.float32))
+                t.export()
+                os._exit(0 if rows.shape == (1000, 32) else 3)
+            deadline = time.monotonic() + 30
+            while True:
+                done, status = os.waitpid(pid, os.WNOHANG)
+                if done:
+                    ok += os.waitstatus_to_exitcode(status) == 0
+                    break
+                if time.monotonic() > deadline:
+                    os.kill(pid, 9); os.waitpid(pid, 0)
+                    break
+                time.sleep(0.01)
+        stop = True
+        for th in ths: th.join()
+        print("children ok", ok)
+        """,
+        timeout=240,
+    )
+    assert "children ok 10" in out, out

@@ -167,3 +167,19 @@ def test_bulk_lookups_keep_nothing() -> None:
     # the 10-id lookup before it is gone.
     assert t.stats()["bytes"] - base < small.stats()["bytes"]
     assert t.stats()["bytes"] <= small.stats()["bytes"] + 4096
+
+
+def test_ids_modified_in_place_after_the_forward_do_not_move_the_gradient() -> None:
+    torch = pytest.importorskip("torch", reason="torch is needed for embstore.torch")
+    import embstore.torch as et
+
+    t = embstore.Table(4, optimizer=optim.SGD(lr=1.0), num_shards=2)
+    emb = et.Embedding(t)
+    ids = torch.tensor([1, 2])
+    before = t.lookup([1, 2, 3, 4]).copy()
+    out = emb(ids)
+    ids.add_(2)  # the loader reuses its buffer for the next batch
+    out.sum().backward()
+    after = t.lookup([1, 2, 3, 4])
+    np.testing.assert_allclose(after[:2], before[:2] - 1.0, rtol=1e-6)
+    np.testing.assert_array_equal(after[2:], before[2:])

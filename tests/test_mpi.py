@@ -50,6 +50,7 @@ def mpirun(
     )
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("ranks", [2, 3, 4])
 def test_sharding_suite_under_mpirun(ranks: int) -> None:
@@ -82,6 +83,7 @@ def assert_tables_close(a: embstore.Table, b: embstore.Table) -> None:
     assert a.step == b.step
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_resharding_4_to_3_to_1_ranks_and_into_a_table(tmp_path: pathlib.Path) -> None:
     script = str(HERE / "mpi" / "reshard.py")
@@ -106,6 +108,7 @@ def test_resharding_4_to_3_to_1_ranks_and_into_a_table(tmp_path: pathlib.Path) -
     assert_tables_close(embstore.Table.load(tmp_path / "back"), reference(20))
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_a_failed_rank_ends_the_job_within_the_timeout() -> None:
     t0 = time.perf_counter()

@@ -12,7 +12,10 @@ import numpy as np
 import pytest
 
 import embstore
-from embstore import optim
+from embstore import init, optim
+
+from .conftest import assert_same
+from .conftest import snapshot as table_snapshot
 
 
 def snapshot(t: embstore.Table) -> tuple[Any, ...]:
@@ -159,3 +162,54 @@ def test_ordinary_training_is_untouched_by_the_checks() -> None:
         rows = (rows - np.float32(0.1) * (g + np.float32(0.01) * rows)).astype(np.float32)
     np.testing.assert_allclose(t.lookup(np.arange(8), insert=False), rows, rtol=1e-4, atol=1e-5)
     assert t.step == 2000
+
+
+def test_duplicate_gradients_whose_sum_overflows_are_refused() -> None:
+    t = embstore.Table(4, optimizer=optim.SGD(lr=1.0))
+    t.lookup([1, 2])
+    before = table_snapshot(t)
+    g = np.full((2, 4), 3e38, np.float32)
+    with pytest.raises(ValueError, match=r"^grads: the gradients of key 1 sum to"):
+        t.apply_gradients([1, 1], g)
+    assert_same(before, table_snapshot(t))
+
+
+def test_huge_weights_are_refused_in_the_forward_and_the_backward() -> None:
+    t = embstore.Table(4, optimizer=optim.SGD(lr=1.0))
+    t.assign([1, 2], np.full((2, 4), 10.0, np.float32))
+    before = table_snapshot(t)
+    ids, offsets, w = np.array([1, 2]), np.array([0, 2]), np.array([1e38, 1e38], np.float32)
+    with pytest.raises(ValueError, match=r"^weights: pooling with these weights overflows"):
+        t.lookup_pooled(ids, offsets, weights=w)
+    with pytest.raises(ValueError, match=r"^grads: the gradients of key 1"):
+        t.apply_pooled_gradients([1, 1], offsets, np.full((1, 4), 10.0), weights=w)
+    assert_same(before, table_snapshot(t))
+
+
+@pytest.mark.parametrize(
+    ("make", "match"),
+    [
+        (lambda: init.Constant(1e300), r"^value: expected a number finite as float32"),
+        (lambda: init.Uniform(-1e300, 1e300), r"^low: expected a number finite as float32"),
+        (lambda: init.Uniform(-3e38, 3e38), r"^high: expected high - low finite as float32"),
+        (lambda: optim.SGD(lr=1e300), r"^lr: expected a finite lr > 0 \(finite as float32\)"),
+        (lambda: optim.Adam(lr=10**400), r"^lr: expected a number finite as float32"),
+    ],
+)
+def test_parameters_beyond_float32_are_refused(make: object, match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        make()  # type: ignore[operator]
+
+
+def test_a_16_bit_table_refuses_values_it_cannot_hold() -> None:
+    t = embstore.Table(4, optimizer=optim.SGD(lr=1.0), dtype="float16")
+    t.assign([1], np.ones((1, 4)))
+    before = table_snapshot(t)
+    with pytest.raises(ValueError, match=r"^values: expected values that float16 rows hold"):
+        t.assign([1, 2], np.full((2, 4), 1e5))
+    assert_same(before, table_snapshot(t))
+    with pytest.raises(ValueError, match=r"^initializer: expected values that float16 rows"):
+        embstore.Table(4, dtype="float16", initializer=init.Constant(1e5))
+    # Training saturates a 16-bit row at its largest value instead of inf.
+    t.apply_gradients([1], np.full((1, 4), -1e6, np.float32))
+    assert np.isfinite(t.lookup([1])).all()

@@ -1,4 +1,4 @@
-"""Resident memory, measured in separate processes (tests/probes): a flood
+"""Resident memory, measured in separate processes (benches/probes): a flood
 of one-off keys through a CountFilter, stats()["bytes"] against the growth
 of resident memory, and the row memory of 16-bit tables."""
 
@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-PROBES = Path(__file__).parent / "probes"
+PROBES = Path(__file__).parent.parent / "benches" / "probes"
 
 
 def probe(name: str, *args: object, env: dict[str, str] | None = None) -> dict[str, Any]:

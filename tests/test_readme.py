@@ -23,6 +23,7 @@ def python_blocks() -> list[str]:
     return blocks
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("index", range(len(python_blocks())))
 def test_readme_python_block_runs_on_its_own(index: int, tmp_path: pathlib.Path) -> None:
@@ -40,6 +41,7 @@ def test_readme_python_block_runs_on_its_own(index: int, tmp_path: pathlib.Path)
     assert proc.returncode == 0, f"README block {index}:\n{code}\n{proc.stderr[-3000:]}"
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_readme_blocks_pass_mypy_strict(tmp_path: pathlib.Path) -> None:
     """Every README example, each as its own module, type-checks under
@@ -71,6 +73,7 @@ def test_readme_blocks_pass_mypy_strict(tmp_path: pathlib.Path) -> None:
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 @pytest.mark.skipif(shutil.which("mpirun") is None, reason="mpirun is not installed")
 def test_readme_mpi_example_runs_under_mpirun(tmp_path: pathlib.Path) -> None:

@@ -124,6 +124,7 @@ def test_initial_rows_identical_across_shards_and_orders(
         np.testing.assert_array_equal(r.view(np.uint32), rows[0].view(np.uint32))
 
 
+@pytest.mark.slow
 def test_initial_rows_identical_across_thread_counts(tmp_path: os.PathLike[str]) -> None:
     script = (
         "import numpy as np, embstore, sys\n"

@@ -4,6 +4,9 @@ see a half-updated row, and the GIL is released during native calls."""
 from __future__ import annotations
 
 import functools
+import pathlib
+import subprocess
+import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
@@ -13,6 +16,8 @@ import pytest
 import embstore
 from embstore import init, optim
 from tests._concurrent import run_concurrently
+
+from . import _child
 
 
 @pytest.mark.timeout(120)
@@ -93,13 +98,12 @@ def test_other_python_thread_progresses_during_a_long_call() -> None:
     assert ticks > 10_000, f"main thread made only {ticks} iterations"
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_a_forked_child_can_use_the_table() -> None:
     """The parent's worker threads do not exist after fork(); the child must
     get its own pool instead of waiting on them forever (DataLoader workers,
     multiprocessing with the fork start method)."""
-    import subprocess
-    import sys
 
     script = (
         "import os, numpy as np, embstore\n"
@@ -162,3 +166,72 @@ def test_policies_under_concurrent_calls_keep_their_bounds(tmp_path) -> None:  #
     assert s["inserts"] - s["evicted"] == len(table)
     loaded = embstore.Table.load(tmp_path / "c")
     assert len(loaded) <= cap
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_export_while_reserve_runs_does_not_hang() -> None:
+    _child.ok(
+        """
+        import threading, time
+        t = embstore.Table(16, optimizer=optim.SGD(lr=0.1))
+        t.lookup(np.arange(200_000))
+        stop = time.monotonic() + 4
+        def exporter():
+            while time.monotonic() < stop:
+                t.export()
+        def reserver():
+            k = 1
+            while time.monotonic() < stop:
+                t.reserve(10_000 * k)
+                t.lookup(np.arange(200_000 * k, 200_000 * k + 20_000))
+                k += 1
+        ths = [threading.Thread(target=f) for f in (exporter, exporter, reserver, reserver)]
+        for th in ths: th.start()
+        for th in ths: th.join()
+        """,
+        timeout=90,
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_collections_sharing_tables_in_every_order_with_export_and_save(
+    tmp_path: pathlib.Path,
+) -> None:
+    # Three tables shared by six Collections (every feature order), trained
+    # from 8 threads while each table is exported and saved: with the gates
+    # taken in feature order this hung 2 of 2 runs within 10 s.
+    _child.ok(
+        f"""
+        import itertools, random, threading, time
+        T = [embstore.Table(4, optimizer=optim.SGD(lr=0.1), num_shards=2) for _ in range(3)]
+        colls = [embstore.Collection({{f"f{{i}}": T[i] for i in p}})
+                 for p in itertools.permutations(range(3))]
+        n = 16
+        stop = time.monotonic() + 8
+        def trainer(k):
+            rng = random.Random(k)
+            while time.monotonic() < stop:
+                c = rng.choice(colls)
+                batch = {{f: (np.arange(n), np.arange(n + 1)) for f in c.features}}
+                c.apply_pooled_gradients(batch, np.ones((n, 12), np.float32))
+        def snapshots(i):
+            while time.monotonic() < stop:
+                T[i].export()
+                if i == 0:
+                    T[i].save({str(tmp_path / "ck")!r})
+        ths = [threading.Thread(target=trainer, args=(k,)) for k in range(8)]
+        ths += [threading.Thread(target=snapshots, args=(i,)) for i in range(3)]
+        for th in ths: th.start()
+        for th in ths: th.join()
+        embstore.Table.load({str(tmp_path / "ck")!r})
+        """,
+        timeout=90,
+    )
+
+
+@pytest.mark.slow
+def test_the_child_helper_reports_a_hang() -> None:
+    with pytest.raises(AssertionError, match="the child hung"):
+        _child.run("import time; time.sleep(30)", timeout=2)

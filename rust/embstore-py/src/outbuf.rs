@@ -101,7 +101,7 @@ impl Drop for OutputBuffer {
 /// A fresh C-contiguous float32 array of `rows x cols` from NumPy's
 /// allocator, not zeroed: every caller overwrites the whole array (the
 /// module's contract, which recycled buffers rely on too), and clearing it
-/// first cost 1.4 us of a 128-key lookup's 8.6. A failed allocation is
+/// first cost a sixth of a 128-key lookup. A failed allocation is
 /// NumPy's MemoryError (`PyArray2::new` and `zeros` would panic on it).
 /// `no_memory` is the error for dimensions NumPy cannot take.
 fn uninit2(

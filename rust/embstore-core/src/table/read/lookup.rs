@@ -384,9 +384,8 @@ impl Table {
             RowFormat::F32 if dim == 1 => copy!(|row: &[f32], dst: &mut [f32]| dst[0] = row[0]),
             // A plain copy: libc's memcpy, in its AVX-512 form where the CPU
             // has it, beat an inlined loop of 16-float blocks compiled for
-            // baseline x86-64 (examples/small_lookup.rs, 128-key serving
-            // lookups: 4.5 us against 5.3-5.6 us at dim 64; the same at dim
-            // 8 and 16).
+            // baseline x86-64 (`cargo bench --bench small_lookup`, 128-key
+            // serving lookups at dim 8, 16 and 64).
             RowFormat::F32 => {
                 copy!(|row: &[f32], dst: &mut [f32]| dst.copy_from_slice(&row[..dim]))
             }

@@ -34,16 +34,14 @@ impl Plan {
 /// Batches of at most this many keys run their shard passes (lookups,
 /// pooling, assign, remove) on the calling thread, visiting only the shards
 /// they need, instead of dispatching a job per shard to the pool: below it
-/// the dispatch (waking pool threads, about 10 us here) costs more than the
-/// work it spreads. Chosen from measurements on the 2-core CI-class VM
-/// (benches/RESULTS.md, "Small calls": at 512 keys a lookup took 48-51 us
-/// on the calling thread against 55-75 us spread, at 1,024 about the
-/// same); several Python threads making small calls run them in parallel.
+/// the dispatch (waking pool threads) costs more than the work it spreads
+/// (measured with `cargo bench --bench small_lookup`; the figures are in
+/// benches/HISTORY.md, "Small calls"); several Python threads making small
+/// calls run them in parallel.
 pub(crate) const SEQUENTIAL_KEYS: usize = 1024;
 
 /// [`SEQUENTIAL_KEYS`] for the pass of an optimizer step, which does more
-/// work per key (at 512 keys an Adam step of dim 64 took 153-160 us on the
-/// calling thread against 131-137 us spread).
+/// work per key, so that spreading it pays from fewer keys.
 pub(crate) const SEQUENTIAL_STEP_KEYS: usize = 256;
 
 /// Whether a call of `n` keys prefetches rows and keys ahead of their use:
@@ -51,10 +49,9 @@ pub(crate) const SEQUENTIAL_STEP_KEYS: usize = 256;
 /// cache (`most` is the pass's [`SEQUENTIAL_KEYS`] or
 /// [`SEQUENTIAL_STEP_KEYS`], so that prefetching starts where the pass
 /// moves to the pool, or a lower [`COPY_PREFETCH_KEYS`] for a lookup's
-/// copy). In a small call the prefetches cost more than they save (measured
-/// with examples/small_lookup.rs on the 2-core VM: an SGD step on 128 keys
-/// took 11.5-11.9 us without them against 15-23 us with them; at 1,024
-/// keys, on the pool, 135-181 us with them against 197-234 us without).
+/// copy). In a small call the prefetches cost more than they save; in a
+/// call on the pool they save more than they cost (`cargo bench --bench
+/// small_lookup`, figures in benches/HISTORY.md).
 #[inline]
 pub(crate) fn prefetches(n: usize, most: usize) -> bool {
     n > most
@@ -62,10 +59,8 @@ pub(crate) fn prefetches(n: usize, most: usize) -> bool {
 
 /// The most keys a lookup copies without prefetching rows: lower than
 /// [`SEQUENTIAL_KEYS`], since a lookup of several hundred varied keys on the
-/// calling thread reads rows that are out of cache (measured on the 2-core
-/// VM, 100,000-row Adam table, each call with other keys: 1,024 keys took
-/// 1.8-2.5x np.take's time with prefetching against 2.7-3.6x without, 512
-/// keys 2.5-2.6x against 2.8-3.1x, 128 keys the same).
+/// calling thread reads rows that are out of cache: from a few hundred keys
+/// on, prefetching rows took less time than not (benches/HISTORY.md).
 pub(crate) const COPY_PREFETCH_KEYS: usize = 256;
 
 /// How many rows ahead [`copy_rows`] prefetches.

@@ -46,14 +46,11 @@ pub(crate) struct Pooling<'a> {
 
 /// How many ids ahead a pooling pass prefetches the first cache line of
 /// a row (the CPU's own prefetchers fetch the lines after it as the row
-/// is read). Measured on the 2-core AMD EPYC VM (1.7M ids, 2M-row Adam
-/// table, dim 64, the variants alternated in one process, 12 to 20
-/// rounds): against every line of the row 8 ids ahead, 26 ids a bag took
-/// a median 105 ms against 116 (best 62 against 75), 4 ids a bag 150
-/// against 175, 100 ids a bag 129 against 132 (perf had put most of the
-/// loop's time on its prefetch instructions: the core's queue of misses
-/// full). A likely reason: random rows of a large table miss the TLB as
-/// well as the cache, and fewer prefetches a row queue fewer page walks.
+/// is read): faster at every bag length than prefetching every line of the
+/// row 8 ids ahead (`cargo bench --bench pooled_gather`; figures in
+/// benches/HISTORY.md). A likely reason: random rows of a large table miss
+/// the TLB as well as the cache, and fewer prefetches a row queue fewer
+/// page walks.
 pub(crate) const POOL_PREFETCH_AHEAD: usize = 16;
 
 impl Table {

@@ -1,4 +1,4 @@
-//! Rough timing of the batch calls (the real benchmarks are in benches/).
+//! Rough timing of the batch calls (the peer comparison is `python -m embstore bench`).
 use std::time::Instant;
 
 use embstore_core::{Initializer, Optimizer, Table, TableConfig};

@@ -1,7 +1,7 @@
 //! Rough timing of `lookup` and `apply_gradients` on a full 2M-row Adam
 //! table (dim 64, a batch of 1.7M random ids, the benchmark's workload),
 //! with a plain gather from a dense array for scale. A profiling aid; the
-//! real benchmarks are in benches/. `REPS=n` sets the repetitions.
+//! peer comparison is `python -m embstore bench`. `REPS=n` sets the repetitions.
 use std::time::Instant;
 
 use embstore_core::hash::draw;

@@ -1,7 +1,7 @@
 //! Times lookups of a few keys on the calling thread, phase by phase (plan,
 //! probe, copy), against a plain gather from a dense array: the per-key cost
 //! that issue 14's small-call figures are made of.
-//! `cargo run --release -p embstore-core --example small_lookup`; `KEYS=n`
+//! `cargo bench -p embstore-core --bench small_lookup`; `KEYS=n`
 //! times one size alone (for a profiler), `SCALE=x` repeats x times more,
 //! `SHARDS=n` sets the shard count, `ROWS=n` the table's rows (100,000), `DIM=n` the row width (64), `OPT=none` drops Adam's state (`OPT=SGD` and the
 //! like pick another optimizer),

@@ -5,7 +5,7 @@
 2. a process loading in a loop while another saves in a loop, N trials:
    every load succeeds and gets one whole checkpoint, old or new.
 
-    python scripts/checkpoint_trials.py [--trials 20] [--rows 300000]
+    python benches/checkpoint_trials.py [--trials 20] [--rows 300000]
 
 Prints one line per trial and the totals; exits 1 on any failure.
 """

@@ -1,7 +1,7 @@
 //! Times a pooled lookup of 1.7M ids (26 a bag, 2M-row table) against the
 //! unpooled lookup of the same ids and a plain gather-sum of the same rows
 //! from a dense array, in turn in one process: the gap issue 14's bag
-//! figures are made of. `cargo run --release -p embstore-core --example
+//! figures are made of. `cargo bench -p embstore-core --bench
 //! pooled_gather`; `OPT=none` drops Adam's state, `PER=n` sets the ids a bag.
 use std::time::Instant;
 
