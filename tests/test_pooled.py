@@ -499,3 +499,27 @@ def test_table_arrays_taken_as_given_or_converted_give_the_same_results() -> Non
     with pytest.raises(ValueError, match=r"^grads: expected shape \(1, 4\), got \(2, 4\)"):
         t.apply_pooled_gradients(keys, np.array([0, 2], np.int64), np.ones((2, 4), np.float32))
     assert_same(before, snapshot(t))
+
+
+def test_a_collection_batch_in_another_order_than_its_features_trains_each_feature() -> None:
+    """The batch dict's order is not the features' order: each feature's ids
+    and gradients still go to its own table (the inline path of native-ready
+    arrays once took them in the dict's order)."""
+
+    def sgd() -> embstore.Table:
+        return embstore.Table(
+            4, optimizer=optim.SGD(lr=1.0), initializer=embstore.init.Zeros(), num_shards=2
+        )
+
+    a, b = sgd(), sgd()
+    coll = embstore.Collection({"y": b, "x": a})
+    x, y = np.array([1, 2, 3], np.int64), np.array([7, 8, 9], np.int64)
+    off = np.arange(4, dtype=np.int64)
+    batch = {"x": (x, off), "y": (y, off)}
+    coll.lookup_pooled(batch)
+    grads = np.concatenate([np.full((3, 4), 2.0, np.float32), np.ones((3, 4), np.float32)], 1)
+    coll.apply_pooled_gradients(batch, grads)  # columns: y's 4, then x's 4
+    np.testing.assert_array_equal(a.lookup(x, insert=False), np.full((3, 4), -1.0, np.float32))
+    np.testing.assert_array_equal(b.lookup(y, insert=False), np.full((3, 4), -2.0, np.float32))
+    assert not a.contains(y).any()
+    assert not b.contains(x).any()

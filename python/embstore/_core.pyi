@@ -51,15 +51,15 @@ class Table:
     def __len__(self) -> int: ...
     def lookup(
         self,
-        keys: npt.NDArray[np.int64],
+        keys: Any,
         insert: bool = True,
         missing: str = "init",
         default_row: npt.NDArray[np.float32] | None = None,
     ) -> npt.NDArray[np.float32]: ...
     def lookup_pooled(
         self,
-        ids: npt.NDArray[np.int64],
-        offsets: npt.NDArray[np.int64],
+        ids: Any,
+        offsets: Any,
         weights: npt.NDArray[np.float32] | None = None,
         combiner: str = "sum",
         insert: bool = True,
@@ -68,9 +68,9 @@ class Table:
     ) -> npt.NDArray[np.float32]: ...
     def apply_pooled_gradients(
         self,
-        ids: npt.NDArray[np.int64],
-        offsets: npt.NDArray[np.int64],
-        grads: npt.NDArray[np.float32],
+        ids: Any,
+        offsets: Any,
+        grads: Any,
         weights: npt.NDArray[np.float32] | None = None,
         combiner: str = "sum",
     ) -> None: ...
@@ -86,14 +86,10 @@ class Table:
     ) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.float32]]: ...
     def set_step(self, step: int) -> None: ...
     def advance_step(self) -> int: ...
-    def apply_gradients_at(
-        self, keys: npt.NDArray[np.int64], grads: npt.NDArray[np.float32], step: int
-    ) -> None: ...
+    def apply_gradients_at(self, keys: Any, grads: Any, step: int) -> None: ...
     def reserve(self, rows: int) -> None: ...
     def remove(self, keys: npt.NDArray[np.int64]) -> int: ...
-    def apply_gradients(
-        self, keys: npt.NDArray[np.int64], grads: npt.NDArray[np.float32]
-    ) -> None: ...
+    def apply_gradients(self, keys: Any, grads: Any) -> None: ...
     def export(
         self, with_state: bool = False, with_meta: bool = False
     ) -> tuple[

@@ -155,7 +155,8 @@ class Collection:
             return None
         ids, offsets = [], []
         size = -1
-        for e in batch.values():
+        for name in self._features:  # the features' order, not the batch's
+            e = batch[name]
             if not (type(e) is tuple and len(e) == 2 and ready_i64(e[0]) and ready_i64(e[1])):
                 return None
             n = e[1].shape[0]

@@ -13,6 +13,8 @@ import numpy.typing as npt
 
 from embstore import _core, init, optim, policy
 from embstore._convert import (
+    _NDARRAY,
+    VOCABULARY,
     Default,
     as_bags,
     as_keys,
@@ -22,8 +24,6 @@ from embstore._convert import (
     check_int,
     check_name,
     like,
-    ready_i64,
-    ready_rows,
 )
 from embstore._progress import run_with_progress
 from embstore.init import Initializer, Uniform
@@ -46,6 +46,8 @@ def _opt_int(name: str, value: Any, low: int) -> int | None:
 
 _U64_MAX = 2**64 - 1
 _I64_MAX = 2**63 - 1
+#: The combiners' names, for the pooled calls' inline check.
+_COMBINERS = frozenset(VOCABULARY["combiners"])
 
 
 class _SeedSequence:
@@ -340,17 +342,16 @@ class Table:
         ``"zeros"``, or a given row (``dim`` finite floats), e.g. the mean
         row for unseen ids at evaluation.
         """
-        # One path for every input; a small call pays for every check, so the
-        # common case (an int64 NumPy array, a flag, a default's name) is
-        # recognised inline and the rest converted and checked.
-        k = keys if ready_i64(keys) else as_keys(keys)
+        # One path: keys go to the native call as given, which takes a 1-D
+        # int64 array as it is and has anything else converted and checked
+        # by as_keys (a small call pays for every check made here).
         if insert is not True and insert is not False:
             insert = check_bool("insert", insert)
-        if default == "init" if type(default) is str else False:
-            out = self._inner.lookup(k, insert, "init", None)
+        if type(default) is str:  # a name: the native call checks it
+            out = self._inner.lookup(keys, insert, default, None)
         else:
-            out = self._inner.lookup(k, insert, *check_default(default, self.dim))
-        return out if type(keys) is np.ndarray else like(keys, out)
+            out = self._inner.lookup(keys, insert, *check_default(default, self.dim))
+        return out if type(keys) is _NDARRAY else like(keys, out)
 
     @overload
     def contains(self, keys: torch.Tensor) -> torch.Tensor: ...
@@ -402,13 +403,12 @@ class Table:
         part of one step itself: the step number from :meth:`take_step`, at
         which these rows are updated; :attr:`step` does not move.
         """
-        k = keys if ready_i64(keys) else as_keys(keys)
-        n = k.shape[0]
-        g = grads if ready_rows(grads, n, self.dim) else as_rows(grads, n, self.dim, "grads")
+        # As in lookup: the native call takes keys and grads as given and has
+        # anything but int64 (n,) and float32 (n, dim) arrays converted.
         if step is None:
-            self._inner.apply_gradients(k, g)
+            self._inner.apply_gradients(keys, grads)
         else:
-            self._inner.apply_gradients_at(k, g, check_int("step", step, 1, _I64_MAX))
+            self._inner.apply_gradients_at(keys, grads, check_int("step", step, 1, _I64_MAX))
 
     def take_step(self) -> int:
         """Count one optimizer step and return its number (:attr:`step`
@@ -481,23 +481,19 @@ class Table:
         per-id weights (1 without). An empty bag pools to zeros. ``default``
         is what an id without a row pools as (see :meth:`lookup`).
         """
-        if (
-            weights is None
-            and type(combiner) is str
-            and ready_i64(ids)
-            and ready_i64(offsets)
-            and offsets.shape[0]
-        ):
-            i, o, w, c = ids, offsets, None, combiner  # the native call checks the name
+        if weights is None and type(combiner) is str and combiner in _COMBINERS:
+            # As given (see lookup): the native call converts ids and offsets
+            # when needed and checks the offsets.
+            i, o, w, c = ids, offsets, None, combiner
         else:
             i, o, w, c = as_bags(ids, offsets, weights, combiner)
         if insert is not True and insert is not False:
             insert = check_bool("insert", insert)
-        if default == "init" if type(default) is str else False:
-            out = self._inner.lookup_pooled(i, o, w, c, insert, "init", None)
+        if type(default) is str:  # a name: the native call checks it
+            out = self._inner.lookup_pooled(i, o, w, c, insert, default, None)
         else:
             out = self._inner.lookup_pooled(i, o, w, c, insert, *check_default(default, self.dim))
-        return out if type(ids) is np.ndarray else like(ids, out)
+        return out if type(ids) is _NDARRAY else like(ids, out)
 
     def apply_pooled_gradients(
         self,
@@ -514,19 +510,12 @@ class Table:
         backward spreads it (id i of bag b gets ``w_i / denominator_b *
         grads[b]``), then the step proceeds as :meth:`apply_gradients`.
         """
-        if (
-            weights is None
-            and type(combiner) is str
-            and ready_i64(ids)
-            and ready_i64(offsets)
-            and offsets.shape[0]
-        ):
-            i, o, w, c = ids, offsets, None, combiner  # the native call checks the name
+        if weights is None and type(combiner) is str and combiner in _COMBINERS:
+            # As given (see lookup_pooled).
+            self._inner.apply_pooled_gradients(ids, offsets, grads, None, combiner)
         else:
             i, o, w, c = as_bags(ids, offsets, weights, combiner)
-        b = o.shape[0] - 1
-        g = grads if ready_rows(grads, b, self.dim) else as_rows(grads, b, self.dim, "grads")
-        self._inner.apply_pooled_gradients(i, o, g, w, c)
+            self._inner.apply_pooled_gradients(i, o, grads, w, c)
 
     @overload
     def evict(self, *, with_rows: Literal[False] = ...) -> npt.NDArray[np.int64]: ...

@@ -8,6 +8,7 @@
 //! is not guarded against here (rust-numpy's borrow checking covers Rust
 //! borrows only).
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -27,7 +28,7 @@ use pyo3::types::PyDict;
 use crate::error::PyStoreError;
 use crate::runtime::EnterStore;
 use embstore_core::table::checkpoint;
-use embstore_core::zeroed::zeros;
+use embstore_core::zeroed::{with_room, zeros};
 
 type Config = Option<(String, HashMap<String, f64>)>;
 
@@ -46,15 +47,79 @@ pub(crate) fn slice<'a, T: numpy::Element>(
         .map_err(|_| PyValueError::new_err(format!("{arg}: expected a C-contiguous array")))
 }
 
-/// The rows of a `(n, dim)` gradient array, refused as `as_rows` refuses
-/// any other shape (the Python wrapper passes arrays as given and converts
-/// only what this refuses).
+/// [`slice`] for the arguments a Python wrapper passes as it got them
+/// (an int64 or float32 array of the right rank, C-contiguous or not): a
+/// strided view is copied, into memory allocated fallibly, instead of
+/// refused.
+pub(crate) fn slice_or_copy<'a, T: numpy::Element + Copy>(
+    arr: &'a PyReadonlyArray1<'_, T>,
+    arg: &'static str,
+) -> PyResult<Cow<'a, [T]>> {
+    match arr.as_slice() {
+        Ok(s) => Ok(Cow::Borrowed(s)),
+        Err(_) => copied(arr.as_array().iter().copied(), arr.len(), arg),
+    }
+}
+
+/// The rows of a `(n, dim)` float32 array, refused as `as_rows` refuses
+/// any other shape; a strided array is copied (see [`slice_or_copy`]).
 pub(crate) fn rows_of<'a>(
     arr: &'a PyReadonlyArray2<'_, f32>,
     n: usize,
     dim: usize,
-    arg: &str,
-) -> PyResult<&'a [f32]> {
+    arg: &'static str,
+) -> PyResult<Cow<'a, [f32]>> {
+    check_shape(arr, n, dim, arg)?;
+    match arr.as_slice() {
+        Ok(s) => Ok(Cow::Borrowed(s)),
+        Err(_) => copied(arr.as_array().iter().copied(), arr.len(), arg),
+    }
+}
+
+/// `obj` as a 1-D int64 array: taken as it is when it is one, else
+/// converted and checked by `embstore._convert.as_keys` (whose errors name
+/// `arg`). The one conversion path of a call's keys: the Python wrapper
+/// passes them as it got them.
+pub(crate) fn keys_arg<'py>(
+    obj: &Bound<'py, PyAny>,
+    arg: &'static str,
+) -> PyResult<Bound<'py, PyArray1<i64>>> {
+    if let Ok(a) = obj.cast::<PyArray1<i64>>() {
+        return Ok(a.clone());
+    }
+    let conv = obj.py().import("embstore._convert")?.getattr("as_keys")?;
+    Ok(conv.call1((obj, arg))?.cast_into::<PyArray1<i64>>()?)
+}
+
+/// `obj` as a float32 array of `n` rows of `dim`: taken as it is when it is
+/// a 2-D float32 array (its shape checked by [`rows_of`]), else converted
+/// and checked by `embstore._convert.as_rows`.
+pub(crate) fn rows_arg<'py>(
+    obj: &Bound<'py, PyAny>,
+    n: usize,
+    dim: usize,
+    arg: &'static str,
+) -> PyResult<Bound<'py, PyArray2<f32>>> {
+    if let Ok(a) = obj.cast::<PyArray2<f32>>() {
+        return Ok(a.clone());
+    }
+    let conv = obj.py().import("embstore._convert")?.getattr("as_rows")?;
+    Ok(conv
+        .call1((obj, n, dim, arg))?
+        .cast_into::<PyArray2<f32>>()?)
+}
+
+fn copied<'a, T: Copy>(
+    items: impl Iterator<Item = T>,
+    n: usize,
+    arg: &'static str,
+) -> PyResult<Cow<'a, [T]>> {
+    let mut v = with_room(arg, n).map_err(PyStoreError)?;
+    v.extend(items);
+    Ok(Cow::Owned(v))
+}
+
+fn check_shape(arr: &PyReadonlyArray2<'_, f32>, n: usize, dim: usize, arg: &str) -> PyResult<()> {
     let shape = arr.shape();
     if shape != [n, dim] {
         return Err(PyValueError::new_err(format!(
@@ -62,7 +127,7 @@ pub(crate) fn rows_of<'a>(
             shape[0], shape[1]
         )));
     }
-    slice2(arr, arg)
+    Ok(())
 }
 
 pub(crate) fn slice2<'a, T: numpy::Element>(
@@ -148,6 +213,21 @@ pub(crate) fn bags<'a>(
     Ok(Bags {
         ids: slice(ids, "ids")?,
         offsets: slice(offsets, "offsets")?,
+        weights: weights.map(|w| slice(w, "weights")).transpose()?,
+        combiner: combiner(combiner_name)?,
+    })
+}
+
+/// Bags over ids and offsets already taken (see [`slice_or_copy`]).
+fn bags_over<'a>(
+    ids: &'a [i64],
+    offsets: &'a [i64],
+    weights: Option<&'a PyReadonlyArray1<'_, f32>>,
+    combiner_name: &str,
+) -> PyResult<Bags<'a>> {
+    Ok(Bags {
+        ids,
+        offsets,
         weights: weights.map(|w| slice(w, "weights")).transpose()?,
         combiner: combiner(combiner_name)?,
     })
@@ -339,12 +419,14 @@ impl PyTable {
     fn lookup<'py>(
         &self,
         py: Python<'py>,
-        keys: PyReadonlyArray1<'py, i64>,
+        keys: &Bound<'py, PyAny>,
         insert: bool,
         missing: &str,
         default_row: Option<PyReadonlyArray1<'py, f32>>,
     ) -> PyResult<Bound<'py, PyArray2<f32>>> {
-        let k = slice(&keys, "keys")?;
+        let keys = keys_arg(keys, "keys")?.readonly();
+        let k = slice_or_copy(&keys, "keys")?;
+        let k = &k[..];
         let row = default_row
             .as_ref()
             .map(|r| slice(r, "default"))
@@ -373,15 +455,23 @@ impl PyTable {
     fn lookup_pooled<'py>(
         &self,
         py: Python<'py>,
-        ids: PyReadonlyArray1<'py, i64>,
-        offsets: PyReadonlyArray1<'py, i64>,
+        ids: &Bound<'py, PyAny>,
+        offsets: &Bound<'py, PyAny>,
         weights: Option<PyReadonlyArray1<'py, f32>>,
         combiner: &str,
         insert: bool,
         missing: &str,
         default_row: Option<PyReadonlyArray1<'py, f32>>,
     ) -> PyResult<Bound<'py, PyArray2<f32>>> {
-        let b = bags(&ids, &offsets, weights.as_ref(), combiner)?;
+        let (ids, offsets) = (
+            keys_arg(ids, "ids")?.readonly(),
+            keys_arg(offsets, "offsets")?.readonly(),
+        );
+        let (i, o) = (
+            slice_or_copy(&ids, "ids")?,
+            slice_or_copy(&offsets, "offsets")?,
+        );
+        let b = bags_over(&i, &o, weights.as_ref(), combiner)?;
         let row = default_row
             .as_ref()
             .map(|r| slice(r, "default"))
@@ -401,21 +491,26 @@ impl PyTable {
     fn apply_pooled_gradients(
         &self,
         py: Python<'_>,
-        ids: PyReadonlyArray1<'_, i64>,
-        offsets: PyReadonlyArray1<'_, i64>,
-        grads: PyReadonlyArray2<'_, f32>,
+        ids: &Bound<'_, PyAny>,
+        offsets: &Bound<'_, PyAny>,
+        grads: &Bound<'_, PyAny>,
         weights: Option<PyReadonlyArray1<'_, f32>>,
         combiner: &str,
     ) -> PyResult<()> {
-        let b = bags(&ids, &offsets, weights.as_ref(), combiner)?;
+        let (ids, offsets) = (
+            keys_arg(ids, "ids")?.readonly(),
+            keys_arg(offsets, "offsets")?.readonly(),
+        );
+        let (i, o) = (
+            slice_or_copy(&ids, "ids")?,
+            slice_or_copy(&offsets, "offsets")?,
+        );
+        let b = bags_over(&i, &o, weights.as_ref(), combiner)?;
         let table = &self.inner;
-        let g = rows_of(
-            &grads,
-            b.offsets.len().saturating_sub(1),
-            table.dim(),
-            "grads",
-        )?;
-        py.enter_store(|| table.apply_pooled_gradients(&b, g))
+        let batch = b.offsets.len().saturating_sub(1);
+        let grads = rows_arg(grads, batch, table.dim(), "grads")?.readonly();
+        let g = rows_of(&grads, batch, table.dim(), "grads")?;
+        py.enter_store(|| table.apply_pooled_gradients(&b, &g))
     }
 
     fn contains<'py>(
@@ -499,26 +594,30 @@ impl PyTable {
     fn apply_gradients_at(
         &self,
         py: Python<'_>,
-        keys: PyReadonlyArray1<'_, i64>,
-        grads: PyReadonlyArray2<'_, f32>,
+        keys: &Bound<'_, PyAny>,
+        grads: &Bound<'_, PyAny>,
         step: u64,
     ) -> PyResult<()> {
         let table = &self.inner;
-        let k = slice(&keys, "keys")?;
+        let keys = keys_arg(keys, "keys")?.readonly();
+        let k = slice_or_copy(&keys, "keys")?;
+        let grads = rows_arg(grads, k.len(), table.dim(), "grads")?.readonly();
         let g = rows_of(&grads, k.len(), table.dim(), "grads")?;
-        py.enter_store(|| table.apply_gradients_at(k, g, step))
+        py.enter_store(|| table.apply_gradients_at(&k, &g, step))
     }
 
     fn apply_gradients(
         &self,
         py: Python<'_>,
-        keys: PyReadonlyArray1<'_, i64>,
-        grads: PyReadonlyArray2<'_, f32>,
+        keys: &Bound<'_, PyAny>,
+        grads: &Bound<'_, PyAny>,
     ) -> PyResult<()> {
         let table = &self.inner;
-        let k = slice(&keys, "keys")?;
+        let keys = keys_arg(keys, "keys")?.readonly();
+        let k = slice_or_copy(&keys, "keys")?;
+        let grads = rows_arg(grads, k.len(), table.dim(), "grads")?.readonly();
         let g = rows_of(&grads, k.len(), table.dim(), "grads")?;
-        py.enter_store(|| table.apply_gradients(k, g))
+        py.enter_store(|| table.apply_gradients(&k, &g))
     }
 
     /// Every row: keys ascending, rows, with `with_state` their optimizer

@@ -72,28 +72,23 @@ impl FoundRows {
     /// Each shard's removal count when its rows were found (0 for a shard
     /// with none).
     pub(crate) fn removals(&self) -> Vec<u64> {
-        self.shards
-            .iter()
-            .map(|m| {
-                m.lock()
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .as_ref()
-                    .map_or(0, |f| f.removals)
-            })
-            .collect()
+        self.per_shard(|f| f.map_or(0, |f| f.removals)).collect()
     }
 
     /// Bytes held: 4 per position, 8 per shard.
     fn bytes(&self) -> usize {
+        self.per_shard(|f| f.map_or(0, |f| f.rows.capacity() * 4 + 8))
+            .sum()
+    }
+
+    /// `f` of each shard's rows (`None`: none found), in shard order.
+    fn per_shard<'s, T>(
+        &'s self,
+        f: impl Fn(Option<&ShardRows>) -> T + 's,
+    ) -> impl Iterator<Item = T> + 's {
         self.shards
             .iter()
-            .map(|m| {
-                m.lock()
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .as_ref()
-                    .map_or(0, |f| f.rows.capacity() * 4 + 8)
-            })
-            .sum()
+            .map(move |m| f(m.lock().unwrap_or_else(PoisonError::into_inner).as_ref()))
     }
 }
 
