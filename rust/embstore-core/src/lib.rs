@@ -20,27 +20,27 @@
 //! crate (and of the binding) is in it. A thread that holds a lock takes
 //! only locks further down the list.
 //!
-//! 1. A checkpoint directory's writers' lock (`table::dirlock`, taken by
+//! 1. A checkpoint directory's writers' lock (`table::checkpoint::dirlock`, taken by
 //!    [`table::checkpoint::lock_for_writing`]): a save or a publish takes
 //!    it first, before anything else, and the binding waits for it with
 //!    the GIL released and outside the call lock, so a save that waits for
 //!    another process's save holds nothing and never holds up `fork()`.
-//! 2. The binding's call lock (`embstore-py`, `convert::CALLS`): shared by
+//! 2. The binding's call lock (`embstore-py`, `runtime::CALLS`): shared by
 //!    every native call, exclusive only in the `fork()` prepare handler, so
 //!    that a process forks while no call is inside the core.
 //! 3. Table gates ([`Table`]'s `gate`), shared by every call that changes
 //!    rows (lookups that insert or record touches, assigns, steps, removals,
 //!    evictions, `reserve`), exclusive for a snapshot (`export`, `save`)
 //!    and for a step whose bounds cannot rule out a non-finite result
-//!    (`table::bounds`: the rows are measured and the step dry-run first).
+//!    (`table::step::bounds`: the rows are measured and the step dry-run first).
 //!    A call on several tables (a [`collection`] call) takes their gates in
 //!    ascending [`Table::id`], on the calling thread.
-//! 4. A checkpoint directory's readers' lock (`table::dirlock`): a load
+//! 4. A checkpoint directory's readers' lock (`table::checkpoint::dirlock`): a load
 //!    holds it shared; a save deletes old files only if it gets it
 //!    exclusively without waiting.
 //! 5. Shard locks, by shard index. Inside rayon jobs a thread holds at most
 //!    one, and only for the job, except a pooling job of a pooled lookup
-//!    (`table::pooled`), which holds the read locks of the shards its bags
+//!    (`table::read::pooling`), which holds the read locks of the shards its bags
 //!    read, taken in index order, for the job: a writer holds one write
 //!    lock at a time and waits for nothing while holding it (or, on the
 //!    calling thread, only tries further ones), so the job's wait for a
@@ -53,7 +53,7 @@
 //!    needs together, on the calling thread, having only tried each (in
 //!    index order, after trying its gate when it inserts): it never waits.
 //! 6. Leaf locks, never held while taking another or running parallel work:
-//!    the memo, the last-save mark, the per-shard `Found` slots, the
+//!    the memo, the last-save mark, the per-shard slots of `FoundRows`, the
 //!    binding's output buffer pool.
 //!
 //! The rule behind the order: no thread waits for pool work while holding a
@@ -63,8 +63,8 @@
 //! Python-side locks (a `DeviceCache`'s) come before all of these: they are
 //! held across native calls, never taken by native code. The GIL is not in
 //! the order: native code waits for locks only with the GIL released; the
-//! one call run with it held (the binding's `convert::now`, for
-//! `try_lookup_now`) only tries the call lock, the gate, the shard locks
+//! one call run with it held (the binding's `runtime::EnterStore::enter_store_now`,
+//! for `try_lookup_now`) only tries the call lock, the gate, the shard locks
 //! and the memo's lock.
 //!
 //! ## Determinism

@@ -44,7 +44,7 @@ impl Optimizer {
         // A few float32 roundings per value (each at most 2^-24 relative).
         // Small, because the state bounds compound it every step: at 4e-7
         // they outgrow the truth by 1e20 only after about 1e8 steps (then a
-        // step measures every row anew, see `table::bounds`).
+        // step measures every row anew, see `table::step::bounds`).
         const ROUND: f64 = 1.0 + 4e-7;
         let limit = COMFORT;
         let wd = self.coupled_decay();

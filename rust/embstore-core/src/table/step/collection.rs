@@ -211,7 +211,7 @@ pub fn apply_pooled_gradients(features: &[Feature<'_>], grads: &[f32]) -> Result
         )?);
     }
     // The gates, in ascending table id (each shared, or exclusive for a
-    // step its bounds cannot clear: see `table::bounds`).
+    // step its bounds cannot clear: see `table::step::bounds`).
     let gates: Vec<_> = groups
         .iter()
         .zip(&sums)
