@@ -46,3 +46,24 @@ def test_owner_does_not_depend_on_anything_but_key_and_size() -> None:
     a = _core.partition_owners(keys, 5)
     b = _core.partition_owners(keys[::-1].copy(), 5)[::-1]
     np.testing.assert_array_equal(a, b)
+
+
+def test_unique_inverse_agrees_with_numpy_unique_on_awkward_keys() -> None:
+    """ops.unique_inverse, the sharded tier's dedup: the same distinct keys as
+    np.unique (in first-occurrence order instead of sorted), and every
+    position maps back to its key."""
+    from embstore import ops
+
+    from .conftest import batch, key_pool
+
+    rng = np.random.default_rng(7)
+    for n in (0, 1, 17, 100_000):
+        keys = batch(rng, key_pool(rng, max(1, n // 3)), n)
+        uniq, inverse = ops.unique_inverse(keys)
+        assert uniq.dtype == np.int64
+        assert inverse.dtype == np.int64
+        np.testing.assert_array_equal(np.sort(uniq), np.unique(keys))
+        np.testing.assert_array_equal(uniq[inverse], keys)
+        # First-occurrence order: each distinct key appears where it first occurs.
+        first = np.unique(keys, return_index=True)[1]
+        np.testing.assert_array_equal(uniq, keys[np.sort(first)])

@@ -172,6 +172,9 @@ def collection_apply_pooled_gradients(
 def partition_owners(
     keys: npt.NDArray[np.int64], size: int, kind: str = "hash", key_space: int | None = None
 ) -> npt.NDArray[np.int32]: ...
+def unique_inverse(
+    keys: npt.NDArray[np.int64],
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]: ...
 def pool_rows(
     rows: npt.NDArray[np.float32],
     idx: npt.NDArray[np.int64],

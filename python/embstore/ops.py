@@ -1,7 +1,8 @@
 """Batch operations on rows a caller already holds, for a tier that fetches
-rows from elsewhere (the ranks of a ShardedTable): which rank owns a key,
-the checks of CSR bags, pooling fetched rows into bags and spreading pooled
-gradients back to the rows. The same native code as a Table's pooled calls.
+rows from elsewhere (the ranks of a ShardedTable): a batch's distinct keys,
+which rank owns a key, the checks of CSR bags, pooling fetched rows into
+bags and spreading pooled gradients back to the rows. The same native code
+as a Table's pooled calls.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import numpy.typing as npt
 
 from embstore import _core
 
-__all__ = ["check_bags", "partition_owners", "pool_rows", "spread_pooled"]
+__all__ = ["check_bags", "partition_owners", "pool_rows", "spread_pooled", "unique_inverse"]
 
 
 def partition_owners(
@@ -20,6 +21,16 @@ def partition_owners(
     """The rank (``0 <= rank < size``) that owns each of ``keys`` under
     ``partition`` ("hash", "mod", or "div" over ``key_space`` keys)."""
     return _core.partition_owners(keys, size, partition, key_space)
+
+
+def unique_inverse(
+    keys: npt.NDArray[np.int64],
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+    """The distinct values of ``keys`` (1-D int64) in the order they first
+    occur, and each position's index among them (``uniq[inverse] == keys``):
+    ``np.unique(keys, return_inverse=True)`` without its sort, by hashing in
+    one native pass."""
+    return _core.unique_inverse(keys)
 
 
 def check_bags(

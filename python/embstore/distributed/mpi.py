@@ -438,7 +438,7 @@ class ShardedTable:
         def prep() -> tuple[bool, np.ndarray, np.ndarray]:
             ins = check_bool("insert", insert)
             k = as_keys(keys)
-            uniq, inv = np.unique(k, return_inverse=True)
+            uniq, inv = ops.unique_inverse(k)
             self._owners(uniq)  # a key outside a "div" key space is refused here
             return ins, uniq, inv
 
@@ -451,7 +451,7 @@ class ShardedTable:
     def contains(self, keys: Any) -> npt.NDArray[np.bool_]:
         """Whether each of this rank's keys has a row anywhere. Collective."""
         self._begin()
-        uniq, inv = self._prepare("contains", lambda: np.unique(as_keys(keys), return_inverse=True))
+        uniq, inv = self._prepare("contains", lambda: ops.unique_inverse(as_keys(keys)))
         with self._watch("contains"):
             order, sc, rc, recv_keys = self._route(uniq)
             found = to_numpy(self.local.contains(recv_keys)).astype(np.uint8)
@@ -474,10 +474,10 @@ class ShardedTable:
             g = as_rows(grads, k.shape[0], self.dim, "grads")
             if not np.isfinite(g).all():
                 raise ValueError("grads: expected only finite values")
-            uniq, inv = np.unique(k, return_inverse=True)
+            uniq, inv = ops.unique_inverse(k)
             self._owners(uniq)
             offsets = np.arange(len(k) + 1, dtype=np.int64)
-            summed = ops.spread_pooled(g, inv.astype(np.int64), offsets, len(uniq))
+            summed = ops.spread_pooled(g, inv, offsets, len(uniq))
             return uniq, summed
 
         uniq, summed = self._prepare("apply_gradients", prep)
@@ -487,9 +487,9 @@ class ShardedTable:
     def _bags(self, ids: Any, offsets: Any, weights: Any, combiner: str) -> tuple[Any, ...]:
         i, o, w, c = as_bags(ids, offsets, weights, combiner)
         batch = ops.check_bags(i, o, w, c)
-        uniq, inv = np.unique(i, return_inverse=True)
+        uniq, inv = ops.unique_inverse(i)
         self._owners(uniq)
-        return i, o, w, c, batch, uniq, inv.astype(np.int64)
+        return i, o, w, c, batch, uniq, inv
 
     def lookup_pooled(
         self,
@@ -750,14 +750,11 @@ class ShardedCollection:
                     )
                 parts[name] = (i, o, w_, c)
             ids = np.concatenate([p[0] for p in parts.values()])
-            uniq, inv = np.unique(ids, return_inverse=True)
+            uniq, inv = ops.unique_inverse(ids)
             cuts = np.cumsum([0] + [len(p[0]) for p in parts.values()])
             out[group[0]] = (
                 uniq,
-                {
-                    n: (inv[cuts[j] : cuts[j + 1]].astype(np.int64), *parts[n][1:])
-                    for j, n in enumerate(parts)
-                },
+                {n: (inv[cuts[j] : cuts[j + 1]], *parts[n][1:]) for j, n in enumerate(parts)},
             )
         out["__batch__"] = size or 0
         return out

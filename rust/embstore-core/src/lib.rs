@@ -87,6 +87,7 @@ pub mod policy;
 pub mod simd;
 pub mod strings;
 pub mod table;
+pub mod unique;
 pub mod vocab;
 pub mod zeroed;
 

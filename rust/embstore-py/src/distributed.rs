@@ -42,6 +42,21 @@ pub fn partition_owners<'py>(
     Ok(out.into_pyarray(py))
 }
 
+/// Distinct keys and each position's index among them.
+type KeysAndIndex<'py> = (Bound<'py, PyArray1<i64>>, Bound<'py, PyArray1<i64>>);
+
+/// The distinct keys in first-occurrence order, and each position's index
+/// among them: int64 (u,) and int64 (n,).
+#[pyfunction]
+pub fn unique_inverse<'py>(
+    py: Python<'py>,
+    keys: PyReadonlyArray1<'py, i64>,
+) -> PyResult<KeysAndIndex<'py>> {
+    let k = slice(&keys, "keys")?;
+    let (uniq, inverse) = py.enter_store(|| embstore_core::unique::unique_inverse(k))?;
+    Ok((uniq.into_pyarray(py), inverse.into_pyarray(py)))
+}
+
 /// Pools rows already fetched: id i of the bags uses row idx[i] of rows.
 #[pyfunction]
 #[pyo3(signature = (rows, idx, offsets, weights=None, combiner="sum"))]

@@ -27,6 +27,7 @@ mod _core {
     use crate::distributed::{
         PyDirectoryHold, bag_coefficients, check_bags, checkpoint_manifest_text, hold_directory,
         load_table_owned, new_checkpoint_id, partition_owners, pool_rows, spread_pooled,
+        unique_inverse,
     };
     #[pymodule_export]
     use crate::error::{CheckpointError, EmbstoreError};
