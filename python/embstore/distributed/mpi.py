@@ -741,7 +741,8 @@ class ShardedCollection:
             for name in group:
                 entry = feature_entry(name, batch[name])
                 w = entry[2] if len(entry) == 3 else None
-                i, o, w_, c, b, _, _ = table._bags(entry[0], entry[1], w, self._combiners[name])
+                i, o, w_, c = as_bags(entry[0], entry[1], w, self._combiners[name])
+                b = ops.check_bags(i, o, w_, c)
                 if size is None:
                     size = b
                 elif b != size:
@@ -749,8 +750,11 @@ class ShardedCollection:
                         f"batch[{name!r}] offsets: expected batch size {size}, got {b}"
                     )
                 parts[name] = (i, o, w_, c)
+            # One dedup per table over all its features' ids (not one per
+            # feature), and one owners' check of the distinct keys.
             ids = np.concatenate([p[0] for p in parts.values()])
             uniq, inv = ops.unique_inverse(ids)
+            table._owners(uniq)
             cuts = np.cumsum([0] + [len(p[0]) for p in parts.values()])
             out[group[0]] = (
                 uniq,
