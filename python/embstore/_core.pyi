@@ -182,6 +182,24 @@ def pool_rows(
     weights: npt.NDArray[np.float32] | None = None,
     combiner: str = "sum",
 ) -> npt.NDArray[np.float32]: ...
+def pool_rows_into(
+    rows: npt.NDArray[np.float32],
+    idx: npt.NDArray[np.int64],
+    offsets: npt.NDArray[np.int64],
+    out: npt.NDArray[np.float32],
+    col: int,
+    weights: npt.NDArray[np.float32] | None = None,
+    combiner: str = "sum",
+) -> None: ...
+def spread_pooled_add(
+    grads: npt.NDArray[np.float32],
+    col: int,
+    idx: npt.NDArray[np.int64],
+    offsets: npt.NDArray[np.int64],
+    out: npt.NDArray[np.float32],
+    weights: npt.NDArray[np.float32] | None = None,
+    combiner: str = "sum",
+) -> None: ...
 def spread_pooled(
     grads: npt.NDArray[np.float32],
     idx: npt.NDArray[np.int64],

@@ -12,7 +12,15 @@ import numpy.typing as npt
 
 from embstore import _core
 
-__all__ = ["check_bags", "partition_owners", "pool_rows", "spread_pooled", "unique_inverse"]
+__all__ = [
+    "check_bags",
+    "partition_owners",
+    "pool_rows",
+    "pool_rows_into",
+    "spread_pooled",
+    "spread_pooled_add",
+    "unique_inverse",
+]
 
 
 def partition_owners(
@@ -68,3 +76,34 @@ def spread_pooled(
     """The backward of :func:`pool_rows`: float32 ``(n, dim)``, row ``r``
     the sum of ``c_i * grads[bag(i)]`` over the ids with ``idx[i] == r``."""
     return _core.spread_pooled(grads, idx, offsets, n, weights, combiner)
+
+
+def pool_rows_into(
+    rows: npt.NDArray[np.float32],
+    idx: npt.NDArray[np.int64],
+    offsets: npt.NDArray[np.int64],
+    out: npt.NDArray[np.float32],
+    col: int,
+    weights: npt.NDArray[np.float32] | None = None,
+    combiner: str = "sum",
+) -> None:
+    """:func:`pool_rows` written in place into columns ``col:col + dim`` of
+    ``out`` (float32 ``(batch, width)``, C-contiguous): several features'
+    pooled rows side by side with no copy to join them."""
+    _core.pool_rows_into(rows, idx, offsets, out, col, weights, combiner)
+
+
+def spread_pooled_add(
+    grads: npt.NDArray[np.float32],
+    col: int,
+    idx: npt.NDArray[np.int64],
+    offsets: npt.NDArray[np.int64],
+    out: npt.NDArray[np.float32],
+    weights: npt.NDArray[np.float32] | None = None,
+    combiner: str = "sum",
+) -> None:
+    """:func:`spread_pooled` of columns ``col:col + dim`` of ``grads``
+    (``(batch, width)``), added in place to ``out`` (float32 ``(n, dim)``,
+    C-contiguous): the features of one table sum into one array with no
+    copy of their columns."""
+    _core.spread_pooled_add(grads, col, idx, offsets, out, weights, combiner)

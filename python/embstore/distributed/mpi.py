@@ -782,15 +782,26 @@ class ShardedCollection:
             lambda: (check_bool("insert", insert), self._prep(batch)),
             lambda r: (("insert", r[0]),),
         )
-        pooled: dict[str, np.ndarray] = {}
+        cols = self._columns()
+        # Every feature's pooled rows are written in place into its columns.
+        out = np.empty((prep["__batch__"], self.dim), np.float32)
         with first._watch("Collection.lookup_pooled"):
             for group in self._groups:
                 table = self._features[group[0]]
                 uniq, parts = prep[group[0]]
                 rows = table._fetch_unique(uniq, ins)
                 for name, (inv, o, w, c) in parts.items():
-                    pooled[name] = ops.pool_rows(rows, inv, o, w, c)
-        return np.concatenate([pooled[n] for n in self._features], axis=1)
+                    ops.pool_rows_into(rows, inv, o, out, cols[name][0], w, c)
+        return out
+
+    def _columns(self) -> dict[str, tuple[int, int]]:
+        """Each feature's columns in the pooled output (features in order)."""
+        cols: dict[str, tuple[int, int]] = {}
+        c0 = 0
+        for name, t in self._features.items():
+            cols[name] = (c0, c0 + t.dim)
+            c0 += t.dim
+        return cols
 
     def apply_pooled_gradients(self, batch: Mapping[str, tuple[Any, ...]], grads: Any) -> None:
         first = self._any()
@@ -808,21 +819,16 @@ class ShardedCollection:
             return p, g
 
         p, g = first._prepare(f"ShardedCollection({self._ids()}).apply_pooled_gradients", prep)
-        cols: dict[str, tuple[int, int]] = {}
-        c0 = 0
-        for name, t in self._features.items():
-            cols[name] = (c0, c0 + t.dim)
-            c0 += t.dim
+        cols = self._columns()
         with first._watch("Collection.apply_pooled_gradients"):
             for group in self._groups:
                 table = self._features[group[0]]
                 uniq, parts = p[group[0]]
+                # The features of one table add their gradients into one
+                # array, each read from its own columns of g (no copies).
                 summed = np.zeros((len(uniq), table.dim), np.float32)
                 for name, (inv, o, w, c) in parts.items():
-                    a, b = cols[name]
-                    summed += ops.spread_pooled(
-                        np.ascontiguousarray(g[:, a:b]), inv, o, len(uniq), w, c
-                    )
+                    ops.spread_pooled_add(g, cols[name][0], inv, o, summed, w, c)
                 table._push_unique(uniq, summed)
 
 

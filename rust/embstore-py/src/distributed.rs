@@ -7,10 +7,13 @@ use embstore_core::Table;
 use embstore_core::error::oom;
 use embstore_core::partition::Partition;
 use embstore_core::table::checkpoint;
-use embstore_core::table::{pool_rows as core_pool_rows, spread_pooled as core_spread_pooled};
+use embstore_core::table::{
+    pool_rows as core_pool_rows, pool_rows_into as core_pool_rows_into,
+    spread_pooled as core_spread_pooled, spread_pooled_add as core_spread_pooled_add,
+};
 use numpy::{
     IntoPyArray, PyArray1, PyArray2, PyArrayMethods, PyReadonlyArray1, PyReadonlyArray2,
-    PyUntypedArrayMethods,
+    PyReadwriteArray2, PyUntypedArrayMethods,
 };
 use pyo3::prelude::*;
 
@@ -78,6 +81,49 @@ pub fn pool_rows<'py>(
         py.enter_store(|| core_pool_rows(r, dim, i, &b, dst))?;
     }
     Ok(out)
+}
+
+/// `pool_rows` into columns `col..col + dim` of `out` (batch, stride), in place.
+#[pyfunction]
+#[pyo3(signature = (rows, idx, offsets, out, col, weights=None, combiner="sum"))]
+#[allow(clippy::too_many_arguments)]
+pub fn pool_rows_into<'py>(
+    py: Python<'py>,
+    rows: PyReadonlyArray2<'py, f32>,
+    idx: PyReadonlyArray1<'py, i64>,
+    offsets: PyReadonlyArray1<'py, i64>,
+    mut out: PyReadwriteArray2<'py, f32>,
+    col: usize,
+    weights: Option<PyReadonlyArray1<'py, f32>>,
+    combiner: &str,
+) -> PyResult<()> {
+    let (dim, stride) = (rows.shape()[1], out.shape()[1]);
+    let b = bags(&idx, &offsets, weights.as_ref(), combiner)?;
+    let (r, i) = (slice2(&rows, "rows")?, slice(&idx, "idx")?);
+    let dst = out.as_slice_mut()?;
+    py.enter_store(|| core_pool_rows_into(r, dim, i, &b, dst, stride, col))
+}
+
+/// Adds the backward of `pool_rows` from columns `col..col + dim` of
+/// `grads` (batch, stride) to `out` (n, dim), in place.
+#[pyfunction]
+#[pyo3(signature = (grads, col, idx, offsets, out, weights=None, combiner="sum"))]
+#[allow(clippy::too_many_arguments)]
+pub fn spread_pooled_add<'py>(
+    py: Python<'py>,
+    grads: PyReadonlyArray2<'py, f32>,
+    col: usize,
+    idx: PyReadonlyArray1<'py, i64>,
+    offsets: PyReadonlyArray1<'py, i64>,
+    mut out: PyReadwriteArray2<'py, f32>,
+    weights: Option<PyReadonlyArray1<'py, f32>>,
+    combiner: &str,
+) -> PyResult<()> {
+    let (stride, dim) = (grads.shape()[1], out.shape()[1]);
+    let b = bags(&idx, &offsets, weights.as_ref(), combiner)?;
+    let (g, i) = (slice2(&grads, "grads")?, slice(&idx, "idx")?);
+    let dst = out.as_slice_mut()?;
+    py.enter_store(|| core_spread_pooled_add(g, stride, col, dim, i, &b, dst))
 }
 
 /// Backward of `pool_rows`: per-row gradient sums, (n, dim).

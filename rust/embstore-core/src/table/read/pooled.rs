@@ -330,21 +330,53 @@ pub fn pool_rows(
     bags: &Bags<'_>,
     out: &mut [f32],
 ) -> Result<()> {
+    pool_rows_into(rows, dim, idx, bags, out, dim, 0)
+}
+
+/// [`pool_rows`] into columns `col..col + dim` of `out`, whose rows are
+/// `stride` floats: several features' pooled rows side by side, each
+/// written in place (`batch * stride` floats; other columns untouched).
+///
+/// # Errors
+/// Bad CSR input, an `idx` entry out of range, wrong lengths, columns
+/// outside the row.
+pub fn pool_rows_into(
+    rows: &[f32],
+    dim: usize,
+    idx: &[i64],
+    bags: &Bags<'_>,
+    out: &mut [f32],
+    stride: usize,
+    col: usize,
+) -> Result<()> {
     bags.validate()?;
     check_idx("rows", rows.len(), dim, idx, bags)?;
-    check_len("out", bags.batch() * dim, out.len())?;
+    check_columns(stride, col, dim)?;
+    check_len("out", bags.batch() * stride, out.len())?;
     let backend = crate::simd::Backend::from_env()?;
     let Coefs { coef, .. } = bags.coefs()?;
-    out.par_chunks_mut(dim.max(1))
+    out.par_chunks_mut(stride)
         .enumerate()
         .with_min_len(256)
-        .for_each(|(b, dst)| {
+        .for_each(|(b, row)| {
+            let dst = &mut row[col..col + dim];
             dst.fill(0.0);
             for i in bags.range(b) {
                 let r = idx[i] as usize;
                 backend.axpy(dst, coef[i], &rows[r * dim..(r + 1) * dim]);
             }
         });
+    Ok(())
+}
+
+/// Checks that columns `col..col + dim` lie within rows of `stride`.
+pub(crate) fn check_columns(stride: usize, col: usize, dim: usize) -> Result<()> {
+    if dim == 0 || col.checked_add(dim).is_none_or(|end| end > stride) {
+        return Err(invalid(
+            "col",
+            format!("expected columns {col}..{col} + {dim} within rows of {stride}"),
+        ));
+    }
     Ok(())
 }
 

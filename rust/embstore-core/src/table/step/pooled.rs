@@ -6,7 +6,7 @@ use crate::Bags;
 use crate::error::Result;
 use crate::table::Table;
 use crate::table::checks::{check_finite, check_finite_max, check_grad_sums, check_len};
-use crate::table::read::pooled::{Coefs, check_idx};
+use crate::table::read::pooled::{Coefs, check_columns, check_idx};
 
 impl Table {
     /// The backward of [`Table::lookup_pooled`] followed by one optimizer
@@ -74,18 +74,45 @@ pub fn spread_pooled(
 ) -> Result<()> {
     bags.validate()?;
     check_len("grads", bags.batch() * dim, grads.len())?;
-    check_finite("grads", grads)?;
     check_idx("out", out.len(), dim, idx, bags)?;
+    out.fill(0.0);
+    spread_pooled_add(grads, dim, 0, dim, idx, bags, out)
+}
+
+/// [`spread_pooled`] from columns `col..col + dim` of `grads` (rows of
+/// `stride` floats: several features' gradients side by side), added to
+/// `out` (`n * dim`) instead of replacing it: the features of one table
+/// sum into one array, with no copy of their columns. Checked first (lengths,
+/// finite values), then added.
+///
+/// # Errors
+/// Bad CSR input, an `idx` entry out of range, wrong lengths, columns
+/// outside the row, non-finite values.
+pub fn spread_pooled_add(
+    grads: &[f32],
+    stride: usize,
+    col: usize,
+    dim: usize,
+    idx: &[i64],
+    bags: &Bags<'_>,
+    out: &mut [f32],
+) -> Result<()> {
+    bags.validate()?;
+    check_columns(stride, col, dim)?;
+    check_len("grads", bags.batch() * stride, grads.len())?;
+    check_idx("out", out.len(), dim, idx, bags)?;
+    for row in grads.chunks_exact(stride) {
+        check_finite("grads", &row[col..col + dim])?;
+    }
     let backend = crate::simd::Backend::from_env()?;
     let Coefs { bag_of, coef } = bags.coefs()?;
-    out.fill(0.0);
     for (i, &r) in idx.iter().enumerate() {
-        let b = bag_of[i] as usize;
+        let b = bag_of[i] as usize * stride + col;
         let r = r as usize;
         backend.axpy(
             &mut out[r * dim..(r + 1) * dim],
             coef[i],
-            &grads[b * dim..(b + 1) * dim],
+            &grads[b..b + dim],
         );
     }
     Ok(())
