@@ -91,6 +91,20 @@ pub(crate) fn keys_arg<'py>(
     Ok(conv.call1((obj, arg))?.cast_into::<PyArray1<i64>>()?)
 }
 
+/// The ids and offsets of a pooled call as the wrapper got them, each taken
+/// or converted by [`keys_arg`].
+type BagArrays<'py> = (PyReadonlyArray1<'py, i64>, PyReadonlyArray1<'py, i64>);
+
+fn bag_arrays<'py>(
+    ids: &Bound<'py, PyAny>,
+    offsets: &Bound<'py, PyAny>,
+) -> PyResult<BagArrays<'py>> {
+    Ok((
+        keys_arg(ids, "ids")?.readonly(),
+        keys_arg(offsets, "offsets")?.readonly(),
+    ))
+}
+
 /// `obj` as a float32 array of `n` rows of `dim`: taken as it is when it is
 /// a 2-D float32 array (its shape checked by [`rows_of`]), else converted
 /// and checked by `embstore._convert.as_rows`.
@@ -463,10 +477,7 @@ impl PyTable {
         missing: &str,
         default_row: Option<PyReadonlyArray1<'py, f32>>,
     ) -> PyResult<Bound<'py, PyArray2<f32>>> {
-        let (ids, offsets) = (
-            keys_arg(ids, "ids")?.readonly(),
-            keys_arg(offsets, "offsets")?.readonly(),
-        );
+        let (ids, offsets) = bag_arrays(ids, offsets)?;
         let (i, o) = (
             slice_or_copy(&ids, "ids")?,
             slice_or_copy(&offsets, "offsets")?,
@@ -497,10 +508,7 @@ impl PyTable {
         weights: Option<PyReadonlyArray1<'_, f32>>,
         combiner: &str,
     ) -> PyResult<()> {
-        let (ids, offsets) = (
-            keys_arg(ids, "ids")?.readonly(),
-            keys_arg(offsets, "offsets")?.readonly(),
-        );
+        let (ids, offsets) = bag_arrays(ids, offsets)?;
         let (i, o) = (
             slice_or_copy(&ids, "ids")?,
             slice_or_copy(&offsets, "offsets")?,
