@@ -17,6 +17,7 @@ import pytest
 
 import embstore
 from embstore import optim
+from embstore.gpu import _xp as X
 
 HERE = pathlib.Path(__file__).parent
 HAVE_MPI = shutil.which("mpirun") is not None
@@ -38,7 +39,9 @@ def mpirun(
         "RAYON_NUM_THREADS": "1",
         "EMBSTORE_MPI_TESTS": "1",
         "EMBSTORE_MPI_TIMEOUT": "120",
-        "PYTHONPATH": str(HERE.parent),
+        "PYTHONPATH": os.pathsep.join(
+            [str(HERE.parent), *filter(None, [os.environ.get("PYTHONPATH")])]
+        ),
         **(env or {}),
     }
     return subprocess.run(
@@ -60,6 +63,32 @@ def test_sharding_suite_under_mpirun(ranks: int) -> None:
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     assert proc.stdout.count(" passed") == ranks, proc.stdout[-2000:]
     assert "failed" not in proc.stdout
+
+
+@pytest.mark.gpu
+@pytest.mark.timeout(600)
+@pytest.mark.skipif(not X.gpu_usable()[0], reason=f"no GPU for CuPy: {X.gpu_usable()[1]}")
+def test_sharded_device_caches_of_two_ranks_on_one_gpu_equal_one_table() -> None:
+    """ShardedTable(local=DeviceCache(..., xp=cupy)) with 2 ranks sharing one
+    GPU: the stacked-tier tests of the MPI suite (training equals one Table,
+    the checkpoint loads as one Table) on CuPy arrays."""
+    proc = mpirun(
+        2,
+        "-m",
+        "pytest",
+        "-q",
+        "-s",
+        "-p",
+        "no:cacheprovider",
+        "--color=no",
+        str(HERE / "mpi" / "test_sharding.py"),
+        "-k",
+        "stacked",
+        env={"EMBSTORE_TEST_XP": "cupy"},
+    )
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    assert proc.stdout.count(" passed") == 2, proc.stdout[-2000:]
+    assert "cupy" in proc.stdout, proc.stdout[-2000:]
 
 
 def reference(steps: int) -> embstore.Table:

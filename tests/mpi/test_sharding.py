@@ -5,6 +5,8 @@ call moves equal the cost model's count."""
 
 from __future__ import annotations
 
+import importlib
+import os
 import tempfile
 
 import numpy as np
@@ -18,6 +20,8 @@ from embstore.gpu import DeviceCache
 
 COMM = MPI.COMM_WORLD
 RANK, SIZE = COMM.Get_rank(), COMM.Get_size()
+# The device caches' namespace: NumPy here; cupy on a GPU (tests/test_mpi.py).
+XP = importlib.import_module(os.environ.get("EMBSTORE_TEST_XP", "numpy"))
 DIM = 6
 STEPS = 20
 KEY_SPACE = 5000
@@ -259,10 +263,10 @@ def test_stacked_tiers_train_to_the_rows_of_one_table(pooled: bool, stack: str) 
     stacked tier saves a checkpoint one Table loads."""
     opt = optim.Adam(lr=0.05)
     if stack == "cache":
-        local: object = DeviceCache(embstore.Table(DIM, optimizer=opt, seed=9), 16, xp=np)
+        local: object = DeviceCache(embstore.Table(DIM, optimizer=opt, seed=9), 16, xp=XP)
     elif stack == "cache-factory":
         local = lambda seed: DeviceCache(  # noqa: E731
-            embstore.Table(DIM, optimizer=opt, seed=seed), 16, xp=np
+            embstore.Table(DIM, optimizer=opt, seed=seed), 16, xp=XP
         )
     else:
         local = embstore.Table(DIM, optimizer=opt, seed=9)
@@ -275,6 +279,7 @@ def test_stacked_tiers_train_to_the_rows_of_one_table(pooled: bool, stack: str) 
     stats = sharded.stats()
     if stack != "table":
         assert stats["evictions"] > 0
+        print(f"device cache on {XP.__name__}")
     keys, rows = single.export()
     np.testing.assert_allclose(sharded.lookup(keys, insert=False), rows, rtol=1e-5, atol=1e-6)
     assert len(sharded) == len(single)

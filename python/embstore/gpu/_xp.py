@@ -60,7 +60,14 @@ def is_numpy(xp: ModuleType) -> bool:
 
 
 def to_device(xp: ModuleType, a: np.ndarray) -> Array:
-    """``a`` (NumPy) on the device of ``xp``."""
+    """``a`` (NumPy; pinned for a fast copy, see :func:`host_buffer`) on the
+    device of ``xp``."""
+    if array_api_compat.is_cupy_namespace(xp):
+        import cupy  # type: ignore[import-not-found, unused-ignore]
+
+        out = cupy.empty(a.shape, dtype=a.dtype)
+        out.set(np.ascontiguousarray(a))
+        return out
     return xp.asarray(a)
 
 
@@ -199,3 +206,96 @@ def _round16(xp: Any, w: Any, dtype: str) -> Any:
         0xFFFF0000
     )
     return rounded.view(xp.float32)
+
+
+def _is_cupy(xp: ModuleType) -> bool:
+    return bool(array_api_compat.is_cupy_namespace(xp))
+
+
+def host_buffer(xp: ModuleType, shape: tuple[int, ...], dtype: Any) -> np.ndarray:
+    """An empty host array for transfers: pinned (page-locked) memory on
+    CuPy, so copies run at the bus's speed and asynchronously."""
+    if _is_cupy(xp):
+        import cupyx  # type: ignore[import-not-found, unused-ignore]
+
+        out: np.ndarray = cupyx.empty_pinned(shape, dtype=dtype)
+        return out
+    return np.empty(shape, dtype=dtype)
+
+
+def join_columns(xp: ModuleType, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """``[a | b]`` (host rows side by side), in a transfer buffer."""
+    out = host_buffer(xp, (a.shape[0], a.shape[1] + b.shape[1]), np.float32)
+    out[:, : a.shape[1]] = a
+    out[:, a.shape[1] :] = b
+    return out
+
+
+def pack_to_host(
+    xp: ModuleType, ints: Array, floats: list[Array]
+) -> tuple[np.ndarray, list[np.ndarray]]:
+    """1-D int64 ``ints`` and float32 blocks on the host, in one copy: on
+    CuPy packed into one device buffer of bytes and copied into pinned
+    memory at once; elsewhere each is read as it is."""
+    if not _is_cupy(xp):
+        return (
+            np.ascontiguousarray(to_host(xp, ints), dtype=np.int64),
+            [np.ascontiguousarray(to_host(xp, f), dtype=np.float32) for f in floats],
+        )
+    import cupy  # type: ignore[import-not-found, unused-ignore]
+
+    parts = [cupy.ascontiguousarray(ints, dtype=cupy.int64).view(cupy.uint8)]
+    parts += [
+        cupy.ascontiguousarray(f, dtype=cupy.float32).reshape(-1).view(cupy.uint8) for f in floats
+    ]
+    buf = cupy.concatenate(parts)
+    host = host_buffer(xp, (int(buf.shape[0]),), np.uint8)
+    buf.get(out=host)
+    n_int = int(ints.shape[0]) * 8
+    keys = host[:n_int].view(np.int64)
+    blocks, at = [], n_int
+    for f in floats:
+        size = int(np.prod(f.shape)) * 4
+        blocks.append(host[at : at + size].view(np.float32).reshape(tuple(f.shape)))
+        at += size
+    return keys, blocks
+
+
+def synchronize(xp: ModuleType) -> None:
+    """Waits for the device's queued work (CuPy); elsewhere nothing."""
+    if _is_cupy(xp):
+        import cupy  # type: ignore[import-not-found, unused-ignore]
+
+        cupy.cuda.get_current_stream().synchronize()
+
+
+class side_stream:  # a context manager used as a statement, hence the name
+    """On CuPy, runs the block on a stream of its own (ordered with the
+    default stream, so nothing on it races the caller's work), waited for at
+    the end; elsewhere nothing."""
+
+    def __init__(self, xp: ModuleType) -> None:
+        self._stream: Any = None
+        if _is_cupy(xp):
+            import cupy  # type: ignore[import-not-found, unused-ignore]
+
+            self._stream = cupy.cuda.Stream()
+
+    def __enter__(self) -> None:
+        if self._stream is not None:
+            self._stream.__enter__()
+
+    def __exit__(self, *exc: object) -> None:
+        if self._stream is not None:
+            self._stream.synchronize()
+            self._stream.__exit__(*exc)
+
+
+def segment_sum_fast(xp: ModuleType, idx: Array, v: Array, n_out: int) -> Array:
+    """:func:`segment_sum_in_order` (bit for bit the table's sums) except on
+    CuPy, where a key repeated thousands of times in a batch would take as
+    many passes: there :func:`segment_sum`, one sorted pass in float64
+    (equal to the table's sums to float32 rounding)."""
+    if _is_cupy(xp):
+        return segment_sum(xp, idx, v, n_out)
+    return segment_sum_in_order(xp, idx, v, n_out)

@@ -6,18 +6,25 @@ cache writes it back (on eviction, :meth:`DeviceCache.flush` or
 :meth:`DeviceCache.save`). A key is owned by exactly one tier at a time, so
 training through the cache equals training on the table.
 
-Per call, misses are fetched from the table in one native call and moved to
-the device in one copy; evicted rows (with their state), and the gradients of
-keys the cache cannot hold, go back to the host in one copy. The cache
-reaches its table only through :class:`embstore.protocol.StateTier`; a step
-number comes from the table (``take_step``), so other threads may train the
-table at the same time.
+The index is a bucketed hash table on the device (:mod:`embstore.gpu.index`):
+a call costs O(its keys), whatever the cache's size. Keys, gradients and rows
+of the cache's namespace (or another library's, shared by DLPack) stay on the
+device: hits never reach the host. Per call, what the table must see (the
+keys of misses and evictions, evicted rows with their state, gradients of
+keys the cache cannot hold) goes to the host in one copy, and the fetched
+misses come back in one copy (pinned host buffers on CuPy).
+:meth:`DeviceCache.prefetch` brings the next batch's misses in while the
+current one trains. The cache reaches its table only through
+:class:`embstore.protocol.StateTier`; a step number comes from the table
+(``take_step``), so other threads may train the table at the same time.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import os
 import threading
+import time
 import weakref
 from dataclasses import dataclass
 from types import ModuleType
@@ -30,6 +37,7 @@ from embstore import _convert, _core
 from embstore._convert import to_host
 from embstore.gpu import _optim
 from embstore.gpu import _xp as X
+from embstore.gpu.index import BucketIndex
 from embstore.protocol import StateTier
 
 Array = Any
@@ -42,13 +50,13 @@ _MAX_GRAD_SUM = 1e18
 class _Resolved:
     """Where a call's distinct keys are, after admissions."""
 
-    uniq: Array  # the call's distinct keys, ascending
+    uniq: Array  # the call's distinct keys
     inv: Array  # position in ``uniq`` of each key of the call
     slot: Array  # cache slot of each distinct key; -1: served by the table
     served_pos: Array  # positions in ``uniq`` of the table-served keys
     served_keys: np.ndarray  # those keys, on the host
-    evicted_keys: np.ndarray  # keys evicted for the admissions (already written back)
     served_rows: Array | None = None  # rows of the table-served keys (lookups)
+    served_grads: np.ndarray | None = None  # their summed gradients, on the host
 
 
 #: Every DeviceCache alive, for the fork handlers below.
@@ -92,7 +100,8 @@ class DeviceCache:
         filter keeps its meaning: the cache only takes keys the table has
         admitted, and the table trains (and counts) the others.
     rows:
-        Rows the cache holds (>= 1).
+        Rows the cache holds (>= 1), rounded up to whole buckets of the
+        index (by fewer than ``rows / 128``; ``capacity`` says how many).
     xp:
         The array namespace of the device arrays (``cupy``, ``numpy``,
         ``array_api_strict``, ``torch``...); default CuPy when a GPU is
@@ -105,9 +114,16 @@ class DeviceCache:
         A missing key enters the cache once it has been seen in this many
         calls; before that it is served and trained by the table.
 
+    Eviction is per bucket, as HierarchicalKV's: a key admitted to a full
+    bucket (at most 128 slots) takes the slot of that bucket's lowest-scoring
+    row that no running call uses.
+
     The batch protocol is the Table's (lookup, lookup_pooled, apply_gradients,
-    apply_pooled_gradients, contains, stats), taking ``xp`` or NumPy arrays and
-    returning ``xp`` arrays. Calls are serialized by a lock.
+    apply_pooled_gradients, contains, stats), taking ``xp`` arrays, NumPy
+    arrays, or another library's arrays on the same device (a torch CUDA
+    tensor on a CuPy cache, shared by DLPack without a copy), and returning
+    ``xp`` arrays (or, for another library's input, that library's).
+    Calls are serialized by a lock.
     """
 
     def __init__(
@@ -139,25 +155,24 @@ class DeviceCache:
         self.xp = X.namespace(xp)
         self.policy = policy
         self.admit_after = int(admit_after)
-        self.capacity = int(rows)
         self._fancy = X.supports_fancy_setitem(self.xp)
         self._lock = threading.Lock()
         self._dtype = str(table.dtype)
         _LIVE.add(self)
         xp_ = self.xp
+        #: Key -> slot; a cached key's row and state sit at its slot.
+        self._index = BucketIndex(xp_, int(rows))
+        self.capacity = self._index.capacity
         m, dim, sl = self.capacity, table.dim, table.state_len
         self._rows = xp_.zeros((m, dim), dtype=xp_.float32)
         self._state = xp_.zeros((m, sl), dtype=xp_.float32)
-        self._count = xp_.zeros((m,), dtype=xp_.int64)
-        self._last = xp_.zeros((m,), dtype=xp_.int64)
-        self._used = xp_.zeros((m,), dtype=xp_.bool)
-        self._key = xp_.zeros((m,), dtype=xp_.int64)
-        # Sorted keys of the cached rows and their slots (the index).
-        self._idx_keys = xp_.zeros((0,), dtype=xp_.int64)
-        self._idx_slots = xp_.zeros((0,), dtype=xp_.int64)
         # Calls seen so far of keys not yet admitted (admit_after > 1).
         self._pend_keys = xp_.zeros((0,), dtype=xp_.int64)
         self._pend_counts = xp_.zeros((0,), dtype=xp_.int64)
+        #: Seconds spent in copies each way (stats' h2d_seconds, d2h_seconds).
+        self._seconds = {"h2d": 0.0, "d2h": 0.0}
+        # The call of the last lookup or step: a prefetch leaves its rows.
+        self._last_call = 0
         self._tick = 0
         self._stats = dict.fromkeys(
             [
@@ -212,74 +227,109 @@ class DeviceCache:
                 "pass an optimizer to train it"
             )
 
-    # -- input ------------------------------------------------------------------
+    # -- input and output -----------------------------------------------------------
 
-    def _host(self, a: Any, arg: str) -> np.ndarray:
-        """A NumPy view of an input that is NumPy, a list, or an ``xp`` array."""
+    def _adopt(self, a: Any, arg: str) -> tuple[Any, ModuleType | None]:
+        """An input as NumPy (host data) or an array of the cache's namespace
+        (device data, not copied), and the namespace to give results back in
+        (None: the cache's). Another library's array (a torch tensor on the
+        cache's device) is taken by DLPack, without a copy."""
         if isinstance(a, (np.ndarray, list, tuple, np.generic, int, float)):
-            return np.asarray(a)
+            return np.asarray(a), None
         try:
             ns = array_api_compat.array_namespace(a)
         except TypeError:
             raise TypeError(
-                f"{arg}: expected an array of the cache's namespace or NumPy, "
-                f"got {type(a).__name__}"
+                f"{arg}: expected an array (of the cache's namespace, NumPy, or one "
+                f"DLPack can share), got {type(a).__name__}"
             ) from None
-        if ns is not self.xp and not X.is_numpy(ns):
+        if ns is self.xp:
+            return a, None
+        if X.is_numpy(ns):
+            return np.asarray(a), None
+        try:
+            return self.xp.from_dlpack(a), ns
+        except Exception as e:  # the library says why (device, dtype, no DLPack)
             raise TypeError(
                 f"{arg}: expected an array of the cache's namespace ({self.xp.__name__}) "
-                f"or NumPy, got one of {ns.__name__}"
-            )
-        return to_host(self.xp, a)
+                f"or one on its device that DLPack can share; this {ns.__name__} array "
+                f"cannot be ({type(e).__name__}: {e})"
+            ) from None
 
-    def _keys(self, keys: Any, arg: str = "keys") -> tuple[np.ndarray, Array]:
-        k = _convert.as_keys(self._host(keys, arg), arg)
-        return k, self.xp.asarray(k)
+    def _keys(self, keys: Any, arg: str = "keys") -> tuple[Array, ModuleType | None]:
+        """Checked keys as a 1-D int64 array of the cache's namespace."""
+        a, ns = self._adopt(keys, arg)
+        xp = self.xp
+        if isinstance(a, np.ndarray):
+            return xp.asarray(_convert.as_keys(a, arg)), ns
+        dt = a.dtype
+        if xp.isdtype(dt, "bool") or not xp.isdtype(dt, "integral"):
+            raise TypeError(f"{arg}: expected an integer array, got dtype {dt}")
+        if a.ndim != 1:
+            raise ValueError(f"{arg}: expected a 1-D array, got shape {tuple(a.shape)}")
+        if dt == xp.uint64 and int(a.shape[0]) and int(xp.max(a)) > np.iinfo(np.int64).max:
+            raise ValueError(f"{arg}: expected keys <= 2**63-1, got a uint64 value above it")
+        return (a if dt == xp.int64 else xp.astype(a, xp.int64)), ns
+
+    def _keys_host(self, keys_d: Array) -> np.ndarray:
+        """Keys the table must see, on the host (counted as index traffic)."""
+        out = to_host(self.xp, keys_d)
+        self._stats["index_bytes"] += int(out.nbytes)
+        return np.ascontiguousarray(out, dtype=np.int64)
 
     def _rows_in(self, a: Any, n: int, arg: str) -> Array:
-        g = _convert.as_rows(self._host(a, arg), n, self.table.dim, arg)
-        if not np.isfinite(g).all():
-            bad = int(np.flatnonzero(~np.isfinite(g.ravel()))[0])
-            raise ValueError(
-                f"{arg}: expected finite values, got a non-finite one at flat index {bad}"
-            )
-        return self.xp.asarray(g)
+        """Checked, finite float32 rows (n, dim) of the cache's namespace."""
+        h, _ = self._adopt(a, arg)
+        xp, dim = self.xp, self.table.dim
+        if isinstance(h, np.ndarray):
+            g = _convert.as_rows(h, n, dim, arg)
+            if not np.isfinite(g).all():
+                bad = int(np.flatnonzero(~np.isfinite(g.ravel()))[0])
+                raise ValueError(
+                    f"{arg}: expected finite values, got a non-finite one at flat index {bad}"
+                )
+            return xp.asarray(g)
+        if not xp.isdtype(h.dtype, "real floating"):
+            raise TypeError(f"{arg}: expected a float array, got dtype {h.dtype}")
+        if tuple(h.shape) != (n, dim):
+            raise ValueError(f"{arg}: expected shape ({n}, {dim}), got {tuple(h.shape)}")
+        g = h if h.dtype == xp.float32 else xp.astype(h, xp.float32)
+        if not bool(xp.all(xp.isfinite(g))):
+            raise ValueError(f"{arg}: expected finite values, got a non-finite one")
+        return g
+
+    @staticmethod
+    def _out(a: Array, ns: ModuleType | None) -> Array:
+        """A result in the namespace the input came in (by DLPack, no copy)."""
+        return a if ns is None else ns.from_dlpack(a)
 
     # -- transfers ----------------------------------------------------------------
 
     def _h2d(self, a: np.ndarray) -> Array:
+        t0 = time.perf_counter()
+        out = X.to_device(self.xp, a)
+        X.synchronize(self.xp)
+        self._seconds["h2d"] += time.perf_counter() - t0
         self._stats["h2d_copies"] += 1
         self._stats["h2d_bytes"] += int(a.nbytes)
-        return X.to_device(self.xp, a)
-
-    def _d2h(self, a: Array) -> np.ndarray:
-        out = to_host(self.xp, a)
-        self._stats["d2h_copies"] += 1
-        self._stats["d2h_bytes"] += int(out.nbytes)
         return out
 
-    # -- the index ---------------------------------------------------------------
+    def _d2h(self, ints: Array, floats: list[Array]) -> tuple[np.ndarray, list[np.ndarray]]:
+        """Keys ``ints`` (1-D int64) and float32 blocks to the host in one copy."""
+        if int(ints.shape[0]) == 0 and not any(int(f.shape[0]) for f in floats):
+            return np.zeros(0, np.int64), [np.zeros(tuple(f.shape), np.float32) for f in floats]
+        t0 = time.perf_counter()
+        keys, blocks = X.pack_to_host(self.xp, ints, floats)
+        self._seconds["d2h"] += time.perf_counter() - t0
+        self._stats["d2h_copies"] += 1
+        self._stats["index_bytes"] += int(keys.nbytes)
+        self._stats["d2h_bytes"] += sum(int(b.nbytes) for b in blocks)
+        return keys, blocks
 
-    def _find(self, uniq: Array) -> Array:
-        """Slot of each key of ``uniq`` (sorted, distinct), -1 if not cached."""
-        xp = self.xp
-        n = int(self._idx_keys.shape[0])
-        if n == 0:
-            return xp.full(uniq.shape, -1, dtype=xp.int64)
-        pos = xp.minimum(xp.searchsorted(self._idx_keys, uniq), n - 1)
-        hit = xp.take(self._idx_keys, pos) == uniq
-        return xp.where(hit, xp.take(self._idx_slots, pos), -1)
-
-    def _reindex(self) -> None:
-        xp = self.xp
-        slots = xp.nonzero(self._used)[0]
-        keys = xp.take(self._key, slots)
-        order = xp.argsort(keys)
-        self._idx_keys = xp.take(keys, order)
-        self._idx_slots = xp.astype(xp.take(slots, order), xp.int64)
+    # -- admissions ----------------------------------------------------------------
 
     def _admit_filter(self, miss: Array) -> Array:
-        """Which of the missing keys ``miss`` (sorted, distinct) may enter now."""
+        """Which of the missing keys ``miss`` (distinct) may enter now."""
         xp = self.xp
         if self.admit_after == 1 or int(miss.shape[0]) == 0:
             return xp.ones(miss.shape, dtype=xp.bool)
@@ -294,8 +344,9 @@ class DeviceCache:
         # Keep the counts of the keys still waiting (at most 8 x rows of them).
         keep_old = xp.ones((n,), dtype=xp.bool)
         if n:
-            idx = xp.minimum(xp.searchsorted(miss, self._pend_keys), int(miss.shape[0]) - 1)
-            keep_old = xp.take(miss, idx) != self._pend_keys
+            ms = xp.sort(miss)
+            idx = xp.minimum(xp.searchsorted(ms, self._pend_keys), int(miss.shape[0]) - 1)
+            keep_old = xp.take(ms, idx) != self._pend_keys
         keys = xp.concat([self._pend_keys[keep_old], miss[~ok]])
         counts = xp.concat([self._pend_counts[keep_old], seen[~ok]])
         limit = 8 * self.capacity
@@ -306,155 +357,150 @@ class DeviceCache:
         self._pend_keys, self._pend_counts = xp.take(keys, order), xp.take(counts, order)
         return ok
 
-    # -- the core of every call -----------------------------------------------------
-
-    def _resolve(self, keys_d: Array, admit: bool, lookup: bool) -> _Resolved:
-        """Brings the call's keys into the cache as far as it can.
-
-        ``admit``: misses may enter the cache (and the table creates rows
-        for missing keys); ``lookup``: the caller needs the rows of the keys
-        the table serves, and the call counts as lookups in the stats.
-        Evicted rows go back to the table (with their state) before their
-        slots take the admitted rows, so nothing is lost if the call fails.
-        """
-        xp = self.xp
-        self._tick += 1
-        # unique_inverse, and counts from the sorted keys (unique_all is not
-        # available on every backend, torch's among them).
-        u = xp.unique_inverse(keys_d)
-        uniq, inv = u.values, xp.reshape(u.inverse_indices, (-1,))
-        ks = xp.sort(keys_d)
-        counts = xp.searchsorted(ks, uniq, side="right") - xp.searchsorted(ks, uniq, side="left")
-        slot = self._find(uniq)
-        hit = slot >= 0
-        if lookup:
-            # A missing key misses once; its further occurrences in the call
-            # find it in place (as one access after another would).
-            n = int(keys_d.shape[0])
-            misses = int(uniq.shape[0]) - int(xp.sum(xp.astype(hit, xp.int64)))
-            self._stats["lookups"] += n
-            self._stats["hits"] += n - misses
-            self._stats["misses"] += misses
-
-        none = xp.zeros((0,), dtype=xp.int64)
-        adm_pos, new_slots, evicted = none, none, none
-        miss_pos = xp.nonzero(~hit)[0]
-        if admit and int(miss_pos.shape[0]):
-            adm_pos, new_slots, evicted = self._plan_admissions(uniq, slot, hit, miss_pos)
-        served_pos = miss_pos
-        if int(adm_pos.shape[0]):
-            is_adm = X.scatter_values(
-                xp, self._fancy, xp.zeros(hit.shape, dtype=xp.bool), adm_pos, True
-            )
-            served_pos = xp.nonzero(~hit & ~is_adm)[0]
-        res = _Resolved(
-            uniq=uniq,
-            inv=inv,
-            slot=slot,
-            served_pos=served_pos,
-            served_keys=self._index_to_host(xp.take(uniq, served_pos)),
-            evicted_keys=self._index_to_host(xp.take(self._key, evicted)),
-        )
-        if int(evicted.shape[0]):
-            # Rows and state of the evicted slots go back to the table before
-            # anything else changes: a call that fails after this point has
-            # lost nothing (the table holds them; the slots still do too).
-            self._write_back(
-                res.evicted_keys,
-                xp.concat(
-                    [xp.take(self._rows, evicted, axis=0), xp.take(self._state, evicted, axis=0)],
-                    axis=1,
-                ),
-            )
-
-        # One native fetch and one host-to-device copy for every miss.
-        n_adm = int(adm_pos.shape[0])
-        want = lookup and int(served_pos.shape[0]) > 0
-        adm_keys = self._index_to_host(xp.take(uniq, adm_pos))
-        fetch = np.concatenate([adm_keys, res.served_keys]) if want else adm_keys
-        if fetch.size:
-            if admit:
-                rows_h, state_h = self.table.lookup_with_state(fetch, insert=True)
-                dev = self._h2d(np.concatenate([rows_h, state_h], axis=1))
-            else:
-                dev = self._h2d(np.asarray(self.table.lookup(fetch, insert=False)))
-            dim = self.table.dim
-            if n_adm:
-                self._install(new_slots, xp.take(uniq, adm_pos), dev[:n_adm, :])
-                res.slot = X.scatter_values(xp, self._fancy, res.slot, adm_pos, new_slots)
-                self._stats["admissions"] += n_adm
-                self._stats["evictions"] += int(evicted.shape[0])
-            if want:
-                res.served_rows = dev[n_adm:, :dim]
-
-        # Accesses: every occurrence counts, as in the Table.
-        cached = xp.nonzero(res.slot >= 0)[0]
-        if int(cached.shape[0]):
-            cs = xp.take(res.slot, cached)
-            counts_now = xp.take(self._count, cs) + xp.take(counts, cached)
-            self._count = X.scatter_values(xp, self._fancy, self._count, cs, counts_now)
-            self._last = X.scatter_values(xp, self._fancy, self._last, cs, self._tick)
-        return res
-
     def _plan_admissions(
-        self, uniq: Array, slot: Array, hit: Array, miss_pos: Array
+        self, uniq: Array, miss_pos: Array, protect_from: int
     ) -> tuple[Array, Array, Array]:
-        """Which misses enter (their uniq positions), the slots they get (free
-        ones first), and the slots evicted for them: the lowest-scoring cached
-        rows that this call does not use."""
+        """Which misses enter (their positions in ``uniq``), the slots they
+        get, and which of those slots held a key (evictions): empty slots of
+        a key's bucket first, then its lowest-scoring rows that no running
+        call uses."""
         xp = self.xp
         miss_keys = xp.take(uniq, miss_pos)
         ok = self._admit_filter(miss_keys)
         if self.table.admission is not None:
             # Only keys the table's filter has admitted (they have a row).
-            held = np.asarray(self.table.contains(self._index_to_host(miss_keys)))
+            held = np.asarray(self.table.contains(self._keys_host(miss_keys)))
             ok = ok & xp.asarray(held)
         cand = xp.take(miss_pos, xp.nonzero(ok)[0])
-        free = xp.astype(xp.nonzero(~self._used)[0], xp.int64)
-        hit_slots = xp.take(slot, xp.nonzero(hit)[0])
-        in_call = X.scatter_values(
-            xp, self._fancy, xp.zeros((self.capacity,), dtype=xp.bool), hit_slots, True
-        )
-        evictable = self._used & ~in_call
-        n_free = int(free.shape[0])
-        room = n_free + int(xp.sum(xp.astype(evictable, xp.int64)))
-        take = min(int(cand.shape[0]), room)
-        n_vict = max(0, take - n_free)
-        evicted = xp.zeros((0,), dtype=xp.int64)
-        if n_vict:
-            # Lexicographic (primary, secondary) order by two stable sorts;
-            # rows this call uses sort last.
-            big = xp.asarray(np.iinfo(np.int64).max, dtype=xp.int64)
-            first, second = (
-                (self._count, self._last) if self.policy == "lfu" else (self._last, self._count)
-            )
-            order = xp.argsort(xp.where(evictable, second, big), stable=True)
-            by_first = xp.argsort(xp.take(xp.where(evictable, first, big), order), stable=True)
-            evicted = xp.astype(xp.take(order, by_first)[:n_vict], xp.int64)
-        return cand[:take], xp.concat([free[: take - n_vict], evicted]), evicted
+        slots, evict = self._index.plan(xp.take(uniq, cand), protect_from, self.policy)
+        got = xp.nonzero(slots >= 0)[0]
+        return xp.take(cand, got), xp.take(slots, got), xp.take(evict, got)
 
-    def _install(self, slots: Array, keys: Array, packed: Array) -> None:
+    # -- the core of every call -----------------------------------------------------
+
+    def _resolve(
+        self,
+        keys_d: Array,
+        admit: bool,
+        lookup: bool,
+        *,
+        grads: Array | None = None,
+        prefetch: bool = False,
+    ) -> _Resolved:
+        """Brings the call's keys into the cache as far as it can.
+
+        ``admit``: misses may enter the cache (and the table creates rows
+        for missing keys); ``lookup``: the caller needs the rows of the keys
+        the table serves, and the call counts as lookups in the stats;
+        ``grads``: summed gradients of the call's distinct keys (in
+        ``unique_inverse`` order), whose table-served rows come back in
+        ``served_grads``; ``prefetch``: the rows of the last lookup or step
+        stay (the batch that may still be training). Evicted rows go back to
+        the table (with their state) before their slots take the admitted
+        rows, so nothing is lost if the call fails.
+        """
+        xp = self.xp
+        self._tick += 1
+        tick = self._tick
+        protect_from = self._last_call if prefetch else tick
+        if not prefetch:
+            self._last_call = tick
+        u = xp.unique_inverse(keys_d)
+        uniq, inv = u.values, xp.reshape(u.inverse_indices, (-1,))
+        # Accesses per distinct key, from the sorted keys (unique_all is not
+        # available on every backend, torch's among them).
+        ks = xp.sort(keys_d)
+        counts = xp.searchsorted(ks, uniq, side="right") - xp.searchsorted(ks, uniq, side="left")
+        slot = self._index.find(uniq)
+        hit = slot >= 0
+        hit_pos = xp.nonzero(hit)[0]
+        self._index.touch(xp.take(slot, hit_pos), xp.take(counts, hit_pos), tick)
+        n_miss = int(uniq.shape[0]) - int(hit_pos.shape[0])
+        if lookup:
+            # A missing key misses once; its further occurrences in the call
+            # find it in place (as one access after another would).
+            n = int(keys_d.shape[0])
+            self._stats["lookups"] += n
+            self._stats["hits"] += n - n_miss
+            self._stats["misses"] += n_miss
+
+        none = xp.zeros((0,), dtype=xp.int64)
+        adm_pos, new_slots, evict = none, none, xp.zeros((0,), dtype=xp.bool)
+        miss_pos = xp.nonzero(~hit)[0]
+        if admit and n_miss:
+            adm_pos, new_slots, evict = self._plan_admissions(uniq, miss_pos, protect_from)
+        served_pos = miss_pos
+        n_adm = int(adm_pos.shape[0])
+        if n_adm:
+            is_adm = X.scatter_values(
+                xp, self._fancy, xp.zeros(hit.shape, dtype=xp.bool), adm_pos, True
+            )
+            served_pos = xp.nonzero(~hit & ~is_adm)[0]
+        evicted = xp.take(new_slots, xp.nonzero(evict)[0])
+        n_ev, n_served = int(evicted.shape[0]), int(served_pos.shape[0])
+
+        # One copy to the host: the keys the table must see, evicted rows with
+        # their state, and the table-served keys' gradients.
+        floats = [
+            xp.concat(
+                [xp.take(self._rows, evicted, axis=0), xp.take(self._state, evicted, axis=0)],
+                axis=1,
+            )
+        ]
+        if grads is not None:
+            floats.append(xp.take(grads, served_pos, axis=0))
+        adm_keys = xp.take(uniq, adm_pos)
+        ints = xp.concat([adm_keys, xp.take(uniq, served_pos), xp.take(self._index.keys, evicted)])
+        keys_h, blocks = self._d2h(ints, floats)
+        adm_h = keys_h[:n_adm]
+        res = _Resolved(
+            uniq=uniq,
+            inv=inv,
+            slot=slot,
+            served_pos=served_pos,
+            served_keys=keys_h[n_adm : n_adm + n_served],
+            served_grads=blocks[1] if grads is not None else None,
+        )
+        if n_ev:
+            # Rows and state of the evicted slots go back to the table before
+            # anything else changes: a call that fails after this point has
+            # lost nothing (the table holds them; the slots still do too).
+            self._write_back(keys_h[n_adm + n_served :], blocks[0])
+
+        # One native fetch and one host-to-device copy for every miss.
+        want = lookup and n_served > 0
+        fetch = np.concatenate([adm_h, res.served_keys]) if want else adm_h
+        if fetch.size:
+            if admit:
+                rows_h, state_h = self.table.lookup_with_state(fetch, insert=True)
+                dev = self._h2d(X.join_columns(self.xp, rows_h, state_h))
+            else:
+                dev = self._h2d(np.asarray(self.table.lookup(fetch, insert=False)))
+            dim = self.table.dim
+            if n_adm:
+                self._install(
+                    new_slots, adm_keys, xp.take(counts, adm_pos), tick, n_ev, dev[:n_adm, :]
+                )
+                res.slot = X.scatter_values(xp, self._fancy, res.slot, adm_pos, new_slots)
+                self._stats["admissions"] += n_adm
+                self._stats["evictions"] += n_ev
+            if want:
+                res.served_rows = dev[n_adm:, :dim]
+        return res
+
+    def _install(
+        self, slots: Array, keys: Array, counts: Array, tick: int, evicted: int, packed: Array
+    ) -> None:
         """Puts fetched rows+state (``packed``) of ``keys`` into ``slots``."""
         xp, fancy, dim = self.xp, self._fancy, self.table.dim
         self._rows = X.scatter_rows(xp, fancy, self._rows, slots, packed[:, :dim])
         self._state = X.scatter_rows(xp, fancy, self._state, slots, packed[:, dim:])
-        self._key = X.scatter_values(xp, fancy, self._key, slots, keys)
-        self._used = X.scatter_values(xp, fancy, self._used, slots, True)
-        self._count = X.scatter_values(xp, fancy, self._count, slots, 0)
-        self._reindex()
+        self._index.install(slots, keys, counts, tick, evicted)
 
-    def _index_to_host(self, keys: Array) -> np.ndarray:
-        """Keys the table must see (misses, evictions) on the host: index
-        traffic, counted apart from the row copies."""
-        out = to_host(self.xp, keys)
-        self._stats["index_bytes"] += int(out.nbytes)
-        return np.ascontiguousarray(out, dtype=np.int64)
-
-    def _write_back(self, keys: np.ndarray, packed: Array) -> None:
-        """Writes cached rows+state ``packed`` of ``keys`` back to the table,
-        in one device-to-host copy."""
+    def _write_back(self, keys: np.ndarray, block: np.ndarray) -> None:
+        """Writes cached rows+state ``block`` (on the host) of ``keys`` back to
+        the table."""
         dim = self.table.dim
-        block = self._d2h(packed)
         self.table.write_back(
             keys,
             np.ascontiguousarray(block[:, :dim]),
@@ -468,10 +514,11 @@ class DeviceCache:
         """Rows of ``keys (n,)``: ``xp`` float32 ``(n, dim)``. Misses are fetched
         from the table and (``insert=True``) enter the cache; ``insert=False``
         serves them from the table without storing anything."""
-        _, keys_d = self._keys(keys)
+        keys_d, ns = self._keys(keys)
+        insert = _convert.check_bool("insert", insert)
         with self._lock:
-            rows_u = self._gather(keys_d, _convert.check_bool("insert", insert))
-            return self.xp.take(rows_u[0], rows_u[1], axis=0)
+            rows_u, inv = self._gather(keys_d, insert)
+            return self._out(self.xp.take(rows_u, inv, axis=0), ns)
 
     def _gather(self, keys_d: Array, insert: bool) -> tuple[Array, Array]:
         """Rows of the call's distinct keys and the inverse map."""
@@ -482,21 +529,47 @@ class DeviceCache:
             rows_u = X.scatter_rows(xp, self._fancy, rows_u, r.served_pos, r.served_rows)
         return rows_u, r.inv
 
+    def prefetch(self, keys: Any) -> concurrent.futures.Future[None]:
+        """Starts bringing the rows of ``keys`` (the next batch's) into the cache
+        in the background, on a stream of its own on CuPy, while the current
+        batch trains; the rows of the last lookup or step stay cached. Later
+        calls wait for it (they take the cache's lock after it). Returns a
+        future that holds the prefetch's error, if any: a failed prefetch
+        changes nothing a later call relies on (its misses are fetched then)."""
+        keys_d, _ = self._keys(keys)
+        done: concurrent.futures.Future[None] = concurrent.futures.Future()
+        started = threading.Event()
+
+        def run() -> None:
+            try:
+                with self._lock:
+                    started.set()
+                    with X.side_stream(self.xp):
+                        self._resolve(keys_d, admit=True, lookup=False, prefetch=True)
+                done.set_result(None)
+            except BaseException as e:  # handed to the caller through the future
+                started.set()
+                done.set_exception(e)
+
+        threading.Thread(target=run, name="embstore-prefetch", daemon=True).start()
+        started.wait()  # the prefetch holds the lock: calls after this come after it
+        return done
+
     def contains(self, keys: Any) -> Array:
         """Whether each key has a row (in the cache or in the table): ``xp`` bool."""
-        keys_h, keys_d = self._keys(keys)
+        keys_d, ns = self._keys(keys)
         with self._lock:
             xp = self.xp
-            u = xp.unique_inverse(keys_d)
-            cached = xp.take(self._find(u.values) >= 0, xp.reshape(u.inverse_indices, (-1,)))
-            return cached | xp.asarray(np.asarray(self.table.contains(keys_h)))
+            cached = self._index.find(keys_d) >= 0
+            held = xp.asarray(np.asarray(self.table.contains(self._keys_host(keys_d))))
+            return self._out(cached | held, ns)
 
     def apply_gradients(self, keys: Any, grads: Any) -> None:
         """One optimizer step (duplicates summed), on the device for the keys
         the cache holds and in the table for the others."""
         self._require_optimizer()
-        keys_h, keys_d = self._keys(keys)
-        g = self._rows_in(grads, keys_h.shape[0], "grads")
+        keys_d, _ = self._keys(keys)
+        g = self._rows_in(grads, int(keys_d.shape[0]), "grads")
         with self._lock:
             self._apply(keys_d, g)
 
@@ -509,21 +582,22 @@ class DeviceCache:
         opt = self.table.optimizer
         assert opt is not None
         n = int(keys_d.shape[0])
+        u = xp.unique_inverse(keys_d)
+        ng = int(u.values.shape[0])
+        inv = xp.reshape(u.inverse_indices, (-1,))
         if n and float(xp.max(xp.abs(g))) * n > _MAX_GRAD_SUM:
             # As the table: no key's summed gradient beyond 1e18.
-            u = xp.unique_inverse(keys_d)
-            ng = int(u.values.shape[0])
-            inv = xp.reshape(u.inverse_indices, (-1,))
             bound = X.segment_sum(xp, inv, xp.max(xp.abs(g), axis=1, keepdims=True), ng)
             if float(xp.max(bound)) > _MAX_GRAD_SUM:
                 raise ValueError(
                     "grads: the gradients of a key sum to more than 1e18 in magnitude (the "
                     "optimizer state would overflow float32); nothing changed"
                 )
-        r = self._resolve(keys_d, admit=True, lookup=False)
-        slot, served_pos = r.slot, r.served_pos
-        # Summed as the table sums them (float32, batch order): bit for bit.
-        gsum = X.segment_sum_in_order(xp, r.inv, g, int(r.uniq.shape[0]))
+        # Summed as the table sums them (float32, batch order: bit for bit)
+        # where that is cheap; on CuPy by one sorted pass (to float rounding).
+        gsum = X.segment_sum_fast(xp, inv, g, ng)
+        r = self._resolve(keys_d, admit=True, lookup=False, grads=gsum)
+        slot = r.slot
         cached = xp.nonzero(slot >= 0)[0]
         cs = xp.take(slot, cached)
 
@@ -557,8 +631,8 @@ class DeviceCache:
             assert new is not None
             self._rows = X.scatter_rows(xp, self._fancy, self._rows, cs, new[0])
             self._state = X.scatter_rows(xp, self._fancy, self._state, cs, new[1])
-        if int(served_pos.shape[0]):
-            host = np.ascontiguousarray(self._d2h(xp.take(gsum, served_pos, axis=0)))
+        if r.served_grads is not None and r.served_grads.shape[0]:
+            host = np.ascontiguousarray(r.served_grads)
             self.table.apply_gradients(r.served_keys, host, step=t)
             self._stats["table_updates"] += int(host.shape[0])
 
@@ -572,15 +646,16 @@ class DeviceCache:
         insert: bool = True,
     ) -> Array:
         """Pooled rows of CSR bags, as :meth:`embstore.Table.lookup_pooled`: ``xp`` (batch, dim)."""
-        ids_d, bag_of, coef, batch = self._bags(ids, offsets, weights, combiner)
+        ids_d, bag_of, coef, batch, ns = self._bags(ids, offsets, weights, combiner)
+        insert = _convert.check_bool("insert", insert)
         with self._lock:
             xp = self.xp
-            rows_u, inv = self._gather(ids_d, _convert.check_bool("insert", insert))
+            rows_u, inv = self._gather(ids_d, insert)
             x = xp.take(rows_u, inv, axis=0)
             out = X.segment_sum(xp, bag_of, xp.reshape(coef, (-1, 1)) * x, batch)
             if not bool(xp.all(xp.isfinite(out))):
                 raise ValueError("weights: pooling with these weights overflows float32")
-            return out
+            return self._out(out, ns)
 
     def apply_pooled_gradients(
         self,
@@ -593,7 +668,7 @@ class DeviceCache:
     ) -> None:
         """Backward of :meth:`lookup_pooled` and one optimizer step."""
         self._require_optimizer()
-        ids_d, bag_of, coef, batch = self._bags(ids, offsets, weights, combiner)
+        ids_d, bag_of, coef, batch, _ = self._bags(ids, offsets, weights, combiner)
         g = self._rows_in(grads, batch, "grads")
         with self._lock:
             xp = self.xp
@@ -610,21 +685,67 @@ class DeviceCache:
 
     def _bags(
         self, ids: Any, offsets: Any, weights: Any, combiner: str
-    ) -> tuple[Array, Array, Array, int]:
-        """Checked CSR input; each id's bag and coefficient on the device."""
+    ) -> tuple[Array, Array, Array, int, ModuleType | None]:
+        """Checked CSR input; each id's bag and coefficient on the device, and
+        the namespace to give results back in."""
         xp = self.xp
-        i, o, w, c = _convert.as_bags(
-            self._host(ids, "ids"),
-            self._host(offsets, "offsets"),
-            None if weights is None else self._host(weights, "weights"),
-            combiner,
-        )
+        i_a, ns = self._adopt(ids, "ids")
+        o_a, _ = self._adopt(offsets, "offsets")
+        w_a = None if weights is None else self._adopt(weights, "weights")[0]
+        host = all(a is None or isinstance(a, np.ndarray) for a in (i_a, o_a, w_a))
+        if not host:
+            ids_d, bag_of, coef, batch = self._bags_on_device(i_a, o_a, w_a, combiner)
+            return ids_d, bag_of, coef, batch, ns
+        i, o, w, c = _convert.as_bags(i_a, o_a, w_a, combiner)
         # Each id's bag and coefficient w_i / d_bag: the core's own (checked
         # there), so the cache pools with the table's coefficients exactly.
         bag_of_h, coef_h = _core.bag_coefficients(i, o, w, c)
         batch = max(0, int(o.shape[0]) - 1)
-        ids_d, bag_of, coef = xp.asarray(i), xp.asarray(bag_of_h), xp.asarray(coef_h)
-        return ids_d, bag_of, coef, batch
+        return xp.asarray(i), xp.asarray(bag_of_h), xp.asarray(coef_h), batch, ns
+
+    def _bags_on_device(
+        self, ids: Any, offsets: Any, weights: Any, combiner: str
+    ) -> tuple[Array, Array, Array, int]:
+        """:meth:`_bags` for ids and offsets on the device: checked there, and
+        coefficients w_i / d_bag computed there (equal to the core's to float
+        rounding)."""
+        xp = self.xp
+        combiner = _convert.check_combiner(combiner)
+        ids_d, _ = self._keys(ids, "ids")
+        off, _ = self._keys(offsets, "offsets")
+        n, nb = int(ids_d.shape[0]), int(off.shape[0])
+        if nb == 0:
+            raise ValueError(
+                "offsets: expected batch + 1 >= 1 offsets (include_last_offset=True), "
+                "got an empty array"
+            )
+        if int(off[0]) != 0 or int(off[-1]) != n or (nb > 1 and bool(xp.any(off[1:] < off[:-1]))):
+            raise ValueError(f"offsets: expected non-decreasing offsets from 0 to len(ids) = {n}")
+        w = None if weights is None else self._weights_on_device(weights, n)
+        batch = nb - 1
+        bag_of = xp.searchsorted(off[1:], xp.arange(n, dtype=xp.int64), side="right")
+        one = xp.ones((n,), dtype=xp.float32)
+        wv = one if w is None else w
+        if combiner == "sum":
+            coef = wv
+        else:
+            sq = wv if combiner == "mean" else wv * wv
+            denom = X.segment_sum(xp, bag_of, xp.reshape(sq, (-1, 1)), batch)[:, 0]
+            if combiner == "sqrtn":
+                denom = xp.sqrt(denom)
+            d = xp.take(denom, bag_of)
+            coef = xp.where(d == 0, xp.zeros_like(wv), wv / xp.where(d == 0, one, d))
+        return ids_d, xp.astype(bag_of, xp.int64), coef, batch
+
+    def _weights_on_device(self, weights: Any, n: int) -> Array:
+        xp = self.xp
+        w = weights if not isinstance(weights, np.ndarray) else xp.asarray(weights)
+        if tuple(w.shape) != (n,) or not xp.isdtype(w.dtype, "real floating"):
+            raise ValueError(f"weights: expected a float array of shape ({n},)")
+        w = xp.astype(w, xp.float32)
+        if not bool(xp.all(xp.isfinite(w))):
+            raise ValueError("weights: expected finite values")
+        return w
 
     # -- write-back and checkpoints -----------------------------------------------------
 
@@ -633,14 +754,14 @@ class DeviceCache:
         device-to-host copy); the rows stay cached."""
         with self._lock:
             xp = self.xp
-            slots = xp.nonzero(self._used)[0]
+            slots = self._index.slots_in_use()
             if int(slots.shape[0]):
-                keys = to_host(xp, xp.take(self._key, slots))
                 packed = xp.concat(
                     [xp.take(self._rows, slots, axis=0), xp.take(self._state, slots, axis=0)],
                     axis=1,
                 )
-                self._write_back(keys, packed)
+                keys, blocks = self._d2h(xp.take(self._index.keys, slots), [packed])
+                self._write_back(keys, blocks[0])
 
     def save(self, path: str | os.PathLike[str], **kwargs: Any) -> dict[str, Any]:
         """:meth:`flush`, then the table's :meth:`embstore.Table.save`."""
@@ -686,8 +807,9 @@ class DeviceCache:
     def stats(self) -> dict[str, Any]:
         """hits, misses and hit_rate (per id of lookup calls; a key missing at
         the start of a call is one miss, its other occurrences hits), admissions,
-        evictions, write_backs (rows), h2d/d2h copies and bytes of rows and
-        state, index_bytes (keys moved to the host for the table),
+        evictions, write_backs (rows), h2d/d2h copies, bytes and seconds
+        (the copies alone, waited for) of rows, state and gradients,
+        index_bytes (keys moved to the host for the table),
         table_updates (rows the cache could not hold, trained in the table),
         rows_cached, capacity, xp (the array namespace the cache runs on);
         and as every tier's stats, ``rows`` (the table's) and ``bytes`` (the
@@ -696,13 +818,14 @@ class DeviceCache:
         with self._lock:
             s: dict[str, Any] = dict(self._stats)
             s["hit_rate"] = s["hits"] / s["lookups"] if s["lookups"] else 0.0
-            s["rows_cached"] = int(self._idx_keys.shape[0])
+            s["h2d_seconds"], s["d2h_seconds"] = self._seconds["h2d"], self._seconds["d2h"]
+            s["rows_cached"] = self._index.used
             table = self.table.stats()
             s["table"] = table
             s["rows"] = table["rows"]
-            # Rows and state (float32), count, last and key (int64), used (bool).
-            per_slot = 4 * (self.table.dim + self.table.state_len) + 3 * 8 + 1
-            s["bytes"] = table["bytes"] + self.capacity * per_slot
+            # Rows and state (float32), and the index's key, digest and scores.
+            per_slot = 4 * (self.table.dim + self.table.state_len)
+            s["bytes"] = table["bytes"] + self.capacity * per_slot + self._index.nbytes()
             s["capacity"] = self.capacity
             s["policy"] = self.policy
             s["step"] = self.table.step
@@ -716,7 +839,7 @@ class DeviceCache:
 
     def __repr__(self) -> str:
         return (
-            f"DeviceCache(rows={self.capacity}, cached={int(self._idx_keys.shape[0])}, "
+            f"DeviceCache(rows={self.capacity}, cached={self._index.used}, "
             f"xp={self.xp.__name__}, "
             f"policy={self.policy!r}, table={self.table!r})"
         )

@@ -1,0 +1,265 @@
+"""CUDA kernels of the device index (index.py), compiled by CuPy at run time
+(NVRTC). Their results equal the array-API implementation's bit for bit
+(tests/test_device_index.py checks it on a GPU).
+
+- ``hash_keys``: each key's bucket and digest (splitmix64's finalizer).
+- ``find_slots``: a warp per key; each round the 32 lanes compare 32 of the
+  bucket's digests, a ballot picks the lanes whose digest matches, and only
+  those compare the 8-byte key.
+- ``find_rows``: the same, and the warp copies the found row (a find that
+  returns values, as HierarchicalKV's ``find``).
+- ``plan_slots``: a warp per bucket that has misses; each lane holds 4 of
+  its slots' (class, first score, second score, slot), and for each miss of
+  the bucket in turn a butterfly reduction picks the smallest free one.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+Array = Any
+
+_SOURCE = r"""
+typedef long long i64;
+typedef unsigned long long u64;
+#define FULL 0xffffffffu
+
+__device__ __forceinline__ u64 mix(u64 z) {
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+}
+
+__device__ __forceinline__ void place(i64 k, i64 nb, i64* bucket,
+                                      unsigned char* digest) {
+    u64 h = mix((u64)k);
+    *bucket = (i64)((h & 0x7fffffffffffffffULL) % (u64)nb);
+    *digest = (unsigned char)(1 + (h >> 56) % 255);
+}
+
+extern "C" __global__ void hash_keys(const i64* __restrict__ keys, i64 n, i64 nb,
+                                     i64* __restrict__ bucket, unsigned char* __restrict__ digest) {
+    i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    place(keys[i], nb, &bucket[i], &digest[i]);
+}
+
+// The slot of key k in its bucket, or -1; the same in every lane of the warp.
+__device__ __forceinline__ i64 probe(i64 k, const i64* __restrict__ tkeys,
+                                     const unsigned char* __restrict__ dig, i64 nb, int B,
+                                     int lane) {
+    i64 b; unsigned char d;
+    place(k, nb, &b, &d);
+    i64 base = b * (i64)B;
+    for (int j0 = 0; j0 < B; j0 += 32) {
+        int j = j0 + lane;
+        bool m = false;
+        if (j < B && dig[base + j] == d) m = tkeys[base + j] == k;
+        unsigned ball = __ballot_sync(FULL, m);
+        if (ball) return base + j0 + __ffs(ball) - 1;
+    }
+    return -1;
+}
+
+extern "C" __global__ void find_slots(const i64* __restrict__ keys, i64 n,
+                                      const i64* __restrict__ tkeys,
+                                      const unsigned char* __restrict__ dig, i64 nb, int B,
+                                      i64* __restrict__ out) {
+    i64 w = ((i64)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    int lane = threadIdx.x & 31;
+    if (w >= n) return;
+    i64 s = probe(keys[w], tkeys, dig, nb, B, lane);
+    if (lane == 0) out[w] = s;
+}
+
+extern "C" __global__ void find_rows(const i64* __restrict__ keys, i64 n,
+                                     const i64* __restrict__ tkeys,
+                                     const unsigned char* __restrict__ dig, i64 nb, int B,
+                                     const float* __restrict__ rows, int dim,
+                                     i64* __restrict__ out_slot, float* __restrict__ out_rows) {
+    i64 w = ((i64)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    int lane = threadIdx.x & 31;
+    if (w >= n) return;
+    i64 s = probe(keys[w], tkeys, dig, nb, B, lane);
+    if (lane == 0) out_slot[w] = s;
+    float* o = out_rows + w * (i64)dim;
+    if (s >= 0) {
+        const float* r = rows + s * (i64)dim;
+        for (int c = lane; c < dim; c += 32) o[c] = r[c];
+    } else {
+        for (int c = lane; c < dim; c += 32) o[c] = 0.0f;
+    }
+}
+
+__device__ __forceinline__ bool before(int c, i64 f, i64 s, int j, int c2, i64 f2, i64 s2, int j2) {
+    if (c != c2) return c < c2;
+    if (f != f2) return f < f2;
+    if (s != s2) return s < s2;
+    return j < j2;
+}
+
+extern "C" __global__ void plan_slots(const i64* __restrict__ gb, const i64* __restrict__ gs,
+                                      const i64* __restrict__ ge, i64 ng, int B,
+                                      const unsigned char* __restrict__ dig,
+                                      const i64* __restrict__ cnt, const i64* __restrict__ last,
+                                      i64 protect_from, int lru,
+                                      i64* __restrict__ out_slot, bool* __restrict__ out_evict) {
+    i64 g = ((i64)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    int lane = threadIdx.x & 31;
+    if (g >= ng) return;
+    i64 base = gb[g] * (i64)B;
+    int cls[4]; i64 f[4]; i64 s[4];
+    for (int t = 0; t < 4; ++t) {
+        int j = lane + 32 * t;
+        cls[t] = 3; f[t] = 0; s[t] = 0;
+        if (j < B) {
+            i64 i = base + j;
+            if (dig[i] == 0) {
+                cls[t] = 0;
+            } else {
+                i64 l = last[i], c = cnt[i];
+                cls[t] = l >= protect_from ? 2 : 1;
+                f[t] = lru ? l : c;
+                s[t] = lru ? c : l;
+            }
+        }
+    }
+    i64 p1 = ge[g];
+    for (i64 p = gs[g]; p < p1; ++p) {
+        int bc = 3; i64 bf = 0, bs = 0; int bj = 1 << 30;
+        for (int t = 0; t < 4; ++t) {
+            int j = lane + 32 * t;
+            if (before(cls[t], f[t], s[t], j, bc, bf, bs, bj)) {
+                bc = cls[t]; bf = f[t]; bs = s[t]; bj = j;
+            }
+        }
+        for (int off = 16; off > 0; off >>= 1) {
+            int oc = __shfl_xor_sync(FULL, bc, off);
+            i64 of = __shfl_xor_sync(FULL, bf, off);
+            i64 os = __shfl_xor_sync(FULL, bs, off);
+            int oj = __shfl_xor_sync(FULL, bj, off);
+            if (before(oc, of, os, oj, bc, bf, bs, bj)) {
+                bc = oc; bf = of; bs = os; bj = oj;
+            }
+        }
+        if (bc >= 2) {
+            for (i64 q = p + lane; q < p1; q += 32) { out_slot[q] = -1; out_evict[q] = false; }
+            break;
+        }
+        if (lane == 0) { out_slot[p] = base + bj; out_evict[p] = (bc == 1); }
+        if ((bj & 31) == lane) {
+            int t = bj >> 5;
+            for (int u = 0; u < 4; ++u) if (u == t) cls[u] = 3;
+        }
+    }
+}
+"""
+
+_THREADS = 256
+
+
+class Kernels:
+    """The compiled kernels and their launchers (CuPy arrays in and out)."""
+
+    def __init__(self) -> None:
+        import cupy  # type: ignore[import-not-found, unused-ignore]
+
+        self.cp = cupy
+        mod = cupy.RawModule(code=_SOURCE, options=("--std=c++14",))
+        self._hash = mod.get_function("hash_keys")
+        self._find = mod.get_function("find_slots")
+        self._find_rows = mod.get_function("find_rows")
+        self._plan = mod.get_function("plan_slots")
+
+    def _grid(self, threads: int) -> tuple[int]:
+        return (max(1, (threads + _THREADS - 1) // _THREADS),)
+
+    def hash(self, keys: Array, buckets: int) -> tuple[Array, Array]:
+        cp = self.cp
+        keys = cp.ascontiguousarray(keys, dtype=cp.int64)
+        n = int(keys.shape[0])
+        bucket = cp.empty((n,), dtype=cp.int64)
+        digest = cp.empty((n,), dtype=cp.uint8)
+        if n:
+            self._hash(
+                self._grid(n), (_THREADS,), (keys, cp.int64(n), cp.int64(buckets), bucket, digest)
+            )
+        return bucket, digest
+
+    def find(self, keys: Array, tkeys: Array, dig: Array, buckets: int, width: int) -> Array:
+        cp = self.cp
+        keys = cp.ascontiguousarray(keys, dtype=cp.int64)
+        n = int(keys.shape[0])
+        out = cp.empty((n,), dtype=cp.int64)
+        if n:
+            self._find(
+                self._grid(32 * n),
+                (_THREADS,),
+                (keys, cp.int64(n), tkeys, dig, cp.int64(buckets), cp.int32(width), out),
+            )
+        return out
+
+    def find_rows(
+        self, keys: Array, tkeys: Array, dig: Array, buckets: int, width: int, rows: Array
+    ) -> tuple[Array, Array]:
+        """Slots and rows (zeros where missing) of ``keys``."""
+        cp = self.cp
+        keys = cp.ascontiguousarray(keys, dtype=cp.int64)
+        n, dim = int(keys.shape[0]), int(rows.shape[1])
+        slot = cp.empty((n,), dtype=cp.int64)
+        out = cp.empty((n, dim), dtype=cp.float32)
+        if n:
+            self._find_rows(
+                self._grid(32 * n),
+                (_THREADS,),
+                (
+                    keys,
+                    cp.int64(n),
+                    tkeys,
+                    dig,
+                    cp.int64(buckets),
+                    cp.int32(width),
+                    rows,
+                    cp.int32(dim),
+                    slot,
+                    out,
+                ),
+            )
+        return slot, out
+
+    def plan(
+        self,
+        gb: Array,
+        starts: Array,
+        ends: Array,
+        width: int,
+        dig: Array,
+        count: Array,
+        last: Array,
+        protect_from: int,
+        lru: bool,
+        m: int,
+    ) -> tuple[Array, Array]:
+        cp = self.cp
+        ng = int(gb.shape[0])
+        slot = cp.empty((m,), dtype=cp.int64)
+        evict = cp.empty((m,), dtype=cp.bool_)
+        self._plan(
+            self._grid(32 * ng),
+            (_THREADS,),
+            (
+                cp.ascontiguousarray(gb, dtype=cp.int64),
+                cp.ascontiguousarray(starts, dtype=cp.int64),
+                cp.ascontiguousarray(ends, dtype=cp.int64),
+                cp.int64(ng),
+                cp.int32(width),
+                dig,
+                count,
+                last,
+                cp.int64(protect_from),
+                cp.int32(1 if lru else 0),
+                slot,
+                evict,
+            ),
+        )
+        return slot, evict

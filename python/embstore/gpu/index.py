@@ -1,0 +1,236 @@
+"""The device cache's index: a bucketed open-addressing hash table from key to
+slot, whose slot is also the row of the cached key (no second map).
+
+Layout (as HierarchicalKV's): ``buckets`` buckets of ``bucket_size`` slots
+(at most 128); a key lives in any slot of the one bucket its hash picks.
+Per slot: the key (int64), a 1-byte digest of its hash (0: the slot is
+empty), and the two scores the eviction policies read, ``count`` (accesses)
+and ``last`` (the call that last touched it). A find compares a bucket's
+digests first and a key only where its digest matches; an insert takes an
+empty slot of the key's bucket, else evicts the bucket's lowest-scoring slot
+that the running call does not use. Every operation costs O(keys of the
+call x bucket_size), whatever the number of slots.
+
+Two implementations with the same results, bit for bit: array-API
+operations (NumPy, array-api-strict, torch, and CuPy when asked), and CUDA
+kernels (``_cuda.py``) that CuPy uses by default: a warp per key for finds,
+a warp per bucket for the admission plan. The plan is deterministic: a
+bucket's free slots are handed out empty ones first, then by (first score,
+second score, slot) ascending, to the bucket's misses in the order they come.
+"""
+
+from __future__ import annotations
+
+import math
+from types import ModuleType
+from typing import Any
+
+import array_api_compat
+
+from embstore.gpu import _xp as X
+
+Array = Any
+
+#: The most slots a bucket has (one warp reads 128 digests in 4 rounds).
+MAX_BUCKET = 128
+
+# splitmix64's finalizer constants, as int64 (the arithmetic wraps).
+_M1 = 0xBF58476D1CE4E5B9 - (1 << 64)
+_M2 = 0x94D049BB133111EB - (1 << 64)
+_LOW63 = (1 << 63) - 1
+
+
+def shape_for(rows: int) -> tuple[int, int]:
+    """(buckets, bucket_size) for a cache of at least ``rows`` slots: as few
+    buckets of at most 128 slots as hold them, equally sized (so the slots
+    exceed ``rows`` by fewer than ``buckets``)."""
+    buckets = math.ceil(rows / MAX_BUCKET)
+    return buckets, math.ceil(rows / buckets)
+
+
+def _lsr(xp: ModuleType, z: Array, s: int) -> Array:
+    """Logical right shift of int64 ``z`` (the arithmetic shift, masked)."""
+    return (z >> s) & ((1 << (64 - s)) - 1)
+
+
+def hash_keys(xp: ModuleType, keys: Array, buckets: int) -> tuple[Array, Array]:
+    """Each key's bucket (int64) and digest (uint8, 1..255), from splitmix64's
+    finalizer in wrapping int64 arithmetic (the kernels' uint64 bits)."""
+    z = keys
+    z = (z ^ _lsr(xp, z, 30)) * xp.asarray(_M1, dtype=xp.int64)
+    z = (z ^ _lsr(xp, z, 27)) * xp.asarray(_M2, dtype=xp.int64)
+    z = z ^ _lsr(xp, z, 31)
+    bucket = (z & _LOW63) % buckets
+    digest = xp.astype(1 + _lsr(xp, z, 56) % 255, xp.uint8)
+    return bucket, digest
+
+
+class BucketIndex:
+    """Key -> slot for ``capacity`` slots (see the module's docstring)."""
+
+    def __init__(self, xp: ModuleType, rows: int, *, kernels: bool | None = None) -> None:
+        self.xp = xp
+        self.buckets, self.bucket_size = shape_for(rows)
+        self.capacity = self.buckets * self.bucket_size
+        self._fancy = X.supports_fancy_setitem(xp)
+        c = self.capacity
+        self.keys = xp.zeros((c,), dtype=xp.int64)
+        self.digest = xp.zeros((c,), dtype=xp.uint8)
+        self.count = xp.zeros((c,), dtype=xp.int64)
+        self.last = xp.zeros((c,), dtype=xp.int64)
+        #: Slots in use (kept on the host: no device read to count them).
+        self.used = 0
+        is_cupy = bool(array_api_compat.is_cupy_namespace(xp))
+        if kernels and not is_cupy:
+            raise ValueError("kernels: the CUDA kernels need the cupy namespace")
+        self.kernels = is_cupy if kernels is None else bool(kernels)
+        self._cuda: Any = None
+        if self.kernels:
+            from embstore.gpu import _cuda
+
+            self._cuda = _cuda.Kernels()
+
+    # -- reads -------------------------------------------------------------------
+
+    def hash(self, keys: Array) -> tuple[Array, Array]:
+        """Bucket and digest of each key."""
+        if self.kernels:
+            out: tuple[Array, Array] = self._cuda.hash(keys, self.buckets)
+            return out
+        return hash_keys(self.xp, keys, self.buckets)
+
+    def find(self, keys: Array) -> Array:
+        """Slot of each key (int64), -1 where the key is not held."""
+        xp = self.xp
+        n = int(keys.shape[0])
+        if n == 0:
+            return xp.zeros((0,), dtype=xp.int64)
+        if self.kernels:
+            found: Array = self._cuda.find(
+                keys, self.keys, self.digest, self.buckets, self.bucket_size
+            )
+            return found
+        bucket, digest = hash_keys(xp, keys, self.buckets)
+        width = self.bucket_size
+        # Digests of every slot of each key's bucket: (n, width) bytes.
+        base = bucket * width
+        cand = xp.reshape(base, (-1, 1)) + xp.reshape(xp.arange(width, dtype=xp.int64), (1, -1))
+        flat = xp.reshape(cand, (-1,))
+        dmatch = xp.reshape(xp.take(self.digest, flat), (n, width)) == xp.reshape(digest, (-1, 1))
+        # Keys only where a digest matches (about n * (1 + width / 255) of them).
+        pos = xp.nonzero(xp.reshape(dmatch, (-1,)))[0]
+        slot = xp.take(flat, pos)
+        row = pos // width
+        ok = xp.take(self.keys, slot) == xp.take(keys, row)
+        # A key is in at most one slot: scatter the matching slot to its row.
+        out = xp.full((n,), -1, dtype=xp.int64)
+        good = xp.nonzero(ok)[0]
+        return X.scatter_values(xp, self._fancy, out, xp.take(row, good), xp.take(slot, good))
+
+    # -- writes ------------------------------------------------------------------
+
+    def touch(self, slots: Array, counts: Array, tick: int) -> None:
+        """Slots ``slots`` (distinct, in use) were accessed ``counts`` times in
+        call ``tick``."""
+        xp, fancy = self.xp, self._fancy
+        if int(slots.shape[0]) == 0:
+            return
+        self.count = X.scatter_values(
+            xp, fancy, self.count, slots, xp.take(self.count, slots) + counts
+        )
+        self.last = X.scatter_values(xp, fancy, self.last, slots, tick)
+
+    def plan(self, keys: Array, protect_from: int, policy: str) -> tuple[Array, Array]:
+        """Slots for missing keys ``keys`` (distinct, not held): each key's slot
+        (-1: its bucket has no slot to give) and whether that slot is taken
+        from a held key (an eviction). Slots whose ``last`` is at least
+        ``protect_from`` (used by the running calls) are never given. Changes
+        nothing: :meth:`install` takes the slots."""
+        xp = self.xp
+        m = int(keys.shape[0])
+        if m == 0:
+            z = xp.zeros((0,), dtype=xp.int64)
+            return z, xp.zeros((0,), dtype=xp.bool)
+        bucket, _ = self.hash(keys)
+        order = xp.argsort(bucket, stable=True)
+        sb = xp.take(bucket, order)
+        first = xp.concat([xp.ones((1,), dtype=xp.bool), sb[1:] != sb[:-1]])
+        starts = xp.nonzero(first)[0]
+        group = xp.cumulative_sum(xp.astype(first, xp.int64)) - 1
+        rank = xp.arange(m, dtype=xp.int64) - xp.take(starts, group)
+        gb = xp.take(sb, starts)
+        lru = policy == "lru"
+        if self.kernels:
+            ends = xp.concat([starts[1:], xp.asarray([m], dtype=starts.dtype)])
+            slot_s, evict_s = self._cuda.plan(
+                gb,
+                starts,
+                ends,
+                self.bucket_size,
+                self.digest,
+                self.count,
+                self.last,
+                protect_from,
+                lru,
+                m,
+            )
+        else:
+            slot_s, evict_s = self._plan_arrays(gb, group, rank, protect_from, lru)
+        back = xp.argsort(order)
+        return xp.take(slot_s, back), xp.take(evict_s, back)
+
+    def _plan_arrays(
+        self, gb: Array, group: Array, rank: Array, protect_from: int, lru: bool
+    ) -> tuple[Array, Array]:
+        """The plan by sorting: every slot of the involved buckets ordered by
+        (bucket, class, first score, second score, slot), where class is 0
+        for an empty slot, 1 for an evictable one, 2 for a protected one; a
+        bucket's r-th miss takes its r-th slot if that one's class is below 2."""
+        xp = self.xp
+        width = self.bucket_size
+        ng = int(gb.shape[0])
+        j = xp.reshape(xp.arange(width, dtype=xp.int64), (1, -1))
+        cand = xp.reshape(xp.reshape(gb * width, (-1, 1)) + j, (-1,))
+        grp = xp.reshape(xp.reshape(xp.arange(ng, dtype=xp.int64), (-1, 1)) + 0 * j, (-1,))
+        empty = xp.take(self.digest, cand) == 0
+        last = xp.take(self.last, cand)
+        count = xp.take(self.count, cand)
+        zero = xp.zeros_like(last)
+        one, two = zero + 1, zero + 2
+        cls = xp.where(empty, zero, xp.where(last >= protect_from, two, one))
+        f = xp.where(empty, zero, last if lru else count)
+        s = xp.where(empty, zero, count if lru else last)
+        o = xp.arange(ng * width, dtype=xp.int64)  # already by (group, slot)
+        for key in (s, f, cls, grp):
+            o = xp.take(o, xp.argsort(xp.take(key, o), stable=True))
+        cand_o, cls_o = xp.take(cand, o), xp.take(cls, o)
+        avail = xp.sum(xp.reshape(xp.astype(cls < 2, xp.int64), (ng, width)), axis=1)
+        pos = xp.minimum(group * width + rank, ng * width - 1)
+        ok = rank < xp.take(avail, group)
+        slot = xp.where(ok, xp.take(cand_o, pos), xp.asarray(-1, dtype=xp.int64))
+        evict = ok & (xp.take(cls_o, pos) == 1)
+        return slot, evict
+
+    def install(self, slots: Array, keys: Array, counts: Array, tick: int, evicted: int) -> None:
+        """Keys ``keys`` take slots ``slots`` (distinct, from :meth:`plan`),
+        with ``counts`` accesses in call ``tick``; ``evicted`` of the slots
+        held another key."""
+        xp, fancy = self.xp, self._fancy
+        n = int(slots.shape[0])
+        if n == 0:
+            return
+        _, digest = self.hash(keys)
+        self.keys = X.scatter_values(xp, fancy, self.keys, slots, keys)
+        self.digest = X.scatter_values(xp, fancy, self.digest, slots, digest)
+        self.count = X.scatter_values(xp, fancy, self.count, slots, counts)
+        self.last = X.scatter_values(xp, fancy, self.last, slots, tick)
+        self.used += n - int(evicted)
+
+    def slots_in_use(self) -> Array:
+        """Every slot that holds a key."""
+        xp = self.xp
+        return xp.astype(xp.nonzero(self.digest != 0)[0], xp.int64)
+
+    def nbytes(self) -> int:
+        """Bytes of the index's arrays (key 8, digest 1, count 8, last 8 a slot)."""
+        return self.capacity * 25

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# The GPU checks of the device cache in one command, for a machine with an
+# NVIDIA GPU and CuPy: the CuPy tests (the cache, the index's CUDA kernels
+# against the array code, the optimizers), 2 MPI ranks sharing the GPU, and
+# benches/gpu_cache.py. Wheels in .whl/ (packages the machine lacks) are
+# installed to /tmp/site first. Logs and the bench's JSON go to $OUT.
+#
+#     OUT=/tmp/gpu bash scripts/gpu_check.sh [bench args...]
+set -u -o pipefail
+OUT=${OUT:-/tmp/gpu_out}
+mkdir -p "$OUT"
+export PYTHONPATH="$PWD/python${PYTHONPATH:+:$PYTHONPATH}"
+if ls .whl/*.whl >/dev/null 2>&1; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+        --target /tmp/site .whl/*.whl || exit 1
+    export PYTHONPATH="$PYTHONPATH:/tmp/site"
+    bin=$(dirname "$(find /tmp/site -name mpirun -type f | head -1)" 2>/dev/null)
+    [ -n "$bin" ] && [ -d "$bin" ] && export PATH="$bin:$PATH" && chmod +x "$bin"/* 2>/dev/null
+fi
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 PYTHONUNBUFFERED=1
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT/gpu.txt"
+python3 -c "import embstore, cupy; from embstore.gpu import _xp; print(embstore.__file__, cupy.__version__, _xp.gpu_usable())"
+status=0
+timeout 180 python3 -m pytest -q -p no:cacheprovider -m "gpu or not slow" -o addopts="" \
+    tests/test_device_index.py tests/test_device_cache.py tests/test_device_optim.py \
+    2>&1 | tee "$OUT/tests.log" | tail -25 || status=1
+timeout 120 python3 -m pytest -q -p no:cacheprovider -o addopts="" \
+    tests/test_mpi.py -k "one_gpu" 2>&1 | tee "$OUT/mpi.log" | tail -15 || status=1
+timeout ${BENCH_TIMEOUT:-280} python3 benches/gpu_cache.py --json "$OUT/gpu_cache.json" "$@" 2>&1 | tee "$OUT/bench.log" || status=1
+exit $status
