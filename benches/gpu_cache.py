@@ -108,6 +108,21 @@ def rates_at(
 
     insert_s = timed(xp, lambda: insert(index, rows, new, vals, tick + 1), reps, restore)
     restore()
+    if index.kernels:  # where an insert's time goes
+        f = timed(xp, lambda: index.find(new), reps)
+        p = timed(xp, lambda: index.plan(new, tick + 2, "lfu"), reps)
+        slots, _ = index.plan(new, tick + 2, "lfu")
+        ok = xp.nonzero(slots >= 0)[0]
+        got, kk = xp.take(slots, ok), xp.take(new, ok)
+        one = xp.ones(ok.shape, dtype=xp.int64)
+        i = timed(xp, lambda: index.install(got, kk, one, tick + 2, 0), reps, restore)
+        r = timed(xp, lambda: rows.__setitem__(got, vals[ok]), reps)
+        restore()
+        print(
+            f"  insert's parts: find {f * 1e3:.2f}, plan {p * 1e3:.2f}, "
+            f"install {i * 1e3:.2f}, rows {r * 1e3:.2f} ms (all {insert_s * 1e3:.2f} ms)",
+            flush=True,
+        )
     return find_s, insert_s
 
 
@@ -198,7 +213,9 @@ def pinned_peak(nbytes: int) -> tuple[float, float]:
     return nbytes / h2d / 1e9, nbytes / d2h / 1e9
 
 
-def dlrm(xp: Any, keys: int, batch: int, features: int, warm: int, steps: int) -> dict[str, Any]:
+def dlrm(
+    xp: Any, keys: int, batch: int, features: int, warm: int, steps: int, profile: bool = False
+) -> dict[str, Any]:
     import torch
 
     dim = 64
@@ -215,6 +232,16 @@ def dlrm(xp: Any, keys: int, batch: int, features: int, warm: int, steps: int) -
 
     for i in range(warm):
         ours(i)
+    if profile:
+        import cProfile
+        import pstats
+
+        prof = cProfile.Profile()
+        prof.enable()
+        for i in range(warm - 3, warm):
+            ours(i)
+        prof.disable()
+        pstats.Stats(prof).sort_stats("tottime").print_stats(22)
     s0 = cache.stats()
     t_ours = []
     for i in range(warm, warm + steps):
@@ -305,6 +332,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="small sizes (seconds)")
     ap.add_argument("--xp", default=None, help="array namespace (default: cupy on a GPU)")
     ap.add_argument("--parts", default="index,scaling,dlrm")
+    ap.add_argument("--warm", type=int, default=20, help="DLRM steps before the timed ones")
+    ap.add_argument("--profile", action="store_true", help="profile 3 DLRM steps (cProfile)")
     args = ap.parse_args(argv)
     import importlib
 
@@ -327,7 +356,9 @@ def main(argv: list[str] | None = None) -> int:
         out["scaling"] = scaling(xp, 20_000, 200_000 if q else 2_000_000, 10 if q else 30)
     if "dlrm" in parts:
         out["dlrm"] = (
-            dlrm(xp, 100_000, 1024, 26, 3, 3) if q else dlrm(xp, 10_000_000, 65_536, 26, 12, 8)
+            dlrm(xp, 100_000, 1024, 26, 3, 3, args.profile)
+            if q
+            else dlrm(xp, 10_000_000, 65_536, 26, args.warm, 8, args.profile)
         )
     if args.json:
         with open(args.json, "w") as f:

@@ -165,11 +165,12 @@ def segment_sum_in_order(xp: ModuleType, idx: Array, v: Array, n_out: int) -> Ar
     most = int(xp.max(count))
     starts = xp.searchsorted(ranks, xp.arange(most + 1, dtype=idx.dtype), side="left")
     bounds = [int(b) for b in starts]
+    fancy = supports_fancy_setitem(xp)
     for k in range(1, most):
         pos = by_rank[bounds[k] : bounds[k + 1]]
         segs = xp.take(s, pos)
         rows = xp.take(acc, segs, axis=0) + xp.take(sv, pos, axis=0)
-        acc = scatter_rows(xp, supports_fancy_setitem(xp), acc, segs, rows)
+        acc = scatter_rows(xp, fancy, acc, segs, rows)
     return acc
 
 
@@ -299,3 +300,18 @@ def segment_sum_fast(xp: ModuleType, idx: Array, v: Array, n_out: int) -> Array:
     if _is_cupy(xp):
         return segment_sum(xp, idx, v, n_out)
     return segment_sum_in_order(xp, idx, v, n_out)
+
+
+def unique_counts(xp: ModuleType, keys: Array) -> tuple[Array, Array, Array]:
+    """Distinct keys (ascending), each key's position among them, and how
+    often each occurs: one ``unique_all`` where the namespace has it (CuPy,
+    NumPy), else counts from the sorted keys."""
+    if _is_cupy(xp) or is_numpy(xp):
+        u = xp.unique_all(keys)
+        return u.values, xp.reshape(u.inverse_indices, (-1,)), u.counts
+    u = xp.unique_inverse(keys)
+    ks = xp.sort(keys)
+    counts = xp.searchsorted(ks, u.values, side="right") - xp.searchsorted(
+        ks, u.values, side="left"
+    )
+    return u.values, xp.reshape(u.inverse_indices, (-1,)), counts

@@ -386,6 +386,7 @@ class DeviceCache:
         *,
         grads: Array | None = None,
         prefetch: bool = False,
+        unique: tuple[Array, Array, Array] | None = None,
     ) -> _Resolved:
         """Brings the call's keys into the cache as far as it can.
 
@@ -395,7 +396,9 @@ class DeviceCache:
         ``grads``: summed gradients of the call's distinct keys (in
         ``unique_inverse`` order), whose table-served rows come back in
         ``served_grads``; ``prefetch``: the rows of the last lookup or step
-        stay (the batch that may still be training). Evicted rows go back to
+        stay (the batch that may still be training); ``unique``: the keys'
+        :func:`embstore.gpu._xp.unique_counts`, if the caller has them.
+        Evicted rows go back to
         the table (with their state) before their slots take the admitted
         rows, so nothing is lost if the call fails.
         """
@@ -405,12 +408,7 @@ class DeviceCache:
         protect_from = self._last_call if prefetch else tick
         if not prefetch:
             self._last_call = tick
-        u = xp.unique_inverse(keys_d)
-        uniq, inv = u.values, xp.reshape(u.inverse_indices, (-1,))
-        # Accesses per distinct key, from the sorted keys (unique_all is not
-        # available on every backend, torch's among them).
-        ks = xp.sort(keys_d)
-        counts = xp.searchsorted(ks, uniq, side="right") - xp.searchsorted(ks, uniq, side="left")
+        uniq, inv, counts = unique if unique is not None else X.unique_counts(xp, keys_d)
         slot = self._index.find(uniq)
         hit = slot >= 0
         hit_pos = xp.nonzero(hit)[0]
@@ -441,12 +439,7 @@ class DeviceCache:
 
         # One copy to the host: the keys the table must see, evicted rows with
         # their state, and the table-served keys' gradients.
-        floats = [
-            xp.concat(
-                [xp.take(self._rows, evicted, axis=0), xp.take(self._state, evicted, axis=0)],
-                axis=1,
-            )
-        ]
+        floats = [xp.take(self._rows, evicted, axis=0), xp.take(self._state, evicted, axis=0)]
         if grads is not None:
             floats.append(xp.take(grads, served_pos, axis=0))
         adm_keys = xp.take(uniq, adm_pos)
@@ -459,13 +452,13 @@ class DeviceCache:
             slot=slot,
             served_pos=served_pos,
             served_keys=keys_h[n_adm : n_adm + n_served],
-            served_grads=blocks[1] if grads is not None else None,
+            served_grads=blocks[2] if grads is not None else None,
         )
         if n_ev:
             # Rows and state of the evicted slots go back to the table before
             # anything else changes: a call that fails after this point has
             # lost nothing (the table holds them; the slots still do too).
-            self._write_back(keys_h[n_adm + n_served :], blocks[0])
+            self._write_back(keys_h[n_adm + n_served :], blocks[0], blocks[1])
 
         # One native fetch and one host-to-device copy for every miss.
         want = lookup and n_served > 0
@@ -497,15 +490,10 @@ class DeviceCache:
         self._state = X.scatter_rows(xp, fancy, self._state, slots, packed[:, dim:])
         self._index.install(slots, keys, counts, tick, evicted)
 
-    def _write_back(self, keys: np.ndarray, block: np.ndarray) -> None:
-        """Writes cached rows+state ``block`` (on the host) of ``keys`` back to
-        the table."""
-        dim = self.table.dim
-        self.table.write_back(
-            keys,
-            np.ascontiguousarray(block[:, :dim]),
-            np.ascontiguousarray(block[:, dim:]),
-        )
+    def _write_back(self, keys: np.ndarray, rows: np.ndarray, state: np.ndarray) -> None:
+        """Writes cached rows and state (on the host) of ``keys`` back to the
+        table."""
+        self.table.write_back(keys, rows, state)
         self._stats["write_backs"] += len(keys)
 
     # -- batch protocol --------------------------------------------------------------
@@ -582,9 +570,8 @@ class DeviceCache:
         opt = self.table.optimizer
         assert opt is not None
         n = int(keys_d.shape[0])
-        u = xp.unique_inverse(keys_d)
-        ng = int(u.values.shape[0])
-        inv = xp.reshape(u.inverse_indices, (-1,))
+        unique = X.unique_counts(xp, keys_d)
+        ng, inv = int(unique[0].shape[0]), unique[1]
         if n and float(xp.max(xp.abs(g))) * n > _MAX_GRAD_SUM:
             # As the table: no key's summed gradient beyond 1e18.
             bound = X.segment_sum(xp, inv, xp.max(xp.abs(g), axis=1, keepdims=True), ng)
@@ -596,7 +583,7 @@ class DeviceCache:
         # Summed as the table sums them (float32, batch order: bit for bit)
         # where that is cheap; on CuPy by one sorted pass (to float rounding).
         gsum = X.segment_sum_fast(xp, inv, g, ng)
-        r = self._resolve(keys_d, admit=True, lookup=False, grads=gsum)
+        r = self._resolve(keys_d, admit=True, lookup=False, grads=gsum, unique=unique)
         slot = r.slot
         cached = xp.nonzero(slot >= 0)[0]
         cs = xp.take(slot, cached)
@@ -756,12 +743,11 @@ class DeviceCache:
             xp = self.xp
             slots = self._index.slots_in_use()
             if int(slots.shape[0]):
-                packed = xp.concat(
+                keys, blocks = self._d2h(
+                    xp.take(self._index.keys, slots),
                     [xp.take(self._rows, slots, axis=0), xp.take(self._state, slots, axis=0)],
-                    axis=1,
                 )
-                keys, blocks = self._d2h(xp.take(self._index.keys, slots), [packed])
-                self._write_back(keys, blocks[0])
+                self._write_back(keys, blocks[0], blocks[1])
 
     def save(self, path: str | os.PathLike[str], **kwargs: Any) -> dict[str, Any]:
         """:meth:`flush`, then the table's :meth:`embstore.Table.save`."""

@@ -69,6 +69,7 @@ class BucketIndex:
     """Key -> slot for ``capacity`` slots (see the module's docstring)."""
 
     def __init__(self, xp: ModuleType, rows: int, *, kernels: bool | None = None) -> None:
+        xp = X.namespace(xp)
         self.xp = xp
         self.buckets, self.bucket_size = shape_for(rows)
         self.capacity = self.buckets * self.bucket_size
@@ -152,7 +153,9 @@ class BucketIndex:
             z = xp.zeros((0,), dtype=xp.int64)
             return z, xp.zeros((0,), dtype=xp.bool)
         bucket, _ = self.hash(keys)
-        order = xp.argsort(bucket, stable=True)
+        # Buckets fit 32 bits: a radix sort of half the passes on a GPU.
+        narrow = xp.astype(bucket, xp.int32) if self.buckets < 2**31 else bucket
+        order = xp.argsort(narrow, stable=True)
         sb = xp.take(bucket, order)
         first = xp.concat([xp.ones((1,), dtype=xp.bool), sb[1:] != sb[:-1]])
         starts = xp.nonzero(first)[0]
@@ -176,7 +179,13 @@ class BucketIndex:
             )
         else:
             slot_s, evict_s = self._plan_arrays(gb, group, rank, protect_from, lru)
-        back = xp.argsort(order)
+        back = X.scatter_values(
+            xp,
+            self._fancy,
+            xp.zeros((m,), dtype=xp.int64),
+            order,
+            xp.arange(m, dtype=xp.int64),
+        )  # the inverse permutation of ``order``
         return xp.take(slot_s, back), xp.take(evict_s, back)
 
     def _plan_arrays(
