@@ -16,8 +16,10 @@ if ls .whl/*.whl >/dev/null 2>&1; then
     export PYTHONPATH="$PYTHONPATH:/tmp/site"
     bin=$(dirname "$(find /tmp/site -name mpirun -type f | head -1)" 2>/dev/null)
     [ -n "$bin" ] && [ -d "$bin" ] && export PATH="$bin:$PATH" && chmod +x "$bin"/* 2>/dev/null
-    lib=$(dirname "$(find /tmp/site -name 'libprrte.so*' | head -1)" 2>/dev/null)
-    [ -n "$lib" ] && export LD_LIBRARY_PATH="$lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+    for so in 'libprrte.so*' 'libmpi.so.*'; do
+        lib=$(dirname "$(find /tmp/site -name "$so" | head -1)" 2>/dev/null)
+        [ -n "$lib" ] && export LD_LIBRARY_PATH="$lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+    done
     # The wheel's Open MPI finds its own files under its prefix.
     [ -n "$bin" ] && export OPAL_PREFIX="$(dirname "$bin")"
 fi
