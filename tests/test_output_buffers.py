@@ -6,6 +6,7 @@ from __future__ import annotations
 import gc
 
 import numpy as np
+import pytest
 
 import embstore
 from embstore import optim
@@ -100,3 +101,29 @@ def test_small_outputs_are_plain_numpy_arrays() -> None:
     big = t.lookup(np.arange(N * 8, dtype=np.int64))
     assert not big.flags.owndata
     assert big.base is not None
+
+
+def test_lookup_with_state_writes_into_a_given_buffer() -> None:
+    """lookup_with_state(out=buf) writes the rows, then the state, into buf
+    (a transfer buffer) and returns views of it equal to the call without
+    out; a buffer too small, read-only or strided is refused, naming out."""
+    t = embstore.Table(3, optimizer=embstore.optim.Adam(lr=0.1), seed=1)
+    t.apply_gradients([1, 2, 3], np.ones((3, 3), np.float32))
+    want = t.lookup_with_state([3, 1, 9], insert=False)
+    buf = np.full(3 * (3 + 6) + 5, -7.0, np.float32)
+    rows, state = t.lookup_with_state([3, 1, 9], insert=False, out=buf)
+    np.testing.assert_array_equal(rows, want[0])
+    np.testing.assert_array_equal(state, want[1])
+    assert np.shares_memory(rows, buf) and np.shares_memory(state, buf)
+    np.testing.assert_array_equal(buf[:9], want[0].ravel())
+    assert (buf[27:] == -7.0).all()  # nothing past n * (dim + state_len)
+    ro = np.zeros(27, np.float32)
+    ro.flags.writeable = False
+    for bad, exc in [
+        (np.zeros(26, np.float32), ValueError),
+        (ro, ValueError),
+        (np.zeros(54, np.float32)[::2], ValueError),
+        (np.zeros(27, np.float64), TypeError),
+    ]:
+        with pytest.raises(exc, match=r"^out\b"):
+            t.lookup_with_state([3, 1, 9], insert=False, out=bad)

@@ -419,15 +419,33 @@ class Table:
         return int(self._inner.advance_step())
 
     def lookup_with_state(
-        self, keys: Any, *, insert: bool = True
+        self, keys: Any, *, insert: bool = True, out: npt.NDArray[np.float32] | None = None
     ) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.float32]]:
         """Rows and optimizer state of ``keys (n,)``: ``(n, dim)`` and
         ``(n, state_len)`` float32 (a missing key reads its initial row and
         fresh state; with ``insert`` it gets them), for a tier that trains
         rows away from the table and writes them back with
-        :meth:`write_back`."""
-        rows, state = self._inner.lookup_with_state(as_keys(keys), check_bool("insert", insert))
-        return rows, state
+        :meth:`write_back`. With ``out`` (a writeable C-contiguous float32
+        array of at least ``n * (dim + state_len)`` values, such as a pinned
+        transfer buffer) both are written there, rows first, and returned as
+        views of it."""
+        k = as_keys(keys)
+        insert = check_bool("insert", insert)
+        if out is None:
+            pair = self._inner.lookup_with_state(k, insert)
+            assert pair is not None
+            return pair
+        if not isinstance(out, np.ndarray) or out.dtype != np.float32:
+            raise TypeError("out: expected a float32 NumPy array")
+        if not out.flags.c_contiguous:
+            raise ValueError("out: expected a C-contiguous array")
+        flat = out.reshape(-1)
+        self._inner.lookup_with_state(k, insert, flat)
+        n, dim, sl = k.shape[0], self.dim, self.state_len
+        return (
+            flat[: n * dim].reshape(n, dim),
+            flat[n * dim : n * (dim + sl)].reshape(n, sl),
+        )
 
     def write_back(self, keys: Any, rows: Any, state: Any) -> None:
         """Insert or overwrite rows together with their optimizer state

@@ -8,9 +8,10 @@
   those compare the 8-byte key.
 - ``find_rows``: the same, and the warp copies the found row (a find that
   returns values, as HierarchicalKV's ``find``).
-- ``plan_slots``: a warp per bucket that has misses; each lane holds 4 of
-  its slots' (class, first score, second score, slot), and for each miss of
-  the bucket in turn a butterfly reduction picks the smallest free one.
+- ``plan_slots``: a warp per bucket that has misses (given sorted by
+  bucket); each lane holds 4 of its slots' (class, first score, second
+  score, slot), and for each miss of the bucket in turn a butterfly
+  reduction picks the smallest free one, written at the miss's own position.
 """
 
 from __future__ import annotations
@@ -99,7 +100,8 @@ __device__ __forceinline__ bool before(int c, i64 f, i64 s, int j, int c2, i64 f
 }
 
 extern "C" __global__ void plan_slots(const i64* __restrict__ gb, const i64* __restrict__ gs,
-                                      const i64* __restrict__ ge, i64 ng, int B,
+                                      const i64* __restrict__ ge,
+                                      const i64* __restrict__ order, i64 ng, int B,
                                       const unsigned char* __restrict__ dig,
                                       const i64* __restrict__ cnt, const i64* __restrict__ last,
                                       i64 protect_from, int lru,
@@ -143,10 +145,13 @@ extern "C" __global__ void plan_slots(const i64* __restrict__ gb, const i64* __r
             }
         }
         if (bc >= 2) {
-            for (i64 q = p + lane; q < p1; q += 32) { out_slot[q] = -1; out_evict[q] = false; }
+            for (i64 q = p + lane; q < p1; q += 32) {
+                out_slot[order[q]] = -1;
+                out_evict[order[q]] = false;
+            }
             break;
         }
-        if (lane == 0) { out_slot[p] = base + bj; out_evict[p] = (bc == 1); }
+        if (lane == 0) { out_slot[order[p]] = base + bj; out_evict[order[p]] = (bc == 1); }
         if ((bj & 31) == lane) {
             int t = bj >> 5;
             for (int u = 0; u < 4; ++u) if (u == t) cls[u] = 3;
@@ -232,6 +237,7 @@ class Kernels:
         gb: Array,
         starts: Array,
         ends: Array,
+        order: Array,
         width: int,
         dig: Array,
         count: Array,
@@ -251,6 +257,7 @@ class Kernels:
                 cp.ascontiguousarray(gb, dtype=cp.int64),
                 cp.ascontiguousarray(starts, dtype=cp.int64),
                 cp.ascontiguousarray(ends, dtype=cp.int64),
+                cp.ascontiguousarray(order, dtype=cp.int64),
                 cp.int64(ng),
                 cp.int32(width),
                 dig,

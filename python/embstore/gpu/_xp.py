@@ -224,20 +224,13 @@ def host_buffer(xp: ModuleType, shape: tuple[int, ...], dtype: Any) -> np.ndarra
     return np.empty(shape, dtype=dtype)
 
 
-def join_columns(xp: ModuleType, a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """``[a | b]`` (host rows side by side), in a transfer buffer."""
-    out = host_buffer(xp, (a.shape[0], a.shape[1] + b.shape[1]), np.float32)
-    out[:, : a.shape[1]] = a
-    out[:, a.shape[1] :] = b
-    return out
-
-
 def pack_to_host(
-    xp: ModuleType, ints: Array, floats: list[Array]
+    xp: ModuleType, ints: Array, floats: list[Array], staging: Any = None
 ) -> tuple[np.ndarray, list[np.ndarray]]:
     """1-D int64 ``ints`` and float32 blocks on the host, in one copy: on
     CuPy packed into one device buffer of bytes and copied into pinned
-    memory at once; elsewhere each is read as it is."""
+    memory at once (``staging(nbytes)`` gives a host buffer of bytes to
+    reuse; the results are views of it); elsewhere each is read as it is."""
     if not _is_cupy(xp):
         return (
             np.ascontiguousarray(to_host(xp, ints), dtype=np.int64),
@@ -250,7 +243,8 @@ def pack_to_host(
         cupy.ascontiguousarray(f, dtype=cupy.float32).reshape(-1).view(cupy.uint8) for f in floats
     ]
     buf = cupy.concatenate(parts)
-    host = host_buffer(xp, (int(buf.shape[0]),), np.uint8)
+    nbytes = int(buf.shape[0])
+    host = host_buffer(xp, (nbytes,), np.uint8) if staging is None else staging(nbytes)[:nbytes]
     buf.get(out=host)
     n_int = int(ints.shape[0]) * 8
     keys = host[:n_int].view(np.int64)

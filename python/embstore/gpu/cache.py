@@ -169,6 +169,8 @@ class DeviceCache:
         # Calls seen so far of keys not yet admitted (admit_after > 1).
         self._pend_keys = xp_.zeros((0,), dtype=xp_.int64)
         self._pend_counts = xp_.zeros((0,), dtype=xp_.int64)
+        #: Host buffers of the copies each way, reused (pinned on CuPy).
+        self._staging: dict[str, np.ndarray] = {}
         #: Seconds spent in copies each way (stats' h2d_seconds, d2h_seconds).
         self._seconds = {"h2d": 0.0, "d2h": 0.0}
         # The call of the last lookup or step: a prefetch leaves its rows.
@@ -305,6 +307,16 @@ class DeviceCache:
 
     # -- transfers ----------------------------------------------------------------
 
+    def _buffer(self, way: str, nbytes: int) -> np.ndarray:
+        """The host buffer of copies ``way`` ("h2d", "d2h"): at least
+        ``nbytes`` bytes, grown by doubling, reused by later calls."""
+        buf = self._staging.get(way)
+        if buf is None or buf.nbytes < nbytes:
+            size = max(nbytes, 2 * (0 if buf is None else buf.nbytes), 1 << 16)
+            buf = X.host_buffer(self.xp, (size,), np.uint8)
+            self._staging[way] = buf
+        return buf
+
     def _h2d(self, a: np.ndarray) -> Array:
         t0 = time.perf_counter()
         out = X.to_device(self.xp, a)
@@ -319,7 +331,9 @@ class DeviceCache:
         if int(ints.shape[0]) == 0 and not any(int(f.shape[0]) for f in floats):
             return np.zeros(0, np.int64), [np.zeros(tuple(f.shape), np.float32) for f in floats]
         t0 = time.perf_counter()
-        keys, blocks = X.pack_to_host(self.xp, ints, floats)
+        keys, blocks = X.pack_to_host(
+            self.xp, ints, floats, lambda nbytes: self._buffer("d2h", nbytes)
+        )
         self._seconds["d2h"] += time.perf_counter() - t0
         self._stats["d2h_copies"] += 1
         self._stats["index_bytes"] += int(keys.nbytes)
@@ -464,30 +478,51 @@ class DeviceCache:
         want = lookup and n_served > 0
         fetch = np.concatenate([adm_h, res.served_keys]) if want else adm_h
         if fetch.size:
+            dim, sl, nf = self.table.dim, self.table.state_len, int(fetch.shape[0])
             if admit:
-                rows_h, state_h = self.table.lookup_with_state(fetch, insert=True)
-                dev = self._h2d(X.join_columns(self.xp, rows_h, state_h))
+                # Rows, then state, written by the table straight into the
+                # transfer buffer; one copy of both to the device.
+                width = nf * (dim + sl)
+                buf = self._buffer("h2d", 4 * width).view(np.float32)[:width]
+                self.table.lookup_with_state(fetch, insert=True, out=buf)
+                flat = self._h2d(buf)
+                rows_d = xp.reshape(flat[: nf * dim], (nf, dim))
+                state_d = xp.reshape(flat[nf * dim :], (nf, sl))
             else:
-                dev = self._h2d(np.asarray(self.table.lookup(fetch, insert=False)))
-            dim = self.table.dim
+                rows_d = self._h2d(np.asarray(self.table.lookup(fetch, insert=False)))
+                state_d = None
             if n_adm:
+                assert state_d is not None
                 self._install(
-                    new_slots, adm_keys, xp.take(counts, adm_pos), tick, n_ev, dev[:n_adm, :]
+                    new_slots,
+                    adm_keys,
+                    xp.take(counts, adm_pos),
+                    tick,
+                    n_ev,
+                    rows_d[:n_adm, :],
+                    state_d[:n_adm, :],
                 )
                 res.slot = X.scatter_values(xp, self._fancy, res.slot, adm_pos, new_slots)
                 self._stats["admissions"] += n_adm
                 self._stats["evictions"] += n_ev
             if want:
-                res.served_rows = dev[n_adm:, :dim]
+                res.served_rows = rows_d[n_adm:, :]
         return res
 
     def _install(
-        self, slots: Array, keys: Array, counts: Array, tick: int, evicted: int, packed: Array
+        self,
+        slots: Array,
+        keys: Array,
+        counts: Array,
+        tick: int,
+        evicted: int,
+        rows: Array,
+        state: Array,
     ) -> None:
-        """Puts fetched rows+state (``packed``) of ``keys`` into ``slots``."""
-        xp, fancy, dim = self.xp, self._fancy, self.table.dim
-        self._rows = X.scatter_rows(xp, fancy, self._rows, slots, packed[:, :dim])
-        self._state = X.scatter_rows(xp, fancy, self._state, slots, packed[:, dim:])
+        """Puts fetched ``rows`` and ``state`` of ``keys`` into ``slots``."""
+        xp, fancy = self.xp, self._fancy
+        self._rows = X.scatter_rows(xp, fancy, self._rows, slots, rows)
+        self._state = X.scatter_rows(xp, fancy, self._state, slots, state)
         self._index.install(slots, keys, counts, tick, evicted)
 
     def _write_back(self, keys: np.ndarray, rows: np.ndarray, state: np.ndarray) -> None:

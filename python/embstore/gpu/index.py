@@ -159,16 +159,16 @@ class BucketIndex:
         sb = xp.take(bucket, order)
         first = xp.concat([xp.ones((1,), dtype=xp.bool), sb[1:] != sb[:-1]])
         starts = xp.nonzero(first)[0]
-        group = xp.cumulative_sum(xp.astype(first, xp.int64)) - 1
-        rank = xp.arange(m, dtype=xp.int64) - xp.take(starts, group)
         gb = xp.take(sb, starts)
         lru = policy == "lru"
         if self.kernels:
+            # A warp per bucket writes its misses' slots where they came from.
             ends = xp.concat([starts[1:], xp.asarray([m], dtype=starts.dtype)])
-            slot_s, evict_s = self._cuda.plan(
+            out: tuple[Array, Array] = self._cuda.plan(
                 gb,
                 starts,
                 ends,
+                order,
                 self.bucket_size,
                 self.digest,
                 self.count,
@@ -177,8 +177,10 @@ class BucketIndex:
                 lru,
                 m,
             )
-        else:
-            slot_s, evict_s = self._plan_arrays(gb, group, rank, protect_from, lru)
+            return out
+        group = xp.cumulative_sum(xp.astype(first, xp.int64)) - 1
+        rank = xp.arange(m, dtype=xp.int64) - xp.take(starts, group)
+        slot_s, evict_s = self._plan_arrays(gb, group, rank, protect_from, lru)
         back = X.scatter_values(
             xp,
             self._fancy,

@@ -553,25 +553,49 @@ impl PyTable {
     }
 
     /// Rows and optimizer state of `keys` (a tier in front of the table
-    /// takes both over).
+    /// takes both over). With `out` (a writeable C-contiguous float32
+    /// array of at least `n * (dim + state_len)` values, a transfer buffer)
+    /// the rows go to its first `n * dim` values and the state right after
+    /// them, and nothing is returned.
     #[allow(clippy::type_complexity)]
+    #[pyo3(signature = (keys, insert, out=None))]
     fn lookup_with_state<'py>(
         &self,
         py: Python<'py>,
         keys: PyReadonlyArray1<'py, i64>,
         insert: bool,
-    ) -> PyResult<(Bound<'py, PyArray2<f32>>, Bound<'py, PyArray2<f32>>)> {
+        out: Option<Bound<'py, PyArray1<f32>>>,
+    ) -> PyResult<Option<(Bound<'py, PyArray2<f32>>, Bound<'py, PyArray2<f32>>)>> {
         let k = slice(&keys, "keys")?;
         let table = &self.inner;
-        let out = crate::outbuf::array2(py, k.len(), table.dim(), "keys")?;
-        let st = crate::outbuf::array2(py, k.len(), table.state_len(), "keys")?;
+        let (dim, sl) = (table.dim(), table.state_len());
+        if let Some(buf) = out {
+            let mut rw = buf
+                .try_readwrite()
+                .map_err(|_| PyValueError::new_err("out: expected a writeable array"))?;
+            let all = rw
+                .as_slice_mut()
+                .map_err(|_| PyValueError::new_err("out: expected a C-contiguous array"))?;
+            let need = k.len() * (dim + sl);
+            if all.len() < need {
+                return Err(PyValueError::new_err(format!(
+                    "out: expected at least {need} float32 values, got {}",
+                    all.len()
+                )));
+            }
+            let (dst, sdst) = all[..need].split_at_mut(k.len() * dim);
+            py.enter_store(|| table.lookup_with_state(k, insert, dst, sdst))?;
+            return Ok(None);
+        }
+        let out = crate::outbuf::array2(py, k.len(), dim, "keys")?;
+        let st = crate::outbuf::array2(py, k.len(), sl, "keys")?;
         {
             let mut rw = out.readwrite();
             let mut sw = st.readwrite();
             let (dst, sdst) = (rw.as_slice_mut()?, sw.as_slice_mut()?);
             py.enter_store(|| table.lookup_with_state(k, insert, dst, sdst))?;
         }
-        Ok((out, st))
+        Ok(Some((out, st)))
     }
 
     /// Sets the optimizer step counter (a tier in front of the table that

@@ -6,6 +6,7 @@
 use crate::error::{Result, invalid};
 use crate::optim::Optimizer;
 use crate::table::step::bounds::COMFORT;
+use rayon::prelude::*;
 
 impl Optimizer {
     /// The magnitudes of a fresh row's state: per block, and the
@@ -161,9 +162,20 @@ impl Optimizer {
         if sl == 0 {
             return Ok(());
         }
+        // Blocks of rows on every core; the first bad row of the first bad block.
+        const ROWS: usize = 4096;
+        let negative = |row: &[f32]| row[off..off + len].iter().any(|&x| x < 0.0);
         let bad = state
-            .chunks_exact(sl)
-            .position(|row| row[off..off + len].iter().any(|&x| x < 0.0));
+            .par_chunks(sl * ROWS)
+            .position_first(|block| block.chunks_exact(sl).any(negative))
+            .map(|b| {
+                let block = &state[b * sl * ROWS..];
+                b * ROWS
+                    + block
+                        .chunks_exact(sl)
+                        .position(negative)
+                        .expect("the block holds a negative state")
+            });
         match bad {
             None => Ok(()),
             Some(r) => {

@@ -31,6 +31,7 @@ use crate::optim::Optimizer;
 use crate::policy::RowFormat;
 use crate::simd::Backend;
 use crate::table::{Table, read};
+use rayon::prelude::*;
 use std::sync::atomic::{AtomicU32, Ordering};
 
 /// Predicted magnitudes up to this run a step in place. A trained row never
@@ -64,6 +65,36 @@ impl Magnitudes {
     /// Measured from rows: `values` (`dim` a row) and `state` (the
     /// optimizer's layout, `state_len` a row; may be empty).
     pub(crate) fn of(opt: Option<&Optimizer>, dim: usize, values: &[f32], state: &[f32]) -> Self {
+        // Blocks of rows on every core (a write-back of 100,000s of rows
+        // would otherwise scan them on one), reduced by `max`.
+        const ROWS: usize = 4096;
+        let rows = values.len() / dim.max(1);
+        if rows <= ROWS {
+            return Self::of_rows(opt, dim, values, state);
+        }
+        let sl = if state.is_empty() {
+            0
+        } else {
+            state.len() / rows
+        };
+        (0..rows.div_ceil(ROWS))
+            .into_par_iter()
+            .map(|c| {
+                let (a, z) = (c * ROWS, ((c + 1) * ROWS).min(rows));
+                Self::of_rows(opt, dim, &values[a * dim..z * dim], &state[a * sl..z * sl])
+            })
+            .reduce(
+                || Magnitudes {
+                    w: 0.0,
+                    s: [0.0; 2],
+                    acc_min: f64::INFINITY,
+                },
+                Magnitudes::max,
+            )
+    }
+
+    /// [`Magnitudes::of`] on one thread.
+    fn of_rows(opt: Option<&Optimizer>, dim: usize, values: &[f32], state: &[f32]) -> Self {
         let b = Backend::best();
         let top = |v: &[f32]| f64::from(f32::from_bits(b.max_magnitude_bits(v)));
         let mut m = Magnitudes {
