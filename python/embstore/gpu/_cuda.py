@@ -8,10 +8,13 @@
   those compare the 8-byte key.
 - ``find_rows``: the same, and the warp copies the found row (a find that
   returns values, as HierarchicalKV's ``find``).
-- ``plan_slots``: a warp per bucket that has misses (given sorted by
-  bucket); each lane holds 4 of its slots' (class, first score, second
-  score, slot), and for each miss of the bucket in turn a butterfly
-  reduction picks the smallest free one, written at the miss's own position.
+- ``plan_slots``: a warp per miss (misses sorted by bucket); the warp of
+  a bucket's first miss plans the bucket: each lane holds 4 of its slots'
+  (class, first score, second score, slot), and for each miss of the bucket
+  in turn a butterfly reduction picks the smallest free one, written at the
+  miss's own position (no count of the buckets first: no host sync).
+- ``install_slots``: key, digest, count and last call of installed keys in
+  one pass; ``put_rows``: rows into their slots, a warp per row.
 """
 
 from __future__ import annotations
@@ -99,17 +102,22 @@ __device__ __forceinline__ bool before(int c, i64 f, i64 s, int j, int c2, i64 f
     return j < j2;
 }
 
-extern "C" __global__ void plan_slots(const i64* __restrict__ gb, const i64* __restrict__ gs,
-                                      const i64* __restrict__ ge,
-                                      const i64* __restrict__ order, i64 ng, int B,
+extern "C" __global__ void plan_slots(const i64* __restrict__ sb,
+                                      const i64* __restrict__ order, i64 m, int B,
                                       const unsigned char* __restrict__ dig,
                                       const i64* __restrict__ cnt, const i64* __restrict__ last,
                                       i64 protect_from, int lru,
                                       i64* __restrict__ out_slot, bool* __restrict__ out_evict) {
-    i64 g = ((i64)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    // A warp per miss (sorted by bucket); the warp of a bucket's first miss
+    // plans the bucket, the others return at once.
+    i64 p0 = ((i64)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     int lane = threadIdx.x & 31;
-    if (g >= ng) return;
-    i64 base = gb[g] * (i64)B;
+    if (p0 >= m) return;
+    i64 bucket = sb[p0];
+    if (p0 > 0 && sb[p0 - 1] == bucket) return;
+    i64 p1 = p0 + 1;
+    while (p1 < m && sb[p1] == bucket) ++p1;
+    i64 base = bucket * (i64)B;
     int cls[4]; i64 f[4]; i64 s[4];
     for (int t = 0; t < 4; ++t) {
         int j = lane + 32 * t;
@@ -126,8 +134,7 @@ extern "C" __global__ void plan_slots(const i64* __restrict__ gb, const i64* __r
             }
         }
     }
-    i64 p1 = ge[g];
-    for (i64 p = gs[g]; p < p1; ++p) {
+    for (i64 p = p0; p < p1; ++p) {
         int bc = 3; i64 bf = 0, bs = 0; int bj = 1 << 30;
         for (int t = 0; t < 4; ++t) {
             int j = lane + 32 * t;
@@ -158,6 +165,34 @@ extern "C" __global__ void plan_slots(const i64* __restrict__ gb, const i64* __r
         }
     }
 }
+
+extern "C" __global__ void install_slots(const i64* __restrict__ slots,
+                                         const i64* __restrict__ keys,
+                                         const i64* __restrict__ counts, i64 n, i64 nb,
+                                         i64 tick, i64* __restrict__ tkeys,
+                                         unsigned char* __restrict__ dig,
+                                         i64* __restrict__ cnt, i64* __restrict__ last) {
+    i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    i64 s = slots[i], k = keys[i], b;
+    unsigned char d;
+    place(k, nb, &b, &d);
+    tkeys[s] = k;
+    dig[s] = d;
+    cnt[s] = counts[i];
+    last[s] = tick;
+}
+
+// dst[slots[i], :] = src[i, :]: a warp per row, coalesced.
+extern "C" __global__ void put_rows(const i64* __restrict__ slots, const float* __restrict__ src,
+                                    i64 n, int width, float* __restrict__ dst) {
+    i64 w = ((i64)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    int lane = threadIdx.x & 31;
+    if (w >= n) return;
+    const float* a = src + w * (i64)width;
+    float* b = dst + slots[w] * (i64)width;
+    for (int c = lane; c < width; c += 32) b[c] = a[c];
+}
 """
 
 _THREADS = 256
@@ -175,6 +210,8 @@ class Kernels:
         self._find = mod.get_function("find_slots")
         self._find_rows = mod.get_function("find_rows")
         self._plan = mod.get_function("plan_slots")
+        self._install = mod.get_function("install_slots")
+        self._put_rows = mod.get_function("put_rows")
 
     def _grid(self, threads: int) -> tuple[int]:
         return (max(1, (threads + _THREADS - 1) // _THREADS),)
@@ -234,9 +271,7 @@ class Kernels:
 
     def plan(
         self,
-        gb: Array,
-        starts: Array,
-        ends: Array,
+        sb: Array,
         order: Array,
         width: int,
         dig: Array,
@@ -244,21 +279,20 @@ class Kernels:
         last: Array,
         protect_from: int,
         lru: bool,
-        m: int,
     ) -> tuple[Array, Array]:
+        """Slots of misses whose buckets, sorted, are ``sb`` (``order``: the
+        sorting permutation); results at the misses' own positions."""
         cp = self.cp
-        ng = int(gb.shape[0])
+        m = int(sb.shape[0])
         slot = cp.empty((m,), dtype=cp.int64)
         evict = cp.empty((m,), dtype=cp.bool_)
         self._plan(
-            self._grid(32 * ng),
+            self._grid(32 * m),
             (_THREADS,),
             (
-                cp.ascontiguousarray(gb, dtype=cp.int64),
-                cp.ascontiguousarray(starts, dtype=cp.int64),
-                cp.ascontiguousarray(ends, dtype=cp.int64),
+                cp.ascontiguousarray(sb, dtype=cp.int64),
                 cp.ascontiguousarray(order, dtype=cp.int64),
-                cp.int64(ng),
+                cp.int64(m),
                 cp.int32(width),
                 dig,
                 count,
@@ -270,3 +304,54 @@ class Kernels:
             ),
         )
         return slot, evict
+
+    def install(
+        self,
+        slots: Array,
+        keys: Array,
+        counts: Array,
+        buckets: int,
+        tick: int,
+        tkeys: Array,
+        dig: Array,
+        cnt: Array,
+        last: Array,
+    ) -> None:
+        """Keys ``keys`` (with ``counts``) into ``slots``: key, digest, count
+        and last call written in one pass."""
+        cp = self.cp
+        n = int(slots.shape[0])
+        if n:
+            self._install(
+                self._grid(n),
+                (_THREADS,),
+                (
+                    cp.ascontiguousarray(slots, dtype=cp.int64),
+                    cp.ascontiguousarray(keys, dtype=cp.int64),
+                    cp.ascontiguousarray(counts, dtype=cp.int64),
+                    cp.int64(n),
+                    cp.int64(buckets),
+                    cp.int64(tick),
+                    tkeys,
+                    dig,
+                    cnt,
+                    last,
+                ),
+            )
+
+    def put_rows(self, dst: Array, slots: Array, src: Array) -> None:
+        """``dst[slots] = src`` for float32 rows (``slots`` distinct)."""
+        cp = self.cp
+        n = int(slots.shape[0])
+        if n:
+            self._put_rows(
+                self._grid(32 * n),
+                (_THREADS,),
+                (
+                    cp.ascontiguousarray(slots, dtype=cp.int64),
+                    cp.ascontiguousarray(src, dtype=cp.float32),
+                    cp.int64(n),
+                    cp.int32(int(dst.shape[1])),
+                    dst,
+                ),
+            )

@@ -520,9 +520,9 @@ class DeviceCache:
         state: Array,
     ) -> None:
         """Puts fetched ``rows`` and ``state`` of ``keys`` into ``slots``."""
-        xp, fancy = self.xp, self._fancy
-        self._rows = X.scatter_rows(xp, fancy, self._rows, slots, rows)
-        self._state = X.scatter_rows(xp, fancy, self._state, slots, state)
+        self._rows = self._index.put_rows(self._rows, slots, rows)
+        if int(state.shape[1]):
+            self._state = self._index.put_rows(self._state, slots, state)
         self._index.install(slots, keys, counts, tick, evicted)
 
     def _write_back(self, keys: np.ndarray, rows: np.ndarray, state: np.ndarray) -> None:

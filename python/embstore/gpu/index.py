@@ -157,17 +157,10 @@ class BucketIndex:
         narrow = xp.astype(bucket, xp.int32) if self.buckets < 2**31 else bucket
         order = xp.argsort(narrow, stable=True)
         sb = xp.take(bucket, order)
-        first = xp.concat([xp.ones((1,), dtype=xp.bool), sb[1:] != sb[:-1]])
-        starts = xp.nonzero(first)[0]
-        gb = xp.take(sb, starts)
         lru = policy == "lru"
         if self.kernels:
-            # A warp per bucket writes its misses' slots where they came from.
-            ends = xp.concat([starts[1:], xp.asarray([m], dtype=starts.dtype)])
             out: tuple[Array, Array] = self._cuda.plan(
-                gb,
-                starts,
-                ends,
+                sb,
                 order,
                 self.bucket_size,
                 self.digest,
@@ -175,9 +168,11 @@ class BucketIndex:
                 self.last,
                 protect_from,
                 lru,
-                m,
             )
             return out
+        first = xp.concat([xp.ones((1,), dtype=xp.bool), sb[1:] != sb[:-1]])
+        starts = xp.nonzero(first)[0]
+        gb = xp.take(sb, starts)
         group = xp.cumulative_sum(xp.astype(first, xp.int64)) - 1
         rank = xp.arange(m, dtype=xp.int64) - xp.take(starts, group)
         slot_s, evict_s = self._plan_arrays(gb, group, rank, protect_from, lru)
@@ -230,12 +225,33 @@ class BucketIndex:
         n = int(slots.shape[0])
         if n == 0:
             return
+        self.used += n - int(evicted)
+        if self.kernels:
+            self._cuda.install(
+                slots,
+                keys,
+                counts,
+                self.buckets,
+                tick,
+                self.keys,
+                self.digest,
+                self.count,
+                self.last,
+            )
+            return
         _, digest = self.hash(keys)
         self.keys = X.scatter_values(xp, fancy, self.keys, slots, keys)
         self.digest = X.scatter_values(xp, fancy, self.digest, slots, digest)
         self.count = X.scatter_values(xp, fancy, self.count, slots, counts)
         self.last = X.scatter_values(xp, fancy, self.last, slots, tick)
-        self.used += n - int(evicted)
+
+    def put_rows(self, dst: Array, slots: Array, src: Array) -> Array:
+        """``dst`` (rows by slot) with rows ``slots`` (distinct) set to ``src``
+        (in place where the namespace allows)."""
+        if self.kernels and dst.dtype == self.xp.float32:
+            self._cuda.put_rows(dst, slots, src)
+            return dst
+        return X.scatter_rows(self.xp, self._fancy, dst, slots, src)
 
     def slots_in_use(self) -> Array:
         """Every slot that holds a key."""
