@@ -113,6 +113,9 @@ def rates_at(
     if index.kernels:  # where an insert's time goes
         f = timed(xp, lambda: index.find(new), reps)
         p = timed(xp, lambda: index.plan(new, tick + 2, "lfu"), reps)
+        index.sort_free = False
+        ps = timed(xp, lambda: index.plan(new, tick + 2, "lfu"), reps)
+        index.sort_free = True
         slots, _ = index.plan(new, tick + 2, "lfu")
         ok = xp.nonzero(slots >= 0)[0]
         got, kk = xp.take(slots, ok), xp.take(new, ok)
@@ -122,7 +125,7 @@ def rates_at(
         r = timed(xp, lambda: index.put_rows(rows, got, vv), reps)
         restore()
         print(
-            f"  insert's parts: find {f * 1e3:.2f}, plan {p * 1e3:.2f}, "
+            f"  insert's parts: find {f * 1e3:.2f}, plan {p * 1e3:.2f} (sorted {ps * 1e3:.2f}), "
             f"install {i * 1e3:.2f}, rows {r * 1e3:.2f} ms (all {insert_s * 1e3:.2f} ms)",
             flush=True,
         )

@@ -13,6 +13,10 @@
   (class, first score, second score, slot), and for each miss of the bucket
   in turn a butterfly reduction picks the smallest free one, written at the
   miss's own position (no count of the buckets first: no host sync).
+- ``link_misses`` and ``plan_linked``: the same plan without sorting the
+  misses: each is linked into its bucket's list by an atomic exchange, and
+  the warp of the list's head takes the bucket's misses in ascending
+  position (at most 64 a bucket, else the caller sorts).
 - ``install_slots``: key, digest, count and last call of installed keys in
   one pass; ``put_rows``: rows into their slots, a warp per row.
 """
@@ -166,6 +170,99 @@ extern "C" __global__ void plan_slots(const i64* __restrict__ sb,
     }
 }
 
+// Links each miss into its bucket's list: next[i] is the miss linked
+// before it, head[b] the last one (exactly one miss of each bucket is a head).
+extern "C" __global__ void link_misses(const i64* __restrict__ keys, i64 m, i64 nb,
+                                       i64* __restrict__ bucket, i64* __restrict__ head,
+                                       i64* __restrict__ next) {
+    i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= m) return;
+    i64 b; unsigned char d;
+    place(keys[i], nb, &b, &d);
+    bucket[i] = b;
+    next[i] = (i64)atomicExch((unsigned long long*)&head[b], (unsigned long long)i);
+}
+
+// plan_slots for linked misses: the warp of a bucket's head takes the
+// bucket's misses in ascending position (as the sorted plan does), each
+// the smallest free slot; more than LINK_CAP misses in a bucket sets
+// *overflow (the caller then plans by sorting) and changes nothing else.
+#define LINK_CAP 64
+extern "C" __global__ void plan_linked(const i64* __restrict__ bucket,
+                                       const i64* __restrict__ head,
+                                       const i64* __restrict__ next, i64 m, int B,
+                                       const unsigned char* __restrict__ dig,
+                                       const i64* __restrict__ cnt,
+                                       const i64* __restrict__ last, i64 protect_from, int lru,
+                                       i64* __restrict__ out_slot, bool* __restrict__ out_evict,
+                                       int* __restrict__ overflow) {
+    i64 me = ((i64)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    int lane = threadIdx.x & 31;
+    if (me >= m) return;
+    i64 b = bucket[me];
+    if (head[b] != me) return;
+    int k = 0;
+    for (i64 j = me; j >= 0; j = next[j]) {
+        if (++k > LINK_CAP) { if (lane == 0) atomicExch(overflow, 1); return; }
+    }
+    i64 base = b * (i64)B;
+    int cls[4]; i64 f[4]; i64 s[4];
+    for (int t = 0; t < 4; ++t) {
+        int j = lane + 32 * t;
+        cls[t] = 3; f[t] = 0; s[t] = 0;
+        if (j < B) {
+            i64 i = base + j;
+            if (dig[i] == 0) {
+                cls[t] = 0;
+            } else {
+                i64 l = last[i], c = cnt[i];
+                cls[t] = l >= protect_from ? 2 : 1;
+                f[t] = lru ? l : c;
+                s[t] = lru ? c : l;
+            }
+        }
+    }
+    i64 prev = -1;
+    bool full = false;
+    for (int r = 0; r < k; ++r) {
+        i64 p = -1;  // the smallest position above prev
+        for (i64 j = me; j >= 0; j = next[j]) {
+            if (j > prev && (p < 0 || j < p)) p = j;
+        }
+        prev = p;
+        if (full) {
+            if (lane == 0) { out_slot[p] = -1; out_evict[p] = false; }
+            continue;
+        }
+        int bc = 3; i64 bf = 0, bs = 0; int bj = 1 << 30;
+        for (int t = 0; t < 4; ++t) {
+            int j = lane + 32 * t;
+            if (before(cls[t], f[t], s[t], j, bc, bf, bs, bj)) {
+                bc = cls[t]; bf = f[t]; bs = s[t]; bj = j;
+            }
+        }
+        for (int off = 16; off > 0; off >>= 1) {
+            int oc = __shfl_xor_sync(FULL, bc, off);
+            i64 of = __shfl_xor_sync(FULL, bf, off);
+            i64 os = __shfl_xor_sync(FULL, bs, off);
+            int oj = __shfl_xor_sync(FULL, bj, off);
+            if (before(oc, of, os, oj, bc, bf, bs, bj)) {
+                bc = oc; bf = of; bs = os; bj = oj;
+            }
+        }
+        if (bc >= 2) {
+            full = true;
+            if (lane == 0) { out_slot[p] = -1; out_evict[p] = false; }
+            continue;
+        }
+        if (lane == 0) { out_slot[p] = base + bj; out_evict[p] = (bc == 1); }
+        if ((bj & 31) == lane) {
+            int t = bj >> 5;
+            for (int u = 0; u < 4; ++u) if (u == t) cls[u] = 3;
+        }
+    }
+}
+
 extern "C" __global__ void install_slots(const i64* __restrict__ slots,
                                          const i64* __restrict__ keys,
                                          const i64* __restrict__ counts, i64 n, i64 nb,
@@ -211,6 +308,8 @@ class Kernels:
         self._find_rows = mod.get_function("find_rows")
         self._plan = mod.get_function("plan_slots")
         self._install = mod.get_function("install_slots")
+        self._link = mod.get_function("link_misses")
+        self._plan_linked = mod.get_function("plan_linked")
         self._put_rows = mod.get_function("put_rows")
 
     def _grid(self, threads: int) -> tuple[int]:
@@ -303,6 +402,55 @@ class Kernels:
                 evict,
             ),
         )
+        return slot, evict
+
+    def plan_linked(
+        self,
+        keys: Array,
+        buckets: int,
+        width: int,
+        dig: Array,
+        count: Array,
+        last: Array,
+        protect_from: int,
+        lru: bool,
+    ) -> tuple[Array, Array] | None:
+        """:meth:`plan` without a sort: misses linked per bucket by atomics,
+        each bucket's taken in ascending position by its head's warp. None
+        where a bucket has more than 64 misses (then plan by sorting)."""
+        cp = self.cp
+        keys = cp.ascontiguousarray(keys, dtype=cp.int64)
+        m = int(keys.shape[0])
+        bucket = cp.empty((m,), dtype=cp.int64)
+        head = cp.full((buckets,), -1, dtype=cp.int64)
+        nxt = cp.empty((m,), dtype=cp.int64)
+        self._link(
+            self._grid(m), (_THREADS,), (keys, cp.int64(m), cp.int64(buckets), bucket, head, nxt)
+        )
+        slot = cp.empty((m,), dtype=cp.int64)
+        evict = cp.empty((m,), dtype=cp.bool_)
+        overflow = cp.zeros((1,), dtype=cp.int32)
+        self._plan_linked(
+            self._grid(32 * m),
+            (_THREADS,),
+            (
+                bucket,
+                head,
+                nxt,
+                cp.int64(m),
+                cp.int32(width),
+                dig,
+                count,
+                last,
+                cp.int64(protect_from),
+                cp.int32(1 if lru else 0),
+                slot,
+                evict,
+                overflow,
+            ),
+        )
+        if int(overflow.get()[0]):
+            return None
         return slot, evict
 
     def install(

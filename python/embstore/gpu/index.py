@@ -85,6 +85,9 @@ class BucketIndex:
         if kernels and not is_cupy:
             raise ValueError("kernels: the CUDA kernels need the cupy namespace")
         self.kernels = is_cupy if kernels is None else bool(kernels)
+        #: Kernels plan without sorting the misses (linked per bucket) where
+        #: no bucket has more than 64 of them.
+        self.sort_free = True
         self._cuda: Any = None
         if self.kernels:
             from embstore.gpu import _cuda
@@ -152,12 +155,25 @@ class BucketIndex:
         if m == 0:
             z = xp.zeros((0,), dtype=xp.int64)
             return z, xp.zeros((0,), dtype=xp.bool)
+        lru = policy == "lru"
+        if self.kernels and self.sort_free:
+            linked = self._cuda.plan_linked(
+                keys,
+                self.buckets,
+                self.bucket_size,
+                self.digest,
+                self.count,
+                self.last,
+                protect_from,
+                lru,
+            )
+            if linked is not None:
+                return linked  # type: ignore[no-any-return]
         bucket, _ = self.hash(keys)
         # Buckets fit 32 bits: a radix sort of half the passes on a GPU.
         narrow = xp.astype(bucket, xp.int32) if self.buckets < 2**31 else bucket
         order = xp.argsort(narrow, stable=True)
         sb = xp.take(bucket, order)
-        lru = policy == "lru"
         if self.kernels:
             out: tuple[Array, Array] = self._cuda.plan(
                 sb,
