@@ -121,6 +121,20 @@ def rates_at(
         got, kk = xp.take(slots, ok), xp.take(new, ok)
         one = xp.ones(ok.shape, dtype=xp.int64)
         i = timed(xp, lambda: index.install(got, kk, one, tick + 2, 0), reps, restore)
+        from cupyx.profiler import benchmark  # type: ignore[import-not-found, unused-ignore]
+
+        cpu, gpu = [], []
+        for _ in range(reps):  # each insert on the restored index (new keys again)
+            restore()
+            b = benchmark(insert, (index, rows, new, vals, tick + 1), n_repeat=1, n_warmup=0)
+            cpu.append(float(b.cpu_times[0]))
+            gpu.append(float(b.gpu_times[0][0]))
+        restore()
+        print(
+            f"  insert: {np.median(cpu) * 1e3:.2f} ms on the host's clock, "
+            f"{np.median(gpu) * 1e3:.2f} ms of GPU time",
+            flush=True,
+        )
         vv = xp.take(vals, ok, axis=0)
         r = timed(xp, lambda: index.put_rows(rows, got, vv), reps)
         restore()
