@@ -106,6 +106,31 @@ __device__ __forceinline__ bool before(int c, i64 f, i64 s, int j, int c2, i64 f
     return j < j2;
 }
 
+// The bucket's empty slots as 4 ballots (word t, bit lane: slot 32t+lane)
+// and their number; reading only the digests.
+__device__ __forceinline__ int empties(const unsigned char* __restrict__ dig, i64 base, int B,
+                                       int lane, unsigned* emp) {
+    int n = 0;
+    for (int t = 0; t < 4; ++t) {
+        int j = lane + 32 * t;
+        emp[t] = __ballot_sync(FULL, j < B && dig[base + j] == 0);
+        n += __popc(emp[t]);
+    }
+    return n;
+}
+
+// The next empty slot of the ballots (in slot order), cleared from them.
+__device__ __forceinline__ int take_empty(unsigned* emp) {
+    for (int t = 0; t < 4; ++t) {
+        if (emp[t]) {
+            int bit = __ffs(emp[t]) - 1;
+            emp[t] &= emp[t] - 1;
+            return 32 * t + bit;
+        }
+    }
+    return -1;
+}
+
 extern "C" __global__ void plan_slots(const i64* __restrict__ sb,
                                       const i64* __restrict__ order, i64 m, int B,
                                       const unsigned char* __restrict__ dig,
@@ -122,6 +147,16 @@ extern "C" __global__ void plan_slots(const i64* __restrict__ sb,
     i64 p1 = p0 + 1;
     while (p1 < m && sb[p1] == bucket) ++p1;
     i64 base = bucket * (i64)B;
+    unsigned emp[4];
+    if (empties(dig, base, B, lane, emp) >= p1 - p0) {
+        // Empty slots for every miss: they come first in the order, so the
+        // scores need not be read.
+        for (i64 p = p0; p < p1; ++p) {
+            int j = take_empty(emp);
+            if (lane == 0) { out_slot[order[p]] = base + j; out_evict[order[p]] = false; }
+        }
+        return;
+    }
     int cls[4]; i64 f[4]; i64 s[4];
     for (int t = 0; t < 4; ++t) {
         int j = lane + 32 * t;
@@ -206,6 +241,21 @@ extern "C" __global__ void plan_linked(const i64* __restrict__ bucket,
         if (++k > LINK_CAP) { if (lane == 0) atomicExch(overflow, 1); return; }
     }
     i64 base = b * (i64)B;
+    unsigned emp[4];
+    if (empties(dig, base, B, lane, emp) >= k) {
+        // Empty slots for every miss (see plan_slots), in ascending position.
+        i64 prev = -1;
+        for (int r = 0; r < k; ++r) {
+            i64 p = -1;
+            for (i64 j = me; j >= 0; j = next[j]) {
+                if (j > prev && (p < 0 || j < p)) p = j;
+            }
+            prev = p;
+            int j = take_empty(emp);
+            if (lane == 0) { out_slot[p] = base + j; out_evict[p] = false; }
+        }
+        return;
+    }
     int cls[4]; i64 f[4]; i64 s[4];
     for (int t = 0; t < 4; ++t) {
         int j = lane + 32 * t;
