@@ -63,7 +63,7 @@ def insert(index: BucketIndex, rows: Any, keys: Any, values: Any, tick: int) -> 
     xp = index.xp
     slot = index.find(keys)
     hit = xp.nonzero(slot >= 0)[0]
-    index.put_rows(rows, xp.take(slot, hit), xp.take(values, hit, axis=0))
+    index.put_rows(rows, xp.take(slot, hit), values, hit)
     miss = xp.nonzero(slot < 0)[0]
     s, e = index.plan(xp.take(keys, miss), tick + 1, "lfu")
     ok = xp.nonzero(s >= 0)[0]
@@ -75,7 +75,7 @@ def insert(index: BucketIndex, rows: Any, keys: Any, values: Any, tick: int) -> 
         tick,
         int(xp.sum(xp.astype(xp.take(e, ok), xp.int64))),
     )
-    index.put_rows(rows, got, xp.take(values, xp.take(miss, ok), axis=0))
+    index.put_rows(rows, got, values, xp.take(miss, ok))
 
 
 def rates_at(

@@ -330,13 +330,15 @@ extern "C" __global__ void install_slots(const i64* __restrict__ slots,
     last[s] = tick;
 }
 
-// dst[slots[i], :] = src[i, :]: a warp per row, coalesced.
+// dst[slots[i], :] = src[from[i], :] (src[i, :] without from): a warp per
+// row, coalesced.
 extern "C" __global__ void put_rows(const i64* __restrict__ slots, const float* __restrict__ src,
-                                    i64 n, int width, float* __restrict__ dst) {
+                                    const i64* __restrict__ from, i64 n, int width,
+                                    float* __restrict__ dst) {
     i64 w = ((i64)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     int lane = threadIdx.x & 31;
     if (w >= n) return;
-    const float* a = src + w * (i64)width;
+    const float* a = src + (from ? from[w] : w) * (i64)width;
     float* b = dst + slots[w] * (i64)width;
     for (int c = lane; c < width; c += 32) b[c] = a[c];
 }
@@ -537,8 +539,9 @@ class Kernels:
                 ),
             )
 
-    def put_rows(self, dst: Array, slots: Array, src: Array) -> None:
-        """``dst[slots] = src`` for float32 rows (``slots`` distinct)."""
+    def put_rows(self, dst: Array, slots: Array, src: Array, rows_of: Array = None) -> None:
+        """``dst[slots] = src`` for float32 rows (``slots`` distinct); with
+        ``rows_of``, ``dst[slots] = src[rows_of]`` (no gathered copy)."""
         cp = self.cp
         n = int(slots.shape[0])
         if n:
@@ -548,6 +551,7 @@ class Kernels:
                 (
                     cp.ascontiguousarray(slots, dtype=cp.int64),
                     cp.ascontiguousarray(src, dtype=cp.float32),
+                    0 if rows_of is None else cp.ascontiguousarray(rows_of, dtype=cp.int64),
                     cp.int64(n),
                     cp.int32(int(dst.shape[1])),
                     dst,

@@ -261,13 +261,16 @@ class BucketIndex:
         self.count = X.scatter_values(xp, fancy, self.count, slots, counts)
         self.last = X.scatter_values(xp, fancy, self.last, slots, tick)
 
-    def put_rows(self, dst: Array, slots: Array, src: Array) -> Array:
-        """``dst`` (rows by slot) with rows ``slots`` (distinct) set to ``src``
-        (in place where the namespace allows)."""
-        if self.kernels and dst.dtype == self.xp.float32:
-            self._cuda.put_rows(dst, slots, src)
+    def put_rows(self, dst: Array, slots: Array, src: Array, rows_of: Array = None) -> Array:
+        """``dst`` (rows by slot) with rows ``slots`` (distinct) set to ``src``,
+        or to ``src``'s rows ``rows_of`` (in place where the namespace allows)."""
+        xp = self.xp
+        if self.kernels and dst.dtype == xp.float32:
+            self._cuda.put_rows(dst, slots, src, rows_of)
             return dst
-        return X.scatter_rows(self.xp, self._fancy, dst, slots, src)
+        if rows_of is not None:
+            src = xp.take(src, rows_of, axis=0)
+        return X.scatter_rows(xp, self._fancy, dst, slots, src)
 
     def slots_in_use(self) -> Array:
         """Every slot that holds a key."""
