@@ -551,7 +551,9 @@ class Kernels:
                 (
                     cp.ascontiguousarray(slots, dtype=cp.int64),
                     cp.ascontiguousarray(src, dtype=cp.float32),
-                    0 if rows_of is None else cp.ascontiguousarray(rows_of, dtype=cp.int64),
+                    cp.uint64(0)
+                    if rows_of is None
+                    else cp.ascontiguousarray(rows_of, dtype=cp.int64),
                     cp.int64(n),
                     cp.int32(int(dst.shape[1])),
                     dst,
