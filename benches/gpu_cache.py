@@ -58,24 +58,9 @@ def timed(xp: Any, fn: Any, reps: int, setup: Any = None) -> float:
 
 
 def insert(index: BucketIndex, rows: Any, keys: Any, values: Any, tick: int) -> None:
-    """insert_or_assign as the cache admits: find, plan (evicting where a
-    bucket is full), install keys and rows."""
-    xp = index.xp
-    slot = index.find(keys)
-    hit = xp.nonzero(slot >= 0)[0]
-    index.put_rows(rows, xp.take(slot, hit), values, hit)
-    miss = xp.nonzero(slot < 0)[0]
-    s, e = index.plan(xp.take(keys, miss), tick + 1, "lfu")
-    ok = xp.nonzero(s >= 0)[0]
-    got = xp.take(s, ok)
-    index.install(
-        got,
-        xp.take(xp.take(keys, miss), ok),
-        xp.ones(ok.shape, dtype=xp.int64),
-        tick,
-        int(xp.sum(xp.astype(xp.take(e, ok), xp.int64))),
-    )
-    index.put_rows(rows, got, values, xp.take(miss, ok))
+    """The index's insert_or_assign: find, admit (evicting where a bucket is
+    full), keys and rows written."""
+    index.insert_or_assign(keys, values, rows, tick)
 
 
 def rates_at(

@@ -180,7 +180,51 @@ def test_the_cuda_kernels_equal_the_array_implementation(
                 sa[ok], miss[ok], cupy.ones(ok.shape, dtype=cupy.int64), tick, int(ea[ok].sum())
             )
         held += cupy.asnumpy(miss[ok]).tolist()
+        # insert_or_assign's kernels (no compaction) equal its array code.
+        extra = cupy.asarray(np.unique(rng.integers(-(2**63), 2**63 - 1, 200, dtype=np.int64)))
+        both = cupy.concatenate([extra, probe[:50]])
+        vals = cupy.asarray(rng.standard_normal((int(both.shape[0]), 3)).astype(np.float32))
+        ra, da, ea = a.insert_or_assign(both, vals, cupy.zeros((a.capacity, 3), cupy.float32), tick)
+        rb, db, eb = b.insert_or_assign(both, vals, cupy.zeros((b.capacity, 3), cupy.float32), tick)
+        for x, y in ((ra, rb), (da, db), (ea, eb)):
+            cupy.testing.assert_array_equal(x, y)
+        held += cupy.asnumpy(both[da >= 0]).tolist()
         for name in ("keys", "digest", "count", "last"):
             cupy.testing.assert_array_equal(getattr(a, name), getattr(b, name))
         assert a.used == b.used
     assert a.used > 0.8 * rows  # full buckets: evictions happened
+
+
+def test_insert_or_assign_overwrites_held_keys_and_admits_the_others(xp: ModuleType) -> None:
+    """insert_or_assign: a held key's row is overwritten in its slot, a new
+    key takes a slot and its row, and no admission evicts a key of the same
+    call (they count as used by it), on a 2-bucket index past full."""
+    index = BucketIndex(xp, 200)
+    rows = xp.zeros((index.capacity, 2), dtype=xp.float32)
+    model: dict[int, float] = {}
+    rng = np.random.default_rng(5)
+    for tick in range(1, 12):
+        keys = np.unique(rng.integers(0, 500, 60))
+        keys = np.concatenate([keys, np.array(list(model)[:20], dtype=np.int64)])
+        keys = np.unique(keys)
+        vals = rng.standard_normal(len(keys)).astype(np.float32)
+        rows, slot, _ = index.insert_or_assign(
+            xp.asarray(keys), xp.asarray(np.repeat(vals[:, None], 2, axis=1)), rows, tick
+        )
+        slot = X.to_host(xp, slot)
+        held_before = [k in model for k in keys.tolist()]
+        for k, s, v, was in zip(
+            keys.tolist(), slot.tolist(), vals.tolist(), held_before, strict=True
+        ):
+            if was:
+                assert s >= 0  # a held key is never refused nor moved out
+            if s >= 0:
+                model[k] = v
+        # Every key the index holds has the row last written for it.
+        held = X.to_host(xp, index.keys)[X.to_host(xp, index.digest) != 0]
+        got = X.to_host(xp, xp.take(rows, index.find(xp.asarray(held)), axis=0))
+        for k, r in zip(held.tolist(), got.tolist(), strict=True):
+            assert r[0] == r[1] == model[k]
+        for k in set(model) - set(held.tolist()):
+            del model[k]  # evicted
+        assert index.used == len(model) == len(held)

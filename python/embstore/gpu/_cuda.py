@@ -207,11 +207,14 @@ extern "C" __global__ void plan_slots(const i64* __restrict__ sb,
 
 // Links each miss into its bucket's list: next[i] is the miss linked
 // before it, head[b] the last one (exactly one miss of each bucket is a head).
+// With found (a find's slots), keys already held are left out (bucket -1).
 extern "C" __global__ void link_misses(const i64* __restrict__ keys, i64 m, i64 nb,
+                                       const i64* __restrict__ found,
                                        i64* __restrict__ bucket, i64* __restrict__ head,
                                        i64* __restrict__ next) {
     i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= m) return;
+    if (found && found[i] >= 0) { bucket[i] = -1; next[i] = -1; return; }
     i64 b; unsigned char d;
     place(keys[i], nb, &b, &d);
     bucket[i] = b;
@@ -235,6 +238,10 @@ extern "C" __global__ void plan_linked(const i64* __restrict__ bucket,
     int lane = threadIdx.x & 31;
     if (me >= m) return;
     i64 b = bucket[me];
+    if (b < 0) {  // held already: no slot to plan
+        if (lane == 0) { out_slot[me] = -1; out_evict[me] = false; }
+        return;
+    }
     if (head[b] != me) return;
     int k = 0;
     for (i64 j = me; j >= 0; j = next[j]) {
@@ -320,7 +327,7 @@ extern "C" __global__ void install_slots(const i64* __restrict__ slots,
                                          unsigned char* __restrict__ dig,
                                          i64* __restrict__ cnt, i64* __restrict__ last) {
     i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= n) return;
+    if (i >= n || slots[i] < 0) return;
     i64 s = slots[i], k = keys[i], b;
     unsigned char d;
     place(k, nb, &b, &d);
@@ -330,6 +337,15 @@ extern "C" __global__ void install_slots(const i64* __restrict__ slots,
     last[s] = tick;
 }
 
+// Slots found (>= 0) were accessed once in call tick.
+extern "C" __global__ void touch_found(const i64* __restrict__ found, i64 n, i64 tick,
+                                       i64* __restrict__ cnt, i64* __restrict__ last) {
+    i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n || found[i] < 0) return;
+    cnt[found[i]] += 1;
+    last[found[i]] = tick;
+}
+
 // dst[slots[i], :] = src[from[i], :] (src[i, :] without from): a warp per
 // row, coalesced.
 extern "C" __global__ void put_rows(const i64* __restrict__ slots, const float* __restrict__ src,
@@ -337,7 +353,7 @@ extern "C" __global__ void put_rows(const i64* __restrict__ slots, const float* 
                                     float* __restrict__ dst) {
     i64 w = ((i64)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     int lane = threadIdx.x & 31;
-    if (w >= n) return;
+    if (w >= n || slots[w] < 0) return;
     const float* a = src + (from ? from[w] : w) * (i64)width;
     float* b = dst + slots[w] * (i64)width;
     for (int c = lane; c < width; c += 32) b[c] = a[c];
@@ -363,6 +379,7 @@ class Kernels:
         self._link = mod.get_function("link_misses")
         self._plan_linked = mod.get_function("plan_linked")
         self._put_rows = mod.get_function("put_rows")
+        self._touch = mod.get_function("touch_found")
 
     def _grid(self, threads: int) -> tuple[int]:
         return (max(1, (threads + _THREADS - 1) // _THREADS),)
@@ -466,10 +483,12 @@ class Kernels:
         last: Array,
         protect_from: int,
         lru: bool,
+        found: Array = None,
     ) -> tuple[Array, Array] | None:
         """:meth:`plan` without a sort: misses linked per bucket by atomics,
         each bucket's taken in ascending position by its head's warp. None
-        where a bucket has more than 64 misses (then plan by sorting)."""
+        where a bucket has more than 64 misses (then plan by sorting). With
+        ``found`` (a find's slots of ``keys``), the keys held already get -1."""
         cp = self.cp
         keys = cp.ascontiguousarray(keys, dtype=cp.int64)
         m = int(keys.shape[0])
@@ -518,7 +537,7 @@ class Kernels:
         last: Array,
     ) -> None:
         """Keys ``keys`` (with ``counts``) into ``slots``: key, digest, count
-        and last call written in one pass."""
+        and last call written in one pass (a slot of -1: nothing)."""
         cp = self.cp
         n = int(slots.shape[0])
         if n:
@@ -539,9 +558,27 @@ class Kernels:
                 ),
             )
 
+    def touch(self, found: Array, tick: int, cnt: Array, last: Array) -> None:
+        """One access in call ``tick`` for each slot of ``found`` (distinct; -1: none)."""
+        cp = self.cp
+        n = int(found.shape[0])
+        if n:
+            self._touch(
+                self._grid(n),
+                (_THREADS,),
+                (
+                    cp.ascontiguousarray(found, dtype=cp.int64),
+                    cp.int64(n),
+                    cp.int64(tick),
+                    cnt,
+                    last,
+                ),
+            )
+
     def put_rows(self, dst: Array, slots: Array, src: Array, rows_of: Array = None) -> None:
-        """``dst[slots] = src`` for float32 rows (``slots`` distinct); with
-        ``rows_of``, ``dst[slots] = src[rows_of]`` (no gathered copy)."""
+        """``dst[slots] = src`` for float32 rows (``slots`` distinct; -1:
+        none); with ``rows_of``, ``dst[slots] = src[rows_of]`` (no gathered
+        copy)."""
         cp = self.cp
         n = int(slots.shape[0])
         if n:

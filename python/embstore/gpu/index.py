@@ -272,6 +272,80 @@ class BucketIndex:
             src = xp.take(src, rows_of, axis=0)
         return X.scatter_rows(xp, self._fancy, dst, slots, src)
 
+    def insert_or_assign(
+        self, keys: Array, values: Array, rows: Array, tick: int, policy: str = "lfu"
+    ) -> tuple[Array, Array, Array]:
+        """Rows ``values`` of ``keys`` (distinct) into ``rows`` (rows by slot):
+        held keys' rows overwritten, others admitted as :meth:`plan` and
+        :meth:`install` admit them (evicting where a bucket is full), with one
+        access each in call ``tick`` (held keys count as used by the call: no
+        admission evicts them); returns ``rows`` (changed in place where the
+        namespace allows), each key's slot (-1: its bucket had none to give)
+        and whether it evicted a held key. The index's own
+        insert (HierarchicalKV's insert_or_assign), in a few kernels on CuPy
+        (no compaction of the misses)."""
+        xp = self.xp
+        n = int(keys.shape[0])
+        found = self.find(keys)
+        touched = False
+        if self.kernels and self.sort_free and n:
+            self._cuda.touch(found, tick, self.count, self.last)
+            touched = True
+            planned = self._cuda.plan_linked(
+                keys,
+                self.buckets,
+                self.bucket_size,
+                self.digest,
+                self.count,
+                self.last,
+                tick,
+                policy == "lru",
+                found=found,
+            )
+            if planned is not None:
+                new, evict = planned
+                dst = xp.where(found >= 0, found, new)
+                got, ev = (
+                    int(v)
+                    for v in xp.stack(
+                        [xp.sum(xp.astype(new >= 0, xp.int64)), xp.sum(xp.astype(evict, xp.int64))]
+                    ).get()
+                )
+                self._cuda.install(
+                    new,
+                    keys,
+                    xp.ones((n,), dtype=xp.int64),
+                    self.buckets,
+                    tick,
+                    self.keys,
+                    self.digest,
+                    self.count,
+                    self.last,
+                )
+                self._cuda.put_rows(rows, dst, values)
+                self.used += got - ev
+                return rows, dst, evict
+        hit = xp.nonzero(found >= 0)[0]
+        held = xp.take(found, hit)
+        if not touched:
+            self.touch(held, xp.ones(hit.shape, dtype=xp.int64), tick)
+        rows = self.put_rows(rows, held, values, hit)
+        miss = xp.nonzero(found < 0)[0]
+        slots, evict = self.plan(xp.take(keys, miss), tick, policy)
+        ok = xp.nonzero(slots >= 0)[0]
+        got = xp.take(slots, ok)
+        self.install(
+            got,
+            xp.take(xp.take(keys, miss), ok),
+            xp.ones(ok.shape, dtype=xp.int64),
+            tick,
+            int(xp.sum(xp.astype(xp.take(evict, ok), xp.int64))),
+        )
+        rows = self.put_rows(rows, got, values, xp.take(miss, ok))
+        dst = X.scatter_values(xp, self._fancy, found, miss, slots)
+        ev = X.scatter_values(xp, self._fancy, xp.zeros((n,), dtype=xp.bool), miss, evict)
+        return rows, dst, ev
+
     def slots_in_use(self) -> Array:
         """Every slot that holds a key."""
         xp = self.xp
