@@ -495,8 +495,11 @@ class Kernels:
         bucket = cp.empty((m,), dtype=cp.int64)
         head = cp.full((buckets,), -1, dtype=cp.int64)
         nxt = cp.empty((m,), dtype=cp.int64)
+        held = cp.uint64(0) if found is None else cp.ascontiguousarray(found, dtype=cp.int64)
         self._link(
-            self._grid(m), (_THREADS,), (keys, cp.int64(m), cp.int64(buckets), bucket, head, nxt)
+            self._grid(m),
+            (_THREADS,),
+            (keys, cp.int64(m), cp.int64(buckets), held, bucket, head, nxt),
         )
         slot = cp.empty((m,), dtype=cp.int64)
         evict = cp.empty((m,), dtype=cp.bool_)
