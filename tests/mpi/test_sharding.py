@@ -171,6 +171,50 @@ def test_collection_over_shared_sharded_tables_steps_once() -> None:
         assert sharded.step == ref_t.step == 5
 
 
+def test_a_step_on_the_lookups_batch_moves_only_gradients() -> None:
+    """ShardedCollection.apply_pooled_gradients on the batch of the lookup
+    just before (the backward) reuses that lookup's plan and routes: it
+    sends 4*dim bytes per distinct remote key and nothing else. Where one
+    rank changed its ids in place since, every rank routes anew (full cost
+    model), and training still equals one Table on the union."""
+    dim = 5
+    t = ShardedTable(dim, optimizer=optim.SGD(lr=0.1), seed=4)
+    ref = embstore.Table(dim, optimizer=optim.SGD(lr=0.1), seed=4)
+    coll = ShardedCollection({"a": t, "b": t})
+    for changed in (False, True):
+        rng = np.random.default_rng(50 * changed + RANK)
+        off = np.arange(13, dtype=np.int64)
+        b = {"a": (rng.integers(0, 200, 12), off), "b": (rng.integers(100, 300, 12), off)}
+        coll.lookup_pooled(b)
+        if changed and RANK == 0:
+            b["a"][0][:] = rng.integers(300, 400, 12)  # in place: not the same batch
+        uniq = np.unique(np.concatenate([b["a"][0], b["b"][0]]))
+        remote = int((embstore._core.partition_owners(uniq, SIZE) != RANK).sum())
+        every = COMM.allgather(uniq)
+        asked = sum(
+            int((embstore._core.partition_owners(u, SIZE) == RANK).sum())
+            for r, u in enumerate(every)
+            if r != RANK
+        )
+        g = np.random.default_rng(RANK).normal(size=(12, 2 * dim)).astype(np.float32)
+        coll.apply_pooled_gradients(b, g)
+        counts = 8 * (SIZE - 1)
+        if not changed:
+            assert t.last_call["sent_bytes"] == 4 * dim * remote
+            assert t.last_call["received_bytes"] == 4 * dim * asked
+        else:
+            assert t.last_call["sent_bytes"] == counts + (8 + 4 * dim) * remote
+            assert t.last_call["received_bytes"] == counts + (8 + 4 * dim) * asked
+        # The same step on one Table over every rank's batch: the two
+        # features' gradients (their columns of g) in one step.
+        gs = COMM.allgather(g)
+        ids = np.concatenate([np.concatenate(COMM.allgather(b[f][0])) for f in ("a", "b")])
+        grads = np.concatenate([np.concatenate([x[:, c : c + dim] for x in gs]) for c in (0, dim)])
+        ref.apply_gradients(ids, grads)
+    keys, rows = ref.export()
+    np.testing.assert_allclose(t.lookup(keys, insert=False), rows, rtol=1e-5, atol=1e-6)
+
+
 def test_bad_input_on_one_rank_raises_on_every_rank_and_changes_nothing() -> None:
     t = ShardedTable(4, optimizer=optim.SGD(lr=1.0))
     t.apply_gradients(np.arange(10), np.ones((10, 4)))

@@ -97,6 +97,15 @@ def _fspath(path: Any) -> str:
     return where
 
 
+def _identity(order: np.ndarray) -> bool:
+    """Whether a send order is the identity (one rank, or keys already in
+    owner order): no permutation needed."""
+    n = len(order)
+    return n == 0 or (
+        int(order[0]) == 0 and int(order[-1]) == n - 1 and bool((np.diff(order) == 1).all())
+    )
+
+
 def _mpi() -> Any:
     return require("mpi4py.MPI", "mpi")
 
@@ -284,8 +293,12 @@ class ShardedTable:
             timer.cancel()
 
     def _agree(
-        self, what: str, error: BaseException | None, args: tuple[Any, ...] | None = ()
-    ) -> None:
+        self,
+        what: str,
+        error: BaseException | None,
+        args: tuple[Any, ...] | None = (),
+        vote: bool = False,
+    ) -> bool:
         """Every rank learns which call the others entered (``what``: the
         table's agreed id, the call's name), with which arguments that must
         be the same on every rank (``args``: flags, a checkpoint path; None
@@ -293,29 +306,30 @@ class ShardedTable:
         input; all raise if the calls or arguments differ or any refused.
         Every collective call starts here, before any exchange, so ranks
         that enter different calls, or calls on different tables, stop with
-        an error instead of exchanging each other's data."""
+        an error instead of exchanging each other's data. Returns whether
+        every rank voted yes (``vote``: a shortcut all must take or none)."""
         tag = f"table {self._id}: {what}" if hasattr(self, "_id") else what
         with self._watch(what):
             msgs = self.comm.allgather(
-                (tag, args, None if error is None else f"{type(error).__name__}: {error}")
+                (tag, args, None if error is None else f"{type(error).__name__}: {error}", vote)
             )
-        calls = {r: w for r, (w, _, _) in enumerate(msgs)}
+        calls = {r: w for r, (w, _, _, _) in enumerate(msgs)}
         if len(set(calls.values())) > 1:
             raise RuntimeError(
                 f"{what}: the ranks entered different collective calls "
                 f"({', '.join(f'rank {r}: {w}' for r, w in calls.items())}); every rank must "
                 "make the same calls on the same tables in the same order; nothing changed"
             )
-        given = {r: a for r, (_, a, m) in enumerate(msgs) if m is None}
+        given = {r: a for r, (_, a, m, _) in enumerate(msgs) if m is None}
         if len({repr(a) for a in given.values()}) > 1:
             raise ValueError(
                 f"{what}: the ranks passed different arguments "
                 f"({', '.join(f'rank {r}: {a}' for r, a in given.items())}); every rank must "
                 "pass the same; nothing changed"
             )
-        bad = {r: m for r, (_, _, m) in enumerate(msgs) if m is not None}
+        bad = {r: m for r, (_, _, m, _) in enumerate(msgs) if m is not None}
         if not bad:
-            return
+            return all(v for (_, _, _, v) in msgs)
         if error is not None:
             raise error
         first = min(bad)
@@ -332,16 +346,27 @@ class ShardedTable:
         others waiting in the exchange), and so are the arguments
         ``agreed(result)`` picks from the result (flags every rank must pass
         alike)."""
+        return self._prepare_voted(what, fn, agreed)[0]
+
+    def _prepare_voted(
+        self,
+        what: str,
+        fn: Callable[[], Any],
+        agreed: Callable[[Any], tuple[Any, ...]] = lambda _: (),
+        vote: Callable[[Any], bool] = lambda _: False,
+    ) -> tuple[Any, bool]:
+        """:meth:`_prepare`, and whether every rank voted ``vote(result)``."""
         result = None
         args: tuple[Any, ...] | None = None
         error: BaseException | None = None
+        yes = False
         try:
             result = fn()
             args = agreed(result)
+            yes = bool(vote(result))
         except Exception as e:
             error = e
-        self._agree(what, error, args)
-        return result
+        return result, self._agree(what, error, args, yes)
 
     # -- exchange -----------------------------------------------------------------
 
@@ -397,21 +422,35 @@ class ShardedTable:
         self.total_received_bytes += self.last_call["received_bytes"]
         self.last_call = {"sent_bytes": 0, "received_bytes": 0}
 
-    def _fetch_unique(self, uniq: npt.NDArray[np.int64], insert: bool) -> np.ndarray:
-        """Rows of unique keys, from their owners."""
+    def _fetch_unique(
+        self, uniq: npt.NDArray[np.int64], insert: bool
+    ) -> tuple[np.ndarray, tuple[np.ndarray, ...]]:
+        """Rows of unique keys, from their owners; and the route taken (for
+        a step on the same keys to send its gradients along)."""
         dim = self.local.dim
-        order, sc, rc, recv_keys = self._route(uniq)
+        route = self._route(uniq)
+        order, sc, rc, recv_keys = route
         rows = to_numpy(self.local.lookup(recv_keys, insert=insert))
         back = self._alltoallv(rows, rc, sc, dim).reshape(-1, dim)
+        if _identity(order):
+            return back, route
         out = np.empty((len(uniq), dim), np.float32)
         out[order] = back
-        return out
+        return out, route
 
-    def _push_unique(self, uniq: npt.NDArray[np.int64], grads: np.ndarray) -> None:
-        """Send summed gradients of unique keys to their owners; one step everywhere."""
+    def _push_unique(
+        self,
+        uniq: npt.NDArray[np.int64],
+        grads: np.ndarray,
+        route: tuple[np.ndarray, ...] | None = None,
+    ) -> None:
+        """Send summed gradients of unique keys to their owners; one step
+        everywhere. ``route``: the one a lookup of the same keys took, agreed
+        by every rank (the owners have the keys already: only gradients move)."""
         dim = self.local.dim
-        order, sc, rc, recv_keys = self._route(uniq)
-        recv = self._alltoallv(grads[order], sc, rc, dim).reshape(-1, dim)
+        order, sc, rc, recv_keys = self._route(uniq) if route is None else route
+        send = grads if _identity(order) else grads[order]
+        recv = self._alltoallv(send, sc, rc, dim).reshape(-1, dim)
         self.local.apply_gradients(recv_keys, recv)
 
     # -- the batch protocol (collective) ---------------------------------------------
@@ -444,7 +483,7 @@ class ShardedTable:
 
         ins, uniq, inv = self._prepare("lookup", prep, lambda r: (("insert", r[0]),))
         with self._watch("lookup"):
-            rows = self._fetch_unique(uniq, ins)
+            rows, _ = self._fetch_unique(uniq, ins)
         out: npt.NDArray[np.float32] = rows[inv]
         return out
 
@@ -508,7 +547,7 @@ class ShardedTable:
             lambda r: (("insert", r[0]),),
         )
         with self._watch("lookup_pooled"):
-            rows = self._fetch_unique(uniq, ins)
+            rows, _ = self._fetch_unique(uniq, ins)
         return ops.pool_rows(rows, inv, o, w, c)
 
     def apply_pooled_gradients(
@@ -721,6 +760,10 @@ class ShardedCollection:
         for name, t in self._features.items():
             groups.setdefault(id(t), []).append(name)
         self._groups = list(groups.values())
+        # The last lookup's batch (copies), plan and routes: a step on the same
+        # batch (the backward of that lookup) reuses them instead of
+        # deduplicating and routing the ids again.
+        self._last: tuple[dict[str, Any], dict[str, Any], dict[str, Any]] | None = None
 
     @property
     def features(self) -> list[str]:
@@ -763,6 +806,34 @@ class ShardedCollection:
         out["__batch__"] = size or 0
         return out
 
+    def _same_batch(self, batch: Mapping[str, Any]) -> bool:
+        """Whether ``batch`` holds the ids, offsets and weights of the last
+        lookup's (compared with copies kept then, so an array changed in
+        place since does not count as the same)."""
+        if self._last is None or set(batch) != set(self._features):
+            return False
+        kept = self._last[0]
+        for name in self._features:
+            entry = feature_entry(name, batch[name])
+            w = entry[2] if len(entry) == 3 else None
+            i, o, w_, _ = as_bags(entry[0], entry[1], w, self._combiners[name])
+            ki, ko, kw = kept[name]
+            if not (np.array_equal(i, ki) and np.array_equal(o, ko)):
+                return False
+            if (w_ is None) != (kw is None) or (w_ is not None and not np.array_equal(w_, kw)):
+                return False
+        return True
+
+    def _keep(self, batch: Mapping[str, Any], prep: dict[str, Any], routes: dict[str, Any]) -> None:
+        """Keeps what a step on the same batch reuses (copies of the arrays)."""
+        kept: dict[str, Any] = {}
+        for name in self._features:
+            entry = feature_entry(name, batch[name])
+            w = entry[2] if len(entry) == 3 else None
+            i, o, w_, _ = as_bags(entry[0], entry[1], w, self._combiners[name])
+            kept[name] = (i.copy(), o.copy(), None if w_ is None else w_.copy())
+        self._last = (kept, prep, routes)
+
     def _any(self) -> ShardedTable:
         return next(iter(self._features.values()))
 
@@ -783,15 +854,18 @@ class ShardedCollection:
             lambda r: (("insert", r[0]),),
         )
         cols = self._columns()
+        self._last = None
         # Every feature's pooled rows are written in place into its columns.
         out = np.empty((prep["__batch__"], self.dim), np.float32)
+        routes: dict[str, Any] = {}
         with first._watch("Collection.lookup_pooled"):
             for group in self._groups:
                 table = self._features[group[0]]
                 uniq, parts = prep[group[0]]
-                rows = table._fetch_unique(uniq, ins)
+                rows, routes[group[0]] = table._fetch_unique(uniq, ins)
                 for name, (inv, o, w, c) in parts.items():
                     ops.pool_rows_into(rows, inv, o, out, cols[name][0], w, c)
+        self._keep(batch, prep, routes)
         return out
 
     def _columns(self) -> dict[str, tuple[int, int]]:
@@ -808,17 +882,25 @@ class ShardedCollection:
         for t in {id(t): t for t in self._features.values()}.values():
             t._begin()
 
-        def prep() -> tuple[dict[str, Any], np.ndarray]:
+        def prep() -> tuple[dict[str, Any], np.ndarray, bool]:
             for name, t in self._features.items():
                 if t.local.optimizer is None:
                     raise ValueError(f"optimizer: the table of feature {name!r} has no optimizer")
-            p = self._prep(batch)
+            # The backward of the last lookup (the same batch) reuses its
+            # plan: no second dedup of the ids.
+            same = self._same_batch(batch)
+            p = self._last[1] if same and self._last is not None else self._prep(batch)
             g = as_rows(grads, p["__batch__"], self.dim, "grads")
             if not np.isfinite(g).all():
                 raise ValueError("grads: expected only finite values")
-            return p, g
+            return p, g, same
 
-        p, g = first._prepare(f"ShardedCollection({self._ids()}).apply_pooled_gradients", prep)
+        (p, g, _), every = first._prepare_voted(
+            f"ShardedCollection({self._ids()}).apply_pooled_gradients", prep, vote=lambda r: r[2]
+        )
+        # Where every rank steps on its last lookup's batch, the owners hold
+        # the keys from that lookup: only the gradients move.
+        routes = self._last[2] if every and self._last is not None else {}
         cols = self._columns()
         with first._watch("Collection.apply_pooled_gradients"):
             for group in self._groups:
@@ -829,7 +911,7 @@ class ShardedCollection:
                 summed = np.zeros((len(uniq), table.dim), np.float32)
                 for name, (inv, o, w, c) in parts.items():
                     ops.spread_pooled_add(g, cols[name][0], inv, o, summed, w, c)
-                table._push_unique(uniq, summed)
+                table._push_unique(uniq, summed, routes.get(group[0]))
 
 
 def __getattr__(name: str) -> Any:
