@@ -46,3 +46,24 @@ def test_spreading_from_columns_adds_what_spreading_alone_returns() -> None:
     with pytest.raises(ValueError, match="grads"):
         ops.spread_pooled_add(grads, 6, idx, offsets, out, None, "sqrtn")
     np.testing.assert_array_equal(out, before)
+
+
+@pytest.mark.parametrize("partition", ["hash", "mod", "div"])
+def test_plan_exchange_groups_distinct_keys_by_owner_as_numpy_would(partition: str) -> None:
+    """plan_exchange against NumPy: the distinct keys (first-occurrence
+    order, as np.unique's return_index sorted) grouped by owner with a
+    stable sort, the counts per rank, and uniq[inverse] == keys; a key
+    outside a "div" key space is refused naming keys."""
+    rng = np.random.default_rng(3)
+    keys = rng.integers(0, 1000, 5000)
+    space = 1000 if partition == "div" else None
+    uniq, inverse, counts = ops.plan_exchange(keys, 3, partition, space)
+    _, first = np.unique(keys, return_index=True)
+    in_order = keys[np.sort(first)]
+    owners = ops.partition_owners(in_order, 3, partition, space)
+    np.testing.assert_array_equal(uniq, in_order[np.argsort(owners, kind="stable")])
+    np.testing.assert_array_equal(counts, np.bincount(owners, minlength=3))
+    np.testing.assert_array_equal(uniq[inverse], keys)
+    if partition == "div":
+        with pytest.raises(ValueError, match=r"^keys\b"):
+            ops.plan_exchange(np.array([5, 1000]), 3, "div", 1000)

@@ -178,6 +178,9 @@ def partition_owners(
 def unique_inverse(
     keys: npt.NDArray[np.int64],
 ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]: ...
+def plan_exchange(
+    keys: npt.NDArray[np.int64], size: int, kind: str = "hash", key_space: int | None = None
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.int64]]: ...
 def pool_rows(
     rows: npt.NDArray[np.float32],
     idx: npt.NDArray[np.int64],

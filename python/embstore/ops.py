@@ -15,6 +15,7 @@ from embstore import _core
 __all__ = [
     "check_bags",
     "partition_owners",
+    "plan_exchange",
     "pool_rows",
     "pool_rows_into",
     "spread_pooled",
@@ -39,6 +40,21 @@ def unique_inverse(
     ``np.unique(keys, return_inverse=True)`` without its sort, by hashing in
     one native pass."""
     return _core.unique_inverse(keys)
+
+
+def plan_exchange(
+    keys: npt.NDArray[np.int64],
+    size: int,
+    partition: str = "hash",
+    key_space: int | None = None,
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+    """What a sharded call over ``size`` ranks sends, in one native pass: the
+    distinct values of ``keys`` grouped by owner rank (rank 0's first, each
+    rank's in first-occurrence order), so that they are the send buffer as
+    they are; each position's index among them (``uniq[inverse] == keys``);
+    and how many each rank owns (int64 ``(size,)``). A key outside a "div"
+    key space raises ValueError naming ``keys``."""
+    return _core.plan_exchange(keys, size, partition, key_space)
 
 
 def check_bags(

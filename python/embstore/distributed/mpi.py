@@ -97,15 +97,6 @@ def _fspath(path: Any) -> str:
     return where
 
 
-def _identity(order: np.ndarray) -> bool:
-    """Whether a send order is the identity (one rank, or keys already in
-    owner order): no permutation needed."""
-    n = len(order)
-    return n == 0 or (
-        int(order[0]) == 0 and int(order[-1]) == n - 1 and bool((np.diff(order) == 1).all())
-    )
-
-
 def _mpi() -> Any:
     return require("mpi4py.MPI", "mpi")
 
@@ -370,9 +361,6 @@ class ShardedTable:
 
     # -- exchange -----------------------------------------------------------------
 
-    def _owners(self, keys: npt.NDArray[np.int64]) -> npt.NDArray[np.int32]:
-        return ops.partition_owners(keys, self.size, self.partition, self.key_space)
-
     def _alltoallv(
         self, send: np.ndarray, send_counts: np.ndarray, recv_counts: np.ndarray, width: int
     ) -> np.ndarray:
@@ -403,19 +391,26 @@ class ShardedTable:
         self.last_call["received_bytes"] += int((rc.sum() - rc[self.rank]) * item)
         return recv
 
+    def _plan(
+        self, keys: npt.NDArray[np.int64]
+    ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+        """The batch's distinct keys grouped by owner, each position's index
+        among them, and the count each rank owns (one native pass; a key
+        outside a "div" key space is refused here, before any exchange)."""
+        return ops.plan_exchange(keys, self.size, self.partition, self.key_space)
+
     def _route(
-        self, uniq: npt.NDArray[np.int64]
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """Send unique keys to their owners: (order, send_counts, recv_counts, recv_keys)."""
-        owners = self._owners(uniq)
-        order = np.argsort(owners, kind="stable")
-        send_counts = np.bincount(owners, minlength=self.size).astype(np.int64)
+        self, uniq: npt.NDArray[np.int64], counts: npt.NDArray[np.int64]
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Send distinct keys (grouped by owner, ``counts`` a rank) to their
+        owners: (send_counts, recv_counts, recv_keys)."""
+        send_counts = np.ascontiguousarray(counts, dtype=np.int64)
         recv_counts = np.empty(self.size, np.int64)
         self.comm.Alltoall(send_counts, recv_counts)
         self.last_call["sent_bytes"] += 8 * (self.size - 1)
         self.last_call["received_bytes"] += 8 * (self.size - 1)
-        recv_keys = self._alltoallv(uniq[order], send_counts, recv_counts, 1)
-        return order, send_counts, recv_counts, recv_keys
+        recv_keys = self._alltoallv(uniq, send_counts, recv_counts, 1)
+        return send_counts, recv_counts, recv_keys
 
     def _begin(self) -> None:
         self.total_sent_bytes += self.last_call["sent_bytes"]
@@ -423,34 +418,31 @@ class ShardedTable:
         self.last_call = {"sent_bytes": 0, "received_bytes": 0}
 
     def _fetch_unique(
-        self, uniq: npt.NDArray[np.int64], insert: bool
+        self, uniq: npt.NDArray[np.int64], counts: npt.NDArray[np.int64], insert: bool
     ) -> tuple[np.ndarray, tuple[np.ndarray, ...]]:
-        """Rows of unique keys, from their owners; and the route taken (for
-        a step on the same keys to send its gradients along)."""
+        """Rows of distinct keys (grouped by owner, ``counts`` a rank), from
+        their owners, in ``uniq``'s order; and the route taken (for a step on
+        the same keys to send its gradients along)."""
         dim = self.local.dim
-        route = self._route(uniq)
-        order, sc, rc, recv_keys = route
+        route = self._route(uniq, counts)
+        sc, rc, recv_keys = route
         rows = to_numpy(self.local.lookup(recv_keys, insert=insert))
-        back = self._alltoallv(rows, rc, sc, dim).reshape(-1, dim)
-        if _identity(order):
-            return back, route
-        out = np.empty((len(uniq), dim), np.float32)
-        out[order] = back
-        return out, route
+        return self._alltoallv(rows, rc, sc, dim).reshape(-1, dim), route
 
     def _push_unique(
         self,
         uniq: npt.NDArray[np.int64],
+        counts: npt.NDArray[np.int64],
         grads: np.ndarray,
         route: tuple[np.ndarray, ...] | None = None,
     ) -> None:
-        """Send summed gradients of unique keys to their owners; one step
-        everywhere. ``route``: the one a lookup of the same keys took, agreed
-        by every rank (the owners have the keys already: only gradients move)."""
+        """Send summed gradients of distinct keys (grouped by owner) to their
+        owners; one step everywhere. ``route``: the one a lookup of the same
+        keys took, agreed by every rank (the owners have the keys already:
+        only gradients move)."""
         dim = self.local.dim
-        order, sc, rc, recv_keys = self._route(uniq) if route is None else route
-        send = grads if _identity(order) else grads[order]
-        recv = self._alltoallv(send, sc, rc, dim).reshape(-1, dim)
+        sc, rc, recv_keys = self._route(uniq, counts) if route is None else route
+        recv = self._alltoallv(grads, sc, rc, dim).reshape(-1, dim)
         self.local.apply_gradients(recv_keys, recv)
 
     # -- the batch protocol (collective) ---------------------------------------------
@@ -474,30 +466,25 @@ class ShardedTable:
         """Rows of this rank's ``keys (n,)``: float32 ``(n, dim)``. Collective."""
         self._begin()
 
-        def prep() -> tuple[bool, np.ndarray, np.ndarray]:
+        def prep() -> tuple[bool, np.ndarray, np.ndarray, np.ndarray]:
             ins = check_bool("insert", insert)
-            k = as_keys(keys)
-            uniq, inv = ops.unique_inverse(k)
-            self._owners(uniq)  # a key outside a "div" key space is refused here
-            return ins, uniq, inv
+            return (ins, *self._plan(as_keys(keys)))
 
-        ins, uniq, inv = self._prepare("lookup", prep, lambda r: (("insert", r[0]),))
+        ins, uniq, inv, counts = self._prepare("lookup", prep, lambda r: (("insert", r[0]),))
         with self._watch("lookup"):
-            rows, _ = self._fetch_unique(uniq, ins)
+            rows, _ = self._fetch_unique(uniq, counts, ins)
         out: npt.NDArray[np.float32] = rows[inv]
         return out
 
     def contains(self, keys: Any) -> npt.NDArray[np.bool_]:
         """Whether each of this rank's keys has a row anywhere. Collective."""
         self._begin()
-        uniq, inv = self._prepare("contains", lambda: ops.unique_inverse(as_keys(keys)))
+        uniq, inv, counts = self._prepare("contains", lambda: self._plan(as_keys(keys)))
         with self._watch("contains"):
-            order, sc, rc, recv_keys = self._route(uniq)
+            sc, rc, recv_keys = self._route(uniq, counts)
             found = to_numpy(self.local.contains(recv_keys)).astype(np.uint8)
             back = self._alltoallv(found, rc, sc, 1)
-        found_u = np.empty(len(uniq), bool)
-        found_u[order] = back.astype(bool)
-        out: npt.NDArray[np.bool_] = found_u[inv]
+        out: npt.NDArray[np.bool_] = back.astype(bool)[inv]
         return out
 
     def apply_gradients(self, keys: Any, grads: Any) -> None:
@@ -506,29 +493,27 @@ class ShardedTable:
         owner applies them. Collective."""
         self._begin()
 
-        def prep() -> tuple[np.ndarray, np.ndarray]:
+        def prep() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
             if self.local.optimizer is None:
                 raise ValueError("optimizer: this table was built with optimizer=None")
             k = as_keys(keys)
             g = as_rows(grads, k.shape[0], self.dim, "grads")
             if not np.isfinite(g).all():
                 raise ValueError("grads: expected only finite values")
-            uniq, inv = ops.unique_inverse(k)
-            self._owners(uniq)
+            uniq, inv, counts = self._plan(k)
             offsets = np.arange(len(k) + 1, dtype=np.int64)
             summed = ops.spread_pooled(g, inv, offsets, len(uniq))
-            return uniq, summed
+            return uniq, counts, summed
 
-        uniq, summed = self._prepare("apply_gradients", prep)
+        uniq, counts, summed = self._prepare("apply_gradients", prep)
         with self._watch("apply_gradients"):
-            self._push_unique(uniq, summed)
+            self._push_unique(uniq, counts, summed)
 
     def _bags(self, ids: Any, offsets: Any, weights: Any, combiner: str) -> tuple[Any, ...]:
         i, o, w, c = as_bags(ids, offsets, weights, combiner)
         batch = ops.check_bags(i, o, w, c)
-        uniq, inv = ops.unique_inverse(i)
-        self._owners(uniq)
-        return i, o, w, c, batch, uniq, inv
+        uniq, inv, counts = self._plan(i)
+        return i, o, w, c, batch, uniq, inv, counts
 
     def lookup_pooled(
         self,
@@ -541,13 +526,13 @@ class ShardedTable:
     ) -> npt.NDArray[np.float32]:
         """Pooled rows of this rank's bags (CSR as :meth:`Table.lookup_pooled`). Collective."""
         self._begin()
-        ins, (_, o, w, c, _, uniq, inv) = self._prepare(
+        ins, (_, o, w, c, _, uniq, inv, counts) = self._prepare(
             "lookup_pooled",
             lambda: (check_bool("insert", insert), self._bags(ids, offsets, weights, combiner)),
             lambda r: (("insert", r[0]),),
         )
         with self._watch("lookup_pooled"):
-            rows, _ = self._fetch_unique(uniq, ins)
+            rows, _ = self._fetch_unique(uniq, counts, ins)
         return ops.pool_rows(rows, inv, o, w, c)
 
     def apply_pooled_gradients(
@@ -560,15 +545,15 @@ class ShardedTable:
         def prep() -> tuple[Any, ...]:
             if self.local.optimizer is None:
                 raise ValueError("optimizer: this table was built with optimizer=None")
-            _, o, w, c, batch, uniq, inv = self._bags(ids, offsets, weights, combiner)
+            _, o, w, c, batch, uniq, inv, counts = self._bags(ids, offsets, weights, combiner)
             g = as_rows(grads, batch, self.dim, "grads")
             if not np.isfinite(g).all():
                 raise ValueError("grads: expected only finite values")
-            return uniq, ops.spread_pooled(g, inv, o, len(uniq), w, c)
+            return uniq, counts, ops.spread_pooled(g, inv, o, len(uniq), w, c)
 
-        uniq, summed = self._prepare("apply_pooled_gradients", prep)
+        uniq, counts, summed = self._prepare("apply_pooled_gradients", prep)
         with self._watch("apply_pooled_gradients"):
-            self._push_unique(uniq, summed)
+            self._push_unique(uniq, counts, summed)
 
     def __len__(self) -> int:
         """Rows on all ranks. Collective."""
@@ -796,11 +781,11 @@ class ShardedCollection:
             # One dedup per table over all its features' ids (not one per
             # feature), and one owners' check of the distinct keys.
             ids = np.concatenate([p[0] for p in parts.values()])
-            uniq, inv = ops.unique_inverse(ids)
-            table._owners(uniq)
+            uniq, inv, counts = table._plan(ids)
             cuts = np.cumsum([0] + [len(p[0]) for p in parts.values()])
             out[group[0]] = (
                 uniq,
+                counts,
                 {n: (inv[cuts[j] : cuts[j + 1]], *parts[n][1:]) for j, n in enumerate(parts)},
             )
         out["__batch__"] = size or 0
@@ -861,8 +846,8 @@ class ShardedCollection:
         with first._watch("Collection.lookup_pooled"):
             for group in self._groups:
                 table = self._features[group[0]]
-                uniq, parts = prep[group[0]]
-                rows, routes[group[0]] = table._fetch_unique(uniq, ins)
+                uniq, counts, parts = prep[group[0]]
+                rows, routes[group[0]] = table._fetch_unique(uniq, counts, ins)
                 for name, (inv, o, w, c) in parts.items():
                     ops.pool_rows_into(rows, inv, o, out, cols[name][0], w, c)
         self._keep(batch, prep, routes)
@@ -905,13 +890,13 @@ class ShardedCollection:
         with first._watch("Collection.apply_pooled_gradients"):
             for group in self._groups:
                 table = self._features[group[0]]
-                uniq, parts = p[group[0]]
+                uniq, counts, parts = p[group[0]]
                 # The features of one table add their gradients into one
                 # array, each read from its own columns of g (no copies).
                 summed = np.zeros((len(uniq), table.dim), np.float32)
                 for name, (inv, o, w, c) in parts.items():
                     ops.spread_pooled_add(g, cols[name][0], inv, o, summed, w, c)
-                table._push_unique(uniq, summed, routes.get(group[0]))
+                table._push_unique(uniq, counts, summed, routes.get(group[0]))
 
 
 def __getattr__(name: str) -> Any:

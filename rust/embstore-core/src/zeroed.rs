@@ -18,6 +18,8 @@ unsafe impl Zeroable for u32 {}
 unsafe impl Zeroable for u64 {}
 // SAFETY: zero bits are 0i64.
 unsafe impl Zeroable for i64 {}
+// SAFETY: all-zero bytes are the i32 0.
+unsafe impl Zeroable for i32 {}
 // SAFETY: zero bits are 0usize.
 unsafe impl Zeroable for usize {}
 // SAFETY: the zero byte is `false`.

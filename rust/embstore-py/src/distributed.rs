@@ -60,6 +60,35 @@ pub fn unique_inverse<'py>(
     Ok((uniq.into_pyarray(py), inverse.into_pyarray(py)))
 }
 
+/// The exchange plan of a batch: its distinct keys grouped by owner rank,
+/// each position's index among them, and the count each rank owns.
+type Plan<'py> = (
+    Bound<'py, PyArray1<i64>>,
+    Bound<'py, PyArray1<i64>>,
+    Bound<'py, PyArray1<i64>>,
+);
+
+/// The distinct keys grouped by owner rank (first-occurrence order within
+/// a rank), each position's index among them, and how many each rank owns.
+#[pyfunction]
+#[pyo3(signature = (keys, size, kind="hash", key_space=None))]
+pub fn plan_exchange<'py>(
+    py: Python<'py>,
+    keys: PyReadonlyArray1<'py, i64>,
+    size: usize,
+    kind: &str,
+    key_space: Option<i64>,
+) -> PyResult<Plan<'py>> {
+    let p = partition(kind, key_space)?;
+    let k = slice(&keys, "keys")?;
+    let plan = py.enter_store(|| embstore_core::unique::plan_exchange(k, &p, size))?;
+    Ok((
+        plan.keys.into_pyarray(py),
+        plan.inverse.into_pyarray(py),
+        plan.counts.into_pyarray(py),
+    ))
+}
+
 /// Pools rows already fetched: id i of the bags uses row idx[i] of rows.
 #[pyfunction]
 #[pyo3(signature = (rows, idx, offsets, weights=None, combiner="sum"))]

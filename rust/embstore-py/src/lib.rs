@@ -26,8 +26,8 @@ mod _core {
     #[pymodule_export]
     use crate::distributed::{
         PyDirectoryHold, bag_coefficients, check_bags, checkpoint_manifest_text, hold_directory,
-        load_table_owned, new_checkpoint_id, partition_owners, pool_rows, pool_rows_into,
-        spread_pooled, spread_pooled_add, unique_inverse,
+        load_table_owned, new_checkpoint_id, partition_owners, plan_exchange, pool_rows,
+        pool_rows_into, spread_pooled, spread_pooled_add, unique_inverse,
     };
     #[pymodule_export]
     use crate::error::{CheckpointError, EmbstoreError};
