@@ -51,7 +51,7 @@ def main() -> None:
         local = Table(dim, optimizer=optim.Adagrad(lr=0.05))
         local_coll = Collection({f"C{f}": local for f in range(FIELDS)})
     offsets = np.arange(a.batch + 1, dtype=np.int64)
-    times, local_times, sent, received, model = [], [], [], [], []
+    times, local_times, sent, received, model, exchange = [], [], [], [], [], []
     for s in range(a.steps):
         keys = all_keys[s * a.batch : (s + 1) * a.batch]
         batch = {f"C{f}": (np.ascontiguousarray(keys[:, f]), offsets) for f in range(FIELDS)}
@@ -64,9 +64,11 @@ def main() -> None:
         t0 = time.perf_counter()
         out = coll.lookup_pooled(batch)
         fwd = dict(table.last_call)
+        fwd_x = table.last_exchange_seconds
         coll.apply_pooled_gradients(batch, np.full(out.shape, 1e-3, np.float32))
         comm.Barrier()
         times.append(time.perf_counter() - t0)
+        exchange.append(fwd_x + table.last_exchange_seconds)
         sent.append(fwd["sent_bytes"] + table.last_call["sent_bytes"])
         received.append(fwd["received_bytes"] + table.last_call["received_bytes"])
         # Cost model (README): the lookup sends 8 B of counts to each other
@@ -87,6 +89,8 @@ def main() -> None:
             "sent": float(np.mean(sent)),
             "received": float(np.mean(received)),
             "model_sent": float(np.mean(model)),
+            "exchange_s": float(np.median(exchange[2:])),
+            "step_s": float(np.median(times[2:])),
         },
         root=0,
     )

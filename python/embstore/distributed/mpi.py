@@ -21,6 +21,7 @@ import math
 import os
 import sys
 import threading
+import time
 import zlib
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
@@ -218,6 +219,8 @@ class ShardedTable:
         self.size = int(self.comm.Get_size())
         self.timeout = DEFAULT_TIMEOUT
         self.last_call: dict[str, int] = {"sent_bytes": 0, "received_bytes": 0}
+        #: Seconds the last call spent in MPI exchanges (waiting included).
+        self.last_exchange_seconds = 0.0
         self.total_sent_bytes = 0
         self.total_received_bytes = 0
         error: BaseException | None = None
@@ -378,6 +381,7 @@ class ShardedTable:
         sd = np.concatenate([[0], np.cumsum(sc)[:-1]])
         rd = np.concatenate([[0], np.cumsum(rc)[:-1]])
         recv = np.empty(int(rc.sum()), send.dtype)
+        t0 = time.perf_counter()
         self.comm.Alltoallv(
             [
                 np.ascontiguousarray(send).reshape(-1),
@@ -386,6 +390,7 @@ class ShardedTable:
             ],
             [recv, (rc.astype(np.int32), rd.astype(np.int32)), mtype],
         )
+        self.last_exchange_seconds += time.perf_counter() - t0
         item = send.dtype.itemsize
         self.last_call["sent_bytes"] += int((sc.sum() - sc[self.rank]) * item)
         self.last_call["received_bytes"] += int((rc.sum() - rc[self.rank]) * item)
@@ -406,7 +411,9 @@ class ShardedTable:
         owners: (send_counts, recv_counts, recv_keys)."""
         send_counts = np.ascontiguousarray(counts, dtype=np.int64)
         recv_counts = np.empty(self.size, np.int64)
+        t0 = time.perf_counter()
         self.comm.Alltoall(send_counts, recv_counts)
+        self.last_exchange_seconds += time.perf_counter() - t0
         self.last_call["sent_bytes"] += 8 * (self.size - 1)
         self.last_call["received_bytes"] += 8 * (self.size - 1)
         recv_keys = self._alltoallv(uniq, send_counts, recv_counts, 1)
@@ -416,6 +423,7 @@ class ShardedTable:
         self.total_sent_bytes += self.last_call["sent_bytes"]
         self.total_received_bytes += self.last_call["received_bytes"]
         self.last_call = {"sent_bytes": 0, "received_bytes": 0}
+        self.last_exchange_seconds = 0.0
 
     def _fetch_unique(
         self, uniq: npt.NDArray[np.int64], counts: npt.NDArray[np.int64], insert: bool
