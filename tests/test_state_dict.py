@@ -153,3 +153,37 @@ def test_load_state_dict_names_the_entry_that_is_not_finite() -> None:
     bad["state"][1, 2] = np.inf
     with pytest.raises(ValueError, match=r"state\['state'\]"):
         t.load_state_dict(bad)
+
+
+@pytest.mark.parametrize("how", ["pickle", "deepcopy"])
+@pytest.mark.parametrize(
+    "kw",
+    [{}, {"capacity": 40, "eviction": "lru"}, {"ttl_steps": 3, "dtype": "bfloat16"}],
+    ids=["plain", "capacity-lru", "ttl-bf16"],
+)
+def test_a_copy_is_an_independent_table_that_trains_on_alike(how: str, kw: dict) -> None:
+    """pickle and copy.deepcopy copy a Table by value: the copy has the
+    rows, optimizer state, step, seed and policy metadata; training the copy
+    leaves the original as it was; training both on equals, bit for bit."""
+    import copy
+    import pickle
+
+    t = embstore.Table(4, optimizer=optim.Adam(lr=0.05), seed=11, **kw)
+    rng = np.random.default_rng(1)
+    for _ in range(5):
+        k = rng.integers(0, 60, 30)
+        t.apply_gradients(k, rng.normal(size=(30, 4)).astype(np.float32))
+    c = pickle.loads(pickle.dumps(t)) if how == "pickle" else copy.deepcopy(t)
+    assert c is not t
+    assert (c.step, c.seed, c.config()) == (t.step, t.seed, t.config())
+    for name, a in t.state_dict().items():
+        np.testing.assert_array_equal(c.state_dict()[name], a, err_msg=name)
+    before = t.state_dict()
+    k = rng.integers(0, 60, 30)
+    g = rng.normal(size=(30, 4)).astype(np.float32)
+    c.apply_gradients(k, g)
+    for name, a in before.items():  # the original did not move
+        np.testing.assert_array_equal(t.state_dict()[name], a, err_msg=name)
+    t.apply_gradients(k, g)
+    for name, a in t.state_dict().items():
+        np.testing.assert_array_equal(c.state_dict()[name], a, err_msg=name)

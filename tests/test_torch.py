@@ -149,3 +149,31 @@ def test_modules_refuse_wrong_arguments() -> None:
         et.EmbeddingBag(embstore.Table(2), mode="median")
     with pytest.raises(TypeError, match=r"^collection: expected an embstore.Collection"):
         et.EmbeddingCollection({})  # type: ignore[arg-type]
+
+
+def test_a_model_deep_copies_and_saves_whole_with_its_tables(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """copy.deepcopy(model) (EMA, SWA, keep-the-best snapshots) and
+    torch.save(model) / torch.load(weights_only=False) copy the tables by
+    value: the copy's forward equals the original's, and training the copy
+    leaves the original's tables as they were."""
+    import copy
+
+    table = embstore.Table(4, optimizer=optim.Adagrad(lr=0.1), seed=3)
+    model = nn.Sequential(et.Embedding(table), nn.Flatten(), nn.Linear(8, 1))
+    ids = torch.tensor([[1, 2], [3, 1]])
+    model(ids).sum().backward()  # one step: the table holds trained rows
+    saved = tmp_path / "model.pt"
+    torch.save(model, saved)
+    copies = [copy.deepcopy(model), torch.load(saved, weights_only=False)]
+    model.eval()
+    want = model(ids).detach()
+    for c in copies:
+        c.eval()
+        torch.testing.assert_close(c(ids).detach(), want, rtol=0, atol=0)
+        assert c[0].table is not table
+    before = table.state_dict()
+    copies[0].train()
+    copies[0](ids).sum().backward()  # trains the copy's table only
+    for name, a in table.state_dict().items():
+        np.testing.assert_array_equal(before[name], a, err_msg=name)
+    assert copies[0][0].table.step == table.step + 1

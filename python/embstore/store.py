@@ -85,6 +85,14 @@ def next_seed() -> int:
     return _SEEDS.draw()
 
 
+def _restore_table(kwargs: dict[str, Any], state: Mapping[str, Any]) -> Table:
+    """A table built from ``kwargs`` holding ``state`` (the inverse of
+    :meth:`Table.__reduce__`)."""
+    table = Table(**kwargs)
+    table.load_state_dict(state)
+    return table
+
+
 def _meta_words(state: Mapping[str, Any], n: int) -> tuple[npt.NDArray[np.uint32], int]:
     """A state dict's ``meta`` (int64 ``(n, 3)``: tick, step, count) and
     ``clock`` as the native metadata words (4 u32 a row); none given: no
@@ -779,6 +787,39 @@ class Table:
         self._capacity = cfg["capacity"]
         self._eviction = cfg["eviction"]
         self._inner = inner
+
+    # -- copies -------------------------------------------------------------------
+
+    def _constructor(self) -> dict[str, Any]:
+        """The arguments that build an empty table of this configuration."""
+        return {
+            "dim": self.dim,
+            "optimizer": self._optimizer,
+            "initializer": self._initializer,
+            "seed": self.seed,
+            "num_shards": self.num_shards,
+            "dtype": self._dtype,
+            "admission": self._admission,
+            "ttl_steps": self._ttl_steps,
+            "capacity": self._capacity,
+            "eviction": self._eviction,
+        }
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        """Pickled by value: the configuration and :meth:`state_dict` (rows,
+        optimizer state, step, seed, the policies' touch metadata), so
+        ``pickle``, ``copy.deepcopy`` and ``torch.save(model)`` give an
+        independent table that trains on as this one would. Memory: as
+        :meth:`state_dict` (a full copy); large tables are saved with
+        :meth:`save` instead."""
+        return (_restore_table, (self._constructor(), self.state_dict()))
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> Table:
+        import copy
+
+        out = _restore_table(copy.deepcopy(self._constructor(), memo), self.state_dict())
+        memo[id(self)] = out
+        return out
 
     # -- torch-style state dict ------------------------------------------------
 
