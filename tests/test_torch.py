@@ -177,3 +177,8 @@ def test_a_model_deep_copies_and_saves_whole_with_its_tables(tmp_path) -> None: 
     for name, a in table.state_dict().items():
         np.testing.assert_array_equal(before[name], a, err_msg=name)
     assert copies[0][0].table.step == table.step + 1
+    import pickle
+
+    torch.save(table, tmp_path / "table.pt")
+    with pytest.raises(pickle.UnpicklingError, match="_restore_table"):
+        torch.load(tmp_path / "table.pt", weights_only=True)  # no constructor runs
