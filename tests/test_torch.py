@@ -182,3 +182,54 @@ def test_a_model_deep_copies_and_saves_whole_with_its_tables(tmp_path) -> None: 
     torch.save(table, tmp_path / "table.pt")
     with pytest.raises(pickle.UnpicklingError, match="_restore_table"):
         torch.load(tmp_path / "table.pt", weights_only=True)  # no constructor runs
+
+
+@pytest.mark.parametrize("mode", ["sum", "mean"])
+def test_padding_idx_pools_as_nothing_as_torch_does(mode: str) -> None:
+    """padding_idx against torch.nn.EmbeddingBag / nn.Embedding with the
+    same rows and SGD: outputs and one training step equal; the padding id
+    is never stored; embedding_dim and num_embeddings read the table."""
+    pad = 0
+    ids = torch.tensor([3, 0, 5, 0, 0, 7, 3, 0])
+    offsets = torch.tensor([0, 2, 5, 7])  # bags [3, 0], [5, 0, 0], [7, 3], [0]
+    table = embstore.Table(4, optimizer=optim.SGD(lr=0.5), seed=2)
+    ours = et.EmbeddingBag(table, mode=mode, padding_idx=pad)
+    ref = nn.EmbeddingBag(10, 4, mode=mode, padding_idx=pad)
+    with torch.no_grad():
+        ref.weight.zero_()
+        ref.weight[[3, 5, 7]] = torch.from_numpy(table.lookup([3, 5, 7], insert=False))
+    opt = torch.optim.SGD(ref.parameters(), lr=0.5)
+    got, want = ours(ids, offsets), ref(ids, offsets)
+    torch.testing.assert_close(got, want)
+    g = torch.arange(16, dtype=torch.float32).reshape(4, 4) / 10
+    (got * g).sum().backward()
+    (want * g).sum().backward()
+    opt.step()
+    assert sorted(table.export()[0].tolist()) == [3, 5, 7]  # no row for the padding id
+    torch.testing.assert_close(
+        torch.from_numpy(table.lookup([3, 5, 7], insert=False)), ref.weight[[3, 5, 7]].detach()
+    )
+    assert (ours.embedding_dim, ours.num_embeddings) == (4, 3)
+    emb = et.Embedding(table, padding_idx=pad)
+    out = emb(torch.tensor([[3, 0], [0, 5]]))
+    assert out[0, 1].abs().sum() == 0  # padding reads as zeros
+    assert out[1, 0].abs().sum() == 0
+    torch.testing.assert_close(out[0, 0], torch.from_numpy(table.lookup([3], insert=False))[0])
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "arg"),
+    [
+        ({"max_norm": 1.0}, "max_norm"),
+        ({"norm_type": 1.0}, "norm_type"),
+        ({"scale_grad_by_freq": True}, "scale_grad_by_freq"),
+        ({"sparse": "yes"}, "sparse"),
+        ({"padding_idx": 1.5}, "padding_idx"),
+    ],
+)
+def test_unsupported_nn_arguments_are_refused_by_name(kwargs: dict, arg: str) -> None:
+    table = embstore.Table(4)
+    for cls in (et.Embedding, et.EmbeddingBag):
+        with pytest.raises((TypeError, ValueError), match=rf"^{arg}\b"):
+            cls(table, **kwargs)
+    assert et.EmbeddingBag(table, sparse=True).sparse  # accepted: updates are row-wise

@@ -124,6 +124,38 @@ def _device(x: Any) -> torch.device:
     return x.device if isinstance(x, torch.Tensor) else torch.device("cpu")
 
 
+def _refuse_unsupported(
+    max_norm: Any, norm_type: Any, scale_grad_by_freq: Any, sparse: Any
+) -> None:
+    """torch.nn.Embedding(Bag)'s arguments that embstore does not implement
+    are refused by name where given a value other than torch's default;
+    ``sparse`` is accepted (the tables always step only the rows a batch
+    touches, as torch's sparse gradients with a sparse optimizer do)."""
+    if max_norm is not None:
+        raise ValueError(
+            "max_norm: not supported (embstore does not renormalize rows on lookup); "
+            "use weight_decay in the optimizer or clip the looked-up rows instead"
+        )
+    if norm_type != 2.0:
+        raise ValueError("norm_type: not supported (it only applies with max_norm)")
+    if scale_grad_by_freq is not False:
+        raise ValueError(
+            "scale_grad_by_freq: not supported (an id's gradients are summed, as torch's default)"
+        )
+    if not isinstance(sparse, bool):
+        raise TypeError(f"sparse: expected a bool, got {type(sparse).__name__}")
+
+
+def _check_padding_idx(padding_idx: Any) -> int | None:
+    if padding_idx is None:
+        return None
+    if isinstance(padding_idx, bool) or not isinstance(padding_idx, (int, np.integer)):
+        raise TypeError(
+            f"padding_idx: expected an int id or None, got {type(padding_idx).__name__}"
+        )
+    return int(padding_idx)
+
+
 class _TableState(nn.Module):
     """State-dict support for modules over embstore tables: each table's
     :meth:`Table.state_dict` as tensors under ``{prefix}{name}.{field}``."""
@@ -181,15 +213,45 @@ class Embedding(_TableState):
 
     Each backward pass is one optimizer step of the table. Use one module per
     table per forward pass (a Collection shares tables between features).
+
+    ``padding_idx``: ids equal to it read as zeros, are not stored and get
+    no gradient (torch.nn.Embedding's padding, without a stored row).
+    ``max_norm``, ``norm_type`` and ``scale_grad_by_freq`` are refused by
+    name; ``sparse`` is accepted (updates are always row-wise).
+    ``embedding_dim`` is the table's dim, ``num_embeddings`` the rows it
+    holds now (it grows as ids arrive).
     """
 
-    def __init__(self, table: Table, *, default: Default = "init") -> None:
+    def __init__(
+        self,
+        table: Table,
+        *,
+        default: Default = "init",
+        padding_idx: int | None = None,
+        max_norm: float | None = None,
+        norm_type: float = 2.0,
+        scale_grad_by_freq: bool = False,
+        sparse: bool = False,
+    ) -> None:
         super().__init__()
         if not isinstance(table, Table):
             raise TypeError(f"table: expected an embstore.Table, got {type(table).__name__}")
         check_default(default, table.dim)
+        _refuse_unsupported(max_norm, norm_type, scale_grad_by_freq, sparse)
         self.table = table
         self.default = default
+        self.padding_idx = _check_padding_idx(padding_idx)
+        self.sparse = sparse
+
+    @property
+    def embedding_dim(self) -> int:
+        """Columns per row (the table's dim)."""
+        return self.table.dim
+
+    @property
+    def num_embeddings(self) -> int:
+        """Rows the table holds now."""
+        return len(self.table)
 
     def _tables(self) -> dict[str, Table]:
         return {"table": self.table}
@@ -198,10 +260,17 @@ class Embedding(_TableState):
         host = _np(ids, "ids")
         shape = np.shape(host)
         flat = np.reshape(host, -1)
-        out: torch.Tensor = _Lookup.apply(
-            _anchor(), self.table, flat, self.training, "init" if self.training else self.default
+        default = "init" if self.training else self.default
+        if self.padding_idx is None:
+            out: torch.Tensor = _Lookup.apply(_anchor(), self.table, flat, self.training, default)
+            return out.view(*shape, self.table.dim).to(_device(ids))
+        keep = np.flatnonzero(np.asarray(flat) != self.padding_idx)
+        kept: torch.Tensor = _Lookup.apply(
+            _anchor(), self.table, np.asarray(flat)[keep], self.training, default
         )
-        return out.view(*shape, self.table.dim).to(_device(ids))
+        full = kept.new_zeros((len(flat), self.table.dim))
+        full = full.index_copy(0, torch.from_numpy(keep), kept)  # padding rows: zeros
+        return full.view(*shape, self.table.dim).to(_device(ids))
 
     def extra_repr(self) -> str:
         return f"dim={self.table.dim}, rows={len(self.table)}"
@@ -221,6 +290,12 @@ class EmbeddingBag(_TableState):
       receive no gradient).
 
     In eval mode nothing is stored and a missing id pools as ``default``.
+
+    ``padding_idx``: ids equal to it pool as nothing (not counted by "mean"
+    or "sqrtn"), are not stored and get no gradient, as in
+    torch.nn.EmbeddingBag. ``max_norm``, ``norm_type`` and
+    ``scale_grad_by_freq`` are refused by name; ``sparse`` is accepted.
+    ``embedding_dim`` and ``num_embeddings`` as :class:`Embedding`'s.
     """
 
     def __init__(
@@ -231,6 +306,11 @@ class EmbeddingBag(_TableState):
         combiner: str | None = None,
         include_last_offset: bool = False,
         default: Default = "init",
+        padding_idx: int | None = None,
+        max_norm: float | None = None,
+        norm_type: float = 2.0,
+        scale_grad_by_freq: bool = False,
+        sparse: bool = False,
     ) -> None:
         super().__init__()
         if not isinstance(table, Table):
@@ -245,14 +325,27 @@ class EmbeddingBag(_TableState):
         if not isinstance(include_last_offset, bool):
             raise TypeError("include_last_offset: expected a bool")
         check_default(default, table.dim)
+        _refuse_unsupported(max_norm, norm_type, scale_grad_by_freq, sparse)
         self.table = table
         self.combiner = check_combiner(name)
         self.include_last_offset = include_last_offset
         self.default = default
+        self.padding_idx = _check_padding_idx(padding_idx)
+        self.sparse = sparse
 
     @property
     def mode(self) -> str:
         return self.combiner
+
+    @property
+    def embedding_dim(self) -> int:
+        """Columns per row (the table's dim)."""
+        return self.table.dim
+
+    @property
+    def num_embeddings(self) -> int:
+        """Rows the table holds now."""
+        return len(self.table)
 
     def _tables(self) -> dict[str, Table]:
         return {"table": self.table}
@@ -299,6 +392,12 @@ class EmbeddingBag(_TableState):
                     f"per_sample_weights: expected the shape of input {given.shape}, got {w.shape}"
                 )
             w = w.reshape(-1)
+        if self.padding_idx is not None:
+            # Padding ids leave their bags (and the counts of mean and sqrtn).
+            keep = ids != self.padding_idx
+            ends = np.concatenate([[0], np.cumsum(keep)])
+            ids, off = ids[keep], ends[off]
+            w = None if w is None else w[keep]
         out: torch.Tensor = _LookupPooled.apply(
             _anchor(),
             self.table,
