@@ -233,3 +233,23 @@ def test_unsupported_nn_arguments_are_refused_by_name(kwargs: dict, arg: str) ->
         with pytest.raises((TypeError, ValueError), match=rf"^{arg}\b"):
             cls(table, **kwargs)
     assert et.EmbeddingBag(table, sparse=True).sparse  # accepted: updates are row-wise
+
+
+def test_a_forward_without_gradients_stores_nothing() -> None:
+    """A torch.no_grad() validation pass in train mode stores no row (as
+    eval mode), for every module; with gradients it stores the new ids."""
+    table = embstore.Table(4, optimizer=optim.SGD(lr=0.1))
+    coll = embstore.Collection({"a": table})
+    modules = [
+        (et.Embedding(table), (torch.tensor([1, 2]),)),
+        (et.EmbeddingBag(table, mode="sum"), (torch.tensor([3, 4]), torch.tensor([0, 1]))),
+        (et.EmbeddingCollection(coll), ({"a": np.array([5, 6])},)),
+    ]
+    for module, args in modules:
+        module.train()
+        with torch.no_grad():
+            module(*args)
+        assert len(table) == 0, type(module).__name__
+    for module, args in modules:
+        module(*args)
+    assert len(table) == 6

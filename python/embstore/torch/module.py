@@ -124,6 +124,13 @@ def _device(x: Any) -> torch.device:
     return x.device if isinstance(x, torch.Tensor) else torch.device("cpu")
 
 
+def _stores(module: nn.Module) -> bool:
+    """Whether a forward stores rows for unseen ids: in training mode with
+    gradients enabled (a ``torch.no_grad()`` validation pass in train mode
+    stores nothing, as eval mode)."""
+    return bool(module.training and torch.is_grad_enabled())
+
+
 def _refuse_unsupported(
     max_norm: Any, norm_type: Any, scale_grad_by_freq: Any, sparse: Any
 ) -> None:
@@ -207,7 +214,8 @@ class Embedding(_TableState):
     """``forward(ids) -> (*ids.shape, dim)`` rows of ``table``, as
     torch.nn.Embedding (ids of any shape); backward steps the table's optimizer.
 
-    In training mode a missing id gets a stored row; in eval mode
+    In training mode (with gradients enabled) a missing id gets a stored row;
+    under ``torch.no_grad()`` or in eval mode
     (``module.eval()``) nothing is stored and a missing id reads as
     ``default``: "init" (the row it would get), "zeros" or a given row.
 
@@ -260,13 +268,14 @@ class Embedding(_TableState):
         host = _np(ids, "ids")
         shape = np.shape(host)
         flat = np.reshape(host, -1)
-        default = "init" if self.training else self.default
+        store = _stores(self)
+        default = "init" if store else self.default
         if self.padding_idx is None:
-            out: torch.Tensor = _Lookup.apply(_anchor(), self.table, flat, self.training, default)
+            out: torch.Tensor = _Lookup.apply(_anchor(), self.table, flat, store, default)
             return out.view(*shape, self.table.dim).to(_device(ids))
         keep = np.flatnonzero(np.asarray(flat) != self.padding_idx)
         kept: torch.Tensor = _Lookup.apply(
-            _anchor(), self.table, np.asarray(flat)[keep], self.training, default
+            _anchor(), self.table, np.asarray(flat)[keep], store, default
         )
         full = kept.new_zeros((len(flat), self.table.dim))
         full = full.index_copy(0, torch.from_numpy(keep), kept)  # padding rows: zeros
@@ -405,8 +414,8 @@ class EmbeddingBag(_TableState):
             off,
             w,
             self.combiner,
-            self.training,
-            "init" if self.training else self.default,
+            _stores(self),
+            "init" if _stores(self) else self.default,
         )
         return out.to(_device(input))
 
@@ -456,8 +465,8 @@ class EmbeddingCollection(_TableState):
             _anchor(),
             self.collection,
             host,
-            self.training,
-            "init" if self.training else self.default,
+            _stores(self),
+            "init" if _stores(self) else self.default,
         )
         return out
 
