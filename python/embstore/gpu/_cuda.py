@@ -131,6 +131,59 @@ __device__ __forceinline__ int take_empty(unsigned* emp) {
     return -1;
 }
 
+// This lane's 4 slots of the bucket at base: (class, first score, second
+// score), class 0 empty, 1 evictable, 2 used by a running call, 3 none.
+__device__ __forceinline__ void load_scores(const unsigned char* __restrict__ dig,
+                                            const i64* __restrict__ cnt,
+                                            const i64* __restrict__ last, i64 base, int B,
+                                            int lane, i64 protect_from, int lru, int* cls,
+                                            i64* f, i64* s) {
+    for (int t = 0; t < 4; ++t) {
+        int j = lane + 32 * t;
+        cls[t] = 3; f[t] = 0; s[t] = 0;
+        if (j < B) {
+            i64 i = base + j;
+            if (dig[i] == 0) {
+                cls[t] = 0;
+            } else {
+                i64 l = last[i], c = cnt[i];
+                cls[t] = l >= protect_from ? 2 : 1;
+                f[t] = lru ? l : c;
+                s[t] = lru ? c : l;
+            }
+        }
+    }
+}
+
+// The bucket's smallest free slot by (class, first, second, slot), taken
+// (marked class 3 in its lane); -1 when none is free. The same in every
+// lane; *evict: the slot held a key.
+__device__ __forceinline__ int take_best(int* cls, i64* f, i64* s, int lane, bool* evict) {
+    int bc = 3; i64 bf = 0, bs = 0; int bj = 1 << 30;
+    for (int t = 0; t < 4; ++t) {
+        int j = lane + 32 * t;
+        if (before(cls[t], f[t], s[t], j, bc, bf, bs, bj)) {
+            bc = cls[t]; bf = f[t]; bs = s[t]; bj = j;
+        }
+    }
+    for (int off = 16; off > 0; off >>= 1) {
+        int oc = __shfl_xor_sync(FULL, bc, off);
+        i64 of = __shfl_xor_sync(FULL, bf, off);
+        i64 os = __shfl_xor_sync(FULL, bs, off);
+        int oj = __shfl_xor_sync(FULL, bj, off);
+        if (before(oc, of, os, oj, bc, bf, bs, bj)) {
+            bc = oc; bf = of; bs = os; bj = oj;
+        }
+    }
+    if (bc >= 2) return -1;
+    if ((bj & 31) == lane) {
+        int t = bj >> 5;
+        for (int u = 0; u < 4; ++u) if (u == t) cls[u] = 3;
+    }
+    *evict = bc == 1;
+    return bj;
+}
+
 extern "C" __global__ void plan_slots(const i64* __restrict__ sb,
                                       const i64* __restrict__ order, i64 m, int B,
                                       const unsigned char* __restrict__ dig,
@@ -158,50 +211,18 @@ extern "C" __global__ void plan_slots(const i64* __restrict__ sb,
         return;
     }
     int cls[4]; i64 f[4]; i64 s[4];
-    for (int t = 0; t < 4; ++t) {
-        int j = lane + 32 * t;
-        cls[t] = 3; f[t] = 0; s[t] = 0;
-        if (j < B) {
-            i64 i = base + j;
-            if (dig[i] == 0) {
-                cls[t] = 0;
-            } else {
-                i64 l = last[i], c = cnt[i];
-                cls[t] = l >= protect_from ? 2 : 1;
-                f[t] = lru ? l : c;
-                s[t] = lru ? c : l;
-            }
-        }
-    }
+    load_scores(dig, cnt, last, base, B, lane, protect_from, lru, cls, f, s);
     for (i64 p = p0; p < p1; ++p) {
-        int bc = 3; i64 bf = 0, bs = 0; int bj = 1 << 30;
-        for (int t = 0; t < 4; ++t) {
-            int j = lane + 32 * t;
-            if (before(cls[t], f[t], s[t], j, bc, bf, bs, bj)) {
-                bc = cls[t]; bf = f[t]; bs = s[t]; bj = j;
-            }
-        }
-        for (int off = 16; off > 0; off >>= 1) {
-            int oc = __shfl_xor_sync(FULL, bc, off);
-            i64 of = __shfl_xor_sync(FULL, bf, off);
-            i64 os = __shfl_xor_sync(FULL, bs, off);
-            int oj = __shfl_xor_sync(FULL, bj, off);
-            if (before(oc, of, os, oj, bc, bf, bs, bj)) {
-                bc = oc; bf = of; bs = os; bj = oj;
-            }
-        }
-        if (bc >= 2) {
+        bool ev = false;
+        int bj = take_best(cls, f, s, lane, &ev);
+        if (bj < 0) {
             for (i64 q = p + lane; q < p1; q += 32) {
                 out_slot[order[q]] = -1;
                 out_evict[order[q]] = false;
             }
             break;
         }
-        if (lane == 0) { out_slot[order[p]] = base + bj; out_evict[order[p]] = (bc == 1); }
-        if ((bj & 31) == lane) {
-            int t = bj >> 5;
-            for (int u = 0; u < 4; ++u) if (u == t) cls[u] = 3;
-        }
+        if (lane == 0) { out_slot[order[p]] = base + bj; out_evict[order[p]] = ev; }
     }
 }
 
@@ -264,21 +285,7 @@ extern "C" __global__ void plan_linked(const i64* __restrict__ bucket,
         return;
     }
     int cls[4]; i64 f[4]; i64 s[4];
-    for (int t = 0; t < 4; ++t) {
-        int j = lane + 32 * t;
-        cls[t] = 3; f[t] = 0; s[t] = 0;
-        if (j < B) {
-            i64 i = base + j;
-            if (dig[i] == 0) {
-                cls[t] = 0;
-            } else {
-                i64 l = last[i], c = cnt[i];
-                cls[t] = l >= protect_from ? 2 : 1;
-                f[t] = lru ? l : c;
-                s[t] = lru ? c : l;
-            }
-        }
-    }
+    load_scores(dig, cnt, last, base, B, lane, protect_from, lru, cls, f, s);
     i64 prev = -1;
     bool full = false;
     for (int r = 0; r < k; ++r) {
@@ -287,35 +294,12 @@ extern "C" __global__ void plan_linked(const i64* __restrict__ bucket,
             if (j > prev && (p < 0 || j < p)) p = j;
         }
         prev = p;
-        if (full) {
-            if (lane == 0) { out_slot[p] = -1; out_evict[p] = false; }
-            continue;
-        }
-        int bc = 3; i64 bf = 0, bs = 0; int bj = 1 << 30;
-        for (int t = 0; t < 4; ++t) {
-            int j = lane + 32 * t;
-            if (before(cls[t], f[t], s[t], j, bc, bf, bs, bj)) {
-                bc = cls[t]; bf = f[t]; bs = s[t]; bj = j;
-            }
-        }
-        for (int off = 16; off > 0; off >>= 1) {
-            int oc = __shfl_xor_sync(FULL, bc, off);
-            i64 of = __shfl_xor_sync(FULL, bf, off);
-            i64 os = __shfl_xor_sync(FULL, bs, off);
-            int oj = __shfl_xor_sync(FULL, bj, off);
-            if (before(oc, of, os, oj, bc, bf, bs, bj)) {
-                bc = oc; bf = of; bs = os; bj = oj;
-            }
-        }
-        if (bc >= 2) {
-            full = true;
-            if (lane == 0) { out_slot[p] = -1; out_evict[p] = false; }
-            continue;
-        }
-        if (lane == 0) { out_slot[p] = base + bj; out_evict[p] = (bc == 1); }
-        if ((bj & 31) == lane) {
-            int t = bj >> 5;
-            for (int u = 0; u < 4; ++u) if (u == t) cls[u] = 3;
+        bool ev = false;
+        int bj = full ? -1 : take_best(cls, f, s, lane, &ev);
+        full = bj < 0;
+        if (lane == 0) {
+            out_slot[p] = full ? -1 : base + bj;
+            out_evict[p] = !full && ev;
         }
     }
 }

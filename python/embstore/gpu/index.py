@@ -157,18 +157,9 @@ class BucketIndex:
             return z, xp.zeros((0,), dtype=xp.bool)
         lru = policy == "lru"
         if self.kernels and self.sort_free:
-            linked = self._cuda.plan_linked(
-                keys,
-                self.buckets,
-                self.bucket_size,
-                self.digest,
-                self.count,
-                self.last,
-                protect_from,
-                lru,
-            )
+            linked = self._linked(keys, protect_from, lru)
             if linked is not None:
-                return linked  # type: ignore[no-any-return]
+                return linked
         bucket, _ = self.hash(keys)
         # Buckets fit 32 bits: a radix sort of half the passes on a GPU.
         narrow = xp.astype(bucket, xp.int32) if self.buckets < 2**31 else bucket
@@ -200,6 +191,23 @@ class BucketIndex:
             xp.arange(m, dtype=xp.int64),
         )  # the inverse permutation of ``order``
         return xp.take(slot_s, back), xp.take(evict_s, back)
+
+    def _linked(
+        self, keys: Array, protect_from: int, lru: bool, found: Array = None
+    ) -> tuple[Array, Array] | None:
+        """The CUDA plan without a sort (None where a bucket overflows)."""
+        out: tuple[Array, Array] | None = self._cuda.plan_linked(
+            keys,
+            self.buckets,
+            self.bucket_size,
+            self.digest,
+            self.count,
+            self.last,
+            protect_from,
+            lru,
+            found=found,
+        )
+        return out
 
     def _plan_arrays(
         self, gb: Array, group: Array, rank: Array, protect_from: int, lru: bool
@@ -291,17 +299,7 @@ class BucketIndex:
         if self.kernels and self.sort_free and n:
             self._cuda.touch(found, tick, self.count, self.last)
             touched = True
-            planned = self._cuda.plan_linked(
-                keys,
-                self.buckets,
-                self.bucket_size,
-                self.digest,
-                self.count,
-                self.last,
-                tick,
-                policy == "lru",
-                found=found,
-            )
+            planned = self._linked(keys, tick, policy == "lru", found)
             if planned is not None:
                 new, evict = planned
                 dst = xp.where(found >= 0, found, new)

@@ -210,7 +210,47 @@ class _TableState(nn.Module):
                 error_msgs.append(f"{prefix}{name}: {e}")
 
 
-class Embedding(_TableState):
+class _OneTable(_TableState):
+    """A module over one table: the arguments torch.nn.Embedding and
+    EmbeddingBag share (``padding_idx``, refused ``max_norm``, ``norm_type``
+    and ``scale_grad_by_freq``, accepted ``sparse``), ``embedding_dim`` and
+    ``num_embeddings``."""
+
+    def __init__(
+        self,
+        table: Table,
+        default: Default,
+        padding_idx: int | None,
+        max_norm: float | None,
+        norm_type: float,
+        scale_grad_by_freq: bool,
+        sparse: bool,
+    ) -> None:
+        super().__init__()
+        if not isinstance(table, Table):
+            raise TypeError(f"table: expected an embstore.Table, got {type(table).__name__}")
+        check_default(default, table.dim)
+        _refuse_unsupported(max_norm, norm_type, scale_grad_by_freq, sparse)
+        self.table = table
+        self.default = default
+        self.padding_idx = _check_padding_idx(padding_idx)
+        self.sparse = sparse
+
+    @property
+    def embedding_dim(self) -> int:
+        """Columns per row (the table's dim)."""
+        return self.table.dim
+
+    @property
+    def num_embeddings(self) -> int:
+        """Rows the table holds now."""
+        return len(self.table)
+
+    def _tables(self) -> dict[str, Table]:
+        return {"table": self.table}
+
+
+class Embedding(_OneTable):
     """``forward(ids) -> (*ids.shape, dim)`` rows of ``table``, as
     torch.nn.Embedding (ids of any shape); backward steps the table's optimizer.
 
@@ -241,28 +281,9 @@ class Embedding(_TableState):
         scale_grad_by_freq: bool = False,
         sparse: bool = False,
     ) -> None:
-        super().__init__()
-        if not isinstance(table, Table):
-            raise TypeError(f"table: expected an embstore.Table, got {type(table).__name__}")
-        check_default(default, table.dim)
-        _refuse_unsupported(max_norm, norm_type, scale_grad_by_freq, sparse)
-        self.table = table
-        self.default = default
-        self.padding_idx = _check_padding_idx(padding_idx)
-        self.sparse = sparse
-
-    @property
-    def embedding_dim(self) -> int:
-        """Columns per row (the table's dim)."""
-        return self.table.dim
-
-    @property
-    def num_embeddings(self) -> int:
-        """Rows the table holds now."""
-        return len(self.table)
-
-    def _tables(self) -> dict[str, Table]:
-        return {"table": self.table}
+        super().__init__(
+            table, default, padding_idx, max_norm, norm_type, scale_grad_by_freq, sparse
+        )
 
     def forward(self, ids: Any) -> torch.Tensor:
         host = _np(ids, "ids")
@@ -285,7 +306,7 @@ class Embedding(_TableState):
         return f"dim={self.table.dim}, rows={len(self.table)}"
 
 
-class EmbeddingBag(_TableState):
+class EmbeddingBag(_OneTable):
     """``forward(input, offsets=None, per_sample_weights=None) -> (batch, dim)``
     pooled rows, with torch.nn.EmbeddingBag's conventions:
 
@@ -321,9 +342,6 @@ class EmbeddingBag(_TableState):
         scale_grad_by_freq: bool = False,
         sparse: bool = False,
     ) -> None:
-        super().__init__()
-        if not isinstance(table, Table):
-            raise TypeError(f"table: expected an embstore.Table, got {type(table).__name__}")
         if mode is not None and combiner is not None and mode != combiner:
             raise ValueError(f"mode: {mode!r} and combiner {combiner!r} disagree; give one")
         name = mode if mode is not None else combiner if combiner is not None else "mean"
@@ -333,31 +351,15 @@ class EmbeddingBag(_TableState):
             )
         if not isinstance(include_last_offset, bool):
             raise TypeError("include_last_offset: expected a bool")
-        check_default(default, table.dim)
-        _refuse_unsupported(max_norm, norm_type, scale_grad_by_freq, sparse)
-        self.table = table
+        super().__init__(
+            table, default, padding_idx, max_norm, norm_type, scale_grad_by_freq, sparse
+        )
         self.combiner = check_combiner(name)
         self.include_last_offset = include_last_offset
-        self.default = default
-        self.padding_idx = _check_padding_idx(padding_idx)
-        self.sparse = sparse
 
     @property
     def mode(self) -> str:
         return self.combiner
-
-    @property
-    def embedding_dim(self) -> int:
-        """Columns per row (the table's dim)."""
-        return self.table.dim
-
-    @property
-    def num_embeddings(self) -> int:
-        """Rows the table holds now."""
-        return len(self.table)
-
-    def _tables(self) -> dict[str, Table]:
-        return {"table": self.table}
 
     def _csr(self, ids: np.ndarray, offsets: Any) -> tuple[np.ndarray, np.ndarray]:
         """``(ids, offsets)`` in the table's CSR form (a last offset)."""
