@@ -65,4 +65,5 @@ def test_device_cache_step_numpy(benchmark, workload: Workload) -> None:  # type
         cache.apply_gradients(workload.ids, workload.grads)
 
     benchmark(step)
-    assert cache.stats()["rows_cached"] == VOCAB // 10
+    # Full: every slot of its whole buckets (at least the rows asked for).
+    assert cache.stats()["rows_cached"] == cache.capacity >= VOCAB // 10
