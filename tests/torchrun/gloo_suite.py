@@ -1,0 +1,104 @@
+"""The sharded tier under torchrun with torch.distributed (gloo), no MPI:
+run by tests/test_torchrun.py as
+
+    torchrun --standalone --nproc_per_node N tests/torchrun/gloo_suite.py [hang]
+
+Checks, on every rank: training through ShardedTable(comm="torch") equals
+one Table fed every rank's batch; a ShardedCollection step on its lookup's
+batch moves only gradients and the bytes equal the cost model; a checkpoint
+saved by N ranks loads into one Table and back onto the ranks; ranks that
+enter different calls, or one that refuses its input, raise on every rank.
+With ``hang``: rank 1 stops calling and rank 0's watchdog must end the job.
+"""
+
+from __future__ import annotations
+
+import sys
+import tempfile
+import time
+
+import numpy as np
+import pytest
+import torch.distributed as dist
+
+import embstore
+from embstore import ops, optim
+from embstore.distributed import ShardedCollection, ShardedTable
+
+dist.init_process_group("gloo")
+R, N = dist.get_rank(), dist.get_world_size()
+DIM = 6
+
+
+def every(obj: object) -> list:
+    out: list = [None] * N
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def close(a: np.ndarray, b: np.ndarray) -> None:
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+if sys.argv[1:] == ["hang"]:
+    t = ShardedTable(DIM, comm="torch", timeout=3)
+    if R == 1:
+        time.sleep(60)  # stops calling: rank 0's watchdog ends the job
+    t.lookup(np.arange(10))
+    sys.exit(0)
+
+# 1. Training equals one Table over the union.
+t = ShardedTable(DIM, comm="torch", optimizer=optim.Adam(lr=0.05), seed=9)
+ref = embstore.Table(DIM, optimizer=optim.Adam(lr=0.05), seed=9)
+for step in range(8):
+    rng = np.random.default_rng(100 * step + R)
+    keys = rng.integers(0, 400, 40)
+    g = rng.normal(size=(40, DIM)).astype(np.float32)
+    close(t.lookup(keys), ref.lookup(keys, insert=False))
+    t.apply_gradients(keys, g)
+    parts = every((keys, g))
+    ref.apply_gradients(
+        np.concatenate([k for k, _ in parts]), np.concatenate([x for _, x in parts])
+    )
+k_ref, rows_ref = ref.export()
+close(t.lookup(k_ref, insert=False), rows_ref)
+assert len(t) == len(ref)
+
+# 2. A collection step on its lookup's batch: only gradients move.
+coll = ShardedCollection({"a": t, "b": t})
+rng = np.random.default_rng(7 + R)
+off = np.arange(13, dtype=np.int64)
+b = {"a": (rng.integers(0, 300, 12), off), "b": (rng.integers(200, 500, 12), off)}
+coll.lookup_pooled(b)
+uniq, _, counts = ops.plan_exchange(np.concatenate([b["a"][0], b["b"][0]]), N)
+remote = int(counts.sum() - counts[R])
+gg = rng.normal(size=(12, 2 * DIM)).astype(np.float32)
+coll.apply_pooled_gradients(b, gg)
+assert t.last_call["sent_bytes"] == 4 * DIM * remote, (t.last_call, remote)
+parts = every((b, gg))
+ids = np.concatenate([np.concatenate([p[0][f][0] for p in parts]) for f in ("a", "b")])
+grads = np.concatenate([np.concatenate([p[1][:, c : c + DIM] for p in parts]) for c in (0, DIM)])
+ref.apply_gradients(ids, grads)
+k_ref, rows_ref = ref.export()
+close(t.lookup(k_ref, insert=False), rows_ref)
+
+# 3. Saved by N ranks: one Table loads it, and so do the ranks again.
+path = every(tempfile.mkdtemp() if R == 0 else None)[0]
+t.save(path)
+one = embstore.Table.load(path)
+close(one.lookup(k_ref, insert=False), rows_ref)
+back = ShardedTable.load(path, comm="torch")
+close(back.lookup(k_ref, insert=False), rows_ref)
+assert back.step == t.step == one.step
+
+# 4. Different calls, or a refused input on one rank, raise on every rank.
+other_call = (lambda: t.lookup(np.arange(5))) if R == 0 else (lambda: len(t))
+with pytest.raises(RuntimeError, match="different collective calls"):
+    other_call()
+with pytest.raises((TypeError, ValueError)) as refused:
+    t.lookup(np.arange(3) if R else np.array([1.5]))
+assert R == 0 or "refused its input" in str(refused.value), refused.value
+close(t.lookup(k_ref, insert=False), rows_ref)  # nothing changed, calls go on
+
+print(f"rank {R}: gloo suite passed ({N} ranks, {t.stats()['global_rows']} rows)", flush=True)
+dist.destroy_process_group()
