@@ -100,7 +100,7 @@ def test_torch_model_trains_like_embedding_bag_and_sparse_adam(
     modules = {
         f: et.EmbeddingBag(t, mode="sum", include_last_offset=True) for f, t in tables.items()
     }
-    coll = et.EmbeddingCollection(embstore.Collection(tables))
+    coll = et.EmbeddingBagCollection(embstore.Collection(tables))
     for b in batches:
         if style == "embedding_bag":
             emb = torch.cat(
@@ -148,7 +148,7 @@ def test_modules_refuse_wrong_arguments() -> None:
     with pytest.raises(ValueError, match=r"^combiner: expected one of"):
         et.EmbeddingBag(embstore.Table(2), mode="median")
     with pytest.raises(TypeError, match=r"^collection: expected an embstore.Collection"):
-        et.EmbeddingCollection({})  # type: ignore[arg-type]
+        et.EmbeddingBagCollection({})  # type: ignore[arg-type]
 
 
 def test_a_model_deep_copies_and_saves_whole_with_its_tables(tmp_path) -> None:  # type: ignore[no-untyped-def]
@@ -243,7 +243,7 @@ def test_a_forward_without_gradients_stores_nothing() -> None:
     modules = [
         (et.Embedding(table), (torch.tensor([1, 2]),)),
         (et.EmbeddingBag(table, mode="sum"), (torch.tensor([3, 4]), torch.tensor([0, 1]))),
-        (et.EmbeddingCollection(coll), ({"a": np.array([5, 6])},)),
+        (et.EmbeddingBagCollection(coll), ({"a": np.array([5, 6])},)),
     ]
     for module, args in modules:
         module.train()

@@ -109,7 +109,7 @@ def model(seed: int) -> nn.Module:
             super().__init__()
             self.user = et.Embedding(user)
             self.item = et.EmbeddingBag(item, mode="mean")
-            self.coll = et.EmbeddingCollection(
+            self.coll = et.EmbeddingBagCollection(
                 embstore.Collection({"h1": hist, "h2": hist, "u": user})
             )
             self.head = nn.Linear(5 * DIM, 1)
@@ -212,7 +212,7 @@ def test_eval_mode_reads_missing_ids_as_the_default() -> None:
     assert out[1].tolist() == [0.0] * DIM
     bag = et.EmbeddingBag(table, mode="sum", default=np.full(DIM, 0.5)).eval()
     assert bag(torch.tensor([[1, 2]]))[0].tolist() == [1.5] * DIM
-    coll = et.EmbeddingCollection(embstore.Collection({"f": table}), default="zeros").eval()
+    coll = et.EmbeddingBagCollection(embstore.Collection({"f": table}), default="zeros").eval()
     assert coll({"f": torch.tensor([2])}).abs().sum().item() == 0.0
     assert len(table) == 1
 
@@ -295,7 +295,7 @@ class FakeKJT:
 def test_embedding_bag_collection_takes_keyed_jagged_input() -> None:
     """KJT layout: lengths feature-major ([f0 sample0, f0 sample1, ..., f1
     sample0, ...]); values in the same order. Output: a KeyedTensor of the
-    collection's features, equal to EmbeddingCollection on the same bags."""
+    collection's features, equal to the same module given the bags as a mapping."""
 
     def make() -> embstore.Collection:
         a = embstore.Table(DIM, optimizer=optim.Adagrad(lr=0.1), seed=1)
@@ -314,7 +314,7 @@ def test_embedding_bag_collection_takes_keyed_jagged_input() -> None:
         "hist": (np.array([5, 6, 7, 8]), np.array([0, 3, 4]), np.array([0.5, 2.0, 1.0, 1.0])),
         "item": (np.array([20, 21]), np.array([0, 1, 2]), np.array([1.0, 1.0])),
     }
-    ebc, ref = et.EmbeddingBagCollection(make()), et.EmbeddingCollection(make())
+    ebc, ref = et.EmbeddingBagCollection(make()), et.EmbeddingBagCollection(make())
     for _ in range(3):
         kt = ebc(kjt)
         want = ref(bags)
@@ -333,6 +333,8 @@ def test_embedding_bag_collection_takes_keyed_jagged_input() -> None:
     with pytest.raises(ValueError, match=r"features: missing keys \['item'\]"):
         ebc(FakeKJT(["user", "hist"], torch.tensor([1, 2]), torch.tensor([1, 0, 1, 0])))
     with pytest.raises(TypeError, match="features: expected a torchrec KeyedJaggedTensor"):
+        ebc([torch.tensor([1])])
+    with pytest.raises(ValueError, match=r"batch: expected features .*missing \['user', 'hist'\]"):
         ebc({"item": torch.tensor([1])})
 
 

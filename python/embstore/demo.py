@@ -181,7 +181,7 @@ class NumpyFM:
 
 
 class TorchFM:
-    """The same FM as a torch nn.Module over embstore.torch.EmbeddingCollection."""
+    """The same FM as a torch nn.Module over embstore.torch.EmbeddingBagCollection."""
 
     def __init__(self, collection: embstore.Collection, k: int, lr: float) -> None:
         import torch
@@ -189,7 +189,7 @@ class TorchFM:
         import embstore.torch as et
 
         self.torch, self.k = torch, k
-        self.emb = et.EmbeddingCollection(collection)
+        self.emb = et.EmbeddingBagCollection(collection)
         self.linear = torch.nn.Linear(DENSE, 1, dtype=torch.float64)
         torch.nn.init.zeros_(self.linear.weight)
         torch.nn.init.zeros_(self.linear.bias)

@@ -12,18 +12,22 @@ from embstore._deps import require
 
 require("torch", "torch")
 
-from embstore.torch.module import (  # noqa: E402
-    Embedding,
-    EmbeddingBag,
+from embstore.torch.collections import (  # noqa: E402
     EmbeddingBagCollection,
     EmbeddingCollection,
+    JaggedTensor,
     KeyedTensor,
 )
+from embstore.torch.configs import EmbeddingBagConfig, EmbeddingConfig  # noqa: E402
+from embstore.torch.module import Embedding, EmbeddingBag  # noqa: E402
 
 __all__ = [
     "Embedding",
     "EmbeddingBag",
     "EmbeddingBagCollection",
+    "EmbeddingBagConfig",
     "EmbeddingCollection",
+    "EmbeddingConfig",
+    "JaggedTensor",
     "KeyedTensor",
 ]

@@ -7,121 +7,87 @@ shape, ``include_last_offset`` either way, 2-D fixed-length bags,
 travel with the model (see :meth:`embstore.Table.state_dict` for the memory
 cost, and use the tables' own checkpoints for tables that do not fit twice
 in memory).
+
+Each module's forward and backward run as the registered custom ops of
+:mod:`embstore.torch._ops`, so ``torch.compile`` compiles models that use
+them. The modules here check what they can from shapes and dtypes before
+the op (so a compiled graph meets the same errors at trace time), and the
+op does the rest on the host.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 import torch
 from torch import nn
 
-from embstore._convert import Default, check_combiner, check_default, host_array
-from embstore.collection import Collection
+from embstore._convert import Default, as_bags, check_combiner, check_default
+from embstore.ops import spread_pooled, unique_inverse
 from embstore.store import Table
+from embstore.torch._ops import call, register
 
-__all__ = [
-    "Embedding",
-    "EmbeddingBag",
-    "EmbeddingBagCollection",
-    "EmbeddingCollection",
-    "KeyedTensor",
-]
+__all__ = ["Embedding", "EmbeddingBag"]
 
 _STATE_FIELDS = ("keys", "rows", "state", "meta", "clock", "step", "seed")
 
-
-def _np(t: Any, arg: str) -> Any:
-    """A torch tensor as a NumPy array of its own (on the host); anything
-    else unchanged. A copy, not a view: the backward must see the ids of the
-    forward even if the caller reuses (modifies in place) its id tensor in
-    between, as a loader refilling one buffer does. Ids on a GPU are copied
-    to the host (the output goes back to their device); a tensor that
-    requires grad is refused with the argument's name."""
-    if isinstance(t, torch.Tensor):
-        # host_array refuses a tensor that requires grad, naming the argument.
-        return host_array(t.cpu(), arg).copy()
-    if isinstance(t, np.ndarray):
-        return t.copy()
-    return t
+#: One backward's gradients: (table, distinct keys, their gradient rows).
+Parts = list[tuple[Table, np.ndarray, np.ndarray]]
 
 
-def _grad_np(grad: torch.Tensor) -> np.ndarray:
-    return np.ascontiguousarray(grad.detach().to("cpu", torch.float32).numpy())
-
-
-class _Lookup(torch.autograd.Function):
-    @staticmethod
-    def forward(
-        ctx: Any, anchor: torch.Tensor, table: Table, ids: np.ndarray, insert: bool, default: Any
-    ) -> torch.Tensor:
-        ctx.table, ctx.ids = table, ids
-        return torch.from_numpy(table.lookup(ids, insert=insert, default=default))
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[None, ...]:
-        ctx.table.apply_gradients(ctx.ids, _grad_np(grad))
-        return (None,) * 5
-
-
-class _LookupPooled(torch.autograd.Function):
-    @staticmethod
-    def forward(
-        ctx: Any,
-        anchor: torch.Tensor,
-        table: Table,
-        ids: np.ndarray,
-        offsets: np.ndarray,
-        weights: np.ndarray | None,
-        combiner: str,
-        insert: bool,
-        default: Any,
-    ) -> torch.Tensor:
-        ctx.args = (table, ids, offsets, weights, combiner)
-        return torch.from_numpy(
-            table.lookup_pooled(
-                ids, offsets, combiner=combiner, weights=weights, insert=insert, default=default
+def as_input(x: Any, arg: str) -> torch.Tensor:
+    """An argument of a forward as a tensor of its own: a copy, not a view,
+    because the backward reads the ids of the forward even if the caller
+    reuses (modifies in place) its id tensor in between, as a loader
+    refilling one buffer does. NumPy arrays and lists become tensors; a
+    tensor that requires grad, or is not dense, is refused with the
+    argument's name."""
+    if isinstance(x, torch.Tensor):
+        if x.requires_grad:
+            raise TypeError(
+                f"{arg}: a tensor that requires grad; embstore gives it no gradient: pass "
+                f"{arg}.detach()"
             )
-        )
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[None, ...]:
-        table, ids, offsets, weights, combiner = ctx.args
-        table.apply_pooled_gradients(
-            ids, offsets, _grad_np(grad), combiner=combiner, weights=weights
-        )
-        return (None,) * 8
+        if x.layout != torch.strided:
+            raise TypeError(f"{arg}: expected a dense tensor, got layout {x.layout}")
+        return x.clone()
+    a = np.array(x)
+    if a.dtype.kind not in "biuf":
+        raise TypeError(f"{arg}: expected an array of numbers, got dtype {a.dtype}")
+    return torch.from_numpy(a)
 
 
-class _CollectionPooled(torch.autograd.Function):
-    @staticmethod
-    def forward(
-        ctx: Any,
-        anchor: torch.Tensor,
-        collection: Collection,
-        batch: dict[str, Any],
-        insert: bool,
-        default: str,
-    ) -> torch.Tensor:
-        ctx.collection, ctx.batch = collection, batch
-        return torch.from_numpy(collection.lookup_pooled(batch, insert=insert, default=default))
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[None, ...]:
-        ctx.collection.apply_pooled_gradients(ctx.batch, _grad_np(grad))
-        return (None,) * 5
+def host(t: torch.Tensor) -> np.ndarray:
+    """A tensor's values as a NumPy array on the host (16-bit floats as
+    float32)."""
+    t = t.detach().cpu()
+    if t.dtype in (torch.float16, torch.bfloat16):
+        t = t.float()
+    return t.numpy()
 
 
-def _anchor() -> torch.Tensor:
-    # An empty leaf that requires grad, so that autograd records the lookup
-    # and calls its backward; it never receives a gradient itself.
-    return torch.empty(0, requires_grad=True)
+def grad_rows(grad: torch.Tensor, n: int, dim: int) -> np.ndarray:
+    """A backward's gradient as float32 ``(n, dim)`` on the host."""
+    g = grad.detach().to("cpu", torch.float32).reshape(n, dim)
+    return np.ascontiguousarray(g.numpy())
 
 
-def _device(x: Any) -> torch.device:
-    return x.device if isinstance(x, torch.Tensor) else torch.device("cpu")
+def spread(
+    table: Table,
+    ids: Any,
+    offsets: Any,
+    weights: Any,
+    combiner: str,
+    grads: np.ndarray,
+    prefix: str = "",
+) -> tuple[Table, np.ndarray, np.ndarray]:
+    """A pooled backward as gradients of distinct keys: ``(table, keys,
+    rows)``, what one ``apply_gradients`` call would take."""
+    i, o, w, c = as_bags(ids, offsets, weights, combiner, prefix=prefix)
+    keys, inverse = unique_inverse(i)
+    return table, keys, spread_pooled(grads, inverse, o, keys.shape[0], w, c)
 
 
 def _stores(module: nn.Module) -> bool:
@@ -163,15 +129,103 @@ def _check_padding_idx(padding_idx: Any) -> int | None:
     return int(padding_idx)
 
 
+def _check_accumulate(accumulate: Any) -> int:
+    if isinstance(accumulate, bool) or not isinstance(accumulate, (int, np.integer)):
+        raise TypeError(f"accumulate: expected an int >= 1, got {type(accumulate).__name__}")
+    if accumulate < 1:
+        raise ValueError(
+            f"accumulate: expected an int >= 1 (backward calls a step), got {accumulate}"
+        )
+    return int(accumulate)
+
+
 class _TableState(nn.Module):
-    """State-dict support for modules over embstore tables: each table's
-    :meth:`Table.state_dict` as tensors under ``{prefix}{name}.{field}``."""
+    """What every module over embstore tables shares: state-dict support
+    (each table's :meth:`Table.state_dict` as tensors under
+    ``{prefix}{name}.{field}``), its handle in the custom ops' registry, and
+    gradient accumulation.
+
+    ``accumulate=k``: the tables step once every ``k`` backward calls, with
+    the gradients of those calls summed (as torch's ``.grad`` accumulates
+    over backwards until ``optimizer.step()``); 1 (the default) steps them
+    at every backward, as TorchRec's fused tables do. Gradients held between
+    steps are not in ``state_dict()``: :meth:`flush_gradients` applies them
+    now as one step, :meth:`discard_gradients` drops them.
+    """
 
     #: Whether state_dict() includes the tables' optimizer state.
     state_dict_optimizer: bool = True
 
+    def __init__(self, accumulate: int = 1) -> None:
+        super().__init__()
+        self.accumulate = _check_accumulate(accumulate)
+        self._pending: list[Parts] = []
+        self._handle = register(self)
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        # A deep copy or an unpickled module is a module of its own: it
+        # registers under a new handle (the original keeps its own).
+        super().__setstate__(state)  # type: ignore[no-untyped-call]
+        self._handle = register(self)
+
     def _tables(self) -> dict[str, Table]:
         raise NotImplementedError
+
+    # The custom ops' side (embstore.torch._ops): every module implements these.
+    def _run(self, inputs: list[torch.Tensor | None], store: bool, spec: str) -> torch.Tensor:
+        raise NotImplementedError
+
+    def _empty(self, inputs: list[torch.Tensor | None], spec: str) -> torch.Tensor:
+        raise NotImplementedError
+
+    def _backward(self, inputs: list[torch.Tensor | None], grad: torch.Tensor, spec: str) -> None:
+        raise NotImplementedError
+
+    @property
+    def pending_backwards(self) -> int:
+        """Backward calls whose gradients wait for the next step (always 0
+        with ``accumulate=1``)."""
+        return len(self._pending)
+
+    def _finish(self, step: Callable[[], None], parts: Callable[[], Parts]) -> None:
+        """The end of a backward: ``step()`` (one native call) without
+        accumulation; else this backward's gradients join the pending ones,
+        checked now (finite, a table with an optimizer) so that a bad
+        backward is refused whole and the step that applies them cannot fail
+        on them."""
+        if self.accumulate == 1:
+            step()
+            return
+        mine = parts()
+        for table, _, grads in mine:
+            if table.optimizer is None:
+                raise ValueError(
+                    "optimizer: a table of this module has no optimizer (a table built "
+                    "without one is only read and assigned)"
+                )
+            if not np.isfinite(grads).all():
+                raise ValueError("grads: non-finite gradient (nothing accumulated)")
+        self._pending.append(mine)
+        if len(self._pending) >= self.accumulate:
+            self.flush_gradients()
+
+    def flush_gradients(self) -> bool:
+        """Applies the pending backwards' gradients now, summed, as one step
+        of each table they touch; returns whether there were any."""
+        pending, self._pending = self._pending, []
+        merged: dict[int, tuple[Table, list[np.ndarray], list[np.ndarray]]] = {}
+        for parts in pending:
+            for table, keys, grads in parts:
+                entry = merged.setdefault(id(table), (table, [], []))
+                entry[1].append(keys)
+                entry[2].append(grads)
+        for table, key_parts, grad_parts in merged.values():
+            table.apply_gradients(np.concatenate(key_parts), np.concatenate(grad_parts))
+        return bool(pending)
+
+    def discard_gradients(self) -> None:
+        """Drops the pending backwards' gradients (the tables do not move)."""
+        self._pending = []
 
     def _save_to_state_dict(self, destination: Any, prefix: str, keep_vars: bool) -> None:
         super()._save_to_state_dict(destination, prefix, keep_vars)
@@ -225,16 +279,20 @@ class _OneTable(_TableState):
         norm_type: float,
         scale_grad_by_freq: bool,
         sparse: bool,
+        accumulate: int,
     ) -> None:
-        super().__init__()
         if not isinstance(table, Table):
             raise TypeError(f"table: expected an embstore.Table, got {type(table).__name__}")
         check_default(default, table.dim)
         _refuse_unsupported(max_norm, norm_type, scale_grad_by_freq, sparse)
+        padding = _check_padding_idx(padding_idx)
+        super().__init__(accumulate)
         self.table = table
         self.default = default
-        self.padding_idx = _check_padding_idx(padding_idx)
+        self.padding_idx = padding
         self.sparse = sparse
+        #: A frozen module reads its table only: no row stored, no step.
+        self.frozen = False
 
     @property
     def embedding_dim(self) -> int:
@@ -259,8 +317,9 @@ class Embedding(_OneTable):
     (``module.eval()``) nothing is stored and a missing id reads as
     ``default``: "init" (the row it would get), "zeros" or a given row.
 
-    Each backward pass is one optimizer step of the table. Use one module per
-    table per forward pass (a Collection shares tables between features).
+    Each backward pass is one optimizer step of the table, or one in
+    ``accumulate`` (see :class:`_TableState`). Use one module per table per
+    forward pass (a Collection shares tables between features).
 
     ``padding_idx``: ids equal to it read as zeros, are not stored and get
     no gradient (torch.nn.Embedding's padding, without a stored row).
@@ -280,27 +339,91 @@ class Embedding(_OneTable):
         norm_type: float = 2.0,
         scale_grad_by_freq: bool = False,
         sparse: bool = False,
+        accumulate: int = 1,
     ) -> None:
         super().__init__(
-            table, default, padding_idx, max_norm, norm_type, scale_grad_by_freq, sparse
+            table, default, padding_idx, max_norm, norm_type, scale_grad_by_freq, sparse, accumulate
         )
 
     def forward(self, ids: Any) -> torch.Tensor:
-        host = _np(ids, "ids")
-        shape = np.shape(host)
-        flat = np.reshape(host, -1)
-        store = _stores(self)
-        default = "init" if store else self.default
+        return call(self, [as_input(ids, "ids")], _stores(self) and not self.frozen)
+
+    def _kept(self, ids: torch.Tensor) -> tuple[np.ndarray, np.ndarray | None]:
+        """The flat ids and, with a ``padding_idx``, the positions of the
+        others."""
+        flat = host(ids).reshape(-1)
         if self.padding_idx is None:
-            out: torch.Tensor = _Lookup.apply(_anchor(), self.table, flat, store, default)
-            return out.view(*shape, self.table.dim).to(_device(ids))
-        keep = np.flatnonzero(np.asarray(flat) != self.padding_idx)
-        kept: torch.Tensor = _Lookup.apply(
-            _anchor(), self.table, np.asarray(flat)[keep], store, default
-        )
-        full = kept.new_zeros((len(flat), self.table.dim))
-        full = full.index_copy(0, torch.from_numpy(keep), kept)  # padding rows: zeros
-        return full.view(*shape, self.table.dim).to(_device(ids))
+            return flat, None
+        return flat, np.flatnonzero(flat != self.padding_idx)
+
+    def _run(self, inputs: list[torch.Tensor | None], store: bool, spec: str) -> torch.Tensor:
+        ids = inputs[0]
+        assert ids is not None
+        flat, keep = self._kept(ids)
+        default = "init" if store else self.default
+        if keep is None:
+            rows = self.table.lookup(flat, insert=store, default=default)
+        else:
+            rows = np.zeros((flat.shape[0], self.table.dim), np.float32)  # padding: zeros
+            rows[keep] = self.table.lookup(flat[keep], insert=store, default=default)
+        return torch.from_numpy(rows).view(*ids.shape, self.table.dim).to(ids.device)
+
+    def _empty(self, inputs: list[torch.Tensor | None], spec: str) -> torch.Tensor:
+        ids = inputs[0]
+        assert ids is not None
+        return ids.new_empty((*ids.shape, self.table.dim), dtype=torch.float32)
+
+    def _backward(self, inputs: list[torch.Tensor | None], grad: torch.Tensor, spec: str) -> None:
+        ids = inputs[0]
+        assert ids is not None
+        if self.frozen:
+            return
+        flat, keep = self._kept(ids)
+        g = grad_rows(grad, flat.shape[0], self.table.dim)
+        if keep is not None:
+            flat, g = flat[keep], g[keep]
+
+        def parts() -> Parts:
+            keys, inverse = unique_inverse(np.ascontiguousarray(flat, dtype=np.int64))
+            summed = np.zeros((keys.shape[0], self.table.dim), np.float32)
+            np.add.at(summed, inverse, g)
+            return [(self.table, keys, summed)]
+
+        self._finish(lambda: self.table.apply_gradients(flat, g), parts)
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        embeddings: Any,
+        *,
+        freeze: bool = True,
+        optimizer: Any = None,
+        padding_idx: int | None = None,
+        **kwargs: Any,
+    ) -> Embedding:
+        """A module over a new table holding ``embeddings`` (``(n, dim)``)
+        as the rows of ids ``0 .. n-1``, as ``torch.nn.Embedding.from_pretrained``.
+        ``freeze=True`` (torch's default) gives a table without an optimizer
+        and a module that never stores or steps it (:attr:`frozen`);
+        ``freeze=False`` needs an ``optimizer``."""
+        rows = host(embeddings.detach()) if isinstance(embeddings, torch.Tensor) else embeddings
+        rows = np.asarray(rows)
+        if rows.ndim != 2 or rows.dtype.kind not in "iuf":
+            raise ValueError(
+                "embeddings: expected a 2-D (n, dim) array of numbers, got "
+                f"{rows.dtype} {rows.shape}"
+            )
+        if not isinstance(freeze, bool):
+            raise TypeError("freeze: expected a bool")
+        if freeze and optimizer is not None:
+            raise ValueError("optimizer: a frozen (freeze=True) table takes no optimizer")
+        if not freeze and optimizer is None:
+            raise ValueError("optimizer: freeze=False trains the rows, so give an optimizer")
+        table = Table(rows.shape[1], optimizer=optimizer)
+        table.assign(np.arange(rows.shape[0], dtype=np.int64), rows.astype(np.float32))
+        module = cls(table, padding_idx=padding_idx, **kwargs)
+        module.frozen = freeze
+        return module
 
     def extra_repr(self) -> str:
         return f"dim={self.table.dim}, rows={len(self.table)}"
@@ -317,7 +440,7 @@ class EmbeddingBag(_OneTable):
     - ``mode`` "sum", "mean" (torch's default) or "sqrtn" ("max" is not
       supported); ``combiner`` is another name for it;
     - ``per_sample_weights``, the shape of ``input``, are constants (they
-      receive no gradient).
+      receive no gradient) and apply in every mode.
 
     In eval mode nothing is stored and a missing id pools as ``default``.
 
@@ -325,7 +448,8 @@ class EmbeddingBag(_OneTable):
     or "sqrtn"), are not stored and get no gradient, as in
     torch.nn.EmbeddingBag. ``max_norm``, ``norm_type`` and
     ``scale_grad_by_freq`` are refused by name; ``sparse`` is accepted.
-    ``embedding_dim`` and ``num_embeddings`` as :class:`Embedding`'s.
+    ``embedding_dim`` and ``num_embeddings`` as :class:`Embedding`'s;
+    ``accumulate`` as :class:`_TableState`'s.
     """
 
     def __init__(
@@ -341,6 +465,7 @@ class EmbeddingBag(_OneTable):
         norm_type: float = 2.0,
         scale_grad_by_freq: bool = False,
         sparse: bool = False,
+        accumulate: int = 1,
     ) -> None:
         if mode is not None and combiner is not None and mode != combiner:
             raise ValueError(f"mode: {mode!r} and combiner {combiner!r} disagree; give one")
@@ -351,235 +476,122 @@ class EmbeddingBag(_OneTable):
             )
         if not isinstance(include_last_offset, bool):
             raise TypeError("include_last_offset: expected a bool")
+        combiner_name = check_combiner(name)
         super().__init__(
-            table, default, padding_idx, max_norm, norm_type, scale_grad_by_freq, sparse
+            table, default, padding_idx, max_norm, norm_type, scale_grad_by_freq, sparse, accumulate
         )
-        self.combiner = check_combiner(name)
+        self.combiner = combiner_name
         self.include_last_offset = include_last_offset
 
     @property
     def mode(self) -> str:
         return self.combiner
 
-    def _csr(self, ids: np.ndarray, offsets: Any) -> tuple[np.ndarray, np.ndarray]:
-        """``(ids, offsets)`` in the table's CSR form (a last offset)."""
-        if offsets is None:
-            if ids.ndim != 2:
-                raise ValueError(
-                    f"input: expected a 2-D (batch, bag length) array when offsets is None, "
-                    f"got shape {ids.shape}"
-                )
-            b, length = ids.shape
-            return ids.reshape(-1), np.arange(b + 1, dtype=np.int64) * length
-        if ids.ndim != 1:
-            raise ValueError(
-                f"offsets: given with {ids.ndim}-D input; 2-D input (fixed-length bags) "
-                "takes offsets=None"
-            )
-        off = np.asarray(offsets)
-        if off.ndim != 1 or off.dtype.kind not in "iu":
-            raise ValueError(f"offsets: expected a 1-D integer array, got {off.dtype} {off.shape}")
-        off = off.astype(np.int64)
-        if not self.include_last_offset:
-            return ids, np.concatenate([off, [ids.shape[0]]])
-        if off.size == 0 or int(off[-1]) != ids.shape[0]:
-            raise ValueError(
-                "offsets: with include_last_offset=True the last offset is len(input) "
-                f"({ids.shape[0]}), got {int(off[-1]) if off.size else 'none'}; offsets "
-                "without a last entry take include_last_offset=False (torch's default)"
-            )
-        return ids, off
-
     def forward(
         self, input: Any, offsets: Any = None, per_sample_weights: Any = None
     ) -> torch.Tensor:
-        given = np.asarray(_np(input, "input"))
-        ids, off = self._csr(given, _np(offsets, "offsets"))
-        w = _np(per_sample_weights, "per_sample_weights")
-        if w is not None:
-            w = np.asarray(w)
-            if w.shape != given.shape:
+        ids = as_input(input, "input")
+        off = None if offsets is None else as_input(offsets, "offsets")
+        w = (
+            None
+            if per_sample_weights is None
+            else as_input(per_sample_weights, "per_sample_weights")
+        )
+        if off is None:
+            if ids.dim() != 2:
                 raise ValueError(
-                    f"per_sample_weights: expected the shape of input {given.shape}, got {w.shape}"
+                    f"input: expected a 2-D (batch, bag length) array when offsets is None, "
+                    f"got shape {tuple(ids.shape)}"
                 )
-            w = w.reshape(-1)
+        else:
+            if ids.dim() != 1:
+                raise ValueError(
+                    f"offsets: given with {ids.dim()}-D input; 2-D input (fixed-length bags) "
+                    "takes offsets=None"
+                )
+            if off.dim() != 1 or off.dtype.is_floating_point or off.dtype == torch.bool:
+                raise ValueError(
+                    f"offsets: expected a 1-D integer array, got {off.dtype} {tuple(off.shape)}"
+                )
+            if self.include_last_offset and off.shape[0] == 0:
+                raise ValueError(
+                    f"offsets: with include_last_offset=True the last offset is len(input) "
+                    f"({ids.shape[0]}), got none; offsets without a last entry take "
+                    "include_last_offset=False (torch's default)"
+                )
+        if w is not None and w.shape != ids.shape:
+            raise ValueError(
+                f"per_sample_weights: expected the shape of input {tuple(ids.shape)}, "
+                f"got {tuple(w.shape)}"
+            )
+        return call(self, [ids, off, w], _stores(self))
+
+    def _bags(
+        self, inputs: list[torch.Tensor | None]
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+        """The call's bags in the table's CSR form (a last offset), padding
+        ids taken out."""
+        given, offsets, weights = inputs
+        assert given is not None
+        ids = host(given)
+        if offsets is None:
+            b, length = ids.shape
+            ids, off = ids.reshape(-1), np.arange(b + 1, dtype=np.int64) * length
+        else:
+            off = host(offsets).astype(np.int64)
+            if not self.include_last_offset:
+                off = np.concatenate([off, [ids.shape[0]]])
+            elif int(off[-1]) != ids.shape[0]:
+                raise ValueError(
+                    "offsets: with include_last_offset=True the last offset is len(input) "
+                    f"({ids.shape[0]}), got {int(off[-1])}; offsets without a last entry "
+                    "take include_last_offset=False (torch's default)"
+                )
+        w = None if weights is None else host(weights).reshape(-1)
         if self.padding_idx is not None:
             # Padding ids leave their bags (and the counts of mean and sqrtn).
             keep = ids != self.padding_idx
             ends = np.concatenate([[0], np.cumsum(keep)])
+            if off.size and (off.min() < 0 or off.max() > keep.shape[0]):
+                raise ValueError(
+                    f"offsets: expected offsets within 0..{keep.shape[0]} (the ids given)"
+                )
             ids, off = ids[keep], ends[off]
             w = None if w is None else w[keep]
-        out: torch.Tensor = _LookupPooled.apply(
-            _anchor(),
-            self.table,
+        return ids, off, w
+
+    def _run(self, inputs: list[torch.Tensor | None], store: bool, spec: str) -> torch.Tensor:
+        ids, off, w = self._bags(inputs)
+        out = self.table.lookup_pooled(
             ids,
             off,
-            w,
-            self.combiner,
-            _stores(self),
-            "init" if _stores(self) else self.default,
+            combiner=self.combiner,
+            weights=w,
+            insert=store,
+            default="init" if store else self.default,
         )
-        return out.to(_device(input))
+        given = inputs[0]
+        assert given is not None
+        return torch.from_numpy(out).to(given.device)
+
+    def _empty(self, inputs: list[torch.Tensor | None], spec: str) -> torch.Tensor:
+        ids, offsets, _ = inputs
+        assert ids is not None
+        b = ids.shape[0] if offsets is None else offsets.shape[0] - int(self.include_last_offset)
+        return ids.new_empty((b, self.table.dim), dtype=torch.float32)
+
+    def _backward(self, inputs: list[torch.Tensor | None], grad: torch.Tensor, spec: str) -> None:
+        ids, off, w = self._bags(inputs)
+        g = grad_rows(grad, off.shape[0] - 1, self.table.dim)
+        self._finish(
+            lambda: self.table.apply_pooled_gradients(
+                ids, off, g, combiner=self.combiner, weights=w
+            ),
+            lambda: [spread(self.table, ids, off, w, self.combiner, g)],
+        )
 
     def extra_repr(self) -> str:
         return (
             f"dim={self.table.dim}, mode={self.combiner!r}, "
             f"include_last_offset={self.include_last_offset}"
         )
-
-
-class EmbeddingCollection(_TableState):
-    """``forward(batch) -> (batch, sum of dims)``: every feature of a
-    :class:`embstore.Collection` pooled in one native call; backward takes one
-    optimizer step per distinct table. A feature is ``ids`` (one per
-    sample), ``(ids, offsets)`` or ``(ids, offsets, weights)`` as in
-    :meth:`embstore.Collection.lookup_pooled`. In eval mode nothing is stored
-    and a missing id pools as ``default`` ("init" or "zeros")."""
-
-    def __init__(self, collection: Collection, *, default: str = "init") -> None:
-        super().__init__()
-        if not isinstance(collection, Collection):
-            raise TypeError(
-                f"collection: expected an embstore.Collection, got {type(collection).__name__}"
-            )
-        check_default(default, None)
-        self.collection = collection
-        self.default = default
-
-    def _tables(self) -> dict[str, Table]:
-        # One entry per distinct table, named by its first feature.
-        out: dict[str, Table] = {}
-        seen: set[int] = set()
-        for name, table in self.collection.tables.items():
-            if id(table) not in seen:
-                seen.add(id(table))
-                out[name] = table
-        return out
-
-    def forward(self, batch: Mapping[str, Any]) -> torch.Tensor:
-        host = {
-            name: _np(entry, f"batch[{name!r}]")
-            if not isinstance(entry, tuple)
-            else tuple(_np(x, f"batch[{name!r}]") for x in entry)
-            for name, entry in batch.items()
-        }
-        out: torch.Tensor = _CollectionPooled.apply(
-            _anchor(),
-            self.collection,
-            host,
-            _stores(self),
-            "init" if _stores(self) else self.default,
-        )
-        return out
-
-    def extra_repr(self) -> str:
-        return ", ".join(
-            f"{n}: {d}" for n, d in zip(self.collection.features, self.collection.dims, strict=True)
-        )
-
-
-class KeyedTensor:
-    """What :class:`EmbeddingBagCollection` returns when torchrec is not
-    installed: TorchRec's ``KeyedTensor`` accessors over one ``(batch, sum of
-    dims)`` tensor (``keys()``, ``values()``, ``length_per_key()``,
-    ``offset_per_key()``, ``to_dict()``, ``__getitem__``)."""
-
-    def __init__(self, keys: list[str], length_per_key: list[int], values: torch.Tensor) -> None:
-        self._keys, self._lengths, self._values = list(keys), list(length_per_key), values
-
-    def keys(self) -> list[str]:
-        return list(self._keys)
-
-    def values(self) -> torch.Tensor:
-        return self._values
-
-    def length_per_key(self) -> list[int]:
-        return list(self._lengths)
-
-    def offset_per_key(self) -> list[int]:
-        return [0, *np.cumsum(self._lengths).tolist()]
-
-    def to_dict(self) -> dict[str, torch.Tensor]:
-        cuts = self.offset_per_key()
-        return {k: self._values[:, cuts[i] : cuts[i + 1]] for i, k in enumerate(self._keys)}
-
-    def __getitem__(self, key: str) -> torch.Tensor:
-        return self.to_dict()[key]
-
-
-def _keyed_tensor(keys: list[str], lengths: list[int], values: torch.Tensor) -> Any:
-    try:
-        from torchrec.sparse.jagged_tensor import (  # type: ignore[import-not-found, unused-ignore]
-            KeyedTensor as TorchRecKeyedTensor,
-        )
-    except ImportError:
-        return KeyedTensor(keys, lengths, values)
-    return TorchRecKeyedTensor(keys=keys, length_per_key=lengths, values=values)
-
-
-class EmbeddingBagCollection(EmbeddingCollection):
-    """TorchRec's ``EmbeddingBagCollection`` interface over an
-    :class:`embstore.Collection`: ``forward(features)`` takes a
-    ``KeyedJaggedTensor`` (or any object with its accessors ``keys()``,
-    ``values()``, ``lengths()``, ``weights_or_none()``, ``stride()``) and
-    returns a torchrec ``KeyedTensor`` (this module's :class:`KeyedTensor`
-    without torchrec) of the pooled features in the collection's order.
-    Features of the input that the collection does not serve are ignored;
-    a feature it serves must be present. Backward steps each distinct
-    table's optimizer once (a fused backward, as TorchRec's FBGEMM tables)."""
-
-    def forward(self, features: Any) -> Any:
-        try:
-            names = list(features.keys())
-            values, lengths = features.values(), features.lengths()
-            weights = features.weights_or_none()
-            batch = int(features.stride())
-        except AttributeError as e:
-            raise TypeError(
-                "features: expected a torchrec KeyedJaggedTensor (keys(), values(), lengths(), "
-                f"weights_or_none(), stride()), got {type(features).__name__}"
-            ) from e
-        vals = _np(values, "features.values()")
-        lens = np.asarray(_np(lengths, "features.lengths()"), dtype=np.int64)
-        w = None if weights is None else _np(weights, "features.weights()")
-        if lens.shape != (len(names) * batch,):
-            raise ValueError(
-                f"features: expected {len(names)} keys x stride {batch} lengths, got "
-                f"{lens.shape[0]} (variable-stride inputs are not supported)"
-            )
-        if (lens < 0).any():
-            j = int(np.flatnonzero(lens < 0)[0]) // max(batch, 1)
-            raise ValueError(f"features: feature {names[j]!r} has a negative length")
-        starts = np.concatenate([[0], np.cumsum(lens)])
-        if int(starts[-1]) != vals.shape[0]:
-            # Ids the lengths do not cover would be dropped silently, and
-            # ids they claim but that are missing read past the end.
-            raise ValueError(
-                f"features: the lengths sum to {int(starts[-1])} ids but values() holds "
-                f"{vals.shape[0]} (through feature {names[-1]!r}); nothing looked up"
-            )
-        if w is not None and w.shape[0] != vals.shape[0]:
-            raise ValueError(
-                f"features: weights() holds {w.shape[0]} values for {vals.shape[0]} ids"
-            )
-        seen: set[str] = set()
-        for name in names:
-            if name in seen:
-                raise ValueError(
-                    f"features: feature {name!r} appears twice among the keys (each key "
-                    "names one feature of the batch)"
-                )
-            seen.add(name)
-        bags: dict[str, Any] = {}
-        for j, name in enumerate(names):
-            if name not in self.collection.tables:
-                continue
-            lo, hi = int(starts[j * batch]), int(starts[(j + 1) * batch])
-            offsets = starts[j * batch : (j + 1) * batch + 1] - lo
-            ids = vals[lo:hi]
-            bags[name] = (ids, offsets) if w is None else (ids, offsets, w[lo:hi])
-        missing = [f for f in self.collection.features if f not in bags]
-        if missing:
-            raise ValueError(f"features: missing keys {missing} (the collection serves them)")
-        out = super().forward(bags)
-        return _keyed_tensor(self.collection.features, self.collection.dims, out)

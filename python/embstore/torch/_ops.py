@@ -1,0 +1,122 @@
+"""The modules' forward and backward as two registered torch custom ops, so
+that ``torch.compile`` (``fullgraph=True`` included) treats an embstore
+lookup as one opaque call with a known output shape instead of tracing the
+NumPy code behind it.
+
+- ``embstore::lookup(anchor, inputs, handle, store, spec) -> Tensor``: the
+  forward of module ``handle`` (a registry of live modules by number) over
+  its input tensors; ``spec`` is a string the module reads back (a
+  collection's feature names). Its fake implementation asks the module for
+  the output's shape from the inputs' shapes alone.
+- ``embstore::step(grad, inputs, handle, spec) -> ()``: the backward, which
+  applies ``grad`` to the module's tables (or holds it, when the module
+  accumulates); marked as having a side effect so no compiler drops it.
+
+``anchor`` is one empty leaf that requires grad, shared by every call: it
+makes autograd record the lookup (the tables' rows are not torch
+parameters) and never receives a gradient. Module handles are not saved:
+a copied or unpickled module registers itself anew.
+
+No ``from __future__ import annotations`` here: torch.library reads the
+functions' annotations to build the ops' schemas.
+"""
+
+import itertools
+import weakref
+from typing import Any
+
+import torch
+import torch.fx.node
+
+__all__ = ["call", "register"]
+
+_MODULES: "weakref.WeakValueDictionary[int, Any]" = weakref.WeakValueDictionary()
+_HANDLES = itertools.count(1)
+_ANCHOR = torch.empty(0, requires_grad=True)
+
+
+def register(module: Any) -> int:
+    """A fresh handle for ``module`` (held weakly: the registry never keeps a
+    module alive)."""
+    handle = next(_HANDLES)
+    _MODULES[handle] = module
+    return handle
+
+
+def _module(handle: int) -> Any:
+    module = _MODULES.get(handle)
+    if module is None:
+        raise RuntimeError(
+            f"embstore: the module of handle {handle} no longer exists (a compiled graph "
+            "outlived the module it was traced from)"
+        )
+    return module
+
+
+@torch.library.custom_op("embstore::lookup", mutates_args=())
+def _lookup(
+    anchor: torch.Tensor,
+    inputs: list[torch.Tensor | None],
+    handle: int,
+    store: bool,
+    spec: str,
+) -> torch.Tensor:
+    out: torch.Tensor = _module(handle)._run(inputs, store, spec)
+    return out
+
+
+@_lookup.register_fake
+def _lookup_fake(
+    anchor: torch.Tensor,
+    inputs: list[torch.Tensor | None],
+    handle: int,
+    store: bool,
+    spec: str,
+) -> torch.Tensor:
+    out: torch.Tensor = _module(handle)._empty(inputs, spec)
+    return out
+
+
+@torch.library.custom_op("embstore::step", mutates_args=())
+def _step(grad: torch.Tensor, inputs: list[torch.Tensor | None], handle: int, spec: str) -> None:
+    _module(handle)._backward(inputs, grad, spec)
+
+
+@_step.register_fake
+def _step_fake(
+    grad: torch.Tensor, inputs: list[torch.Tensor | None], handle: int, spec: str
+) -> None:
+    return None
+
+
+# A call that returns nothing and changes the tables: no graph pass may
+# remove it as dead code.
+torch.fx.node.has_side_effect(torch.ops.embstore.step.default)
+
+
+def _setup_context(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
+    _, tensors, handle, _, spec = inputs
+    ctx.handle, ctx.spec = handle, spec
+    ctx.present = [t is not None for t in tensors]
+    ctx.save_for_backward(*[t for t in tensors if t is not None])
+
+
+def _backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
+    saved = iter(ctx.saved_tensors)
+    tensors = [next(saved) if present else None for present in ctx.present]
+    torch.ops.embstore.step(grad, tensors, ctx.handle, ctx.spec)
+    # No gradient for any input: the tables took theirs. (torch.library
+    # takes a list holding a None as one input, any other list entry-wise.)
+    none: Any = None if None in tensors else [None] * len(tensors)
+    return None, none, None, None, None
+
+
+_lookup.register_autograd(_backward, setup_context=_setup_context)
+
+
+def call(
+    module: Any, inputs: list[torch.Tensor | None], store: bool, spec: str = ""
+) -> torch.Tensor:
+    """The forward of ``module`` over ``inputs`` through the registered op."""
+    out: torch.Tensor = torch.ops.embstore.lookup(_ANCHOR, inputs, module._handle, store, spec)
+    return out
