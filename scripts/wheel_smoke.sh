@@ -9,6 +9,8 @@
 #   pip install <each hint of embstore._deps.EXTRAS> -> mpi: the README's MPI
 #     script under mpirun; plot: cache-curve --png; gpu: cupy imports and
 #     DeviceCache(xp=cupy) refuses this GPU-less machine with one clear error
+#   pip install torch --index-url .../whl/cpu, then the wheel's [torch] ->
+#     torch's CPU build kept (where download.pytorch.org resolves; said if not)
 # then, in the same venv with cargo back on PATH, the checkout forms
 #   pip install ., ".[mpi]", ".[plot]", ".[mpi,plot]", ".[gpu]", ".[torch]",
 #   ".[test]" (the forms README.md and the hints name) -> they import
@@ -79,6 +81,25 @@ else:
     print("a GPU is usable here: DeviceCache runs on cupy")
 PY
 )
+
+# torch's CPU build from PyTorch's own index, then the wheel's [torch] on
+# top of it (pip keeps that torch), where the index is reachable: the
+# machines CI runs on reach PyPI only, and this says so when it cannot run.
+if python -c "import socket; socket.getaddrinfo('download.pytorch.org', 443)" 2>/dev/null; then
+  (
+    python -m venv "$work/cpu"
+    export PATH="$work/cpu/bin:/usr/local/bin:/usr/bin:/bin" PIP_DISABLE_PIP_VERSION_CHECK=1
+    export PIP_ROOT_USER_ACTION=ignore PIP_QUIET=1
+    set -x
+    cd "$work/w"
+    pip install torch --index-url https://download.pytorch.org/whl/cpu
+    eval "$wheel_extra_cmd"
+    python -c "import torch; assert torch.version.cuda is None, torch.version.cuda; print('torch CPU build kept:', torch.__version__)"
+    (cd "$work" && python -c "$torch_example")
+  )
+else
+  echo "wheel_smoke: download.pytorch.org does not resolve from this machine; the README's CPU-build command was not run"
+fi
 
 # The checkout forms, in the same venv with the Rust toolchain back on PATH
 # (they build from source; the builds reuse target/). torch is already

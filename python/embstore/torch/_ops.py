@@ -97,6 +97,10 @@ torch.fx.node.has_side_effect(torch.ops.embstore.step.default)
 def _setup_context(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
     _, tensors, handle, _, spec = inputs
     ctx.handle, ctx.spec = handle, spec
+    # The graph keeps the module alive until its backward (the registry
+    # holds it weakly): a module built for one call, et.Embedding(t)(ids),
+    # still gets its backward.
+    ctx.module = _MODULES.get(handle)
     ctx.present = [t is not None for t in tensors]
     ctx.save_for_backward(*[t for t in tensors if t is not None])
 

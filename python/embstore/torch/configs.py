@@ -9,7 +9,8 @@ table serving its ``feature_names``:
 - ``embedding_dim`` -> the table's dim; ``data_type`` FP32, FP16 or BF16 ->
   its row dtype;
 - ``weight_init_min`` / ``weight_init_max`` -> a Uniform initializer, with
-  TorchRec's defaults ``-/+ sqrt(1 / num_embeddings)``;
+  TorchRec's defaults ``-/+ sqrt(1 / num_embeddings)``; an ``init_fn`` other
+  than torchrec's default (uniform over those bounds) is refused;
 - ``num_embeddings`` sets only those defaults: an embstore table grows with
   the ids it meets, any int64 (bound it with ``table_options={"capacity":
   ...}``);
@@ -18,6 +19,7 @@ table serving its ``feature_names``:
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -67,6 +69,24 @@ def _name_of(value: Any) -> str:
     return str(name).upper()
 
 
+def _default_init(config: Any) -> bool:
+    """Whether a config's ``init_fn`` is unset or torchrec's default (its
+    ``__post_init__`` fills in ``partial(torch.nn.init.uniform_, a=min,
+    b=max)`` of the weight_init bounds), which the Uniform initializer
+    equals."""
+    fn = getattr(config, "init_fn", None)
+    if fn is None:
+        return True
+    import torch
+
+    return (
+        isinstance(fn, functools.partial)
+        and fn.func is torch.nn.init.uniform_
+        and not fn.args
+        and set(fn.keywords) == {"a", "b"}
+    )
+
+
 def _table_of(
     config: Any,
     where: str,
@@ -90,7 +110,7 @@ def _table_of(
         raise ValueError(f"{where}.feature_names: empty; name the features table {name!r} serves")
     if rows < 1:
         raise ValueError(f"{where}.num_embeddings: expected >= 1, got {rows}")
-    if getattr(config, "init_fn", None) is not None:
+    if not _default_init(config):
         raise ValueError(
             f"{where}.init_fn: not supported (an embstore row's first value is a pure function "
             "of the seed and key); use weight_init_min / weight_init_max"
@@ -108,6 +128,9 @@ def _table_of(
     bound = math.sqrt(1.0 / rows)
     high = getattr(config, "weight_init_max", None)
     low = getattr(config, "weight_init_min", None)
+    fn = getattr(config, "init_fn", None)
+    if fn is not None:  # torchrec's default: the bounds it holds
+        low, high = fn.keywords["a"], fn.keywords["b"]
     initializer = init.Uniform(
         low=-bound if low is None else float(low), high=bound if high is None else float(high)
     )

@@ -304,6 +304,44 @@ class _OneTable(_TableState):
         """Rows the table holds now."""
         return len(self.table)
 
+    def _store(self) -> bool:
+        return _stores(self) and not self.frozen
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        embeddings: Any,
+        *,
+        freeze: bool = True,
+        optimizer: Any = None,
+        padding_idx: int | None = None,
+        **kwargs: Any,
+    ) -> Any:
+        """A module over a new table holding ``embeddings`` (``(n, dim)``)
+        as the rows of ids ``0 .. n-1``, as torch.nn.Embedding's and
+        EmbeddingBag's ``from_pretrained``; ``kwargs`` go to the module.
+        ``freeze=True`` (torch's default) gives a table without an optimizer
+        and a module that never stores or steps it (:attr:`frozen`);
+        ``freeze=False`` needs an ``optimizer``."""
+        rows = host(embeddings.detach()) if isinstance(embeddings, torch.Tensor) else embeddings
+        rows = np.asarray(rows)
+        if rows.ndim != 2 or rows.dtype.kind not in "iuf":
+            raise ValueError(
+                "embeddings: expected a 2-D (n, dim) array of numbers, got "
+                f"{rows.dtype} {rows.shape}"
+            )
+        if not isinstance(freeze, bool):
+            raise TypeError("freeze: expected a bool")
+        if freeze and optimizer is not None:
+            raise ValueError("optimizer: a frozen (freeze=True) table takes no optimizer")
+        if not freeze and optimizer is None:
+            raise ValueError("optimizer: freeze=False trains the rows, so give an optimizer")
+        table = Table(rows.shape[1], optimizer=optimizer)
+        table.assign(np.arange(rows.shape[0], dtype=np.int64), rows.astype(np.float32))
+        module = cls(table, padding_idx=padding_idx, **kwargs)
+        module.frozen = freeze
+        return module
+
     def _tables(self) -> dict[str, Table]:
         return {"table": self.table}
 
@@ -346,7 +384,7 @@ class Embedding(_OneTable):
         )
 
     def forward(self, ids: Any) -> torch.Tensor:
-        return call(self, [as_input(ids, "ids")], _stores(self) and not self.frozen)
+        return call(self, [as_input(ids, "ids")], self._store())
 
     def _kept(self, ids: torch.Tensor) -> tuple[np.ndarray, np.ndarray | None]:
         """The flat ids and, with a ``padding_idx``, the positions of the
@@ -390,40 +428,6 @@ class Embedding(_OneTable):
             return [(self.table, keys, summed)]
 
         self._finish(lambda: self.table.apply_gradients(flat, g), parts)
-
-    @classmethod
-    def from_pretrained(
-        cls,
-        embeddings: Any,
-        *,
-        freeze: bool = True,
-        optimizer: Any = None,
-        padding_idx: int | None = None,
-        **kwargs: Any,
-    ) -> Embedding:
-        """A module over a new table holding ``embeddings`` (``(n, dim)``)
-        as the rows of ids ``0 .. n-1``, as ``torch.nn.Embedding.from_pretrained``.
-        ``freeze=True`` (torch's default) gives a table without an optimizer
-        and a module that never stores or steps it (:attr:`frozen`);
-        ``freeze=False`` needs an ``optimizer``."""
-        rows = host(embeddings.detach()) if isinstance(embeddings, torch.Tensor) else embeddings
-        rows = np.asarray(rows)
-        if rows.ndim != 2 or rows.dtype.kind not in "iuf":
-            raise ValueError(
-                "embeddings: expected a 2-D (n, dim) array of numbers, got "
-                f"{rows.dtype} {rows.shape}"
-            )
-        if not isinstance(freeze, bool):
-            raise TypeError("freeze: expected a bool")
-        if freeze and optimizer is not None:
-            raise ValueError("optimizer: a frozen (freeze=True) table takes no optimizer")
-        if not freeze and optimizer is None:
-            raise ValueError("optimizer: freeze=False trains the rows, so give an optimizer")
-        table = Table(rows.shape[1], optimizer=optimizer)
-        table.assign(np.arange(rows.shape[0], dtype=np.int64), rows.astype(np.float32))
-        module = cls(table, padding_idx=padding_idx, **kwargs)
-        module.frozen = freeze
-        return module
 
     def extra_repr(self) -> str:
         return f"dim={self.table.dim}, rows={len(self.table)}"
@@ -524,7 +528,7 @@ class EmbeddingBag(_OneTable):
                 f"per_sample_weights: expected the shape of input {tuple(ids.shape)}, "
                 f"got {tuple(w.shape)}"
             )
-        return call(self, [ids, off, w], _stores(self))
+        return call(self, [ids, off, w], self._store())
 
     def _bags(
         self, inputs: list[torch.Tensor | None]
@@ -581,6 +585,8 @@ class EmbeddingBag(_OneTable):
         return ids.new_empty((b, self.table.dim), dtype=torch.float32)
 
     def _backward(self, inputs: list[torch.Tensor | None], grad: torch.Tensor, spec: str) -> None:
+        if self.frozen:
+            return
         ids, off, w = self._bags(inputs)
         g = grad_rows(grad, off.shape[0] - 1, self.table.dim)
         self._finish(
