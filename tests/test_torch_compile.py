@@ -199,3 +199,28 @@ def test_the_unpooled_collection_compiles_and_trains_as_eager() -> None:
     a, b = run(False), run(True)
     np.testing.assert_array_equal(a.export()[1], b.export()[1])
     assert a.step == b.step == 5
+
+
+def test_the_ops_pass_torchs_opcheck() -> None:
+    """torch.library.opcheck: the schema, the fake (shape-only) forward
+    against the real one, the autograd registration, and AOT dispatch with
+    dynamic shapes, for each module kind's inputs."""
+    from embstore.torch import _ops
+
+    table = embstore.Table(4, optimizer=optim.SGD(lr=0.1), seed=0)
+    bag = et.EmbeddingBag(table, mode="sum", padding_idx=3)
+    emb = et.Embedding(table)
+    ebc = et.EmbeddingBagCollection(embstore.Collection({"a": table, "b": table}))
+    ec = et.EmbeddingCollection(embstore.Collection({"a": table}))
+    cases = [
+        (bag, [torch.tensor([1, 2, 3, 4]), torch.tensor([0, 2]), torch.rand(4)], ""),
+        (bag, [torch.tensor([[1, 2], [3, 4]]), None, None], ""),
+        (emb, [torch.tensor([[1, 2], [3, 9]])], ""),
+        (ebc, [torch.tensor([1, 2, 3]), torch.tensor([2, 0, 1, 0]), None], "kjt\x1fa\x1fb"),
+        (ec, [torch.tensor([5, 6, 7]), torch.tensor([1, 2])], "kjt\x1fa"),
+    ]
+    for module, inputs, spec in cases:
+        result = torch.library.opcheck(
+            torch.ops.embstore.lookup.default, (_ops._ANCHOR, inputs, module._handle, True, spec)
+        )
+        assert set(result.values()) == {"SUCCESS"}, (module, result)
