@@ -56,6 +56,12 @@ class Table:
         missing: str = "init",
         default_row: npt.NDArray[np.float32] | None = None,
     ) -> npt.NDArray[np.float32]: ...
+    def lookup_found(
+        self,
+        keys: Any,
+        missing: str = "init",
+        default_row: npt.NDArray[np.float32] | None = None,
+    ) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.bool_]]: ...
     def lookup_pooled(
         self,
         ids: Any,

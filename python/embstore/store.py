@@ -331,13 +331,43 @@ class Table:
 
     @overload
     def lookup(
-        self, keys: torch.Tensor, *, insert: bool = True, default: Default = "init"
+        self,
+        keys: torch.Tensor,
+        *,
+        insert: bool = True,
+        default: Default = "init",
+        return_found: Literal[False] = ...,
     ) -> torch.Tensor: ...
     @overload
     def lookup(
-        self, keys: Any, *, insert: bool = True, default: Default = "init"
+        self,
+        keys: Any,
+        *,
+        insert: bool = True,
+        default: Default = "init",
+        return_found: Literal[False] = ...,
     ) -> npt.NDArray[np.float32]: ...
-    def lookup(self, keys: Any, *, insert: bool = True, default: Default = "init") -> Any:
+    @overload
+    def lookup(
+        self,
+        keys: Any,
+        *,
+        insert: bool = True,
+        default: Default = "init",
+        return_found: Literal[True],
+    ) -> tuple[Any, Any]: ...
+    @overload
+    def lookup(
+        self, keys: Any, *, insert: bool = True, default: Default = "init", return_found: bool = ...
+    ) -> Any: ...
+    def lookup(
+        self,
+        keys: Any,
+        *,
+        insert: bool = True,
+        default: Default = "init",
+        return_found: bool = False,
+    ) -> Any:
         """Rows of ``keys (n,)`` as float32 ``(n, dim)``: a NumPy array, or a
         torch tensor (sharing its memory) when ``keys`` is a CPU tensor.
 
@@ -349,7 +379,16 @@ class Table:
         ``"init"`` the row the initializer would give it (the default),
         ``"zeros"``, or a given row (``dim`` finite floats), e.g. the mean
         row for unseen ids at evaluation.
+
+        ``return_found=True`` (with ``insert=False``) returns ``(rows,
+        found)``, ``found`` bool ``(n,)`` telling which keys had a row: each
+        row and its flag come from one probe, so a key evicted or removed by
+        another thread meanwhile is either read and found or read as
+        ``default`` and not found (HierarchicalKV's find with its founds).
         """
+        # (A plain lookup pays one identity test for return_found.)
+        if return_found is not False and check_bool("return_found", return_found):
+            return self._lookup_found(keys, insert, default)
         # One path: keys go to the native call as given, which takes a 1-D
         # int64 array as it is and has anything else converted and checked
         # by as_keys (a small call pays for every check made here).
@@ -360,6 +399,21 @@ class Table:
         else:
             out = self._inner.lookup(keys, insert, *check_default(default, self.dim))
         return out if type(keys) is _NDARRAY else like(keys, out)
+
+    def _lookup_found(self, keys: Any, insert: Any, default: Default) -> tuple[Any, Any]:
+        if check_bool("insert", insert):
+            raise ValueError(
+                "return_found: needs insert=False (a lookup that inserts finds every key; "
+                "call contains() first to know which were new)"
+            )
+        k = as_keys(keys)
+        if type(default) is str:
+            rows, found = self._inner.lookup_found(k, default, None)
+        else:
+            rows, found = self._inner.lookup_found(k, *check_default(default, self.dim))
+        if type(keys) is _NDARRAY:
+            return rows, found
+        return like(keys, rows), like(keys, found)
 
     @overload
     def contains(self, keys: torch.Tensor) -> torch.Tensor: ...

@@ -348,3 +348,24 @@ def test_default_seeds_agree_across_ranks_and_differ_between_tables() -> None:
     ref = embstore.Table(DIM, seed=users.local.seed).lookup(keys, insert=False)
     np.testing.assert_array_equal(users.lookup(keys), ref)
     assert not np.array_equal(users.lookup(keys[5:6]), items.lookup(keys[5:6]))
+
+
+def test_found_masks_come_from_each_keys_owner() -> None:
+    """lookup(insert=False, return_found=True): rows and flags equal one
+    Table holding the same rows (every rank inserted its share), for keys
+    held on any rank and keys held nowhere; refused with insert=True on
+    every rank."""
+    sharded = ShardedTable(DIM, optimizer=optim.SGD(lr=0.1), seed=7)
+    single = embstore.Table(DIM, optimizer=optim.SGD(lr=0.1), seed=7)
+    held = np.arange(0, 400, 3)
+    sharded.lookup(held[RANK::SIZE])
+    single.lookup(held)
+    keys = np.random.default_rng(RANK).integers(0, 600, 64)
+    got_rows, got_found = sharded.lookup(keys, insert=False, return_found=True)
+    want_rows, want_found = single.lookup(keys, insert=False, return_found=True)
+    np.testing.assert_array_equal(got_found, want_found)
+    np.testing.assert_array_equal(got_found, np.isin(keys, held))
+    np.testing.assert_allclose(got_rows, want_rows, rtol=1e-6)
+    with pytest.raises(ValueError, match=r"^return_found: needs insert=False"):
+        sharded.lookup(keys, return_found=True)
+    assert len(sharded) == held.shape[0]  # rows on all ranks

@@ -421,6 +421,20 @@ class ShardedTable:
         rows = to_numpy(self.local.lookup(recv_keys, insert=insert))
         return self._alltoallv(rows, rc, sc, dim).reshape(-1, dim), route
 
+    def _fetch_found(
+        self, uniq: npt.NDArray[np.int64], counts: npt.NDArray[np.int64]
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`_fetch_unique` without inserting, with each key's found
+        flag from its owner as one more float column of the rows sent back."""
+        dim = self.local.dim
+        sc, rc, recv_keys = self._route(uniq, counts)
+        rows, found = self.local.lookup(recv_keys, insert=False, return_found=True)
+        packed = np.empty((recv_keys.shape[0], dim + 1), np.float32)
+        packed[:, :dim] = to_numpy(rows)
+        packed[:, dim] = to_numpy(found)
+        back = self._alltoallv(packed, rc, sc, dim + 1).reshape(-1, dim + 1)
+        return np.ascontiguousarray(back[:, :dim]), back[:, dim] > 0
+
     def _push_unique(
         self,
         uniq: npt.NDArray[np.int64],
@@ -454,16 +468,30 @@ class ShardedTable:
         """The optimizer (every rank's is the same)."""
         return self.local.optimizer
 
-    def lookup(self, keys: Any, *, insert: bool = True) -> npt.NDArray[np.float32]:
-        """Rows of this rank's ``keys (n,)``: float32 ``(n, dim)``. Collective."""
+    def lookup(self, keys: Any, *, insert: bool = True, return_found: bool = False) -> Any:
+        """Rows of this rank's ``keys (n,)``: float32 ``(n, dim)``. Collective.
+        ``return_found=True`` (with ``insert=False``, on every rank) returns
+        ``(rows, found)``, ``found`` bool ``(n,)`` from each key's owner, as
+        :meth:`embstore.Table.lookup`'s; the flags travel with the rows (one
+        column more in the same exchange)."""
         self._begin()
 
-        def prep() -> tuple[bool, np.ndarray, np.ndarray, np.ndarray]:
+        def prep() -> tuple[bool, bool, np.ndarray, np.ndarray, np.ndarray]:
             ins = check_bool("insert", insert)
-            return (ins, *self._plan(as_keys(keys)))
+            found = check_bool("return_found", return_found)
+            if found and ins:
+                raise ValueError(
+                    "return_found: needs insert=False (a lookup that inserts finds every key)"
+                )
+            return (ins, found, *self._plan(as_keys(keys)))
 
-        ins, uniq, inv, counts = self._prepare("lookup", prep, lambda r: (("insert", r[0]),))
+        ins, found, uniq, inv, counts = self._prepare(
+            "lookup", prep, lambda r: (("insert", r[0]), ("return_found", r[1]))
+        )
         with self._watch("lookup"):
+            if found:
+                rows, flags = self._fetch_found(uniq, counts)
+                return rows[inv], flags[inv]
             rows, _ = self._fetch_unique(uniq, counts, ins)
         out: npt.NDArray[np.float32] = rows[inv]
         return out

@@ -57,6 +57,7 @@ class _Resolved:
     served_keys: np.ndarray  # those keys, on the host
     served_rows: Array | None = None  # rows of the table-served keys (lookups)
     served_grads: np.ndarray | None = None  # their summed gradients, on the host
+    served_found: np.ndarray | None = None  # whether the table had each (found lookups)
 
 
 #: Every DeviceCache alive, for the fork handlers below.
@@ -401,6 +402,7 @@ class DeviceCache:
         grads: Array | None = None,
         prefetch: bool = False,
         unique: tuple[Array, Array, Array] | None = None,
+        found: bool = False,
     ) -> _Resolved:
         """Brings the call's keys into the cache as far as it can.
 
@@ -411,8 +413,9 @@ class DeviceCache:
         ``unique_inverse`` order), whose table-served rows come back in
         ``served_grads``; ``prefetch``: the rows of the last lookup or step
         stay (the batch that may still be training); ``unique``: the keys'
-        :func:`embstore.gpu._xp.unique_counts`, if the caller has them.
-        Evicted rows go back to
+        :func:`embstore.gpu._xp.unique_counts`, if the caller has them;
+        ``found`` (without ``admit``): the table also says which served keys
+        it holds (``served_found``). Evicted rows go back to
         the table (with their state) before their slots take the admitted
         rows, so nothing is lost if the call fails.
         """
@@ -488,6 +491,9 @@ class DeviceCache:
                 flat = self._h2d(buf)
                 rows_d = xp.reshape(flat[: nf * dim], (nf, dim))
                 state_d = xp.reshape(flat[nf * dim :], (nf, sl))
+            elif found:
+                rows_h, res.served_found = self.table.lookup(fetch, insert=False, return_found=True)
+                rows_d, state_d = self._h2d(np.asarray(rows_h)), None
             else:
                 rows_d = self._h2d(np.asarray(self.table.lookup(fetch, insert=False)))
                 state_d = None
@@ -533,12 +539,33 @@ class DeviceCache:
 
     # -- batch protocol --------------------------------------------------------------
 
-    def lookup(self, keys: Any, *, insert: bool = True) -> Array:
+    def lookup(self, keys: Any, *, insert: bool = True, return_found: bool = False) -> Any:
         """Rows of ``keys (n,)``: ``xp`` float32 ``(n, dim)``. Misses are fetched
         from the table and (``insert=True``) enter the cache; ``insert=False``
-        serves them from the table without storing anything."""
+        serves them from the table without storing anything.
+        ``return_found=True`` (with ``insert=False``) returns ``(rows,
+        found)``, ``found`` bool ``(n,)``: cached, or held by the table (as
+        :meth:`embstore.Table.lookup`'s)."""
         keys_d, ns = self._keys(keys)
         insert = _convert.check_bool("insert", insert)
+        if _convert.check_bool("return_found", return_found):
+            if insert:
+                raise ValueError(
+                    "return_found: needs insert=False (a lookup that inserts finds every key)"
+                )
+            with self._lock:
+                xp = self.xp
+                r = self._resolve(keys_d, admit=False, lookup=True, found=True)
+                rows_u = xp.take(self._rows, xp.maximum(r.slot, 0), axis=0)
+                found_u = r.slot >= 0
+                if r.served_rows is not None:
+                    rows_u = X.scatter_rows(xp, self._fancy, rows_u, r.served_pos, r.served_rows)
+                    held = X.to_device(xp, np.asarray(r.served_found))
+                    found_u = X.scatter_values(xp, self._fancy, found_u, r.served_pos, held)
+                return (
+                    self._out(xp.take(rows_u, r.inv, axis=0), ns),
+                    self._out(xp.take(found_u, r.inv, axis=0), ns),
+                )
         with self._lock:
             rows_u, inv = self._gather(keys_d, insert)
             return self._out(self.xp.take(rows_u, inv, axis=0), ns)

@@ -462,6 +462,38 @@ impl PyTable {
         Ok(out)
     }
 
+    #[pyo3(signature = (keys, missing="init", default_row=None))]
+    #[allow(clippy::type_complexity)]
+    fn lookup_found<'py>(
+        &self,
+        py: Python<'py>,
+        keys: &Bound<'py, PyAny>,
+        missing: &str,
+        default_row: Option<PyReadonlyArray1<'py, f32>>,
+    ) -> PyResult<(Bound<'py, PyArray2<f32>>, Bound<'py, PyArray1<bool>>)> {
+        let keys = keys_arg(keys, "keys")?.readonly();
+        let k = slice_or_copy(&keys, "keys")?;
+        let k = &k[..];
+        let row = default_row
+            .as_ref()
+            .map(|r| slice(r, "default"))
+            .transpose()?;
+        let missing = crate::convert::missing(missing, row)?;
+        let table = &self.inner;
+        let out = crate::outbuf::array2(py, k.len(), table.dim(), "keys")?;
+        let found = {
+            let mut rw = out.readwrite();
+            let dst = rw.as_slice_mut()?;
+            py.enter_store(|| {
+                let mut found = zeros::<bool>("keys", k.len())?;
+                table
+                    .lookup_found(k, missing, dst, &mut found)
+                    .map(|()| found)
+            })?
+        };
+        Ok((out, found.into_pyarray(py)))
+    }
+
     #[pyo3(signature = (
         ids, offsets, weights=None, combiner="sum", insert=true, missing="init", default_row=None
     ))]

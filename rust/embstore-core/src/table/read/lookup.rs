@@ -79,6 +79,39 @@ impl Table {
         Ok(())
     }
 
+    /// [`Table::lookup_or`] without inserting that also writes to `found`
+    /// (`keys.len()` flags) whether each key had a row: the row read and
+    /// its flag come from one probe under one shard lock, so a row another
+    /// thread evicts or removes meanwhile is either read and found or read
+    /// as `missing` and not found (HierarchicalKV's find with its founds).
+    ///
+    /// # Errors
+    /// As [`Table::lookup_or`]; `ShapeMismatch` when `found` has the wrong
+    /// length.
+    pub fn lookup_found(
+        &self,
+        keys: &[i64],
+        missing: Missing<'_>,
+        out: &mut [f32],
+        found: &mut [bool],
+    ) -> Result<()> {
+        self.check_lookup(keys, missing, out)?;
+        check_len("found", keys.len(), found.len())?;
+        let plan = self.plan(keys)?;
+        let out = SharedOut::new(out, self.dim);
+        let flags = SharedBools::new(found);
+        let _gate = self.lookup_changes(false).then(|| self.enter());
+        self.lookup_rows(keys, &plan, false, None, |g, pos, rows| {
+            self.copy_rows(&g.arena, keys, pos, rows, out, missing);
+            let flags = &flags;
+            for (&i, &r) in pos.iter().zip(rows) {
+                // SAFETY: i < keys.len() == found.len(), and position i
+                // belongs to this shard only, so no other thread writes it.
+                unsafe { flags.set(i as usize, r != NO_ROW) };
+            }
+        })
+    }
+
     /// A small [`Table::lookup_or`] that runs only if it can run at once
     /// without waiting: at most `SEQUENTIAL_KEYS` keys, a table whose
     /// lookups record no touches (no TTL, no capacity: no eviction follows)
