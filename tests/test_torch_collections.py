@@ -18,40 +18,7 @@ from torch import nn
 import embstore
 import embstore.torch as et
 from embstore import optim
-
-
-class KJT:
-    """A KeyedJaggedTensor's accessors, with a stride per key when given."""
-
-    def __init__(
-        self,
-        keys: list[str],
-        values: torch.Tensor,
-        lengths: torch.Tensor,
-        stride_per_key: list[int] | None = None,
-    ) -> None:
-        self._k, self._v, self._l, self._s = keys, values, lengths, stride_per_key
-
-    def keys(self) -> list[str]:
-        return self._k
-
-    def values(self) -> torch.Tensor:
-        return self._v
-
-    def lengths(self) -> torch.Tensor:
-        return self._l
-
-    def weights_or_none(self) -> Any:
-        return None
-
-    def stride(self) -> int:
-        return max(self._s) if self._s else len(self._l) // len(self._k)
-
-    def variable_stride_per_key(self) -> bool:
-        return self._s is not None
-
-    def stride_per_key(self) -> list[int]:
-        return self._s or [self.stride()] * len(self._k)
+from tests._kjt import FakeKJT
 
 
 def test_a_bag_collection_from_configs_has_the_configs_tables() -> None:
@@ -181,7 +148,7 @@ def test_the_unpooled_collection_returns_each_features_rows_and_trains_as_nn_emb
         lengths = torch.from_numpy(rng.integers(0, 4, 9))  # 3 features x 3 samples
         values = torch.from_numpy(rng.integers(0, vocab, int(lengths.sum())))
         # keys in an order of their own, and one the collection does not serve
-        kjt = KJT(["d", "u", "q"], values, lengths)
+        kjt = FakeKJT(["d", "u", "q"], values, lengths)
         out = ec(kjt)
         assert list(out) == ["q", "d", "u"]
         cut = np.concatenate([[0], np.cumsum(lengths.numpy())])
@@ -215,7 +182,12 @@ def test_variable_stride_kjt_unpooled_yes_pooled_no() -> None:
     table = embstore.Table(3, optimizer=optim.SGD(lr=0.1), seed=1)
     ec = et.EmbeddingCollection(embstore.Collection({"a": table, "b": table}))
     # "a" for 2 samples, "b" for 3: lengths 2 + 3 entries.
-    kjt = KJT(["a", "b"], torch.tensor([1, 2, 3, 4, 5, 6]), torch.tensor([1, 2, 0, 2, 1]), [2, 3])
+    kjt = FakeKJT(
+        ["a", "b"],
+        torch.tensor([1, 2, 3, 4, 5, 6]),
+        torch.tensor([1, 2, 0, 2, 1]),
+        stride_per_key=[2, 3],
+    )
     out = ec(kjt)
     assert out["a"].lengths().tolist() == [1, 2]
     assert out["b"].lengths().tolist() == [0, 2, 1]
@@ -229,4 +201,4 @@ def test_variable_stride_kjt_unpooled_yes_pooled_no() -> None:
     with pytest.raises(ValueError, match=r"^features: a variable-stride KeyedJaggedTensor"):
         ebc(kjt)
     with pytest.raises(ValueError, match=r"^features: expected 2 keys x stride lengths"):
-        ec(KJT(["a", "b"], torch.tensor([1, 2, 3]), torch.tensor([1, 2, 0])))
+        ec(FakeKJT(["a", "b"], torch.tensor([1, 2, 3]), torch.tensor([1, 2, 0])))

@@ -19,30 +19,9 @@ from torch import nn
 import embstore
 import embstore.torch as et
 from embstore import optim
+from tests._kjt import FakeKJT as KJT
 
 torch._dynamo.config.cache_size_limit = 64
-
-
-class KJT:
-    """A KeyedJaggedTensor's accessors (what torchrec users pass in)."""
-
-    def __init__(self, keys: list[str], values: torch.Tensor, lengths: torch.Tensor) -> None:
-        self._k, self._v, self._l = keys, values, lengths
-
-    def keys(self) -> list[str]:
-        return self._k
-
-    def values(self) -> torch.Tensor:
-        return self._v
-
-    def lengths(self) -> torch.Tensor:
-        return self._l
-
-    def weights_or_none(self) -> Any:
-        return None
-
-    def stride(self) -> int:
-        return len(self._l) // len(self._k)
 
 
 class Model(nn.Module):

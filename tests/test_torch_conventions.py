@@ -17,6 +17,7 @@ from torch import nn
 import embstore
 import embstore.torch as et
 from embstore import optim
+from tests._kjt import FakeKJT
 
 DIM, VOCAB = 6, 40
 
@@ -266,30 +267,6 @@ def test_unusable_tensors_are_refused_naming_the_argument(
     with pytest.raises((TypeError, ValueError), match=match):
         call(t)
     assert len(t) == 0
-
-
-class FakeKJT:
-    """A KeyedJaggedTensor's accessors (what torchrec users pass in)."""
-
-    def __init__(
-        self, keys: list[str], values: torch.Tensor, lengths: torch.Tensor, weights: Any = None
-    ) -> None:
-        self._k, self._v, self._l, self._w = keys, values, lengths, weights
-
-    def keys(self) -> list[str]:
-        return self._k
-
-    def values(self) -> torch.Tensor:
-        return self._v
-
-    def lengths(self) -> torch.Tensor:
-        return self._l
-
-    def weights_or_none(self) -> Any:
-        return self._w
-
-    def stride(self) -> int:
-        return len(self._l) // len(self._k)
 
 
 def test_embedding_bag_collection_takes_keyed_jagged_input() -> None:

@@ -24,6 +24,7 @@ from embstore.torch.module import (
     _stores,
     _TableState,
     as_input,
+    check_parts,
     grad_rows,
     host,
     spread,
@@ -532,15 +533,7 @@ class EmbeddingCollection(_CollectionModule):
         vals, by_table = self._positions(inputs, spec)
         g = grad_rows(grad, vals.shape[0], self.embedding_dim)
         calls = [(t, np.ascontiguousarray(vals[at]), g[at]) for t, at in by_table.values()]
-        for table, _, grads in calls:
-            # Every table is checked before any table steps.
-            if table.optimizer is None:
-                raise ValueError(
-                    "optimizer: a table of this collection has no optimizer (a table built "
-                    "without one is only read and assigned)"
-                )
-            if not np.isfinite(grads).all():
-                raise ValueError("grads: non-finite gradient (no table stepped)")
+        check_parts(calls)  # every table, before any steps
 
         def step() -> None:
             for table, keys, grads in calls:

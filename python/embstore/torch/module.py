@@ -90,6 +90,19 @@ def spread(
     return table, keys, spread_pooled(grads, inverse, o, keys.shape[0], w, c)
 
 
+def check_parts(parts: Parts) -> None:
+    """Refuses a backward's gradients before any table steps or holds them:
+    every table has an optimizer, every gradient is finite."""
+    for table, _, grads in parts:
+        if table.optimizer is None:
+            raise ValueError(
+                "optimizer: a table of this module has no optimizer (a table built "
+                "without one is only read and assigned)"
+            )
+        if not np.isfinite(grads).all():
+            raise ValueError("grads: non-finite gradient (no table stepped, nothing held)")
+
+
 def _stores(module: nn.Module) -> bool:
     """Whether a forward stores rows for unseen ids: in training mode with
     gradients enabled (a ``torch.no_grad()`` validation pass in train mode
@@ -197,14 +210,7 @@ class _TableState(nn.Module):
             step()
             return
         mine = parts()
-        for table, _, grads in mine:
-            if table.optimizer is None:
-                raise ValueError(
-                    "optimizer: a table of this module has no optimizer (a table built "
-                    "without one is only read and assigned)"
-                )
-            if not np.isfinite(grads).all():
-                raise ValueError("grads: non-finite gradient (nothing accumulated)")
+        check_parts(mine)
         self._pending.append(mine)
         if len(self._pending) >= self.accumulate:
             self.flush_gradients()
