@@ -441,11 +441,7 @@ impl PyTable {
         let keys = keys_arg(keys, "keys")?.readonly();
         let k = slice_or_copy(&keys, "keys")?;
         let k = &k[..];
-        let row = default_row
-            .as_ref()
-            .map(|r| slice(r, "default"))
-            .transpose()?;
-        let missing = crate::convert::missing(missing, row)?;
+        let missing = missing_of(missing, default_row.as_ref())?;
         let table = &self.inner;
         let out = crate::outbuf::array2(py, k.len(), table.dim(), "keys")?;
         {
@@ -474,11 +470,7 @@ impl PyTable {
         let keys = keys_arg(keys, "keys")?.readonly();
         let k = slice_or_copy(&keys, "keys")?;
         let k = &k[..];
-        let row = default_row
-            .as_ref()
-            .map(|r| slice(r, "default"))
-            .transpose()?;
-        let missing = crate::convert::missing(missing, row)?;
+        let missing = missing_of(missing, default_row.as_ref())?;
         let table = &self.inner;
         let out = crate::outbuf::array2(py, k.len(), table.dim(), "keys")?;
         let found = {
@@ -515,11 +507,7 @@ impl PyTable {
             slice_or_copy(&offsets, "offsets")?,
         );
         let b = bags_over(&i, &o, weights.as_ref(), combiner)?;
-        let row = default_row
-            .as_ref()
-            .map(|r| slice(r, "default"))
-            .transpose()?;
-        let missing = crate::convert::missing(missing, row)?;
+        let missing = missing_of(missing, default_row.as_ref())?;
         let table = &self.inner;
         let out = crate::outbuf::array2(py, b.batch(), table.dim(), "offsets")?;
         {
@@ -815,4 +803,14 @@ impl PyTable {
         d.set_item("capacity", table.policy().capacity)?;
         Ok(d)
     }
+}
+
+/// A lookup's `missing` mode and optional default row as the core's
+/// [`Missing`].
+fn missing_of<'a>(
+    mode: &str,
+    row: Option<&'a PyReadonlyArray1<'_, f32>>,
+) -> PyResult<embstore_core::Missing<'a>> {
+    let row = row.map(|r| slice(r, "default")).transpose()?;
+    crate::convert::missing(mode, row)
 }
