@@ -11,9 +11,15 @@
 //! parallel on rayon's pool, taking each shard's lock once.
 //!
 //! ## Consistency
-//! Any number of threads may call any method at once. A row is read and
-//! written only under its shard's lock: a reader sees a row wholly before or
-//! wholly after an update, and no update is lost.
+//! Any number of threads may call any method at once. A row is written only
+//! under its shard's write lock, so no update is lost. Serving reads (a
+//! lookup that neither inserts nor records touches, `contains`) take no lock
+//! at all: they copy a row between two reads of its version
+//! (`table::storage::seqlock`) and retry a copy a writer overlapped, so a
+//! reader sees a row wholly before or wholly after an update, never waits
+//! for a writer's lock, and reads a row removed meanwhile as it was or as
+//! missing (memory is freed through crossbeam-epoch, after the readers that
+//! might still read it).
 //!
 //! ## Locks: the one order
 //! This is the only place the order is written down; every lock of the
@@ -38,10 +44,13 @@
 //! 4. A checkpoint directory's readers' lock (`table::checkpoint::dirlock`): a load
 //!    holds it shared; a save deletes old files only if it gets it
 //!    exclusively without waiting.
-//! 5. Shard locks, by shard index. Inside rayon jobs a thread holds at most
-//!    one, and only for the job, except a pooling job of a pooled lookup
-//!    (`table::read::pooling`), which holds the read locks of the shards its bags
-//!    read, taken in index order, for the job: a writer holds one write
+//! 5. Shard locks, by shard index, taken by writers and by the reads that
+//!    must see no writer (snapshots, reads that record touches, training
+//!    lookups); serving reads take none (see "Consistency"). Inside rayon
+//!    jobs a thread holds at most one, and only for the job, except a
+//!    pooling job of a pooled lookup that inserts or records touches
+//!    (`table::read::pooling`), which holds the read locks of the shards its
+//!    bags read, taken in index order, for the job: a writer holds one write
 //!    lock at a time and waits for nothing while holding it (or, on the
 //!    calling thread, only tries further ones), so the job's wait for a
 //!    read lock always ends. The one caller that holds shard locks
@@ -49,9 +58,10 @@
 //!    index order), and it holds its gate exclusively: every shard writer
 //!    holds the gate shared, so no job can be waiting for a write lock
 //!    then, and readers never wait for readers. [`Table::try_lookup_now`]
-//!    holds the read (serving) or write (inserting) locks of the shards it
-//!    needs together, on the calling thread, having only tried each (in
-//!    index order, after trying its gate when it inserts): it never waits.
+//!    takes no lock when it serves, and when it inserts holds the write
+//!    locks of the shards it needs together, on the calling thread, having
+//!    only tried each (in index order, after trying its gate): it never
+//!    waits.
 //! 6. Leaf locks, never held while taking another or running parallel work:
 //!    the memo, the last-save mark, the per-shard slots of `FoundRows`, the
 //!    binding's output buffer pool.

@@ -2,10 +2,11 @@
 //!
 //! A batch call hashes its keys once, groups their positions by shard
 //! (a stable counting sort), and processes the shards in parallel on the
-//! rayon pool; each shard's lock is taken once per call, and nothing in the
-//! per-key loop takes a lock or touches an atomic. Rows are read and written
-//! only under their shard's lock, so a concurrent reader sees a row wholly
-//! before or wholly after an update.
+//! rayon pool; a writer takes each shard's lock once per call, and nothing
+//! in its per-key loop takes a lock. Rows are written only under their
+//! shard's lock; serving reads take no lock and copy each row under its
+//! version check (`storage::seqlock`), so a concurrent reader sees a row
+//! wholly before or wholly after an update.
 //!
 //! The concepts, one folder or file each: `storage` (shards, their index
 //! and arena), `read` (the plan of a batch, lookups, pooled lookups,
@@ -136,6 +137,9 @@ pub struct Table {
     /// the rows it touches record it (LRU recency).
     tick: AtomicU64,
     shards: Box<[CachePadded<RwLock<Shard>>]>,
+    /// Each shard's readers' view (its index and rows, read without its
+    /// lock: `storage::seqlock`).
+    views: Box<[CachePadded<std::sync::Arc<storage::shard::View>>]>,
     /// Taken shared by every call that changes rows, on the calling thread,
     /// and exclusively by [`Table::export`] for a snapshot of one moment.
     /// Never taken inside a rayon job, and no shard lock is held across a
@@ -247,7 +251,11 @@ impl Table {
                     wwords, state_len, track, sketch,
                 ))))
             })
-            .collect::<Result<_>>()?;
+            .collect::<Result<Box<[_]>>>()?;
+        let views = shards
+            .iter()
+            .map(|s| CachePadded::new(read(s).view()))
+            .collect();
         static NEXT_ID: AtomicU64 = AtomicU64::new(0);
         Ok(Table {
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
@@ -262,6 +270,7 @@ impl Table {
             wwords,
             tick: AtomicU64::new(0),
             shards,
+            views,
             gate: RwLock::new(()),
             generation: AtomicU32::new(1),
             last_save: std::sync::Mutex::new(None),
@@ -382,7 +391,7 @@ impl Table {
             shard_rows.push(g.len());
             bytes += g.bytes();
             sketch_bytes += g.sketch.as_ref().map_or(0, Sketch::bytes);
-            Counters::sum_into(&mut counters, &g.counters.named());
+            Counters::sum_into(&mut counters, &g.counters().named());
         }
         bytes += self
             .memo

@@ -75,7 +75,7 @@ impl Table {
                     n += 1;
                 }
             }
-            Counters::add(&g.counters.evicted, n);
+            Counters::add(&g.counters().evicted, n);
             n
         });
         let mut kept_keys = Vec::new();

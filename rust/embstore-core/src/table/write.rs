@@ -142,7 +142,8 @@ impl Table {
                         None => g.arena.touch(r, tick, step, 1),
                     }
                 }
-                let (w, st) = g.arena.row_to_change(r, save_gen);
+                let mut change = g.arena.row_to_change(r, save_gen);
+                let (w, st) = change.parts();
                 self.write_weights(w, &values[i * dim..(i + 1) * dim]);
                 match (state, &self.optimizer) {
                     (Some(src), _) => st.copy_from_slice(&src[i * sl..(i + 1) * sl]),
@@ -151,7 +152,7 @@ impl Table {
                 }
             }
             if meta.is_none() {
-                Counters::add(&g.counters.inserts, g.len() - len0);
+                Counters::add(&g.counters().inserts, g.len() - len0);
             }
             g.release_pending(reserved[shard_of(plan.hashes[pos[0] as usize], n)]);
             0

@@ -14,7 +14,8 @@ use crate::table::read::plan::{
 use crate::table::step::found::FoundRows;
 use crate::table::step::prepare::Reserved;
 use crate::table::storage::shard::Shard;
-use crate::table::storage::{arena, pages, try_lock, try_read};
+use crate::table::storage::shard::{copy_racy, racy};
+use crate::table::storage::{arena, pages, try_lock};
 use crate::table::{Missing, NO_ROW, Table, read};
 use crate::zeroed::zeros;
 use rayon::iter::{IndexedParallelIterator, IntoParallelRefIterator, ParallelIterator};
@@ -64,7 +65,11 @@ impl Table {
         self.check_lookup(keys, missing, out)?;
         let plan = self.plan(keys)?;
         let out = SharedOut::new(out, self.dim);
-        let _gate = self.lookup_changes(insert).then(|| self.enter());
+        if !self.lookup_changes(insert) {
+            self.serve_into(keys, &plan, out, missing, |_, _, _| {});
+            return Ok(());
+        }
+        let _gate = self.enter();
         // Only a training lookup (inserting) leaves a memo for the gradient
         // call that follows it: a serving lookup neither pays for one nor
         // replaces a training thread's.
@@ -100,7 +105,15 @@ impl Table {
         let plan = self.plan(keys)?;
         let out = SharedOut::new(out, self.dim);
         let flags = SharedBools::new(found);
-        let _gate = self.lookup_changes(false).then(|| self.enter());
+        if !self.lookup_changes(false) {
+            self.serve_into(keys, &plan, out, missing, |i, hit, _| {
+                // SAFETY: i < keys.len() == found.len(), and position i
+                // belongs to one shard only, so no other thread writes it.
+                unsafe { flags.set(i, hit) };
+            });
+            return Ok(());
+        }
+        let _gate = self.enter();
         self.lookup_rows(keys, &plan, false, None, |g, pos, rows| {
             self.copy_rows(&g.arena, keys, pos, rows, out, missing);
             let flags = &flags;
@@ -152,21 +165,15 @@ impl Table {
         if inserts {
             return self.try_insert_now(keys, missing, out);
         }
+        // A serving lookup takes no lock at all (`storage::seqlock`).
         let plan = self.plan(keys).ok()?;
-        let mut held = Vec::with_capacity(self.shards.len().min(keys.len()));
-        for (s, lock) in self.shards.iter().enumerate() {
-            if !plan.positions(s).is_empty() {
-                held.push((s, try_read(lock)?));
-            }
-        }
-        let out = SharedOut::new(out, self.dim);
-        let mut rows = Vec::new();
-        for (s, g) in &held {
-            let pos = plan.positions(*s);
-            g.find_many(keys, &plan.hashes, pos, &mut rows);
-            self.copy_rows(&g.arena, keys, pos, &rows, out, missing);
-            self.count_lookups(g, pos.len(), &rows, g.len());
-        }
+        self.serve_into(
+            keys,
+            &plan,
+            SharedOut::new(out, self.dim),
+            missing,
+            |_, _, _| {},
+        );
         Some(Ok(()))
     }
 
@@ -246,6 +253,20 @@ impl Table {
         let plan = self.plan(keys)?;
         let out = SharedOut::new(out, dim);
         let st_out = SharedOut::new(state, sl);
+        if !self.lookup_changes(insert) {
+            self.serve_into(keys, &plan, out, Missing::Init, |i, _, src| {
+                // SAFETY: position i belongs to this shard only (plan).
+                let dst = unsafe { st_out.row(i, sl) };
+                match (src, &self.optimizer) {
+                    // SAFETY: `src` is the row's state in its pinned
+                    // segment, copied inside the seqlock check (`racy`).
+                    (Some(src), _) => unsafe { copy_racy(dst, src) },
+                    (None, Some(o)) => o.init_state(dst),
+                    (None, None) => {}
+                }
+            });
+            return Ok(());
+        }
         let _gate = self.lookup_changes(insert).then(|| self.enter());
         self.lookup_rows(keys, &plan, insert, None, |g, pos, rows| {
             self.copy_rows(&g.arena, keys, pos, rows, out, Missing::Init);
@@ -357,11 +378,77 @@ impl Table {
         }
     }
 
+    /// A serving lookup's pass, taking no lock and waiting for no writer
+    /// (`storage::seqlock`): writes each key's row (whole: one version of
+    /// it) to `out`, or `missing`'s row for a key without one, and tells
+    /// `then(position, found, state)` (`state`: the row's optimizer state,
+    /// `state_len` floats read in the same version, or None when absent),
+    /// then counts the lookups.
+    pub(crate) fn serve_into<T>(
+        &self,
+        keys: &[i64],
+        plan: &Plan,
+        out: SharedOut,
+        missing: Missing<'_>,
+        then: T,
+    ) where
+        T: Fn(usize, bool, Option<*const f32>) + Sync,
+    {
+        let (dim, ww) = (self.dim, self.wwords);
+        let prefetch_rows = prefetches(keys.len(), COPY_PREFETCH_KEYS);
+        let streams = out.streams();
+        let format = self.policy.format;
+        self.par_views(plan, |view, guard, pos| {
+            let mut probes = Vec::new();
+            let hit = |j: usize, w: *const f32, st: *const f32| {
+                let i = pos[j] as usize;
+                // SAFETY: position i belongs to this shard only (plan).
+                let dst = unsafe { out.row(i, dim) };
+                match format {
+                    RowFormat::F32 if streams => {
+                        // SAFETY: w holds the row's `ww` floats (the view's
+                        // segment, pinned); a racing write is caught by the
+                        // seqlock check after the copy (`copy_racy`).
+                        copy_streaming(dst, unsafe { racy(w, dim) })
+                    }
+                    // SAFETY: as above.
+                    RowFormat::F32 => unsafe { copy_racy(dst, w) },
+                    // SAFETY: as above.
+                    f => f.decode(unsafe { racy(w, ww) }, dst),
+                }
+                then(i, true, Some(st));
+            };
+            let miss = |j: usize| {
+                let i = pos[j] as usize;
+                // SAFETY: position i belongs to this shard only (plan).
+                self.fill_missing(keys[i], unsafe { out.row(i, dim) }, missing);
+                then(i, false, None);
+            };
+            let hits = view.read_many(
+                guard,
+                keys,
+                &plan.hashes,
+                pos,
+                prefetch_rows,
+                &mut probes,
+                hit,
+                miss,
+            );
+            if streams {
+                stream_fence();
+            }
+            let c = &view.counters;
+            Counters::add(&c.lookups, pos.len());
+            Counters::add(&c.hits, hits);
+            Counters::add(&c.misses, pos.len() - hits);
+        });
+    }
+
     /// Counts a shard's part of a lookup: `rows` holds the row of each id
     /// (`NO_ROW` for none); rows at or past `len0` were created by the call.
     pub(crate) fn count_lookups(&self, g: &Shard, n: usize, rows: &[u32], len0: usize) {
         let hits = rows.iter().filter(|&&r| (r as usize) < len0).count();
-        let c = &g.counters;
+        let c = g.counters();
         Counters::add(&c.lookups, n);
         Counters::add(&c.hits, hits);
         Counters::add(&c.misses, n - hits);
@@ -435,11 +522,12 @@ impl Table {
         check_len("out", keys.len(), out.len())?;
         let plan = self.plan(keys)?;
         let shared = SharedBools::new(out);
-        self.par_shards(&plan, |g, pos| {
+        // Without a lock (`storage::seqlock`).
+        self.par_views(&plan, |view, guard, pos| {
             let shared = &shared;
             for &i in pos {
                 let i = i as usize;
-                let hit = g.find(keys[i], plan.hashes[i]).is_some();
+                let hit = view.contains(guard, keys[i], plan.hashes[i]);
                 // SAFETY: i < keys.len() == out.len(), and position i belongs
                 // to this shard only, so no other thread writes it.
                 unsafe { shared.set(i, hit) };
@@ -537,7 +625,7 @@ mod tests {
     use crate::table::{Missing, Table, TableConfig};
 
     #[test]
-    fn a_serving_lookup_now_reads_what_lookup_reads_or_declines_without_waiting() {
+    fn a_serving_lookup_now_reads_what_lookup_reads_even_while_a_writer_holds_its_shard() {
         let t = table(3, 4, sgd(0.1));
         t.lookup(&[1, 2, 3, 4, 5], true, &mut [0.0; 15]).unwrap();
         let keys = [5, 1, 9, 2, 5];
@@ -554,15 +642,17 @@ mod tests {
         assert_eq!(got, want);
         assert_eq!(lookups(&t) - before, 5);
         assert_eq!(t.len(), 5, "nothing inserted");
-        // A shard held by a writer: declined at once, nothing counted.
+        // A shard held by a writer: a serving lookup takes no lock, so it
+        // runs all the same and reads the same rows.
         let s = shard_of(key_hash(5), t.shards.len());
         let held = write(&t.shards[s]);
-        assert!(
-            t.try_lookup_now(&keys, false, Missing::Init, &mut got)
-                .is_none()
-        );
+        let mut again = [0.0; 15];
+        t.try_lookup_now(&keys, false, Missing::Row(&row), &mut again)
+            .expect("a serving lookup never declines for a lock")
+            .unwrap();
         drop(held);
-        assert_eq!(lookups(&t), before + 5);
+        assert_eq!(again, want);
+        assert_eq!(lookups(&t), before + 10);
         // Bad arguments are errors, as lookup_or's.
         let e = t
             .try_lookup_now(&keys, false, Missing::Init, &mut [0.0; 3])

@@ -5,7 +5,7 @@
 use crate::error::{Result, invalid};
 use crate::hash::{key_hash, shard_of};
 use crate::table::checks::check_transient;
-use crate::table::storage::shard::Shard;
+use crate::table::storage::shard::{Shard, View};
 use crate::table::storage::write;
 use crate::table::{Table, read};
 use crate::zeroed::zeros;
@@ -220,6 +220,32 @@ impl Table {
             let pos = plan.positions(s);
             if !pos.is_empty() {
                 f(&read(lock), pos);
+            }
+        });
+    }
+
+    /// Runs `f(view, guard, positions)` on each shard's readers' view, with
+    /// no lock, pinned to the epoch, in parallel (on the calling thread for
+    /// small plans), for the shards that own at least one of the plan's
+    /// keys.
+    pub(crate) fn par_views<F>(&self, plan: &Plan, f: F)
+    where
+        F: Fn(&View, &crossbeam_epoch::Guard, &[u32]) + Sync,
+    {
+        if plan.hashes.len() <= SEQUENTIAL_KEYS {
+            let guard = crossbeam_epoch::pin();
+            for (s, view) in self.views.iter().enumerate() {
+                let pos = plan.positions(s);
+                if !pos.is_empty() {
+                    f(view, &guard, pos);
+                }
+            }
+            return;
+        }
+        self.views.par_iter().enumerate().for_each(|(s, view)| {
+            let pos = plan.positions(s);
+            if !pos.is_empty() {
+                f(view, &crossbeam_epoch::pin(), pos);
             }
         });
     }

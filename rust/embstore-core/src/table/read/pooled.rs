@@ -271,6 +271,20 @@ impl Table {
         }
         drop(bag_of);
         let plan = self.plan(ids)?;
+        if !self.lookup_changes(insert) {
+            let overflow = AtomicBool::new(false);
+            let pool = Pooling {
+                ids,
+                hashes: &plan.hashes,
+                row_of: &[],
+                removals: &[],
+                coef: &coef,
+                missing,
+                overflow: &overflow,
+            };
+            self.serve_pooled(feats, &pool, out);
+            return Self::pooled_overflow(&overflow);
+        }
         let found = FoundRows::new(self.shards.len());
         // Each id's row, written by each shard's job as it finds them, and
         // each shard's removal count then.
@@ -305,6 +319,11 @@ impl Table {
         }
         drop(held);
         self.remember(plan, found);
+        Self::pooled_overflow(&overflow)
+    }
+
+    /// The error of a pooled lookup whose pooling overflowed float32.
+    fn pooled_overflow(overflow: &AtomicBool) -> Result<()> {
         if overflow.load(Ordering::Relaxed) {
             return Err(invalid(
                 "weights",

@@ -4,10 +4,12 @@
 
 use crate::Bags;
 use crate::hash::shard_of;
+use crate::policy::RowFormat;
 use crate::simd::{copy_streaming, prefetch_addr, stream_fence};
+use crate::table::counters::Counters;
 use crate::table::read::output::SharedOut;
 use crate::table::read::plan::{SEQUENTIAL_KEYS, prefetches};
-use crate::table::storage::shard::Shard;
+use crate::table::storage::shard::{Shard, copy_racy, racy};
 use crate::table::{Missing, NO_ROW, Table, read};
 use rayon::iter::{IntoParallelIterator, ParallelIterator};
 use std::ops::Range;
@@ -193,6 +195,163 @@ impl Table {
         }
         if stream {
             stream_fence();
+        }
+    }
+}
+
+impl Table {
+    /// The pooling of a serving pooled lookup (no insert, no touches to
+    /// record), taking no lock and waiting for no writer
+    /// (`storage::seqlock`): in parallel over chunks of whole bags (on the
+    /// calling thread for a small call), each chunk probes its ids, then
+    /// sums each bag from whole copies of its rows.
+    pub(crate) fn serve_pooled(
+        &self,
+        feats: &[(Bags<'_>, usize)],
+        pool: &Pooling<'_>,
+        out: SharedOut,
+    ) {
+        let n = pool.ids.len();
+        let mut base = 0usize;
+        for (bags, col) in feats {
+            let out = out.with_col(*col);
+            let batch = bags.batch();
+            if n <= SEQUENTIAL_KEYS {
+                self.serve_chunk(bags, base, 0..batch, pool, out);
+            } else {
+                let per_bag = (bags.ids.len() / batch.max(1)).max(1);
+                let chunk = (POOL_CHUNK_IDS / per_bag).max(1);
+                (0..batch.div_ceil(chunk)).into_par_iter().for_each(|c| {
+                    let range = c * chunk..((c + 1) * chunk).min(batch);
+                    self.serve_chunk(bags, base, range, pool, out);
+                });
+            }
+            base += bags.ids.len();
+        }
+    }
+
+    /// Pools bags `range` of one feature (ids from `base` of the call's)
+    /// without a lock; see [`Table::serve_pooled`].
+    fn serve_chunk(
+        &self,
+        bags: &Bags<'_>,
+        base: usize,
+        range: Range<usize>,
+        pool: &Pooling<'_>,
+        out: SharedOut,
+    ) {
+        let (dim, ww, ns) = (self.dim, self.wwords, self.shards.len());
+        if range.is_empty() {
+            return;
+        }
+        let guard = crossbeam_epoch::pin();
+        let start = bags.offsets[range.start] as usize + base;
+        let end = bags.offsets[range.end] as usize + base;
+        let mut slots = vec![None; ns];
+        for (s, view) in self.views.iter().enumerate() {
+            slots[s] = view.slots(&guard);
+        }
+        // First each id's (slot, row), the index lines of ids ahead
+        // prefetched; then the sums.
+        let ahead = prefetches(pool.ids.len(), SEQUENTIAL_KEYS);
+        let probes: Vec<(u32, u32)> = (start..end)
+            .map(|i| {
+                if ahead
+                    && let Some(&h) = pool.hashes.get(i + POOL_PREFETCH_AHEAD)
+                    && let Some(sl) = slots[shard_of(h, ns)]
+                {
+                    sl.prefetch(h);
+                }
+                let s = shard_of(pool.hashes[i], ns);
+                slots[s]
+                    .and_then(|sl| sl.find(pool.ids[i], pool.hashes[i]))
+                    .map_or((0, NO_ROW), |(slot, r)| (slot as u32, r as u32))
+            })
+            .collect();
+        let stream = out.streams();
+        let format = self.policy.format;
+        let mut tmp = vec![0.0f32; dim];
+        let mut sum = vec![0.0f32; if stream { dim } else { 0 }];
+        for b in range {
+            let ids = bags.range(b);
+            let (lo, hi) = (ids.start + base, ids.end + base);
+            let buffered = stream && hi - lo > 1;
+            let d: &mut [f32] = if buffered {
+                &mut sum
+            } else {
+                // SAFETY: each bag's output row is written by this chunk only.
+                unsafe { out.row(b, dim) }
+            };
+            for i in lo..hi {
+                if ahead
+                    && let Some(&(_, r)) = probes.get(i + POOL_PREFETCH_AHEAD - start)
+                    && r != NO_ROW
+                    && let Some(h) = pool.hashes.get(i + POOL_PREFETCH_AHEAD)
+                    && let Some(a) = self.views[shard_of(*h, ns)].row_addr(r, &guard)
+                {
+                    prefetch_addr(a);
+                }
+                let s = shard_of(pool.hashes[i], ns);
+                let held = match slots[s] {
+                    Some(sl) => self.views[s].fetch(
+                        &guard,
+                        sl,
+                        probes[i - start],
+                        pool.ids[i],
+                        pool.hashes[i],
+                        |w, _| match format {
+                            // SAFETY: the row's floats in its pinned segment,
+                            // copied inside the seqlock check (`racy`).
+                            RowFormat::F32 => unsafe { copy_racy(&mut tmp, w) },
+                            // SAFETY: as above.
+                            f => f.decode(unsafe { racy(w, ww) }, &mut tmp),
+                        },
+                    ),
+                    None => false,
+                };
+                if !held {
+                    self.fill_missing(pool.ids[i], &mut tmp, pool.missing);
+                }
+                let (x, c) = (&tmp[..], pool.coef[i]);
+                if i > lo {
+                    self.backend.axpy(d, c, x);
+                } else if c != 1.0 {
+                    d.copy_from_slice(x);
+                    self.backend.scale(d, c);
+                } else if stream && hi - lo == 1 {
+                    copy_streaming(d, x);
+                } else {
+                    d.copy_from_slice(x);
+                }
+            }
+            if lo == hi {
+                d.fill(0.0);
+            } else if (hi - lo > 1 || pool.coef[lo] != 1.0) && !all_finite(d) {
+                pool.overflow.store(true, Ordering::Relaxed);
+            }
+            if buffered {
+                // SAFETY: each bag's output row is written by this chunk
+                // only, and `d` (the sum) no longer borrows anything.
+                copy_streaming(unsafe { out.row(b, dim) }, &sum);
+            }
+        }
+        if stream {
+            stream_fence();
+        }
+        let mut hits = vec![0usize; ns];
+        let mut looked = vec![0usize; ns];
+        for (i, &(_, r)) in (start..end).zip(&probes) {
+            let s = shard_of(pool.hashes[i], ns);
+            looked[s] += 1;
+            hits[s] += usize::from(r != NO_ROW);
+        }
+        for (s, view) in self.views.iter().enumerate() {
+            if looked[s] > 0 {
+                let c = &view.counters;
+                Counters::add(&c.lookups, looked[s]);
+                Counters::add(&c.hits, hits[s]);
+                Counters::add(&c.misses, looked[s] - hits[s]);
+            }
         }
     }
 }

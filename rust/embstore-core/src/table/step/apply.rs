@@ -256,7 +256,8 @@ impl Table {
                 if track {
                     g.arena.touch(r, tick, t, (end - j) as u32);
                 }
-                let (w, state) = g.arena.row_to_change(r, save_gen);
+                let mut change = g.arena.row_to_change(r, save_gen);
+                let (w, state) = change.parts();
                 let most = if compact {
                     self.apply_compact(&consts, w, state, gsum, &mut wtmp, &mut decay)
                 } else if measure {
@@ -274,8 +275,8 @@ impl Table {
                 written.fetch_max(top, Ordering::Relaxed);
             }
             let created = g.len() - len0;
-            Counters::add(&g.counters.inserts, created);
-            Counters::add(&g.counters.admitted, created);
+            Counters::add(&g.counters().inserts, created);
+            Counters::add(&g.counters().admitted, created);
             g.release_pending(prepared.reserved[s]);
             0
         });
@@ -374,7 +375,7 @@ impl Table {
             }
             j = end;
         }
-        Counters::add(&g.counters.rejected, rejected);
+        Counters::add(&g.counters().rejected, rejected);
         pairs
     }
 

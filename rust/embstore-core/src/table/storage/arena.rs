@@ -8,6 +8,12 @@
 //! stored.
 
 use crate::policy::Meta;
+use crate::table::storage::seqlock;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicPtr, AtomicU32, Ordering};
+
+/// Most segments an arena has: segment 26 holds row 2^32 - 1.
+const MAX_SEGS: usize = 32;
 
 /// Rows in the first segment (a power of two); segment `k` holds `FIRST << k`.
 const FIRST_SHIFT: u32 = 6;
@@ -50,6 +56,121 @@ pub(crate) struct Arena {
     /// Rows whose memory [`Arena::reserve`] has allocated and touched (the
     /// rows up to this count are resident whether or not they hold a row).
     reserved: usize,
+    /// Per row: its version ([`seqlock`]), odd while the writer changes it.
+    versions: Vec<Box<[AtomicU32]>>,
+    /// Where readers without the lock find the segments.
+    view: Arc<SegView>,
+}
+
+/// The segments' addresses, published for readers that hold no lock
+/// ([`seqlock`]): each column's row 0 and each row's version, per segment,
+/// null for a segment not allocated. A segment given back is unpublished
+/// first and freed through the epoch, once no reader can be copying from it.
+#[derive(Debug)]
+pub(crate) struct SegView {
+    ww: usize,
+    sl: usize,
+    weights: [AtomicPtr<f32>; MAX_SEGS],
+    state: [AtomicPtr<f32>; MAX_SEGS],
+    versions: [AtomicPtr<AtomicU32>; MAX_SEGS],
+}
+
+/// Where a reader finds one row: its weights and state (raw: the writer
+/// may be changing them) and its version.
+pub(crate) struct RowAt<'g> {
+    /// `ww` floats of weights.
+    pub weights: *const f32,
+    /// `sl` floats of optimizer state.
+    pub state: *const f32,
+    /// The row's version.
+    pub version: &'g AtomicU32,
+}
+
+impl SegView {
+    fn new(ww: usize, sl: usize) -> Self {
+        SegView {
+            ww,
+            sl,
+            weights: std::array::from_fn(|_| AtomicPtr::default()),
+            state: std::array::from_fn(|_| AtomicPtr::default()),
+            versions: std::array::from_fn(|_| AtomicPtr::default()),
+        }
+    }
+
+    /// Where row `r` lives, if its segment is allocated. For a reader
+    /// pinned to the epoch (`_guard`): the memory stays allocated while it
+    /// is pinned, whatever the writer does.
+    #[inline(always)]
+    pub(crate) fn row<'g>(
+        &'g self,
+        r: usize,
+        _guard: &'g crossbeam_epoch::Guard,
+    ) -> Option<RowAt<'g>> {
+        let (k, o) = locate(r);
+        let v = self.versions.get(k)?.load(Ordering::Acquire);
+        if v.is_null() {
+            return None;
+        }
+        let w = self.weights[k].load(Ordering::Acquire);
+        let st = self.state[k].load(Ordering::Acquire);
+        // SAFETY: a published segment has room for `FIRST << k` rows and
+        // `o < FIRST << k` (locate); it is freed only through the epoch
+        // after being unpublished, and the caller is pinned (`_guard`).
+        unsafe {
+            Some(RowAt {
+                weights: w.wrapping_add(o * self.ww),
+                state: st.wrapping_add(o * self.sl),
+                version: &*v.add(o),
+            })
+        }
+    }
+
+    /// Publishes segment `k`.
+    fn publish(&self, k: usize, w: *mut f32, st: *mut f32, v: *const AtomicU32) {
+        self.weights[k].store(w, Ordering::Release);
+        self.state[k].store(st, Ordering::Release);
+        self.versions[k].store(v.cast_mut(), Ordering::Release);
+    }
+
+    /// Unpublishes segment `k`.
+    fn unpublish(&self, k: usize) {
+        self.versions[k].store(std::ptr::null_mut(), Ordering::Release);
+        self.weights[k].store(std::ptr::null_mut(), Ordering::Release);
+        self.state[k].store(std::ptr::null_mut(), Ordering::Release);
+    }
+}
+
+/// A change of one row's floats under way ([`Arena::row_to_change`]): the
+/// row's version is odd until this is dropped, so readers without the lock
+/// never keep a copy of a half-written row.
+pub(crate) struct RowWrite<'a> {
+    weights: &'a mut [f32],
+    state: &'a mut [f32],
+    version: &'a AtomicU32,
+}
+
+impl RowWrite<'_> {
+    /// The row's weights and optimizer state.
+    #[inline(always)]
+    pub(crate) fn parts(&mut self) -> (&mut [f32], &mut [f32]) {
+        (self.weights, self.state)
+    }
+}
+
+impl Drop for RowWrite<'_> {
+    #[inline(always)]
+    fn drop(&mut self) {
+        seqlock::write_end(self.version);
+    }
+}
+
+/// `cap` zero versions.
+fn zero_versions(cap: usize) -> Result<Box<[AtomicU32]>, OutOfMemory> {
+    let v = crate::zeroed::try_zeroed::<u32>(cap).ok_or(OutOfMemory)?;
+    let b = v.into_boxed_slice();
+    // SAFETY: AtomicU32 has the size, alignment and bit validity of u32,
+    // so a boxed slice of u32 is one of AtomicU32 (same allocation layout).
+    Ok(unsafe { Box::from_raw(Box::into_raw(b) as *mut [AtomicU32]) })
 }
 
 /// Memory for rows could not be allocated.
@@ -120,10 +241,17 @@ impl Column {
         Ok(())
     }
 
-    /// Removes the last segment.
-    fn pop_segment(&mut self) {
-        self.segs.pop();
+    /// Removes the last segment and returns its memory (to free once no
+    /// reader can be reading it).
+    fn pop_segment(&mut self) -> Option<Vec<f32>> {
         self.pads.pop();
+        self.segs.pop()
+    }
+
+    /// Where segment `k`'s row 0 starts, for readers.
+    fn row0(&mut self, k: usize) -> *mut f32 {
+        let pad = self.pads[k];
+        self.segs[k].as_mut_ptr().wrapping_add(pad)
     }
 
     #[inline(always)]
@@ -198,7 +326,14 @@ impl Arena {
             meta: Vec::new(),
             track,
             reserved: 0,
+            versions: Vec::new(),
+            view: Arc::new(SegView::new(ww, sl)),
         }
+    }
+
+    /// The segments' addresses, for readers without the lock.
+    pub(crate) fn view(&self) -> Arc<SegView> {
+        self.view.clone()
     }
 
     /// The metadata of row `r` (default when not tracked).
@@ -235,10 +370,11 @@ impl Arena {
         self.len
     }
 
-    /// Bytes of one row: hash bits, save generation, floats and metadata.
+    /// Bytes of one row: hash bits, save generation, version, floats and
+    /// metadata.
     pub(crate) fn row_bytes(&self) -> usize {
         let meta = if self.track { size_of::<Meta>() } else { 0 };
-        4 + 4 + 4 * (self.ww + self.sl) + meta
+        4 + 4 + 4 + 4 * (self.ww + self.sl) + meta
     }
 
     /// Bytes of the rows stored, and of rows reserved (what is
@@ -309,6 +445,9 @@ impl Arena {
 
     /// Appends the next (empty) segment at its full capacity.
     fn add_segment(&mut self) -> Result<(), OutOfMemory> {
+        if self.hashes.len() >= MAX_SEGS {
+            return Err(OutOfMemory);
+        }
         let cap = FIRST
             .checked_shl(self.hashes.len() as u32)
             .filter(|c| c.checked_mul((self.ww + self.sl).max(8) * 4).is_some())
@@ -321,6 +460,7 @@ impl Arena {
         if self.track {
             meta.try_reserve_exact(cap)?;
         }
+        let versions = zero_versions(cap)?;
         // The float columns last: a failure before them leaves every
         // column with as many segments as before.
         self.weights.add_segment(cap)?;
@@ -333,6 +473,10 @@ impl Arena {
         if self.track {
             self.meta.push(meta);
         }
+        let k = self.versions.len();
+        self.versions.push(versions);
+        let (w, st) = (self.weights.row0(k), self.state.row0(k));
+        self.view.publish(k, w, st, self.versions[k].as_ptr());
         Ok(())
     }
 
@@ -380,10 +524,16 @@ impl Arena {
     /// # Panics
     /// If `r >= len`.
     #[inline]
-    pub(crate) fn row_to_change(&mut self, r: usize, g: u32) -> (&mut [f32], &mut [f32]) {
+    pub(crate) fn row_to_change(&mut self, r: usize, g: u32) -> RowWrite<'_> {
         let (k, o) = locate(r);
         self.gens[k][o] = g;
-        (self.weights.row_mut(k, o), self.state.row_mut(k, o))
+        let version = &self.versions[k][o];
+        seqlock::write_begin(version);
+        RowWrite {
+            weights: self.weights.row_mut(k, o),
+            state: self.state.row_mut(k, o),
+            version,
+        }
     }
 
     /// Appends a row for the key whose hash has low bits `h32`, filled by
@@ -407,7 +557,12 @@ impl Arena {
         }
         self.hashes[k].push(h32);
         self.gens[k].push(generation);
+        // A reader that found this row number for a key removed earlier
+        // must not keep a copy of the new row's fill.
+        let version = &self.versions[k][r - segment_start(k)];
+        seqlock::write_begin(version);
         fill(self.weights.push(k), self.state.push(k));
+        seqlock::write_end(version);
         self.len += 1;
         r
     }
@@ -429,8 +584,11 @@ impl Arena {
             if self.track {
                 self.meta[rk][ro] = self.meta[lk][lo];
             }
+            let version = &self.versions[rk][ro];
+            seqlock::write_begin(version);
             self.weights.move_row((lk, lo), (rk, ro));
             self.state.move_row((lk, lo), (rk, ro));
+            seqlock::write_end(version);
             Some(h32)
         } else {
             None
@@ -447,8 +605,15 @@ impl Arena {
             // Give back an emptied top segment (but keep the first one).
             self.hashes.pop();
             self.gens.pop();
-            self.weights.pop_segment();
-            self.state.pop_segment();
+            self.view.unpublish(lk);
+            let memory = (
+                self.weights.pop_segment(),
+                self.state.pop_segment(),
+                self.versions.pop(),
+            );
+            // Readers pinned now may still copy from it: free it after them.
+            crossbeam_epoch::pin().defer(move || drop(memory));
+            crate::table::storage::index::reclaim();
             if self.track {
                 self.meta.pop();
             }
@@ -480,7 +645,7 @@ mod tests {
     #[test]
     fn reserve_touches_segments_and_counts_reserved_rows() {
         let mut a = Arena::new(4, 2, true);
-        let per_row = 4 + 4 + 24 + size_of::<Meta>();
+        let per_row = 4 + 4 + 4 + 24 + size_of::<Meta>();
         a.push(1, 0, |w, st| {
             w.fill(1.0);
             st.fill(-1.0);
@@ -539,7 +704,8 @@ mod tests {
                     let k = moved.unwrap();
                     assert_eq!(a.weights(r), &[k as f32; 3]);
                     assert_eq!(a.state(r), vec![-(k as f32); sl]);
-                    let (w, st) = a.row_to_change(r, 0);
+                    let mut change = a.row_to_change(r, 0);
+                    let (w, st) = change.parts();
                     assert_eq!((w.len(), st.len()), (3, sl));
                 }
             }

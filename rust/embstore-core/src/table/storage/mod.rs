@@ -2,7 +2,9 @@
 //! rows each), the arena's segments and pages, and the shard locks.
 
 pub(crate) mod arena;
+pub(crate) mod index;
 pub(crate) mod pages;
+pub(crate) mod seqlock;
 pub(crate) mod shard;
 
 use std::sync::{PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
@@ -12,11 +14,6 @@ pub(crate) use shard::Shard;
 /// A shard's read lock (a poisoned lock is taken as the others are).
 pub(crate) fn read(lock: &RwLock<Shard>) -> RwLockReadGuard<'_, Shard> {
     lock.read().unwrap_or_else(PoisonError::into_inner)
-}
-
-/// A shard's read lock if it is free now (`None` instead of waiting).
-pub(crate) fn try_read(lock: &RwLock<Shard>) -> Option<RwLockReadGuard<'_, Shard>> {
-    try_lock(lock.try_read())
 }
 
 /// The guard of a `try_read`/`try_write`/`try_lock` if the lock was free

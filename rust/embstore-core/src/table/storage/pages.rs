@@ -66,6 +66,16 @@ unsafe impl Allocator for PageAlloc {
         unreachable!("nothing is mapped off unix")
     }
 
+    fn allocate_zeroed(&self, layout: Layout) -> Result<NonNull<[u8]>, AllocError> {
+        if Self::mapped(layout) {
+            // A fresh anonymous mapping reads as zeros: nothing to write
+            // (and no page is touched until used).
+            self.allocate(layout)
+        } else {
+            Global.allocate_zeroed(layout)
+        }
+    }
+
     unsafe fn deallocate(&self, ptr: NonNull<u8>, layout: Layout) {
         if !Self::mapped(layout) {
             // SAFETY: the caller passes a block this allocator gave out for

@@ -1,35 +1,14 @@
-//! One shard: a hash index from key to row number over an [`Arena`].
+//! One shard: an index from key to row number over an [`Arena`], and the
+//! [`View`] through which readers that hold no lock read both.
 
 use crate::policy::Sketch;
 use crate::table::NO_ROW;
 use crate::table::counters::Counters;
-use crate::table::storage::arena::{Arena, OutOfMemory};
-use crate::table::storage::pages::PageAlloc;
-use hashbrown::HashTable;
-
-/// An index entry: a key and its row number, 12 bytes. Keeping the key in
-/// the entry makes a probe read the index only, not the row's storage as
-/// well (one cache miss fewer per key in a large table); the arena keeps no
-/// copy of the key, only its 32 hash bits, so that a row's entry can be
-/// found from the row when the row moves.
-#[derive(Debug, Clone, Copy)]
-#[repr(C, packed(4))]
-struct Entry {
-    key: i64,
-    row: u32,
-}
-
-impl Entry {
-    #[inline(always)]
-    fn key(&self) -> i64 {
-        self.key
-    }
-
-    #[inline(always)]
-    fn row(&self) -> usize {
-        self.row as usize
-    }
-}
+use crate::table::storage::arena::{Arena, OutOfMemory, SegView};
+use crate::table::storage::index::{self, Index, Slots};
+use crate::table::storage::seqlock;
+use crossbeam_epoch::Guard;
+use std::sync::Arc;
 
 /// A batch probe prefetches index lines when it probes at least this many
 /// keys in the shard: below it (a call of up to about 512 keys with the
@@ -39,63 +18,209 @@ const PROBE_PREFETCH_MIN: usize = 64;
 /// How many keys ahead a batch probe prefetches the index lines.
 const PROBE_AHEAD: usize = 8;
 
-/// The addresses of the index lines a probe for a hash reads first: its
-/// group's control bytes and its home bucket. hashbrown keeps control byte
-/// `i` at `data_end + i` and bucket `i` at `data_end - (i + 1) * 12`, and
-/// starts a probe at bucket `hash & mask`; those are its layout, not its
-/// API, so the addresses are only ever prefetched (a prefetch of a wrong
-/// address costs a wasted fetch, never a wrong result), and a test checks
-/// them against `get_bucket` so that a layout change is noticed.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct IndexLines {
-    data_end: usize,
-    mask: usize,
+/// What readers of a shard reach without its lock: the index's current
+/// slots, the arena's segments, and the counters.
+#[derive(Debug)]
+pub(crate) struct View {
+    index: Index,
+    segs: Arc<SegView>,
+    /// What happened to this shard's rows.
+    pub counters: Counters,
 }
 
-impl IndexLines {
-    /// The first bucket a probe for a key of hash `hash` looks at.
+impl View {
+    /// Copies the row of `key` (hash `hash`) whole, through `copy(weights,
+    /// state)` (raw pointers to `ww` and `sl` floats, which the writer may
+    /// be changing: `copy` must only copy them out), retrying until a copy
+    /// holds one version of the row ([`seqlock`]); `false` (nothing kept)
+    /// when the key has no row. Takes no lock and waits for no writer;
+    /// `guard` pins this thread to the epoch for the whole call.
     #[inline(always)]
-    fn home(&self, hash: u64) -> usize {
-        index_hash(hash as u32) as usize & self.mask
+    pub(crate) fn read<'g>(
+        &self,
+        slots: &mut Option<&'g Slots>,
+        guard: &'g Guard,
+        key: i64,
+        hash: u64,
+        mut copy: impl FnMut(*const f32, *const f32),
+    ) -> bool {
+        loop {
+            let Some(s) = *slots else {
+                // An index never built, or one replaced since this call
+                // loaded it: load the current one.
+                *slots = self.index.load(guard);
+                if slots.is_none() {
+                    return false;
+                }
+                continue;
+            };
+            let Some((slot, r)) = s.find(key, hash) else {
+                if self.index.is_current(s, guard) {
+                    return false;
+                }
+                *slots = None;
+                continue;
+            };
+            if let Some(at) = self.segs.row(r, guard)
+                && let Some(v) = seqlock::read_begin(at.version)
+            {
+                if s.names(slot, r) && self.index.is_current(s, guard) {
+                    copy(at.weights, at.state);
+                    if seqlock::read_end(at.version, v) {
+                        return true;
+                    }
+                } else {
+                    *slots = None;
+                }
+            }
+            std::hint::spin_loop();
+        }
     }
 
-    /// The address of bucket `i`.
-    #[inline(always)]
-    fn bucket(&self, i: usize) -> usize {
-        self.data_end.wrapping_sub((i + 1) * size_of::<Entry>())
+    /// [`View::read`] for a batch: the keys at positions `pos` of `keys`
+    /// (hashes `hashes`), each either copied whole through `hit(j, weights,
+    /// state)` or reported absent through `miss(j)` (`j` indexes `pos`).
+    /// First probes every key (their cache misses overlap, the index lines
+    /// of keys ahead prefetched from [`PROBE_PREFETCH_MIN`] keys), then
+    /// copies (the rows ahead prefetched with `prefetch_rows`); a copy that
+    /// fails its check is read again alone. Returns the keys found.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn read_many(
+        &self,
+        guard: &Guard,
+        keys: &[i64],
+        hashes: &[u64],
+        pos: &[u32],
+        prefetch_rows: bool,
+        probes: &mut Vec<(u32, u32)>,
+        mut hit: impl FnMut(usize, *const f32, *const f32),
+        mut miss: impl FnMut(usize),
+    ) -> usize {
+        let Some(s) = self.index.load(guard) else {
+            (0..pos.len()).for_each(&mut miss);
+            return 0;
+        };
+        probes.clear();
+        probes.reserve(pos.len());
+        let ahead = pos.len() >= PROBE_PREFETCH_MIN;
+        probes.extend(pos.iter().enumerate().map(|(j, &i)| {
+            if ahead && let Some(&a) = pos.get(j + PROBE_AHEAD) {
+                s.prefetch(hashes[a as usize]);
+            }
+            let i = i as usize;
+            s.find(keys[i], hashes[i])
+                .map_or((0, NO_ROW), |(slot, r)| (slot as u32, r as u32))
+        }));
+        let mut found = 0;
+        for j in 0..pos.len() {
+            if prefetch_rows
+                && let Some(&(_, r)) = probes.get(j + PROBE_AHEAD)
+                && r != NO_ROW
+                && let Some(at) = self.segs.row(r as usize, guard)
+            {
+                crate::simd::prefetch_addr(at.weights as usize);
+            }
+            let (key, hash) = (keys[pos[j] as usize], hashes[pos[j] as usize]);
+            let held = self.fetch(guard, s, probes[j], key, hash, |w, st| hit(j, w, st));
+            if held {
+                found += 1;
+            } else {
+                miss(j);
+            }
+        }
+        found
     }
 
-    /// Starts loading the lines a probe for `hash` reads first.
+    /// Copies the row of `key` (hash `hash`) through `copy` as
+    /// [`View::read`] does, starting from `probed`, the (slot, row) a probe
+    /// of `slots` found (row `NO_ROW`: none), and probing again only when
+    /// that answer no longer holds. `true` when the key has a row.
     #[inline(always)]
-    pub(crate) fn prefetch(&self, hash: u64) {
-        let i = self.home(hash);
-        crate::simd::prefetch_addr(self.data_end.wrapping_add(i));
-        crate::simd::prefetch_addr(self.bucket(i));
+    pub(crate) fn fetch(
+        &self,
+        guard: &Guard,
+        slots: &Slots,
+        probed: (u32, u32),
+        key: i64,
+        hash: u64,
+        mut copy: impl FnMut(*const f32, *const f32),
+    ) -> bool {
+        let (slot, r) = probed;
+        let first = if r == NO_ROW {
+            // Absent unless the index was replaced meanwhile.
+            self.index.is_current(slots, guard).then_some(false)
+        } else {
+            self.segs.row(r as usize, guard).and_then(|at| {
+                let v = seqlock::read_begin(at.version)?;
+                if !(slots.names(slot as usize, r as usize) && self.index.is_current(slots, guard))
+                {
+                    return None;
+                }
+                copy(at.weights, at.state);
+                seqlock::read_end(at.version, v).then_some(true)
+            })
+        };
+        first.unwrap_or_else(|| {
+            let mut again = None;
+            self.read(&mut again, guard, key, hash, copy)
+        })
+    }
+
+    /// Where row `r`'s weights start, for a prefetch.
+    #[inline(always)]
+    pub(crate) fn row_addr(&self, r: u32, guard: &Guard) -> Option<usize> {
+        self.segs
+            .row(r as usize, guard)
+            .map(|at| at.weights as usize)
+    }
+
+    /// Whether `key` (hash `hash`) has a row now.
+    #[inline]
+    pub(crate) fn contains(&self, guard: &Guard, key: i64, hash: u64) -> bool {
+        let mut slots = None;
+        self.read(&mut slots, guard, key, hash, |_, _| {})
+    }
+
+    /// The current slots, for a batch's prefetches.
+    #[inline(always)]
+    pub(crate) fn slots<'g>(&self, guard: &'g Guard) -> Option<&'g Slots> {
+        self.index.load(guard)
     }
 }
 
-/// The hash hashbrown sees for a key of hash `hash`: a function of its low
-/// 32 bits only, with those bits in both halves so that the slot (low bits)
-/// and the tag (top 7 bits) both vary. The table picks shards from the other
-/// 32 bits of the key hash ([`crate::hash::shard_of`]).
+/// `n` floats at `p`, for a reader's optimistic copy ([`View::read`]).
+///
+/// # Safety
+/// `p` points to `n` floats that stay allocated for `'a` (a segment of a
+/// [`View`] read while pinned to the epoch). The shard's writer may be
+/// writing them meanwhile: the slice must only be copied from, and the copy
+/// kept only when the row's version check passes (the seqlock's optimistic
+/// read, as crossbeam's `AtomicCell` reads its values).
 #[inline(always)]
-fn index_hash(h32: u32) -> u64 {
-    u64::from(h32) | (u64::from(h32) << 32)
+pub(crate) unsafe fn racy<'a>(p: *const f32, n: usize) -> &'a [f32] {
+    // SAFETY: allocated and aligned for n floats for 'a (the contract).
+    unsafe { std::slice::from_raw_parts(p, n) }
 }
 
-/// The hash of an entry, for the index to move it when it grows.
+/// Copies `dst.len()` floats from `p` into `dst` (see [`racy`]).
+///
+/// # Safety
+/// As [`racy`] for `dst.len()` floats.
 #[inline(always)]
-fn rehash(e: &Entry) -> u64 {
-    index_hash(crate::hash::key_hash(e.key()) as u32)
+pub(crate) unsafe fn copy_racy(dst: &mut [f32], p: *const f32) {
+    // SAFETY: the caller's contract.
+    dst.copy_from_slice(unsafe { racy(p, dst.len()) });
 }
 
-/// A shard's index and rows. Not synchronized: the table wraps each shard in
-/// a lock and takes it once per call.
+/// A shard's index and rows, for the writer: the table wraps each shard in
+/// a lock, which writers take; readers go through the shard's [`View`].
 #[derive(Debug)]
 #[allow(clippy::len_without_is_empty)]
 pub(crate) struct Shard {
-    /// Keys and row numbers ([`Entry`]).
-    index: HashTable<Entry, PageAlloc>,
+    /// The readers' view (index and segments); shared with the table.
+    view: Arc<View>,
+    /// The writer's counts of the index.
+    ix: index::Writer,
     /// Keys removed since the last save (for incremental checkpoints).
     pub removed: Vec<i64>,
     /// Whether removals are recorded in `removed`: only once the table has
@@ -106,8 +231,6 @@ pub(crate) struct Shard {
     pub arena: Arena,
     /// This shard's part of the admission sketch, if any.
     pub sketch: Option<Sketch>,
-    /// What happened to this shard's rows.
-    pub counters: Counters,
     /// Removals so far. Row numbers change only when a row is removed (the
     /// last row moves into its place), so row numbers found under the lock
     /// are still right later, under the lock again, if this has not changed.
@@ -123,16 +246,32 @@ impl Shard {
     /// optimizer state, with per-row metadata when `track`, and an
     /// admission sketch if given.
     pub(crate) fn new(ww: usize, sl: usize, track: bool, sketch: Option<Sketch>) -> Self {
+        let arena = Arena::new(ww, sl, track);
         Shard {
-            index: HashTable::new_in(PageAlloc),
+            view: Arc::new(View {
+                index: Index::default(),
+                segs: arena.view(),
+                counters: Counters::default(),
+            }),
+            ix: index::Writer::default(),
             removed: Vec::new(),
             track_removals: false,
-            arena: Arena::new(ww, sl, track),
+            arena,
             sketch,
-            counters: Counters::default(),
             removals: 0,
             pending: 0,
         }
+    }
+
+    /// The readers' view of this shard.
+    pub(crate) fn view(&self) -> Arc<View> {
+        self.view.clone()
+    }
+
+    /// What happened to this shard's rows.
+    #[inline]
+    pub(crate) fn counters(&self) -> &Counters {
+        &self.view.counters
     }
 
     /// Rows held.
@@ -144,14 +283,16 @@ impl Shard {
     /// Bytes held: rows, keys and the index's allocation.
     pub(crate) fn bytes(&self) -> usize {
         self.arena.bytes()
-            + self.index.allocation_size()
+            + self.ix.bytes(&self.view.index)
             + self.removed.capacity() * 8
             + self.sketch.as_ref().map_or(0, Sketch::bytes)
     }
 
     /// Makes room in the index for `additional` more keys.
     pub(crate) fn reserve_index(&mut self, additional: usize) {
-        self.index.reserve(additional, rehash);
+        self.ix
+            .reserve(&self.view.index, additional)
+            .expect("out of memory for the index");
     }
 
     /// [`Shard::reserve_index`] that reports running out of memory.
@@ -159,9 +300,7 @@ impl Shard {
     /// # Errors
     /// When the index cannot be allocated; it is unchanged then.
     pub(crate) fn try_reserve_index(&mut self, additional: usize) -> Result<(), OutOfMemory> {
-        self.index
-            .try_reserve(additional, rehash)
-            .map_err(|_| OutOfMemory)
+        self.ix.reserve(&self.view.index, additional)
     }
 
     /// Makes room in the index for `additional` more keys and allocates and
@@ -170,9 +309,7 @@ impl Shard {
     /// # Errors
     /// When the memory cannot be allocated.
     pub(crate) fn reserve_rows(&mut self, additional: usize) -> Result<(), OutOfMemory> {
-        self.index
-            .try_reserve(additional, rehash)
-            .map_err(|_| OutOfMemory)?;
+        self.ix.reserve(&self.view.index, additional)?;
         self.arena.reserve(additional)
     }
 
@@ -203,7 +340,7 @@ impl Shard {
         };
         match self.len().checked_add(want) {
             Some(target) if target <= u32::MAX as usize => {
-                self.index.try_reserve(want, rehash).is_ok()
+                self.ix.reserve(&self.view.index, want).is_ok()
                     && self.arena.ensure_segments(target).is_ok()
             }
             _ => false,
@@ -214,7 +351,7 @@ impl Shard {
     /// allocating.
     pub(crate) fn has_room(&self, n: usize) -> bool {
         let want = self.pending.saturating_add(n);
-        self.index.capacity() - self.index.len() >= want
+        self.ix.room(&self.view.index) >= want
             && self.arena.room() >= want.saturating_add(self.len())
     }
 
@@ -232,36 +369,25 @@ impl Shard {
     pub(crate) fn find_many(&self, keys: &[i64], hashes: &[u64], pos: &[u32], rows: &mut Vec<u32>) {
         rows.clear();
         rows.reserve(pos.len());
-        let lines = (pos.len() >= PROBE_PREFETCH_MIN)
-            .then(|| self.index_lines())
-            .flatten();
+        let Some(slots) = self.ix.slots_ref(&self.view.index) else {
+            rows.resize(pos.len(), NO_ROW);
+            return;
+        };
+        let ahead = pos.len() >= PROBE_PREFETCH_MIN;
         rows.extend(pos.iter().enumerate().map(|(j, &i)| {
-            if let (Some(lines), Some(&ahead)) = (&lines, pos.get(j + PROBE_AHEAD)) {
-                lines.prefetch(hashes[ahead as usize]);
+            if ahead && let Some(&a) = pos.get(j + PROBE_AHEAD) {
+                slots.prefetch(hashes[a as usize]);
             }
             let i = i as usize;
-            self.find(keys[i], hashes[i]).map_or(NO_ROW, |r| r as u32)
+            slots
+                .find(keys[i], hashes[i])
+                .map_or(NO_ROW, |(_, r)| r as u32)
         }));
-    }
-
-    /// Where the index keeps the buckets a hash probes first, or None when
-    /// the index is empty; see [`IndexLines`].
-    pub(crate) fn index_lines(&self) -> Option<IndexLines> {
-        if self.index.is_empty() {
-            return None;
-        }
-        let j = self.index.iter_buckets().next()?;
-        let e: &Entry = self.index.get_bucket(j)?;
-        let data_end = std::ptr::from_ref(e) as usize + (j + 1) * size_of::<Entry>();
-        Some(IndexLines {
-            data_end,
-            mask: self.index.num_buckets() - 1,
-        })
     }
 
     /// Every key held with its row number, in no particular order.
     pub(crate) fn keys_and_rows(&self) -> impl Iterator<Item = (i64, usize)> + '_ {
-        self.index.iter().map(|e| (e.key(), e.row()))
+        self.ix.live(&self.view.index)
     }
 
     /// As [`Shard::find_many`], creating the rows of absent keys (filled by
@@ -310,9 +436,7 @@ impl Shard {
     /// The row of `key` (whose hash is `hash`), if present.
     #[inline]
     pub(crate) fn find(&self, key: i64, hash: u64) -> Option<usize> {
-        self.index
-            .find(index_hash(hash as u32), |e| e.key() == key)
-            .map(Entry::row)
+        self.ix.find(&self.view.index, key, hash).map(|(_, r)| r)
     }
 
     /// The row of `key`, created by `fill(weights, state)` when missing; `true` when created.
@@ -324,31 +448,27 @@ impl Shard {
         generation: u32,
         fill: impl FnOnce(&mut [f32], &mut [f32]),
     ) -> (usize, bool) {
-        let h32 = hash as u32;
-        match self
-            .index
-            .entry(index_hash(h32), |e| e.key() == key, rehash)
-        {
-            hashbrown::hash_table::Entry::Occupied(e) => (e.get().row(), false),
-            hashbrown::hash_table::Entry::Vacant(e) => {
-                let r = self.arena.push(h32, generation, fill);
-                assert!(r <= u32::MAX as usize, "a shard holds at most 2^32 rows");
-                e.insert(Entry { key, row: r as u32 });
-                (r, true)
-            }
+        if let Some((_, r)) = self.ix.find(&self.view.index, key, hash) {
+            return (r, false);
         }
+        if self.ix.room(&self.view.index) == 0 {
+            self.reserve_index(1);
+        }
+        let r = self.arena.push(hash as u32, generation, fill);
+        assert!(
+            r < (u32::MAX - 1) as usize,
+            "a shard holds under 2^32 - 1 rows"
+        );
+        self.ix.insert(&self.view.index, key, hash, r);
+        (r, true)
     }
 
     /// Removes `key`; `true` when it was present.
     pub(crate) fn remove(&mut self, key: i64, hash: u64) -> bool {
-        let Ok(found) = self
-            .index
-            .find_entry(index_hash(hash as u32), |e| e.key() == key)
-        else {
+        let Some((slot, r)) = self.ix.find(&self.view.index, key, hash) else {
             return false;
         };
-        let (e, _) = found.remove();
-        let r = e.row();
+        self.ix.remove(&self.view.index, slot);
         self.removals += 1;
         if self.track_removals {
             self.removed.push(key);
@@ -356,10 +476,10 @@ impl Shard {
         let last = self.arena.len() - 1;
         if let Some(mh) = self.arena.swap_remove(r) {
             let slot = self
-                .index
-                .find_mut(index_hash(mh), |x| x.row() == last)
+                .ix
+                .slot_of_row(&self.view.index, mh, last)
                 .expect("index holds every arena row");
-            slot.row = r as u32;
+            self.ix.repoint(&self.view.index, slot, r);
         }
         true
     }
@@ -418,41 +538,5 @@ mod tests {
         let mut rows: Vec<usize> = s.keys_and_rows().map(|p| p.1).collect();
         rows.sort_unstable();
         assert_eq!(rows, (0..s.len()).collect::<Vec<_>>(), "rows are dense");
-    }
-
-    #[test]
-    fn index_lines_give_the_bucket_address_of_each_key() {
-        let mut s = Shard::new(4, 0, false, None);
-        assert!(s.index_lines().is_none(), "an empty index has no lines");
-        let mut homes = 0;
-        for key in -5_000i64..5_000 {
-            s.find_or_insert(key, key_hash(key), 0, |_, _| {});
-        }
-        let lines = s.index_lines().expect("a filled index has lines");
-        for key in -5_000i64..5_000 {
-            let hash = key_hash(key);
-            let b = s
-                .index
-                .find_bucket_index(index_hash(hash as u32), |e| e.key() == key)
-                .expect("every inserted key is held");
-            let e = s.index.get_bucket(b).expect("a found bucket is full");
-            // Every key's bucket sits where the layout puts it, so the
-            // home bucket's address is right too.
-            assert_eq!(lines.bucket(b), std::ptr::from_ref(e) as usize, "key {key}");
-            if b == lines.home(hash) {
-                homes += 1;
-            }
-        }
-        // Most keys sit in their home bucket or its group, so prefetching
-        // the home bucket's line fetches the entry a probe reads.
-        assert!(
-            homes > 5_000,
-            "only {homes} of 10,000 keys in their home bucket"
-        );
-    }
-
-    #[test]
-    fn an_index_entry_is_twelve_bytes() {
-        assert_eq!(size_of::<Entry>(), 12);
     }
 }
