@@ -1,5 +1,6 @@
 """Before/after timings of one build against another, in separate processes
-(the figures of "Trust under concurrency and failure" in RESULTS.md):
+(the figures of "Trust under concurrency and failure" and "Lock-free reads"
+in RESULTS.md):
 
     PYTHONPATH=/path/to/old/python python benches/ab_compare.py   # the old build
     python benches/ab_compare.py                                  # this one
@@ -54,6 +55,7 @@ def main() -> None:
     res["collection_step_ms"] = best_ms(
         lambda: (coll.lookup_pooled(bags), coll.apply_pooled_gradients(bags, gc))
     )
+    res["serve_1.7M_ms"] = best_ms(lambda: t.lookup(ids, insert=False))
     res["pooled_26_per_bag_ms"] = best_ms(
         lambda: t.lookup_pooled(ids, np.arange(0, len(ids) + 1, fields))
     )
@@ -64,10 +66,13 @@ def main() -> None:
 
     small = embstore.Table(dim, optimizer=optim.Adam(lr=1e-3))
     small.lookup(np.arange(100_000))
-    for n in (1, 128, 1024):
+    for n in (1, 16, 128, 1024):
         keys = rng.integers(0, 100_000, n)
         gs = np.ones((n, dim), np.float32)
         res[f"lookup_{n}_us"] = min(mean_us(lambda k=keys: small.lookup(k)) for _ in range(5))
+        res[f"serve_{n}_us"] = min(
+            mean_us(lambda k=keys: small.lookup(k, insert=False)) for _ in range(5)
+        )
         res[f"adam_{n}_us"] = min(
             mean_us(lambda k=keys, g=gs: small.apply_gradients(k, g)) for _ in range(5)
         )

@@ -9,6 +9,8 @@ rows (lookup), ``torch.optim.SparseAdam`` (Adam step). Thread scaling and
 memory are measured in child processes (a fresh pool size, a fresh RSS).
 Small calls (1 to 16,384 keys: lookup, Adam step, pooled step; 1 and 4
 serving threads) are measured against np.take and a dict of rows.
+``--readers``: the p99 of serving lookups next to a writer of the same
+table and of another one.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from embstore.bench.bags import bag_lengths, report_bags
 from embstore.bench.checkpoint import checkpoint_compare, report_checkpoint
 from embstore.bench.collection import batch_sizes, report_batch_sizes
 from embstore.bench.policy import POLICIES, policy_costs, report_policies
+from embstore.bench.readers import reader_latency, report_readers
 from embstore.bench.table import compare, core, memory, report
 
 __all__ = ["POLICIES", "main"]
@@ -74,11 +77,17 @@ def main(argv: list[str] | None = None) -> int:
         help="measure only pooled lookups of bags of 1, 4, 26 and 100 ids against torch",
     )
     p.add_argument(
+        "--readers",
+        action="store_true",
+        help="measure only the p99 of 128-key serving lookups next to a writer of the same "
+        "table and of another one",
+    )
+    p.add_argument(
         "--dir", default=None, help="where the checkpoint benchmark writes (default: a temp dir)"
     )
     p.add_argument("--child", choices=["core", "memory"], help=argparse.SUPPRESS)
     args = p.parse_args(argv)
-    if not (args.checkpoint or args.policy or args.child):
+    if not (args.checkpoint or args.policy or args.readers or args.child):
         require(p, "torch", "torch", "the peer comparison")
     if args.quick:
         args.vocab, args.batch, args.mem_rows, args.reps = 50_000, 2_048, 200_000, 2
@@ -94,6 +103,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.bags:
         res = bag_lengths(args)
         print(json.dumps(res) if args.json else report_bags(res))
+        return 0
+    if args.readers:
+        res = reader_latency(args)
+        print(json.dumps(res) if args.json else report_readers(res))
         return 0
     if args.policy:
         res = policy_costs(args.vocab, args.batch, args.fields, args.dim, args.reps)

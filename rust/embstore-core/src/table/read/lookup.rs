@@ -22,6 +22,11 @@ use rayon::iter::{IndexedParallelIterator, IntoParallelRefIterator, ParallelIter
 use rayon::prelude::ParallelSliceMut;
 use std::sync::PoisonError;
 
+thread_local! {
+    /// A serving pass's (slot, row) probes of one shard ([`Table::serve_into`]).
+    static PROBES: std::cell::RefCell<Vec<(u32, u32)>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
 /// A whole table as arrays ([`Table::export_all`]).
 #[derive(Debug)]
 pub struct Exported {
@@ -395,11 +400,14 @@ impl Table {
         T: Fn(usize, bool, Option<*const f32>) + Sync,
     {
         let (dim, ww) = (self.dim, self.wwords);
-        let prefetch_rows = prefetches(keys.len(), COPY_PREFETCH_KEYS);
+        // Rows are prefetched only in calls spread over the pool: in a call
+        // on the calling thread (at most SEQUENTIAL_KEYS keys, a few a
+        // shard), computing each row's address twice cost more than the
+        // prefetch saved (`benches/ab_compare.py`, serve_512/1024_us).
+        let prefetch_rows = prefetches(keys.len(), SEQUENTIAL_KEYS);
         let streams = out.streams();
         let format = self.policy.format;
         self.par_views(plan, |view, guard, pos| {
-            let mut probes = Vec::new();
             let hit = |j: usize, w: *const f32, st: *const f32| {
                 let i = pos[j] as usize;
                 // SAFETY: position i belongs to this shard only (plan).
@@ -424,16 +432,20 @@ impl Table {
                 self.fill_missing(keys[i], unsafe { out.row(i, dim) }, missing);
                 then(i, false, None);
             };
-            let hits = view.read_many(
-                guard,
-                keys,
-                &plan.hashes,
-                pos,
-                prefetch_rows,
-                &mut probes,
-                hit,
-                miss,
-            );
+            // One probe buffer a thread, not an allocation a shard: a
+            // small call visits up to every shard.
+            let hits = PROBES.with_borrow_mut(|probes| {
+                view.read_many(
+                    guard,
+                    keys,
+                    &plan.hashes,
+                    pos,
+                    prefetch_rows,
+                    probes,
+                    hit,
+                    miss,
+                )
+            });
             if streams {
                 stream_fence();
             }

@@ -287,9 +287,8 @@ impl Table {
                     && let Some(&(_, r)) = probes.get(i + POOL_PREFETCH_AHEAD - start)
                     && r != NO_ROW
                     && let Some(h) = pool.hashes.get(i + POOL_PREFETCH_AHEAD)
-                    && let Some(a) = self.views[shard_of(*h, ns)].row_addr(r, &guard)
                 {
-                    prefetch_addr(a);
+                    self.views[shard_of(*h, ns)].prefetch_row(r, &guard);
                 }
                 let s = shard_of(pool.hashes[i], ns);
                 let held = match slots[s] {

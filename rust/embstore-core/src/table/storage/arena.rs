@@ -97,6 +97,12 @@ impl SegView {
         }
     }
 
+    /// Floats of a row's weights.
+    #[inline(always)]
+    pub(crate) fn ww(&self) -> usize {
+        self.ww
+    }
+
     /// Where row `r` lives, if its segment is allocated. For a reader
     /// pinned to the epoch (`_guard`): the memory stays allocated while it
     /// is pinned, whatever the writer does.

@@ -284,6 +284,20 @@ impl Writer {
         {
             let guard = epoch::pin();
             let old = ix.slots.swap(Owned::new(new), Ordering::AcqRel, &guard);
+            // SAFETY: the old slots stay alive until the deferred destroy
+            // below runs, after this guard.
+            if let Some(o) = unsafe { old.as_ref() } {
+                // Every key of the replaced table is marked removed there,
+                // so a reader that found a row in it fails its check
+                // (`seqlock::names`) once this is visible, and probes the
+                // current table: no reader needs to compare tables per key.
+                let rows = o.rows.get();
+                for (i, r) in rows.iter().enumerate() {
+                    if r.load(Ordering::Relaxed) != EMPTY {
+                        seqlock::bury(rows, i);
+                    }
+                }
+            }
             if !old.is_null() {
                 // SAFETY: `old` is no longer reachable from the index;
                 // readers that loaded it are pinned, and the epoch frees it

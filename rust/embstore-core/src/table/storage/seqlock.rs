@@ -21,7 +21,10 @@
 //!   visible to that check, so a copy that passes holds one version of the
 //!   row: all of one update or none of it. A row moved or removed meanwhile
 //!   fails the slot check or the version check, and the reader probes again
-//!   (or finds the key gone).
+//!   (or finds the key gone). An index replaced by a larger or cleaned one
+//!   has every slot marked removed after the new one is published, so a
+//!   reader that probed the old one fails the same slot check; a reader
+//!   whose probe missed checks that its index is still the current one.
 //!
 //! The protocol is written once, in [`protocol!`], and instantiated twice:
 //! on std's atomics for the table, and on loom's in this module's tests,

@@ -64,7 +64,7 @@ impl View {
             if let Some(at) = self.segs.row(r, guard)
                 && let Some(v) = seqlock::read_begin(at.version)
             {
-                if s.names(slot, r) && self.index.is_current(s, guard) {
+                if s.names(slot, r) {
                     copy(at.weights, at.state);
                     if seqlock::read_end(at.version, v) {
                         return true;
@@ -103,22 +103,34 @@ impl View {
         probes.clear();
         probes.reserve(pos.len());
         let ahead = pos.len() >= PROBE_PREFETCH_MIN;
+        // A shard's few keys prefetch their rows as they are probed (the
+        // lines arrive while the other keys are probed); many keys, a fixed
+        // distance ahead of the copy (rows fetched long before their copy
+        // would leave the cache first).
+        let early = prefetch_rows && !ahead;
+        let late = prefetch_rows && ahead;
         probes.extend(pos.iter().enumerate().map(|(j, &i)| {
             if ahead && let Some(&a) = pos.get(j + PROBE_AHEAD) {
                 s.prefetch(hashes[a as usize]);
             }
             let i = i as usize;
-            s.find(keys[i], hashes[i])
-                .map_or((0, NO_ROW), |(slot, r)| (slot as u32, r as u32))
+            let found = s.find(keys[i], hashes[i]);
+            if let Some((_, r)) = found {
+                if early {
+                    self.prefetch_row_whole(r, guard);
+                } else {
+                    self.prefetch_version(r, guard);
+                }
+            }
+            found.map_or((0, NO_ROW), |(slot, r)| (slot as u32, r as u32))
         }));
         let mut found = 0;
         for j in 0..pos.len() {
-            if prefetch_rows
+            if late
                 && let Some(&(_, r)) = probes.get(j + PROBE_AHEAD)
                 && r != NO_ROW
-                && let Some(at) = self.segs.row(r as usize, guard)
             {
-                crate::simd::prefetch_addr(at.weights as usize);
+                self.prefetch_row_whole(r as usize, guard);
             }
             let (key, hash) = (keys[pos[j] as usize], hashes[pos[j] as usize]);
             let held = self.fetch(guard, s, probes[j], key, hash, |w, st| hit(j, w, st));
@@ -166,12 +178,32 @@ impl View {
         })
     }
 
-    /// Where row `r`'s weights start, for a prefetch.
+    /// Starts loading row `r`'s version.
     #[inline(always)]
-    pub(crate) fn row_addr(&self, r: u32, guard: &Guard) -> Option<usize> {
-        self.segs
-            .row(r as usize, guard)
-            .map(|at| at.weights as usize)
+    fn prefetch_version(&self, r: usize, guard: &Guard) {
+        if let Some(at) = self.segs.row(r, guard) {
+            crate::simd::prefetch_addr(std::ptr::from_ref(at.version) as usize);
+        }
+    }
+
+    /// Starts loading every line of row `r`'s weights and its version.
+    #[inline(always)]
+    fn prefetch_row_whole(&self, r: usize, guard: &Guard) {
+        if let Some(at) = self.segs.row(r, guard) {
+            // SAFETY: the row's weights in a segment kept alive by `guard`;
+            // only their addresses are used (a prefetch).
+            crate::simd::prefetch(unsafe { racy(at.weights, self.segs.ww()) });
+            crate::simd::prefetch_addr(std::ptr::from_ref(at.version) as usize);
+        }
+    }
+
+    /// Starts loading row `r`'s first line of weights and its version.
+    #[inline(always)]
+    pub(crate) fn prefetch_row(&self, r: u32, guard: &Guard) {
+        if let Some(at) = self.segs.row(r as usize, guard) {
+            crate::simd::prefetch_addr(at.weights as usize);
+            crate::simd::prefetch_addr(std::ptr::from_ref(at.version) as usize);
+        }
     }
 
     /// Whether `key` (hash `hash`) has a row now.
