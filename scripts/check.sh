@@ -20,6 +20,9 @@ step "cargo clippy -D warnings"
 cargo clippy --workspace --all-targets -- -D warnings
 step "cargo test"
 cargo test --workspace
+step "loom: the lock-free read protocol under every interleaving (RUSTFLAGS=--cfg loom)"
+RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom \
+    cargo test --profile loom -p embstore-core --lib seqlock
 step "ruff"
 ruff check python tests benches
 ruff format --check python tests benches

@@ -485,8 +485,21 @@ impl Table {
     }
 
     /// Takes the gate shared, for a call that changes rows.
-    pub(crate) fn enter(&self) -> RwLockReadGuard<'_, ()> {
-        self.gate.read().unwrap_or_else(PoisonError::into_inner)
+    pub(crate) fn enter(&self) -> Entered<'_> {
+        Entered(self.gate.read().unwrap_or_else(PoisonError::into_inner))
+    }
+}
+
+/// A writer call's hold of its table's gate ([`Table::enter`]). On
+/// release, on the calling thread and outside any parallel job, it frees
+/// what the call's writers replaced (an index grown, a segment emptied) once
+/// no reader can hold it (`storage::index::reclaim_pending`), so resident
+/// memory follows `stats()["bytes"]` when the call returns.
+pub(crate) struct Entered<'a>(#[allow(dead_code)] RwLockReadGuard<'a, ()>);
+
+impl Drop for Entered<'_> {
+    fn drop(&mut self) {
+        storage::index::reclaim_pending();
     }
 }
 

@@ -238,7 +238,7 @@ impl Bounds {
 pub(crate) enum StepGate<'a> {
     /// The prediction clears: the gate shared, the bounds to raise after.
     Fast {
-        _gate: std::sync::RwLockReadGuard<'a, ()>,
+        _gate: crate::table::Entered<'a>,
         predicted: Magnitudes,
         before: Magnitudes,
     },

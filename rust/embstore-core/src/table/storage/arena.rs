@@ -619,7 +619,7 @@ impl Arena {
             );
             // Readers pinned now may still copy from it: free it after them.
             crossbeam_epoch::pin().defer(move || drop(memory));
-            crate::table::storage::index::reclaim();
+            crate::table::storage::index::retire();
             if self.track {
                 self.meta.pop();
             }

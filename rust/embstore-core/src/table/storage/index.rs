@@ -12,7 +12,7 @@ use crate::table::storage::seqlock::{self, EMPTY, TOMB};
 use allocator_api2::alloc::{Allocator, Layout};
 use crossbeam_epoch::{self as epoch, Atomic, Guard, Owned};
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicI64, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, Ordering};
 
 /// Slots in use (live keys and removed ones) at most this fraction of all
 /// slots: linear probing's misses stay short (about 8 slots at 3/4).
@@ -80,6 +80,25 @@ impl<T> Drop for Zeroed<T> {
 pub(crate) fn reclaim() {
     for _ in 0..3 {
         epoch::pin().flush();
+    }
+}
+
+/// Whether memory was handed to the epoch since the last
+/// [`reclaim_pending`].
+static PENDING: AtomicBool = AtomicBool::new(false);
+
+/// Records that memory was handed to the epoch, and tries to free it now.
+pub(crate) fn retire() {
+    PENDING.store(true, Ordering::Relaxed);
+    reclaim();
+}
+
+/// [`reclaim`] if memory was handed to the epoch since the last call: for a
+/// writer call's end, when the readers pinned during its growth (its own
+/// parallel jobs included) have left.
+pub(crate) fn reclaim_pending() {
+    if PENDING.load(Ordering::Relaxed) && PENDING.swap(false, Ordering::Relaxed) {
+        reclaim();
     }
 }
 
@@ -305,7 +324,7 @@ impl Writer {
                 unsafe { guard.defer_destroy(old) };
             }
         }
-        reclaim();
+        retire();
         self.used = self.live;
         Ok(())
     }
