@@ -14,8 +14,8 @@
 //! Any number of threads may call any method at once. A row is written only
 //! under its shard's write lock, so no update is lost. Serving reads (a
 //! lookup that neither inserts nor records touches, `contains`) take no lock
-//! at all: they copy a row between two reads of its version
-//! (`table::storage::seqlock`) and retry a copy a writer overlapped, so a
+//! at all: they copy a row between two reads of its key's version, kept
+//! beside the key in the index (`table::storage::seqlock`) and retry a copy a writer overlapped, so a
 //! reader sees a row wholly before or wholly after an update, never waits
 //! for a writer's lock, and reads a row removed meanwhile as it was or as
 //! missing (memory is freed through crossbeam-epoch, after the readers that

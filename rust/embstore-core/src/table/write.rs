@@ -142,7 +142,7 @@ impl Table {
                         None => g.arena.touch(r, tick, step, 1),
                     }
                 }
-                let mut change = g.arena.row_to_change(r, save_gen);
+                let mut change = g.row_to_change(r, save_gen);
                 let (w, st) = change.parts();
                 self.write_weights(w, &values[i * dim..(i + 1) * dim]);
                 match (state, &self.optimizer) {

@@ -13,8 +13,7 @@ use crate::table::read::plan::{
 };
 use crate::table::step::found::FoundRows;
 use crate::table::step::prepare::Reserved;
-use crate::table::storage::shard::Shard;
-use crate::table::storage::shard::{copy_racy, racy};
+use crate::table::storage::shard::{Probed, Shard, copy_racy, racy};
 use crate::table::storage::{arena, pages, try_lock};
 use crate::table::{Missing, NO_ROW, Table, read};
 use crate::zeroed::zeros;
@@ -24,7 +23,7 @@ use std::sync::PoisonError;
 
 thread_local! {
     /// A serving pass's (slot, row) probes of one shard ([`Table::serve_into`]).
-    static PROBES: std::cell::RefCell<Vec<(u32, u32)>> = const { std::cell::RefCell::new(Vec::new()) };
+    static PROBES: std::cell::RefCell<Vec<Probed>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
 /// A whole table as arrays ([`Table::export_all`]).
@@ -400,11 +399,11 @@ impl Table {
         T: Fn(usize, bool, Option<*const f32>) + Sync,
     {
         let (dim, ww) = (self.dim, self.wwords);
-        // Rows are prefetched only in calls spread over the pool: in a call
-        // on the calling thread (at most SEQUENTIAL_KEYS keys, a few a
-        // shard), computing each row's address twice cost more than the
-        // prefetch saved (`benches/ab_compare.py`, serve_512/1024_us).
-        let prefetch_rows = prefetches(keys.len(), SEQUENTIAL_KEYS);
+        // Index lines and rows are prefetched only in calls spread over the
+        // pool: in a call on the calling thread (at most SEQUENTIAL_KEYS
+        // keys) the prefetches cost more than they saved
+        // (`benches/ab_compare.py`, serve_512/1024_us).
+        let spread = prefetches(keys.len(), SEQUENTIAL_KEYS);
         let streams = out.streams();
         let format = self.policy.format;
         self.par_views(plan, |view, guard, pos| {
@@ -435,16 +434,7 @@ impl Table {
             // One probe buffer a thread, not an allocation a shard: a
             // small call visits up to every shard.
             let hits = PROBES.with_borrow_mut(|probes| {
-                view.read_many(
-                    guard,
-                    keys,
-                    &plan.hashes,
-                    pos,
-                    prefetch_rows,
-                    probes,
-                    hit,
-                    miss,
-                )
+                view.read_many(guard, keys, &plan.hashes, pos, spread, probes, hit, miss)
             });
             if streams {
                 stream_fence();

@@ -9,7 +9,7 @@ use crate::simd::{copy_streaming, prefetch_addr, stream_fence};
 use crate::table::counters::Counters;
 use crate::table::read::output::SharedOut;
 use crate::table::read::plan::{SEQUENTIAL_KEYS, prefetches};
-use crate::table::storage::shard::{Shard, copy_racy, racy};
+use crate::table::storage::shard::{Probed, Shard, View, copy_racy, racy};
 use crate::table::{Missing, NO_ROW, Table, read};
 use rayon::iter::{IntoParallelIterator, ParallelIterator};
 use std::ops::Range;
@@ -254,7 +254,7 @@ impl Table {
         // First each id's (slot, row), the index lines of ids ahead
         // prefetched; then the sums.
         let ahead = prefetches(pool.ids.len(), SEQUENTIAL_KEYS);
-        let probes: Vec<(u32, u32)> = (start..end)
+        let probes: Vec<Probed> = (start..end)
             .map(|i| {
                 if ahead
                     && let Some(&h) = pool.hashes.get(i + POOL_PREFETCH_AHEAD)
@@ -263,9 +263,9 @@ impl Table {
                     sl.prefetch(h);
                 }
                 let s = shard_of(pool.hashes[i], ns);
-                slots[s]
-                    .and_then(|sl| sl.find(pool.ids[i], pool.hashes[i]))
-                    .map_or((0, NO_ROW), |(slot, r)| (slot as u32, r as u32))
+                slots[s].map_or(Probed::ABSENT, |sl| {
+                    View::probe(sl, pool.ids[i], pool.hashes[i])
+                })
             })
             .collect();
         let stream = out.streams();
@@ -284,11 +284,11 @@ impl Table {
             };
             for i in lo..hi {
                 if ahead
-                    && let Some(&(_, r)) = probes.get(i + POOL_PREFETCH_AHEAD - start)
-                    && r != NO_ROW
+                    && let Some(p) = probes.get(i + POOL_PREFETCH_AHEAD - start)
+                    && p.row() != NO_ROW
                     && let Some(h) = pool.hashes.get(i + POOL_PREFETCH_AHEAD)
                 {
-                    self.views[shard_of(*h, ns)].prefetch_row(r, &guard);
+                    self.views[shard_of(*h, ns)].prefetch_row(p.row(), &guard);
                 }
                 let s = shard_of(pool.hashes[i], ns);
                 let held = match slots[s] {
@@ -339,10 +339,10 @@ impl Table {
         }
         let mut hits = vec![0usize; ns];
         let mut looked = vec![0usize; ns];
-        for (i, &(_, r)) in (start..end).zip(&probes) {
+        for (i, p) in (start..end).zip(&probes) {
             let s = shard_of(pool.hashes[i], ns);
             looked[s] += 1;
-            hits[s] += usize::from(r != NO_ROW);
+            hits[s] += usize::from(p.row() != NO_ROW);
         }
         for (s, view) in self.views.iter().enumerate() {
             if looked[s] > 0 {

@@ -235,6 +235,7 @@ impl Table {
                     let ar = (pairs[fetched] >> 32) as usize;
                     prefetch(g.arena.weights(ar));
                     prefetch(g.arena.state(ar));
+                    g.prefetch_word(ar);
                     fetched += 1;
                 }
                 let (first, c0) = grad_of((pairs[j] & 0xFFFF_FFFF) as usize);
@@ -256,7 +257,7 @@ impl Table {
                 if track {
                     g.arena.touch(r, tick, t, (end - j) as u32);
                 }
-                let mut change = g.arena.row_to_change(r, save_gen);
+                let mut change = g.row_to_change(r, save_gen);
                 let (w, state) = change.parts();
                 let most = if compact {
                     self.apply_compact(&consts, w, state, gsum, &mut wtmp, &mut decay)

@@ -1,6 +1,6 @@
 //! Row storage of one shard: each row's weights and optimizer state, in
-//! two columns of fixed-stride floats, with its key hash bits and save
-//! generation, in segments
+//! two columns of fixed-stride floats, with its key's index slot and its
+//! save generation, in segments
 //! that double in size. A segment is allocated once at its full capacity and
 //! never reallocated, so rows never move in memory when the shard grows, no
 //! growth copies the arena, and untouched capacity stays unmapped (the OS
@@ -10,7 +10,7 @@
 use crate::policy::Meta;
 use crate::table::storage::seqlock;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicPtr, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicPtr, AtomicU64, Ordering};
 
 /// Most segments an arena has: segment 26 holds row 2^32 - 1.
 const MAX_SEGS: usize = 32;
@@ -27,9 +27,18 @@ fn locate(r: usize) -> (usize, usize) {
     (k, x - (FIRST << k))
 }
 
+/// Per row: the index slot of its key (so that the writer finds the key's
+/// word, [`seqlock`], from the row) and the save generation in which the
+/// row last changed (for incremental checkpoints); side by side, since a
+/// write of the row updates the one and reads the other.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Tag {
+    pub slot: u32,
+    pub generation: u32,
+}
+
 /// Rows of one shard, indexed densely from 0 to `len`. The keys live in the
-/// shard's index only; each row keeps the 32 hash bits the index files its
-/// key under, so that the entry of a row can be found from the row.
+/// shard's index only; each row keeps its key's slot there.
 #[derive(Debug)]
 pub(crate) struct Arena {
     /// Floats of a row's weights.
@@ -37,11 +46,8 @@ pub(crate) struct Arena {
     /// Floats of a row's optimizer state.
     sl: usize,
     len: usize,
-    /// Per row: the low 32 bits of its key's hash.
-    hashes: Vec<Vec<u32>>,
-    /// Per row: the save generation in which it last changed (for
-    /// incremental checkpoints).
-    gens: Vec<Vec<u32>>,
+    /// Per row: its [`Tag`].
+    tags: Vec<Vec<Tag>>,
     /// Weights, `ww` floats a row. Kept apart from the state so that a
     /// lookup reads memory of weights only: an Adam table's lookups touch a
     /// third of the memory (and of the pages) an interleaved row would make
@@ -56,15 +62,13 @@ pub(crate) struct Arena {
     /// Rows whose memory [`Arena::reserve`] has allocated and touched (the
     /// rows up to this count are resident whether or not they hold a row).
     reserved: usize,
-    /// Per row: its version ([`seqlock`]), odd while the writer changes it.
-    versions: Vec<Box<[AtomicU32]>>,
     /// Where readers without the lock find the segments.
     view: Arc<SegView>,
 }
 
 /// The segments' addresses, published for readers that hold no lock
-/// ([`seqlock`]): each column's row 0 and each row's version, per segment,
-/// null for a segment not allocated. A segment given back is unpublished
+/// ([`seqlock`]): each column's row 0, per segment, null for a segment not
+/// allocated. A segment given back is unpublished
 /// first and freed through the epoch, once no reader can be copying from it.
 #[derive(Debug)]
 pub(crate) struct SegView {
@@ -72,18 +76,16 @@ pub(crate) struct SegView {
     sl: usize,
     weights: [AtomicPtr<f32>; MAX_SEGS],
     state: [AtomicPtr<f32>; MAX_SEGS],
-    versions: [AtomicPtr<AtomicU32>; MAX_SEGS],
 }
 
 /// Where a reader finds one row: its weights and state (raw: the writer
-/// may be changing them) and its version.
-pub(crate) struct RowAt<'g> {
+/// may be changing them).
+#[derive(Clone, Copy)]
+pub(crate) struct RowAt {
     /// `ww` floats of weights.
     pub weights: *const f32,
     /// `sl` floats of optimizer state.
     pub state: *const f32,
-    /// The row's version.
-    pub version: &'g AtomicU32,
 }
 
 impl SegView {
@@ -93,7 +95,6 @@ impl SegView {
             sl,
             weights: std::array::from_fn(|_| AtomicPtr::default()),
             state: std::array::from_fn(|_| AtomicPtr::default()),
-            versions: std::array::from_fn(|_| AtomicPtr::default()),
         }
     }
 
@@ -107,52 +108,45 @@ impl SegView {
     /// pinned to the epoch (`_guard`): the memory stays allocated while it
     /// is pinned, whatever the writer does.
     #[inline(always)]
-    pub(crate) fn row<'g>(
-        &'g self,
-        r: usize,
-        _guard: &'g crossbeam_epoch::Guard,
-    ) -> Option<RowAt<'g>> {
+    pub(crate) fn row(&self, r: usize, _guard: &crossbeam_epoch::Guard) -> Option<RowAt> {
         let (k, o) = locate(r);
-        let v = self.versions.get(k)?.load(Ordering::Acquire);
-        if v.is_null() {
+        let w = self.weights.get(k)?.load(Ordering::Acquire);
+        if w.is_null() {
             return None;
         }
-        let w = self.weights[k].load(Ordering::Acquire);
         let st = self.state[k].load(Ordering::Acquire);
-        // SAFETY: a published segment has room for `FIRST << k` rows and
-        // `o < FIRST << k` (locate); it is freed only through the epoch
-        // after being unpublished, and the caller is pinned (`_guard`).
-        unsafe {
-            Some(RowAt {
-                weights: w.wrapping_add(o * self.ww),
-                state: st.wrapping_add(o * self.sl),
-                version: &*v.add(o),
-            })
-        }
+        // Only addresses are computed here (wrapping: no dereference); a
+        // published segment has room for `FIRST << k` rows and
+        // `o < FIRST << k` (locate). The caller reads through them while
+        // pinned (`_guard`): a segment is freed only through the epoch
+        // after being unpublished.
+        Some(RowAt {
+            weights: w.wrapping_add(o * self.ww),
+            state: st.wrapping_add(o * self.sl),
+        })
     }
 
     /// Publishes segment `k`.
-    fn publish(&self, k: usize, w: *mut f32, st: *mut f32, v: *const AtomicU32) {
-        self.weights[k].store(w, Ordering::Release);
+    fn publish(&self, k: usize, w: *mut f32, st: *mut f32) {
         self.state[k].store(st, Ordering::Release);
-        self.versions[k].store(v.cast_mut(), Ordering::Release);
+        self.weights[k].store(w, Ordering::Release);
     }
 
     /// Unpublishes segment `k`.
     fn unpublish(&self, k: usize) {
-        self.versions[k].store(std::ptr::null_mut(), Ordering::Release);
         self.weights[k].store(std::ptr::null_mut(), Ordering::Release);
         self.state[k].store(std::ptr::null_mut(), Ordering::Release);
     }
 }
 
 /// A change of one row's floats under way ([`Arena::row_to_change`]): the
-/// row's version is odd until this is dropped, so readers without the lock
-/// never keep a copy of a half-written row.
+/// version in its key's word is odd until this is dropped, so readers
+/// without the lock never keep a copy of a half-written row.
 pub(crate) struct RowWrite<'a> {
     weights: &'a mut [f32],
     state: &'a mut [f32],
-    version: &'a AtomicU32,
+    word: &'a AtomicU64,
+    row: usize,
 }
 
 impl RowWrite<'_> {
@@ -166,17 +160,8 @@ impl RowWrite<'_> {
 impl Drop for RowWrite<'_> {
     #[inline(always)]
     fn drop(&mut self) {
-        seqlock::write_end(self.version);
+        seqlock::write_end(self.word, self.row);
     }
-}
-
-/// `cap` zero versions.
-fn zero_versions(cap: usize) -> Result<Box<[AtomicU32]>, OutOfMemory> {
-    let v = crate::zeroed::try_zeroed::<u32>(cap).ok_or(OutOfMemory)?;
-    let b = v.into_boxed_slice();
-    // SAFETY: AtomicU32 has the size, alignment and bit validity of u32,
-    // so a boxed slice of u32 is one of AtomicU32 (same allocation layout).
-    Ok(unsafe { Box::from_raw(Box::into_raw(b) as *mut [AtomicU32]) })
 }
 
 /// Memory for rows could not be allocated.
@@ -325,14 +310,12 @@ impl Arena {
             ww,
             sl,
             len: 0,
-            hashes: Vec::new(),
-            gens: Vec::new(),
+            tags: Vec::new(),
             weights: Column::new(ww),
             state: Column::new(sl),
             meta: Vec::new(),
             track,
             reserved: 0,
-            versions: Vec::new(),
             view: Arc::new(SegView::new(ww, sl)),
         }
     }
@@ -376,11 +359,10 @@ impl Arena {
         self.len
     }
 
-    /// Bytes of one row: hash bits, save generation, version, floats and
-    /// metadata.
+    /// Bytes of one row: tag, floats and metadata.
     pub(crate) fn row_bytes(&self) -> usize {
         let meta = if self.track { size_of::<Meta>() } else { 0 };
-        4 + 4 + 4 + 4 * (self.ww + self.sl) + meta
+        size_of::<Tag>() + 4 * (self.ww + self.sl) + meta
     }
 
     /// Bytes of the rows stored, and of rows reserved (what is
@@ -404,7 +386,7 @@ impl Arena {
             return Ok(());
         }
         let (last, _) = locate(target - 1);
-        while self.hashes.len() <= last {
+        while self.tags.len() <= last {
             self.add_segment()?;
         }
         let (first, _) = locate(self.len);
@@ -412,8 +394,7 @@ impl Arena {
             let upto = (target - segment_start(k)).min(FIRST << k);
             self.weights.touch(k, upto);
             self.state.touch(k, upto);
-            touch_spare(&mut self.hashes[k], upto);
-            touch_spare(&mut self.gens[k], upto);
+            touch_spare(&mut self.tags[k], upto);
             if self.track {
                 touch_spare(&mut self.meta[k], upto);
             }
@@ -424,10 +405,10 @@ impl Arena {
 
     /// Rows the allocated segments hold (stored and room for more).
     pub(crate) fn room(&self) -> usize {
-        if self.hashes.is_empty() {
+        if self.tags.is_empty() {
             0
         } else {
-            segment_start(self.hashes.len())
+            segment_start(self.tags.len())
         }
     }
 
@@ -443,7 +424,7 @@ impl Arena {
             return Ok(());
         }
         let (last, _) = locate(target - 1);
-        while self.hashes.len() <= last {
+        while self.tags.len() <= last {
             self.add_segment()?;
         }
         Ok(())
@@ -451,22 +432,19 @@ impl Arena {
 
     /// Appends the next (empty) segment at its full capacity.
     fn add_segment(&mut self) -> Result<(), OutOfMemory> {
-        if self.hashes.len() >= MAX_SEGS {
+        if self.tags.len() >= MAX_SEGS {
             return Err(OutOfMemory);
         }
         let cap = FIRST
-            .checked_shl(self.hashes.len() as u32)
+            .checked_shl(self.tags.len() as u32)
             .filter(|c| c.checked_mul((self.ww + self.sl).max(8) * 4).is_some())
             .ok_or(OutOfMemory)?;
-        let mut hashes = Vec::new();
-        hashes.try_reserve_exact(cap)?;
-        let mut gens = Vec::new();
-        gens.try_reserve_exact(cap)?;
+        let mut tags = Vec::new();
+        tags.try_reserve_exact(cap)?;
         let mut meta = Vec::new();
         if self.track {
             meta.try_reserve_exact(cap)?;
         }
-        let versions = zero_versions(cap)?;
         // The float columns last: a failure before them leaves every
         // column with as many segments as before.
         self.weights.add_segment(cap)?;
@@ -474,15 +452,13 @@ impl Arena {
             self.weights.pop_segment();
             return Err(e);
         }
-        self.hashes.push(hashes);
-        self.gens.push(gens);
+        let k = self.tags.len();
+        self.tags.push(tags);
         if self.track {
             self.meta.push(meta);
         }
-        let k = self.versions.len();
-        self.versions.push(versions);
         let (w, st) = (self.weights.row0(k), self.state.row0(k));
-        self.view.publish(k, w, st, self.versions[k].as_ptr());
+        self.view.publish(k, w, st);
         Ok(())
     }
 
@@ -490,17 +466,24 @@ impl Arena {
     #[inline]
     pub(crate) fn generation(&self, r: usize) -> u32 {
         let (k, o) = locate(r);
-        self.gens[k][o]
+        self.tags[k][o].generation
     }
 
-    /// The low 32 bits of the hash of row `r`'s key.
+    /// The index slot of row `r`'s key.
     ///
     /// # Panics
     /// If `r >= len`.
     #[inline]
-    pub(crate) fn hash32(&self, r: usize) -> u32 {
+    pub(crate) fn slot(&self, r: usize) -> usize {
         let (k, o) = locate(r);
-        self.hashes[k][o]
+        self.tags[k][o].slot as usize
+    }
+
+    /// Records that row `r`'s key is in index slot `slot`.
+    #[inline]
+    pub(crate) fn set_slot(&mut self, r: usize, slot: usize) {
+        let (k, o) = locate(r);
+        self.tags[k][o].slot = slot as u32;
     }
 
     /// The weights of row `r` (`ww` floats).
@@ -525,35 +508,44 @@ impl Arena {
 
     /// The weights and optimizer state of row `r`, mutably, for a change
     /// made in save generation `g`, which is recorded as the row's
-    /// generation (for incremental checkpoints): one locate for all three.
+    /// generation (for incremental checkpoints); `word` finds the word of
+    /// the row's key (from its slot), whose version is odd until the
+    /// change is dropped.
     ///
     /// # Panics
     /// If `r >= len`.
     #[inline]
-    pub(crate) fn row_to_change(&mut self, r: usize, g: u32) -> RowWrite<'_> {
+    pub(crate) fn row_to_change<'a>(
+        &'a mut self,
+        r: usize,
+        g: u32,
+        word: impl FnOnce(usize) -> &'a AtomicU64,
+    ) -> RowWrite<'a> {
         let (k, o) = locate(r);
-        self.gens[k][o] = g;
-        let version = &self.versions[k][o];
-        seqlock::write_begin(version);
+        let tag = &mut self.tags[k][o];
+        tag.generation = g;
+        let word = word(tag.slot as usize);
+        seqlock::write_begin(word);
         RowWrite {
             weights: self.weights.row_mut(k, o),
             state: self.state.row_mut(k, o),
-            version,
+            word,
+            row: r,
         }
     }
 
-    /// Appends a row for the key whose hash has low bits `h32`, filled by
-    /// `fill(weights, state)`, and returns its index.
+    /// Appends a row filled by `fill(weights, state)`, for a key whose slot
+    /// is set after ([`Arena::set_slot`]: the row is filled before its key
+    /// is published), and returns its index.
     #[inline]
     pub(crate) fn push(
         &mut self,
-        h32: u32,
         generation: u32,
         fill: impl FnOnce(&mut [f32], &mut [f32]),
     ) -> usize {
         let r = self.len;
         let (k, _) = locate(r);
-        if k == self.hashes.len() {
+        if k == self.tags.len() {
             // Callers reserve room first (`Shard::reserve_pending`), so this
             // allocates only for a caller that did not.
             self.add_segment().expect("out of memory for a row segment");
@@ -561,69 +553,68 @@ impl Arena {
         if self.track {
             self.meta[k].push(Meta::default());
         }
-        self.hashes[k].push(h32);
-        self.gens[k].push(generation);
-        // A reader that found this row number for a key removed earlier
-        // must not keep a copy of the new row's fill.
-        let version = &self.versions[k][r - segment_start(k)];
-        seqlock::write_begin(version);
+        self.tags[k].push(Tag {
+            slot: u32::MAX,
+            generation,
+        });
+        // A reader that found this row number for a key removed or moved
+        // earlier must not keep a copy of the new row's fill.
+        seqlock::fill_begin();
         fill(self.weights.push(k), self.state.push(k));
-        seqlock::write_end(version);
         self.len += 1;
         r
     }
 
-    /// Removes row `r` by moving the last row into its place. Returns the
-    /// hash bits of the moved row's key when one moved (it now lives at `r`).
+    /// Removes row `r` by moving the last row into its place. When one
+    /// moves, `word(slot)` finds the word of the moved row's key (in slot
+    /// `slot`), whose version is odd while its floats move and which names
+    /// row `r` after; returns that slot.
     ///
     /// # Panics
     /// If `r >= len`.
-    pub(crate) fn swap_remove(&mut self, r: usize) -> Option<u32> {
+    pub(crate) fn swap_remove<'a>(
+        &mut self,
+        r: usize,
+        word: impl FnOnce(usize) -> &'a AtomicU64,
+    ) -> Option<usize> {
         assert!(r < self.len, "row {r} out of range {}", self.len);
         let last = self.len - 1;
         let moved = if r != last {
-            let h32 = self.hash32(last);
             let (lk, lo) = locate(last);
             let (rk, ro) = locate(r);
-            self.hashes[rk][ro] = h32;
-            self.gens[rk][ro] = self.gens[lk][lo];
+            let tag = self.tags[lk][lo];
+            self.tags[rk][ro] = tag;
             if self.track {
                 self.meta[rk][ro] = self.meta[lk][lo];
             }
-            let version = &self.versions[rk][ro];
-            seqlock::write_begin(version);
+            let word = word(tag.slot as usize);
+            seqlock::write_begin(word);
             self.weights.move_row((lk, lo), (rk, ro));
             self.state.move_row((lk, lo), (rk, ro));
-            seqlock::write_end(version);
-            Some(h32)
+            seqlock::write_end(word, r);
+            Some(tag.slot as usize)
         } else {
             None
         };
         let (lk, _) = locate(last);
-        self.hashes[lk].pop();
-        self.gens[lk].pop();
+        self.tags[lk].pop();
         if self.track {
             self.meta[lk].pop();
         }
         self.weights.pop(lk);
         self.state.pop(lk);
-        if self.hashes[lk].is_empty() && lk + 1 == self.hashes.len() && lk > 0 {
+        if self.tags[lk].is_empty() && lk + 1 == self.tags.len() && lk > 0 {
             // Give back an emptied top segment (but keep the first one).
-            self.hashes.pop();
-            self.gens.pop();
+            self.tags.pop();
             self.view.unpublish(lk);
-            let memory = (
-                self.weights.pop_segment(),
-                self.state.pop_segment(),
-                self.versions.pop(),
-            );
+            let memory = (self.weights.pop_segment(), self.state.pop_segment());
             // Readers pinned now may still copy from it: free it after them.
             crossbeam_epoch::pin().defer(move || drop(memory));
             crate::table::storage::index::retire();
             if self.track {
                 self.meta.pop();
             }
-            self.reserved = self.reserved.min(segment_start(self.hashes.len()));
+            self.reserved = self.reserved.min(segment_start(self.tags.len()));
         }
         self.len = last;
         moved
@@ -648,77 +639,102 @@ mod tests {
         }
     }
 
+    /// Key words by slot, standing in for the shard's index: slot `key`
+    /// for the row of key `key`.
+    fn words(n: usize) -> Vec<AtomicU64> {
+        (0..n).map(|_| AtomicU64::new(0)).collect()
+    }
+
+    /// Pushes a row for key `key` (slot `key`) with its weights `key` and
+    /// its state `-key`.
+    fn push_key(a: &mut Arena, key: u32) -> usize {
+        let r = a.push(0, |w, st| {
+            w.fill(key as f32);
+            st.fill(-(key as f32));
+        });
+        a.set_slot(r, key as usize);
+        r
+    }
+
     #[test]
     fn reserve_touches_segments_and_counts_reserved_rows() {
         let mut a = Arena::new(4, 2, true);
-        let per_row = 4 + 4 + 4 + 24 + size_of::<Meta>();
-        a.push(1, 0, |w, st| {
-            w.fill(1.0);
-            st.fill(-1.0);
-        });
+        let per_row = 8 + 24 + size_of::<Meta>();
+        push_key(&mut a, 1);
         a.reserve(1000).unwrap();
         assert_eq!(a.bytes(), 1001 * per_row, "reserved rows count as resident");
         let (last, _) = locate(1000);
-        assert_eq!(a.hashes.len(), last + 1, "every needed segment exists");
+        assert_eq!(a.tags.len(), last + 1, "every needed segment exists");
         assert!(a.weights.capacity(last) >= (1001 - segment_start(last)) * 4);
         assert!(a.state.capacity(last) >= (1001 - segment_start(last)) * 2);
         // Reserving less than what is reserved changes nothing.
         a.reserve(10).unwrap();
         assert_eq!(a.bytes(), 1001 * per_row);
-        for key in 2..=1500i64 {
-            a.push(key as u32, 0, |w, st| {
-                w.fill(key as f32);
-                st.fill(-key as f32);
-            });
+        for key in 2..=1500u32 {
+            push_key(&mut a, key);
         }
         assert_eq!(a.len(), 1500);
         assert_eq!(a.bytes(), 1500 * per_row, "past the reservation: rows");
         assert_eq!(a.weights(777), &[778.0; 4]);
         assert_eq!(a.state(777), &[-778.0; 2]);
-        assert_eq!(a.hash32(1499), 1500);
+        assert_eq!(a.slot(1499), 1500);
+        let w = words(2000);
         while a.len() > 0 {
-            a.swap_remove(a.len() - 1);
+            a.swap_remove(a.len() - 1, |s| &w[s]);
         }
         // Emptied segments go back, with their reservation; the first stays.
         assert_eq!(a.bytes(), FIRST * per_row);
     }
 
     #[test]
-    fn push_and_swap_remove_keep_hashes_weights_and_state_together() {
+    fn push_and_swap_remove_keep_slots_weights_and_state_together() {
         for sl in [0, 5] {
             let mut a = Arena::new(3, sl, true);
-            for key in 0..500i64 {
-                let r = a.push(key as u32, 0, |w, st| {
-                    w.fill(key as f32);
-                    st.fill(-key as f32);
-                });
-                a.touch(r, key as u64, 0, 1);
+            let w = words(500);
+            for key in 0..500u32 {
+                let r = push_key(&mut a, key);
+                a.touch(r, u64::from(key), 0, 1);
             }
-            // Remove row 10 (key 10): the last row (key 499) moves there.
-            assert_eq!(a.swap_remove(10), Some(499));
-            assert_eq!(a.hash32(10), 499);
+            // Remove row 10 (key 10): the last row (key 499) moves there,
+            // its key's word names row 10 with its version one write on.
+            assert_eq!(a.swap_remove(10, |s| &w[s]), Some(499));
+            assert_eq!(a.slot(10), 499);
+            assert_eq!(w[499].load(Ordering::Relaxed), (2 << 32) | 11);
             assert_eq!(a.weights(10), &[499.0; 3]);
             assert_eq!(a.state(10), vec![-499.0; sl]);
             assert_eq!(a.meta(10).tick, 499, "metadata moves with its row");
             assert_eq!(a.len(), 499);
             // Remove the last row: nothing moves.
-            assert_eq!(a.swap_remove(498), None);
+            assert_eq!(a.swap_remove(498, |s| &w[s]), None);
             while a.len() > 0 {
                 let r = a.len() / 2;
-                let moved = a.swap_remove(r);
+                let moved = a.swap_remove(r, |s| &w[s]);
                 if r < a.len() {
                     let k = moved.unwrap();
+                    assert_eq!(a.slot(r), k);
                     assert_eq!(a.weights(r), &[k as f32; 3]);
                     assert_eq!(a.state(r), vec![-(k as f32); sl]);
-                    let mut change = a.row_to_change(r, 0);
-                    let (w, st) = change.parts();
-                    assert_eq!((w.len(), st.len()), (3, sl));
+                    let v = w[k].load(Ordering::Relaxed) >> 32;
+                    let mut change = a.row_to_change(r, 3, |s| &w[s]);
+                    let (wt, st) = change.parts();
+                    assert_eq!((wt.len(), st.len()), (3, sl));
+                    assert_eq!(
+                        w[k].load(Ordering::Relaxed) >> 32,
+                        v + 1,
+                        "odd while changing"
+                    );
+                    drop(change);
+                    assert_eq!(
+                        w[k].load(Ordering::Relaxed),
+                        ((v + 2) << 32) | (r as u64 + 1)
+                    );
+                    assert_eq!(a.generation(r), 3);
                 }
             }
             assert_eq!(a.bytes(), 0);
-            a.push(7, 0, |w, _| w.fill(1.0));
-            assert_eq!(a.hash32(0), 7);
-            assert_eq!(a.weights(0), &[1.0; 3]);
+            push_key(&mut a, 7);
+            assert_eq!(a.slot(0), 7);
+            assert_eq!(a.weights(0), &[7.0; 3]);
         }
     }
 
@@ -727,10 +743,11 @@ mod tests {
         // 16 floats of weights and 32 of state: each row is whole lines.
         let mut a = Arena::new(16, 32, false);
         for key in 0..5_000u32 {
-            a.push(key, 0, |w, st| {
+            let r = a.push(0, |w, st| {
                 w.fill(key as f32);
                 st.fill(1.0);
             });
+            a.set_slot(r, key as usize);
         }
         for r in (0..5_000).step_by(7) {
             assert_eq!(a.weights(r).as_ptr() as usize % 64, 0, "weights of row {r}");
@@ -738,7 +755,8 @@ mod tests {
             assert_eq!(a.weights(r), &[r as f32; 16]);
         }
         // Removal keeps rows on their lines and moves the right floats.
-        a.swap_remove(3);
+        let w = words(5_000);
+        a.swap_remove(3, |s| &w[s]);
         assert_eq!(a.weights(3), &[4_999.0; 16]);
         assert_eq!(a.weights(3).as_ptr() as usize % 64, 0);
     }

@@ -8,11 +8,11 @@
 use crate::hash::key_hash;
 use crate::table::storage::arena::OutOfMemory;
 use crate::table::storage::pages::PageAlloc;
-use crate::table::storage::seqlock::{self, EMPTY, TOMB};
+use crate::table::storage::seqlock::{self, Cell, EMPTY, TOMB};
 use allocator_api2::alloc::{Allocator, Layout};
 use crossbeam_epoch::{self as epoch, Atomic, Guard, Owned};
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 /// Slots in use (live keys and removed ones) at most this fraction of all
 /// slots: linear probing's misses stay short (about 8 slots at 3/4).
@@ -35,15 +35,14 @@ unsafe impl<T: Send> Send for Zeroed<T> {}
 // SAFETY: as above; shared access goes through the atomics.
 unsafe impl<T: Sync> Sync for Zeroed<T> {}
 
-/// Atomic integers whose all-zero bytes are the value 0.
+/// Values of atomics whose all-zero bytes are valid (each atomic 0).
 ///
 /// # Safety
 /// Implementors must be valid for all-zero bytes.
 unsafe trait ZeroAtomic {}
-// SAFETY: AtomicI64 has i64's representation; zero bytes are 0.
-unsafe impl ZeroAtomic for AtomicI64 {}
-// SAFETY: AtomicU32 has u32's representation; zero bytes are 0.
-unsafe impl ZeroAtomic for AtomicU32 {}
+// SAFETY: a Cell is an AtomicI64 and an AtomicU64 (repr(C)), each with its
+// integer's representation, so zero bytes are key 0 and word 0.
+unsafe impl ZeroAtomic for Cell {}
 
 impl<T: ZeroAtomic> Zeroed<T> {
     fn new(len: usize) -> Result<Self, OutOfMemory> {
@@ -102,17 +101,15 @@ pub(crate) fn reclaim_pending() {
     }
 }
 
-/// One table of slots: keys, and row words (`row + 1`, [`EMPTY`] or
-/// [`TOMB`]), in two arrays so that a probe reads a line of 8 keys and
-/// reads a row word only for the key it matches.
+/// One table of slots, each a key and its word ([`seqlock`]: row and
+/// version), side by side so that a probe reads one line for both.
 pub(crate) struct Slots {
-    keys: Zeroed<AtomicI64>,
-    rows: Zeroed<AtomicU32>,
+    cells: Zeroed<Cell>,
 }
 
 impl std::fmt::Debug for Slots {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Slots({})", self.keys.len)
+        write!(f, "Slots({})", self.cells.len)
     }
 }
 
@@ -120,15 +117,14 @@ impl Slots {
     fn new(n: usize) -> Result<Self, OutOfMemory> {
         debug_assert!(n.is_power_of_two());
         Ok(Slots {
-            keys: Zeroed::new(n)?,
-            rows: Zeroed::new(n)?,
+            cells: Zeroed::new(n)?,
         })
     }
 
     /// Number of slots.
     #[inline(always)]
     pub(crate) fn len(&self) -> usize {
-        self.keys.len
+        self.cells.len
     }
 
     /// The first slot a probe for a key of hash `hash` reads.
@@ -137,45 +133,51 @@ impl Slots {
         (hash as u32 as usize) & (self.len() - 1)
     }
 
-    /// The slot and row of `key` (hash `hash`), if held.
+    /// The slot of `key` (hash `hash`) and its word, if held.
     #[inline(always)]
-    pub(crate) fn find(&self, key: i64, hash: u64) -> Option<(usize, usize)> {
-        seqlock::probe(self.keys.get(), self.rows.get(), key, self.home(hash))
+    pub(crate) fn find(&self, key: i64, hash: u64) -> Option<(usize, u64)> {
+        seqlock::probe(self.cells.get(), key, self.home(hash))
     }
 
-    /// Whether slot `slot` still names row `row` (see [`seqlock::names`]).
+    /// Slot `slot`.
     #[inline(always)]
-    pub(crate) fn names(&self, slot: usize, row: usize) -> bool {
-        seqlock::names(self.rows.get(), slot, row)
+    pub(crate) fn cell(&self, slot: usize) -> &Cell {
+        &self.cells.get()[slot]
     }
 
-    /// Starts loading the lines a probe for `hash` reads first.
+    /// Starts loading the line a probe for `hash` reads first.
     #[inline(always)]
     pub(crate) fn prefetch(&self, hash: u64) {
         let i = self.home(hash);
-        crate::simd::prefetch_addr(self.keys.get().as_ptr().wrapping_add(i) as usize);
-        crate::simd::prefetch_addr(self.rows.get().as_ptr().wrapping_add(i) as usize);
+        crate::simd::prefetch_addr(self.cells.get().as_ptr().wrapping_add(i) as usize);
     }
 
-    /// Puts `key` (known absent) at row `row` in the first empty slot of
-    /// its probe (writer only; a removed key's slot is not reused, so a
-    /// slot's key never changes once published).
-    fn insert(&self, key: i64, hash: u64, row: usize) {
-        let (keys, rows) = (self.keys.get(), self.rows.get());
+    /// Puts `key` (known absent) with word `word` in the first empty slot
+    /// of its probe and returns the slot (writer only; a removed key's slot
+    /// is not reused, so a slot's key never changes once published).
+    /// `publish`: the slots are readable (release the word); otherwise a
+    /// rebuild no reader sees yet.
+    fn insert(&self, key: i64, hash: u64, word: u64, publish: bool) -> usize {
+        let cells = self.cells.get();
         let mask = self.len() - 1;
         let mut i = self.home(hash);
-        while rows[i].load(Ordering::Relaxed) != EMPTY {
+        while seqlock::row_of(cells[i].word.load(Ordering::Relaxed)) != EMPTY {
             i = (i + 1) & mask;
         }
-        seqlock::publish(keys, rows, i, key, row);
+        if publish {
+            seqlock::publish(cells, i, key, word as usize - 1);
+        } else {
+            seqlock::copy_in(cells, i, key, word);
+        }
+        i
     }
 
-    /// Every live key and its row (writer only).
-    fn live(&self) -> impl Iterator<Item = (i64, usize)> + '_ {
-        let (keys, rows) = (self.keys.get(), self.rows.get());
-        keys.iter().zip(rows).filter_map(|(k, r)| {
-            let r = r.load(Ordering::Relaxed);
-            (r != EMPTY && r != TOMB).then(|| (k.load(Ordering::Relaxed), r as usize - 1))
+    /// Every live key and its word (writer only).
+    fn live(&self) -> impl Iterator<Item = (i64, u64)> + '_ {
+        self.cells.get().iter().filter_map(|c| {
+            let w = c.word.load(Ordering::Relaxed);
+            let r = seqlock::row_of(w);
+            (r != EMPTY && r != TOMB).then(|| (c.key.load(Ordering::Relaxed), w))
         })
     }
 }
@@ -256,7 +258,7 @@ impl Writer {
 
     /// Bytes of the current table.
     pub(crate) fn bytes(&self, ix: &Index) -> usize {
-        ix.mine().map_or(0, |s| s.keys.bytes() + s.rows.bytes())
+        ix.mine().map_or(0, |s| s.cells.bytes())
     }
 
     /// Keys that fit before the table must be rebuilt.
@@ -264,10 +266,17 @@ impl Writer {
         (self.slots(ix) / LOAD_DEN * LOAD_NUM).saturating_sub(self.used)
     }
 
-    /// The row of `key` and its slot (writer).
+    /// The slot of `key` and its row (writer).
     #[inline(always)]
     pub(crate) fn find(&self, ix: &Index, key: i64, hash: u64) -> Option<(usize, usize)> {
-        ix.mine()?.find(key, hash)
+        let (slot, w) = ix.mine()?.find(key, hash)?;
+        Some((slot, seqlock::row_named(w)))
+    }
+
+    /// The word of slot `slot` (writer), for a write of its key's floats.
+    #[inline(always)]
+    pub(crate) fn word<'a>(&self, ix: &'a Index, slot: usize) -> &'a AtomicU64 {
+        &ix.mine().expect("a key's slot").cell(slot).word
     }
 
     /// The current slots (writer), for batch probes.
@@ -279,11 +288,17 @@ impl Writer {
     /// Makes room for `additional` more keys: when they would not fit, a
     /// new table sized for the live keys and them (a removal-heavy table
     /// gets a clean one of the same size), published for readers; the old
-    /// one is freed when no reader holds it.
+    /// one is freed when no reader holds it. `moved(row, slot)` is told the
+    /// new slot of each key's row.
     ///
     /// # Errors
     /// When the new table cannot be allocated; the index is unchanged.
-    pub(crate) fn reserve(&mut self, ix: &Index, additional: usize) -> Result<(), OutOfMemory> {
+    pub(crate) fn reserve(
+        &mut self,
+        ix: &Index,
+        additional: usize,
+        mut moved: impl FnMut(usize, usize),
+    ) -> Result<(), OutOfMemory> {
         if self.room(ix) >= additional {
             return Ok(());
         }
@@ -296,8 +311,10 @@ impl Writer {
             .max(MIN_SLOTS);
         let new = Slots::new(n)?;
         if let Some(old) = ix.mine() {
-            for (k, r) in old.live() {
-                new.insert(k, key_hash(k), r);
+            for (k, w) in old.live() {
+                // Versions carry over: a key keeps counting its writes.
+                let slot = new.insert(k, key_hash(k), w, false);
+                moved(seqlock::row_named(w), slot);
             }
         }
         {
@@ -308,12 +325,12 @@ impl Writer {
             if let Some(o) = unsafe { old.as_ref() } {
                 // Every key of the replaced table is marked removed there,
                 // so a reader that found a row in it fails its check
-                // (`seqlock::names`) once this is visible, and probes the
-                // current table: no reader needs to compare tables per key.
-                let rows = o.rows.get();
-                for (i, r) in rows.iter().enumerate() {
-                    if r.load(Ordering::Relaxed) != EMPTY {
-                        seqlock::bury(rows, i);
+                // (`seqlock::read_end`) once this is visible, and probes
+                // the current table: no reader compares tables per key.
+                let cells = o.cells.get();
+                for (i, c) in cells.iter().enumerate() {
+                    if seqlock::row_of(c.word.load(Ordering::Relaxed)) != EMPTY {
+                        seqlock::bury(cells, i);
                     }
                 }
             }
@@ -329,54 +346,35 @@ impl Writer {
         Ok(())
     }
 
-    /// Inserts `key` (known absent) at row `row`; room was made first.
+    /// Inserts `key` (known absent) at row `row`, whose floats are written,
+    /// and returns its slot; room was made first ([`Writer::reserve`]).
+    ///
+    /// # Panics
+    /// If there is no room.
     #[inline]
-    pub(crate) fn insert(&mut self, ix: &Index, key: i64, hash: u64, row: usize) {
-        if self.room(ix) == 0 {
-            self.reserve(ix, 1).expect("out of memory for the index");
-        }
+    pub(crate) fn insert(&mut self, ix: &Index, key: i64, hash: u64, row: usize) -> usize {
+        assert!(self.room(ix) > 0, "room is made before an insert");
         let s = ix.mine().expect("reserve made a table");
-        s.insert(key, hash, row);
+        let slot = s.insert(key, hash, row as u64 + 1, true);
         self.live += 1;
         self.used += 1;
+        slot
     }
 
     /// Removes the key of slot `slot`.
     #[inline]
     pub(crate) fn remove(&mut self, ix: &Index, slot: usize) {
         let s = ix.mine().expect("a removed key was held");
-        seqlock::bury(s.rows.get(), slot);
+        seqlock::bury(s.cells.get(), slot);
         self.live -= 1;
-    }
-
-    /// Points the key of slot `slot` at row `row` (a move).
-    #[inline]
-    pub(crate) fn repoint(&mut self, ix: &Index, slot: usize, row: usize) {
-        let s = ix.mine().expect("a moved key is held");
-        seqlock::repoint(s.rows.get(), slot, row);
-    }
-
-    /// The slot of the key held at row `row`, whose hash is `hash`.
-    pub(crate) fn slot_of_row(&self, ix: &Index, hash: u32, row: usize) -> Option<usize> {
-        let s = ix.mine()?;
-        let rows = s.rows.get();
-        let mask = s.len() - 1;
-        let mut i = s.home(u64::from(hash));
-        loop {
-            let r = rows[i].load(Ordering::Relaxed);
-            if r == EMPTY {
-                return None;
-            }
-            if r == row as u32 + 1 {
-                return Some(i);
-            }
-            i = (i + 1) & mask;
-        }
     }
 
     /// Every live key with its row.
     pub(crate) fn live<'a>(&self, ix: &'a Index) -> impl Iterator<Item = (i64, usize)> + 'a {
-        ix.mine().into_iter().flat_map(Slots::live)
+        ix.mine()
+            .into_iter()
+            .flat_map(Slots::live)
+            .map(|(k, w)| (k, seqlock::row_named(w)))
     }
 }
 
@@ -385,13 +383,16 @@ mod tests {
     use super::*;
 
     /// A dict model of the index under inserts, removals and moves: every
-    /// live key is found at its row, removed keys are not, and growth and
-    /// rebuilds keep every live key.
+    /// live key is found at its row, removed keys are not, growth and
+    /// rebuilds keep every live key and report each row's new slot, and a
+    /// move bumps the key's version by one write.
     #[test]
     fn the_index_follows_a_dict_model_through_growth_and_rebuilds() {
         let ix = Index::default();
         let mut w = Writer::default();
         let mut model = std::collections::HashMap::new();
+        // Row -> slot, as the arena keeps it.
+        let mut slot_of = std::collections::HashMap::new();
         let mut x = 0x9e37_79b9_7f4a_7c15u64;
         for step in 0..50_000usize {
             x ^= x << 13;
@@ -402,18 +403,29 @@ mod tests {
             let h = key_hash(key);
             match (w.find(&ix, key, h), model.get(&key).copied()) {
                 (None, None) => {
-                    w.insert(&ix, key, h, step);
+                    w.reserve(&ix, 1, |r, slot| {
+                        slot_of.insert(r, slot);
+                    })
+                    .unwrap();
+                    let slot = w.insert(&ix, key, h, step);
+                    slot_of.insert(step, slot);
                     model.insert(key, step);
                 }
                 (Some((slot, r)), Some(want)) => {
                     assert_eq!(r, want, "key {key}");
+                    assert_eq!(slot_of[&r], slot, "the slot reported for row {r}");
                     if step % 2 == 0 {
                         w.remove(&ix, slot);
                         model.remove(&key);
                     } else {
-                        w.repoint(&ix, slot, step);
+                        let word = w.word(&ix, slot);
+                        let v = word.load(Ordering::Relaxed) >> 32;
+                        seqlock::write_begin(word);
+                        assert!(seqlock::writing(word.load(Ordering::Relaxed)));
+                        seqlock::write_end(word, step);
+                        assert_eq!(word.load(Ordering::Relaxed) >> 32, v + 2);
+                        slot_of.insert(step, slot);
                         model.insert(key, step);
-                        assert_eq!(w.slot_of_row(&ix, h as u32, step), Some(slot));
                     }
                 }
                 (got, want) => panic!("key {key}: index {got:?}, model {want:?}"),

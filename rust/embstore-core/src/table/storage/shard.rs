@@ -4,7 +4,7 @@
 use crate::policy::Sketch;
 use crate::table::NO_ROW;
 use crate::table::counters::Counters;
-use crate::table::storage::arena::{Arena, OutOfMemory, SegView};
+use crate::table::storage::arena::{Arena, OutOfMemory, RowWrite, SegView};
 use crate::table::storage::index::{self, Index, Slots};
 use crate::table::storage::seqlock;
 use crossbeam_epoch::Guard;
@@ -17,6 +17,28 @@ const PROBE_PREFETCH_MIN: usize = 64;
 
 /// How many keys ahead a batch probe prefetches the index lines.
 const PROBE_AHEAD: usize = 8;
+
+/// What a batch read's first pass found for one key: its slot and word
+/// (row and version), or nothing.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Probed {
+    slot: u32,
+    word: u64,
+}
+
+impl Probed {
+    /// A key found absent.
+    pub(crate) const ABSENT: Probed = Probed { slot: 0, word: 0 };
+
+    /// The row found (`NO_ROW`: none).
+    #[inline(always)]
+    pub(crate) fn row(self) -> u32 {
+        match seqlock::row_of(self.word) {
+            seqlock::EMPTY => NO_ROW,
+            r => r - 1,
+        }
+    }
+}
 
 /// What readers of a shard reach without its lock: the index's current
 /// slots, the arena's segments, and the counters.
@@ -36,41 +58,31 @@ impl View {
     /// when the key has no row. Takes no lock and waits for no writer;
     /// `guard` pins this thread to the epoch for the whole call.
     #[inline(always)]
-    pub(crate) fn read<'g>(
+    pub(crate) fn read(
         &self,
-        slots: &mut Option<&'g Slots>,
-        guard: &'g Guard,
+        guard: &Guard,
         key: i64,
         hash: u64,
         mut copy: impl FnMut(*const f32, *const f32),
     ) -> bool {
         loop {
-            let Some(s) = *slots else {
-                // An index never built, or one replaced since this call
-                // loaded it: load the current one.
-                *slots = self.index.load(guard);
-                if slots.is_none() {
-                    return false;
-                }
-                continue;
+            let Some(s) = self.index.load(guard) else {
+                // An index never built.
+                return false;
             };
-            let Some((slot, r)) = s.find(key, hash) else {
+            let Some((slot, w)) = s.find(key, hash) else {
                 if self.index.is_current(s, guard) {
                     return false;
                 }
-                *slots = None;
+                // A replaced index: probe the current one.
                 continue;
             };
-            if let Some(at) = self.segs.row(r, guard)
-                && let Some(v) = seqlock::read_begin(at.version)
+            if !seqlock::writing(w)
+                && let Some(at) = self.segs.row(seqlock::row_named(w), guard)
             {
-                if s.names(slot, r) {
-                    copy(at.weights, at.state);
-                    if seqlock::read_end(at.version, v) {
-                        return true;
-                    }
-                } else {
-                    *slots = None;
+                copy(at.weights, at.state);
+                if seqlock::read_end(s.cell(slot), w) {
+                    return true;
                 }
             }
             std::hint::spin_loop();
@@ -80,10 +92,11 @@ impl View {
     /// [`View::read`] for a batch: the keys at positions `pos` of `keys`
     /// (hashes `hashes`), each either copied whole through `hit(j, weights,
     /// state)` or reported absent through `miss(j)` (`j` indexes `pos`).
-    /// First probes every key (their cache misses overlap, the index lines
-    /// of keys ahead prefetched from [`PROBE_PREFETCH_MIN`] keys), then
-    /// copies (the rows ahead prefetched with `prefetch_rows`); a copy that
-    /// fails its check is read again alone. Returns the keys found.
+    /// First probes every key (their cache misses overlap), then copies and
+    /// checks each row; a copy that fails its check is read again alone. In
+    /// a call spread over the pool (`spread`: rows out of cache), the index
+    /// lines of keys ahead are prefetched from [`PROBE_PREFETCH_MIN`] keys,
+    /// and rows ahead of the copy. Returns the keys found.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn read_many(
         &self,
@@ -91,8 +104,8 @@ impl View {
         keys: &[i64],
         hashes: &[u64],
         pos: &[u32],
-        prefetch_rows: bool,
-        probes: &mut Vec<(u32, u32)>,
+        spread: bool,
+        probes: &mut Vec<Probed>,
         mut hit: impl FnMut(usize, *const f32, *const f32),
         mut miss: impl FnMut(usize),
     ) -> usize {
@@ -102,35 +115,21 @@ impl View {
         };
         probes.clear();
         probes.reserve(pos.len());
-        let ahead = pos.len() >= PROBE_PREFETCH_MIN;
-        // A shard's few keys prefetch their rows as they are probed (the
-        // lines arrive while the other keys are probed); many keys, a fixed
-        // distance ahead of the copy (rows fetched long before their copy
-        // would leave the cache first).
-        let early = prefetch_rows && !ahead;
-        let late = prefetch_rows && ahead;
+        let ahead = spread && pos.len() >= PROBE_PREFETCH_MIN;
         probes.extend(pos.iter().enumerate().map(|(j, &i)| {
             if ahead && let Some(&a) = pos.get(j + PROBE_AHEAD) {
                 s.prefetch(hashes[a as usize]);
             }
             let i = i as usize;
-            let found = s.find(keys[i], hashes[i]);
-            if let Some((_, r)) = found {
-                if early {
-                    self.prefetch_row_whole(r, guard);
-                } else {
-                    self.prefetch_version(r, guard);
-                }
-            }
-            found.map_or((0, NO_ROW), |(slot, r)| (slot as u32, r as u32))
+            Self::probe(s, keys[i], hashes[i])
         }));
         let mut found = 0;
         for j in 0..pos.len() {
-            if late
-                && let Some(&(_, r)) = probes.get(j + PROBE_AHEAD)
-                && r != NO_ROW
+            if spread
+                && let Some(p) = probes.get(j + PROBE_AHEAD)
+                && p.row() != NO_ROW
             {
-                self.prefetch_row_whole(r as usize, guard);
+                self.prefetch_row_whole(p.row() as usize, guard);
             }
             let (key, hash) = (keys[pos[j] as usize], hashes[pos[j] as usize]);
             let held = self.fetch(guard, s, probes[j], key, hash, |w, st| hit(j, w, st));
@@ -143,74 +142,71 @@ impl View {
         found
     }
 
+    /// What a probe of `slots` for `key` (hash `hash`) finds, for
+    /// [`View::fetch`].
+    #[inline(always)]
+    pub(crate) fn probe(slots: &Slots, key: i64, hash: u64) -> Probed {
+        slots
+            .find(key, hash)
+            .map_or(Probed::ABSENT, |(slot, word)| Probed {
+                slot: slot as u32,
+                word,
+            })
+    }
+
     /// Copies the row of `key` (hash `hash`) through `copy` as
-    /// [`View::read`] does, starting from `probed`, the (slot, row) a probe
-    /// of `slots` found (row `NO_ROW`: none), and probing again only when
-    /// that answer no longer holds. `true` when the key has a row.
+    /// [`View::read`] does, starting from `probed`, what a probe of `slots`
+    /// found, and probing again only when that answer no longer holds.
+    /// `true` when the key has a row.
     #[inline(always)]
     pub(crate) fn fetch(
         &self,
         guard: &Guard,
         slots: &Slots,
-        probed: (u32, u32),
+        probed: Probed,
         key: i64,
         hash: u64,
         mut copy: impl FnMut(*const f32, *const f32),
     ) -> bool {
-        let (slot, r) = probed;
-        let first = if r == NO_ROW {
+        let Probed { slot, word } = probed;
+        let first = if seqlock::row_of(word) == seqlock::EMPTY {
             // Absent unless the index was replaced meanwhile.
             self.index.is_current(slots, guard).then_some(false)
+        } else if seqlock::writing(word) {
+            None
         } else {
-            self.segs.row(r as usize, guard).and_then(|at| {
-                let v = seqlock::read_begin(at.version)?;
-                if !(slots.names(slot as usize, r as usize) && self.index.is_current(slots, guard))
-                {
-                    return None;
-                }
-                copy(at.weights, at.state);
-                seqlock::read_end(at.version, v).then_some(true)
-            })
+            self.segs
+                .row(seqlock::row_named(word), guard)
+                .and_then(|at| {
+                    copy(at.weights, at.state);
+                    seqlock::read_end(slots.cell(slot as usize), word).then_some(true)
+                })
         };
-        first.unwrap_or_else(|| {
-            let mut again = None;
-            self.read(&mut again, guard, key, hash, copy)
-        })
+        first.unwrap_or_else(|| self.read(guard, key, hash, copy))
     }
 
-    /// Starts loading row `r`'s version.
-    #[inline(always)]
-    fn prefetch_version(&self, r: usize, guard: &Guard) {
-        if let Some(at) = self.segs.row(r, guard) {
-            crate::simd::prefetch_addr(std::ptr::from_ref(at.version) as usize);
-        }
-    }
-
-    /// Starts loading every line of row `r`'s weights and its version.
+    /// Starts loading every line of row `r`'s weights.
     #[inline(always)]
     fn prefetch_row_whole(&self, r: usize, guard: &Guard) {
         if let Some(at) = self.segs.row(r, guard) {
             // SAFETY: the row's weights in a segment kept alive by `guard`;
             // only their addresses are used (a prefetch).
             crate::simd::prefetch(unsafe { racy(at.weights, self.segs.ww()) });
-            crate::simd::prefetch_addr(std::ptr::from_ref(at.version) as usize);
         }
     }
 
-    /// Starts loading row `r`'s first line of weights and its version.
+    /// Starts loading row `r`'s first line of weights.
     #[inline(always)]
     pub(crate) fn prefetch_row(&self, r: u32, guard: &Guard) {
         if let Some(at) = self.segs.row(r as usize, guard) {
             crate::simd::prefetch_addr(at.weights as usize);
-            crate::simd::prefetch_addr(std::ptr::from_ref(at.version) as usize);
         }
     }
 
     /// Whether `key` (hash `hash`) has a row now.
     #[inline]
     pub(crate) fn contains(&self, guard: &Guard, key: i64, hash: u64) -> bool {
-        let mut slots = None;
-        self.read(&mut slots, guard, key, hash, |_, _| {})
+        self.read(guard, key, hash, |_, _| {})
     }
 
     /// The current slots, for a batch's prefetches.
@@ -322,8 +318,7 @@ impl Shard {
 
     /// Makes room in the index for `additional` more keys.
     pub(crate) fn reserve_index(&mut self, additional: usize) {
-        self.ix
-            .reserve(&self.view.index, additional)
+        self.try_reserve_index(additional)
             .expect("out of memory for the index");
     }
 
@@ -332,7 +327,10 @@ impl Shard {
     /// # Errors
     /// When the index cannot be allocated; it is unchanged then.
     pub(crate) fn try_reserve_index(&mut self, additional: usize) -> Result<(), OutOfMemory> {
-        self.ix.reserve(&self.view.index, additional)
+        let arena = &mut self.arena;
+        self.ix.reserve(&self.view.index, additional, |r, slot| {
+            arena.set_slot(r, slot)
+        })
     }
 
     /// Makes room in the index for `additional` more keys and allocates and
@@ -341,7 +339,7 @@ impl Shard {
     /// # Errors
     /// When the memory cannot be allocated.
     pub(crate) fn reserve_rows(&mut self, additional: usize) -> Result<(), OutOfMemory> {
-        self.ix.reserve(&self.view.index, additional)?;
+        self.try_reserve_index(additional)?;
         self.arena.reserve(additional)
     }
 
@@ -372,8 +370,7 @@ impl Shard {
         };
         match self.len().checked_add(want) {
             Some(target) if target <= u32::MAX as usize => {
-                self.ix.reserve(&self.view.index, want).is_ok()
-                    && self.arena.ensure_segments(target).is_ok()
+                self.try_reserve_index(want).is_ok() && self.arena.ensure_segments(target).is_ok()
             }
             _ => false,
         }
@@ -405,15 +402,14 @@ impl Shard {
             rows.resize(pos.len(), NO_ROW);
             return;
         };
+        let row = |(_, w)| seqlock::row_named(w) as u32;
         let ahead = pos.len() >= PROBE_PREFETCH_MIN;
         rows.extend(pos.iter().enumerate().map(|(j, &i)| {
             if ahead && let Some(&a) = pos.get(j + PROBE_AHEAD) {
                 slots.prefetch(hashes[a as usize]);
             }
             let i = i as usize;
-            slots
-                .find(keys[i], hashes[i])
-                .map_or(NO_ROW, |(_, r)| r as u32)
+            slots.find(keys[i], hashes[i]).map_or(NO_ROW, row)
         }));
     }
 
@@ -486,13 +482,34 @@ impl Shard {
         if self.ix.room(&self.view.index) == 0 {
             self.reserve_index(1);
         }
-        let r = self.arena.push(hash as u32, generation, fill);
+        let r = self.arena.push(generation, fill);
         assert!(
             r < (u32::MAX - 1) as usize,
             "a shard holds under 2^32 - 1 rows"
         );
-        self.ix.insert(&self.view.index, key, hash, r);
+        let slot = self.ix.insert(&self.view.index, key, hash, r);
+        self.arena.set_slot(r, slot);
         (r, true)
+    }
+
+    /// Starts loading the index line of row `r`'s key, which a change of
+    /// the row writes (its version): a step's rows are visited in row
+    /// order, their keys' slots in hash order.
+    #[inline(always)]
+    pub(crate) fn prefetch_word(&self, r: usize) {
+        if let Some(s) = self.ix.slots_ref(&self.view.index) {
+            let slot = self.arena.slot(r);
+            crate::simd::prefetch_addr(std::ptr::from_ref(s.cell(slot)) as usize);
+        }
+    }
+
+    /// The weights and optimizer state of row `r`, for a change made in
+    /// save generation `g` ([`Arena::row_to_change`]; the version in the
+    /// key's word is odd until the change is dropped).
+    #[inline]
+    pub(crate) fn row_to_change(&mut self, r: usize, g: u32) -> RowWrite<'_> {
+        let (ix, index) = (&self.ix, &self.view.index);
+        self.arena.row_to_change(r, g, |slot| ix.word(index, slot))
     }
 
     /// Removes `key`; `true` when it was present.
@@ -505,14 +522,8 @@ impl Shard {
         if self.track_removals {
             self.removed.push(key);
         }
-        let last = self.arena.len() - 1;
-        if let Some(mh) = self.arena.swap_remove(r) {
-            let slot = self
-                .ix
-                .slot_of_row(&self.view.index, mh, last)
-                .expect("index holds every arena row");
-            self.ix.repoint(&self.view.index, slot, r);
-        }
+        let (ix, index) = (&self.ix, &self.view.index);
+        self.arena.swap_remove(r, |slot| ix.word(index, slot));
         true
     }
 }
@@ -553,7 +564,7 @@ mod tests {
             let r = s.find(key, key_hash(key)).expect("a held key is found");
             assert_eq!(s.arena.weights(r), &[key as f32; 2]);
             assert_eq!(s.arena.state(r), &[-(key as f32)]);
-            assert_eq!(s.arena.hash32(r), key_hash(key) as u32);
+            assert_eq!(s.find(key, key_hash(key)), Some(r));
         }
         let mut listed: Vec<(i64, usize)> = s.keys_and_rows().collect();
         listed.sort_unstable();
