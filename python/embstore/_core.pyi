@@ -100,7 +100,7 @@ class Table:
     def remove(self, keys: npt.NDArray[np.int64]) -> int: ...
     def apply_gradients(self, keys: Any, grads: Any) -> None: ...
     def export(
-        self, with_state: bool = False, with_meta: bool = False
+        self, with_state: bool = False, with_meta: bool = False, consistent: bool = True
     ) -> tuple[
         npt.NDArray[np.int64],
         npt.NDArray[np.float32],

@@ -628,21 +628,21 @@ class Table:
 
     @overload
     def export(
-        self, *, with_state: Literal[False] = ...
+        self, *, with_state: Literal[False] = ..., consistent: bool = ...
     ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float32]]: ...
     @overload
     def export(
-        self, *, with_state: Literal[True]
+        self, *, with_state: Literal[True], consistent: bool = ...
     ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float32], npt.NDArray[np.float32]]: ...
     @overload
     def export(
-        self, *, with_state: bool
+        self, *, with_state: bool, consistent: bool = ...
     ) -> (
         tuple[npt.NDArray[np.int64], npt.NDArray[np.float32]]
         | tuple[npt.NDArray[np.int64], npt.NDArray[np.float32], npt.NDArray[np.float32]]
     ): ...
     def export(
-        self, *, with_state: bool = False
+        self, *, with_state: bool = False, consistent: bool = True
     ) -> (
         tuple[npt.NDArray[np.int64], npt.NDArray[np.float32]]
         | tuple[npt.NDArray[np.int64], npt.NDArray[np.float32], npt.NDArray[np.float32]]
@@ -650,9 +650,18 @@ class Table:
         """Every row, keys ascending: ``(keys (n,), rows (n, dim))``, and with
         ``with_state=True`` also the optimizer state ``(n, state_len)``.
 
-        One consistent snapshot, even while other threads call the table.
+        By default one consistent snapshot, even while other threads call the
+        table: it waits for the writer calls in flight, and writers wait for
+        it. With ``consistent=False`` it waits for no writer (a serving
+        snapshot next to training): each row, with its state, is one
+        version of it, whole, but rows are of different moments, and a key
+        inserted or removed during the call may or may not be in it.
         """
-        keys, rows, state, _, _ = self._inner.export(check_bool("with_state", with_state))
+        keys, rows, state, _, _ = self._inner.export(
+            check_bool("with_state", with_state),
+            False,
+            check_bool("consistent", consistent),
+        )
         if with_state:
             return keys, rows, state
         return keys, rows

@@ -675,14 +675,17 @@ impl PyTable {
     /// Every row: keys ascending, rows, with `with_state` their optimizer
     /// state, and with `with_meta` each row's policy metadata (4 u32 words
     /// a row: tick low, tick high, step, count; none where the table tracks
-    /// no touches) and the call clock, all of one snapshot.
-    #[pyo3(signature = (with_state=false, with_meta=false))]
+    /// no touches) and the call clock, all of one snapshot; or, with
+    /// `consistent=False`, read without waiting for writers (each row whole,
+    /// rows of different moments, no metadata).
+    #[pyo3(signature = (with_state=false, with_meta=false, consistent=true))]
     #[allow(clippy::type_complexity)]
     fn export<'py>(
         &self,
         py: Python<'py>,
         with_state: bool,
         with_meta: bool,
+        consistent: bool,
     ) -> PyResult<(
         Bound<'py, PyArray1<i64>>,
         Bound<'py, PyArray2<f32>>,
@@ -691,7 +694,11 @@ impl PyTable {
         u64,
     )> {
         let table = &self.inner;
-        let e = py.enter_store(|| table.export_all(with_state, with_meta))?;
+        let e = if consistent {
+            py.enter_store(|| table.export_all(with_state, with_meta))?
+        } else {
+            py.enter_store(|| table.export_live(with_state))?
+        };
         let n = e.keys.len();
         let sl = if with_state { table.state_len() } else { 0 };
         let words = if e.meta.is_empty() { 0 } else { 4 };

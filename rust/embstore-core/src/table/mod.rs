@@ -40,7 +40,7 @@ use storage::{Shard, read};
 
 pub use checks::{MAX_GRAD_SUM, check_finite, check_finite_max};
 pub use counters::{COUNTER_NAMES, NamedCounts};
-pub use read::lookup::Exported;
+pub use read::export::Exported;
 pub use read::pooled::{Bags, Combiner, pool_rows, pool_rows_into};
 pub use step::bounds::Magnitudes;
 pub use step::pooled::{spread_pooled, spread_pooled_add};

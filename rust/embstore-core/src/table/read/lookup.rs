@@ -1,7 +1,7 @@
 //! Reads: lookups (with or without inserting, with a default for missing
 //! keys, with optimizer state), `contains`, and `export`.
 
-use crate::error::{Result, oom};
+use crate::error::Result;
 use crate::hash::shard_of;
 use crate::policy::RowFormat;
 use crate::simd::{copy_streaming, prefetch, stream_fence};
@@ -14,31 +14,12 @@ use crate::table::read::plan::{
 use crate::table::step::found::FoundRows;
 use crate::table::step::prepare::Reserved;
 use crate::table::storage::shard::{Probed, Shard, copy_racy, racy};
-use crate::table::storage::{arena, pages, try_lock};
-use crate::table::{Missing, NO_ROW, Table, read};
-use crate::zeroed::zeros;
-use rayon::iter::{IndexedParallelIterator, IntoParallelRefIterator, ParallelIterator};
-use rayon::prelude::ParallelSliceMut;
-use std::sync::PoisonError;
+use crate::table::storage::{arena, try_lock};
+use crate::table::{Missing, NO_ROW, Table};
 
 thread_local! {
     /// A serving pass's (slot, row) probes of one shard ([`Table::serve_into`]).
     static PROBES: std::cell::RefCell<Vec<Probed>> = const { std::cell::RefCell::new(Vec::new()) };
-}
-
-/// A whole table as arrays ([`Table::export_all`]).
-#[derive(Debug)]
-pub struct Exported {
-    /// Keys, ascending.
-    pub keys: Vec<i64>,
-    /// Weights, `dim` a row.
-    pub rows: Vec<f32>,
-    /// Optimizer state, `state_len` a row (empty without `with_state`).
-    pub state: Vec<f32>,
-    /// Policy metadata, 4 words a row (empty without it).
-    pub meta: Vec<u32>,
-    /// The table's call clock (the recency that metadata ticks count in).
-    pub clock: u64,
 }
 
 impl Table {
@@ -536,84 +517,6 @@ impl Table {
             }
         });
         Ok(())
-    }
-
-    /// Every row: keys ascending, their weights (`n * dim`), and with
-    /// `with_state` their optimizer state (`n * state_len`). One consistent
-    /// snapshot of one moment, even while other threads call the table.
-    ///
-    /// # Errors
-    /// `OutOfMemory` when the copy cannot be allocated.
-    pub fn export(&self, with_state: bool) -> Result<(Vec<i64>, Vec<f32>, Vec<f32>)> {
-        let e = self.export_all(with_state, false)?;
-        Ok((e.keys, e.rows, e.state))
-    }
-
-    /// [`Table::export`] with, when `with_meta` and the table tracks touches
-    /// (TTL or capacity), each row's policy metadata ([`Meta::to_words`](crate::policy::Meta::to_words),
-    /// 4 words a row) and the table's call clock: everything
-    /// [`Table::restore`] needs to rebuild the table exactly.
-    ///
-    /// # Errors
-    /// `OutOfMemory` when the copy cannot be allocated.
-    pub fn export_all(&self, with_state: bool, with_meta: bool) -> Result<Exported> {
-        // Exclusive gate: no call that changes rows is running or can start,
-        // so the shard read locks below wait for nobody, and the parallel
-        // copy under them cannot be held up by a job that needs a write lock.
-        let _gate = self.gate.write().unwrap_or_else(PoisonError::into_inner);
-        let guards: Vec<_> = self.shards.iter().map(|s| read(s)).collect();
-        let total: usize = guards.iter().map(|g| g.len()).sum();
-        let (dim, sl) = (self.dim, self.state_len);
-        let need = |n: usize| -> Result<()> {
-            match pages::available_memory() {
-                Some(avail) if n as u128 > avail as u128 => Err(oom("with_state", n)),
-                _ => Ok(()),
-            }
-        };
-        need(total * (16 + 4 * dim + if with_state { 4 * sl } else { 0 }))?;
-        let mut refs: Vec<(i64, u32, u32)> = Vec::new();
-        refs.try_reserve_exact(total)
-            .map_err(|_| oom("with_state", total * 16))?;
-        for (s, g) in guards.iter().enumerate() {
-            refs.extend(g.keys_and_rows().map(|(k, r)| (k, s as u32, r as u32)));
-        }
-        refs.par_sort_unstable_by_key(|&(k, _, _)| k);
-        let n = refs.len();
-        let mut keys = zeros::<i64>("with_state", n)?;
-        for (k, r) in keys.iter_mut().zip(&refs) {
-            *k = r.0;
-        }
-        let mut rows = zeros::<f32>("with_state", n * dim)?;
-        let mut state = zeros::<f32>("with_state", if with_state { n * sl } else { 0 })?;
-        let with_meta = with_meta && self.policy.tracks();
-        let mut meta = zeros::<u32>("with_state", if with_meta { n * 4 } else { 0 })?;
-        if with_meta {
-            meta.par_chunks_mut(4)
-                .zip(refs.par_iter())
-                .for_each(|(dst, &(_, s, r))| {
-                    dst.copy_from_slice(&guards[s as usize].arena.meta(r as usize).to_words());
-                });
-        }
-        rows.par_chunks_mut(dim)
-            .zip(refs.par_iter())
-            .for_each(|(dst, &(_, s, r))| {
-                self.read_weights(guards[s as usize].arena.weights(r as usize), dst);
-            });
-        if with_state && sl > 0 {
-            state
-                .par_chunks_mut(sl)
-                .zip(refs.par_iter())
-                .for_each(|(dst, &(_, s, r))| {
-                    dst.copy_from_slice(guards[s as usize].arena.state(r as usize));
-                });
-        }
-        Ok(Exported {
-            keys,
-            rows,
-            state,
-            meta,
-            clock: self.clock(),
-        })
     }
 }
 

@@ -172,6 +172,17 @@ impl Slots {
         i
     }
 
+    /// Every key live now, with its slot and word, for a reader: each word
+    /// is acquired before its key is read (the key was stored before the
+    /// word was released), and the words are the reader's to check.
+    pub(crate) fn live_now(&self) -> impl Iterator<Item = (usize, i64, u64)> + '_ {
+        self.cells.get().iter().enumerate().filter_map(|(i, c)| {
+            let w = c.word.load(Ordering::Acquire);
+            let r = seqlock::row_of(w);
+            (r != EMPTY && r != TOMB).then(|| (i, c.key.load(Ordering::Relaxed), w))
+        })
+    }
+
     /// Every live key and its word (writer only).
     fn live(&self) -> impl Iterator<Item = (i64, u64)> + '_ {
         self.cells.get().iter().filter_map(|c| {

@@ -203,6 +203,22 @@ impl View {
         }
     }
 
+    /// Every key of the current index with what its probe would find, for
+    /// [`View::fetch`]: a key inserted or removed meanwhile may or may not
+    /// be listed, and one removed reads as absent.
+    pub(crate) fn each_live<'g>(
+        &self,
+        guard: &'g Guard,
+        mut f: impl FnMut(&'g Slots, i64, Probed),
+    ) {
+        if let Some(s) = self.index.load(guard) {
+            for (slot, key, word) in s.live_now() {
+                let slot = slot as u32;
+                f(s, key, Probed { slot, word });
+            }
+        }
+    }
+
     /// Whether `key` (hash `hash`) has a row now.
     #[inline]
     pub(crate) fn contains(&self, guard: &Guard, key: i64, hash: u64) -> bool {
