@@ -467,18 +467,6 @@ impl Table {
         self.policy.format.encode(src, &mut row[..self.wwords]);
     }
 
-    /// The weights of `row` as floats: the row itself for float32 rows,
-    /// else decoded into `tmp`.
-    #[inline]
-    pub(crate) fn weights<'a>(&self, row: &'a [f32], tmp: &'a mut [f32]) -> &'a [f32] {
-        if self.policy.format == RowFormat::F32 {
-            &row[..self.dim]
-        } else {
-            self.read_weights(row, tmp);
-            tmp
-        }
-    }
-
     /// The current save generation.
     pub(crate) fn generation(&self) -> u32 {
         self.generation.load(Ordering::Acquire)

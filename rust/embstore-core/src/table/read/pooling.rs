@@ -140,8 +140,41 @@ impl Table {
                 (r != NO_ROW).then(|| g.arena.weights(r as usize))
             })
             .collect();
-        let stream = out.streams();
         let ahead = prefetches(pool.ids.len(), SEQUENTIAL_KEYS);
+        self.sum_bags(bags, base, range, pool, out, |i, tmp| {
+            if ahead && let Some(Some(r)) = rows.get(i + POOL_PREFETCH_AHEAD - start) {
+                prefetch_addr(r.as_ptr() as usize);
+            }
+            match rows[i - start] {
+                Some(r) if self.policy.format == RowFormat::F32 => Some(&r[..dim]),
+                Some(r) => {
+                    self.read_weights(r, tmp);
+                    None
+                }
+                None => {
+                    self.fill_missing(pool.ids[i], tmp, pool.missing);
+                    None
+                }
+            }
+        });
+    }
+
+    /// Sums each bag of `range` (ids from `base` of the call's) into its
+    /// output row, each id's row times its coefficient: `row(i, tmp)` gives
+    /// id `i`'s row (asked once per id, in order), as a slice, or `None`
+    /// when it wrote the row into `tmp`. A sum that is not finite sets
+    /// `pool.overflow`; an empty bag is zeros.
+    fn sum_bags<'a>(
+        &self,
+        bags: &Bags<'_>,
+        base: usize,
+        range: Range<usize>,
+        pool: &Pooling<'_>,
+        out: SharedOut,
+        mut row: impl FnMut(usize, &mut [f32]) -> Option<&'a [f32]>,
+    ) {
+        let dim = self.dim;
+        let stream = out.streams();
         let mut tmp = vec![0.0f32; dim];
         // A bag of several ids is summed here, in cache, when the output
         // streams, and written once with non-temporal stores: its output
@@ -158,16 +191,8 @@ impl Table {
                 unsafe { out.row(b, dim) }
             };
             for i in lo..hi {
-                if ahead && let Some(Some(r)) = rows.get(i + POOL_PREFETCH_AHEAD - start) {
-                    prefetch_addr(r.as_ptr() as usize);
-                }
-                let x = match rows[i - start] {
-                    Some(r) => self.weights(r, &mut tmp),
-                    None => {
-                        self.fill_missing(pool.ids[i], &mut tmp, pool.missing);
-                        &tmp[..]
-                    }
-                };
+                let got = row(i, &mut tmp);
+                let x = got.unwrap_or(&tmp[..]);
                 let c = pool.coef[i];
                 if i > lo {
                     self.backend.axpy(d, c, x);
@@ -240,7 +265,7 @@ impl Table {
         pool: &Pooling<'_>,
         out: SharedOut,
     ) {
-        let (dim, ww, ns) = (self.dim, self.wwords, self.shards.len());
+        let (ww, ns) = (self.wwords, self.shards.len());
         if range.is_empty() {
             return;
         }
@@ -268,75 +293,38 @@ impl Table {
                 })
             })
             .collect();
-        let stream = out.streams();
         let format = self.policy.format;
-        let mut tmp = vec![0.0f32; dim];
-        let mut sum = vec![0.0f32; if stream { dim } else { 0 }];
-        for b in range {
-            let ids = bags.range(b);
-            let (lo, hi) = (ids.start + base, ids.end + base);
-            let buffered = stream && hi - lo > 1;
-            let d: &mut [f32] = if buffered {
-                &mut sum
-            } else {
-                // SAFETY: each bag's output row is written by this chunk only.
-                unsafe { out.row(b, dim) }
+        self.sum_bags(bags, base, range, pool, out, |i, tmp| {
+            if ahead
+                && let Some(p) = probes.get(i + POOL_PREFETCH_AHEAD - start)
+                && p.row() != NO_ROW
+                && let Some(h) = pool.hashes.get(i + POOL_PREFETCH_AHEAD)
+            {
+                self.views[shard_of(*h, ns)].prefetch_row(p.row(), &guard);
+            }
+            let s = shard_of(pool.hashes[i], ns);
+            let held = match slots[s] {
+                Some(sl) => self.views[s].fetch(
+                    &guard,
+                    sl,
+                    probes[i - start],
+                    pool.ids[i],
+                    pool.hashes[i],
+                    |w, _| match format {
+                        // SAFETY: the row's floats in its pinned segment,
+                        // copied inside the seqlock check (`racy`).
+                        RowFormat::F32 => unsafe { copy_racy(tmp, w) },
+                        // SAFETY: as above.
+                        f => f.decode(unsafe { racy(w, ww) }, tmp),
+                    },
+                ),
+                None => false,
             };
-            for i in lo..hi {
-                if ahead
-                    && let Some(p) = probes.get(i + POOL_PREFETCH_AHEAD - start)
-                    && p.row() != NO_ROW
-                    && let Some(h) = pool.hashes.get(i + POOL_PREFETCH_AHEAD)
-                {
-                    self.views[shard_of(*h, ns)].prefetch_row(p.row(), &guard);
-                }
-                let s = shard_of(pool.hashes[i], ns);
-                let held = match slots[s] {
-                    Some(sl) => self.views[s].fetch(
-                        &guard,
-                        sl,
-                        probes[i - start],
-                        pool.ids[i],
-                        pool.hashes[i],
-                        |w, _| match format {
-                            // SAFETY: the row's floats in its pinned segment,
-                            // copied inside the seqlock check (`racy`).
-                            RowFormat::F32 => unsafe { copy_racy(&mut tmp, w) },
-                            // SAFETY: as above.
-                            f => f.decode(unsafe { racy(w, ww) }, &mut tmp),
-                        },
-                    ),
-                    None => false,
-                };
-                if !held {
-                    self.fill_missing(pool.ids[i], &mut tmp, pool.missing);
-                }
-                let (x, c) = (&tmp[..], pool.coef[i]);
-                if i > lo {
-                    self.backend.axpy(d, c, x);
-                } else if c != 1.0 {
-                    d.copy_from_slice(x);
-                    self.backend.scale(d, c);
-                } else if stream && hi - lo == 1 {
-                    copy_streaming(d, x);
-                } else {
-                    d.copy_from_slice(x);
-                }
+            if !held {
+                self.fill_missing(pool.ids[i], tmp, pool.missing);
             }
-            if lo == hi {
-                d.fill(0.0);
-            } else if (hi - lo > 1 || pool.coef[lo] != 1.0) && !all_finite(d) {
-                pool.overflow.store(true, Ordering::Relaxed);
-            }
-            if buffered {
-                // SAFETY: each bag's output row is written by this chunk
-                // only, and `d` (the sum) no longer borrows anything.
-                copy_streaming(unsafe { out.row(b, dim) }, &sum);
-            }
-        }
-        if stream {
-            stream_fence();
-        }
+            None
+        });
         let mut hits = vec![0usize; ns];
         let mut looked = vec![0usize; ns];
         for (i, p) in (start..end).zip(&probes) {
