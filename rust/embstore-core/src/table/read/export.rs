@@ -29,6 +29,14 @@ pub struct Exported {
     pub clock: u64,
 }
 
+/// `OutOfMemory` unless `bytes` fit in the memory the OS could still give.
+fn need(bytes: usize) -> Result<()> {
+    match pages::available_memory() {
+        Some(avail) if bytes as u128 > avail as u128 => Err(oom("with_state", bytes)),
+        _ => Ok(()),
+    }
+}
+
 impl Table {
     /// Every row: keys ascending, their weights (`n * dim`), and with
     /// `with_state` their optimizer state (`n * state_len`). One consistent
@@ -56,12 +64,6 @@ impl Table {
         let guards: Vec<_> = self.shards.iter().map(|s| read(s)).collect();
         let total: usize = guards.iter().map(|g| g.len()).sum();
         let (dim, sl) = (self.dim, self.state_len);
-        let need = |n: usize| -> Result<()> {
-            match pages::available_memory() {
-                Some(avail) if n as u128 > avail as u128 => Err(oom("with_state", n)),
-                _ => Ok(()),
-            }
-        };
         need(total * (16 + 4 * dim + if with_state { 4 * sl } else { 0 }))?;
         let mut refs: Vec<(i64, u32, u32)> = Vec::new();
         refs.try_reserve_exact(total)
@@ -122,6 +124,13 @@ impl Table {
         let (dim, ww) = (self.dim, self.wwords);
         let sl = if with_state { self.state_len } else { 0 };
         let format = self.policy.format;
+        // The rows are copied twice (per shard, then in key order): the
+        // memory both need is checked first, for the keys held now.
+        let held: usize = {
+            let guard = crossbeam_epoch::pin();
+            self.views.iter().map(|v| v.live_count(&guard)).sum()
+        };
+        need(2 * held * (16 + 4 * (dim + sl)))?;
         type Part = (Vec<i64>, Vec<f32>, Vec<f32>);
         let parts: Vec<Result<Part>> = self
             .views

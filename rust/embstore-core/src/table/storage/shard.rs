@@ -219,6 +219,11 @@ impl View {
         }
     }
 
+    /// How many keys the current index holds now.
+    pub(crate) fn live_count(&self, guard: &Guard) -> usize {
+        self.index.load(guard).map_or(0, |s| s.live_now().count())
+    }
+
     /// Whether `key` (hash `hash`) has a row now.
     #[inline]
     pub(crate) fn contains(&self, guard: &Guard, key: i64, hash: u64) -> bool {
