@@ -63,6 +63,27 @@ def test_bench_bags_reports_each_bag_length_and_the_full_step() -> None:
     assert res["step26_torch_s"] > 0
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_bench_readers_reports_plain_and_lru_tables_beside_each_writer() -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "embstore", "bench", "--readers", "--quick", "--json"],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    ).stdout
+    res = json.loads(out)
+    rows = ["alone"] + [f"{w}_table_writer{s}" for s in ("", "_lru") for w in ("other", "same")]
+    for name in rows:
+        assert res[name]["calls"] > 0, name
+        assert res[name]["p99_us"] > 0, name
+        assert (res[name]["writer_steps"] > 0) == (name != "alone"), name
+    for s in ("", "_lru"):
+        same, other = res[f"same_table_writer{s}"], res[f"other_table_writer{s}"]
+        assert res[f"p99_ratio_same_to_other{s}"] == same["p99_us"] / other["p99_us"]
+
+
 def cli(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "embstore", *args], capture_output=True, text=True, timeout=120

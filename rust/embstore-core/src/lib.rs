@@ -13,13 +13,19 @@
 //! ## Consistency
 //! Any number of threads may call any method at once. A row is written only
 //! under its shard's write lock, so no update is lost. Serving reads (a
-//! lookup that neither inserts nor records touches, `contains`) take no lock
-//! at all: they copy a row between two reads of its key's version, kept
+//! lookup or pooled lookup that does not insert, `contains`, the live
+//! `export`) take no lock at all: they copy a row between two reads of its key's version, kept
 //! beside the key in the index (`table::storage::seqlock`) and retry a copy a writer overlapped, so a
 //! reader sees a row wholly before or wholly after an update, never waits
 //! for a writer's lock, and reads a row removed meanwhile as it was or as
 //! missing (memory is freed through crossbeam-epoch, after the readers that
-//! might still read it).
+//! might still read it). On a table with TTL or capacity a serving read
+//! also counts its keys as touches: where a shard's write lock is free it
+//! counts them under it (only tried), else it queues them on the shard's
+//! lock-free queue for the lock's next holder, which counts them first
+//! (`storage::write`); eviction, `export` and `save` count what is queued
+//! before they read the metadata. So a serving read waits for no writer on
+//! any table.
 //!
 //! ## Locks: the one order
 //! This is the only place the order is written down; every lock of the
@@ -35,7 +41,7 @@
 //!    every native call, exclusive only in the `fork()` prepare handler, so
 //!    that a process forks while no call is inside the core.
 //! 3. Table gates ([`Table`]'s `gate`), shared by every call that changes
-//!    rows (lookups that insert or record touches, assigns, steps, removals,
+//!    rows (lookups that insert, assigns, steps, removals,
 //!    evictions, `reserve`), exclusive for a snapshot (`export`, `save`)
 //!    and for a step whose bounds cannot rule out a non-finite result
 //!    (`table::step::bounds`: the rows are measured and the step dry-run first).
@@ -45,10 +51,13 @@
 //!    holds it shared; a save deletes old files only if it gets it
 //!    exclusively without waiting.
 //! 5. Shard locks, by shard index, taken by writers and by the reads that
-//!    must see no writer (snapshots, reads that record touches, training
-//!    lookups); serving reads take none (see "Consistency"). Inside rayon
+//!    must see no writer (snapshots, training lookups); serving reads take
+//!    none, only trying a write lock to count touches (see "Consistency");
+//!    the queued touches are counted by whoever takes a write lock, and
+//!    before eviction, `export` and `save` read metadata on the calling
+//!    thread (each such shard's write lock in turn, none held). Inside rayon
 //!    jobs a thread holds at most one, and only for the job, except a
-//!    pooling job of a pooled lookup that inserts or records touches
+//!    pooling job of a pooled lookup that inserts
 //!    (`table::read::pooling`), which holds the read locks of the shards its
 //!    bags read, taken in index order, for the job: a writer holds one write
 //!    lock at a time and waits for nothing while holding it (or, on the

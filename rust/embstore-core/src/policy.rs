@@ -392,8 +392,12 @@ impl Meta {
     /// Records `n` touches in call `tick` at optimizer step `step`.
     #[inline]
     pub fn touch(&mut self, tick: u64, step: u64, n: u32) {
-        self.tick = tick;
-        self.step = step as u32;
+        // A serving read counted late (queued while a writer held the
+        // shard) adds its count but does not move the last touch back.
+        if tick >= self.tick {
+            self.tick = tick;
+            self.step = step as u32;
+        }
         self.count = self.count.saturating_add(n);
     }
 

@@ -350,16 +350,62 @@ impl Table {
     pub(crate) fn set_clock(&self, tick: u64) {
         self.tick.store(tick, Ordering::Release);
     }
-    /// Whether a lookup changes the table (inserts rows or records touches),
-    /// so that it must take the gate.
+    /// Whether a lookup changes the table (inserts rows), so that it must
+    /// take the gate; a serving lookup's touches are counted without it
+    /// ([`Table::record_reads`]).
     pub(crate) fn lookup_changes(&self, insert: bool) -> bool {
-        self.inserts(insert) || self.policy.tracks()
+        self.inserts(insert)
     }
     /// Whether a lookup asked to `insert` stores rows: only without an
     /// admission filter (with one, only gradient calls admit keys).
     pub(crate) fn inserts(&self, insert: bool) -> bool {
         insert && self.policy.admission.is_always()
     }
+    /// After a serving call on a table whose rows carry metadata (TTL or
+    /// capacity): counts each key read as a touch of its row, without
+    /// waiting: a shard whose write lock is free has them counted now, a
+    /// shard a writer holds has them queued on its view for the lock's next
+    /// holder ([`storage::shard::Reads`]). Nothing for other tables.
+    pub(crate) fn record_reads(&self, keys: &[i64], plan: &read::plan::Plan) {
+        if !self.policy.tracks() {
+            return;
+        }
+        let (tick, step) = (self.next_tick(), self.step());
+        for (s, lock) in self.shards.iter().enumerate() {
+            let pos = plan.positions(s);
+            if pos.is_empty() {
+                continue;
+            }
+            let reads = storage::shard::Reads {
+                tick,
+                step,
+                keys: pos
+                    .iter()
+                    .map(|&i| (keys[i as usize], plan.hashes[i as usize]))
+                    .collect(),
+            };
+            match storage::try_lock(lock.try_write()) {
+                Some(mut g) => {
+                    g.count_reads();
+                    g.touch_read(&reads);
+                }
+                None => self.views[s].reads.push(reads),
+            }
+        }
+    }
+
+    /// Counts every shard's queued serving reads ([`Table::record_reads`])
+    /// before the caller reads the rows' metadata (eviction, export, save),
+    /// taking each such shard's write lock briefly. On the calling thread,
+    /// holding no shard lock.
+    pub(crate) fn count_queued_reads(&self) {
+        for (lock, view) in self.shards.iter().zip(self.views.iter()) {
+            if !view.reads.is_empty() {
+                drop(storage::write(lock));
+            }
+        }
+    }
+
     /// Advances the call clock; returns this call's tick.
     fn next_tick(&self) -> u64 {
         self.tick.fetch_add(1, Ordering::AcqRel) + 1

@@ -28,6 +28,7 @@ impl Table {
                 v.truncate(k);
             }
         };
+        self.count_queued_reads();
         let mut cands: Vec<(u64, u64, i64)> = self
             .shards
             .par_iter()
@@ -100,6 +101,7 @@ impl Table {
         let mut keys = Vec::new();
         let mut rows = Vec::new();
         if let Some(ttl) = self.policy.ttl_steps {
+            self.count_queued_reads();
             let now = self.step();
             let expired: Vec<i64> = self
                 .shards
@@ -163,6 +165,42 @@ mod tests {
         let (mut keys, _, _) = t.export(false).unwrap();
         keys.sort_unstable();
         assert_eq!(keys, [2, 3], "key 1 (two touches, oldest) goes first");
+    }
+
+    #[test]
+    fn a_serving_read_beside_a_writer_waits_for_no_lock_and_still_counts_as_a_touch() {
+        use std::sync::{Arc, mpsc};
+        use std::time::Duration;
+        let mut cfg = TableConfig::new(2);
+        cfg.optimizer = sgd(0.1);
+        cfg.num_shards = Some(1);
+        cfg.policy.capacity = Some(2);
+        cfg.policy.eviction = Eviction::Lru;
+        let t = Arc::new(Table::new(cfg).unwrap());
+        let mut out = vec![0.0; 2];
+        t.lookup(&[1], true, &mut out).unwrap();
+        t.lookup(&[2], true, &mut out).unwrap();
+        // A writer holds the only shard's write lock; a serving read of key
+        // 1 returns meanwhile, its touch queued.
+        let held = crate::table::storage::write(&t.shards[0]);
+        let (tx, rx) = mpsc::channel();
+        let reader = Arc::clone(&t);
+        std::thread::spawn(move || {
+            let mut o = vec![0.0; 2];
+            reader.lookup(&[1], false, &mut o).unwrap();
+            tx.send(()).unwrap();
+        });
+        rx.recv_timeout(Duration::from_secs(10))
+            .expect("the serving read waited for the writer's lock");
+        assert_eq!(t.views[0].reads.len(), 1, "the touch is queued");
+        drop(held);
+        // Key 3 makes three rows: the least recently touched goes, which
+        // is key 2 only if the queued read of key 1 was counted.
+        t.lookup(&[3], true, &mut out).unwrap();
+        let (mut keys, _, _) = t.export(false).unwrap();
+        keys.sort_unstable();
+        assert_eq!(keys, [1, 3]);
+        assert!(t.views[0].reads.is_empty());
     }
 
     #[test]

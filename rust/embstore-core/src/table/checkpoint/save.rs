@@ -87,6 +87,9 @@ impl Table {
         let (dim, sl, ww) = (self.dim, self.state_len, self.weight_words());
         let fmt = self.policy.format;
         let with_meta = self.policy.tracks();
+        if with_meta {
+            self.count_queued_reads();
+        }
         let row_bytes = 8 + 4 * (ww + if with_state { sl } else { 0 }) + 16;
         let per_file = (FILE_BYTES / row_bytes).max(1);
 

@@ -61,6 +61,9 @@ impl Table {
         // so the shard read locks below wait for nobody, and the parallel
         // copy under them cannot be held up by a job that needs a write lock.
         let _gate = self.gate.write().unwrap_or_else(PoisonError::into_inner);
+        if with_meta {
+            self.count_queued_reads();
+        }
         let guards: Vec<_> = self.shards.iter().map(|s| read(s)).collect();
         let total: usize = guards.iter().map(|g| g.len()).sum();
         let (dim, sl) = (self.dim, self.state_len);

@@ -52,6 +52,7 @@ impl Table {
         let out = SharedOut::new(out, self.dim);
         if !self.lookup_changes(insert) {
             self.serve_into(keys, &plan, out, missing, |_, _, _| {});
+            self.record_reads(keys, &plan);
             return Ok(());
         }
         let _gate = self.enter();
@@ -71,9 +72,10 @@ impl Table {
 
     /// [`Table::lookup_or`] without inserting that also writes to `found`
     /// (`keys.len()` flags) whether each key had a row: the row read and
-    /// its flag come from one probe under one shard lock, so a row another
-    /// thread evicts or removes meanwhile is either read and found or read
-    /// as `missing` and not found (HierarchicalKV's find with its founds).
+    /// its flag come from one probe and one whole copy (no lock), so a row
+    /// another thread evicts or removes meanwhile is either read and found
+    /// or read as `missing` and not found (HierarchicalKV's find with its
+    /// founds).
     ///
     /// # Errors
     /// As [`Table::lookup_or`]; `ShapeMismatch` when `found` has the wrong
@@ -90,24 +92,13 @@ impl Table {
         let plan = self.plan(keys)?;
         let out = SharedOut::new(out, self.dim);
         let flags = SharedBools::new(found);
-        if !self.lookup_changes(false) {
-            self.serve_into(keys, &plan, out, missing, |i, hit, _| {
-                // SAFETY: i < keys.len() == found.len(), and position i
-                // belongs to one shard only, so no other thread writes it.
-                unsafe { flags.set(i, hit) };
-            });
-            return Ok(());
-        }
-        let _gate = self.enter();
-        self.lookup_rows(keys, &plan, false, None, |g, pos, rows| {
-            self.copy_rows(&g.arena, keys, pos, rows, out, missing);
-            let flags = &flags;
-            for (&i, &r) in pos.iter().zip(rows) {
-                // SAFETY: i < keys.len() == found.len(), and position i
-                // belongs to this shard only, so no other thread writes it.
-                unsafe { flags.set(i as usize, r != NO_ROW) };
-            }
-        })
+        self.serve_into(keys, &plan, out, missing, |i, hit, _| {
+            // SAFETY: i < keys.len() == found.len(), and position i
+            // belongs to one shard only, so no other thread writes it.
+            unsafe { flags.set(i, hit) };
+        });
+        self.record_reads(keys, &plan);
+        Ok(())
     }
 
     /// A small [`Table::lookup_or`] that runs only if it can run at once
@@ -141,7 +132,7 @@ impl Table {
         out: &mut [f32],
     ) -> Option<Result<()>> {
         let inserts = self.inserts(insert);
-        if keys.len() > SEQUENTIAL_KEYS || self.policy.tracks() || insert && !inserts {
+        if keys.len() > SEQUENTIAL_KEYS || insert && !inserts || inserts && self.policy.tracks() {
             return None;
         }
         if let Err(e) = self.check_lookup(keys, missing, out) {
@@ -159,6 +150,7 @@ impl Table {
             missing,
             |_, _, _| {},
         );
+        self.record_reads(keys, &plan);
         Some(Ok(()))
     }
 
@@ -250,6 +242,7 @@ impl Table {
                     (None, None) => {}
                 }
             });
+            self.record_reads(keys, &plan);
             return Ok(());
         }
         let _gate = self.lookup_changes(insert).then(|| self.enter());

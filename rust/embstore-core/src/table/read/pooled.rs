@@ -283,6 +283,7 @@ impl Table {
                 overflow: &overflow,
             };
             self.serve_pooled(feats, &pool, out);
+            self.record_reads(ids, &plan);
             return Self::pooled_overflow(&overflow);
         }
         let found = FoundRows::new(self.shards.len());

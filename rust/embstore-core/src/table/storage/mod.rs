@@ -26,7 +26,11 @@ pub(crate) fn try_lock<G>(r: std::sync::TryLockResult<G>) -> Option<G> {
     }
 }
 
-/// A shard's write lock (a poisoned lock is taken as the others are).
+/// A shard's write lock (a poisoned lock is taken as the others are), with
+/// the serving reads queued while it was taken counted first
+/// ([`Shard::count_reads`]), so that whoever holds it sees every touch.
 pub(crate) fn write(lock: &RwLock<Shard>) -> RwLockWriteGuard<'_, Shard> {
-    lock.write().unwrap_or_else(PoisonError::into_inner)
+    let mut g = lock.write().unwrap_or_else(PoisonError::into_inner);
+    g.count_reads();
+    g
 }

@@ -8,6 +8,7 @@ use crate::table::storage::arena::{Arena, OutOfMemory, RowWrite, SegView};
 use crate::table::storage::index::{self, Index, Slots};
 use crate::table::storage::seqlock;
 use crossbeam_epoch::Guard;
+use crossbeam_queue::SegQueue;
 use std::sync::Arc;
 
 /// A batch probe prefetches index lines when it probes at least this many
@@ -40,14 +41,33 @@ impl Probed {
     }
 }
 
+/// Keys a serving call read from one shard of a table whose rows carry
+/// metadata (TTL or capacity), to be counted as touches of their rows
+/// ([`View::reads`]).
+#[derive(Debug)]
+pub(crate) struct Reads {
+    /// The reading call's tick and the table's step then.
+    pub(crate) tick: u64,
+    pub(crate) step: u64,
+    /// Each key read, with its hash: one touch each (a key read twice,
+    /// twice), of its row if it still has one when counted.
+    pub(crate) keys: Vec<(i64, u64)>,
+}
+
 /// What readers of a shard reach without its lock: the index's current
-/// slots, the arena's segments, and the counters.
+/// slots, the arena's segments, the counters, and the reads waiting to be
+/// counted as touches.
 #[derive(Debug)]
 pub(crate) struct View {
     index: Index,
     segs: Arc<SegView>,
     /// What happened to this shard's rows.
     pub counters: Counters,
+    /// Serving reads of a tracked table that found the shard's lock taken:
+    /// queued (lock-free) instead of waiting for it, and counted by the
+    /// next holder of the write lock ([`Shard::count_reads`], called by
+    /// [`super::write`]) before anything reads the metadata.
+    pub(crate) reads: SegQueue<Reads>,
 }
 
 impl View {
@@ -301,6 +321,7 @@ impl Shard {
                 index: Index::default(),
                 segs: arena.view(),
                 counters: Counters::default(),
+                reads: SegQueue::new(),
             }),
             ix: index::Writer::default(),
             removed: Vec::new(),
@@ -309,6 +330,25 @@ impl Shard {
             sketch,
             removals: 0,
             pending: 0,
+        }
+    }
+
+    /// Counts the serving reads queued on this shard ([`View::reads`]) as
+    /// touches of the rows their keys have now (a key removed since is
+    /// skipped). The caller holds the write lock.
+    pub(crate) fn count_reads(&mut self) {
+        while let Some(reads) = self.view.reads.pop() {
+            self.touch_read(&reads);
+        }
+    }
+
+    /// Counts one serving call's reads of this shard as touches (the
+    /// caller holds the write lock).
+    pub(crate) fn touch_read(&mut self, reads: &Reads) {
+        for &(key, hash) in &reads.keys {
+            if let Some(r) = self.find(key, hash) {
+                self.arena.touch(r, reads.tick, reads.step, 1);
+            }
         }
     }
 
