@@ -24,8 +24,9 @@
 //! counts them under it (only tried), else it queues them on the shard's
 //! lock-free queue for the lock's next holder, which counts them first
 //! (`storage::write`); eviction, `export` and `save` count what is queued
-//! before they read the metadata. So a serving read waits for no writer on
-//! any table.
+//! before they read the metadata (a shard queues at most
+//! `storage::shard::MAX_QUEUED_READS` keys: beside a long hold, reads past
+//! them go uncounted). So a serving read waits for no writer on any table.
 //!
 //! ## Locks: the one order
 //! This is the only place the order is written down; every lock of the

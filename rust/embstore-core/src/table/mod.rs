@@ -389,7 +389,7 @@ impl Table {
                     g.count_reads();
                     g.touch_read(&reads);
                 }
-                None => self.views[s].reads.push(reads),
+                None => self.views[s].queue_reads(reads),
             }
         }
     }

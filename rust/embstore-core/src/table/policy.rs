@@ -204,6 +204,33 @@ mod tests {
     }
 
     #[test]
+    fn touches_queued_beside_a_long_hold_stay_bounded() {
+        use crate::table::storage::shard::MAX_QUEUED_READS;
+        let mut cfg = TableConfig::new(2);
+        cfg.num_shards = Some(1);
+        cfg.policy.capacity = Some(1 << 20);
+        let t = Table::new(cfg).unwrap();
+        let big: Vec<i64> = (0..MAX_QUEUED_READS as i64 - 10).collect();
+        let mut out = vec![0.0; 2 * big.len()];
+        // A snapshot's hold: the shard's read lock, so try_write fails.
+        let held = crate::table::storage::read(&t.shards[0]);
+        t.lookup(&big, false, &mut out).unwrap();
+        t.lookup(&big[..10], false, &mut out[..20]).unwrap();
+        // Past the bound: not queued.
+        t.lookup(&big[..11], false, &mut out[..22]).unwrap();
+        let view = &t.views[0];
+        assert_eq!(
+            view.queued.load(std::sync::atomic::Ordering::Relaxed),
+            MAX_QUEUED_READS
+        );
+        assert_eq!(view.reads.len(), 2);
+        drop(held);
+        drop(crate::table::storage::write(&t.shards[0]));
+        assert_eq!(view.queued.load(std::sync::atomic::Ordering::Relaxed), 0);
+        assert!(view.reads.is_empty());
+    }
+
+    #[test]
     fn ttl_removes_rows_untouched_for_that_many_steps() {
         let t = table(None, Some(1));
         t.apply_gradients(&[1], &[0.1, 0.1]).unwrap();

@@ -10,6 +10,7 @@ use crate::table::storage::seqlock;
 use crossbeam_epoch::Guard;
 use crossbeam_queue::SegQueue;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 /// A batch probe prefetches index lines when it probes at least this many
 /// keys in the shard: below it (a call of up to about 512 keys with the
@@ -68,6 +69,28 @@ pub(crate) struct View {
     /// next holder of the write lock ([`Shard::count_reads`], called by
     /// [`super::write`]) before anything reads the metadata.
     pub(crate) reads: SegQueue<Reads>,
+    /// Keys in `reads`, kept at most [`MAX_QUEUED_READS`].
+    pub(crate) queued: AtomicUsize,
+}
+
+/// The most keys a shard queues for touch counting ([`View::reads`]):
+/// 1 MiB a shard. A writer's hold ends in milliseconds, but a snapshot
+/// (`save`, `export`) holds every shard for as long as it writes; serving
+/// reads past this many keys meanwhile are not counted as touches, so that
+/// memory stays bounded.
+pub(crate) const MAX_QUEUED_READS: usize = 1 << 16;
+
+impl View {
+    /// Queues one serving call's reads of this shard for the write lock's
+    /// next holder, unless [`MAX_QUEUED_READS`] keys are queued already
+    /// (then they go uncounted).
+    pub(crate) fn queue_reads(&self, reads: Reads) {
+        let n = reads.keys.len();
+        if self.queued.load(Ordering::Relaxed) + n <= MAX_QUEUED_READS {
+            self.queued.fetch_add(n, Ordering::Relaxed);
+            self.reads.push(reads);
+        }
+    }
 }
 
 impl View {
@@ -322,6 +345,7 @@ impl Shard {
                 segs: arena.view(),
                 counters: Counters::default(),
                 reads: SegQueue::new(),
+                queued: AtomicUsize::new(0),
             }),
             ix: index::Writer::default(),
             removed: Vec::new(),
@@ -338,6 +362,9 @@ impl Shard {
     /// skipped). The caller holds the write lock.
     pub(crate) fn count_reads(&mut self) {
         while let Some(reads) = self.view.reads.pop() {
+            self.view
+                .queued
+                .fetch_sub(reads.keys.len(), Ordering::Relaxed);
             self.touch_read(&reads);
         }
     }
