@@ -20,15 +20,30 @@ step "cargo clippy -D warnings"
 cargo clippy --workspace --all-targets -- -D warnings
 step "cargo test"
 cargo test --workspace
-step "loom: the lock-free read protocol under every interleaving (RUSTFLAGS=--cfg loom)"
-RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom \
-    cargo test --profile loom -p embstore-core --lib seqlock
 step "ruff"
 ruff check python tests benches
 ruff format --check python tests benches
-step "mypy (package) and stubtest (native module against _core.pyi)"
-python -m mypy
-python -m mypy.stubtest embstore._core --allowlist .mypy-stubtest-allowlist
+# mypy and stubtest use one core for about 40 s; they run beside the loom
+# build and check (whose model runs on one core), and their output is
+# shown, and their status checked, after it.
+step "mypy (package) and stubtest (native module against _core.pyi), in the background"
+typing_log=$(mktemp)
+( python -m mypy &&
+  python -m mypy.stubtest embstore._core --allowlist .mypy-stubtest-allowlist ) \
+    >"$typing_log" 2>&1 &
+typing_pid=$!
+step "loom: the lock-free read protocol under every interleaving (RUSTFLAGS=--cfg loom)"
+RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom \
+    cargo test --profile loom -p embstore-core --lib seqlock
+step "mypy and stubtest: their result"
+typing_status=0
+wait "$typing_pid" || typing_status=$?
+cat "$typing_log"
+rm -f "$typing_log"
+if [ "$typing_status" -ne 0 ]; then
+  echo "check.sh: mypy or stubtest failed (exit $typing_status)" >&2
+  exit "$typing_status"
+fi
 step "pytest (the default run: no slow tests)"
 python -m pytest -q -p no:randomly "$@"
 step "pytest -m slow (subprocesses, MPI ranks, the chaos run with a fixed seed)"

@@ -326,7 +326,10 @@ def test_bad_construction(kwargs: dict, exc: type, arg: str) -> None:
         DeviceCache(table, **kwargs)
 
 
-@pytest.mark.parametrize("kwargs", [{"ttl_steps": 5}, {"capacity": 100}])
+@pytest.mark.parametrize(
+    "kwargs",
+    [{"ttl_steps": 5}, {"ttl_seconds": 60}, {"capacity": 100}, {"capacity_bytes": 1 << 20}],
+)
 def test_a_table_that_drops_rows_is_refused(kwargs: dict) -> None:
     table = embstore.Table(DIM, optimizer=optim.SGD(lr=1.0), **kwargs)
     with pytest.raises(ValueError, match=r"^table\b"):

@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import math
+import pickle
+import time
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -320,6 +322,55 @@ def test_serving_cache_with_lru_capacity() -> None:
     assert len(cache) == 3
 
 
+def test_ttl_seconds_expires_rows_of_a_table_without_an_optimizer(tmp_path) -> None:
+    """A pure cache: rows assigned, served and expired by wall-clock age;
+    a row is never expired early, the TTL and the touch times survive a
+    save and load, and a late serving read keeps a row."""
+    cache = embstore.Table(4, ttl_seconds=1)
+    cache.assign([1, 2], np.ones((2, 4), np.float32))
+    assert cache.evict().tolist() == []  # just written: not expired
+    cache.save(tmp_path / "c")
+    time.sleep(2.05)
+    cache.lookup([2], insert=False)  # a serving read is a touch
+    assert cache.evict().tolist() == [1]
+    assert cache.contains([1, 2]).tolist() == [False, True]
+    loaded = embstore.Table.load(tmp_path / "c")
+    assert loaded.ttl_seconds == 1
+    assert loaded.ttl_steps is None
+    # Saved with both rows 2 s ago: both have expired in the loaded copy.
+    assert loaded.evict().tolist() == [1, 2]
+    copy = pickle.loads(pickle.dumps(cache))
+    assert copy.ttl_seconds == 1
+    assert copy.contains([2]).tolist() == [True]
+
+
+def test_capacity_bytes_bounds_rows_by_their_cost() -> None:
+    """capacity_bytes keeps at most capacity_bytes // row_cost rows, each
+    row's cost its weights, state, metadata, tag and index share; with a
+    row capacity too, the lower bound holds; eviction as capacity's."""
+    t = embstore.Table(16, optimizer=optim.Adam(), capacity_bytes=100_000, eviction="lru")
+    s = t.stats()
+    # 16 weights, 32 floats of Adam state, 16 bytes of metadata, 8 of tag,
+    # 43 of index.
+    assert s["row_cost"] == 4 * (16 + 32) + 16 + 8 + 43
+    assert s["capacity_rows"] == 100_000 // s["row_cost"]
+    rng = np.random.default_rng(0)
+    for _ in range(20):
+        t.lookup(rng.integers(0, 10_000, 200))
+    assert len(t) == s["capacity_rows"]
+    assert len(t) * s["row_cost"] <= 100_000
+    # The most recent call's keys are the last to go.
+    last = np.arange(20_000, 20_000 + 50)
+    t.lookup(last)
+    assert t.contains(last).all()
+    both = embstore.Table(16, capacity=10, capacity_bytes=100_000)
+    assert both.stats()["capacity_rows"] == 10
+    both.assign(np.arange(50), np.zeros((50, 16), np.float32))
+    assert len(both) == 10
+    assert embstore.Table(16, capacity=10).stats()["capacity_rows"] == 10
+    assert embstore.Table(16).stats()["capacity_rows"] is None
+
+
 def test_metadata_and_policy_survive_save_and_load(tmp_path) -> None:
     t = embstore.Table(
         4,
@@ -417,6 +468,17 @@ BAD = [
     (lambda: embstore.Table(4, admission=0.5), TypeError, "admission"),  # type: ignore[arg-type]
     (lambda: embstore.Table(4, ttl_steps=3), ValueError, "ttl_steps"),
     (lambda: embstore.Table(4, admission=policy.CountFilter(2)), ValueError, "admission"),
+    (lambda: embstore.Table(4, ttl_seconds=0), ValueError, "ttl_seconds"),
+    (lambda: embstore.Table(4, ttl_seconds=2**31 + 1), ValueError, "ttl_seconds"),
+    (lambda: embstore.Table(4, ttl_seconds=1.5), TypeError, "ttl_seconds"),  # type: ignore[arg-type]
+    (
+        lambda: embstore.Table(4, optimizer=optim.SGD(lr=1), ttl_steps=3, ttl_seconds=3),
+        ValueError,
+        "ttl_seconds",
+    ),
+    (lambda: embstore.Table(4, capacity_bytes=0), ValueError, "capacity_bytes"),
+    # Less than one row's cost (4 * 4 + 16 + 8 + 43 = 83 bytes).
+    (lambda: embstore.Table(4, capacity_bytes=82), ValueError, "capacity_bytes"),
 ]
 
 

@@ -24,6 +24,8 @@ class Table:
         ttl_steps: int | None = None,
         capacity: int | None = None,
         eviction: str = "lfu",
+        ttl_seconds: int | None = None,
+        capacity_bytes: int | None = None,
     ) -> Table: ...
     @property
     def dtype(self) -> str: ...

@@ -151,18 +151,29 @@ class Table:
         deciding which keys a gradient may give a row; None admits all.
     ttl_steps:
         :meth:`evict` removes rows not touched (looked up, assigned or
-        trained) for this many optimizer steps.
+        trained) for this many optimizer steps. Needs an optimizer.
+    ttl_seconds:
+        :meth:`evict` removes rows not touched for more than this many
+        seconds of wall-clock time (whole seconds: a row goes up to a second
+        late, never early); at most one of ``ttl_steps`` and ``ttl_seconds``.
+        Works on a table without an optimizer (a pure cache).
     capacity:
         Most rows: after every call that inserts, the lowest-scoring rows
         beyond ``capacity`` are evicted.
+    capacity_bytes:
+        Most bytes of rows, each row counted at its weights, optimizer
+        state, 16 bytes of metadata, an 8-byte tag and 43 bytes of index
+        (``stats()["row_cost"]``): the table keeps at most
+        ``capacity_bytes // row_cost`` rows, evicting as ``capacity`` does
+        (with both set, the lower bound holds).
     eviction:
         Scores for capacity eviction: "lfu" (fewest touches go first, then
         least recent, then smallest key) or "lru" (least recent first, then
         fewest touches, then smallest key). Every occurrence of a key in a
         lookup, assign or gradient call is a touch; recency is the number of
         the last call that touched it. Touch counts and recency are kept
-        per row (16 bytes) only when ``ttl_steps`` or ``capacity`` is set,
-        and survive save/load.
+        per row (16 bytes) only when a TTL or a capacity is set, and survive
+        save/load.
     """
 
     def __init__(
@@ -178,6 +189,8 @@ class Table:
         ttl_steps: int | None = None,
         capacity: int | None = None,
         eviction: str = "lfu",
+        ttl_seconds: int | None = None,
+        capacity_bytes: int | None = None,
     ) -> None:
         dim = check_int("dim", dim, 1, 1 << 20)
         if optimizer is not None and not isinstance(optimizer, Optimizer):
@@ -206,14 +219,18 @@ class Table:
                 f"got {type(admission).__name__}"
             )
         ttl = _opt_int("ttl_steps", ttl_steps, 1)
+        ttl_s = _opt_int("ttl_seconds", ttl_seconds, 1)
         cap = _opt_int("capacity", capacity, 1)
+        cap_b = _opt_int("capacity_bytes", capacity_bytes, 1)
         check_name("eviction", "evictions", eviction)
         self._optimizer = optimizer
         self._initializer = initializer
         self._dtype = dtype
         self._admission = admission
         self._ttl_steps = ttl
+        self._ttl_seconds = ttl_s
         self._capacity = cap
+        self._capacity_bytes = cap_b
         self._eviction = eviction
         # Drawn last: a refused construction uses no seed of the sequence.
         self._inner = self._native_table(
@@ -237,6 +254,8 @@ class Table:
             self._ttl_steps,
             self._capacity,
             self._eviction,
+            self._ttl_seconds,
+            self._capacity_bytes,
         )
 
     # -- properties ---------------------------------------------------------
@@ -282,9 +301,19 @@ class Table:
         return self._ttl_steps
 
     @property
+    def ttl_seconds(self) -> int | None:
+        """Seconds a row lives untouched before :meth:`evict` removes it."""
+        return self._ttl_seconds
+
+    @property
     def capacity(self) -> int | None:
         """Most rows the table keeps."""
         return self._capacity
+
+    @property
+    def capacity_bytes(self) -> int | None:
+        """Most bytes of rows the table keeps (``stats()["row_cost"]`` a row)."""
+        return self._capacity_bytes
 
     @property
     def eviction(self) -> str:
@@ -847,7 +876,9 @@ class Table:
             )
             self._admission = cls(**adm[1])
         self._ttl_steps = cfg["ttl_steps"]
+        self._ttl_seconds = cfg["ttl_seconds"]
         self._capacity = cfg["capacity"]
+        self._capacity_bytes = cfg["capacity_bytes"]
         self._eviction = cfg["eviction"]
         self._inner = inner
 
@@ -864,7 +895,9 @@ class Table:
             "dtype": self._dtype,
             "admission": self._admission,
             "ttl_steps": self._ttl_steps,
+            "ttl_seconds": self._ttl_seconds,
             "capacity": self._capacity,
+            "capacity_bytes": self._capacity_bytes,
             "eviction": self._eviction,
         }
 
@@ -980,6 +1013,9 @@ class Table:
         ``inserts`` (rows created by any call), ``admitted`` (keys given a row
         by a gradient call), ``rejected`` (keys whose gradients the admission
         filter dropped, once per call), ``evicted`` (rows removed by TTL or
-        capacity); ``sketch_bytes``; ``capacity``; ``dtype``.
+        capacity); ``sketch_bytes``; ``capacity``; ``capacity_bytes``;
+        ``capacity_rows`` (the most rows kept under both, None: no bound);
+        ``row_cost`` (the bytes a row counts for under ``capacity_bytes``);
+        ``dtype``.
         """
         return dict(self._inner.stats())

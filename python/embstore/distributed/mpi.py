@@ -133,8 +133,9 @@ class ShardedTable:
         Seconds a collective call may take before the whole job is aborted.
     **table_kwargs:
         Passed to each rank's local :class:`embstore.Table` (optimizer,
-        initializer, seed, num_shards, dtype, admission, ttl_steps, capacity,
-        eviction); they must agree on all ranks. Policies act on each rank's
+        initializer, seed, num_shards, dtype, admission, ttl_steps,
+        ttl_seconds, capacity, capacity_bytes, eviction); they must agree on
+        all ranks. Policies act on each rank's
         rows: ``capacity`` bounds each rank's table; TTL, ProbabilityFilter
         and CountFilter decide exactly as one Table would (admission counts a
         key once per call); LFU touch counts see a key once per sending rank

@@ -141,10 +141,11 @@ class DeviceCache:
                 "table: expected a tier with rows and optimizer state (an embstore.Table), "
                 f"got {type(table).__name__}"
             )
-        if table.ttl_steps is not None or table.capacity is not None:
+        policies = (table.ttl_steps, table.ttl_seconds, table.capacity, table.capacity_bytes)
+        if any(p is not None for p in policies):
             raise ValueError(
-                "table: expected a table without ttl_steps or capacity (the table "
-                "must not drop rows the cache owns)"
+                "table: expected a table without ttl_steps, ttl_seconds, capacity or "
+                "capacity_bytes (the table must not drop rows the cache owns)"
             )
         for name, value in (("rows", rows), ("admit_after", admit_after)):
             if isinstance(value, bool) or not isinstance(value, (int, np.integer)):

@@ -343,35 +343,115 @@ pub struct Policy {
     pub admission: Admission,
     /// `evict()` removes rows not touched for this many optimizer steps.
     pub ttl_steps: Option<u64>,
+    /// `evict()` removes rows not touched for more than this many seconds
+    /// of wall-clock time (at most one of the two TTLs).
+    pub ttl_seconds: Option<u64>,
     /// After a call that inserts, rows beyond this many are evicted.
     pub capacity: Option<usize>,
+    /// After a call that inserts, rows beyond this many bytes are evicted
+    /// (each row counted at [`Policy::row_cost`]); with `capacity` too,
+    /// the lower bound holds.
+    pub capacity_bytes: Option<u64>,
     /// Which rows capacity eviction removes first.
     pub eviction: Eviction,
 }
 
+/// Index bytes a row is counted at in [`Policy::row_cost`]: its 16-byte
+/// slot at the index's lowest load (3/8), rounded up.
+pub const INDEX_BYTES_A_ROW: usize = 43;
+
+/// The most seconds (and steps) a TTL may be: ages are kept in 32 bits.
+const MAX_TTL: u64 = 1 << 31;
+
 impl Policy {
     /// Whether rows carry [`Meta`].
     pub fn tracks(&self) -> bool {
-        self.ttl_steps.is_some() || self.capacity.is_some()
+        self.ttl_steps.is_some()
+            || self.ttl_seconds.is_some()
+            || self.capacity.is_some()
+            || self.capacity_bytes.is_some()
+    }
+
+    /// The bytes a row of `ww` weight words and `sl` state floats counts
+    /// for under `capacity_bytes`: its weights, state, metadata, tag (8)
+    /// and index slot ([`INDEX_BYTES_A_ROW`]).
+    pub fn row_cost(&self, ww: usize, sl: usize) -> usize {
+        let meta = if self.tracks() { size_of::<Meta>() } else { 0 };
+        4 * (ww + sl) + meta + 8 + INDEX_BYTES_A_ROW
+    }
+
+    /// The most rows the table keeps: `capacity`, and `capacity_bytes`
+    /// over [`Policy::row_cost`], whichever is lower (`None`: no bound).
+    pub fn capacity_rows(&self, ww: usize, sl: usize) -> Option<usize> {
+        let by_bytes = self
+            .capacity_bytes
+            .map(|b| usize::try_from(b / self.row_cost(ww, sl) as u64).unwrap_or(usize::MAX));
+        match (self.capacity, by_bytes) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
     }
 
     /// Checks the numbers.
     ///
     /// # Errors
-    /// `InvalidArgument` naming `ttl_steps` or `capacity`.
+    /// `InvalidArgument` naming `ttl_steps`, `ttl_seconds`, `capacity` or
+    /// `capacity_bytes`.
     pub fn validate(&self) -> Result<()> {
-        if let Some(t) = self.ttl_steps
-            && !(1..=(1u64 << 31)).contains(&t)
-        {
+        for (name, ttl) in [
+            ("ttl_steps", self.ttl_steps),
+            ("ttl_seconds", self.ttl_seconds),
+        ] {
+            if let Some(t) = ttl
+                && !(1..=MAX_TTL).contains(&t)
+            {
+                return Err(invalid(
+                    name,
+                    format!("expected 1 <= {name} <= 2^31, got {t}"),
+                ));
+            }
+        }
+        if self.ttl_steps.is_some() && self.ttl_seconds.is_some() {
             return Err(invalid(
-                "ttl_steps",
-                format!("expected 1 <= ttl_steps <= 2^31, got {t}"),
+                "ttl_seconds",
+                "expected at most one of ttl_steps and ttl_seconds, got both",
             ));
         }
         if self.capacity == Some(0) {
             return Err(invalid("capacity", "expected capacity >= 1, got 0"));
         }
+        if self.capacity_bytes == Some(0) {
+            return Err(invalid(
+                "capacity_bytes",
+                "expected capacity_bytes >= 1, got 0",
+            ));
+        }
         Ok(())
+    }
+
+    /// The clock a touch records and a TTL measures ages on: seconds since
+    /// the Unix epoch with `ttl_seconds` (32 bits hold them until 2106),
+    /// else the optimizer step `step`.
+    pub fn age_clock(&self, step: u64) -> u64 {
+        if self.ttl_seconds.is_some() {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs())
+        } else {
+            step
+        }
+    }
+
+    /// Whether a row of metadata `m` has outlived the TTL at clock `now`
+    /// ([`Policy::age_clock`]): untouched for `ttl_steps` steps, or for
+    /// more than `ttl_seconds` seconds (whole seconds are counted, so a row
+    /// goes up to a second late, never early).
+    pub fn expired(&self, m: &Meta, now: u64) -> bool {
+        match (self.ttl_steps, self.ttl_seconds) {
+            (Some(t), _) => m.age(now) >= t,
+            (_, Some(t)) => m.age(now) > t,
+            _ => false,
+        }
     }
 }
 

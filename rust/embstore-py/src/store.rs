@@ -269,7 +269,8 @@ impl PyTable {
 impl PyTable {
     #[new]
     #[pyo3(signature = (dim, optimizer=None, initializer=None, seed=0, num_shards=None, simd=None,
-        dtype="float32", admission=None, ttl_steps=None, capacity=None, eviction="lfu"))]
+        dtype="float32", admission=None, ttl_steps=None, capacity=None, eviction="lfu",
+        ttl_seconds=None, capacity_bytes=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         dim: usize,
@@ -283,6 +284,8 @@ impl PyTable {
         ttl_steps: Option<u64>,
         capacity: Option<usize>,
         eviction: &str,
+        ttl_seconds: Option<u64>,
+        capacity_bytes: Option<u64>,
     ) -> PyResult<Self> {
         let mut cfg = TableConfig::new(dim);
         cfg.optimizer = match optimizer {
@@ -301,7 +304,9 @@ impl PyTable {
                 None => Admission::Always,
             },
             ttl_steps,
+            ttl_seconds,
             capacity,
+            capacity_bytes,
             eviction: Eviction::from_name(eviction).map_err(PyStoreError)?,
         };
         cfg.backend = match simd {
@@ -366,8 +371,9 @@ impl PyTable {
 
     /// The table's configuration, each named configuration as (name,
     /// {param: value}): {"optimizer": (..) or None, "initializer": (..),
-    /// "dtype", "admission": (..) or None, "ttl_steps", "capacity",
-    /// "eviction"} (what a loaded table's wrapper is rebuilt from).
+    /// "dtype", "admission": (..) or None, "ttl_steps", "ttl_seconds",
+    /// "capacity", "capacity_bytes", "eviction"} (what a loaded table's
+    /// wrapper is rebuilt from).
     fn config<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let t = &self.inner;
         let d = PyDict::new(py);
@@ -381,7 +387,9 @@ impl PyTable {
         });
         d.set_item("admission", adm)?;
         d.set_item("ttl_steps", t.policy().ttl_steps)?;
+        d.set_item("ttl_seconds", t.policy().ttl_seconds)?;
         d.set_item("capacity", t.policy().capacity)?;
+        d.set_item("capacity_bytes", t.policy().capacity_bytes)?;
         d.set_item("eviction", t.policy().eviction.name())?;
         Ok(d)
     }
@@ -808,6 +816,9 @@ impl PyTable {
         }
         d.set_item("sketch_bytes", s.sketch_bytes)?;
         d.set_item("capacity", table.policy().capacity)?;
+        d.set_item("capacity_bytes", table.policy().capacity_bytes)?;
+        d.set_item("capacity_rows", table.capacity_rows())?;
+        d.set_item("row_cost", table.row_cost())?;
         Ok(d)
     }
 }

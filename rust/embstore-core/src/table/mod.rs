@@ -131,6 +131,8 @@ pub struct Table {
     backend: Backend,
     step: AtomicU64,
     policy: Policy,
+    /// The most rows kept ([`Policy::capacity_rows`]).
+    capacity: Option<usize>,
     /// Float words of a row's weights (`dim`, or half that for 16-bit rows).
     wwords: usize,
     /// The call clock: every call that touches rows advances it by one, and
@@ -235,6 +237,18 @@ impl Table {
         let policy = cfg.policy;
         let wwords = policy.format.words(cfg.dim);
         let track = policy.tracks();
+        let capacity = policy.capacity_rows(wwords, state_len);
+        if capacity == Some(0) {
+            return Err(invalid(
+                "capacity_bytes",
+                format!(
+                    "expected at least one row's {} bytes (weights, optimizer state, metadata, \
+                     tag and index slot), got {}",
+                    policy.row_cost(wwords, state_len),
+                    policy.capacity_bytes.unwrap_or(0)
+                ),
+            ));
+        }
         let shards = (0..num_shards)
             .map(|_| {
                 let sketch = match policy.admission {
@@ -267,6 +281,7 @@ impl Table {
             backend,
             step: AtomicU64::new(0),
             policy,
+            capacity,
             wwords,
             tick: AtomicU64::new(0),
             shards,
@@ -280,6 +295,18 @@ impl Table {
                 cfg.initializer.max_abs(),
             )),
         })
+    }
+
+    /// The most rows this table keeps (`capacity`, and `capacity_bytes`
+    /// over [`Table::row_cost`]); `None`: no bound.
+    pub fn capacity_rows(&self) -> Option<usize> {
+        self.capacity
+    }
+
+    /// The bytes a row counts for under `capacity_bytes`
+    /// ([`Policy::row_cost`]).
+    pub fn row_cost(&self) -> usize {
+        self.policy.row_cost(self.wwords, self.state_len)
     }
 
     /// This table's id: unique in the process, ascending in creation
@@ -370,7 +397,7 @@ impl Table {
         if !self.policy.tracks() {
             return;
         }
-        let (tick, step) = (self.next_tick(), self.step());
+        let (tick, step) = (self.next_tick(), self.policy.age_clock(self.step()));
         for (s, lock) in self.shards.iter().enumerate() {
             let pos = plan.positions(s);
             if pos.is_empty() {

@@ -9,7 +9,7 @@ impl Table {
     /// After a call that inserted: evicts the lowest-scoring rows until at
     /// most `capacity` remain. The caller holds the gate shared.
     pub(crate) fn enforce_capacity(&self) {
-        let Some(cap) = self.policy.capacity else {
+        let Some(cap) = self.capacity else {
             return;
         };
         let len = self.len();
@@ -93,30 +93,32 @@ impl Table {
     }
 
     /// Runs the eviction policy now: removes the rows not touched for
-    /// `ttl_steps` optimizer steps, then, above `capacity`, the
+    /// `ttl_steps` optimizer steps (or more than `ttl_seconds` seconds),
+    /// then, above the capacity (`capacity`, `capacity_bytes`), the
     /// lowest-scoring rows. Returns the evicted keys ascending and, with
     /// `with_rows`, their weights (`n * dim`) for archiving.
     pub fn evict(&self, with_rows: bool) -> (Vec<i64>, Vec<f32>) {
         let _gate = self.enter();
         let mut keys = Vec::new();
         let mut rows = Vec::new();
-        if let Some(ttl) = self.policy.ttl_steps {
+        if self.policy.ttl_steps.is_some() || self.policy.ttl_seconds.is_some() {
             self.count_queued_reads();
-            let now = self.step();
+            let policy = &self.policy;
+            let now = policy.age_clock(self.step());
             let expired: Vec<i64> = self
                 .shards
                 .par_iter()
                 .flat_map_iter(|lock| {
                     let g = read(lock);
                     g.keys_and_rows()
-                        .filter(|&(_, r)| g.arena.meta(r).age(now) >= ttl)
+                        .filter(|&(_, r)| policy.expired(&g.arena.meta(r), now))
                         .map(|(key, _)| key)
                         .collect::<Vec<_>>()
                 })
                 .collect();
             (keys, rows) = self.remove_evicted(&expired, with_rows);
         }
-        if let Some(cap) = self.policy.capacity {
+        if let Some(cap) = self.capacity {
             let len = self.len();
             if len > cap {
                 let (k2, r2) = self.evict_lowest(len - cap, with_rows);

@@ -127,7 +127,7 @@ impl Table {
         let n = self.shards.len();
         let track = self.policy.tracks();
         let (tick, step) = if track && meta.is_none() {
-            (self.next_tick(), self.step())
+            (self.next_tick(), self.policy.age_clock(self.step()))
         } else {
             (0, 0)
         };

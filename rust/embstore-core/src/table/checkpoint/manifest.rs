@@ -113,8 +113,15 @@ pub struct PolicyConfig {
     pub admission: NamedConfig,
     /// Steps a row lives untouched.
     pub ttl_steps: Option<u64>,
+    /// Seconds a row lives untouched (absent from manifests that have none,
+    /// so older manifests read, and checksum, as they were written).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ttl_seconds: Option<u64>,
     /// Most rows.
     pub capacity: Option<u64>,
+    /// Most bytes of rows (absent when none, as `ttl_seconds`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub capacity_bytes: Option<u64>,
     /// "lfu" or "lru".
     pub eviction: String,
 }
@@ -129,7 +136,9 @@ impl PolicyConfig {
                 params: params.into_iter().collect(),
             },
             ttl_steps: p.ttl_steps,
+            ttl_seconds: p.ttl_seconds,
             capacity: p.capacity.map(|c| c as u64),
+            capacity_bytes: p.capacity_bytes,
             eviction: p.eviction.name().to_string(),
         }
     }
@@ -146,7 +155,9 @@ impl PolicyConfig {
             format,
             admission: Admission::from_named(&self.admission.name, &params)?,
             ttl_steps: self.ttl_steps,
+            ttl_seconds: self.ttl_seconds,
             capacity: self.capacity.map(|c| c as usize),
+            capacity_bytes: self.capacity_bytes,
             eviction: Eviction::from_name(&self.eviction)?,
         };
         p.validate()?;
@@ -174,9 +185,12 @@ impl Manifest {
 
     /// Whether the row files hold a `meta` tensor.
     pub(crate) fn has_meta(&self) -> bool {
-        self.policy
-            .as_ref()
-            .is_some_and(|p| p.ttl_steps.is_some() || p.capacity.is_some())
+        self.policy.as_ref().is_some_and(|p| {
+            p.ttl_steps.is_some()
+                || p.ttl_seconds.is_some()
+                || p.capacity.is_some()
+                || p.capacity_bytes.is_some()
+        })
     }
 }
 
@@ -366,6 +380,23 @@ pub(crate) fn check_manifest(m: &Manifest) -> std::result::Result<(), String> {
 mod tests {
     use super::*;
     use crate::table::test_support::{sgd, table, temp_dir};
+
+    #[test]
+    fn a_policy_written_before_ttl_seconds_reads_and_writes_as_it_was() {
+        // A manifest's policy as checkpoints written before ttl_seconds and
+        // capacity_bytes hold it: it parses, and serializes to the same
+        // bytes, so its checksum still matches.
+        let old = r#"{"admission":{"name":"always","params":{}},"ttl_steps":5,"capacity":9,"eviction":"lru"}"#;
+        let pc: PolicyConfig = serde_json::from_str(old).unwrap();
+        assert_eq!((pc.ttl_seconds, pc.capacity_bytes), (None, None));
+        assert_eq!(serde_json::to_string(&pc).unwrap(), old);
+        let mut p = pc.policy(RowFormat::F32).unwrap();
+        p.ttl_steps = None;
+        p.ttl_seconds = Some(60);
+        p.capacity_bytes = Some(1 << 20);
+        let back = PolicyConfig::of(&p).policy(RowFormat::F32).unwrap();
+        assert_eq!(back, p);
+    }
 
     fn saved() -> (std::path::PathBuf, Manifest) {
         let dir = temp_dir("manifest");

@@ -298,7 +298,7 @@ impl Table {
         if insert || track {
             let save_gen = self.generation();
             let (tick, step) = if track {
-                (self.next_tick(), self.step())
+                (self.next_tick(), self.policy.age_clock(self.step()))
             } else {
                 (0, 0)
             };

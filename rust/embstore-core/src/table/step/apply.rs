@@ -180,6 +180,7 @@ impl Table {
         let save_gen = self.generation();
         let track = self.policy.tracks();
         let tick = if track { self.next_tick() } else { 0 };
+        let clock = if track { self.policy.age_clock(t) } else { 0 };
         let compact = self.policy.format != RowFormat::F32;
         let always = self.policy.admission.is_always();
         let plan = &prepared.plan;
@@ -255,7 +256,7 @@ impl Table {
                     &acc
                 };
                 if track {
-                    g.arena.touch(r, tick, t, (end - j) as u32);
+                    g.arena.touch(r, tick, clock, (end - j) as u32);
                 }
                 let mut change = g.row_to_change(r, save_gen);
                 let (w, state) = change.parts();
