@@ -121,7 +121,9 @@ def test_serving_export_is_smaller_and_loads_with_fresh_state(tmp_path: pathlib.
     full = table.save(tmp_path / "full")
     serving = table.save(tmp_path / "serving", with_optimizer=False)
     size = lambda m: sum(f["bytes"] for link in m["chain"] for f in link["files"])  # noqa: E731
-    assert size(serving) < 0.4 * size(full)
+    # What a serving export drops is the optimizer state: Adam's 16 floats
+    # a row (the keys, rows and file index stay).
+    assert size(full) - size(serving) >= 5000 * 16 * 4
     loaded = embstore.Table.load(tmp_path / "serving")
     np.testing.assert_array_equal(loaded.export()[1], table.export()[1])
     assert not loaded.export(with_state=True)[2].any()

@@ -11,7 +11,8 @@ from embstore._core import __version__
 from embstore._core import free_output_buffers as _free_output_buffers
 from embstore._core import output_buffer_stats as _output_buffer_stats
 from embstore.collection import Collection
-from embstore.exceptions import CheckpointError, EmbstoreError
+from embstore.exceptions import CheckpointError, EmbstoreError, ReadOnlyError
+from embstore.mapped import MappedTable
 from embstore.store import Table, manual_seed
 from embstore.strings import hash_keys
 
@@ -19,6 +20,8 @@ __all__ = [
     "CheckpointError",
     "Collection",
     "EmbstoreError",
+    "MappedTable",
+    "ReadOnlyError",
     "Table",
     "__version__",
     "free_output_buffers",

@@ -10,6 +10,26 @@ __version__: str
 _Config = tuple[str, dict[str, float]] | None
 
 @final
+class MappedTable:
+    def __new__(cls, path: str) -> MappedTable: ...
+    @property
+    def dim(self) -> int: ...
+    @property
+    def dtype(self) -> str: ...
+    @property
+    def step(self) -> int: ...
+    def __len__(self) -> int: ...
+    def lookup(
+        self,
+        keys: Any,
+        missing: str = "init",
+        default_row: npt.NDArray[np.float32] | None = None,
+        with_found: bool = False,
+    ) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.bool_] | None]: ...
+    def contains(self, keys: npt.NDArray[np.int64]) -> npt.NDArray[np.bool_]: ...
+    def export(self) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float32]]: ...
+
+@final
 class Table:
     def __new__(
         cls,

@@ -27,6 +27,7 @@ from embstore._convert import (
 )
 from embstore._progress import run_with_progress
 from embstore.init import Initializer, Uniform
+from embstore.mapped import MappedTable
 from embstore.optim import Optimizer
 from embstore.policy import Admission
 
@@ -827,6 +828,7 @@ class Table:
         table._adopt(inner)
         return table
 
+    @overload
     @classmethod
     def load(
         cls,
@@ -834,8 +836,33 @@ class Table:
         *,
         num_shards: int | None = None,
         progress: bool | None = None,
-    ) -> Table:
+        mmap: Literal[False] = ...,
+    ) -> Table: ...
+    @overload
+    @classmethod
+    def load(
+        cls,
+        path: str | os.PathLike[str],
+        *,
+        num_shards: int | None = None,
+        progress: bool | None = None,
+        mmap: Literal[True],
+    ) -> MappedTable: ...
+    @classmethod
+    def load(
+        cls,
+        path: str | os.PathLike[str],
+        *,
+        num_shards: int | None = None,
+        progress: bool | None = None,
+        mmap: bool = False,
+    ) -> Table | MappedTable:
         """Load the checkpoint at ``path`` into a new Table.
+
+        With ``mmap=True``, returns a read-only :class:`embstore.MappedTable`
+        instead: the files are mapped into memory and no row is read until a
+        lookup needs it, so processes that open one checkpoint share one
+        copy of the rows (``num_shards`` and ``progress`` do not apply).
 
         The table gets the saved dim, dtype, optimizer and its configuration,
         initializer, seed and step; ``num_shards`` may differ from the saving
@@ -844,6 +871,8 @@ class Table:
         checkpoint raises :class:`embstore.CheckpointError`. Nothing is
         unpickled or executed.
         """
+        if check_bool("mmap", mmap):
+            return MappedTable(path)
         if num_shards is not None:
             num_shards = check_int("num_shards", num_shards, 1, _U64_MAX)
         try:

@@ -101,6 +101,7 @@ pub mod curve;
 pub mod error;
 pub mod hash;
 pub mod init;
+pub mod mapped;
 pub mod optim;
 pub mod partition;
 pub mod policy;
@@ -113,6 +114,7 @@ pub mod zeroed;
 
 pub use error::{Result, StoreError};
 pub use init::Initializer;
+pub use mapped::MappedTable;
 pub use optim::Optimizer;
 pub use policy::{Admission, Eviction, Policy, RowFormat};
 pub use simd::{Backend, Isa};

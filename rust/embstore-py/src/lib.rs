@@ -6,6 +6,7 @@ mod collection;
 mod convert;
 mod distributed;
 mod error;
+mod mapped;
 mod outbuf;
 mod runtime;
 mod store;
@@ -31,6 +32,8 @@ mod _core {
     };
     #[pymodule_export]
     use crate::error::{CheckpointError, EmbstoreError};
+    #[pymodule_export]
+    use crate::mapped::PyMappedTable;
     #[pymodule_export]
     use crate::store::{PyProgress, PyTable, checkpoint_report, load_table};
     #[pymodule_export]

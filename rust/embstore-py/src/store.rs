@@ -825,7 +825,7 @@ impl PyTable {
 
 /// A lookup's `missing` mode and optional default row as the core's
 /// [`Missing`].
-fn missing_of<'a>(
+pub(crate) fn missing_of<'a>(
     mode: &str,
     row: Option<&'a PyReadonlyArray1<'_, f32>>,
 ) -> PyResult<embstore_core::Missing<'a>> {

@@ -17,6 +17,7 @@
 //! table's last save to the same directory. Loading replays the chain.
 
 pub(crate) mod dirlock;
+pub(crate) mod file_index;
 pub(crate) mod files;
 pub(crate) mod load;
 pub(crate) mod manifest;

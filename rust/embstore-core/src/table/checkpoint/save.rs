@@ -4,6 +4,7 @@
 use crate::error::{Result, ckpt_err};
 use crate::policy::{Policy, RowFormat};
 use crate::table::checkpoint::dirlock::DirLock;
+use crate::table::checkpoint::file_index;
 use crate::table::checkpoint::files::{WRITE_BUFS, fsync_files, io_err, new_id};
 use crate::table::checkpoint::manifest::{
     FILE_BYTES, FORMAT, FileEntry, Link, MANIFEST, Manifest, NamedConfig, PolicyConfig, SaveInfo,
@@ -12,7 +13,9 @@ use crate::table::checkpoint::manifest::{
 use crate::table::checkpoint::publish::{
     create_checkpoint_dir, is_ours, lock_for_writing, publish_locked, remove_partial,
 };
-use crate::table::checkpoint::tensors::{Plain, TensorOut, rows_dtype, write_safetensors};
+use crate::table::checkpoint::tensors::{
+    Plain, TensorOut, rows_dtype, write_safetensors, write_safetensors_with,
+};
 use crate::table::storage::read;
 use crate::table::{Table, storage};
 use rayon::iter::{IndexedParallelIterator, IntoParallelRefIterator, ParallelIterator};
@@ -162,8 +165,34 @@ impl Table {
                                 bytes: st,
                             });
                         }
+                        // The file's own hash index, for readers that map
+                        // it (`checkpoint::file_index`).
+                        let index =
+                            file_index::build(&chunk.iter().map(|&(_, k)| k).collect::<Vec<_>>());
+                        let mut ib = Vec::with_capacity(index.len() * 16);
+                        i64::extend_le(index.as_flattened(), &mut ib);
+                        tensors.push(TensorOut {
+                            name: "index",
+                            dtype: Dtype::I64,
+                            shape: vec![index.len(), 2],
+                            bytes: &ib,
+                        });
+                        let header = [
+                            ("index", file_index::INDEX_FORMAT.to_string()),
+                            ("num_shards", self.shards.len().to_string()),
+                            ("shard", s.to_string()),
+                        ];
                         let name = format!("{prefix}-{s:05}-{c:04}.safetensors");
-                        let (bytes, crc) = write_safetensors(&dir.join(&name), &tensors)?;
+                        let (bytes, crc) = write_safetensors_with(
+                            &dir.join(&name),
+                            &tensors,
+                            Some(
+                                header
+                                    .into_iter()
+                                    .map(|(k, v)| (k.to_string(), v))
+                                    .collect(),
+                            ),
+                        )?;
                         if let Some(p) = progress {
                             p.fetch_add(bytes, Ordering::Relaxed);
                         }

@@ -61,6 +61,16 @@ pub(crate) struct TensorOut<'a> {
 /// it ([`fsync_files`]) before publishing: deferring the fsyncs lets the
 /// kernel write files back while later ones are still being built.
 pub(crate) fn write_safetensors(path: &Path, tensors: &[TensorOut<'_>]) -> Result<(u64, u32)> {
+    write_safetensors_with(path, tensors, None)
+}
+
+/// [`write_safetensors`] with string metadata in the header
+/// (`__metadata__`).
+pub(crate) fn write_safetensors_with(
+    path: &Path,
+    tensors: &[TensorOut<'_>],
+    metadata: Option<std::collections::HashMap<String, String>>,
+) -> Result<(u64, u32)> {
     let mut offset = 0;
     let mut infos = Vec::with_capacity(tensors.len());
     for t in tensors {
@@ -74,7 +84,7 @@ pub(crate) fn write_safetensors(path: &Path, tensors: &[TensorOut<'_>]) -> Resul
         ));
         offset += t.bytes.len();
     }
-    let meta = Metadata::new(None, infos)
+    let meta = Metadata::new(metadata, infos)
         .map_err(|e| ckpt_err(path, format!("cannot describe the tensors: {e}")))?;
     let mut header = serde_json::to_vec(&meta)
         .map_err(|e| ckpt_err(path, format!("cannot serialize the header: {e}")))?;

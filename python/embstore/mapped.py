@@ -1,0 +1,188 @@
+"""A read-only table served from a checkpoint's files mapped into memory:
+``Table.load(path, mmap=True)``.
+
+Opening reads the manifest and each file's header, no rows: any number of
+processes that open one checkpoint share one copy of its rows in the page
+cache, and a checkpoint larger than memory is served page by page. Each
+shard file carries its own hash index (written by ``save``), so no process
+builds an index. A file's CRC-32C is checked once, by the first call that
+reads from it; until it passes no row of it is served, and a damaged file
+is refused (:class:`embstore.CheckpointError`) on every call.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING, Any, Literal, NoReturn, overload
+
+import numpy as np
+import numpy.typing as npt
+
+from embstore import _core, ops
+from embstore._convert import (
+    _NDARRAY,
+    Default,
+    as_bags,
+    as_keys,
+    check_bool,
+    check_default,
+    like,
+)
+from embstore.exceptions import ReadOnlyError
+
+if TYPE_CHECKING:
+    import torch
+
+
+class MappedTable:
+    """A read-only table over the checkpoint at ``path`` (see the module
+    docs). Reads as :class:`embstore.Table` reads (``lookup`` with
+    ``insert=False``, ``return_found``, ``lookup_pooled``, ``contains``,
+    ``export``); every call that would change a row raises
+    :class:`embstore.ReadOnlyError` and changes nothing.
+    """
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self._path = os.fspath(path)
+        self._inner = _core.MappedTable(self._path)
+
+    @property
+    def path(self) -> str:
+        """The checkpoint directory."""
+        return self._path
+
+    @property
+    def dim(self) -> int:
+        """Columns per row."""
+        return int(self._inner.dim)
+
+    @property
+    def dtype(self) -> str:
+        """Row storage of the files ("float32", "float16", "bfloat16")."""
+        return str(self._inner.dtype)
+
+    @property
+    def step(self) -> int:
+        """Optimizer steps the saving table had taken."""
+        return int(self._inner.step)
+
+    def __len__(self) -> int:
+        return len(self._inner)
+
+    def __repr__(self) -> str:
+        return f"MappedTable({self._path!r}, dim={self.dim}, rows={len(self)})"
+
+    @overload
+    def lookup(
+        self,
+        keys: Any,
+        *,
+        insert: bool = False,
+        default: Default = "init",
+        return_found: Literal[False] = ...,
+    ) -> Any: ...
+    @overload
+    def lookup(
+        self,
+        keys: Any,
+        *,
+        insert: bool = False,
+        default: Default = "init",
+        return_found: Literal[True],
+    ) -> tuple[Any, Any]: ...
+    def lookup(
+        self,
+        keys: Any,
+        *,
+        insert: bool = False,
+        default: Default = "init",
+        return_found: bool = False,
+    ) -> Any:
+        """Rows of ``keys (n,)`` as float32 ``(n, dim)`` (a tensor for CPU
+        tensor keys); a key without a row reads as ``default`` ("init": the
+        row the saving table's initializer gives it, "zeros", or a row).
+        ``return_found=True`` returns ``(rows, found)``. ``insert=True``
+        raises :class:`embstore.ReadOnlyError`."""
+        if check_bool("insert", insert):
+            self._refuse("lookup(insert=True)")
+        with_found = check_bool("return_found", return_found)
+        if type(default) is str:
+            rows, found = self._inner.lookup(keys, default, None, with_found)
+        else:
+            rows, found = self._inner.lookup(keys, *check_default(default, self.dim), with_found)
+        if type(keys) is not _NDARRAY:
+            rows = like(keys, rows)
+            found = None if found is None else like(keys, found)
+        return (rows, found) if with_found else rows
+
+    def lookup_pooled(
+        self,
+        ids: Any,
+        offsets: Any,
+        *,
+        combiner: str = "sum",
+        weights: Any = None,
+        insert: bool = False,
+        default: Default = "init",
+    ) -> Any:
+        """Pooled rows of bags, as :meth:`embstore.Table.lookup_pooled`
+        (CSR ``ids`` and ``offsets``, ``combiner``, ``weights``): each
+        distinct id's row read once, then pooled. ``insert=True`` raises
+        :class:`embstore.ReadOnlyError`."""
+        if check_bool("insert", insert):
+            self._refuse("lookup_pooled(insert=True)")
+        i, o, w, c = as_bags(ids, offsets, weights, combiner)
+        uniq, inverse = ops.unique_inverse(i)
+        rows = self.lookup(uniq, default=default)
+        out = ops.pool_rows(rows, inverse, o, w, c)
+        return out if type(ids) is _NDARRAY else like(ids, out)
+
+    def export(self) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float32]]:
+        """Every row, keys ascending: ``(keys (n,), rows (n, dim))`` (reads,
+        and checks, every file)."""
+        keys, rows = self._inner.export()
+        return keys, rows
+
+    @overload
+    def contains(self, keys: torch.Tensor) -> torch.Tensor: ...
+    @overload
+    def contains(self, keys: Any) -> npt.NDArray[np.bool_]: ...
+    def contains(self, keys: Any) -> Any:
+        """Whether each of ``keys (n,)`` has a row: bool ``(n,)``."""
+        return like(keys, self._inner.contains(as_keys(keys)))
+
+    # -- writes: refused ----------------------------------------------------------
+
+    def _refuse(self, call: str) -> NoReturn:
+        raise ReadOnlyError(
+            f"{call}: this table is read-only (opened with mmap=True from {self._path!r}); "
+            "load it with Table.load(path) to change rows"
+        )
+
+    def assign(self, *args: Any, **kwargs: Any) -> NoReturn:
+        """Refused: the table is read-only."""
+        self._refuse("assign")
+
+    def apply_gradients(self, *args: Any, **kwargs: Any) -> NoReturn:
+        """Refused: the table is read-only."""
+        self._refuse("apply_gradients")
+
+    def apply_pooled_gradients(self, *args: Any, **kwargs: Any) -> NoReturn:
+        """Refused: the table is read-only."""
+        self._refuse("apply_pooled_gradients")
+
+    def remove(self, *args: Any, **kwargs: Any) -> NoReturn:
+        """Refused: the table is read-only."""
+        self._refuse("remove")
+
+    def reserve(self, *args: Any, **kwargs: Any) -> NoReturn:
+        """Refused: the table is read-only."""
+        self._refuse("reserve")
+
+    def evict(self, *args: Any, **kwargs: Any) -> NoReturn:
+        """Refused: the table is read-only."""
+        self._refuse("evict")
+
+    def load_state_dict(self, *args: Any, **kwargs: Any) -> NoReturn:
+        """Refused: the table is read-only."""
+        self._refuse("load_state_dict")

@@ -1,0 +1,514 @@
+//! A read-only table served from a checkpoint's files mapped into memory
+//! ([`MappedTable`]): opening reads the manifest and each file's header,
+//! never its rows, so any number of processes share one copy of the rows in
+//! the page cache, and a checkpoint larger than memory is served page by
+//! page. Each shard file carries its own hash index
+//! ([`crate::table::checkpoint::file_index`]), so no process builds one.
+//!
+//! Trust: the manifest is checked (schema and checksum) on open, as
+//! `Table::load` checks it. A file's CRC-32C is checked once, on the first
+//! call that reads from it (all of it: about 0.1 s for 256 MB), and until
+//! it passes no row of it is served; a file that fails is refused on every
+//! call. Index entries are bounds-checked and probing is bounded, so even a
+//! crafted file with a matching checksum cannot make a reader read out of
+//! bounds or loop. The files must not be truncated or rewritten in place
+//! while mapped (reading a page cut off a mapped file kills the process
+//! with SIGBUS); embstore never does either: a save writes new files and
+//! unlinks the old ones, which stay readable through the map.
+
+use crate::error::{Result, ckpt_err, invalid};
+use crate::hash::{key_hash, shard_of};
+use crate::init::Initializer;
+use crate::policy::RowFormat;
+use crate::simd::Backend;
+use crate::table::Missing;
+use crate::table::checkpoint::file_index::{self, INDEX_FORMAT};
+use crate::table::checkpoint::files::{io_err, with_file};
+use crate::table::checkpoint::manifest::{FileEntry, Manifest, read_manifest};
+use crate::table::checkpoint::tensors::{parse_removed, rows_dtype};
+use crate::table::checkpoint::untrusted;
+use crate::table::checks::check_len;
+use crate::zeroed::{with_room, zeros};
+use memmap2::Mmap;
+use rayon::prelude::*;
+use safetensors::SafeTensors;
+use safetensors::tensor::Dtype;
+use std::collections::HashSet;
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+/// Keys a call handles on the calling thread; larger calls spread over
+/// rayon's pool.
+const SEQUENTIAL_KEYS: usize = 4096;
+
+/// The most keys [`MappedTable::try_lookup_now`] runs at once.
+const NOW_KEYS: usize = 1024;
+
+/// One mapped shard file: where its keys, rows and index lie in the map.
+struct MappedFile {
+    path: PathBuf,
+    map: Mmap,
+    crc32c: u32,
+    /// The whole-file checksum check, run by the first call that reads
+    /// from the file (an error message when it failed).
+    checked: OnceLock<std::result::Result<(), String>>,
+    n: usize,
+    keys: usize,
+    rows: usize,
+    row_bytes: usize,
+    index: usize,
+    slots: usize,
+}
+
+impl MappedFile {
+    /// Passes once the file's bytes match its manifest checksum.
+    fn check(&self) -> Result<()> {
+        let res = self.checked.get_or_init(|| {
+            let got = crc32c::crc32c(&self.map);
+            (got == self.crc32c).then_some(()).ok_or_else(|| {
+                format!(
+                    "checksum mismatch (CRC-32C {got:#010x}, the manifest says {:#010x}): \
+                     the file is damaged",
+                    self.crc32c
+                )
+            })
+        });
+        res.clone().map_err(|m| ckpt_err(&self.path, m))
+    }
+
+    /// The key of row `r`.
+    #[inline]
+    fn key(&self, r: usize) -> i64 {
+        let o = self.keys + 8 * r;
+        i64::from_le_bytes(self.map[o..o + 8].try_into().expect("8 bytes"))
+    }
+
+    /// Index slot `i`: a key and its row plus one (0: empty).
+    #[inline]
+    fn slot(&self, i: usize) -> (i64, i64) {
+        let o = self.index + 16 * i;
+        let b = &self.map[o..o + 16];
+        (
+            i64::from_le_bytes(b[..8].try_into().expect("8 bytes")),
+            i64::from_le_bytes(b[8..].try_into().expect("8 bytes")),
+        )
+    }
+
+    /// The row of `key` in this file, if any.
+    #[inline]
+    fn find(&self, key: i64) -> Result<Option<usize>> {
+        file_index::find(key, self.n, self.slots, |i| self.slot(i))
+            .map_err(|m| ckpt_err(&self.path, m))
+    }
+
+    /// The stored bytes of row `r`.
+    #[inline]
+    fn row(&self, r: usize) -> &[u8] {
+        let o = self.rows + self.row_bytes * r;
+        &self.map[o..o + self.row_bytes]
+    }
+}
+
+/// One link of the chain: its files by the saving table's shard, and the
+/// keys it removed.
+struct Link {
+    shards: usize,
+    files: Vec<Vec<MappedFile>>,
+    removed: HashSet<i64>,
+}
+
+/// A read-only table whose rows are read from a checkpoint directory's
+/// files mapped into memory (see the module docs).
+pub struct MappedTable {
+    dir: PathBuf,
+    dim: usize,
+    format: RowFormat,
+    initializer: Initializer,
+    seed: u64,
+    backend: Backend,
+    /// Newest link first.
+    links: Vec<Link>,
+    rows: u64,
+    step: u64,
+    /// Set once every file has passed its checksum check.
+    all_checked: AtomicBool,
+}
+
+impl std::fmt::Debug for MappedTable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "MappedTable({}, {} rows)", self.dir.display(), self.rows)
+    }
+}
+
+/// Maps one shard file and finds its tensors.
+fn map_file(
+    dir: &Path,
+    e: &FileEntry,
+    m: &Manifest,
+    format: RowFormat,
+) -> Result<(MappedFile, usize, usize)> {
+    let path = dir.join(&e.name);
+    let file = untrusted::open_file(&path).map_err(|err| io_err(&path, "cannot open", &err))?;
+    let size = file
+        .metadata()
+        .map_err(|err| io_err(&path, "cannot stat", &err))?
+        .len();
+    if size != e.bytes {
+        return Err(ckpt_err(
+            &path,
+            format!(
+                "{size} bytes, the manifest says {}: the file is damaged",
+                e.bytes
+            ),
+        ));
+    }
+    // SAFETY: the map is read-only and private to this process's view of an
+    // immutable checkpoint file: embstore never writes a published file in
+    // place (saves create new files and unlink old ones). Another program
+    // truncating it while mapped would make reads fault (the module docs
+    // say so); no Rust reference into the map outlives `MappedFile`.
+    let map = unsafe { Mmap::map(&file) }.map_err(|err| io_err(&path, "cannot map", &err))?;
+    let bad = |what: String| ckpt_err(&path, what);
+    let st = SafeTensors::deserialize(&map)
+        .map_err(|err| bad(format!("not a safetensors file: {err}")))?;
+    let (_, header) = SafeTensors::read_metadata(&map)
+        .map_err(|err| bad(format!("not a safetensors file: {err}")))?;
+    let info = header.metadata().clone().unwrap_or_default();
+    if info.get("index").map(String::as_str) != Some(INDEX_FORMAT) {
+        return Err(bad(format!(
+            "has no hash index ({INDEX_FORMAT}): it was saved by an older embstore. Load it \
+             with Table.load and save it again to serve it with mmap=True"
+        )));
+    }
+    let num = |name: &str| -> Result<usize> {
+        info.get(name)
+            .and_then(|v| v.parse::<usize>().ok())
+            .ok_or_else(|| bad(format!("header metadata {name:?} is not a count")))
+    };
+    let (shards, shard) = (num("num_shards")?, num("shard")?);
+    if shards == 0 || shard >= shards {
+        return Err(bad(format!("shard {shard} of {shards}: not a shard")));
+    }
+    let n = e.rows as usize;
+    let base = map.as_ptr() as usize;
+    let at = |name: &str, dtype: Dtype, shape: &[usize]| -> Result<usize> {
+        let t = st
+            .tensor(name)
+            .map_err(|err| bad(format!("tensor {name:?}: {err}")))?;
+        if t.dtype() != dtype || t.shape() != shape {
+            return Err(bad(format!(
+                "tensor {name:?}: expected {dtype:?} of shape {shape:?}, found {:?} of shape {:?}",
+                t.dtype(),
+                t.shape()
+            )));
+        }
+        Ok(t.data().as_ptr() as usize - base)
+    };
+    let slots = file_index::slots_for(n);
+    let keys = at("keys", Dtype::I64, &[n])?;
+    let rows = at("rows", rows_dtype(format), &[n, m.dim])?;
+    let index = at("index", Dtype::I64, &[slots, 2])?;
+    let row_bytes = match format {
+        RowFormat::F32 => 4 * m.dim,
+        RowFormat::F16 | RowFormat::BF16 => 2 * m.dim,
+    };
+    let f = MappedFile {
+        path,
+        map,
+        crc32c: e.crc32c,
+        checked: OnceLock::new(),
+        n,
+        keys,
+        rows,
+        row_bytes,
+        index,
+        slots,
+    };
+    Ok((f, shards, shard))
+}
+
+impl MappedTable {
+    /// Maps the checkpoint at `dir`: reads and checks its manifest, maps
+    /// every file of its chain and reads their headers (no rows).
+    ///
+    /// # Errors
+    /// `Checkpoint` for a missing or damaged manifest or file, or a file
+    /// without a hash index (saved by an older embstore: the message says
+    /// how to convert it).
+    pub fn open(dir: &Path) -> Result<MappedTable> {
+        let m = read_manifest(dir)?;
+        let format = m.format()?;
+        let mut links = Vec::with_capacity(m.chain.len());
+        for link in m.chain.iter().rev() {
+            let removed = match &link.removed {
+                Some(e) => with_file(dir, e, None, |buf| {
+                    parse_removed(&dir.join(&e.name), e, buf).map(|k| k.iter().copied().collect())
+                })?,
+                None => HashSet::new(),
+            };
+            let mut shards = 0;
+            let mut files: Vec<Vec<MappedFile>> = Vec::new();
+            for e in &link.files {
+                let (f, n, s) = map_file(dir, e, &m, format)?;
+                if shards == 0 {
+                    shards = n;
+                    files.resize_with(n, Vec::new);
+                } else if n != shards {
+                    return Err(ckpt_err(
+                        &f.path,
+                        format!(
+                            "saved by a table of {n} shards, its link's other files by {shards}"
+                        ),
+                    ));
+                }
+                files[s].push(f);
+            }
+            links.push(Link {
+                shards,
+                files,
+                removed,
+            });
+        }
+        Ok(MappedTable {
+            dir: dir.to_path_buf(),
+            dim: m.dim,
+            format,
+            initializer: Initializer::from_named(&m.initializer.name, &m.initializer.params)?,
+            seed: m.seed,
+            backend: Backend::from_env()?,
+            links,
+            rows: m.rows,
+            step: m.step,
+            all_checked: AtomicBool::new(false),
+        })
+    }
+
+    /// Whether every file has passed its checksum check (then no call
+    /// can spend time checking one).
+    fn checked(&self) -> bool {
+        if self.all_checked.load(Ordering::Acquire) {
+            return true;
+        }
+        let all = self.links.iter().all(|l| {
+            l.files
+                .iter()
+                .flatten()
+                .all(|f| matches!(f.checked.get(), Some(Ok(()))))
+        });
+        if all {
+            self.all_checked.store(true, Ordering::Release);
+        }
+        all
+    }
+
+    /// A small [`MappedTable::lookup`] (at most 1,024 keys) that runs only
+    /// when no file it might read still needs its checksum check: for a
+    /// caller that runs it without releasing the GIL (a few microseconds).
+    /// `None`: make the ordinary call.
+    pub fn try_lookup_now(
+        &self,
+        keys: &[i64],
+        missing: Missing<'_>,
+        out: &mut [f32],
+        found: Option<&mut [bool]>,
+    ) -> Option<Result<()>> {
+        (keys.len() <= NOW_KEYS && self.checked()).then(|| self.lookup(keys, missing, out, found))
+    }
+
+    /// Columns per row.
+    pub fn dim(&self) -> usize {
+        self.dim
+    }
+    /// Rows held.
+    pub fn len(&self) -> u64 {
+        self.rows
+    }
+    /// Whether it holds no row.
+    pub fn is_empty(&self) -> bool {
+        self.rows == 0
+    }
+    /// Row storage of the files.
+    pub fn format(&self) -> RowFormat {
+        self.format
+    }
+    /// Optimizer steps the saving table had taken.
+    pub fn step(&self) -> u64 {
+        self.step
+    }
+    /// The checkpoint directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The file and row holding `key`, newest link first. A link is
+    /// replayed as a load replays it, its removals before its files: a key
+    /// in a link's files is there (removed and inserted again since the
+    /// link before), else a key its removals name is gone.
+    fn locate(&self, key: i64, hash: u64) -> Result<Option<(&MappedFile, usize)>> {
+        for link in &self.links {
+            if link.shards > 0 {
+                for f in &link.files[shard_of(hash, link.shards)] {
+                    if let Some(r) = f.find(key)? {
+                        f.check()?;
+                        return Ok(Some((f, r)));
+                    }
+                }
+            }
+            if !link.removed.is_empty() && link.removed.contains(&key) {
+                return Ok(None);
+            }
+        }
+        Ok(None)
+    }
+
+    /// Writes row `r` of `f` as float32 to `dst`.
+    fn decode(&self, f: &MappedFile, r: usize, dst: &mut [f32]) {
+        let b = f.row(r);
+        match self.format {
+            RowFormat::F32 => {
+                for (d, c) in dst.iter_mut().zip(b.chunks_exact(4)) {
+                    *d = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+                }
+            }
+            RowFormat::F16 => {
+                for (d, c) in dst.iter_mut().zip(b.chunks_exact(2)) {
+                    *d = half::f16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32();
+                }
+            }
+            RowFormat::BF16 => {
+                for (d, c) in dst.iter_mut().zip(b.chunks_exact(2)) {
+                    *d = half::bf16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32();
+                }
+            }
+        }
+    }
+
+    /// The row of each key into `out` (`keys.len() * dim` floats), a key
+    /// without a row read as `missing`; with `found`, whether each had one.
+    ///
+    /// # Errors
+    /// `ShapeMismatch` for `out`, `found` or a default row of the wrong
+    /// length; `InvalidArgument` for a non-finite default row;
+    /// `Checkpoint` when a file the call reads is damaged.
+    pub fn lookup(
+        &self,
+        keys: &[i64],
+        missing: Missing<'_>,
+        out: &mut [f32],
+        found: Option<&mut [bool]>,
+    ) -> Result<()> {
+        let dim = self.dim;
+        check_len("out", keys.len() * dim, out.len())?;
+        if let Missing::Row(row) = missing {
+            check_len("default", dim, row.len())?;
+            if row.iter().any(|v| !v.is_finite()) {
+                return Err(invalid("default", "expected finite values"));
+            }
+        }
+        let mut none = Vec::new();
+        let found = match found {
+            Some(f) => {
+                check_len("found", keys.len(), f.len())?;
+                f
+            }
+            None => &mut none[..],
+        };
+        let one = |key: i64, dst: &mut [f32], flag: Option<&mut bool>| -> Result<()> {
+            let hit = match self.locate(key, key_hash(key))? {
+                Some((f, r)) => {
+                    self.decode(f, r, dst);
+                    true
+                }
+                None => {
+                    self.fill_missing(key, dst, missing);
+                    false
+                }
+            };
+            if let Some(flag) = flag {
+                *flag = hit;
+            }
+            Ok(())
+        };
+        let with_flags = !found.is_empty();
+        if keys.len() <= SEQUENTIAL_KEYS {
+            // No prefetching: in calls on the calling thread it cost more
+            // than it saved (benches/mapped.py: 1,024 keys 35 us with a
+            // slot and row prefetch pipeline, 30-31 us without).
+            for (i, (&k, dst)) in keys.iter().zip(out.chunks_exact_mut(dim)).enumerate() {
+                one(k, dst, with_flags.then(|| &mut found[i]))?;
+            }
+            return Ok(());
+        }
+        let rows = keys.par_iter().zip(out.par_chunks_mut(dim));
+        if with_flags {
+            rows.zip(found.par_iter_mut())
+                .with_min_len(SEQUENTIAL_KEYS / 4)
+                .try_for_each(|((&k, dst), f)| one(k, dst, Some(f)))
+        } else {
+            rows.with_min_len(SEQUENTIAL_KEYS / 4)
+                .try_for_each(|(&k, dst)| one(k, dst, None))
+        }
+    }
+
+    /// Whether each key has a row, into `out`.
+    ///
+    /// # Errors
+    /// `ShapeMismatch` for `out` of the wrong length; `Checkpoint` when a
+    /// file the call reads is damaged.
+    pub fn contains(&self, keys: &[i64], out: &mut [bool]) -> Result<()> {
+        check_len("out", keys.len(), out.len())?;
+        keys.par_iter()
+            .zip(out.par_iter_mut())
+            .with_min_len(SEQUENTIAL_KEYS)
+            .try_for_each(|(&k, o)| {
+                *o = self.locate(k, key_hash(k))?.is_some();
+                Ok(())
+            })
+    }
+
+    /// Every row, keys ascending: `(keys, rows)` (`n * dim` floats).
+    /// Reads (and checks) every file.
+    ///
+    /// # Errors
+    /// `OutOfMemory` naming `rows`; `Checkpoint` for a damaged file.
+    pub fn export(&self) -> Result<(Vec<i64>, Vec<f32>)> {
+        let mut decided: HashSet<i64> = HashSet::new();
+        let mut refs: Vec<(i64, &MappedFile, usize)> = with_room("rows", self.rows as usize)?;
+        // Newest link first: a key is taken from the newest link whose files
+        // hold it; a link's removals hide the links before it.
+        for link in &self.links {
+            for f in link.files.iter().flatten() {
+                f.check()?;
+                for r in 0..f.n {
+                    let k = f.key(r);
+                    if decided.insert(k) {
+                        refs.push((k, f, r));
+                    }
+                }
+            }
+            decided.extend(link.removed.iter().copied());
+        }
+        drop(decided);
+        refs.par_sort_unstable_by_key(|&(k, _, _)| k);
+        let dim = self.dim;
+        let mut rows = zeros::<f32>("rows", refs.len() * dim)?;
+        rows.par_chunks_mut(dim)
+            .zip(refs.par_iter())
+            .with_min_len(1024)
+            .for_each(|(dst, &(_, f, r))| self.decode(f, r, dst));
+        Ok((refs.iter().map(|&(k, _, _)| k).collect(), rows))
+    }
+
+    fn fill_missing(&self, key: i64, dst: &mut [f32], missing: Missing<'_>) {
+        match missing {
+            Missing::Init => {
+                self.initializer
+                    .fill_with(self.backend, self.seed, key, dst);
+                self.format.round(dst);
+            }
+            Missing::Zeros => dst.fill(0.0),
+            Missing::Row(row) => dst.copy_from_slice(row),
+        }
+    }
+}

@@ -1,0 +1,130 @@
+//! `embstore._core.MappedTable`: a read-only table over a checkpoint's
+//! mapped files (see `embstore_core::mapped`).
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use embstore_core::MappedTable;
+use embstore_core::zeroed::zeros;
+use numpy::{IntoPyArray, PyArray1, PyArray2, PyArrayMethods, PyReadonlyArray1};
+use pyo3::prelude::*;
+
+use crate::runtime::EnterStore;
+use crate::store::{keys_arg, missing_of, slice, slice_or_copy};
+
+/// The native mapped table; see `embstore.MappedTable`.
+#[pyclass(frozen, name = "MappedTable", module = "embstore._core")]
+pub struct PyMappedTable {
+    inner: Arc<MappedTable>,
+}
+
+#[pymethods]
+impl PyMappedTable {
+    /// Maps the checkpoint at `path` (manifest and file headers read, no
+    /// rows).
+    #[new]
+    fn new(py: Python<'_>, path: PathBuf) -> PyResult<Self> {
+        let inner = py.enter_store(|| MappedTable::open(&path))?;
+        Ok(PyMappedTable {
+            inner: Arc::new(inner),
+        })
+    }
+
+    /// Columns per row.
+    #[getter]
+    fn dim(&self) -> usize {
+        self.inner.dim()
+    }
+
+    /// Row storage of the files.
+    #[getter]
+    fn dtype(&self) -> &'static str {
+        self.inner.format().name()
+    }
+
+    /// Optimizer steps of the table that saved.
+    #[getter]
+    fn step(&self) -> u64 {
+        self.inner.step()
+    }
+
+    fn __len__(&self) -> usize {
+        self.inner.len() as usize
+    }
+
+    /// Rows of `keys` (a missing key read as `missing`) and, with
+    /// `with_found`, whether each key had a row.
+    #[pyo3(signature = (keys, missing="init", default_row=None, with_found=false))]
+    #[allow(clippy::type_complexity)]
+    fn lookup<'py>(
+        &self,
+        py: Python<'py>,
+        keys: &Bound<'py, PyAny>,
+        missing: &str,
+        default_row: Option<PyReadonlyArray1<'py, f32>>,
+        with_found: bool,
+    ) -> PyResult<(
+        Bound<'py, PyArray2<f32>>,
+        Option<Bound<'py, PyArray1<bool>>>,
+    )> {
+        let keys = keys_arg(keys, "keys")?.readonly();
+        let k = slice_or_copy(&keys, "keys")?;
+        let k = &k[..];
+        let missing = missing_of(missing, default_row.as_ref())?;
+        let table = &self.inner;
+        let out = crate::outbuf::array2(py, k.len(), table.dim(), "keys")?;
+        let found = {
+            let mut rw = out.readwrite();
+            let dst = rw.as_slice_mut()?;
+            let found = zeros::<bool>("keys", if with_found { k.len() } else { 0 })
+                .map_err(crate::error::PyStoreError)?;
+            // A small lookup runs at once, with the GIL held, once every
+            // file has passed its checksum check.
+            py.enter_store_now(
+                (dst, found),
+                |(dst, found)| {
+                    let flags = with_found.then_some(&mut found[..]);
+                    table
+                        .try_lookup_now(k, missing, dst, flags)
+                        .map(|r| r.map(|()| std::mem::take(found)))
+                },
+                |(dst, mut found)| {
+                    let flags = with_found.then_some(&mut found[..]);
+                    table.lookup(k, missing, dst, flags).map(|()| found)
+                },
+            )?
+        };
+        Ok((out, with_found.then(|| found.into_pyarray(py))))
+    }
+
+    /// Every row, keys ascending: (keys, rows).
+    #[allow(clippy::type_complexity)]
+    fn export<'py>(
+        &self,
+        py: Python<'py>,
+    ) -> PyResult<(Bound<'py, PyArray1<i64>>, Bound<'py, PyArray2<f32>>)> {
+        let table = &self.inner;
+        let (keys, rows) = py.enter_store(|| table.export())?;
+        let n = keys.len();
+        let rows = rows
+            .into_pyarray(py)
+            .reshape([n, table.dim()])
+            .map_err(|e| pyo3::exceptions::PyValueError::new_err(e.to_string()))?;
+        Ok((keys.into_pyarray(py), rows))
+    }
+
+    /// Whether each key has a row.
+    fn contains<'py>(
+        &self,
+        py: Python<'py>,
+        keys: PyReadonlyArray1<'py, i64>,
+    ) -> PyResult<Bound<'py, PyArray1<bool>>> {
+        let k = slice(&keys, "keys")?;
+        let table = &self.inner;
+        let out = py.enter_store(|| {
+            let mut out = zeros::<bool>("keys", k.len())?;
+            table.contains(k, &mut out).map(|()| out)
+        })?;
+        Ok(out.into_pyarray(py))
+    }
+}

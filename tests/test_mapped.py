@@ -1,0 +1,233 @@
+"""Table.load(path, mmap=True): a read-only table over a checkpoint's mapped
+files. Reads equal the live table that saved (through chains of incremental
+saves with removals, every row format, every default, hit masks, calls on
+one thread and spread over the pool); writes are refused and change
+nothing; a damaged file is refused when first read, and a crafted index
+cannot hang or misdirect a reader; a checkpoint saved without file indexes
+is refused with the way to convert it."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import struct
+
+import numpy as np
+import pytest
+
+import embstore
+from embstore import optim
+
+from ._crafted import crc32c, rewrite_manifest
+
+DIM = 6
+
+
+def trained(dtype: str = "float32", num_shards: int = 4) -> embstore.Table:
+    t = embstore.Table(DIM, optimizer=optim.Adam(lr=0.01), dtype=dtype, num_shards=num_shards)
+    rng = np.random.default_rng(0)
+    for _ in range(3):
+        k = rng.integers(-500, 2_000, 600)
+        t.lookup(k)
+        t.apply_gradients(k, rng.standard_normal((k.size, DIM)).astype(np.float32))
+    return t
+
+
+KEYS = np.concatenate([np.arange(-600, 2_100, 7), [2**62, -(2**62), 0, 5, 3_000, 1_049]])
+
+
+def assert_reads_equal(
+    live: embstore.Table, mapped: embstore.MappedTable, also: np.ndarray | None = None
+) -> None:
+    keys = KEYS if also is None else np.concatenate([KEYS, also])
+    assert len(mapped) == len(live)
+    assert mapped.dim == live.dim
+    assert mapped.dtype == live.dtype
+    for default in ("init", "zeros", np.linspace(-1, 1, DIM).astype(np.float32)):
+        np.testing.assert_array_equal(
+            mapped.lookup(keys, default=default), live.lookup(keys, insert=False, default=default)
+        )
+    rows, found = mapped.lookup(keys, return_found=True)
+    want_rows, want_found = live.lookup(keys, insert=False, return_found=True)
+    np.testing.assert_array_equal(rows, want_rows)
+    np.testing.assert_array_equal(found, want_found)
+    np.testing.assert_array_equal(mapped.contains(keys), live.contains(keys))
+    # A call spread over the pool (more than 4,096 keys), with repeats.
+    many = np.tile(keys, 20)
+    np.testing.assert_array_equal(mapped.lookup(many), live.lookup(many, insert=False))
+    # Pooled: bags of 0 to 5 ids (repeats included), every combiner, weights.
+    rng = np.random.default_rng(3)
+    offsets = np.concatenate([[0], np.cumsum(rng.integers(0, 6, 300))])
+    ids = rng.choice(keys, offsets[-1])
+    weights = rng.random(ids.size).astype(np.float32)
+    for combiner in ("sum", "mean", "sqrtn"):
+        for w in (None, weights):
+            np.testing.assert_array_equal(
+                mapped.lookup_pooled(ids, offsets, combiner=combiner, weights=w),
+                live.lookup_pooled(ids, offsets, combiner=combiner, weights=w, insert=False),
+            )
+    for got, want in zip(mapped.export(), live.export(), strict=True):
+        np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
+def test_mapped_reads_equal_the_live_table_through_a_chain(tmp_path, dtype: str) -> None:
+    t = trained(dtype)
+    path = tmp_path / "c"
+    t.save(path)
+    assert_reads_equal(t, embstore.Table.load(path, mmap=True))
+    # Deltas: changed rows, removed keys, a removed key inserted again,
+    # saved by a table with another shard count.
+    held = t.export()[0]
+    back = held[(held >= 0) & (held < 300)][:2]  # removed, then inserted again
+    assert back.size == 2
+    t.remove(np.arange(0, 300))
+    t.assign(np.array([*back, 3_000]), np.full((3, DIM), 0.5, np.float32))
+    assert t.contains(back).all()
+    t.apply_gradients(np.arange(900, 1_000), np.ones((100, DIM), np.float32))
+    t.save(path, incremental=True)
+    assert_reads_equal(t, embstore.Table.load(path, mmap=True), back)
+    u = embstore.Table.load(path, num_shards=3)
+    u.remove(np.arange(1_000, 1_050))
+    u.save(path, incremental=True)
+    assert_reads_equal(u, embstore.Table.load(path, mmap=True))
+
+
+def test_an_empty_checkpoint_maps_to_an_empty_table(tmp_path) -> None:
+    t = embstore.Table(DIM)
+    t.save(tmp_path / "c")
+    m = embstore.Table.load(tmp_path / "c", mmap=True)
+    assert len(m) == 0
+    np.testing.assert_array_equal(m.lookup(KEYS), t.lookup(KEYS, insert=False))
+
+
+def test_every_write_is_refused_and_changes_nothing(tmp_path) -> None:
+    t = trained()
+    t.save(tmp_path / "c")
+    m = embstore.Table.load(tmp_path / "c", mmap=True)
+    before = m.lookup(KEYS)
+    files = {p.name: p.read_bytes() for p in (tmp_path / "c").iterdir()}
+    g = np.ones((2, DIM), np.float32)
+    writes = [
+        lambda: m.lookup([1, 2], insert=True),
+        lambda: m.lookup_pooled([1, 2], [0, 2], insert=True),
+        lambda: m.assign([1, 2], g),
+        lambda: m.apply_gradients([1, 2], g),
+        lambda: m.apply_pooled_gradients([1, 2], [0, 2], g[:1]),
+        lambda: m.remove([1]),
+        lambda: m.reserve(10),
+        lambda: m.evict(),
+        lambda: m.load_state_dict({}),
+    ]
+    for write in writes:
+        with pytest.raises(embstore.ReadOnlyError, match=r"read-only .*Table\.load"):
+            write()
+    np.testing.assert_array_equal(m.lookup(KEYS), before)
+    assert {p.name: p.read_bytes() for p in (tmp_path / "c").iterdir()} == files
+
+
+def row_files(path: pathlib.Path) -> list[pathlib.Path]:
+    m = json.loads((path / "manifest.json").read_text())
+    return [path / f["name"] for link in m["chain"] for f in link["files"]]
+
+
+def header(data: bytes) -> tuple[int, dict]:
+    (n,) = struct.unpack("<Q", data[:8])
+    return n, json.loads(data[8 : 8 + n])
+
+
+def file_keys(data: bytes) -> np.ndarray:
+    n, h = header(data)
+    lo, hi = h["keys"]["data_offsets"]
+    return np.frombuffer(data[8 + n + lo : 8 + n + hi], np.int64)
+
+
+def test_a_damaged_file_is_refused_when_first_read_and_the_others_serve(tmp_path) -> None:
+    t = trained(num_shards=2)
+    path = tmp_path / "c"
+    t.save(path)
+    bad, good = row_files(path)
+    data = bytearray(bad.read_bytes())
+    n, h = header(bytes(data))
+    start = 8 + n + h["rows"]["data_offsets"][0]
+    data[start + 5] ^= 0x40  # one bit of one stored row
+    bad.write_bytes(bytes(data))
+    m = embstore.Table.load(path, mmap=True)  # opening reads no rows
+    bad_keys, good_keys = file_keys(bytes(data)), file_keys(good.read_bytes())
+    np.testing.assert_array_equal(m.lookup(good_keys), t.lookup(good_keys, insert=False))
+    for _ in range(2):  # refused every time, never served
+        with pytest.raises(embstore.CheckpointError, match="checksum mismatch"):
+            m.lookup(bad_keys[:1])
+
+
+def test_a_crafted_index_with_a_valid_checksum_cannot_hang_or_misdirect(tmp_path) -> None:
+    t = embstore.Table(DIM, num_shards=1)
+    t.assign(np.arange(50), np.ones((50, DIM), np.float32))
+    path = tmp_path / "c"
+    t.save(path)
+    (f,) = row_files(path)
+    # Every slot taken by another key (no empty one to end a probe); every
+    # slot naming the probed key at a row past the file's rows.
+    for key, row in ((7, 1), (10_000, 1_000)):
+        data = bytearray(f.read_bytes())
+        n, h = header(bytes(data))
+        lo, hi = h["index"]["data_offsets"]
+        data[8 + n + lo : 8 + n + hi] = struct.pack("<qq", key, row) * ((hi - lo) // 16)
+        f.write_bytes(bytes(data))
+
+        def fix(m: dict, size: int = len(data), crc: int = crc32c(bytes(data))) -> None:
+            m["chain"][0]["files"][0]["bytes"] = size
+            m["chain"][0]["files"][0]["crc32c"] = crc
+
+        rewrite_manifest(path, fix)
+        m = embstore.Table.load(path, mmap=True)
+        with pytest.raises(embstore.CheckpointError, match="index"):
+            m.lookup(np.array([10_000]))
+
+
+def test_a_checkpoint_without_file_indexes_is_refused_with_the_way_to_convert_it(
+    tmp_path,
+) -> None:
+    """As a checkpoint saved before file indexes: the index tensor and the
+    header metadata gone, checksums valid. Table.load still loads it, and
+    saving it again gives a checkpoint that maps."""
+    # SGD(lr=0.5): parameters whose JSON spelling is the same in Python and
+    # in the native writer, so the rewritten manifest's checksum matches.
+    t = embstore.Table(DIM, optimizer=optim.SGD(lr=0.5), num_shards=2)
+    t.lookup(np.arange(-300, 700))
+    path = tmp_path / "c"
+    t.save(path)
+    sizes = {}
+    for f in row_files(path):
+        data = f.read_bytes()
+        n, h = header(data)
+        lo, hi = h.pop("index")["data_offsets"]
+        h.pop("__metadata__")
+        assert hi == len(data) - 8 - n  # the index is the last tensor
+        text = json.dumps(h, separators=(",", ":")).encode()
+        text += b" " * (-len(text) % 8)
+        old = struct.pack("<Q", len(text)) + text + data[8 + n : 8 + n + lo]
+        f.write_bytes(old)
+        sizes[f.name] = (len(old), crc32c(old))
+
+    def fix(m: dict) -> None:
+        for link in m["chain"]:
+            for e in link["files"]:
+                e["bytes"], e["crc32c"] = sizes[e["name"]]
+
+    rewrite_manifest(path, fix)
+    with pytest.raises(embstore.CheckpointError, match=r"Table\.load and save it again"):
+        embstore.Table.load(path, mmap=True)
+    loaded = embstore.Table.load(path)
+    loaded.save(tmp_path / "again")
+    assert_reads_equal(t, embstore.Table.load(tmp_path / "again", mmap=True))
+
+
+def test_tensor_keys_give_tensors(tmp_path) -> None:
+    torch = pytest.importorskip("torch")
+    t = trained()
+    t.save(tmp_path / "c")
+    m = embstore.Table.load(tmp_path / "c", mmap=True)
+    rows, found = m.lookup(torch.tensor([1, 2, 99_999]), return_found=True)
+    assert isinstance(rows, torch.Tensor)
+    assert found.tolist() == t.contains([1, 2, 99_999]).tolist()
