@@ -44,17 +44,22 @@ def test_bench_quick_runs_and_reports_every_measure() -> None:
         assert "x embstore's time" in line or "skipped, not importable here (" in line
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(300)
-def test_bench_bags_reports_each_bag_length_and_the_full_step() -> None:
+def bench_json(part: str) -> dict:
+    """``python -m embstore bench PART --quick --json``'s result."""
     out = subprocess.run(
-        [sys.executable, "-m", "embstore", "bench", "--bags", "--quick", "--json"],
+        [sys.executable, "-m", "embstore", "bench", part, "--quick", "--json"],
         check=True,
         capture_output=True,
         text=True,
         timeout=300,
     ).stdout
-    res = json.loads(out)
+    return json.loads(out)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_bench_bags_reports_each_bag_length_and_the_full_step() -> None:
+    res = bench_json("--bags")
     assert list(res["per_bag_length"]) == ["1", "4", "26", "100"]
     for per, r in res["per_bag_length"].items():
         assert r["bags"] == res["ids"] // int(per)
@@ -66,14 +71,7 @@ def test_bench_bags_reports_each_bag_length_and_the_full_step() -> None:
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_bench_readers_reports_plain_and_lru_tables_beside_each_writer() -> None:
-    out = subprocess.run(
-        [sys.executable, "-m", "embstore", "bench", "--readers", "--quick", "--json"],
-        check=True,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    ).stdout
-    res = json.loads(out)
+    res = bench_json("--readers")
     rows = ["alone"] + [f"{w}_table_writer{s}" for s in ("", "_lru") for w in ("other", "same")]
     for name in rows:
         assert res[name]["calls"] > 0, name

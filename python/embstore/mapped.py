@@ -13,6 +13,7 @@ is refused (:class:`embstore.CheckpointError`) on every call.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Literal, NoReturn, overload
 
 import numpy as np
@@ -32,6 +33,17 @@ from embstore.exceptions import ReadOnlyError
 
 if TYPE_CHECKING:
     import torch
+
+
+def _refused(name: str) -> Callable[..., NoReturn]:
+    """A method of MappedTable that changes rows: refused, naming itself."""
+
+    def refuse(self: MappedTable, *args: Any, **kwargs: Any) -> NoReturn:
+        self._refuse(name)
+
+    refuse.__name__ = refuse.__qualname__ = name
+    refuse.__doc__ = "Refused: the table is read-only (:class:`embstore.ReadOnlyError`)."
+    return refuse
 
 
 class MappedTable:
@@ -159,30 +171,10 @@ class MappedTable:
             "load it with Table.load(path) to change rows"
         )
 
-    def assign(self, *args: Any, **kwargs: Any) -> NoReturn:
-        """Refused: the table is read-only."""
-        self._refuse("assign")
-
-    def apply_gradients(self, *args: Any, **kwargs: Any) -> NoReturn:
-        """Refused: the table is read-only."""
-        self._refuse("apply_gradients")
-
-    def apply_pooled_gradients(self, *args: Any, **kwargs: Any) -> NoReturn:
-        """Refused: the table is read-only."""
-        self._refuse("apply_pooled_gradients")
-
-    def remove(self, *args: Any, **kwargs: Any) -> NoReturn:
-        """Refused: the table is read-only."""
-        self._refuse("remove")
-
-    def reserve(self, *args: Any, **kwargs: Any) -> NoReturn:
-        """Refused: the table is read-only."""
-        self._refuse("reserve")
-
-    def evict(self, *args: Any, **kwargs: Any) -> NoReturn:
-        """Refused: the table is read-only."""
-        self._refuse("evict")
-
-    def load_state_dict(self, *args: Any, **kwargs: Any) -> NoReturn:
-        """Refused: the table is read-only."""
-        self._refuse("load_state_dict")
+    assign = _refused("assign")
+    apply_gradients = _refused("apply_gradients")
+    apply_pooled_gradients = _refused("apply_pooled_gradients")
+    remove = _refused("remove")
+    reserve = _refused("reserve")
+    evict = _refused("evict")
+    load_state_dict = _refused("load_state_dict")
