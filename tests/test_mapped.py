@@ -185,6 +185,30 @@ def test_a_crafted_index_with_a_valid_checksum_cannot_hang_or_misdirect(tmp_path
             m.lookup(np.array([10_000]))
 
 
+@pytest.mark.parametrize("num_shards", ["1000000000000000000", "0", "x"])
+def test_a_crafted_shard_count_is_refused_on_open(tmp_path, num_shards: str) -> None:
+    t = embstore.Table(DIM, num_shards=1)
+    t.assign(np.arange(50), np.ones((50, DIM), np.float32))
+    path = tmp_path / "c"
+    t.save(path)
+    (f,) = row_files(path)
+    data = f.read_bytes()
+    n, h = header(data)
+    h["__metadata__"]["num_shards"] = num_shards
+    text = json.dumps(h, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)
+    crafted = struct.pack("<Q", len(text)) + text + data[8 + n :]
+    f.write_bytes(crafted)
+
+    def fix(m: dict) -> None:
+        m["chain"][0]["files"][0]["bytes"] = len(crafted)
+        m["chain"][0]["files"][0]["crc32c"] = crc32c(crafted)
+
+    rewrite_manifest(path, fix)
+    with pytest.raises(embstore.CheckpointError, match=r"shard|num_shards"):
+        embstore.Table.load(path, mmap=True)
+
+
 def test_a_checkpoint_without_file_indexes_is_refused_with_the_way_to_convert_it(
     tmp_path,
 ) -> None:

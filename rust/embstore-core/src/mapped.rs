@@ -21,13 +21,13 @@ use crate::hash::{key_hash, shard_of};
 use crate::init::Initializer;
 use crate::policy::RowFormat;
 use crate::simd::Backend;
-use crate::table::Missing;
 use crate::table::checkpoint::file_index::{self, INDEX_FORMAT};
 use crate::table::checkpoint::files::{io_err, with_file};
 use crate::table::checkpoint::manifest::{FileEntry, Manifest, read_manifest};
 use crate::table::checkpoint::tensors::{parse_removed, rows_dtype};
 use crate::table::checkpoint::untrusted;
 use crate::table::checks::check_len;
+use crate::table::{MAX_SHARDS, Missing};
 use crate::zeroed::{with_room, zeros};
 use memmap2::Mmap;
 use rayon::prelude::*;
@@ -187,7 +187,7 @@ fn map_file(
             .ok_or_else(|| bad(format!("header metadata {name:?} is not a count")))
     };
     let (shards, shard) = (num("num_shards")?, num("shard")?);
-    if shards == 0 || shard >= shards {
+    if !(1..=MAX_SHARDS).contains(&shards) || shard >= shards {
         return Err(bad(format!("shard {shard} of {shards}: not a shard")));
     }
     let n = e.rows as usize;
@@ -473,8 +473,19 @@ impl MappedTable {
     /// # Errors
     /// `OutOfMemory` naming `rows`; `Checkpoint` for a damaged file.
     pub fn export(&self) -> Result<(Vec<i64>, Vec<f32>)> {
+        // Room for every row the files hold (the manifest's count is
+        // checked, not trusted, here), taken fallibly.
+        let held: usize = self
+            .links
+            .iter()
+            .flat_map(|l| l.files.iter().flatten())
+            .map(|f| f.n)
+            .sum();
         let mut decided: HashSet<i64> = HashSet::new();
-        let mut refs: Vec<(i64, &MappedFile, usize)> = with_room("rows", self.rows as usize)?;
+        decided
+            .try_reserve(held)
+            .map_err(|_| crate::error::oom("rows", held.saturating_mul(16)))?;
+        let mut refs: Vec<(i64, &MappedFile, usize)> = with_room("rows", held)?;
         // Newest link first: a key is taken from the newest link whose files
         // hold it; a link's removals hide the links before it.
         for link in &self.links {

@@ -403,20 +403,26 @@ impl Table {
             if pos.is_empty() {
                 continue;
             }
-            let reads = storage::shard::Reads {
-                tick,
-                step,
-                keys: pos
-                    .iter()
-                    .map(|&i| (keys[i as usize], plan.hashes[i as usize]))
-                    .collect(),
-            };
-            match storage::try_lock(lock.try_write()) {
-                Some(mut g) => {
-                    g.count_reads();
-                    g.touch_read(&reads);
+            let key_of = |&i: &u32| (keys[i as usize], plan.hashes[i as usize]);
+            if let Some(mut g) = storage::try_lock(lock.try_write()) {
+                g.count_reads();
+                for (key, hash) in pos.iter().map(key_of) {
+                    if let Some(r) = g.find(key, hash) {
+                        g.arena.touch(r, tick, step, 1);
+                    }
                 }
-                None => self.views[s].queue_reads(reads),
+                continue;
+            }
+            // Queued for the lock's next holder; without the memory for
+            // the queue entry, these reads go uncounted (touches are a
+            // hint to eviction, never worth an abort).
+            if let Ok(mut queued) = crate::zeroed::with_room("keys", pos.len()) {
+                queued.extend(pos.iter().map(key_of));
+                self.views[s].queue_reads(storage::shard::Reads {
+                    tick,
+                    step,
+                    keys: queued,
+                });
             }
         }
     }
