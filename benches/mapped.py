@@ -75,6 +75,8 @@ def sharing(path: str, rows: int, procs: int, mmap: bool) -> list[int]:
     got = [out.get(timeout=600) for _ in ps]
     for p in ps:
         p.join(timeout=600)
+        if p.exitcode != 0:
+            raise RuntimeError(f"a reader process ended with exit code {p.exitcode}")
     return got
 
 

@@ -257,52 +257,19 @@ def test_tensor_keys_give_tensors(tmp_path) -> None:
     assert found.tolist() == t.contains([1, 2, 99_999]).tolist()
 
 
-def _private_bytes() -> int:
-    total = 0
-    with open("/proc/self/smaps_rollup") as f:
-        for line in f:
-            if line.startswith(("Private_Clean:", "Private_Dirty:")):
-                total += int(line.split()[1]) * 1024
-    return total
-
-
-def _read_all(path: str, mmap: bool, rows: int, barrier, out) -> None:  # type: ignore[no-untyped-def]
-    before = _private_bytes()
-    table = embstore.Table.load(path, mmap=mmap)
-    for lo in range(0, rows, 65_536):
-        table.lookup(np.arange(lo, min(rows, lo + 65_536)), insert=False)
-    embstore.free_output_buffers()  # kept output buffers are not the table's
-    barrier.wait()  # every process holds its table now
-    out.put(_private_bytes() - before)
-    barrier.wait()
-
-
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_processes_that_map_one_checkpoint_share_its_rows(tmp_path) -> None:
     """Three processes read every row of one mapped checkpoint at once: each
     holds under 10% of the rows' bytes as private memory (smaps_rollup),
-    where each that loads it holds more than all of them."""
-    import multiprocessing as mp
+    where each that loads it holds more than all of them. Measured by the
+    bench's own function (benches/mapped.py)."""
+    from benches.mapped import save_table, sharing
 
     rows = 200_000
-    t = embstore.Table(64, seed=0)
-    t.lookup(np.arange(rows))
-    t.save(tmp_path / "c", with_optimizer=False)
+    save_table(str(tmp_path / "c"), rows)
     row_bytes = rows * 64 * 4
-    ctx = mp.get_context("spawn")
-    private = {}
-    for mmap in (True, False):
-        barrier, out = ctx.Barrier(3), ctx.Queue()
-        procs = [
-            ctx.Process(target=_read_all, args=(str(tmp_path / "c"), mmap, rows, barrier, out))
-            for _ in range(3)
-        ]
-        for p in procs:
-            p.start()
-        private[mmap] = [out.get(timeout=120) for _ in procs]
-        for p in procs:
-            p.join(timeout=120)
-            assert p.exitcode == 0
-    assert max(private[True]) < 0.1 * row_bytes, private
-    assert min(private[False]) > row_bytes, private
+    mapped = sharing(str(tmp_path / "c"), rows, 3, mmap=True)
+    loaded = sharing(str(tmp_path / "c"), rows, 3, mmap=False)
+    assert max(mapped) < 0.1 * row_bytes, mapped
+    assert min(loaded) > row_bytes, loaded
