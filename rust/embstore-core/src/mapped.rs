@@ -16,7 +16,7 @@
 //! with SIGBUS); embstore never does either: a save writes new files and
 //! unlinks the old ones, which stay readable through the map.
 
-use crate::error::{Result, ckpt_err, invalid};
+use crate::error::{Result, ckpt_err};
 use crate::hash::{key_hash, shard_of};
 use crate::init::Initializer;
 use crate::policy::RowFormat;
@@ -400,12 +400,7 @@ impl MappedTable {
     ) -> Result<()> {
         let dim = self.dim;
         check_len("out", keys.len() * dim, out.len())?;
-        if let Missing::Row(row) = missing {
-            check_len("default", dim, row.len())?;
-            if row.iter().any(|v| !v.is_finite()) {
-                return Err(invalid("default", "expected finite values"));
-            }
-        }
+        missing.check(dim)?;
         let mut none = Vec::new();
         let found = match found {
             Some(f) => {
@@ -421,7 +416,14 @@ impl MappedTable {
                     true
                 }
                 None => {
-                    self.fill_missing(key, dst, missing);
+                    missing.fill(
+                        &self.initializer,
+                        self.backend,
+                        self.seed,
+                        self.format,
+                        key,
+                        dst,
+                    );
                     false
                 }
             };
@@ -509,17 +511,5 @@ impl MappedTable {
             .with_min_len(1024)
             .for_each(|(dst, &(_, f, r))| self.decode(f, r, dst));
         Ok((refs.iter().map(|&(k, _, _)| k).collect(), rows))
-    }
-
-    fn fill_missing(&self, key: i64, dst: &mut [f32], missing: Missing<'_>) {
-        match missing {
-            Missing::Init => {
-                self.initializer
-                    .fill_with(self.backend, self.seed, key, dst);
-                self.format.round(dst);
-            }
-            Missing::Zeros => dst.fill(0.0),
-            Missing::Row(row) => dst.copy_from_slice(row),
-        }
     }
 }

@@ -63,6 +63,46 @@ pub enum Missing<'a> {
     Row(&'a [f32]),
 }
 
+impl Missing<'_> {
+    /// Checks a default for missing keys: a given row has `dim` finite
+    /// floats.
+    ///
+    /// # Errors
+    /// `ShapeMismatch` or `InvalidArgument`, naming `default`.
+    pub(crate) fn check(self, dim: usize) -> Result<()> {
+        if let Missing::Row(row) = self {
+            check_len("default", dim, row.len())?;
+            if row.iter().any(|v| !v.is_finite()) {
+                return Err(invalid("default", "expected finite values"));
+            }
+        }
+        Ok(())
+    }
+
+    /// What a key without a row reads as, into `dst` (`dim` floats): the
+    /// row `initializer` gives it under `seed` (rounded to `format`),
+    /// zeros or the given row.
+    #[inline]
+    pub(crate) fn fill(
+        self,
+        initializer: &Initializer,
+        backend: Backend,
+        seed: u64,
+        format: RowFormat,
+        key: i64,
+        dst: &mut [f32],
+    ) {
+        match self {
+            Missing::Init => {
+                initializer.fill_with(backend, seed, key, dst);
+                format.round(dst);
+            }
+            Missing::Zeros => dst.fill(0.0),
+            Missing::Row(row) => dst.copy_from_slice(row),
+        }
+    }
+}
+
 /// A row slot meaning "no row": a key that is absent (not found, or not
 /// admitted) in the per-shard row lists of a plan, the memo and the pooled
 /// passes.
@@ -511,27 +551,19 @@ impl Table {
     /// or the caller's default row.
     #[inline]
     pub(crate) fn fill_missing(&self, key: i64, dst: &mut [f32], missing: Missing<'_>) {
-        match missing {
-            Missing::Init => {
-                self.initializer
-                    .fill_with(self.backend, self.seed, key, dst);
-                self.policy.format.round(dst);
-            }
-            Missing::Zeros => dst.fill(0.0),
-            Missing::Row(row) => dst.copy_from_slice(row),
-        }
+        missing.fill(
+            &self.initializer,
+            self.backend,
+            self.seed,
+            self.policy.format,
+            key,
+            dst,
+        );
     }
 
-    /// Checks a lookup's default for missing keys: a given row has `dim`
-    /// finite floats.
+    /// Checks a lookup's default for missing keys ([`Missing::check`]).
     pub(crate) fn check_missing(&self, missing: Missing<'_>) -> Result<()> {
-        if let Missing::Row(row) = missing {
-            check_len("default", self.dim, row.len())?;
-            if row.iter().any(|v| !v.is_finite()) {
-                return Err(invalid("default", "expected finite values"));
-            }
-        }
-        Ok(())
+        missing.check(self.dim)
     }
 
     /// Writes the weights of arena row `row` (all its words) to `dst`.
