@@ -74,7 +74,9 @@
 //!    waits.
 //! 6. Leaf locks, never held while taking another or running parallel work:
 //!    the memo, the last-save mark, the per-shard slots of `FoundRows`, the
-//!    binding's output buffer pool.
+//!    binding's output buffer pool, and a mapped file's checksum check
+//!    (`mapped`: a `OnceLock` whose one checker only computes a CRC, so a
+//!    pool job that waits for it waits for no pool work and no lock).
 //!
 //! The rule behind the order: no thread waits for pool work while holding a
 //! lock that a pool job might wait for. Gates are never taken inside a job,
