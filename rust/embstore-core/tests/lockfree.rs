@@ -12,7 +12,9 @@
 //!
 //! `EMBSTORE_TORN_ROWS=N` reads at least N rows (the figure in
 //! benches/RESULTS.md is from N = 10^8, release build); the default is a
-//! short run for CI.
+//! short run for CI. A last test checks that a row found is its own key's
+//! assigned row (a row published before its values were written once
+//! showed zeros to a reader with a hit mask).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -248,4 +250,80 @@ fn readers_of_an_evicting_table_never_see_a_torn_row() {
     };
     let n = run(table(false, policy), wanted() / 4, true);
     eprintln!("evicting: {n} rows read, none torn");
+}
+
+/// A key's row holds the key's own value in every column; a writer removes
+/// keys and assigns them again (so rows are freed, reused and re-created)
+/// while readers take hit masks: every row found is its key's row, never a
+/// row published before its values were written (the initializer's zeros
+/// or a removed key's floats), and every row missing reads zeros.
+#[test]
+fn a_found_row_is_always_its_own_keys_assigned_row() {
+    const N: i64 = 2_000;
+    let t = {
+        let mut cfg = TableConfig::new(16);
+        cfg.initializer = Initializer::Zeros;
+        cfg.num_shards = Some(4);
+        Arc::new(Table::new(cfg).unwrap())
+    };
+    let value = |k: i64| (k + 1) as f32;
+    let rows_of = move |keys: &[i64]| -> Vec<f32> {
+        keys.iter()
+            .flat_map(|&k| std::iter::repeat_n(value(k), 16))
+            .collect()
+    };
+    let all: Vec<i64> = (0..N).collect();
+    t.assign(&all, &rows_of(&all)).unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let writer = {
+        let (t, stop) = (t.clone(), stop.clone());
+        thread::spawn(move || {
+            let mut round = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                let keys: Vec<i64> = (0..300)
+                    .map(|i| (draw(7, round * 300 + i) % N as u64) as i64)
+                    .collect();
+                t.remove(&keys).unwrap();
+                t.assign(&keys, &rows_of(&keys)).unwrap();
+                round += 1;
+            }
+        })
+    };
+    let want = wanted() / 4;
+    let readers: Vec<_> = (0..2u64)
+        .map(|r| {
+            let t = t.clone();
+            thread::spawn(move || {
+                let mut read = 0u64;
+                let mut round = 0u64;
+                let start = Instant::now();
+                while read < want / 2 || start.elapsed() < Duration::from_millis(500) {
+                    assert!(start.elapsed() < Duration::from_secs(600), "hung");
+                    let keys: Vec<i64> = (0..512)
+                        .map(|i| (draw(50 + r, round * 512 + i) % N as u64) as i64)
+                        .collect();
+                    let mut out = vec![0.0; keys.len() * 16];
+                    let mut found = vec![false; keys.len()];
+                    t.lookup_found(&keys, Missing::Zeros, &mut out, &mut found)
+                        .unwrap();
+                    for (j, row) in out.chunks_exact(16).enumerate() {
+                        let want = if found[j] { value(keys[j]) } else { 0.0 };
+                        assert!(
+                            row.iter().all(|&x| x == want),
+                            "key {} found {}: {row:?}",
+                            keys[j],
+                            found[j]
+                        );
+                    }
+                    read += keys.len() as u64;
+                    round += 1;
+                }
+                read
+            })
+        })
+        .collect();
+    let read: u64 = readers.into_iter().map(|h| h.join().unwrap()).sum();
+    stop.store(true, Ordering::Relaxed);
+    writer.join().unwrap();
+    eprintln!("hit masks: {read} rows read, each its own key's");
 }

@@ -135,20 +135,31 @@ impl Table {
             let len0 = g.len();
             for &i in pos {
                 let i = i as usize;
-                let (r, _) = g.find_or_insert(keys[i], plan.hashes[i], save_gen, |_, _| {});
+                // A new key's row is written before its key is published, so
+                // a serving read never sees it with any other floats.
+                let write = |w: &mut [f32], st: &mut [f32]| {
+                    self.write_weights(w, &values[i * dim..(i + 1) * dim]);
+                    match (state, &self.optimizer) {
+                        (Some(src), _) => st.copy_from_slice(&src[i * sl..(i + 1) * sl]),
+                        (None, Some(o)) => o.init_state(st),
+                        (None, None) => {}
+                    }
+                };
+                let mut written = false;
+                let (r, _) = g.find_or_insert(keys[i], plan.hashes[i], save_gen, |w, st| {
+                    write(w, st);
+                    written = true;
+                });
                 if track {
                     match meta {
                         Some(m) => *g.arena.meta_mut(r) = Meta::from_words(&m[i * 4..i * 4 + 4]),
                         None => g.arena.touch(r, tick, step, 1),
                     }
                 }
-                let mut change = g.row_to_change(r, save_gen);
-                let (w, st) = change.parts();
-                self.write_weights(w, &values[i * dim..(i + 1) * dim]);
-                match (state, &self.optimizer) {
-                    (Some(src), _) => st.copy_from_slice(&src[i * sl..(i + 1) * sl]),
-                    (None, Some(o)) => o.init_state(st),
-                    (None, None) => {}
+                if !written {
+                    let mut change = g.row_to_change(r, save_gen);
+                    let (w, st) = change.parts();
+                    write(w, st);
                 }
             }
             if meta.is_none() {
