@@ -714,7 +714,13 @@ class Table:
         embstore. The save is crash-safe: until it returns, the previous
         checkpoint at ``path`` stays whole and loadable. ``incremental=True``
         writes only the rows changed and the keys removed since this table's
-        last save (or load) at ``path``, chained to it. ``with_optimizer=False``
+        last save (or load) at ``path``, chained to it; each path keeps its
+        own record (up to eight paths), so serving publishes to one path and
+        training checkpoints to another are both incremental. Chains stay
+        bounded: past eight deltas a save writes one delta of every change
+        since the full save in their place, and once the deltas hold half
+        the full save's rows it writes a full save (the manifest's last
+        link says which). ``with_optimizer=False``
         writes rows only (a serving export). Calls that change rows wait while
         the snapshot is taken. ``progress``: draw a progress bar on stderr
         for a save that takes more than a moment (None: when stderr is a

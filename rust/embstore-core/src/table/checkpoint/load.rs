@@ -12,12 +12,11 @@ use crate::table::checkpoint::manifest::{
 use crate::table::checkpoint::tensors::{
     check_rows, expect_tensor, i64s, parse_removed, parse_rows,
 };
-use crate::table::{Table, TableConfig, storage};
+use crate::table::{Table, TableConfig};
 use rayon::iter::{IntoParallelRefIterator, ParallelIterator};
 use safetensors::tensor::{Dtype, SafeTensors};
 use std::fs;
 use std::path::Path;
-use std::sync::PoisonError;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 impl Table {
@@ -198,19 +197,17 @@ impl Table {
         }
         table.set_step(m.step)?;
         table.set_clock(m.clock);
+        // Loaded rows are of save generation 1, rows changed from now on of
+        // 2: an incremental save here writes those.
         table.generation.store(2, Ordering::Release);
-        for lock in table.shards.iter() {
-            let mut g = storage::write(lock);
-            g.removed = Vec::new();
-            g.track_removals = true;
-        }
         let canonical = fs::canonicalize(dir).map_err(|e| io_err(dir, "cannot resolve", &e))?;
-        *table
-            .last_save
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner) = Some(SaveMark {
+        let ends = table.removal_ends();
+        table.set_mark(SaveMark {
             dir: canonical,
             id: m.id.clone(),
+            since: 1,
+            removed_at: ends.clone(),
+            base: (m.chain.len() == 1).then_some((1, ends)),
         });
         Ok((table, m))
     }

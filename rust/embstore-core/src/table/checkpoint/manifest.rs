@@ -225,16 +225,37 @@ pub struct SaveInfo {
     pub bytes_written: u64,
 }
 
-/// Where a table was last saved: incremental saves continue that chain.
+/// What a table knows of one checkpoint path it saved to (or loaded from):
+/// an incremental save there writes what changed since. Each path has its
+/// own mark, so a trainer can publish serving updates to one path and save
+/// training checkpoints to another, each chain incremental.
 #[derive(Debug, Clone)]
 pub(crate) struct SaveMark {
+    /// The directory, canonical.
     pub(crate) dir: PathBuf,
+    /// The id of the manifest this table published (or loaded) there: an
+    /// incremental save continues only that checkpoint.
     pub(crate) id: String,
+    /// The save generation of that save: rows marked with a later one
+    /// changed since.
+    pub(crate) since: u32,
+    /// Per shard, the position in the shard's removal log at that save
+    /// (removals since are the log from there).
+    pub(crate) removed_at: Vec<u64>,
+    /// The same two at the save of the chain's full link, when this table
+    /// wrote it (a table loaded from a chain of deltas does not know what
+    /// changed since the base): a compacting save writes the changes since
+    /// the base as one delta.
+    pub(crate) base: Option<(u32, Vec<u64>)>,
 }
 
-/// The last save of each table (by address would be fragile; it lives in
-/// the table itself).
-pub(crate) type LastSave = Mutex<Option<SaveMark>>;
+/// Paths whose marks a table keeps; saving to a further path forgets the
+/// least recently saved one (whose next save must then be full).
+pub(crate) const MAX_MARKS: usize = 8;
+
+/// The save marks of a table, the most recently saved path last (at most
+/// [`MAX_MARKS`]).
+pub(crate) type LastSave = Mutex<Vec<SaveMark>>;
 
 /// Reads and checks a directory's manifest (not yet its files).
 ///

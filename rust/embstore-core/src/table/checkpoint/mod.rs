@@ -14,7 +14,14 @@
 //!
 //! An incremental save appends a delta to the manifest's chain: the rows
 //! changed (inserted, assigned or trained) and the keys removed since the
-//! table's last save to the same directory. Loading replays the chain.
+//! table's last save to the same directory. A table keeps a mark per path
+//! (up to eight), so incremental chains at two paths (serving publishes
+//! and training checkpoints) go on side by side. Chains stay bounded: past
+//! eight deltas an incremental save writes one delta of every change since
+//! the chain's full link in their place, and once the deltas hold half the
+//! base's rows it writes a full checkpoint (`save::Kind`). Each is
+//! published like any save, so a reader or a crash always finds a whole
+//! checkpoint. Loading replays the chain.
 
 pub(crate) mod dirlock;
 pub(crate) mod file_index;

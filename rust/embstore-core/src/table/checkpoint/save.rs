@@ -7,8 +7,8 @@ use crate::table::checkpoint::dirlock::DirLock;
 use crate::table::checkpoint::file_index;
 use crate::table::checkpoint::files::{WRITE_BUFS, fsync_files, io_err, new_id};
 use crate::table::checkpoint::manifest::{
-    FILE_BYTES, FORMAT, FileEntry, Link, MANIFEST, Manifest, NamedConfig, PolicyConfig, SaveInfo,
-    SaveMark, VERSION, read_manifest,
+    FILE_BYTES, FORMAT, FileEntry, Link, MANIFEST, MAX_MARKS, Manifest, NamedConfig, PolicyConfig,
+    SaveInfo, SaveMark, VERSION, read_manifest,
 };
 use crate::table::checkpoint::publish::{
     create_checkpoint_dir, is_ours, lock_for_writing, publish_locked, remove_partial,
@@ -73,8 +73,8 @@ impl Table {
         }
     }
 
-    /// Writes this table's rows (all, or with `only_gen` those changed in that
-    /// save generation) to shard files `{prefix}-SSSSS-CCCC.safetensors` in
+    /// Writes this table's rows (all, or with `since` those changed in a
+    /// later save generation) to shard files `{prefix}-SSSSS-CCCC.safetensors` in
     /// `dir`, at most about 256 MB each, and returns their entries. The
     /// files are not yet fsynced (see [`publish`]). The caller holds the
     /// gate exclusively.
@@ -82,7 +82,7 @@ impl Table {
         &self,
         dir: &Path,
         prefix: &str,
-        only_gen: Option<u32>,
+        since: Option<u32>,
         with_optimizer: bool,
         progress: Option<&AtomicU64>,
     ) -> Result<Vec<FileEntry>> {
@@ -107,7 +107,7 @@ impl Table {
                 // In row order, so that the rows are read in memory order.
                 let mut rows: Vec<(usize, i64)> = g
                     .keys_and_rows()
-                    .filter(|&(_, r)| only_gen.is_none_or(|gen_| g.arena.generation(r) == gen_))
+                    .filter(|&(_, r)| since.is_none_or(|gen_| g.arena.generation(r) > gen_))
                     .map(|(key, r)| (r, key))
                     .collect();
                 rows.sort_unstable_by_key(|&(r, _)| r);
@@ -308,26 +308,28 @@ impl Table {
         // (the writers' lock, held since before the gate); the base of an
         // incremental save is read under it.
         let has_manifest = dir.join(MANIFEST).exists();
-        let base = if incremental {
-            let mark = self
-                .last_save
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .clone();
+        let mark = self
+            .last_save
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .iter()
+            .find(|m| m.dir == canonical)
+            .cloned();
+        let kind = if incremental {
             let prev = if has_manifest {
                 Some(read_manifest(dir)?)
             } else {
                 None
             };
             match (mark, prev) {
-                (Some(mark), Some(prev)) if mark.dir == canonical && mark.id == prev.id => {
+                (Some(mark), Some(prev)) if mark.id == prev.id => {
                     if prev.with_optimizer != with_optimizer {
                         return Err(ckpt_err(
                             dir,
                             "an incremental save must use the with_optimizer of its base",
                         ));
                     }
-                    Some(prev)
+                    Kind::continuing(mark, prev)
                 }
                 _ => {
                     return Err(ckpt_err(
@@ -337,10 +339,11 @@ impl Table {
                 }
             }
         } else {
-            None
+            Kind::Full
         };
         let id = new_id();
-        let written = self.write_and_publish(dir, &id, base, with_optimizer, progress);
+        let full = matches!(kind, Kind::Full);
+        let written = self.write_and_publish(dir, &id, kind.clone(), with_optimizer, progress);
         let (manifest, text_len) = match written {
             Ok(w) => w,
             Err(e) => {
@@ -352,18 +355,19 @@ impl Table {
         };
 
         // From here the new checkpoint is the one at `dir`.
-        self.generation.fetch_add(1, Ordering::AcqRel);
-        for lock in self.shards.iter() {
-            let mut g = storage::write(lock);
-            g.removed = Vec::new();
-            g.track_removals = true;
-        }
-        *self
-            .last_save
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner) = Some(SaveMark {
+        let save_gen = self.generation.fetch_add(1, Ordering::AcqRel);
+        let ends = self.removal_ends();
+        let base = match kind {
+            Kind::Full => Some((save_gen, ends.clone())),
+            Kind::Delta { mark, .. } | Kind::Compact { mark, .. } => mark.base,
+        };
+        debug_assert!(!full || base.is_some());
+        self.set_mark(SaveMark {
             dir: canonical,
             id: id.clone(),
+            since: save_gen,
+            removed_at: ends,
+            base,
         });
         let bytes_written = manifest.chain.last().map_or(0, |l| {
             l.files
@@ -378,37 +382,74 @@ impl Table {
         })
     }
 
+    /// Each shard's removal log end (the caller holds the gate exclusively,
+    /// or the table is not shared yet).
+    pub(crate) fn removal_ends(&self) -> Vec<u64> {
+        self.shards.iter().map(|l| read(l).removed.end()).collect()
+    }
+
+    /// Records `mark` as the mark of its path (the most recent; the least
+    /// recently saved path's mark is forgotten past [`MAX_MARKS`]) and
+    /// drops the removals no mark needs. The caller holds the gate
+    /// exclusively, or the table is not shared yet.
+    pub(crate) fn set_mark(&self, mark: SaveMark) {
+        let mut marks = self
+            .last_save
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        marks.retain(|m| m.dir != mark.dir);
+        marks.push(mark);
+        if marks.len() > MAX_MARKS {
+            marks.remove(0);
+        }
+        for (s, lock) in self.shards.iter().enumerate() {
+            let keep = marks
+                .iter()
+                .map(|m| m.base.as_ref().map_or(m.removed_at[s], |b| b.1[s]))
+                .min()
+                .unwrap_or(u64::MAX);
+            let mut g = storage::write(lock);
+            g.removed.keep_from(keep);
+            g.track_removals = true;
+        }
+    }
+
     /// The writing part of [`Table::save`]: the files of a new link (all
-    /// rows, or with `base` the changes since it), then the manifest,
-    /// published. Returns the manifest and its size. The caller holds the
-    /// gate exclusively and the writers' lock, and removes what was written
+    /// rows, or the changes `kind` names), then the manifest, published.
+    /// Returns the manifest and its size. The caller holds the gate
+    /// exclusively and the writers' lock, and removes what was written
     /// when this fails.
     pub(crate) fn write_and_publish(
         &self,
         dir: &Path,
         id: &str,
-        base: Option<Manifest>,
+        kind: Kind,
         with_optimizer: bool,
         progress: Option<&AtomicU64>,
     ) -> Result<(Manifest, u64)> {
-        let save_gen = self.generation();
-        let delta = base.is_some();
+        let (since, removed_at, chain) = match kind {
+            Kind::Full => (None, None, Vec::new()),
+            Kind::Delta { mark, mut prev } => (
+                Some(mark.since),
+                Some(mark.removed_at),
+                std::mem::take(&mut prev.chain),
+            ),
+            Kind::Compact { mark, mut prev } => {
+                let (gen_, at) = mark.base.expect("a compacting save has its base's mark");
+                prev.chain.truncate(1);
+                (Some(gen_), Some(at), std::mem::take(&mut prev.chain))
+            }
+        };
         let prefix = id.to_string();
-        let files = self.write_rows(
-            dir,
-            &prefix,
-            delta.then_some(save_gen),
-            with_optimizer,
-            progress,
-        )?;
+        let files = self.write_rows(dir, &prefix, since, with_optimizer, progress)?;
 
         let mut removed: Vec<i64> = Vec::new();
-        if delta {
-            for lock in self.shards.iter() {
-                removed.extend_from_slice(&read(lock).removed);
+        if let Some(at) = &removed_at {
+            for (lock, &from) in self.shards.iter().zip(at) {
+                removed.extend_from_slice(read(lock).removed.since(from));
             }
         }
-        let removed_entry = if delta && !removed.is_empty() {
+        let removed_entry = if !removed.is_empty() {
             let mut kb = Vec::with_capacity(removed.len() * 8);
             i64::extend_le(&removed, &mut kb);
             let name = format!("{id}-removed.safetensors");
@@ -433,9 +474,9 @@ impl Table {
 
         let mut manifest = self.manifest_base(id, with_optimizer);
         manifest.rows = self.shards.iter().map(|s| read(s).len() as u64).sum();
-        manifest.chain = base.map(|b| b.chain).unwrap_or_default();
+        manifest.chain = chain;
         manifest.chain.push(Link {
-            kind: if delta { "delta" } else { "full" }.to_string(),
+            kind: if since.is_some() { "delta" } else { "full" }.to_string(),
             files,
             removed: removed_entry,
         });
@@ -444,8 +485,52 @@ impl Table {
     }
 }
 
+/// Deltas a chain holds before an incremental save compacts it.
+pub(crate) const MAX_DELTAS: usize = 8;
+
+/// What a save writes.
+#[derive(Debug, Clone)]
+pub(crate) enum Kind {
+    /// Every row: a new chain.
+    Full,
+    /// The changes since `mark` (this table's last save at the path),
+    /// appended to `prev`'s chain.
+    Delta { mark: SaveMark, prev: Manifest },
+    /// The changes since the chain's full link, replacing its deltas.
+    Compact { mark: SaveMark, prev: Manifest },
+}
+
+impl Kind {
+    /// What an incremental save at a path whose checkpoint `prev` this
+    /// table's `mark` names writes: a delta, or, once the chain holds
+    /// [`MAX_DELTAS`] deltas, one delta of every change since its full
+    /// link; a full save where the deltas hold half the base's rows or more
+    /// (a load would replay more than 1.5 bases) or this table does not
+    /// know the changes since the base (it loaded a chain of deltas). A
+    /// chain so stays within `MAX_DELTAS + 1` links and a load or refresh
+    /// reads at most about 1.5 times a full checkpoint's rows.
+    fn continuing(mark: SaveMark, prev: Manifest) -> Kind {
+        let rows = |l: &Link| -> u64 {
+            l.files.iter().map(|f| f.rows).sum::<u64>() + l.removed.as_ref().map_or(0, |f| f.rows)
+        };
+        let base_rows = prev.chain.first().map_or(0, rows);
+        let delta_rows: u64 = prev.chain.iter().skip(1).map(rows).sum();
+        let deltas = prev.chain.len().saturating_sub(1);
+        if prev.chain.is_empty() || delta_rows.saturating_mul(2) >= base_rows.max(1) {
+            Kind::Full
+        } else if deltas < MAX_DELTAS {
+            Kind::Delta { mark, prev }
+        } else if mark.base.is_some() {
+            Kind::Compact { mark, prev }
+        } else {
+            Kind::Full
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
+    use super::{MAX_DELTAS, MAX_MARKS};
     use crate::table::test_support::{sgd, table, temp_dir};
 
     #[test]
@@ -474,5 +559,130 @@ mod tests {
         let m = t.save(&dir, false, false, None).unwrap().manifest;
         assert!(!m.with_optimizer);
         assert_eq!(t.manifest_base("x", false).dim, 2);
+    }
+
+    /// The table's rows as `(keys, rows)`, keys ascending.
+    fn rows_of(t: &crate::table::Table) -> (Vec<i64>, Vec<f32>) {
+        let (k, r, _) = t.export(false).unwrap();
+        (k, r)
+    }
+
+    #[test]
+    fn each_path_keeps_its_own_incremental_chain() {
+        // A trainer publishing rows-only deltas to one path and saving
+        // checkpoints with state to another, interleaved: each chain loads
+        // to the table as it was at that path's last save.
+        let (serve, train) = (temp_dir("serve"), temp_dir("train"));
+        let t = table(2, 3, sgd(0.1));
+        t.assign(&(0..200).collect::<Vec<i64>>(), &[0.5; 400])
+            .unwrap();
+        t.save(&serve, false, false, None).unwrap();
+        t.save(&train, false, true, None).unwrap();
+        for round in 0..5i64 {
+            t.apply_gradients(&[round, 50 + round], &[0.25; 4]).unwrap();
+            t.remove(&[100 + round]).unwrap();
+            t.assign(&[1_000 + round], &[3.0, 4.0]).unwrap();
+            t.save(&serve, true, false, None).unwrap();
+            let (back, m) = crate::table::Table::load(&serve, None, None).unwrap();
+            assert!(!m.with_optimizer);
+            assert_eq!(m.chain.last().unwrap().kind, "delta");
+            assert_eq!(
+                rows_of(&back),
+                rows_of(&t),
+                "the serving chain at round {round}"
+            );
+            if round % 2 == 0 {
+                t.apply_gradients(&[7], &[1.0; 2]).unwrap();
+                t.remove(&[150 + round]).unwrap();
+                t.save(&train, true, true, None).unwrap();
+                let (back, m) = crate::table::Table::load(&train, None, None).unwrap();
+                assert!(m.with_optimizer);
+                assert_eq!(
+                    rows_of(&back),
+                    rows_of(&t),
+                    "the training chain at round {round}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn incremental_saves_compact_their_chain() {
+        // Small deltas: the chain never holds more than MAX_DELTAS deltas;
+        // past that one delta of every change since the base replaces them.
+        let dir = temp_dir("compact");
+        let t = table(2, 2, sgd(0.1));
+        t.assign(&(0..1_000).collect::<Vec<i64>>(), &[0.5; 2_000])
+            .unwrap();
+        t.save(&dir, false, false, None).unwrap();
+        let mut kinds = Vec::new();
+        for round in 0..30i64 {
+            t.apply_gradients(&[round % 13, 500 + round], &[0.25; 4])
+                .unwrap();
+            t.remove(&[900 + round]).unwrap();
+            let m = t.save(&dir, true, false, None).unwrap().manifest;
+            assert!(m.chain.len() <= MAX_DELTAS + 1);
+            kinds.push(m.chain.len());
+            let (back, _) = crate::table::Table::load(&dir, None, None).unwrap();
+            assert_eq!(rows_of(&back), rows_of(&t), "round {round}");
+            let files = std::fs::read_dir(&dir).unwrap().count();
+            assert!(files <= 4 * (MAX_DELTAS + 1) + 4, "{files} files");
+        }
+        // It compacted (the chain went back to two links) and kept the base.
+        assert!(
+            kinds
+                .windows(2)
+                .any(|w| w[0] == MAX_DELTAS + 1 && w[1] == 2),
+            "{kinds:?}"
+        );
+        // Deltas as large as half the base: a full save instead.
+        let all: Vec<i64> = (0..1_000).collect();
+        t.apply_gradients(&all, &[0.5; 2_000]).unwrap();
+        let m = t.save(&dir, true, false, None).unwrap().manifest;
+        assert_eq!(m.chain.last().unwrap().kind, "delta");
+        t.apply_gradients(&[1], &[0.5; 2]).unwrap();
+        let m = t.save(&dir, true, false, None).unwrap().manifest;
+        assert_eq!((m.chain.len(), m.chain[0].kind.as_str()), (1, "full"));
+        let (back, _) = crate::table::Table::load(&dir, None, None).unwrap();
+        assert_eq!(rows_of(&back), rows_of(&t));
+    }
+
+    #[test]
+    fn a_table_loaded_from_deltas_compacts_by_saving_whole() {
+        let dir = temp_dir("compact-loaded");
+        let t = table(2, 2, sgd(0.1));
+        t.assign(&(0..1_000).collect::<Vec<i64>>(), &[0.5; 2_000])
+            .unwrap();
+        t.save(&dir, false, false, None).unwrap();
+        t.apply_gradients(&[1], &[0.5; 2]).unwrap();
+        t.save(&dir, true, false, None).unwrap();
+        let (back, _) = crate::table::Table::load(&dir, None, None).unwrap();
+        for round in 0..MAX_DELTAS as i64 + 1 {
+            back.apply_gradients(&[round], &[0.5; 2]).unwrap();
+            back.remove(&[800 + round]).unwrap();
+            back.save(&dir, true, false, None).unwrap();
+        }
+        let m = crate::table::checkpoint::read_manifest(&dir).unwrap();
+        assert!(m.chain.len() < MAX_DELTAS + 1, "{}", m.chain.len());
+        let (again, _) = crate::table::Table::load(&dir, None, None).unwrap();
+        assert_eq!(rows_of(&again), rows_of(&back));
+    }
+
+    #[test]
+    fn a_ninth_path_forgets_the_least_recently_saved_one() {
+        let t = table(2, 2, sgd(0.1));
+        t.assign(&[1], &[1.0, 2.0]).unwrap();
+        let dirs: Vec<_> = (0..MAX_MARKS + 1)
+            .map(|i| temp_dir(&format!("mark{i}")))
+            .collect();
+        for d in &dirs {
+            t.save(d, false, false, None).unwrap();
+        }
+        t.assign(&[2], &[1.0, 2.0]).unwrap();
+        let err = t.save(&dirs[0], true, false, None).unwrap_err();
+        assert!(err.to_string().contains("earlier save"), "{err}");
+        for d in &dirs[1..] {
+            t.save(d, true, false, None).unwrap();
+        }
     }
 }

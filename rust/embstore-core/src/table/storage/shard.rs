@@ -304,6 +304,41 @@ pub(crate) unsafe fn copy_racy(dst: &mut [f32], p: *const f32) {
     dst.copy_from_slice(unsafe { racy(p, dst.len()) });
 }
 
+/// The keys a shard removed, from absolute position `base` on (position
+/// `p` is `keys[p - base]`); save marks name positions in it.
+#[derive(Debug, Default)]
+pub(crate) struct RemovalLog {
+    pub keys: Vec<i64>,
+    pub base: u64,
+}
+
+impl RemovalLog {
+    /// The position after the last key logged.
+    pub(crate) fn end(&self) -> u64 {
+        self.base + self.keys.len() as u64
+    }
+
+    /// The keys logged from position `from` on (all that are kept when
+    /// `from` was dropped, which [`RemovalLog::keep_from`] never does to a
+    /// position a mark names).
+    pub(crate) fn since(&self, from: u64) -> &[i64] {
+        let skip = from.saturating_sub(self.base) as usize;
+        &self.keys[skip.min(self.keys.len())..]
+    }
+
+    /// Drops the keys before position `from` (no mark needs them).
+    pub(crate) fn keep_from(&mut self, from: u64) {
+        let drop = (from.saturating_sub(self.base) as usize).min(self.keys.len());
+        if drop > 0 {
+            self.keys.drain(..drop);
+            self.base += drop as u64;
+            if self.keys.capacity() > 4 * self.keys.len() + 64 {
+                self.keys.shrink_to_fit();
+            }
+        }
+    }
+}
+
 /// A shard's index and rows, for the writer: the table wraps each shard in
 /// a lock, which writers take; readers go through the shard's [`View`].
 #[derive(Debug)]
@@ -313,11 +348,13 @@ pub(crate) struct Shard {
     view: Arc<View>,
     /// The writer's counts of the index.
     ix: index::Writer,
-    /// Keys removed since the last save (for incremental checkpoints).
-    pub removed: Vec<i64>,
-    /// Whether removals are recorded in `removed`: only once the table has
-    /// been saved or loaded (before that, no incremental save can follow, so
-    /// an eviction-heavy table never saved keeps no list).
+    /// Keys removed (for incremental checkpoints), in order: the log from
+    /// absolute position `removed_base` on, kept from the earliest position
+    /// a save mark still needs ([`RemovalLog`]).
+    pub removed: RemovalLog,
+    /// Whether removals are logged: only while the table has save marks
+    /// (before its first save or load no incremental save can follow, so an
+    /// eviction-heavy table never saved keeps no log).
     pub track_removals: bool,
     /// Rows.
     pub arena: Arena,
@@ -348,7 +385,7 @@ impl Shard {
                 queued: AtomicUsize::new(0),
             }),
             ix: index::Writer::default(),
-            removed: Vec::new(),
+            removed: RemovalLog::default(),
             track_removals: false,
             arena,
             sketch,
@@ -400,7 +437,7 @@ impl Shard {
     pub(crate) fn bytes(&self) -> usize {
         self.arena.bytes()
             + self.ix.bytes(&self.view.index)
-            + self.removed.capacity() * 8
+            + self.removed.keys.capacity() * 8
             + self.sketch.as_ref().map_or(0, Sketch::bytes)
     }
 
@@ -608,7 +645,7 @@ impl Shard {
         self.ix.remove(&self.view.index, slot);
         self.removals += 1;
         if self.track_removals {
-            self.removed.push(key);
+            self.removed.keys.push(key);
         }
         let (ix, index) = (&self.ix, &self.view.index);
         self.arena.swap_remove(r, |slot| ix.word(index, slot));
