@@ -8,11 +8,20 @@ shard file carries its own hash index (written by ``save``), so no process
 builds an index. A file's CRC-32C is checked once, by the first call that
 reads from it; until it passes no row of it is served, and a damaged file
 is refused (:class:`embstore.CheckpointError`) on every call.
+
+Live updates: ``refresh()`` serves what a trainer published at the path
+since (an incremental save maps its delta's files only; a new full save
+becomes the new base), checking the new files' checksums first and then
+swapping the new version in at once, so a lookup reads the old version or
+the new, never a mix. ``follow=seconds`` refreshes in a background thread.
 """
 
 from __future__ import annotations
 
+import math
 import os
+import threading
+import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Literal, NoReturn, overload
 
@@ -27,12 +36,29 @@ from embstore._convert import (
     as_keys,
     check_bool,
     check_default,
+    check_real,
     like,
 )
 from embstore.exceptions import ReadOnlyError
 
 if TYPE_CHECKING:
     import torch
+
+
+def _follow(ref: weakref.ref[MappedTable], every: float, stop: threading.Event) -> None:
+    """The background refresh of ``MappedTable(follow=every)``: refreshes
+    every ``every`` seconds until the table is closed or collected (it holds
+    the table only while a refresh runs)."""
+    while not stop.wait(every):
+        table = ref()
+        if table is None:
+            return
+        try:
+            table.refresh()
+            table._follow_error = None
+        except Exception as e:  # kept for the owner: the next round tries again
+            table._follow_error = e
+        del table
 
 
 def _refused(name: str) -> Callable[..., NoReturn]:
@@ -54,9 +80,52 @@ class MappedTable:
     :class:`embstore.ReadOnlyError` and changes nothing.
     """
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
+    def __init__(self, path: str | os.PathLike[str], *, follow: float | None = None) -> None:
+        every = None
+        if follow is not None:
+            every = check_real("follow", follow)
+            if not (math.isfinite(every) and every > 0):
+                raise ValueError(f"follow: expected a number of seconds > 0, got {follow!r}")
         self._path = os.fspath(path)
         self._inner = _core.MappedTable(self._path)
+        self._follow = every
+        self._follow_error: Exception | None = None
+        self._stop = threading.Event()
+        if every is not None:
+            threading.Thread(
+                target=_follow,
+                args=(weakref.ref(self), every, self._stop),
+                name=f"embstore-follow {self._path}",
+                daemon=True,
+            ).start()
+
+    def refresh(self) -> bool:
+        """Serve what was published at the path since this table was opened
+        or last refreshed (see the module docs); returns whether anything
+        was. A damaged publish raises :class:`embstore.CheckpointError` and
+        the table goes on serving the version it served."""
+        return bool(self._inner.refresh())
+
+    @property
+    def follow(self) -> float | None:
+        """Seconds between background refreshes (None: not following)."""
+        return None if self._stop.is_set() else self._follow
+
+    @property
+    def follow_error(self) -> Exception | None:
+        """The error of the last background refresh, if it failed (the
+        table serves the version it served before; the next refresh tries
+        again)."""
+        return self._follow_error
+
+    def close(self) -> None:
+        """Stop following (the table still serves the version it has)."""
+        self._stop.set()
+
+    def __del__(self) -> None:
+        stop = getattr(self, "_stop", None)
+        if stop is not None:
+            stop.set()
 
     @property
     def path(self) -> str:

@@ -853,6 +853,7 @@ class Table:
         num_shards: int | None = None,
         progress: bool | None = None,
         mmap: Literal[True],
+        follow: float | None = None,
     ) -> MappedTable: ...
     @classmethod
     def load(
@@ -862,6 +863,7 @@ class Table:
         num_shards: int | None = None,
         progress: bool | None = None,
         mmap: bool = False,
+        follow: float | None = None,
     ) -> Table | MappedTable:
         """Load the checkpoint at ``path`` into a new Table.
 
@@ -869,6 +871,8 @@ class Table:
         instead: the files are mapped into memory and no row is read until a
         lookup needs it, so processes that open one checkpoint share one
         copy of the rows (``num_shards`` and ``progress`` do not apply).
+        Its ``refresh()`` serves what a trainer published at ``path`` since;
+        ``follow=seconds`` refreshes in the background every so often.
 
         The table gets the saved dim, dtype, optimizer and its configuration,
         initializer, seed and step; ``num_shards`` may differ from the saving
@@ -878,7 +882,9 @@ class Table:
         unpickled or executed.
         """
         if check_bool("mmap", mmap):
-            return MappedTable(path)
+            return MappedTable(path, follow=follow)
+        if follow is not None:
+            raise ValueError("follow: only a table loaded with mmap=True follows its path")
         if num_shards is not None:
             num_shards = check_int("num_shards", num_shards, 1, _U64_MAX)
         try:

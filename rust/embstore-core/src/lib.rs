@@ -49,7 +49,9 @@
 //!    A call on several tables (a [`collection`] call) takes their gates in
 //!    ascending [`Table::id`], on the calling thread.
 //! 4. A checkpoint directory's readers' lock (`table::checkpoint::dirlock`): a load
-//!    holds it shared; a save deletes old files only if it gets it
+//!    holds it shared, and so does a [`MappedTable`] while it maps a
+//!    manifest's files (on open and in `refresh`, which takes its table's
+//!    refresh lock before it); a save deletes old files only if it gets it
 //!    exclusively without waiting.
 //! 5. Shard locks, by shard index, taken by writers and by the reads that
 //!    must see no writer (snapshots, training lookups); serving reads take
@@ -73,8 +75,10 @@
 //!    only tried each (in index order, after trying its gate): it never
 //!    waits.
 //! 6. Leaf locks, never held while taking another or running parallel work:
-//!    the memo, the last-save mark, the per-shard slots of `FoundRows`, the
-//!    binding's output buffer pool, and a mapped file's checksum check
+//!    the memo, the save marks, the per-shard slots of `FoundRows`, the
+//!    binding's output buffer pool, a mapped table's version (held to
+//!    clone or swap an `Arc`; the old version is dropped after), and a
+//!    mapped file's checksum check
 //!    (`mapped`: a `OnceLock` whose one checker only computes a CRC, so a
 //!    pool job that waits for it waits for no pool work and no lock).
 //!

@@ -15,6 +15,14 @@
 //! while mapped (reading a page cut off a mapped file kills the process
 //! with SIGBUS); embstore never does either: a save writes new files and
 //! unlinks the old ones, which stay readable through the map.
+//!
+//! Live updates: [`MappedTable::refresh`] reads the manifest again and maps
+//! the links it does not hold yet (a publish's delta; a new base or a
+//! compacted chain's new files), keeping those it holds; it checks the new
+//! files' checksums before it serves them, then swaps the new version in.
+//! Every call reads the version it started with to its end, so it sees one
+//! publish whole. Private memory grows by the new links' removed keys and
+//! the bookkeeping of their files, not by their rows (those are mapped).
 
 use crate::error::{Result, ckpt_err};
 use crate::hash::{key_hash, shard_of};
@@ -25,7 +33,7 @@ use crate::table::checkpoint::file_index::{self, INDEX_FORMAT};
 use crate::table::checkpoint::files::{io_err, with_file};
 use crate::table::checkpoint::manifest::{FileEntry, Manifest, read_manifest};
 use crate::table::checkpoint::tensors::{parse_removed, rows_dtype};
-use crate::table::checkpoint::untrusted;
+use crate::table::checkpoint::{dirlock, untrusted};
 use crate::table::checks::check_len;
 use crate::table::{MAX_SHARDS, Missing};
 use crate::zeroed::{with_room, zeros};
@@ -35,8 +43,8 @@ use safetensors::SafeTensors;
 use safetensors::tensor::Dtype;
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
-use std::sync::OnceLock;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError, RwLock};
 
 /// Keys a call handles on the calling thread; larger calls spread over
 /// rayon's pool.
@@ -113,9 +121,45 @@ impl MappedFile {
 /// One link of the chain: its files by the saving table's shard, and the
 /// keys it removed.
 struct Link {
+    /// The names of its files (and its removals' file): a link is the same
+    /// in two manifests when these are (a save names its files by its own
+    /// id), so a refresh keeps the links it already mapped.
+    names: Vec<String>,
     shards: usize,
     files: Vec<Vec<MappedFile>>,
     removed: HashSet<i64>,
+}
+
+impl Link {
+    /// The names of a manifest link's files, as [`Link::names`].
+    fn names_of(link: &crate::table::checkpoint::Link) -> Vec<String> {
+        link.files
+            .iter()
+            .chain(link.removed.iter())
+            .map(|e| e.name.clone())
+            .collect()
+    }
+
+    /// Checks every file's checksum.
+    fn check(&self) -> Result<()> {
+        self.files.iter().flatten().try_for_each(MappedFile::check)
+    }
+}
+
+/// One version of the checkpoint: what its manifest named, mapped. A call
+/// reads one snapshot from start to end, so it sees one published version
+/// whole, never a mix of two.
+struct Snapshot {
+    /// The manifest's id.
+    id: String,
+    initializer: Initializer,
+    seed: u64,
+    /// Newest link first.
+    links: Vec<Arc<Link>>,
+    rows: u64,
+    step: u64,
+    /// Set once every file has passed its checksum check.
+    all_checked: AtomicBool,
 }
 
 /// A read-only table whose rows are read from a checkpoint directory's
@@ -124,20 +168,24 @@ pub struct MappedTable {
     dir: PathBuf,
     dim: usize,
     format: RowFormat,
-    initializer: Initializer,
-    seed: u64,
     backend: Backend,
-    /// Newest link first.
-    links: Vec<Link>,
-    rows: u64,
-    step: u64,
-    /// Set once every file has passed its checksum check.
-    all_checked: AtomicBool,
+    /// The version served: a call clones the `Arc` (the lock is held for
+    /// that only) and reads that version to the end; a refresh swaps in a
+    /// new one. A leaf lock.
+    current: RwLock<Arc<Snapshot>>,
+    /// Held by a refresh for its whole run, so that two refreshes do not
+    /// map one version twice; no call that reads takes it.
+    refreshing: Mutex<()>,
 }
 
 impl std::fmt::Debug for MappedTable {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "MappedTable({}, {} rows)", self.dir.display(), self.rows)
+        write!(
+            f,
+            "MappedTable({}, {} rows)",
+            self.dir.display(),
+            self.len()
+        )
     }
 }
 
@@ -228,62 +276,91 @@ fn map_file(
     Ok((f, shards, shard))
 }
 
-impl MappedTable {
-    /// Maps the checkpoint at `dir`: reads and checks its manifest, maps
-    /// every file of its chain and reads their headers (no rows).
-    ///
-    /// # Errors
-    /// `Checkpoint` for a missing or damaged manifest or file, or a file
-    /// without a hash index (saved by an older embstore: the message says
-    /// how to convert it).
-    pub fn open(dir: &Path) -> Result<MappedTable> {
-        let m = read_manifest(dir)?;
-        let format = m.format()?;
-        let mut links = Vec::with_capacity(m.chain.len());
-        for link in m.chain.iter().rev() {
-            let removed = match &link.removed {
-                Some(e) => with_file(dir, e, None, |buf| {
-                    parse_removed(&dir.join(&e.name), e, buf).map(|k| k.iter().copied().collect())
-                })?,
-                None => HashSet::new(),
-            };
-            let mut shards = 0;
-            let mut files: Vec<Vec<MappedFile>> = Vec::new();
-            for e in &link.files {
-                let (f, n, s) = map_file(dir, e, &m, format)?;
-                if shards == 0 {
-                    shards = n;
-                    files.resize_with(n, Vec::new);
-                } else if n != shards {
-                    return Err(ckpt_err(
-                        &f.path,
-                        format!(
-                            "saved by a table of {n} shards, its link's other files by {shards}"
-                        ),
-                    ));
-                }
-                files[s].push(f);
-            }
-            links.push(Link {
-                shards,
-                files,
-                removed,
-            });
+/// Maps the links of manifest `m` at `dir` (newest first), taking those
+/// `prev` holds from it.
+fn map_links(dir: &Path, m: &Manifest, prev: Option<&Snapshot>) -> Result<Vec<Arc<Link>>> {
+    let format = m.format()?;
+    let mut links = Vec::with_capacity(m.chain.len());
+    for link in m.chain.iter().rev() {
+        let names = Link::names_of(link);
+        if let Some(same) = prev.and_then(|p| p.links.iter().find(|l| l.names == names)) {
+            links.push(same.clone());
+            continue;
         }
-        Ok(MappedTable {
-            dir: dir.to_path_buf(),
-            dim: m.dim,
-            format,
-            initializer: Initializer::from_named(&m.initializer.name, &m.initializer.params)?,
-            seed: m.seed,
-            backend: Backend::from_env()?,
-            links,
-            rows: m.rows,
-            step: m.step,
-            all_checked: AtomicBool::new(false),
-        })
+        let removed = match &link.removed {
+            Some(e) => with_file(dir, e, None, |buf| {
+                parse_removed(&dir.join(&e.name), e, buf).map(|k| k.iter().copied().collect())
+            })?,
+            None => HashSet::new(),
+        };
+        let mut shards = 0;
+        let mut files: Vec<Vec<MappedFile>> = Vec::new();
+        for e in &link.files {
+            let (f, n, s) = map_file(dir, e, m, format)?;
+            if shards == 0 {
+                shards = n;
+                files.resize_with(n, Vec::new);
+            } else if n != shards {
+                return Err(ckpt_err(
+                    &f.path,
+                    format!("saved by a table of {n} shards, its link's other files by {shards}"),
+                ));
+            }
+            files[s].push(f);
+        }
+        links.push(Arc::new(Link {
+            names,
+            shards,
+            files,
+            removed,
+        }));
     }
+    Ok(links)
+}
 
+/// Reads the manifest at `dir` and maps what it names (`None`: it is still
+/// `prev`'s), holding the directory's readers' lock meanwhile so that no
+/// save deletes the files of the manifest read before they are mapped
+/// (once mapped, a file deleted stays readable). Without a lock file, a
+/// manifest replaced while its files were mapped is read again.
+fn read_snapshot(dir: &Path, prev: Option<&Snapshot>) -> Result<Option<(Manifest, Snapshot)>> {
+    let mut tries = 0;
+    loop {
+        let held = dirlock::reader(dir)?;
+        let m = read_manifest(dir)?;
+        if prev.is_some_and(|p| p.id == m.id) {
+            return Ok(None);
+        }
+        match map_links(dir, &m, prev) {
+            Ok(links) => {
+                drop(held);
+                let snap = Snapshot {
+                    id: m.id.clone(),
+                    initializer: Initializer::from_named(
+                        &m.initializer.name,
+                        &m.initializer.params,
+                    )?,
+                    seed: m.seed,
+                    links,
+                    rows: m.rows,
+                    step: m.step,
+                    all_checked: AtomicBool::new(false),
+                };
+                return Ok(Some((m, snap)));
+            }
+            Err(e) => {
+                drop(held);
+                tries += 1;
+                let replaced = read_manifest(dir).is_ok_and(|now| now.id != m.id);
+                if !replaced || tries >= 8 {
+                    return Err(e);
+                }
+            }
+        }
+    }
+}
+
+impl Snapshot {
     /// Whether every file has passed its checksum check (then no call
     /// can spend time checking one).
     fn checked(&self) -> bool {
@@ -300,45 +377,6 @@ impl MappedTable {
             self.all_checked.store(true, Ordering::Release);
         }
         all
-    }
-
-    /// A small [`MappedTable::lookup`] (at most 1,024 keys) that runs only
-    /// when no file it might read still needs its checksum check: for a
-    /// caller that runs it without releasing the GIL (a few microseconds).
-    /// `None`: make the ordinary call.
-    pub fn try_lookup_now(
-        &self,
-        keys: &[i64],
-        missing: Missing<'_>,
-        out: &mut [f32],
-        found: Option<&mut [bool]>,
-    ) -> Option<Result<()>> {
-        (keys.len() <= NOW_KEYS && self.checked()).then(|| self.lookup(keys, missing, out, found))
-    }
-
-    /// Columns per row.
-    pub fn dim(&self) -> usize {
-        self.dim
-    }
-    /// Rows held.
-    pub fn len(&self) -> u64 {
-        self.rows
-    }
-    /// Whether it holds no row.
-    pub fn is_empty(&self) -> bool {
-        self.rows == 0
-    }
-    /// Row storage of the files.
-    pub fn format(&self) -> RowFormat {
-        self.format
-    }
-    /// Optimizer steps the saving table had taken.
-    pub fn step(&self) -> u64 {
-        self.step
-    }
-    /// The checkpoint directory.
-    pub fn dir(&self) -> &Path {
-        &self.dir
     }
 
     /// The file and row holding `key`, newest link first. A link is
@@ -360,6 +398,126 @@ impl MappedTable {
             }
         }
         Ok(None)
+    }
+}
+
+impl MappedTable {
+    /// Maps the checkpoint at `dir`: reads and checks its manifest, maps
+    /// every file of its chain and reads their headers (no rows).
+    ///
+    /// # Errors
+    /// `Checkpoint` for a missing or damaged manifest or file, or a file
+    /// without a hash index (saved by an older embstore: the message says
+    /// how to convert it).
+    pub fn open(dir: &Path) -> Result<MappedTable> {
+        let (m, snap) = read_snapshot(dir, None)?.expect("a first read maps a snapshot");
+        Ok(MappedTable {
+            dir: dir.to_path_buf(),
+            dim: m.dim,
+            format: m.format()?,
+            backend: Backend::from_env()?,
+            current: RwLock::new(Arc::new(snap)),
+            refreshing: Mutex::new(()),
+        })
+    }
+
+    /// The version served now.
+    fn snapshot(&self) -> Arc<Snapshot> {
+        self.current
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Serves what was published at the path since this table was opened
+    /// or last refreshed: maps the links of the new manifest it does not
+    /// hold yet (an incremental publish maps its delta's files only; a new
+    /// full save, or a compacted chain, its new files), checks their
+    /// checksums, then swaps the new version in at once: a call that
+    /// started before reads the old version to its end, every call after
+    /// the new one. Returns whether anything was published since.
+    ///
+    /// # Errors
+    /// `Checkpoint` for a damaged manifest or file, or a checkpoint whose
+    /// rows are no longer of this table's `dim` and storage; the table
+    /// serves the version it served before then.
+    pub fn refresh(&self) -> Result<bool> {
+        let _one = self
+            .refreshing
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let prev = self.snapshot();
+        let Some((m, snap)) = read_snapshot(&self.dir, Some(&prev))? else {
+            return Ok(false);
+        };
+        if m.dim != self.dim || m.format()? != self.format {
+            return Err(ckpt_err(
+                &self.dir,
+                format!(
+                    "now holds rows of dim {} stored as {}, not this table's dim {} stored as \
+                     {}: open it again",
+                    m.dim,
+                    m.format()?.name(),
+                    self.dim,
+                    self.format.name()
+                ),
+            ));
+        }
+        // New files are checked before anything of them is served (the
+        // links kept were checked when first read).
+        for link in &snap.links {
+            if !prev.links.iter().any(|l| Arc::ptr_eq(l, link)) {
+                link.check()?;
+            }
+        }
+        let old = std::mem::replace(
+            &mut *self.current.write().unwrap_or_else(PoisonError::into_inner),
+            Arc::new(snap),
+        );
+        // Unmapped (once no call holds it) outside the lock.
+        drop(old);
+        Ok(true)
+    }
+
+    /// A small [`MappedTable::lookup`] (at most 1,024 keys) that runs only
+    /// when no file it might read still needs its checksum check: for a
+    /// caller that runs it without releasing the GIL (a few microseconds).
+    /// `None`: make the ordinary call.
+    pub fn try_lookup_now(
+        &self,
+        keys: &[i64],
+        missing: Missing<'_>,
+        out: &mut [f32],
+        found: Option<&mut [bool]>,
+    ) -> Option<Result<()>> {
+        let snap = self.snapshot();
+        (keys.len() <= NOW_KEYS && snap.checked())
+            .then(|| self.lookup_in(&snap, keys, missing, out, found))
+    }
+
+    /// Columns per row.
+    pub fn dim(&self) -> usize {
+        self.dim
+    }
+    /// Rows held (in the version served now).
+    pub fn len(&self) -> u64 {
+        self.snapshot().rows
+    }
+    /// Whether it holds no row.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// Row storage of the files.
+    pub fn format(&self) -> RowFormat {
+        self.format
+    }
+    /// Optimizer steps the saving table had taken.
+    pub fn step(&self) -> u64 {
+        self.snapshot().step
+    }
+    /// The checkpoint directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
     }
 
     /// Writes row `r` of `f` as float32 to `dst`.
@@ -398,6 +556,18 @@ impl MappedTable {
         out: &mut [f32],
         found: Option<&mut [bool]>,
     ) -> Result<()> {
+        self.lookup_in(&self.snapshot(), keys, missing, out, found)
+    }
+
+    /// [`MappedTable::lookup`] of version `snap`.
+    fn lookup_in(
+        &self,
+        snap: &Snapshot,
+        keys: &[i64],
+        missing: Missing<'_>,
+        out: &mut [f32],
+        found: Option<&mut [bool]>,
+    ) -> Result<()> {
         let dim = self.dim;
         check_len("out", keys.len() * dim, out.len())?;
         missing.check(dim)?;
@@ -410,16 +580,16 @@ impl MappedTable {
             None => &mut none[..],
         };
         let one = |key: i64, dst: &mut [f32], flag: Option<&mut bool>| -> Result<()> {
-            let hit = match self.locate(key, key_hash(key))? {
+            let hit = match snap.locate(key, key_hash(key))? {
                 Some((f, r)) => {
                     self.decode(f, r, dst);
                     true
                 }
                 None => {
                     missing.fill(
-                        &self.initializer,
+                        &snap.initializer,
                         self.backend,
-                        self.seed,
+                        snap.seed,
                         self.format,
                         key,
                         dst,
@@ -460,11 +630,12 @@ impl MappedTable {
     /// file the call reads is damaged.
     pub fn contains(&self, keys: &[i64], out: &mut [bool]) -> Result<()> {
         check_len("out", keys.len(), out.len())?;
+        let snap = self.snapshot();
         keys.par_iter()
             .zip(out.par_iter_mut())
             .with_min_len(SEQUENTIAL_KEYS)
             .try_for_each(|(&k, o)| {
-                *o = self.locate(k, key_hash(k))?.is_some();
+                *o = snap.locate(k, key_hash(k))?.is_some();
                 Ok(())
             })
     }
@@ -477,7 +648,8 @@ impl MappedTable {
     pub fn export(&self) -> Result<(Vec<i64>, Vec<f32>)> {
         // Room for every row the files hold (the manifest's count is
         // checked, not trusted, here), taken fallibly.
-        let held: usize = self
+        let snap = self.snapshot();
+        let held: usize = snap
             .links
             .iter()
             .flat_map(|l| l.files.iter().flatten())
@@ -490,7 +662,7 @@ impl MappedTable {
         let mut refs: Vec<(i64, &MappedFile, usize)> = with_room("rows", held)?;
         // Newest link first: a key is taken from the newest link whose files
         // hold it; a link's removals hide the links before it.
-        for link in &self.links {
+        for link in &snap.links {
             for f in link.files.iter().flatten() {
                 f.check()?;
                 for r in 0..f.n {

@@ -30,6 +30,13 @@ impl PyMappedTable {
         })
     }
 
+    /// Serves what was published since (see `MappedTable::refresh`);
+    /// whether anything was.
+    fn refresh(&self, py: Python<'_>) -> PyResult<bool> {
+        let table = &self.inner;
+        py.enter_store(|| table.refresh())
+    }
+
     /// Columns per row.
     #[getter]
     fn dim(&self) -> usize {

@@ -393,23 +393,30 @@ impl Table {
     /// drops the removals no mark needs. The caller holds the gate
     /// exclusively, or the table is not shared yet.
     pub(crate) fn set_mark(&self, mark: SaveMark) {
-        let mut marks = self
-            .last_save
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        marks.retain(|m| m.dir != mark.dir);
-        marks.push(mark);
-        if marks.len() > MAX_MARKS {
-            marks.remove(0);
-        }
-        for (s, lock) in self.shards.iter().enumerate() {
-            let keep = marks
-                .iter()
-                .map(|m| m.base.as_ref().map_or(m.removed_at[s], |b| b.1[s]))
-                .min()
-                .unwrap_or(u64::MAX);
+        // The marks' lock is a leaf: released before the shard locks.
+        let keep: Vec<u64> = {
+            let mut marks = self
+                .last_save
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            marks.retain(|m| m.dir != mark.dir);
+            marks.push(mark);
+            if marks.len() > MAX_MARKS {
+                marks.remove(0);
+            }
+            (0..self.shards.len())
+                .map(|s| {
+                    marks
+                        .iter()
+                        .map(|m| m.base.as_ref().map_or(m.removed_at[s], |b| b.1[s]))
+                        .min()
+                        .unwrap_or(u64::MAX)
+                })
+                .collect()
+        };
+        for (lock, &from) in self.shards.iter().zip(&keep) {
             let mut g = storage::write(lock);
-            g.removed.keep_from(keep);
+            g.removed.keep_from(from);
             g.track_removals = true;
         }
     }
