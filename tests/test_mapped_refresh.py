@@ -156,7 +156,7 @@ def test_follow_serves_a_publish_from_another_process_within_a_second(tmp_path) 
     child = textwrap.dedent(
         f"""
         import sys, time, embstore
-        m = embstore.Table.load({str(path)!r}, mmap=True, follow=0.1)
+        m = embstore.Table.load({str(path)!r}, mmap=True, follow=1.0)
         print("ready", flush=True)
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:

@@ -17,6 +17,7 @@ the table's stats.
 from __future__ import annotations
 
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -230,6 +231,37 @@ class TorchFM:
         return float(loss.detach())
 
 
+class Publisher:
+    """Saves ``table`` incrementally to ``path`` every ``every`` seconds
+    from a background thread (on a fixed schedule; at once when the save
+    before ran late), as a trainer publishes for serving readers
+    (``Table.load(path, mmap=True, follow=...)``): rows only by default."""
+
+    def __init__(
+        self, table: embstore.Table, path: str, every: float, with_optimizer: bool = False
+    ) -> None:
+        self.table, self.path, self.every = table, path, every
+        self.with_optimizer = with_optimizer
+        self.seconds: list[float] = []
+        self._stop = threading.Event()
+        table.save(path, with_optimizer=with_optimizer)
+        self._thread = threading.Thread(target=self._run, name=f"publish {path}", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        start, n = time.perf_counter(), 0
+        while not self._stop.wait(max(0.0, start + (n + 1) * self.every - time.perf_counter())):
+            n += 1
+            t0 = time.perf_counter()
+            self.table.save(self.path, incremental=True, with_optimizer=self.with_optimizer)
+            self.seconds.append(time.perf_counter() - t0)
+
+    def stop(self) -> None:
+        """Stops publishing (after the save under way, if any)."""
+        self._stop.set()
+        self._thread.join()
+
+
 def run(
     samples: int,
     batch: int,
@@ -239,6 +271,8 @@ def run(
     quiet: bool,
     test_samples: int,
     dtype: str = "float32",
+    publish: str | None = None,
+    checkpoint: str | None = None,
 ) -> dict[str, float]:
 
     def say(text: str) -> None:
@@ -263,6 +297,13 @@ def run(
     say(f"training: {steps:,} steps of {batch:,} samples ({'torch' if use_torch else 'NumPy'})")
     bar = Progress(steps, quiet)
     losses: list[float] = []
+    publishers = []
+    if publish is not None:
+        say(f"publishing the rows to {publish} every second (Table.load(path, mmap=True))")
+        publishers.append(Publisher(table, publish, 1.0))
+    if checkpoint is not None:
+        say(f"saving training checkpoints to {checkpoint} every 10 seconds")
+        publishers.append(Publisher(table, checkpoint, 10.0, with_optimizer=True))
     t1 = time.perf_counter()
     for i in range(steps):
         sl = slice(i * batch, min((i + 1) * batch, samples))
@@ -270,6 +311,10 @@ def run(
         if (i + 1) % 10 == 0 or i + 1 == steps:
             bar.update(i + 1, sl.stop, float(np.mean(losses[-10:])))
     train_s = time.perf_counter() - t1
+    for pub in publishers:
+        pub.stop()
+    if publish is not None:
+        table.save(publish, incremental=True, with_optimizer=False)
     say(f"evaluating on {test_samples:,} held-out samples")
     scores = np.concatenate(
         [
@@ -290,6 +335,10 @@ def run(
         "bytes": stats["bytes"],
         "step": stats["step"],
         "ctr": float(train.label.mean()),
+        "publishes": float(len(publishers[0].seconds)) if publishers else 0.0,
+        "publish_s": float(np.median(publishers[0].seconds))
+        if publishers and publishers[0].seconds
+        else 0.0,
     }
 
 
@@ -315,10 +364,34 @@ def main(argv: list[str] | None = None) -> int:
         help="print only the results (no phase lines, no progress bar); the bar is drawn "
         "only when stderr is a terminal",
     )
+    p.add_argument(
+        "--publish",
+        metavar="DIR",
+        default=None,
+        help="publish the rows to checkpoint DIR every second while training (incremental, "
+        "rows only), for serving processes that map it with Table.load(DIR, mmap=True, follow=1)",
+    )
+    p.add_argument(
+        "--checkpoint",
+        metavar="DIR",
+        default=None,
+        help="save training checkpoints (with optimizer state) to DIR every 10 seconds",
+    )
     a = p.parse_args(argv)
     if a.torch:
         require(p, "torch", "torch", "--torch")
-    r = run(a.samples, a.batch, a.k, a.torch, a.seed, a.quiet, a.test_samples, a.dtype)
+    r = run(
+        a.samples,
+        a.batch,
+        a.k,
+        a.torch,
+        a.seed,
+        a.quiet,
+        a.test_samples,
+        a.dtype,
+        a.publish,
+        a.checkpoint,
+    )
     print(
         f"model: FM (k={a.k}) in {'torch' if a.torch else 'NumPy'}; embeddings in embstore "
         f"(Adagrad, {FIELDS} fields sharing one {a.dtype} table)"
@@ -332,6 +405,11 @@ def main(argv: list[str] | None = None) -> int:
         f"held-out AUC {r['test_auc']:.4f} (the planted model's own: {r['planted_auc']:.4f})"
     )
     print(f"throughput {r['samples_per_s']:,.0f} samples/s ({r['train_s']:.1f} s training)")
+    if a.publish is not None:
+        print(
+            f"published to {a.publish} {r['publishes']:.0f} times while training "
+            f"(median {r['publish_s'] * 1e3:.0f} ms a publish)"
+        )
     print(
         f"table: {r['rows']:,} rows, {r['bytes'] / 2**20:.1f} MiB, {r['step']} steps, "
         f"SIMD {table_simd()}"

@@ -13,7 +13,8 @@ Live updates: ``refresh()`` serves what a trainer published at the path
 since (an incremental save maps its delta's files only; a new full save
 becomes the new base), checking the new files' checksums first and then
 swapping the new version in at once, so a lookup reads the old version or
-the new, never a mix. ``follow=seconds`` refreshes in a background thread.
+the new, never a mix. ``follow=seconds`` refreshes in a background thread,
+so that a publish is served within about that many seconds.
 """
 
 from __future__ import annotations
@@ -45,19 +46,44 @@ if TYPE_CHECKING:
     import torch
 
 
+def _manifest_stamp(path: str) -> tuple[int, int, int] | None:
+    """What changes when a save publishes at ``path``: the manifest's inode,
+    mtime and size (a publish renames a new manifest over the old)."""
+    try:
+        st = os.stat(os.path.join(path, "manifest.json"))
+    except OSError:
+        return None
+    return (st.st_ino, st.st_mtime_ns, st.st_size)
+
+
 def _follow(ref: weakref.ref[MappedTable], every: float, stop: threading.Event) -> None:
-    """The background refresh of ``MappedTable(follow=every)``: refreshes
-    every ``every`` seconds until the table is closed or collected (it holds
-    the table only while a refresh runs)."""
-    while not stop.wait(every):
+    """The background refresh of ``MappedTable(follow=every)``: looks at the
+    manifest (one stat) four times every ``every`` seconds and refreshes
+    when it changed, and at least once every ``every`` seconds, so a publish
+    is served within about ``every`` seconds; runs until the table is closed
+    or collected (it holds the table only while it refreshes)."""
+    table = ref()
+    if table is None:
+        return
+    path = table.path
+    del table
+    seen = _manifest_stamp(path)
+    since = 0.0
+    while not stop.wait(every / 4):
+        since += every / 4
+        now = _manifest_stamp(path)
+        if now == seen and since < every:
+            continue
         table = ref()
         if table is None:
             return
         try:
             table.refresh()
             table._follow_error = None
+            seen = now
         except Exception as e:  # kept for the owner: the next round tries again
             table._follow_error = e
+        since = 0.0
         del table
 
 

@@ -51,14 +51,36 @@ pub(crate) fn write_synced(path: &Path, bytes: &[u8]) -> Result<()> {
         .map_err(|e| io_err(path, "cannot write", &e))
 }
 
-/// Byte buffers of one file being written: keys, rows, state.
-pub(crate) type WriteBufs = (Vec<u8>, Vec<u8>, Vec<u8>, Vec<u8>);
+/// The rows of one file to write, gathered: its keys, and the bytes of its
+/// keys, rows, optimizer state (with `with_state`) and metadata tensors.
+#[derive(Debug, Default)]
+pub(crate) struct Gathered {
+    pub(crate) keys: Vec<i64>,
+    pub(crate) kb: Vec<u8>,
+    pub(crate) w: Vec<u8>,
+    pub(crate) st: Vec<u8>,
+    pub(crate) mb: Vec<u8>,
+    pub(crate) with_state: bool,
+}
+
+impl Gathered {
+    const fn new() -> Self {
+        Gathered {
+            keys: Vec::new(),
+            kb: Vec::new(),
+            w: Vec::new(),
+            st: Vec::new(),
+            mb: Vec::new(),
+            with_state: false,
+        }
+    }
+}
 
 thread_local! {
     /// Write buffers per thread, kept between files (no fresh memory to
     /// fault in for every file).
-    pub(crate) static WRITE_BUFS: std::cell::RefCell<WriteBufs> =
-        const { std::cell::RefCell::new((Vec::new(), Vec::new(), Vec::new(), Vec::new())) };
+    pub(crate) static WRITE_BUFS: std::cell::RefCell<Gathered> =
+        const { std::cell::RefCell::new(Gathered::new()) };
     /// A read buffer per thread, kept between files so that loading does
     /// not fault in fresh memory for every file.
     pub(crate) static READ_BUF: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };

@@ -5,7 +5,7 @@ use crate::error::{Result, ckpt_err};
 use crate::policy::{Policy, RowFormat};
 use crate::table::checkpoint::dirlock::DirLock;
 use crate::table::checkpoint::file_index;
-use crate::table::checkpoint::files::{WRITE_BUFS, fsync_files, io_err, new_id};
+use crate::table::checkpoint::files::{Gathered, WRITE_BUFS, fsync_files, io_err, new_id};
 use crate::table::checkpoint::manifest::{
     FILE_BYTES, FORMAT, FileEntry, Link, MANIFEST, MAX_MARKS, Manifest, NamedConfig, PolicyConfig,
     SaveInfo, SaveMark, VERSION, read_manifest,
@@ -16,7 +16,7 @@ use crate::table::checkpoint::publish::{
 use crate::table::checkpoint::tensors::{
     Plain, TensorOut, rows_dtype, write_safetensors, write_safetensors_with,
 };
-use crate::table::storage::read;
+use crate::table::storage::{Shard, pages, read};
 use crate::table::{Table, storage};
 use rayon::iter::{IndexedParallelIterator, IntoParallelRefIterator, ParallelIterator};
 use safetensors::tensor::Dtype;
@@ -73,11 +73,126 @@ impl Table {
         }
     }
 
+    /// Rows a file holds at most.
+    fn rows_per_file(&self, with_state: bool) -> usize {
+        let row_bytes =
+            8 + 4 * (self.weight_words() + if with_state { self.state_len } else { 0 }) + 16;
+        (FILE_BYTES / row_bytes).max(1)
+    }
+
+    /// Copies the rows `chunk` of shard `g` into `out` as the bytes of
+    /// their tensors.
+    fn gather(&self, g: &Shard, chunk: &[(usize, i64)], with_state: bool, out: &mut Gathered) {
+        let dim = self.dim;
+        let fmt = self.policy.format;
+        let with_meta = self.policy.tracks();
+        out.keys.clear();
+        out.kb.clear();
+        out.w.clear();
+        out.st.clear();
+        out.mb.clear();
+        for &(r, key) in chunk {
+            out.keys.push(key);
+            let row = g.arena.weights(r);
+            match fmt {
+                RowFormat::F32 => f32::extend_le(&row[..dim], &mut out.w),
+                _ => u16::extend_le(&crate::policy::halves(row)[..dim], &mut out.w),
+            }
+            if with_state {
+                f32::extend_le(g.arena.state(r), &mut out.st);
+            }
+            if with_meta {
+                u32::extend_le(&g.arena.meta(r).to_words(), &mut out.mb);
+            }
+        }
+        i64::extend_le(&out.keys, &mut out.kb);
+    }
+
+    /// Writes one gathered file, `{prefix}-SSSSS-CCCC.safetensors` for
+    /// shard `s`'s `c`-th file, with its hash index.
+    fn write_gathered(
+        &self,
+        dir: &Path,
+        prefix: &str,
+        (s, c): (usize, usize),
+        got: &Gathered,
+        progress: Option<&AtomicU64>,
+    ) -> Result<FileEntry> {
+        let n = got.keys.len();
+        let mut tensors = vec![
+            TensorOut {
+                name: "keys",
+                dtype: Dtype::I64,
+                shape: vec![n],
+                bytes: &got.kb,
+            },
+            TensorOut {
+                name: "rows",
+                dtype: rows_dtype(self.policy.format),
+                shape: vec![n, self.dim],
+                bytes: &got.w,
+            },
+        ];
+        if self.policy.tracks() {
+            tensors.push(TensorOut {
+                name: "meta",
+                dtype: Dtype::U32,
+                shape: vec![n, 4],
+                bytes: &got.mb,
+            });
+        }
+        if got.with_state {
+            tensors.push(TensorOut {
+                name: "state",
+                dtype: Dtype::F32,
+                shape: vec![n, self.state_len],
+                bytes: &got.st,
+            });
+        }
+        // The file's own hash index, for readers that map it
+        // (`checkpoint::file_index`).
+        let index = file_index::build(&got.keys);
+        let mut ib = Vec::with_capacity(index.len() * 16);
+        i64::extend_le(index.as_flattened(), &mut ib);
+        tensors.push(TensorOut {
+            name: "index",
+            dtype: Dtype::I64,
+            shape: vec![index.len(), 2],
+            bytes: &ib,
+        });
+        let header = [
+            ("index", file_index::INDEX_FORMAT.to_string()),
+            ("num_shards", self.shards.len().to_string()),
+            ("shard", s.to_string()),
+        ];
+        let name = format!("{prefix}-{s:05}-{c:04}.safetensors");
+        let (bytes, crc) = write_safetensors_with(
+            &dir.join(&name),
+            &tensors,
+            Some(
+                header
+                    .into_iter()
+                    .map(|(k, v)| (k.to_string(), v))
+                    .collect(),
+            ),
+        )?;
+        if let Some(p) = progress {
+            p.fetch_add(bytes, Ordering::Relaxed);
+        }
+        Ok(FileEntry {
+            name,
+            rows: n as u64,
+            bytes,
+            crc32c: crc,
+        })
+    }
+
     /// Writes this table's rows (all, or with `since` those changed in a
     /// later save generation) to shard files `{prefix}-SSSSS-CCCC.safetensors` in
-    /// `dir`, at most about 256 MB each, and returns their entries. The
-    /// files are not yet fsynced (see [`publish`]). The caller holds the
-    /// gate exclusively.
+    /// `dir`, at most about 256 MB each, and returns their entries: each
+    /// file gathered and written in turn (a buffer per thread). The files
+    /// are not yet fsynced (see [`publish`]). The caller holds the gate
+    /// exclusively.
     pub(crate) fn write_rows(
         &self,
         dir: &Path,
@@ -86,129 +201,91 @@ impl Table {
         with_optimizer: bool,
         progress: Option<&AtomicU64>,
     ) -> Result<Vec<FileEntry>> {
-        let with_state = with_optimizer && self.state_len > 0;
-        let (dim, sl, ww) = (self.dim, self.state_len, self.weight_words());
-        let fmt = self.policy.format;
-        let with_meta = self.policy.tracks();
-        if with_meta {
+        let lists = self.rows_to_write(since);
+        self.write_listed(
+            dir,
+            prefix,
+            &lists,
+            with_optimizer && self.state_len > 0,
+            progress,
+        )
+    }
+
+    /// Per shard, the rows to write (as [`Shard::rows_since`]). The caller
+    /// holds the gate exclusively.
+    fn rows_to_write(&self, since: Option<u32>) -> Vec<Vec<(usize, i64)>> {
+        if self.policy.tracks() {
             self.count_queued_reads();
         }
-        let row_bytes = 8 + 4 * (ww + if with_state { sl } else { 0 }) + 16;
-        let per_file = (FILE_BYTES / row_bytes).max(1);
+        self.shards
+            .par_iter()
+            .map(|lock| read(lock).rows_since(since))
+            .collect()
+    }
 
-        // Each shard writes its rows (all, or those of this generation) in
-        // files of at most `per_file` rows.
+    /// [`Table::write_rows`] of the rows `lists` names per shard.
+    fn write_listed(
+        &self,
+        dir: &Path,
+        prefix: &str,
+        lists: &[Vec<(usize, i64)>],
+        with_state: bool,
+        progress: Option<&AtomicU64>,
+    ) -> Result<Vec<FileEntry>> {
+        let per_file = self.rows_per_file(with_state);
         let written: Vec<Vec<FileEntry>> = self
             .shards
             .par_iter()
+            .zip(lists.par_iter())
             .enumerate()
-            .map(|(s, lock)| -> Result<Vec<FileEntry>> {
+            .map(|(s, (lock, rows))| -> Result<Vec<FileEntry>> {
                 let g = read(lock);
-                // In row order, so that the rows are read in memory order.
-                let mut rows: Vec<(usize, i64)> = g
-                    .keys_and_rows()
-                    .filter(|&(_, r)| since.is_none_or(|gen_| g.arena.generation(r) > gen_))
-                    .map(|(key, r)| (r, key))
-                    .collect();
-                rows.sort_unstable_by_key(|&(r, _)| r);
-                let mut out = Vec::new();
-                WRITE_BUFS.with(|cell| -> Result<()> {
-                    let bufs = &mut *cell.borrow_mut();
-                    let (kb, w, st, mb) = (&mut bufs.0, &mut bufs.1, &mut bufs.2, &mut bufs.3);
-                    for (c, chunk) in rows.chunks(per_file).enumerate() {
-                        let n = chunk.len();
-                        kb.clear();
-                        w.clear();
-                        st.clear();
-                        mb.clear();
-                        for &(r, key) in chunk {
-                            i64::extend_le(&[key], kb);
-                            let row = g.arena.weights(r);
-                            match fmt {
-                                RowFormat::F32 => f32::extend_le(&row[..dim], w),
-                                _ => u16::extend_le(&crate::policy::halves(row)[..dim], w),
-                            }
-                            if with_state {
-                                f32::extend_le(g.arena.state(r), st);
-                            }
-                            if with_meta {
-                                u32::extend_le(&g.arena.meta(r).to_words(), mb);
-                            }
-                        }
-                        let mut tensors = vec![
-                            TensorOut {
-                                name: "keys",
-                                dtype: Dtype::I64,
-                                shape: vec![n],
-                                bytes: kb,
-                            },
-                            TensorOut {
-                                name: "rows",
-                                dtype: rows_dtype(fmt),
-                                shape: vec![n, dim],
-                                bytes: w,
-                            },
-                        ];
-                        if with_meta {
-                            tensors.push(TensorOut {
-                                name: "meta",
-                                dtype: Dtype::U32,
-                                shape: vec![n, 4],
-                                bytes: mb,
-                            });
-                        }
-                        if with_state {
-                            tensors.push(TensorOut {
-                                name: "state",
-                                dtype: Dtype::F32,
-                                shape: vec![n, sl],
-                                bytes: st,
-                            });
-                        }
-                        // The file's own hash index, for readers that map
-                        // it (`checkpoint::file_index`).
-                        let index =
-                            file_index::build(&chunk.iter().map(|&(_, k)| k).collect::<Vec<_>>());
-                        let mut ib = Vec::with_capacity(index.len() * 16);
-                        i64::extend_le(index.as_flattened(), &mut ib);
-                        tensors.push(TensorOut {
-                            name: "index",
-                            dtype: Dtype::I64,
-                            shape: vec![index.len(), 2],
-                            bytes: &ib,
-                        });
-                        let header = [
-                            ("index", file_index::INDEX_FORMAT.to_string()),
-                            ("num_shards", self.shards.len().to_string()),
-                            ("shard", s.to_string()),
-                        ];
-                        let name = format!("{prefix}-{s:05}-{c:04}.safetensors");
-                        let (bytes, crc) = write_safetensors_with(
-                            &dir.join(&name),
-                            &tensors,
-                            Some(
-                                header
-                                    .into_iter()
-                                    .map(|(k, v)| (k.to_string(), v))
-                                    .collect(),
-                            ),
-                        )?;
-                        if let Some(p) = progress {
-                            p.fetch_add(bytes, Ordering::Relaxed);
-                        }
-                        out.push(FileEntry {
-                            name,
-                            rows: n as u64,
-                            bytes,
-                            crc32c: crc,
-                        });
-                    }
-                    Ok(())
-                })?;
-                Ok(out)
+                WRITE_BUFS.with(|cell| {
+                    let got = &mut *cell.borrow_mut();
+                    got.with_state = with_state;
+                    rows.chunks(per_file)
+                        .enumerate()
+                        .map(|(c, chunk)| {
+                            self.gather(&g, chunk, with_state, got);
+                            self.write_gathered(dir, prefix, (s, c), got, progress)
+                        })
+                        .collect()
+                })
             })
             .collect::<Result<_>>()?;
         Ok(written.into_iter().flatten().collect())
+    }
+
+    /// Every file [`Table::write_listed`] would write, gathered into memory
+    /// (for writing after the gate is released): `(shard, file number,
+    /// rows)`. The caller holds the gate exclusively.
+    fn gather_rows(
+        &self,
+        lists: &[Vec<(usize, i64)>],
+        with_state: bool,
+    ) -> Vec<(usize, usize, Gathered)> {
+        let per_file = self.rows_per_file(with_state);
+        let per_shard: Vec<Vec<(usize, usize, Gathered)>> = self
+            .shards
+            .par_iter()
+            .zip(lists.par_iter())
+            .enumerate()
+            .map(|(s, (lock, rows))| {
+                let g = read(lock);
+                rows.chunks(per_file)
+                    .enumerate()
+                    .map(|(c, chunk)| {
+                        let mut got = Gathered {
+                            with_state,
+                            ..Gathered::default()
+                        };
+                        self.gather(&g, chunk, with_state, &mut got);
+                        (s, c, got)
+                    })
+                    .collect()
+            })
+            .collect();
+        per_shard.into_iter().flatten().collect()
     }
 
     /// Writes a consistent snapshot of every row to shard files named
@@ -285,7 +362,7 @@ impl Table {
         progress: Option<&AtomicU64>,
     ) -> Result<SaveInfo> {
         let dir = writer.dir();
-        let _gate = self.gate.write().unwrap_or_else(PoisonError::into_inner);
+        let gate = self.gate.write().unwrap_or_else(PoisonError::into_inner);
         let canonical = fs::canonicalize(dir).map_err(|e| io_err(dir, "cannot resolve", &e))?;
         let has_manifest = dir.join(MANIFEST).exists();
         if !has_manifest
@@ -342,9 +419,8 @@ impl Table {
             Kind::Full
         };
         let id = new_id();
-        let full = matches!(kind, Kind::Full);
-        let written = self.write_and_publish(dir, &id, kind.clone(), with_optimizer, progress);
-        let (manifest, text_len) = match written {
+        let written = self.write_and_publish(dir, &id, kind, with_optimizer, progress, gate);
+        let (manifest, text_len, mark) = match written {
             Ok(w) => w,
             Err(e) => {
                 // Nothing was published: what this save wrote is garbage
@@ -353,21 +429,10 @@ impl Table {
                 return Err(e);
             }
         };
-
         // From here the new checkpoint is the one at `dir`.
-        let save_gen = self.generation.fetch_add(1, Ordering::AcqRel);
-        let ends = self.removal_ends();
-        let base = match kind {
-            Kind::Full => Some((save_gen, ends.clone())),
-            Kind::Delta { mark, .. } | Kind::Compact { mark, .. } => mark.base,
-        };
-        debug_assert!(!full || base.is_some());
         self.set_mark(SaveMark {
             dir: canonical,
-            id: id.clone(),
-            since: save_gen,
-            removed_at: ends,
-            base,
+            ..mark
         });
         let bytes_written = manifest.chain.last().map_or(0, |l| {
             l.files
@@ -423,9 +488,14 @@ impl Table {
 
     /// The writing part of [`Table::save`]: the files of a new link (all
     /// rows, or the changes `kind` names), then the manifest, published.
-    /// Returns the manifest and its size. The caller holds the gate
-    /// exclusively and the writers' lock, and removes what was written
-    /// when this fails.
+    /// Returns the manifest, its size and the path's new mark (its `dir`
+    /// left for the caller). The caller holds the writers' lock and passes
+    /// the gate, held exclusively: the snapshot is taken under it, and when
+    /// the rows to write fit in [`SNAPSHOT_BYTES`] (and a share of the
+    /// memory available) they are copied out and the gate released before
+    /// any file is written, so that training goes on while a publish
+    /// writes; a larger save writes each file under the gate. The caller
+    /// removes what was written when this fails.
     pub(crate) fn write_and_publish(
         &self,
         dir: &Path,
@@ -433,29 +503,81 @@ impl Table {
         kind: Kind,
         with_optimizer: bool,
         progress: Option<&AtomicU64>,
-    ) -> Result<(Manifest, u64)> {
-        let (since, removed_at, chain) = match kind {
-            Kind::Full => (None, None, Vec::new()),
+        gate: std::sync::RwLockWriteGuard<'_, ()>,
+    ) -> Result<(Manifest, u64, SaveMark)> {
+        let (since, removed_at, chain, base) = match kind {
+            Kind::Full => (None, None, Vec::new(), None),
             Kind::Delta { mark, mut prev } => (
                 Some(mark.since),
                 Some(mark.removed_at),
                 std::mem::take(&mut prev.chain),
+                mark.base,
             ),
             Kind::Compact { mark, mut prev } => {
-                let (gen_, at) = mark.base.expect("a compacting save has its base's mark");
+                let (gen_, at) = mark
+                    .base
+                    .clone()
+                    .expect("a compacting save has its base's mark");
                 prev.chain.truncate(1);
-                (Some(gen_), Some(at), std::mem::take(&mut prev.chain))
+                (
+                    Some(gen_),
+                    Some(at),
+                    std::mem::take(&mut prev.chain),
+                    mark.base,
+                )
             }
         };
-        let prefix = id.to_string();
-        let files = self.write_rows(dir, &prefix, since, with_optimizer, progress)?;
+        let with_state = with_optimizer && self.state_len > 0;
 
+        // Under the gate: what to write, the removals, the manifest's
+        // figures, and the save generation moved on (rows changed from now
+        // on are the next save's).
         let mut removed: Vec<i64> = Vec::new();
         if let Some(at) = &removed_at {
             for (lock, &from) in self.shards.iter().zip(at) {
                 removed.extend_from_slice(read(lock).removed.since(from));
             }
         }
+        let mut manifest = self.manifest_base(id, with_optimizer);
+        manifest.rows = self.shards.iter().map(|s| read(s).len() as u64).sum();
+        let row_bytes =
+            8 + 4 * (self.weight_words() + if with_state { self.state_len } else { 0 }) + 16;
+        let budget =
+            pages::available_memory().map_or(SNAPSHOT_BYTES, |a| (a / 4).min(SNAPSHOT_BYTES));
+        let lists = self.rows_to_write(since);
+        let rows: usize = lists.iter().map(Vec::len).sum();
+        let copy = rows.saturating_mul(row_bytes) <= budget;
+        let gathered = copy.then(|| self.gather_rows(&lists, with_state));
+        let save_gen = self.generation.fetch_add(1, Ordering::AcqRel);
+        let ends = self.removal_ends();
+        let mark = SaveMark {
+            dir: Default::default(),
+            id: id.to_string(),
+            since: save_gen,
+            removed_at: ends.clone(),
+            base: if since.is_none() {
+                Some((save_gen, ends))
+            } else {
+                base
+            },
+        };
+
+        let files = match gathered {
+            Some(files) => {
+                drop(gate);
+                // On the calling thread: the pool stays free for the
+                // calls that go on meanwhile (a file write blocks in I/O).
+                files
+                    .iter()
+                    .map(|(s, c, got)| self.write_gathered(dir, id, (*s, *c), got, progress))
+                    .collect::<Result<Vec<_>>>()?
+            }
+            None => {
+                let files = self.write_listed(dir, id, &lists, with_state, progress)?;
+                drop(gate);
+                files
+            }
+        };
         let removed_entry = if !removed.is_empty() {
             let mut kb = Vec::with_capacity(removed.len() * 8);
             i64::extend_le(&removed, &mut kb);
@@ -478,9 +600,6 @@ impl Table {
         } else {
             None
         };
-
-        let mut manifest = self.manifest_base(id, with_optimizer);
-        manifest.rows = self.shards.iter().map(|s| read(s).len() as u64).sum();
         manifest.chain = chain;
         manifest.chain.push(Link {
             kind: if since.is_some() { "delta" } else { "full" }.to_string(),
@@ -488,9 +607,14 @@ impl Table {
             removed: removed_entry,
         });
         let text_len = publish_locked(dir, &mut manifest)?;
-        Ok((manifest, text_len))
+        Ok((manifest, text_len, mark))
     }
 }
+
+/// The most bytes of rows a save copies out of the table to write them
+/// after releasing the gate (a larger one writes under the gate instead of
+/// holding a second copy).
+pub(crate) const SNAPSHOT_BYTES: usize = 4 << 30;
 
 /// Deltas a chain holds before an incremental save compacts it.
 pub(crate) const MAX_DELTAS: usize = 8;

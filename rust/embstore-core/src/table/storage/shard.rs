@@ -538,6 +538,23 @@ impl Shard {
         }));
     }
 
+    /// The rows (row number and key, in row order) last changed in a save
+    /// generation after `since`, or every row for `None`: a pass over the
+    /// rows' tags in memory order, reading the key of each row taken. The
+    /// caller holds the shard's lock.
+    pub(crate) fn rows_since(&self, since: Option<u32>) -> Vec<(usize, i64)> {
+        let Some(slots) = self.ix.slots_ref(&self.view.index) else {
+            return Vec::new();
+        };
+        (0..self.arena.len())
+            .filter(|&r| since.is_none_or(|g| self.arena.generation(r) > g))
+            .map(|r| {
+                let key = slots.cell(self.arena.slot(r)).key.load(Ordering::Relaxed);
+                (r, key)
+            })
+            .collect()
+    }
+
     /// Every key held with its row number, in no particular order.
     pub(crate) fn keys_and_rows(&self) -> impl Iterator<Item = (i64, usize)> + '_ {
         self.ix.live(&self.view.index)
