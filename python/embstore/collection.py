@@ -19,6 +19,8 @@ from embstore._convert import (
     ready_i64,
     ready_rows,
 )
+from embstore.exceptions import ReadOnlyError
+from embstore.mapped import MappedTable
 from embstore.store import Table
 
 __all__ = ["Collection"]
@@ -55,7 +57,9 @@ class Collection:
     Parameters
     ----------
     features:
-        Feature name -> :class:`Table`, in output order.
+        Feature name -> :class:`Table`, in output order; or -> a read-only
+        :class:`MappedTable` (``Table.load(path, mmap=True)``), for a
+        collection that serves (``lookup_pooled(insert=False)``).
     combiner:
         Default combiner of every feature ("sum", "mean" or "sqrtn").
     combiners:
@@ -64,7 +68,7 @@ class Collection:
 
     def __init__(
         self,
-        features: Mapping[str, Table],
+        features: Mapping[str, Table | MappedTable],
         *,
         combiner: str = "sum",
         combiners: Mapping[str, str] | None = None,
@@ -72,10 +76,10 @@ class Collection:
         if not isinstance(features, Mapping) or not features:
             raise ValueError("features: expected a non-empty mapping of name -> Table")
         for name, table in features.items():
-            if not isinstance(table, Table):
+            if not isinstance(table, (Table, MappedTable)):
                 raise TypeError(
-                    f"features: expected embstore.Table values, got {type(table).__name__} "
-                    f"for {name!r}"
+                    f"features: expected embstore.Table or MappedTable values, got "
+                    f"{type(table).__name__} for {name!r}"
                 )
         combiners = dict(combiners or {})
         unknown = set(combiners) - set(features)
@@ -88,6 +92,8 @@ class Collection:
         self._dim = sum(t.dim for t in self._features.values())
         self._untrained = [n for n, t in self._features.items() if t.optimizer is None]
         self._no_weights: list[npt.NDArray[np.float32] | None] = [None] * len(self._features)
+        #: The features over read-only mapped tables (pooled one by one).
+        self._mapped = [n for n, t in self._features.items() if isinstance(t, MappedTable)]
 
     @property
     def features(self) -> list[str]:
@@ -95,7 +101,7 @@ class Collection:
         return list(self._features)
 
     @property
-    def tables(self) -> dict[str, Table]:
+    def tables(self) -> dict[str, Table | MappedTable]:
         """Feature name -> table."""
         return dict(self._features)
 
@@ -184,6 +190,8 @@ class Collection:
         """
         mode, _ = check_default(default, None)
         flag = check_bool("insert", insert)
+        if self._mapped:
+            return self._lookup_each(batch, flag, mode)
         split = self._split(batch)
         if split is not None:
             return _core.collection_lookup_pooled(
@@ -201,9 +209,35 @@ class Collection:
             self._inners(), ids, offsets, weights, combiners, flag, self._names, mode
         )
 
+    def _lookup_each(self, batch: Batch, insert: bool, mode: str) -> npt.NDArray[np.float32]:
+        """:meth:`lookup_pooled` of a collection with mapped tables: each
+        feature pooled by its table, side by side (a mapped table refuses
+        ``insert=True``)."""
+        if insert:
+            raise ReadOnlyError(
+                f"lookup_pooled(insert=True): the table of feature {self._mapped[0]!r} is "
+                "read-only (a MappedTable); pass insert=False to serve"
+            )
+        ids, offsets, weights, combiners, size = self._args(batch)
+        out = np.empty((size, self._dim), np.float32)
+        at = 0
+        for table, i, o, w, c in zip(
+            self._features.values(), ids, offsets, weights, combiners, strict=True
+        ):
+            out[:, at : at + table.dim] = table.lookup_pooled(
+                i, o, combiner=c, weights=w, insert=False, default=mode
+            )
+            at += table.dim
+        return out
+
     def apply_pooled_gradients(self, batch: Batch, grads: Any) -> None:
         """Backward of :meth:`lookup_pooled` (``grads`` has its output's
         layout) and one optimizer step per distinct table."""
+        if self._mapped:
+            raise ReadOnlyError(
+                f"apply_pooled_gradients: the table of feature {self._mapped[0]!r} is "
+                "read-only (a MappedTable)"
+            )
         if self._untrained:
             raise ValueError(
                 f"optimizer: the table of feature {self._untrained[0]!r} has no optimizer"

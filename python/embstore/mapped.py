@@ -87,6 +87,11 @@ def _follow(ref: weakref.ref[MappedTable], every: float, stop: threading.Event) 
         del table
 
 
+def _reopen(path: str, follow: float | None) -> MappedTable:
+    """A MappedTable unpickled: the checkpoint at ``path`` mapped again."""
+    return MappedTable(path, follow=follow)
+
+
 def _refused(name: str) -> Callable[..., NoReturn]:
     """A method of MappedTable that changes rows: refused, naming itself."""
 
@@ -162,6 +167,16 @@ class MappedTable:
     def dim(self) -> int:
         """Columns per row."""
         return int(self._inner.dim)
+
+    @property
+    def optimizer(self) -> None:
+        """None: a mapped table takes no optimizer step."""
+        return None
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Pickled (multiprocessing, copy.deepcopy) as its path: the copy
+        # maps the same files, so processes share the rows.
+        return (_reopen, (self._path, self.follow))
 
     @property
     def dtype(self) -> str:

@@ -15,6 +15,7 @@ import torch
 
 from embstore._convert import check_default
 from embstore.collection import Collection
+from embstore.mapped import MappedTable
 from embstore.optim import Optimizer
 from embstore.store import Table
 from embstore.torch._ops import call
@@ -268,9 +269,9 @@ class _CollectionModule(_TableState):
         self.is_weighted = is_weighted
         self._keyed_tensor, self._jagged_tensor = _output_types()
 
-    def _tables(self) -> dict[str, Table]:
+    def _tables(self) -> dict[str, Table | MappedTable]:
         # One entry per distinct table, named by its first feature.
-        out: dict[str, Table] = {}
+        out: dict[str, Table | MappedTable] = {}
         seen: set[int] = set()
         for name, table in self.collection.tables.items():
             if id(table) not in seen:
@@ -496,7 +497,7 @@ class EmbeddingCollection(_CollectionModule):
 
     def _positions(
         self, inputs: list[torch.Tensor | None], spec: str
-    ) -> tuple[np.ndarray, dict[int, tuple[Table, np.ndarray]]]:
+    ) -> tuple[np.ndarray, dict[int, tuple[Table | MappedTable, np.ndarray]]]:
         """The call's ids and, per distinct table, the positions in them of
         its features' ids."""
         kind, records = _decode(spec)
@@ -507,7 +508,7 @@ class EmbeddingCollection(_CollectionModule):
         assert lengths is not None
         vals, lens = host(values), host(lengths).astype(np.int64)
         ranges = _feature_ranges(names, lens, strides, vals.shape[0])
-        by_table: dict[int, tuple[Table, list[np.ndarray]]] = {}
+        by_table: dict[int, tuple[Table | MappedTable, list[np.ndarray]]] = {}
         for name in self.collection.features:
             table = self.collection.tables[name]
             lo, hi, _, _ = ranges[name]
@@ -532,7 +533,7 @@ class EmbeddingCollection(_CollectionModule):
     def _backward(self, inputs: list[torch.Tensor | None], grad: torch.Tensor, spec: str) -> None:
         vals, by_table = self._positions(inputs, spec)
         g = grad_rows(grad, vals.shape[0], self.embedding_dim)
-        calls = [(t, np.ascontiguousarray(vals[at]), g[at]) for t, at in by_table.values()]
+        calls: Parts = [(t, np.ascontiguousarray(vals[at]), g[at]) for t, at in by_table.values()]
         check_parts(calls)  # every table, before any steps
 
         def step() -> None:

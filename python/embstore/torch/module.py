@@ -25,6 +25,7 @@ import torch
 from torch import nn
 
 from embstore._convert import Default, as_bags, check_combiner, check_default
+from embstore.mapped import MappedTable
 from embstore.ops import spread_pooled, unique_inverse
 from embstore.store import Table
 from embstore.torch._ops import call, register
@@ -34,7 +35,7 @@ __all__ = ["Embedding", "EmbeddingBag"]
 _STATE_FIELDS = ("keys", "rows", "state", "meta", "clock", "step", "seed")
 
 #: One backward's gradients: (table, distinct keys, their gradient rows).
-Parts = list[tuple[Table, np.ndarray, np.ndarray]]
+Parts = list[tuple[Table | MappedTable, np.ndarray, np.ndarray]]
 
 
 def as_input(x: Any, arg: str) -> torch.Tensor:
@@ -75,14 +76,14 @@ def grad_rows(grad: torch.Tensor, n: int, dim: int) -> np.ndarray:
 
 
 def spread(
-    table: Table,
+    table: Table | MappedTable,
     ids: Any,
     offsets: Any,
     weights: Any,
     combiner: str,
     grads: np.ndarray,
     prefix: str = "",
-) -> tuple[Table, np.ndarray, np.ndarray]:
+) -> tuple[Table | MappedTable, np.ndarray, np.ndarray]:
     """A pooled backward as gradients of distinct keys: ``(table, keys,
     rows)``, what one ``apply_gradients`` call would take."""
     i, o, w, c = as_bags(ids, offsets, weights, combiner, prefix=prefix)
@@ -181,7 +182,7 @@ class _TableState(nn.Module):
         super().__setstate__(state)  # type: ignore[no-untyped-call]
         self._handle = register(self)
 
-    def _tables(self) -> dict[str, Table]:
+    def _tables(self) -> dict[str, Table | MappedTable]:
         raise NotImplementedError
 
     # The custom ops' side (embstore.torch._ops): every module implements these.
@@ -219,7 +220,7 @@ class _TableState(nn.Module):
         """Applies the pending backwards' gradients now, summed, as one step
         of each table they touch; returns whether there were any."""
         pending, self._pending = self._pending, []
-        merged: dict[int, tuple[Table, list[np.ndarray], list[np.ndarray]]] = {}
+        merged: dict[int, tuple[Table | MappedTable, list[np.ndarray], list[np.ndarray]]] = {}
         for parts in pending:
             for table, keys, grads in parts:
                 entry = merged.setdefault(id(table), (table, [], []))
@@ -236,6 +237,8 @@ class _TableState(nn.Module):
     def _save_to_state_dict(self, destination: Any, prefix: str, keep_vars: bool) -> None:
         super()._save_to_state_dict(destination, prefix, keep_vars)
         for name, table in self._tables().items():
+            if isinstance(table, MappedTable):
+                continue  # its rows are the checkpoint at its path
             for field, value in table.state_dict(with_optimizer=self.state_dict_optimizer).items():
                 destination[f"{prefix}{name}.{field}"] = torch.from_numpy(np.asarray(value))
 
@@ -260,6 +263,10 @@ class _TableState(nn.Module):
                 for f in _STATE_FIELDS
                 if f"{prefix}{name}.{f}" in state_dict
             }
+            if isinstance(table, MappedTable):
+                if entries:
+                    error_msgs.append(f"{prefix}{name}: a MappedTable is read-only")
+                continue
             required = [f for f in ("keys", "rows", "step", "seed") if f not in entries]
             if required:
                 missing_keys.extend(f"{prefix}{name}.{f}" for f in required)
@@ -278,7 +285,7 @@ class _OneTable(_TableState):
 
     def __init__(
         self,
-        table: Table,
+        table: Table | MappedTable,
         default: Default,
         padding_idx: int | None,
         max_norm: float | None,
@@ -287,8 +294,10 @@ class _OneTable(_TableState):
         sparse: bool,
         accumulate: int,
     ) -> None:
-        if not isinstance(table, Table):
-            raise TypeError(f"table: expected an embstore.Table, got {type(table).__name__}")
+        if not isinstance(table, (Table, MappedTable)):
+            raise TypeError(
+                f"table: expected an embstore.Table or MappedTable, got {type(table).__name__}"
+            )
         check_default(default, table.dim)
         _refuse_unsupported(max_norm, norm_type, scale_grad_by_freq, sparse)
         padding = _check_padding_idx(padding_idx)
@@ -297,8 +306,9 @@ class _OneTable(_TableState):
         self.default = default
         self.padding_idx = padding
         self.sparse = sparse
-        #: A frozen module reads its table only: no row stored, no step.
-        self.frozen = False
+        #: A frozen module reads its table only: no row stored, no step
+        #: (always, over a read-only MappedTable).
+        self.frozen = isinstance(table, MappedTable)
 
     @property
     def embedding_dim(self) -> int:
@@ -348,7 +358,7 @@ class _OneTable(_TableState):
         module.frozen = freeze
         return module
 
-    def _tables(self) -> dict[str, Table]:
+    def _tables(self) -> dict[str, Table | MappedTable]:
         return {"table": self.table}
 
 
@@ -375,7 +385,7 @@ class Embedding(_OneTable):
 
     def __init__(
         self,
-        table: Table,
+        table: Table | MappedTable,
         *,
         default: Default = "init",
         padding_idx: int | None = None,
@@ -464,7 +474,7 @@ class EmbeddingBag(_OneTable):
 
     def __init__(
         self,
-        table: Table,
+        table: Table | MappedTable,
         mode: str | None = None,
         *,
         combiner: str | None = None,
