@@ -313,8 +313,11 @@ def run(
     train_s = time.perf_counter() - t1
     for pub in publishers:
         pub.stop()
+    # The final state, at both paths.
     if publish is not None:
         table.save(publish, incremental=True, with_optimizer=False)
+    if checkpoint is not None:
+        table.save(checkpoint, incremental=True)
     say(f"evaluating on {test_samples:,} held-out samples")
     scores = np.concatenate(
         [
