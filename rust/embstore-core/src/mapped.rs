@@ -37,6 +37,8 @@ use crate::table::checkpoint::{dirlock, untrusted};
 use crate::table::checks::check_len;
 use crate::table::{MAX_SHARDS, Missing};
 use crate::zeroed::{with_room, zeros};
+use hashbrown::HashTable;
+use hashbrown::hash_table::Entry;
 use memmap2::Mmap;
 use rayon::prelude::*;
 use safetensors::SafeTensors;
@@ -156,10 +158,78 @@ struct Snapshot {
     seed: u64,
     /// Newest link first.
     links: Vec<Arc<Link>>,
+    /// Every key the chain's deltas (all links but the oldest, the full
+    /// one) name, with where its row is now or that it is removed: a
+    /// lookup probes this, then the full link only, however long the
+    /// chain. Private memory of about 32 bytes a delta key.
+    overlay: HashTable<Placed>,
     rows: u64,
     step: u64,
     /// Set once every file has passed its checksum check.
     all_checked: AtomicBool,
+}
+
+/// Where a key of the chain's deltas is: `links[link].files[shard][file]`,
+/// row `row`, or removed (`link == REMOVED`).
+#[derive(Debug, Clone, Copy)]
+struct Placed {
+    key: i64,
+    link: u32,
+    shard: u32,
+    file: u32,
+    row: u32,
+}
+
+/// [`Placed::link`] of a key the chain removed.
+const REMOVED: u32 = u32::MAX;
+
+/// The overlay of `links` (newest first): their deltas replayed oldest
+/// first, each link's removals before its files, as a load replays them.
+fn overlay_of(links: &[Arc<Link>]) -> Result<HashTable<Placed>> {
+    let deltas = links.len().saturating_sub(1);
+    let held: usize = links[..deltas]
+        .iter()
+        .map(|l| l.removed.len() + l.files.iter().flatten().map(|f| f.n).sum::<usize>())
+        .sum();
+    let mut table: HashTable<Placed> = HashTable::new();
+    table
+        .try_reserve(held, |p| key_hash(p.key))
+        .map_err(|_| crate::error::oom("rows", held.saturating_mul(32)))?;
+    let mut put = |p: Placed| {
+        let hash = key_hash(p.key);
+        match table.entry(hash, |q| q.key == p.key, |q| key_hash(q.key)) {
+            Entry::Occupied(mut e) => *e.get_mut() = p,
+            Entry::Vacant(e) => {
+                e.insert(p);
+            }
+        }
+    };
+    for li in (0..deltas).rev() {
+        let link = &links[li];
+        for &key in &link.removed {
+            put(Placed {
+                key,
+                link: REMOVED,
+                shard: 0,
+                file: 0,
+                row: 0,
+            });
+        }
+        for (s, files) in link.files.iter().enumerate() {
+            for (fi, f) in files.iter().enumerate() {
+                for r in 0..f.n {
+                    put(Placed {
+                        key: f.key(r),
+                        link: li as u32,
+                        shard: s as u32,
+                        file: fi as u32,
+                        row: r as u32,
+                    });
+                }
+            }
+        }
+    }
+    Ok(table)
 }
 
 /// A read-only table whose rows are read from a checkpoint directory's
@@ -341,6 +411,7 @@ fn read_snapshot(dir: &Path, prev: Option<&Snapshot>) -> Result<Option<(Manifest
                         &m.initializer.params,
                     )?,
                     seed: m.seed,
+                    overlay: overlay_of(&links)?,
                     links,
                     rows: m.rows,
                     step: m.step,
@@ -379,22 +450,30 @@ impl Snapshot {
         all
     }
 
-    /// The file and row holding `key`, newest link first. A link is
-    /// replayed as a load replays it, its removals before its files: a key
-    /// in a link's files is there (removed and inserted again since the
-    /// link before), else a key its removals name is gone.
+    /// The file and row holding `key`: where the deltas' overlay places
+    /// it (or nowhere, removed), else in the full link. The chain so reads
+    /// as a load replays it, newest link first, each link's removals
+    /// before its files.
     fn locate(&self, key: i64, hash: u64) -> Result<Option<(&MappedFile, usize)>> {
-        for link in &self.links {
-            if link.shards > 0 {
-                for f in &link.files[shard_of(hash, link.shards)] {
-                    if let Some(r) = f.find(key)? {
-                        f.check()?;
-                        return Ok(Some((f, r)));
-                    }
-                }
-            }
-            if !link.removed.is_empty() && link.removed.contains(&key) {
+        if !self.overlay.is_empty()
+            && let Some(p) = self.overlay.find(hash, |p| p.key == key)
+        {
+            if p.link == REMOVED {
                 return Ok(None);
+            }
+            let f = &self.links[p.link as usize].files[p.shard as usize][p.file as usize];
+            f.check()?;
+            return Ok(Some((f, p.row as usize)));
+        }
+        let Some(base) = self.links.last() else {
+            return Ok(None);
+        };
+        if base.shards > 0 {
+            for f in &base.files[shard_of(hash, base.shards)] {
+                if let Some(r) = f.find(key)? {
+                    f.check()?;
+                    return Ok(Some((f, r)));
+                }
             }
         }
         Ok(None)
