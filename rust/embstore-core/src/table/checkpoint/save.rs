@@ -419,7 +419,7 @@ impl Table {
             Kind::Full
         };
         let id = new_id();
-        let written = self.write_and_publish(dir, &id, kind, with_optimizer, progress, gate);
+        let written = self.write_and_publish(dir, &id, kind, with_optimizer, progress, gate, incremental);
         let (manifest, text_len, mark) = match written {
             Ok(w) => w,
             Err(e) => {
@@ -490,12 +490,16 @@ impl Table {
     /// rows, or the changes `kind` names), then the manifest, published.
     /// Returns the manifest, its size and the path's new mark (its `dir`
     /// left for the caller). The caller holds the writers' lock and passes
-    /// the gate, held exclusively: the snapshot is taken under it, and when
-    /// the rows to write fit in [`SNAPSHOT_BYTES`] (and a share of the
-    /// memory available) they are copied out and the gate released before
-    /// any file is written, so that training goes on while a publish
-    /// writes; a larger save writes each file under the gate. The caller
-    /// removes what was written when this fails.
+    /// the gate, held exclusively: the snapshot is taken under it. With
+    /// `copy_out` (an incremental save: a publish, which may also compact
+    /// its chain), when the rows to write fit in [`SNAPSHOT_BYTES`] (and a
+    /// quarter of the memory available), they are copied out and the gate
+    /// released before any file is written, so that training goes on while
+    /// a publish writes; otherwise (a full save asked for, which would
+    /// take longer to copy out and write than to write) each file is
+    /// written under the gate, in parallel. The caller removes what was
+    /// written when this fails.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn write_and_publish(
         &self,
         dir: &Path,
@@ -504,6 +508,7 @@ impl Table {
         with_optimizer: bool,
         progress: Option<&AtomicU64>,
         gate: std::sync::RwLockWriteGuard<'_, ()>,
+        copy_out: bool,
     ) -> Result<(Manifest, u64, SaveMark)> {
         let (since, removed_at, chain, base) = match kind {
             Kind::Full => (None, None, Vec::new(), None),
@@ -546,7 +551,7 @@ impl Table {
             pages::available_memory().map_or(SNAPSHOT_BYTES, |a| (a / 4).min(SNAPSHOT_BYTES));
         let lists = self.rows_to_write(since);
         let rows: usize = lists.iter().map(Vec::len).sum();
-        let copy = rows.saturating_mul(row_bytes) <= budget;
+        let copy = copy_out && rows.saturating_mul(row_bytes) <= budget;
         let gathered = copy.then(|| self.gather_rows(&lists, with_state));
         let save_gen = self.generation.fetch_add(1, Ordering::AcqRel);
         let ends = self.removal_ends();
