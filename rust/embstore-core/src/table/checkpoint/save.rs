@@ -419,7 +419,8 @@ impl Table {
             Kind::Full
         };
         let id = new_id();
-        let written = self.write_and_publish(dir, &id, kind, with_optimizer, progress, gate, incremental);
+        let written =
+            self.write_and_publish(dir, &id, kind, with_optimizer, progress, gate, incremental);
         let (manifest, text_len, mark) = match written {
             Ok(w) => w,
             Err(e) => {
