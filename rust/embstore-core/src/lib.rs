@@ -43,7 +43,8 @@
 //!    that a process forks while no call is inside the core.
 //! 3. Table gates ([`Table`]'s `gate`), shared by every call that changes
 //!    rows (lookups that insert, assigns, steps, removals,
-//!    evictions, `reserve`), exclusive for a snapshot (`export`, `save`)
+//!    evictions, `reserve`), exclusive for a snapshot (`export`, `save`;
+//!    an incremental save only while it copies its rows out)
 //!    and for a step whose bounds cannot rule out a non-finite result
 //!    (`table::step::bounds`: the rows are measured and the step dry-run first).
 //!    A call on several tables (a [`collection`] call) takes their gates in
