@@ -24,6 +24,20 @@ from embstore.exceptions import CheckpointError
 
 from .test_mapped import DIM, assert_reads_equal, row_files, trained
 
+KEYS_SEEN = np.arange(-600, 2_600, 3)
+
+
+def opened(
+    tmp_path: pathlib.Path,
+) -> tuple[embstore.Table, pathlib.Path, embstore.MappedTable, np.ndarray, set[str]]:
+    """A trained table saved for serving and mapped: the table, the path,
+    the mapped table, what it serves for KEYS_SEEN and its files' names."""
+    t = trained()
+    path = tmp_path / "serve"
+    t.save(path, with_optimizer=False)
+    mapped = embstore.Table.load(path, mmap=True)
+    return t, path, mapped, mapped.lookup(KEYS_SEEN), {p.name for p in row_files(path)}
+
 
 def publish(t: embstore.Table, path: pathlib.Path) -> dict:
     """A serving publish: rows only, incremental."""
@@ -62,16 +76,8 @@ def test_refresh_serves_each_publish_and_reports_whether_one_came(tmp_path) -> N
     assert any(n == 2 for _, n in kinds[8:]), kinds
 
 
-KEYS_SEEN = np.arange(-600, 2_600, 3)
-
-
 def test_a_new_full_save_becomes_the_new_base(tmp_path) -> None:
-    t = trained()
-    path = tmp_path / "serve"
-    t.save(path, with_optimizer=False)
-    mapped = embstore.Table.load(path, mmap=True)
-    before = mapped.lookup(KEYS_SEEN)
-    old = {p.name for p in row_files(path)}
+    t, path, mapped, before, old = opened(tmp_path)
     churn(t, np.random.default_rng(2))
     t.save(path, with_optimizer=False)
     # The save deleted the old files (no reader holds the directory); the
@@ -83,12 +89,7 @@ def test_a_new_full_save_becomes_the_new_base(tmp_path) -> None:
 
 
 def test_a_damaged_publish_is_refused_and_the_old_version_served(tmp_path) -> None:
-    t = trained()
-    path = tmp_path / "serve"
-    t.save(path, with_optimizer=False)
-    mapped = embstore.Table.load(path, mmap=True)
-    before = mapped.lookup(KEYS_SEEN)
-    old = {p.name for p in row_files(path)}
+    t, path, mapped, before, old = opened(tmp_path)
     churn(t, np.random.default_rng(3))
     publish(t, path)
     new = [p for p in row_files(path) if p.name not in old]

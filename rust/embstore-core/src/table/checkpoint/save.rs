@@ -73,11 +73,15 @@ impl Table {
         }
     }
 
+    /// Bytes a row takes in a file at most: its key, its weights as
+    /// stored, its state if written, and room for metadata.
+    fn file_row_bytes(&self, with_state: bool) -> usize {
+        8 + 4 * (self.weight_words() + if with_state { self.state_len } else { 0 }) + 16
+    }
+
     /// Rows a file holds at most.
     fn rows_per_file(&self, with_state: bool) -> usize {
-        let row_bytes =
-            8 + 4 * (self.weight_words() + if with_state { self.state_len } else { 0 }) + 16;
-        (FILE_BYTES / row_bytes).max(1)
+        (FILE_BYTES / self.file_row_bytes(with_state)).max(1)
     }
 
     /// Copies the rows `chunk` of shard `g` into `out` as the bytes of
@@ -546,8 +550,7 @@ impl Table {
         }
         let mut manifest = self.manifest_base(id, with_optimizer);
         manifest.rows = self.shards.iter().map(|s| read(s).len() as u64).sum();
-        let row_bytes =
-            8 + 4 * (self.weight_words() + if with_state { self.state_len } else { 0 }) + 16;
+        let row_bytes = self.file_row_bytes(with_state);
         let budget =
             pages::available_memory().map_or(SNAPSHOT_BYTES, |a| (a / 4).min(SNAPSHOT_BYTES));
         let lists = self.rows_to_write(since);
