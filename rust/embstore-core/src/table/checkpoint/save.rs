@@ -431,6 +431,7 @@ impl Table {
                 // Nothing was published: what this save wrote is garbage
                 // (and would fill the disk for the next save).
                 remove_partial(dir, &id);
+                self.set_marks_unchanged();
                 return Err(e);
             }
         };
@@ -450,6 +451,25 @@ impl Table {
             manifest,
             bytes_written,
         })
+    }
+
+    /// After a save that failed: the removal logs kept for the marks as
+    /// they are (none logged at all without a mark, as before the save
+    /// turned logging on).
+    fn set_marks_unchanged(&self) {
+        let marks = self
+            .last_save
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .len();
+        if marks == 0 {
+            for lock in self.shards.iter() {
+                let mut g = storage::write(lock);
+                g.track_removals = false;
+                let end = g.removed.end();
+                g.removed.keep_from(end);
+            }
+        }
     }
 
     /// Each shard's removal log end (the caller holds the gate exclusively,
@@ -559,6 +579,12 @@ impl Table {
         let gathered = copy.then(|| self.gather_rows(&lists, with_state));
         let save_gen = self.generation.fetch_add(1, Ordering::AcqRel);
         let ends = self.removal_ends();
+        // Removals from here on are this path's next delta's: logged from
+        // now (a first save's would otherwise be lost between releasing
+        // the gate and recording the mark).
+        for lock in self.shards.iter() {
+            storage::write(lock).track_removals = true;
+        }
         let mark = SaveMark {
             dir: Default::default(),
             id: id.to_string(),
