@@ -35,7 +35,6 @@ import json
 import multiprocessing as mp
 import os
 import tempfile
-import threading
 import time
 from typing import Any
 
@@ -44,6 +43,7 @@ import numpy as np
 import embstore
 from benches.mapped import private_bytes
 from embstore import optim
+from embstore.demo import Publisher
 
 DIM = 64
 
@@ -141,49 +141,18 @@ def follow_latency(d: str) -> list[float]:
     return late
 
 
-def publisher(
-    t: embstore.Table,
-    path: str,
-    every: float,
-    with_optimizer: bool,
-    stop: threading.Event,
-    saves: list[float],
-) -> None:
-    """A trainer's publishing thread: an incremental save to ``path`` every
-    ``every`` seconds, on a fixed schedule (at once when the one before ran
-    late)."""
-    n = 0
-    start = time.perf_counter()
-    while not stop.wait(max(0.0, start + (n + 1) * every - time.perf_counter())):
-        n += 1
-        t0 = time.perf_counter()
-        t.save(path, incremental=True, with_optimizer=with_optimizer)
-        saves.append(time.perf_counter() - t0)
-
-
 def train_for(
     t: embstore.Table, seconds: float, rng: np.random.Generator, rows: int, paths: Any
 ) -> tuple[float, list[float]]:
     """Steps a second over ``seconds``; with ``paths`` (serving, training)
-    a publishing thread runs beside the steps."""
+    the demo's publishers run beside the steps: a serving publish every
+    second, a training checkpoint every 10 (each starts with an untimed
+    full save, so what changed while nothing published is not timed)."""
     grads = np.random.default_rng(9).standard_normal((16_384, DIM)).astype(np.float32) * 0.01
     steps = 0
-    stop = threading.Event()
-    saves: list[float] = []
-    threads = []
+    pubs = []
     if paths is not None:
-        # Serving publishes every second; training checkpoints every 10.
-        threads = [
-            threading.Thread(target=publisher, args=(t, paths[0], 1.0, False, stop, saves)),
-            threading.Thread(target=publisher, args=(t, paths[1], 10.0, True, stop, [])),
-        ]
-    if paths is not None:
-        # Catch up first (untimed): what changed while nothing published
-        # would otherwise make the first publish a large one.
-        t.save(paths[0], incremental=True, with_optimizer=False)
-        t.save(paths[1], incremental=True)
-    for th in threads:
-        th.start()
+        pubs = [Publisher(t, paths[0], 1.0), Publisher(t, paths[1], 10.0, with_optimizer=True)]
     start = time.perf_counter()
     while time.perf_counter() - start < seconds:
         ids = zipf_ids(rng, rows, 16_384)
@@ -191,10 +160,9 @@ def train_for(
         t.apply_gradients(ids, grads)
         steps += 1
     rate = steps / (time.perf_counter() - start)
-    stop.set()
-    for th in threads:
-        th.join()
-    return rate, saves
+    for pub in pubs:
+        pub.stop()
+    return rate, pubs[0].seconds if pubs else []
 
 
 def training_speed(d: str, rows: int, seconds: float) -> dict[str, Any]:
@@ -202,8 +170,6 @@ def training_speed(d: str, rows: int, seconds: float) -> dict[str, Any]:
     for lo in range(0, rows, 1 << 20):
         t.lookup(np.arange(lo, min(rows, lo + (1 << 20))))
     paths = (os.path.join(d, "pub"), os.path.join(d, "ckpt"))
-    t.save(paths[0], with_optimizer=False)
-    t.save(paths[1])
     rng = np.random.default_rng(2)
     res: dict[str, list[float]] = {"alone": [], "publishing": []}
     saves: list[float] = []
