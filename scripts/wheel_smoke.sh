@@ -20,6 +20,10 @@ cd "$(dirname "$0")/.."
 repo=$(pwd)
 wheel="$(cd "$(dirname "$1")" && pwd)/$(basename "$1")"
 work=$(mktemp -d)
+# The venvs hold torch (gigabytes): removed however this script ends.
+trap 'rm -rf "$work"' EXIT
+# Nothing downloaded here is cached (the wheels would double the disk used).
+export PIP_NO_CACHE_DIR=1
 venv=$work/venv
 python -m venv "$venv"
 readme_block() {  # the README's python block whose text contains $1
@@ -120,5 +124,4 @@ fi
   python -c "import embstore, mpi4py.MPI, matplotlib, cupy, torch, pytest, xxhash; print('checkout install with every extra:', embstore.__version__)"
   python -c "$torch_example"
 )
-rm -rf "$work"
 echo "wheel smoke test passed"
