@@ -5,10 +5,9 @@ use crate::error::{Result, StoreError, ckpt_err};
 use crate::hash::mix64;
 use crate::table::checkpoint::manifest::FileEntry;
 use crate::table::checkpoint::untrusted;
-use rayon::iter::{IntoParallelRefIterator, ParallelIterator};
 use std::io::{Read, Write};
 use std::path::Path;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 pub(crate) fn io_err(path: &Path, what: &str, e: &std::io::Error) -> StoreError {
     ckpt_err(path, format!("{what}: {e}"))
@@ -31,14 +30,45 @@ pub(crate) fn fsync_dir(dir: &Path) -> Result<()> {
         .map_err(|e| io_err(dir, "cannot fsync the directory", &e))
 }
 
-/// Fsyncs the files `names` of `dir`, in parallel.
+/// Threads that fsync a save's files at once (the calling thread and up to
+/// this many less one helpers).
+const FSYNC_THREADS: usize = 4;
+
+/// Fsyncs the files `names` of `dir`, several at once, on the calling
+/// thread and short-lived helper threads, never on rayon's pool: a worker
+/// blocked on the disk is one that the calls going on meanwhile (a training
+/// step beside a publish) do not get. Where a helper cannot be started the
+/// others, and at least the calling thread, fsync its share.
 pub(crate) fn fsync_files<'a>(dir: &Path, names: impl IntoIterator<Item = &'a str>) -> Result<()> {
     let names: Vec<&str> = names.into_iter().collect();
-    names.par_iter().try_for_each(|n| {
-        let path = dir.join(n);
-        untrusted::open_file(&path)
-            .and_then(|f| f.sync_all())
-            .map_err(|e| io_err(&path, "cannot fsync", &e))
+    let next = AtomicUsize::new(0);
+    let work = || -> Result<()> {
+        loop {
+            let Some(n) = names.get(next.fetch_add(1, Ordering::Relaxed)) else {
+                return Ok(());
+            };
+            let path = dir.join(n);
+            untrusted::open_file(&path)
+                .and_then(|f| f.sync_all())
+                .map_err(|e| io_err(&path, "cannot fsync", &e))?;
+        }
+    };
+    std::thread::scope(|s| {
+        let helpers: Vec<_> = (1..names.len().min(FSYNC_THREADS))
+            .filter_map(|i| {
+                std::thread::Builder::new()
+                    .name(format!("embstore-fsync-{i}"))
+                    .spawn_scoped(s, work)
+                    .ok()
+            })
+            .collect();
+        let mine = work();
+        helpers.into_iter().fold(mine, |acc, h| {
+            let theirs = h
+                .join()
+                .unwrap_or_else(|_| Err(ckpt_err(dir, "an fsync thread panicked")));
+            acc.and(theirs)
+        })
     })
 }
 
@@ -212,6 +242,51 @@ mod tests {
         let e = read_regular(&path, 4, "a").unwrap_err().to_string();
         assert!(e.contains("more than the 4 allowed"), "{e}");
         assert!(read_regular(&dir.join("missing"), 5, "missing file").is_err());
+    }
+
+    #[test]
+    fn fsyncs_finish_while_every_pool_worker_is_busy_and_name_a_missing_file() {
+        // A publish fsyncs beside training that keeps rayon's workers busy:
+        // the fsyncs must not wait for a worker (they once ran on the pool,
+        // and a training step waited behind a worker blocked on the disk).
+        let dir = temp_dir("files-fsync");
+        let names: Vec<String> = (0..12).map(|i| format!("f{i}.bin")).collect();
+        for n in &names {
+            write_synced(&dir.join(n), n.as_bytes()).unwrap();
+        }
+        let workers = rayon::current_num_threads();
+        let parked =
+            std::sync::Arc::new((std::sync::Mutex::new(0usize), std::sync::Condvar::new()));
+        let release = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        {
+            let (parked, release) = (parked.clone(), release.clone());
+            rayon::spawn_broadcast(move |_| {
+                *parked.0.lock().unwrap() += 1;
+                parked.1.notify_all();
+                while !release.load(Ordering::Acquire) {
+                    std::thread::sleep(std::time::Duration::from_millis(1));
+                }
+            });
+        }
+        let mut n = parked.0.lock().unwrap();
+        while *n < workers {
+            n = parked.1.wait(n).unwrap();
+        }
+        drop(n);
+        let (tx, rx) = std::sync::mpsc::channel();
+        let d = dir.clone();
+        std::thread::spawn(move || {
+            let refs: Vec<String> = (0..12).map(|i| format!("f{i}.bin")).collect();
+            let ok = fsync_files(&d, refs.iter().map(String::as_str));
+            let missing = fsync_files(&d, ["f0.bin", "gone.bin", "f1.bin"]);
+            let _ = tx.send((ok.is_ok(), missing.map_err(|e| e.to_string())));
+        });
+        let got = rx.recv_timeout(std::time::Duration::from_secs(20));
+        release.store(true, Ordering::Release);
+        let (ok, missing) = got.expect("fsync_files waited for a busy rayon worker");
+        assert!(ok);
+        let e = missing.unwrap_err();
+        assert!(e.contains("gone.bin") && e.contains("cannot fsync"), "{e}");
     }
 
     #[test]

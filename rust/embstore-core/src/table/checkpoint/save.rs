@@ -95,6 +95,19 @@ impl Table {
         out.w.clear();
         out.st.clear();
         out.mb.clear();
+        // Sized once: a copy-out's buffers are new (growing them would copy
+        // and fault their pages again at each doubling).
+        let n = chunk.len();
+        let elem = if matches!(fmt, RowFormat::F32) { 4 } else { 2 };
+        out.keys.reserve(n);
+        out.kb.reserve(n * 8);
+        out.w.reserve(n * dim * elem);
+        if with_state {
+            out.st.reserve(n * self.state_len * 4);
+        }
+        if with_meta {
+            out.mb.reserve(n * 16);
+        }
         for &(r, key) in chunk {
             out.keys.push(key);
             let row = g.arena.weights(r);
