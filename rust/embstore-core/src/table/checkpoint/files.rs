@@ -276,8 +276,7 @@ mod tests {
         let (tx, rx) = std::sync::mpsc::channel();
         let d = dir.clone();
         std::thread::spawn(move || {
-            let refs: Vec<String> = (0..12).map(|i| format!("f{i}.bin")).collect();
-            let ok = fsync_files(&d, refs.iter().map(String::as_str));
+            let ok = fsync_files(&d, names.iter().map(String::as_str));
             let missing = fsync_files(&d, ["f0.bin", "gone.bin", "f1.bin"]);
             let _ = tx.send((ok.is_ok(), missing.map_err(|e| e.to_string())));
         });

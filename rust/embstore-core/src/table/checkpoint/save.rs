@@ -493,8 +493,11 @@ impl Table {
 
     /// Records `mark` as the mark of its path (the most recent; the least
     /// recently saved path's mark is forgotten past [`MAX_MARKS`]) and
-    /// drops the removals no mark needs. The caller holds the gate
-    /// exclusively, or the table is not shared yet.
+    /// drops the removals no mark needs. The caller holds the path's
+    /// writers' lock (a save, after releasing the gate) or the table is not
+    /// shared yet. A save at another path meanwhile only moves its own
+    /// mark's positions forward, so positions computed here before it keep
+    /// more of a log than the marks then need, never less.
     pub(crate) fn set_mark(&self, mark: SaveMark) {
         // The marks' lock is a leaf: released before the shard locks.
         let keep: Vec<u64> = {
