@@ -135,3 +135,35 @@ def test_flush_discard_and_a_refused_backward() -> None:
         et.Embedding(table, accumulate=0)
     with pytest.raises(TypeError, match=r"^accumulate: expected an int"):
         et.Embedding(table, accumulate=1.5)  # type: ignore[arg-type]
+
+
+def test_a_refused_flush_moves_no_table_and_keeps_its_gradients() -> None:
+    """Two tables of one collection, accumulate=2: the second table's
+    summed gradients overflow float32 (each backward's alone is finite), so
+    the flush is refused; the first table must not have stepped and both
+    backwards stay pending (at 7e7142d the first table stepped and every
+    pending gradient was dropped)."""
+    first = embstore.Table(DIM, optimizer=optim.SGD(lr=1.0), seed=6)
+    second = embstore.Table(DIM, optimizer=optim.SGD(lr=1.0), seed=7)
+    ebc = et.EmbeddingBagCollection(
+        embstore.Collection({"a": first, "b": second}, combiner="sum"), accumulate=2
+    )
+    batch = {"a": torch.tensor([1, 2]), "b": torch.tensor([3, 4])}
+    out = ebc(batch)
+    before = (first.export(), second.export())
+    huge = torch.zeros_like(out)
+    huge[:, DIM:] = 3e38
+    huge[:, :DIM] = 1.0
+    small = torch.ones_like(out)
+    out.backward(huge)
+    with pytest.raises(ValueError, match="grads"):
+        ebc(batch).backward(huge)
+    assert (first.step, second.step) == (0, 0)
+    assert ebc.pending_backwards == 2
+    for (k0, r0), (k1, r1) in zip(before, (first.export(), second.export()), strict=True):
+        np.testing.assert_array_equal(k0, k1)
+        np.testing.assert_array_equal(r0, r1)
+    ebc.discard_gradients()
+    ebc(batch).backward(small)
+    ebc(batch).backward(small)
+    assert (first.step, second.step) == (1, 1)

@@ -61,7 +61,10 @@ def _follow(ref: weakref.ref[MappedTable], every: float, stop: threading.Event) 
     manifest (one stat) four times every ``every`` seconds and refreshes
     when it changed, and at least once every ``every`` seconds, so a publish
     is served within about ``every`` seconds; runs until the table is closed
-    or collected (it holds the table only while it refreshes)."""
+    or collected (it holds the table only while it refreshes). A refresh
+    waits at most ``every`` seconds for the directory's readers' lock; one
+    that cannot get it (another process holds it) is reported in
+    ``follow_error`` and tried again."""
     table = ref()
     if table is None:
         return
@@ -78,13 +81,31 @@ def _follow(ref: weakref.ref[MappedTable], every: float, stop: threading.Event) 
         if table is None:
             return
         try:
-            table.refresh()
+            table._inner.refresh(every)
             table._follow_error = None
             seen = now
         except Exception as e:  # kept for the owner: the next round tries again
             table._follow_error = e
         since = 0.0
         del table
+
+
+# Every table that follows, so that a forked child restarts their threads
+# (a child has only the thread that forked: without this, a follower
+# inherited through fork would serve the fork-time version forever).
+_FOLLOWERS: weakref.WeakSet[MappedTable] = weakref.WeakSet()
+
+
+def _restart_followers() -> None:
+    """In a forked child: a new follow thread for every table that was
+    following in the parent."""
+    for table in list(_FOLLOWERS):
+        if table._follow is not None and not table._stop.is_set():
+            table._start_follow()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_restart_followers)
 
 
 def _reopen(path: str, follow: float | None) -> MappedTable:
@@ -117,24 +138,37 @@ class MappedTable:
             every = check_real("follow", follow)
             if not (math.isfinite(every) and every > 0):
                 raise ValueError(f"follow: expected a number of seconds > 0, got {follow!r}")
-        self._path = os.fspath(path)
-        self._inner = _core.MappedTable(self._path)
+        self._inner = _core.MappedTable(os.fspath(path))
+        # Resolved once, at open (absolute): a refresh, the follow thread
+        # and a pickled copy read this directory, whatever the working
+        # directory is later.
+        self._path = os.fspath(self._inner.path)
         self._follow = every
         self._follow_error: Exception | None = None
         self._stop = threading.Event()
         if every is not None:
-            threading.Thread(
-                target=_follow,
-                args=(weakref.ref(self), every, self._stop),
-                name=f"embstore-follow {self._path}",
-                daemon=True,
-            ).start()
+            self._start_follow()
+            _FOLLOWERS.add(self)
+
+    def _start_follow(self) -> None:
+        """Starts the follow thread (at open, and in a forked child)."""
+        assert self._follow is not None
+        # A fresh event: in a forked child, the parent's may be mid-wait by
+        # a thread that does not exist here.
+        self._stop = threading.Event()
+        threading.Thread(
+            target=_follow,
+            args=(weakref.ref(self), self._follow, self._stop),
+            name=f"embstore-follow {self._path}",
+            daemon=True,
+        ).start()
 
     def refresh(self) -> bool:
         """Serve what was published at the path since this table was opened
         or last refreshed (see the module docs); returns whether anything
         was. A damaged publish raises :class:`embstore.CheckpointError` and
-        the table goes on serving the version it served."""
+        the table goes on serving the version it served; so does a
+        directory whose readers' lock another process holds for over 10 s."""
         return bool(self._inner.refresh())
 
     @property

@@ -24,6 +24,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from embstore import _core
 from embstore._convert import Default, as_bags, check_combiner, check_default
 from embstore.mapped import MappedTable
 from embstore.ops import spread_pooled, unique_inverse
@@ -153,6 +154,33 @@ def _check_accumulate(accumulate: Any) -> int:
     return int(accumulate)
 
 
+def _step_together(steps: list[tuple[Table | MappedTable, np.ndarray, np.ndarray]]) -> None:
+    """One optimizer step of several tables in one native call, which
+    applies whole or not at all (the grouped pooled backward, each table's
+    keys a feature of one-id bags, padded with empty bags to one batch)."""
+    batch = max(keys.size for _, keys, _ in steps)
+    width = sum(table.dim for table, _, _ in steps)
+    grads = np.zeros((batch, width), dtype=np.float32)
+    ids, offsets, inners, col = [], [], [], 0
+    for table, keys, g in steps:
+        # Pending gradients are checked to be of tables that step.
+        assert isinstance(table, Table)
+        inners.append(table._inner)
+        n = keys.size
+        grads[:n, col : col + table.dim] = g
+        ids.append(np.ascontiguousarray(keys, dtype=np.int64))
+        offsets.append(np.minimum(np.arange(batch + 1, dtype=np.int64), n))
+        col += table.dim
+    _core.collection_apply_pooled_gradients(
+        inners,
+        ids,
+        offsets,
+        [None] * len(steps),
+        ["sum"] * len(steps),
+        grads,
+    )
+
+
 class _TableState(nn.Module):
     """What every module over embstore tables shares: state-dict support
     (each table's :meth:`Table.state_dict` as tensors under
@@ -218,17 +246,25 @@ class _TableState(nn.Module):
 
     def flush_gradients(self) -> bool:
         """Applies the pending backwards' gradients now, summed, as one step
-        of each table they touch; returns whether there were any."""
-        pending, self._pending = self._pending, []
+        of each table they touch; returns whether there were any. The step
+        applies whole or not at all: refused (a step its bounds refuse, out
+        of memory), no table moves and the gradients stay pending."""
+        if not self._pending:
+            return False
         merged: dict[int, tuple[Table | MappedTable, list[np.ndarray], list[np.ndarray]]] = {}
-        for parts in pending:
+        for parts in self._pending:
             for table, keys, grads in parts:
                 entry = merged.setdefault(id(table), (table, [], []))
                 entry[1].append(keys)
                 entry[2].append(grads)
-        for table, key_parts, grad_parts in merged.values():
-            table.apply_gradients(np.concatenate(key_parts), np.concatenate(grad_parts))
-        return bool(pending)
+        steps = [(t, np.concatenate(k), np.concatenate(g)) for t, k, g in merged.values()]
+        if len(steps) == 1:
+            table, keys, grads = steps[0]
+            table.apply_gradients(keys, grads)
+        else:
+            _step_together(steps)
+        self._pending = []
+        return True
 
     def discard_gradients(self) -> None:
         """Drops the pending backwards' gradients (the tables do not move)."""

@@ -29,13 +29,14 @@ use crate::hash::{key_hash, shard_of};
 use crate::init::Initializer;
 use crate::policy::RowFormat;
 use crate::simd::Backend;
+use crate::table::Missing;
+use crate::table::checkpoint::dirlock::{self, DirLock};
 use crate::table::checkpoint::file_index::{self, INDEX_FORMAT};
 use crate::table::checkpoint::files::{io_err, with_file};
 use crate::table::checkpoint::manifest::{FileEntry, Manifest, read_manifest};
-use crate::table::checkpoint::tensors::{parse_removed, rows_dtype};
-use crate::table::checkpoint::{dirlock, untrusted};
+use crate::table::checkpoint::tensors::{check_rows, parse_removed, rows_dtype};
+use crate::table::checkpoint::untrusted;
 use crate::table::checks::check_len;
-use crate::table::{MAX_SHARDS, Missing};
 use crate::zeroed::{with_room, zeros};
 use hashbrown::HashTable;
 use hashbrown::hash_table::Entry;
@@ -59,9 +60,14 @@ const NOW_KEYS: usize = 1024;
 struct MappedFile {
     path: PathBuf,
     map: Mmap,
-    crc32c: u32,
-    /// The whole-file checksum check, run by the first call that reads
-    /// from the file (an error message when it failed).
+    /// Its entry in the manifest that first named it, and that manifest:
+    /// what its check holds it to.
+    entry: FileEntry,
+    manifest: Arc<Manifest>,
+    /// The file's check (its checksum, then everything a load checks:
+    /// tensors, finite rows and state, its keys against its index and
+    /// shard), run by the first call that reads from it, hit or miss (an
+    /// error message when it failed).
     checked: OnceLock<std::result::Result<(), String>>,
     n: usize,
     keys: usize,
@@ -72,16 +78,22 @@ struct MappedFile {
 }
 
 impl MappedFile {
-    /// Passes once the file's bytes match its manifest checksum.
+    /// Passes once the file's bytes match its manifest checksum and hold
+    /// what a load requires of them ([`check_rows`]: the same check, so a
+    /// file a load refuses is refused here, before any answer from it).
     fn check(&self) -> Result<()> {
         let res = self.checked.get_or_init(|| {
             let got = crc32c::crc32c(&self.map);
-            (got == self.crc32c).then_some(()).ok_or_else(|| {
-                format!(
+            if got != self.entry.crc32c {
+                return Err(format!(
                     "checksum mismatch (CRC-32C {got:#010x}, the manifest says {:#010x}): \
                      the file is damaged",
-                    self.crc32c
-                )
+                    self.entry.crc32c
+                ));
+            }
+            check_rows(&self.manifest, &self.path, &self.entry, &self.map).map_err(|e| match e {
+                crate::error::StoreError::Checkpoint { msg, .. } => msg,
+                other => other.to_string(),
             })
         });
         res.clone().map_err(|m| ckpt_err(&self.path, m))
@@ -142,9 +154,24 @@ impl Link {
             .collect()
     }
 
-    /// Checks every file's checksum.
+    /// Checks every file ([`MappedFile::check`]).
     fn check(&self) -> Result<()> {
         self.files.iter().flatten().try_for_each(MappedFile::check)
+    }
+
+    /// The file and row of `key` (of hash `hash`) among this link's files,
+    /// not checked first: for counting only (answers come from
+    /// [`Snapshot::locate`], which checks each file before it reads it).
+    fn find(&self, key: i64, hash: u64) -> Result<Option<(&MappedFile, usize)>> {
+        if self.shards == 0 {
+            return Ok(None);
+        }
+        for f in &self.files[shard_of(hash, self.shards)] {
+            if let Some(r) = f.find(key)? {
+                return Ok(Some((f, r)));
+            }
+        }
+        Ok(None)
     }
 }
 
@@ -263,11 +290,17 @@ impl std::fmt::Debug for MappedTable {
 fn map_file(
     dir: &Path,
     e: &FileEntry,
-    m: &Manifest,
+    m: &Arc<Manifest>,
     format: RowFormat,
 ) -> Result<(MappedFile, usize, usize)> {
     let path = dir.join(&e.name);
-    let file = untrusted::open_file(&path).map_err(|err| io_err(&path, "cannot open", &err))?;
+    let file = untrusted::open_in(dir, &e.name).map_err(|err| {
+        if err.kind() == std::io::ErrorKind::InvalidInput {
+            ckpt_err(dir, err.to_string())
+        } else {
+            io_err(&path, "cannot open", &err)
+        }
+    })?;
     let size = file
         .metadata()
         .map_err(|err| io_err(&path, "cannot stat", &err))?
@@ -293,21 +326,12 @@ fn map_file(
     let (_, header) = SafeTensors::read_metadata(&map)
         .map_err(|err| bad(format!("not a safetensors file: {err}")))?;
     let info = header.metadata().clone().unwrap_or_default();
-    if info.get("index").map(String::as_str) != Some(INDEX_FORMAT) {
+    let Some((shard, shards)) = file_index::placement(&info).map_err(bad)? else {
         return Err(bad(format!(
             "has no hash index ({INDEX_FORMAT}): it was saved by an older embstore. Load it \
              with Table.load and save it again to serve it with mmap=True"
         )));
-    }
-    let num = |name: &str| -> Result<usize> {
-        info.get(name)
-            .and_then(|v| v.parse::<usize>().ok())
-            .ok_or_else(|| bad(format!("header metadata {name:?} is not a count")))
     };
-    let (shards, shard) = (num("num_shards")?, num("shard")?);
-    if !(1..=MAX_SHARDS).contains(&shards) || shard >= shards {
-        return Err(bad(format!("shard {shard} of {shards}: not a shard")));
-    }
     let n = e.rows as usize;
     let base = map.as_ptr() as usize;
     let at = |name: &str, dtype: Dtype, shape: &[usize]| -> Result<usize> {
@@ -334,7 +358,8 @@ fn map_file(
     let f = MappedFile {
         path,
         map,
-        crc32c: e.crc32c,
+        entry: e.clone(),
+        manifest: m.clone(),
         checked: OnceLock::new(),
         n,
         keys,
@@ -348,7 +373,7 @@ fn map_file(
 
 /// Maps the links of manifest `m` at `dir` (newest first), taking those
 /// `prev` holds from it.
-fn map_links(dir: &Path, m: &Manifest, prev: Option<&Snapshot>) -> Result<Vec<Arc<Link>>> {
+fn map_links(dir: &Path, m: &Arc<Manifest>, prev: Option<&Snapshot>) -> Result<Vec<Arc<Link>>> {
     let format = m.format()?;
     let mut links = Vec::with_capacity(m.chain.len());
     for link in m.chain.iter().rev() {
@@ -389,21 +414,48 @@ fn map_links(dir: &Path, m: &Manifest, prev: Option<&Snapshot>) -> Result<Vec<Ar
 }
 
 /// Reads the manifest at `dir` and maps what it names (`None`: it is still
-/// `prev`'s), holding the directory's readers' lock meanwhile so that no
-/// save deletes the files of the manifest read before they are mapped
-/// (once mapped, a file deleted stays readable). Without a lock file, a
-/// manifest replaced while its files were mapped is read again.
-fn read_snapshot(dir: &Path, prev: Option<&Snapshot>) -> Result<Option<(Manifest, Snapshot)>> {
+/// `prev`'s). `held`: the directory's readers' lock, which the caller took
+/// before (outside any lock of its own: another process can hold it), so
+/// that no save deletes the files of the manifest read before they are
+/// mapped (once mapped, a file deleted stays readable); `None` where the
+/// directory had no lock file: then a manifest replaced while its files
+/// were mapped is read again (the lock only tried, never waited for).
+///
+/// Before it answers anything, the snapshot checks its deltas' files (what
+/// a load checks: `MappedFile::check`), whose keys make the overlay, and
+/// that the chain replays to the manifest's row count (the base's files are
+/// checked on their first read).
+fn read_snapshot(
+    dir: &Path,
+    prev: Option<&Snapshot>,
+    mut held: Option<DirLock>,
+) -> Result<Option<(Arc<Manifest>, Snapshot)>> {
     let mut tries = 0;
     loop {
-        let held = dirlock::reader(dir)?;
-        let m = read_manifest(dir)?;
+        let m = Arc::new(read_manifest(dir)?);
         if prev.is_some_and(|p| p.id == m.id) {
             return Ok(None);
         }
         match map_links(dir, &m, prev) {
             Ok(links) => {
                 drop(held);
+                let deltas = links.len().saturating_sub(1);
+                links[..deltas].iter().try_for_each(|l| l.check())?;
+                let overlay = overlay_of(&links)?;
+                let replayed = replayed_rows(&links, &overlay)?;
+                if replayed != m.rows {
+                    // A damaged base reads as damage, not as a count.
+                    if let Some(base) = links.last() {
+                        base.check()?;
+                    }
+                    return Err(ckpt_err(
+                        dir,
+                        format!(
+                            "the chain replays to {replayed} rows, the manifest says {}",
+                            m.rows
+                        ),
+                    ));
+                }
                 let snap = Snapshot {
                     id: m.id.clone(),
                     initializer: Initializer::from_named(
@@ -411,7 +463,7 @@ fn read_snapshot(dir: &Path, prev: Option<&Snapshot>) -> Result<Option<(Manifest
                         &m.initializer.params,
                     )?,
                     seed: m.seed,
-                    overlay: overlay_of(&links)?,
+                    overlay,
                     links,
                     rows: m.rows,
                     step: m.step,
@@ -420,15 +472,37 @@ fn read_snapshot(dir: &Path, prev: Option<&Snapshot>) -> Result<Option<(Manifest
                 return Ok(Some((m, snap)));
             }
             Err(e) => {
-                drop(held);
                 tries += 1;
                 let replaced = read_manifest(dir).is_ok_and(|now| now.id != m.id);
-                if !replaced || tries >= 8 {
+                if held.is_some() || !replaced || tries >= 8 {
                     return Err(e);
                 }
+                // A save may have made the lock file meanwhile: taken if
+                // free, never waited for.
+                held = dirlock::try_reader(dir)?;
             }
         }
     }
+}
+
+/// The rows the chain `links` (newest first) replays to, whose deltas'
+/// overlay is `overlay`: the base's rows, plus each delta key the chain
+/// ends holding that the base lacks, less each base key it ends without.
+fn replayed_rows(links: &[Arc<Link>], overlay: &HashTable<Placed>) -> Result<u64> {
+    let Some(base) = links.last() else {
+        return Ok(0);
+    };
+    let mut rows: u64 = base.files.iter().flatten().map(|f| f.n as u64).sum();
+    for p in overlay {
+        let in_base = base.find(p.key, key_hash(p.key))?.is_some();
+        let held = p.link != REMOVED;
+        match (in_base, held) {
+            (false, true) => rows += 1,
+            (true, false) => rows = rows.saturating_sub(1),
+            _ => {}
+        }
+    }
+    Ok(rows)
 }
 
 impl Snapshot {
@@ -469,9 +543,11 @@ impl Snapshot {
             return Ok(None);
         };
         if base.shards > 0 {
+            // Each file is checked before anything of it is read, so a
+            // damaged file is refused, never answered "missing".
             for f in &base.files[shard_of(hash, base.shards)] {
+                f.check()?;
                 if let Some(r) = f.find(key)? {
-                    f.check()?;
                     return Ok(Some((f, r)));
                 }
             }
@@ -489,9 +565,23 @@ impl MappedTable {
     /// without a hash index (saved by an older embstore: the message says
     /// how to convert it).
     pub fn open(dir: &Path) -> Result<MappedTable> {
-        let (m, snap) = read_snapshot(dir, None)?.expect("a first read maps a snapshot");
+        let held = dirlock::reader(dir)?;
+        Self::open_held(dir, held)
+    }
+
+    /// [`MappedTable::open`] for a caller that took the directory's readers'
+    /// lock ([`crate::table::checkpoint::lock_for_reading`]) first, outside
+    /// any lock of its own, or found none (`None`). The path is made
+    /// absolute here, once: a refresh reads the directory opened, whatever
+    /// the process's working directory is then.
+    ///
+    /// # Errors
+    /// As [`MappedTable::open`].
+    pub fn open_held(dir: &Path, held: Option<DirLock>) -> Result<MappedTable> {
+        let dir = std::path::absolute(dir).map_err(|e| io_err(dir, "cannot resolve", &e))?;
+        let (m, snap) = read_snapshot(&dir, None, held)?.expect("a first read maps a snapshot");
         Ok(MappedTable {
-            dir: dir.to_path_buf(),
+            dir,
             dim: m.dim,
             format: m.format()?,
             backend: Backend::from_env()?,
@@ -521,12 +611,23 @@ impl MappedTable {
     /// rows are no longer of this table's `dim` and storage; the table
     /// serves the version it served before then.
     pub fn refresh(&self) -> Result<bool> {
+        let held = dirlock::reader(&self.dir)?;
+        self.refresh_held(held)
+    }
+
+    /// [`MappedTable::refresh`] for a caller that took the directory's
+    /// readers' lock first, outside any lock of its own (as
+    /// [`MappedTable::open_held`]).
+    ///
+    /// # Errors
+    /// As [`MappedTable::refresh`].
+    pub fn refresh_held(&self, held: Option<DirLock>) -> Result<bool> {
         let _one = self
             .refreshing
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
         let prev = self.snapshot();
-        let Some((m, snap)) = read_snapshot(&self.dir, Some(&prev))? else {
+        let Some((m, snap)) = read_snapshot(&self.dir, Some(&prev), held)? else {
             return Ok(false);
         };
         if m.dim != self.dim || m.format()? != self.format {

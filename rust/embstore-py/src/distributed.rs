@@ -245,6 +245,13 @@ pub fn load_table_owned(
     let p = partition(kind, key_space)?;
     let counter = progress.map(|p| p.done.clone());
     let keep = move |k: i64| p.owner(k, size) == Some(rank);
+    // The readers' lock is waited for here, outside the call lock (see
+    // `runtime::lock_for_reading`); a manifest given was read under the
+    // caller's hold.
+    let held = match manifest {
+        Some(_) => None,
+        None => crate::runtime::lock_for_reading(py, &path, checkpoint::READ_WAIT)?,
+    };
     let (table, _) = py.enter_store(|| match &manifest {
         Some(text) => Table::load_filtered_manifest(
             &path,
@@ -253,7 +260,7 @@ pub fn load_table_owned(
             counter.as_deref(),
             Some(&keep),
         ),
-        None => Table::load_filtered(&path, num_shards, counter.as_deref(), Some(&keep)),
+        None => Table::load_held(&path, held, num_shards, counter.as_deref(), Some(&keep)),
     })?;
     Ok(PyTable::from_table(table))
 }

@@ -9,8 +9,10 @@ use embstore_core::zeroed::zeros;
 use numpy::{IntoPyArray, PyArray1, PyArray2, PyArrayMethods, PyReadonlyArray1};
 use pyo3::prelude::*;
 
-use crate::runtime::EnterStore;
+use crate::runtime::{EnterStore, lock_for_reading};
 use crate::store::{keys_arg, missing_of, slice, slice_or_copy};
+use embstore_core::table::checkpoint::READ_WAIT;
+use std::time::Duration;
 
 /// The native mapped table; see `embstore.MappedTable`.
 #[pyclass(frozen, name = "MappedTable", module = "embstore._core")]
@@ -22,19 +24,40 @@ pub struct PyMappedTable {
 impl PyMappedTable {
     /// Maps the checkpoint at `path` (manifest and file headers read, no
     /// rows).
+    /// rows). The directory's readers' lock is waited for (at most 10 s)
+    /// before the call lock is taken (`runtime::lock_for_reading`).
     #[new]
     fn new(py: Python<'_>, path: PathBuf) -> PyResult<Self> {
-        let inner = py.enter_store(|| MappedTable::open(&path))?;
+        let held = lock_for_reading(py, &path, READ_WAIT)?;
+        let inner = py.enter_store(|| MappedTable::open_held(&path, held))?;
         Ok(PyMappedTable {
             inner: Arc::new(inner),
         })
     }
 
     /// Serves what was published since (see `MappedTable::refresh`);
-    /// whether anything was.
-    fn refresh(&self, py: Python<'_>) -> PyResult<bool> {
+    /// whether anything was. `wait`: seconds to wait for the directory's
+    /// readers' lock (held by another process) before raising
+    /// `CheckpointError` (default 10).
+    #[pyo3(signature = (wait=None))]
+    fn refresh(&self, py: Python<'_>, wait: Option<f64>) -> PyResult<bool> {
+        let wait = match wait {
+            None => READ_WAIT,
+            Some(w) => Duration::try_from_secs_f64(w).map_err(|_| {
+                pyo3::exceptions::PyValueError::new_err(format!(
+                    "wait: expected seconds >= 0, got {w}"
+                ))
+            })?,
+        };
         let table = &self.inner;
-        py.enter_store(|| table.refresh())
+        let held = lock_for_reading(py, table.dir(), wait)?;
+        py.enter_store(|| table.refresh_held(held))
+    }
+
+    /// The checkpoint directory, absolute (resolved once, at open).
+    #[getter]
+    fn path(&self) -> std::ffi::OsString {
+        self.inner.dir().as_os_str().to_os_string()
     }
 
     /// Columns per row.

@@ -219,3 +219,21 @@ fn now<T>(f: impl FnOnce() -> Option<Result<T, StoreError>>) -> PyResult<Option<
         Err(payload) => Err(panic_error(payload)),
     }
 }
+
+/// Takes the readers' lock of the checkpoint directory `path` (shared) for
+/// a call about to read it, waiting at most `wait`, with the GIL released
+/// and outside the call lock: another process can hold that lock, and a
+/// wait inside the call lock would hold up `fork()` (and so every thread
+/// of the process) for as long. `None`: the directory has no lock file.
+///
+/// # Errors
+/// `CheckpointError` when `path` is not a checkpoint directory, its lock
+/// file is not a regular file, or the lock stays held for `wait`.
+pub fn lock_for_reading(
+    py: Python<'_>,
+    path: &std::path::Path,
+    wait: std::time::Duration,
+) -> PyResult<Option<embstore_core::table::checkpoint::DirLock>> {
+    py.detach(|| embstore_core::table::checkpoint::lock_for_reading(path, wait))
+        .map_err(|e| PyStoreError(e).into())
+}

@@ -200,7 +200,9 @@ pub fn load_table(
     progress: Option<PyRef<'_, PyProgress>>,
 ) -> PyResult<PyTable> {
     let counter = progress.map(|p| p.done.clone());
-    let (table, _) = py.enter_store(|| Table::load(&path, num_shards, counter.as_deref()))?;
+    let held = crate::runtime::lock_for_reading(py, &path, checkpoint::READ_WAIT)?;
+    let (table, _) =
+        py.enter_store(|| Table::load_held(&path, held, num_shards, counter.as_deref(), None))?;
     Ok(PyTable::from_table(table))
 }
 
@@ -208,7 +210,11 @@ pub fn load_table(
 /// file passed every check).
 #[pyfunction]
 pub fn checkpoint_report(py: Python<'_>, path: PathBuf) -> PyResult<(String, String, bool)> {
+    // Held across the report (which takes it again, at once): taken here,
+    // outside the call lock.
+    let held = crate::runtime::lock_for_reading(py, &path, checkpoint::READ_WAIT);
     let r = py.enter_store(|| checkpoint::report(&path))?;
+    drop(held);
     Ok((r.text, r.json, r.whole))
 }
 

@@ -20,8 +20,9 @@
 
 use crate::error::{Result, ckpt_err};
 use crate::table::checkpoint::untrusted;
-use std::fs::File;
+use std::fs::{File, TryLockError};
 use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 
 /// The readers' lock file inside a checkpoint directory.
 pub(crate) const READERS_LOCK: &str = ".embstore-lock";
@@ -69,25 +70,91 @@ pub(crate) fn writer(dir: &Path) -> Result<DirLock> {
     })
 }
 
-/// Takes the readers' lock of `dir` shared, waiting while a writer deletes
-/// files; `None` where the directory has no lock file (read without it).
+/// How long [`reader`] waits for the readers' lock: a save holds it
+/// exclusively only while it unlinks files (milliseconds); longer means
+/// another process holds it, which must not hang a reader.
+pub const READ_WAIT: Duration = Duration::from_secs(10);
+
+/// Takes the readers' lock of `dir` shared, waiting (at most
+/// [`READ_WAIT`]) while a writer deletes files; `None` where the directory
+/// has no lock file (read without it).
 ///
 /// # Errors
-/// `Checkpoint` when the lock file is something other than a regular file
-/// or cannot be opened or locked.
+/// As [`reader_within`].
 pub(crate) fn reader(dir: &Path) -> Result<Option<DirLock>> {
+    reader_within(dir, READ_WAIT)
+}
+
+/// Takes the readers' lock of `dir` shared if it is free now; `None`
+/// where it is not, or the directory has no lock file.
+///
+/// # Errors
+/// As [`reader_within`], but never for a lock held.
+pub(crate) fn try_reader(dir: &Path) -> Result<Option<DirLock>> {
+    match open_readers(dir)? {
+        None => Ok(None),
+        Some((f, _)) => Ok(f.try_lock_shared().ok().map(|()| DirLock {
+            file: f,
+            dir: dir.to_path_buf(),
+        })),
+    }
+}
+
+/// The readers' lock file of `dir`, opened (`None`: there is none).
+fn open_readers(dir: &Path) -> Result<Option<(File, PathBuf)>> {
+    let d = untrusted::open_dir(dir)
+        .map_err(|e| ckpt_err(dir, format!("expected a checkpoint directory: {e}")))?;
+    drop(d);
     let path = dir.join(READERS_LOCK);
-    let f = match untrusted::open_file(&path) {
-        Ok(f) => f,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(ckpt_err(&path, format!("cannot open the lock file: {e}"))),
+    match untrusted::open_file(&path) {
+        Ok(f) => Ok(Some((f, path))),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(ckpt_err(&path, format!("cannot open the lock file: {e}"))),
+    }
+}
+
+/// Takes the readers' lock of `dir` shared, polling while a writer (or
+/// another process) holds it exclusively, for at most `wait`; `None` where
+/// the directory has no lock file. Never blocks in the kernel: the wait is
+/// bounded, so a process that holds the lock forever cannot hang a reader.
+///
+/// # Errors
+/// `Checkpoint` when `dir` is not a directory, the lock file is something
+/// other than a regular file or cannot be opened, or the lock stays held
+/// for `wait`.
+pub fn reader_within(dir: &Path, wait: Duration) -> Result<Option<DirLock>> {
+    let Some((f, path)) = open_readers(dir)? else {
+        return Ok(None);
     };
-    f.lock_shared()
-        .map_err(|e| ckpt_err(&path, format!("cannot lock for reading: {e}")))?;
-    Ok(Some(DirLock {
-        file: f,
-        dir: dir.to_path_buf(),
-    }))
+    let start = Instant::now();
+    let mut pause = Duration::from_micros(200);
+    loop {
+        match f.try_lock_shared() {
+            Ok(()) => {
+                return Ok(Some(DirLock {
+                    file: f,
+                    dir: dir.to_path_buf(),
+                }));
+            }
+            Err(TryLockError::WouldBlock) => {}
+            Err(TryLockError::Error(e)) => {
+                return Err(ckpt_err(&path, format!("cannot lock for reading: {e}")));
+            }
+        }
+        let spent = start.elapsed();
+        if spent >= wait {
+            return Err(ckpt_err(
+                &path,
+                format!(
+                    "the readers' lock is held exclusively by another process for more than \
+                     {:.1} s (a save holds it for milliseconds): nothing was read",
+                    wait.as_secs_f64()
+                ),
+            ));
+        }
+        std::thread::sleep(pause.min(wait - spent));
+        pause = (pause * 2).min(Duration::from_millis(50));
+    }
 }
 
 /// Takes the readers' lock of `dir` exclusively if no reader holds it;

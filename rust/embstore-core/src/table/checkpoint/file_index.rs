@@ -8,7 +8,8 @@
 //! shard count of the table that saved it (`num_shards`), whose
 //! `shard_of(key_hash(key), num_shards)` chose the file's shard (`shard`).
 
-use crate::hash::key_hash;
+use crate::hash::{key_hash, shard_of};
+use std::collections::HashMap;
 
 /// The format name in a file's header metadata (key `index`).
 pub(crate) const INDEX_FORMAT: &str = "embstore-index-1";
@@ -66,6 +67,85 @@ pub(crate) fn find(
     Err("its index has no empty slot")
 }
 
+/// A file's place in its table (header metadata `num_shards` and `shard`)
+/// when it carries an index of [`INDEX_FORMAT`]; `Ok(None)` when it has
+/// none (written by an older embstore).
+///
+/// # Errors
+/// What is wrong with the metadata (another index format, a count that
+/// is not one, a shard outside the table's).
+pub(crate) fn placement(
+    info: &HashMap<String, String>,
+) -> std::result::Result<Option<(usize, usize)>, String> {
+    match info.get("index").map(String::as_str) {
+        None => return Ok(None),
+        Some(INDEX_FORMAT) => {}
+        Some(other) => {
+            return Err(format!(
+                "header metadata index {other:?} is not {INDEX_FORMAT:?}"
+            ));
+        }
+    }
+    let num = |name: &str| -> std::result::Result<usize, String> {
+        info.get(name)
+            .and_then(|v| v.parse::<usize>().ok())
+            .ok_or_else(|| format!("header metadata {name:?} is not a count"))
+    };
+    let (shards, shard) = (num("num_shards")?, num("shard")?);
+    if !(1..=crate::table::MAX_SHARDS).contains(&shards) || shard >= shards {
+        return Err(format!("shard {shard} of {shards}: not a shard"));
+    }
+    Ok(Some((shard, shards)))
+}
+
+/// Checks a file's keys and index against each other and its header:
+/// every key is of the file's `shard` (of `shards`), the index finds every
+/// key at its own row (so keys are distinct), and holds no other entry. A
+/// file that passes answers every probe as its keys tensor does: a crafted
+/// index cannot serve one key's row for another, nor hide a key.
+/// O(n) probes, run once per file (a load's check pass, a mapped file's
+/// first read).
+///
+/// # Errors
+/// What is wrong, naming the first row or slot found wrong.
+pub(crate) fn check_layout(
+    n: usize,
+    key: impl Fn(usize) -> i64,
+    slots: usize,
+    slot: impl Fn(usize) -> (i64, i64),
+    (shard, shards): (usize, usize),
+) -> std::result::Result<(), String> {
+    if slots != slots_for(n) {
+        return Err(format!(
+            "its index has {slots} slots, {n} rows need {}",
+            slots_for(n)
+        ));
+    }
+    for r in 0..n {
+        let k = key(r);
+        if shard_of(key_hash(k), shards) != shard {
+            return Err(format!(
+                "key {k} (row {r}) is not of shard {shard} of {shards}, as its header says"
+            ));
+        }
+        match find(k, n, slots, &slot)? {
+            Some(got) if got == r => {}
+            Some(got) => {
+                return Err(format!(
+                    "its index finds key {k} at row {got}, its keys hold it at row {r} (a \
+                     duplicate key, or an index naming another key's row)"
+                ));
+            }
+            None => return Err(format!("its index does not find key {k} (row {r})")),
+        }
+    }
+    let used = (0..slots).filter(|&i| slot(i).1 != 0).count();
+    if used != n {
+        return Err(format!("its index holds {used} entries for {n} rows"));
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -94,5 +174,58 @@ mod tests {
         assert!(find(9, 2, 8, |i| negative[i]).is_err());
         let lowest = [(9i64, i64::MIN); 8];
         assert!(find(9, 2, 8, |i| lowest[i]).is_err());
+    }
+
+    fn index_of(keys: &[i64]) -> Vec<[i64; 2]> {
+        build(keys)
+    }
+
+    #[test]
+    fn a_layout_check_passes_what_build_writes_and_refuses_crafted_indexes() {
+        let keys: Vec<i64> = (0..400)
+            .filter(|&k| shard_of(key_hash(k), 3) == 1)
+            .collect();
+        let n = keys.len();
+        let check = |keys: &[i64], ix: &[[i64; 2]], place| {
+            check_layout(n, |r| keys[r], ix.len(), |i| (ix[i][0], ix[i][1]), place)
+        };
+        let ix = index_of(&keys);
+        check(&keys, &ix, (1, 3)).unwrap();
+        // Another shard's header.
+        assert!(
+            check(&keys, &ix, (0, 3))
+                .unwrap_err()
+                .contains("not of shard")
+        );
+        // A slot naming another key's row.
+        let mut bad = ix.clone();
+        let i = bad.iter().position(|s| s[1] == 1).unwrap();
+        bad[i][1] = 2;
+        assert!(check(&keys, &bad, (1, 3)).is_err());
+        // An extra entry for a key the file does not hold.
+        let mut bad = ix.clone();
+        let i = bad.iter().position(|s| s[1] == 0).unwrap();
+        bad[i] = [i64::MIN, 1];
+        assert!(check(&keys, &bad, (1, 3)).unwrap_err().contains("entries"));
+        // A duplicate key in the keys tensor.
+        let mut dup = keys.clone();
+        dup[1] = dup[0];
+        assert!(check(&dup, &index_of(&dup), (1, 3)).is_err());
+        // An index of the wrong size.
+        assert!(check(&keys, &ix[..ix.len() / 2], (1, 3)).is_err());
+    }
+
+    #[test]
+    fn placement_reads_the_header_or_says_what_is_wrong() {
+        let mut info = HashMap::new();
+        assert_eq!(placement(&info), Ok(None));
+        info.insert("index".to_string(), INDEX_FORMAT.to_string());
+        info.insert("num_shards".to_string(), "4".to_string());
+        info.insert("shard".to_string(), "3".to_string());
+        assert_eq!(placement(&info), Ok(Some((3, 4))));
+        info.insert("shard".to_string(), "4".to_string());
+        assert!(placement(&info).is_err());
+        info.insert("index".to_string(), "other".to_string());
+        assert!(placement(&info).is_err());
     }
 }

@@ -136,15 +136,33 @@ pub(crate) fn read_regular_into(
     buf: &mut Vec<u8>,
     size_err: impl Fn(u64) -> Option<String>,
 ) -> Result<()> {
-    let f = untrusted::open_file(path).map_err(|e| {
-        // Refused by kind (a FIFO, a link) rather than missing.
-        let what = if e.kind() == std::io::ErrorKind::Other {
-            "refused"
-        } else {
-            missing
-        };
-        io_err(path, what, &e)
-    })?;
+    let f = untrusted::open_file(path).map_err(|e| open_err(path, missing, &e))?;
+    read_open_into(f, path, limit, missing, buf, size_err)
+}
+
+/// The error of an open of `path`: refused by kind (a FIFO, a link, a name
+/// that is not plain) rather than `missing`.
+fn open_err(path: &Path, missing: &str, e: &std::io::Error) -> StoreError {
+    let what = if matches!(
+        e.kind(),
+        std::io::ErrorKind::Other | std::io::ErrorKind::InvalidInput
+    ) {
+        "refused"
+    } else {
+        missing
+    };
+    io_err(path, what, e)
+}
+
+/// [`read_regular_into`] of the file `f`, open at `path`.
+fn read_open_into(
+    f: std::fs::File,
+    path: &Path,
+    limit: u64,
+    missing: &str,
+    buf: &mut Vec<u8>,
+    size_err: impl Fn(u64) -> Option<String>,
+) -> Result<()> {
     let meta = f.metadata().map_err(|e| io_err(path, missing, &e))?;
     if let Some(msg) = size_err(meta.len()) {
         return Err(ckpt_err(path, msg));
@@ -171,13 +189,15 @@ pub(crate) fn read_checked_into(
     progress: Option<&AtomicU64>,
     buf: &mut Vec<u8>,
 ) -> Result<()> {
-    if e.name.is_empty() || e.name.contains('/') || e.name.contains('\\') || e.name.starts_with('.')
-    {
-        return Err(ckpt_err(
-            dir,
-            format!("file name {:?} is not a plain file name", e.name),
-        ));
-    }
+    // Opened through the one checked way (a plain name inside `dir`), so
+    // nothing outside the directory is read or described.
+    let f = untrusted::open_in(dir, &e.name).map_err(|err| {
+        if err.kind() == std::io::ErrorKind::InvalidInput {
+            ckpt_err(dir, err.to_string())
+        } else {
+            open_err(&dir.join(&e.name), "missing or unreadable", &err)
+        }
+    })?;
     let path = dir.join(&e.name);
     let size_err = |len: u64| {
         (len != e.bytes).then(|| {
@@ -187,7 +207,7 @@ pub(crate) fn read_checked_into(
             )
         })
     };
-    read_regular_into(&path, e.bytes, "missing or unreadable", buf, size_err)?;
+    read_open_into(f, &path, e.bytes, "missing or unreadable", buf, size_err)?;
     let crc = crc32c::crc32c(buf);
     if crc != e.crc32c {
         return Err(ckpt_err(

@@ -4,7 +4,7 @@
 use crate::error::{Result, StoreError, ckpt_err};
 use crate::init::Initializer;
 use crate::optim::Optimizer;
-use crate::table::checkpoint::dirlock;
+use crate::table::checkpoint::dirlock::{self, DirLock};
 use crate::table::checkpoint::files::{io_err, with_file};
 use crate::table::checkpoint::manifest::{
     FileEntry, Manifest, SaveMark, parse_manifest, read_manifest,
@@ -47,18 +47,35 @@ impl Table {
         progress: Option<&AtomicU64>,
         keep: Option<&(dyn Fn(i64) -> bool + Sync)>,
     ) -> Result<(Table, Manifest)> {
+        let held = dirlock::reader(dir)?;
+        Self::load_held(dir, held, num_shards, progress, keep)
+    }
+
+    /// [`Table::load_filtered`] for a caller that took the directory's
+    /// readers' lock ([`super::lock_for_reading`]) first, outside any lock
+    /// of its own (another process can hold it, which must not hold up
+    /// anything else), or found the directory without one (`None`).
+    ///
+    /// # Errors
+    /// As [`Table::load`].
+    pub fn load_held(
+        dir: &Path,
+        mut held: Option<DirLock>,
+        num_shards: Option<usize>,
+        progress: Option<&AtomicU64>,
+        keep: Option<&(dyn Fn(i64) -> bool + Sync)>,
+    ) -> Result<(Table, Manifest)> {
         // A save to `dir` may publish a new checkpoint while this reads the
         // previous one. With the readers' lock held, the save leaves the
         // previous files in place; without one (no lock file), a load that
         // fails while the manifest changed under it reads the new one.
         let mut tries = 0;
         loop {
-            let reader = dirlock::reader(dir)?;
             let m = read_manifest(dir)?;
             let id = m.id.clone();
             match Self::load_manifest(dir, m, num_shards, progress, keep) {
                 Err(StoreError::Checkpoint { .. })
-                    if reader.is_none()
+                    if held.is_none()
                         && tries < 16
                         && read_manifest(dir).is_ok_and(|now| now.id != id) =>
                 {
@@ -66,6 +83,9 @@ impl Table {
                     if let Some(p) = progress {
                         p.store(0, Ordering::Relaxed);
                     }
+                    // A save may have made the lock file meanwhile: taken
+                    // if free, never waited for.
+                    held = dirlock::try_reader(dir)?;
                 }
                 other => return other,
             }

@@ -7,6 +7,7 @@ use crate::optim::Optimizer;
 use crate::policy::{Admission, Eviction, Policy, RowFormat};
 use crate::table::MAX_STEP;
 use crate::table::checkpoint::files::read_regular;
+use crate::table::checkpoint::untrusted;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -386,6 +387,16 @@ pub(crate) fn check_manifest(m: &Manifest) -> std::result::Result<(), String> {
             "state_len {} does not match the optimizer's {expect_state}",
             m.state_len
         ));
+    }
+    // Every file is a plain name inside the directory: a manifest naming
+    // `../x` or `/etc/passwd` is refused before anything is opened.
+    for f in m.files() {
+        if let Some(why) = untrusted::not_plain(&f.name) {
+            return Err(format!(
+                "names the file {:?}, which is not a plain file name ({why})",
+                f.name
+            ));
+        }
     }
     match m.chain.first() {
         Some(l) if l.kind == "full" && l.removed.is_none() => {}

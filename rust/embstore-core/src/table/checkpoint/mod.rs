@@ -34,7 +34,7 @@ pub(crate) mod save;
 pub(crate) mod tensors;
 pub(crate) mod untrusted;
 
-pub use dirlock::DirLock;
+pub use dirlock::{DirLock, READ_WAIT, reader_within as lock_for_reading};
 pub use files::new_id;
 pub use load::{FileCheck, verify};
 pub use manifest::{

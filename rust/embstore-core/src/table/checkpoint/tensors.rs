@@ -4,6 +4,7 @@
 use crate::error::{Result, StoreError, ckpt_err};
 use crate::optim::Optimizer;
 use crate::policy::RowFormat;
+use crate::table::checkpoint::file_index;
 use crate::table::checkpoint::files::io_err;
 use crate::table::checkpoint::manifest::{FileEntry, Manifest};
 use crate::table::checkpoint::untrusted;
@@ -237,7 +238,31 @@ pub(crate) fn check_rows(m: &Manifest, path: &Path, e: &FileEntry, buf: &[u8]) -
     if m.has_meta() {
         expect_tensor(&st, path, "meta", Dtype::U32, &[n, 4])?;
     }
-    Ok(())
+    check_index(&st, path, buf, n)
+}
+
+/// Checks a rows file's hash index and shard, where it has one, as a
+/// mapped reader relies on them (`file_index::check_layout`): a load
+/// refuses what `Table.load(path, mmap=True)` would refuse.
+fn check_index(st: &SafeTensors<'_>, path: &Path, buf: &[u8], n: usize) -> Result<()> {
+    let (_, header) = SafeTensors::read_metadata(buf)
+        .map_err(|err| ckpt_err(path, format!("not a safetensors file: {err}")))?;
+    let info = header.metadata().clone().unwrap_or_default();
+    let bad = |m: String| ckpt_err(path, format!("{m} (damaged)"));
+    let Some(place) = file_index::placement(&info).map_err(bad)? else {
+        return Ok(());
+    };
+    let slots = file_index::slots_for(n);
+    let keys = i64s(expect_tensor(st, path, "keys", Dtype::I64, &[n])?);
+    let index = i64s(expect_tensor(st, path, "index", Dtype::I64, &[slots, 2])?);
+    file_index::check_layout(
+        n,
+        |r| keys[r],
+        slots,
+        |i| (index[2 * i], index[2 * i + 1]),
+        place,
+    )
+    .map_err(bad)
 }
 
 /// Refuses a tensor holding NaN or inf (a row or state that no call could

@@ -42,6 +42,42 @@ fn regular(f: File) -> io::Result<File> {
     }
 }
 
+/// Why `name` is not a plain file name inside a checkpoint directory
+/// (`None`: it is one). A manifest names its files; a name with a
+/// separator, a `..`, a leading dot or a NUL could reach outside the
+/// directory or onto its lock file, so it is refused before any open.
+pub(crate) fn not_plain(name: &str) -> Option<&'static str> {
+    if name.is_empty() {
+        Some("empty")
+    } else if name.len() > 255 {
+        Some("longer than 255 bytes")
+    } else if name.contains(['/', '\\', '\0']) {
+        Some("holds a path separator or a NUL")
+    } else if name.starts_with('.') {
+        Some("starts with a dot")
+    } else {
+        None
+    }
+}
+
+/// Opens the file `name` of the checkpoint directory `dir` for reading:
+/// the one way a file a manifest names is opened (by a load, the mapped
+/// reader, `inspect` and a save's checks). `name` must be a plain name
+/// ([`not_plain`]), so nothing outside `dir` is opened, stat'ed or
+/// described in an error; then as [`open_file`].
+///
+/// # Errors
+/// `InvalidInput` for a name that is not plain; otherwise as [`open_file`].
+pub(crate) fn open_in(dir: &Path, name: &str) -> io::Result<File> {
+    if let Some(why) = not_plain(name) {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("the manifest names {name:?}, which is not a plain file name ({why})"),
+        ));
+    }
+    open_file(&dir.join(name))
+}
+
 /// Opens the existing regular file at `path` for reading.
 ///
 /// # Errors

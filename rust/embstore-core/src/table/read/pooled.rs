@@ -13,7 +13,7 @@ use crate::error::{Result, invalid};
 use crate::table::checks::{check_finite, check_len, check_transient};
 use crate::table::read::output::SharedOut;
 use crate::table::read::plan::SEQUENTIAL_KEYS;
-use crate::table::read::pooling::Pooling;
+use crate::table::read::pooling::{Pooling, all_finite};
 use crate::table::step::found::FoundRows;
 use crate::table::{Missing, NO_ROW, Table};
 use crate::zeroed::{with_room, zeros};
@@ -324,7 +324,7 @@ impl Table {
     }
 
     /// The error of a pooled lookup whose pooling overflowed float32.
-    fn pooled_overflow(overflow: &AtomicBool) -> Result<()> {
+    pub(crate) fn pooled_overflow(overflow: &AtomicBool) -> Result<()> {
         if overflow.load(Ordering::Relaxed) {
             return Err(invalid(
                 "weights",
@@ -375,6 +375,9 @@ pub fn pool_rows_into(
     check_len("out", bags.batch() * stride, out.len())?;
     let backend = crate::simd::Backend::from_env()?;
     let Coefs { coef, .. } = bags.coefs()?;
+    // The one check every pooled path makes (as `Table::lookup_pooled`):
+    // a pooled value that overflowed float32 is refused, naming `weights`.
+    let overflow = AtomicBool::new(false);
     out.par_chunks_mut(stride)
         .enumerate()
         .with_min_len(256)
@@ -385,8 +388,11 @@ pub fn pool_rows_into(
                 let r = idx[i] as usize;
                 backend.axpy(dst, coef[i], &rows[r * dim..(r + 1) * dim]);
             }
+            if !all_finite(dst) {
+                overflow.store(true, Ordering::Relaxed);
+            }
         });
-    Ok(())
+    Table::pooled_overflow(&overflow)
 }
 
 /// Checks that columns `col..col + dim` lie within rows of `stride`.

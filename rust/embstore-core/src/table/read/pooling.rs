@@ -345,7 +345,7 @@ impl Table {
 
 /// Whether every value of `v` is finite (a branch-free scan that vectorizes).
 #[inline]
-fn all_finite(v: &[f32]) -> bool {
+pub(crate) fn all_finite(v: &[f32]) -> bool {
     v.iter()
         .fold(0u32, |acc, x| acc.max(x.to_bits() & 0x7FFF_FFFF))
         < 0x7F80_0000

@@ -1,0 +1,400 @@
+"""Trust in the serving tier: crafted or damaged checkpoint directories,
+another process holding the readers' lock, forks and changed working
+directories must never make a mapped table lie, hang or read outside its
+directory. Each test reproduces a failure of 7e7142d (issue 45) and checks
+its fix; where a load and a mapped open are both asked, both must refuse or
+both serve the same rows."""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import multiprocessing as mp
+import os
+import pathlib
+import threading
+import time
+
+import numpy as np
+import pytest
+from safetensors import safe_open
+from safetensors.numpy import save_file
+
+import embstore
+from embstore import optim
+
+from ._crafted import crc32c, rewrite_manifest
+
+DIM = 4
+
+
+def saved(path: pathlib.Path, n: int = 60, num_shards: int = 2) -> embstore.Table:
+    t = embstore.Table(DIM, optimizer=optim.SGD(lr=0.5), num_shards=num_shards, seed=3)
+    t.lookup(np.arange(n))
+    t.save(path)
+    return t
+
+
+def manifest(path: pathlib.Path) -> dict[str, object]:
+    m: dict[str, object] = json.loads((path / "manifest.json").read_text())
+    return m
+
+
+def row_files(path: pathlib.Path) -> list[str]:
+    chain = manifest(path)["chain"]
+    assert isinstance(chain, list)
+    return [f["name"] for f in chain[0]["files"]]
+
+
+def rewrite_file(path: pathlib.Path, name: str, edit: object) -> None:
+    """Applies ``edit(tensors, metadata)`` to the shard file ``name`` and
+    writes it back with a valid size and checksum in the manifest: a
+    crafted file, not a damaged one."""
+    f = path / name
+    with safe_open(str(f), framework="np") as s:
+        meta = dict(s.metadata() or {})
+        tensors = {k: s.get_tensor(k) for k in s.keys()}  # noqa: SIM118
+    edit(tensors, meta)  # type: ignore[operator]
+    f.unlink()
+    save_file(tensors, str(f), metadata=meta)
+    data = f.read_bytes()
+
+    def fix(m: dict[str, object]) -> None:
+        for link in m["chain"]:  # type: ignore[attr-defined]
+            for e in link["files"]:
+                if e["name"] == name:
+                    e["bytes"] = len(data)
+                    e["crc32c"] = crc32c(data)
+
+    rewrite_manifest(path, fix)
+
+
+def both(path: pathlib.Path) -> tuple[str | None, str | None]:
+    """What a load and a mapped open plus a full read say: each the
+    CheckpointError's message, or None where it served; where both served,
+    they served the same rows."""
+    loaded: embstore.Table | None = None
+    try:
+        loaded = embstore.Table.load(path)
+        load_err = None
+    except embstore.CheckpointError as e:
+        load_err = str(e)
+    try:
+        mapped = embstore.Table.load(path, mmap=True)
+        keys, rows = mapped.export()
+        probe = np.arange(-5, 200)
+        got, found = mapped.lookup(probe, return_found=True)
+        map_err = None
+    except embstore.CheckpointError as e:
+        map_err = str(e)
+    if loaded is not None and map_err is None:
+        want_keys, want_rows = loaded.export()
+        np.testing.assert_array_equal(keys, want_keys)
+        np.testing.assert_array_equal(rows, want_rows)
+        want, want_found = loaded.lookup(probe, insert=False, return_found=True)
+        np.testing.assert_array_equal(got, want)
+        np.testing.assert_array_equal(found, want_found)
+        assert len(mapped) == len(loaded)
+    return load_err, map_err
+
+
+def assert_refused(err: str | None, says: str) -> None:
+    """``err`` is a refusal whose message holds ``says``."""
+    assert err is not None, f"served where it must refuse ({says})"
+    assert says in err, err
+
+
+# -- names outside the directory ---------------------------------------------
+
+
+@pytest.mark.parametrize("outside", ["../x.safetensors", "ABS"])
+def test_a_manifest_naming_a_file_outside_the_directory_is_refused_by_every_reader(
+    tmp_path: pathlib.Path, outside: str
+) -> None:
+    ckpt = tmp_path / "ckpt"
+    saved(ckpt)
+    first = row_files(ckpt)[0]
+    target = tmp_path / "x.safetensors"
+    target.write_bytes((ckpt / first).read_bytes())
+    name = str(target) if outside == "ABS" else outside
+
+    def rename(m: dict[str, object]) -> None:
+        m["chain"][0]["files"][0]["name"] = name  # type: ignore[index]
+
+    rewrite_manifest(ckpt, rename)
+    load_err, map_err = both(ckpt)
+    assert_refused(load_err, "not a plain file name")
+    assert_refused(map_err, "not a plain file name")
+    # `python -m embstore inspect` refuses it too.
+    with pytest.raises(embstore.CheckpointError, match="not a plain file name"):
+        embstore._core.checkpoint_report(str(ckpt))
+
+
+def test_errors_never_describe_a_file_outside_the_directory(tmp_path: pathlib.Path) -> None:
+    ckpt = tmp_path / "ckpt"
+    saved(ckpt)
+    secret = tmp_path / "secret"
+    secret.write_bytes(b"x" * 1221)
+
+    def rename(m: dict[str, object]) -> None:
+        m["chain"][0]["files"][0]["name"] = f"../{secret.name}"  # type: ignore[index]
+
+    rewrite_manifest(ckpt, rename)
+    for mmap in (False, True):
+        with pytest.raises(embstore.CheckpointError) as e:
+            embstore.Table.load(ckpt, mmap=mmap)
+        assert "1221" not in str(e.value), str(e.value)
+
+
+# -- crafted files (valid checksums) -----------------------------------------
+
+
+def test_an_index_slot_naming_another_keys_row_is_refused_not_served(
+    tmp_path: pathlib.Path,
+) -> None:
+    ckpt = tmp_path / "ckpt"
+    saved(ckpt, num_shards=1)
+    name = row_files(ckpt)[0]
+
+    def swap(t: dict[str, np.ndarray], meta: dict[str, str]) -> None:
+        keys, index = t["keys"], t["index"].copy()
+        r7, r8 = int(np.flatnonzero(keys == 7)[0]), int(np.flatnonzero(keys == 8)[0])
+        index[index[:, 0] == 7, 1] = r8 + 1
+        assert r7 != r8
+        t["index"] = index
+
+    rewrite_file(ckpt, name, swap)
+    load_err, map_err = both(ckpt)
+    assert_refused(load_err, "index")
+    assert_refused(map_err, "index")
+
+
+def test_files_with_swapped_shard_numbers_are_refused_by_both(tmp_path: pathlib.Path) -> None:
+    ckpt = tmp_path / "ckpt"
+    saved(ckpt, num_shards=2)
+    a, b = row_files(ckpt)
+
+    def shard(n: str) -> object:
+        def edit(t: dict[str, np.ndarray], meta: dict[str, str]) -> None:
+            meta["shard"] = n
+
+        return edit
+
+    rewrite_file(ckpt, a, shard("1"))
+    rewrite_file(ckpt, b, shard("0"))
+    load_err, map_err = both(ckpt)
+    assert_refused(load_err, "shard")
+    assert_refused(map_err, "shard")
+
+
+def test_a_manifest_understating_its_rows_is_refused_by_both(tmp_path: pathlib.Path) -> None:
+    ckpt = tmp_path / "ckpt"
+    saved(ckpt)
+
+    def understate(m: dict[str, object]) -> None:
+        m["rows"] = 3
+
+    rewrite_manifest(ckpt, understate)
+    load_err, map_err = both(ckpt)
+    assert_refused(load_err, "replays to 60 rows")
+    assert_refused(map_err, "replays to 60 rows")
+
+
+def test_a_manifest_understating_a_chains_rows_is_refused_by_both(
+    tmp_path: pathlib.Path,
+) -> None:
+    ckpt = tmp_path / "ckpt"
+    t = saved(ckpt, n=200)
+    t.remove(np.arange(10))
+    t.lookup(np.arange(300, 320))
+    t.save(ckpt, incremental=True)
+    assert len(manifest(ckpt)["chain"]) == 2  # type: ignore[arg-type]
+    assert both(ckpt) == (None, None)
+
+    def understate(m: dict[str, object]) -> None:
+        m["rows"] = 205
+
+    rewrite_manifest(ckpt, understate)
+    load_err, map_err = both(ckpt)
+    assert_refused(load_err, "replays to 210 rows")
+    assert_refused(map_err, "replays to 210 rows")
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf])
+def test_non_finite_rows_are_refused_by_the_mapped_reader(
+    tmp_path: pathlib.Path, bad: float
+) -> None:
+    ckpt = tmp_path / "ckpt"
+    saved(ckpt)
+    name = row_files(ckpt)[0]
+
+    def poison(t: dict[str, np.ndarray], meta: dict[str, str]) -> None:
+        rows = t["rows"].copy()
+        rows[0, 1] = bad
+        t["rows"] = rows
+
+    rewrite_file(ckpt, name, poison)
+    load_err, map_err = both(ckpt)
+    assert_refused(load_err, "NaN or inf")
+    assert_refused(map_err, "NaN or inf")
+
+
+def test_bit_rot_in_an_index_is_damage_for_hits_and_misses_alike(tmp_path: pathlib.Path) -> None:
+    ckpt = tmp_path / "ckpt"
+    saved(ckpt, num_shards=1)
+    name = row_files(ckpt)[0]
+    data = bytearray((ckpt / name).read_bytes())
+    # Zero the index slot of key 7 in place (no checksum fixed: bit rot).
+    header_len = int.from_bytes(data[:8], "little")
+    header = json.loads(data[8 : 8 + header_len])
+    start, end = header["index"]["data_offsets"]
+    base = 8 + header_len + start
+    index = np.frombuffer(bytes(data[base : 8 + header_len + end]), dtype="<i8").reshape(-1, 2)
+    slot = int(np.flatnonzero(index[:, 0] == 7)[0])
+    data[base + 16 * slot : base + 16 * slot + 16] = bytes(16)
+    (ckpt / name).write_bytes(bytes(data))
+    for call in (
+        lambda t: t.lookup(np.array([7]), return_found=True),
+        lambda t: t.contains(np.array([7])),
+        lambda t: t.lookup(np.array([10_000])),
+    ):
+        mapped = embstore.Table.load(ckpt, mmap=True)
+        with pytest.raises(embstore.CheckpointError, match="checksum"):
+            call(mapped)
+
+
+# -- the readers' lock held by another process --------------------------------
+
+
+def _hold_exclusively(path: str, seconds: float, ready: object) -> None:
+    with open(path, "rb") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        ready.set()  # type: ignore[attr-defined]
+        time.sleep(seconds)
+
+
+def test_a_held_readers_lock_never_holds_up_fork_and_the_follower_reports_it(
+    tmp_path: pathlib.Path,
+) -> None:
+    ckpt = tmp_path / "ckpt"
+    t = saved(ckpt)
+    follower = embstore.Table.load(ckpt, mmap=True, follow=0.2)
+    ctx = mp.get_context("spawn")
+    ready = ctx.Event()
+    holder = ctx.Process(target=_hold_exclusively, args=(str(ckpt / ".embstore-lock"), 4.0, ready))
+    holder.start()
+    try:
+        assert ready.wait(30)
+        t.lookup(np.arange(500, 510))
+        t.save(ckpt)  # publishes (its cleanup leaves old files: the lock is held)
+        # A load waits for the lock, outside the call lock...
+        result: list[object] = []
+        loader = threading.Thread(
+            target=lambda: result.append(embstore.Table.load(ckpt, mmap=True)), daemon=True
+        )
+        loader.start()
+        time.sleep(0.3)
+        # ...so a fork meanwhile goes ahead at once.
+        start = time.monotonic()
+        pid = os.fork()
+        if pid == 0:
+            os._exit(0)
+        forked_in = time.monotonic() - start
+        os.waitpid(pid, 0)
+        assert forked_in < 1.0, f"fork waited {forked_in:.1f} s for a held readers' lock"
+        # The follower cannot get the lock within its period: it says so.
+        deadline = time.monotonic() + 3
+        while follower.follow_error is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert isinstance(follower.follow_error, embstore.CheckpointError)
+        assert "readers' lock" in str(follower.follow_error)
+    finally:
+        holder.join(30)
+    loader.join(30)
+    assert len(result) == 1
+    assert len(result[0]) == 70  # type: ignore[arg-type]
+    # Once the lock is free, the follower serves the publish and clears its error.
+    deadline = time.monotonic() + 10
+    while (len(follower) != 70 or follower.follow_error is not None) and (
+        time.monotonic() < deadline
+    ):
+        time.sleep(0.05)
+    assert len(follower) == 70
+    assert follower.follow_error is None
+    follower.close()
+
+
+def test_a_refresh_gives_up_on_a_held_lock_after_its_wait(tmp_path: pathlib.Path) -> None:
+    ckpt = tmp_path / "ckpt"
+    saved(ckpt)
+    mapped = embstore.Table.load(ckpt, mmap=True)
+    with open(ckpt / ".embstore-lock", "rb") as f:
+        # Another open file description: an flock here excludes this process too.
+        fcntl.flock(f, fcntl.LOCK_EX)
+        start = time.monotonic()
+        with pytest.raises(embstore.CheckpointError, match="readers' lock"):
+            mapped._inner.refresh(0.3)
+        assert time.monotonic() - start < 5
+    assert mapped.refresh() is False
+
+
+def test_a_file_where_a_directory_is_expected_says_so(tmp_path: pathlib.Path) -> None:
+    f = tmp_path / "model.pt"
+    f.write_bytes(b"x")
+    for mmap in (False, True):
+        with pytest.raises(embstore.CheckpointError, match="expected a checkpoint directory"):
+            embstore.Table.load(f, mmap=mmap)
+
+
+# -- paths and forks -----------------------------------------------------------
+
+
+def test_a_relative_path_is_resolved_once_at_open(
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    a, b = tmp_path / "a", tmp_path / "b"
+    (a / "ckpt").parent.mkdir()
+    (b / "ckpt").parent.mkdir()
+    ta = saved(a / "ckpt", n=10)
+    saved(b / "ckpt", n=30)
+    monkeypatch.chdir(a)
+    mapped = embstore.Table.load("ckpt", mmap=True)
+    assert mapped.path == str(a / "ckpt")
+    monkeypatch.chdir(b)
+    assert mapped.refresh() is False
+    assert len(mapped) == 10
+    ta.lookup(np.arange(10, 15))
+    ta.save(a / "ckpt")
+    assert mapped.refresh() is True
+    assert len(mapped) == 15
+    import pickle
+
+    assert len(pickle.loads(pickle.dumps(mapped))) == 15
+
+
+def test_a_forked_follower_goes_on_following(tmp_path: pathlib.Path) -> None:
+    ckpt = tmp_path / "ckpt"
+    t = saved(ckpt)
+    follower = embstore.Table.load(ckpt, mmap=True, follow=0.1)
+    r, w = os.pipe()
+    go_r, go_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: waits for the parent's publish, then must serve it
+        code = 1
+        try:
+            os.read(go_r, 1)
+            deadline = time.monotonic() + 10
+            while len(follower) != 80 and time.monotonic() < deadline:
+                time.sleep(0.02)
+            ok = len(follower) == 80 and follower.follow == 0.1
+            code = 0 if ok else 2
+        finally:
+            os.write(w, bytes([code]))
+            os._exit(0)
+    t.lookup(np.arange(100, 120))
+    t.save(ckpt)
+    os.write(go_w, b"x")
+    got = os.read(r, 1)
+    os.waitpid(pid, 0)
+    assert got == b"\x00", f"the forked follower did not serve the publish (code {got!r})"
+    follower.close()
