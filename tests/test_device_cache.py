@@ -285,6 +285,9 @@ def test_prefetch_brings_the_next_batch_in_and_keeps_the_current_one(xp: ModuleT
     direct = embstore.Table(DIM, optimizer=opt, seed=6)
     rng = np.random.default_rng(3)
     batches = [rng.choice(40, 4, replace=False) for _ in range(12)]
+    # Every key has a row first: a prefetch brings rows in, it never makes one.
+    cache.table.lookup(np.arange(40))
+    direct.lookup(np.arange(40))
     cache.lookup(batches[0])
     direct.lookup(batches[0])
     for i, keys in enumerate(batches):
@@ -308,6 +311,24 @@ def test_prefetch_brings_the_next_batch_in_and_keeps_the_current_one(xp: ModuleT
     np.testing.assert_allclose(sa, sb, rtol=1e-5, atol=1e-6)
     with pytest.raises(TypeError, match=r"^keys\b"):
         cache.prefetch([1.5])
+
+
+def test_a_prefetch_fetches_and_never_inserts(xp: ModuleType) -> None:
+    """At 7e7142d a prefetch of keys the table lacked created their rows
+    (found=True and the table grew after a prefetch alone)."""
+    table = embstore.Table(DIM, optimizer=optim.Adam(lr=0.05), seed=6)
+    table.lookup(np.arange(10))
+    cache = DeviceCache(table, 8, xp=xp)
+    cache.prefetch(np.array([3, 4, 100, 101])).result(timeout=30)
+    assert len(table) == 10
+    _, found = cache.lookup(np.array([3, 100, 101]), insert=False, return_found=True)
+    np.testing.assert_array_equal(np.asarray(host(cache, found)), [True, False, False])
+    np.testing.assert_array_equal(np.asarray(host(cache, cache.contains([100]))), [False])
+    assert len(table) == 10
+    # The held keys it fetched are hits now.
+    before = cache.stats()["misses"]
+    cache.lookup(np.array([4]))
+    assert cache.stats()["misses"] == before
 
 
 @pytest.mark.parametrize(

@@ -398,3 +398,42 @@ def test_a_forked_follower_goes_on_following(tmp_path: pathlib.Path) -> None:
     os.waitpid(pid, 0)
     assert got == b"\x00", f"the forked follower did not serve the publish (code {got!r})"
     follower.close()
+
+
+# -- pooled outputs -------------------------------------------------------------
+
+
+def test_every_pooled_path_refuses_an_overflow_naming_weights(tmp_path: pathlib.Path) -> None:
+    """At 7e7142d the mapped table's, a Collection's and an EmbeddingBag's
+    pooling over a mapped table, and the helper ShardedTable pools with,
+    returned inf where Table.lookup_pooled refuses."""
+    import torch
+
+    import embstore.torch as et
+
+    ckpt = tmp_path / "ckpt"
+    t = embstore.Table(DIM, optimizer=optim.SGD(lr=0.5))
+    t.assign(np.array([1, 2]), np.full((2, DIM), 1e38, np.float32))
+    t.save(ckpt)
+    mapped = embstore.Table.load(ckpt, mmap=True)
+    ids, offsets = np.array([1, 2]), np.array([0, 2])
+    weights = np.array([3.0, 3.0], np.float32)
+    with pytest.raises(ValueError, match=r"^weights: "):
+        t.lookup_pooled(ids, offsets, weights=weights, insert=False)
+    with pytest.raises(ValueError, match=r"^weights: "):
+        mapped.lookup_pooled(ids, offsets, weights=weights)
+    coll = embstore.Collection({"f": mapped})
+    with pytest.raises(ValueError, match=r"^weights: "):
+        coll.lookup_pooled({"f": (ids, offsets, weights)}, insert=False)
+    bag = et.EmbeddingBag(mapped, mode="sum")
+    with pytest.raises(ValueError, match=r"^weights: "):
+        bag(torch.tensor([1, 2]), torch.tensor([0]), per_sample_weights=torch.tensor([3.0, 3.0]))
+    rows = np.full((2, DIM), 1e38, np.float32)
+    with pytest.raises(ValueError, match=r"^weights: "):
+        embstore.ops.pool_rows(rows, np.array([0, 1]), offsets, weights)
+    # Finite pooling still serves, equal to the live table's.
+    ok = np.array([0.5, 0.25], np.float32)
+    np.testing.assert_array_equal(
+        mapped.lookup_pooled(ids, offsets, weights=ok),
+        t.lookup_pooled(ids, offsets, weights=ok, insert=False),
+    )

@@ -443,6 +443,12 @@ class DeviceCache:
         none = xp.zeros((0,), dtype=xp.int64)
         adm_pos, new_slots, evict = none, none, xp.zeros((0,), dtype=xp.bool)
         miss_pos = xp.nonzero(~hit)[0]
+        if prefetch and n_miss:
+            # A prefetch fetches, it never inserts: only keys the table
+            # holds come in (a key no call then looks up leaves no row).
+            held = np.asarray(self.table.contains(self._keys_host(xp.take(uniq, miss_pos))))
+            miss_pos = xp.take(miss_pos, xp.asarray(np.flatnonzero(held)))
+            n_miss = int(miss_pos.shape[0])
         if admit and n_miss:
             adm_pos, new_slots, evict = self._plan_admissions(uniq, miss_pos, protect_from)
         served_pos = miss_pos

@@ -106,7 +106,9 @@ impl Optimizer {
                 // 1 - beta1 for every t >= 1: a bound of the step size that
                 // holds at every step (no powers of the betas per call).
                 let step = lr / (1.0 - beta1);
-                if mm / eps > limit {
+                // The kernels' step-size constant is a float32 too: past the
+                // limit it may be inf, and inf * 0 a NaN row.
+                if mm / eps > limit || step > limit {
                     return None;
                 }
                 out.w = (m.w + step * mm / eps) * ROUND;

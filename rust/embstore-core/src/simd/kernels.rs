@@ -82,11 +82,22 @@ pub(super) fn rowwise_adagrad(w: &mut [f32], h: &mut f32, g: &[f32], lr: f32, ep
         sq += g * g;
     }
     *h += sq / g.len() as f32;
-    let step = lr / (h.sqrt() + eps);
+    let denom = h.sqrt() + eps;
+    let step = lr / denom;
     let mut top = 0;
-    for (w, &g) in w.iter_mut().zip(g) {
-        *w -= step * g;
-        top = fold_top(top, *w);
+    if step.is_finite() {
+        for (w, &g) in w.iter_mut().zip(g) {
+            *w -= step * g;
+            top = fold_top(top, *w);
+        }
+    } else {
+        // `lr / denom` overflowed (a huge lr over a zero or underflowed
+        // accumulator): `step * g` would be inf for a tiny gradient and NaN
+        // for a zero one, where `lr * g / denom` is the finite update.
+        for (w, &g) in w.iter_mut().zip(g) {
+            *w -= lr * g / denom;
+            top = fold_top(top, *w);
+        }
     }
     top
 }
