@@ -328,7 +328,7 @@ impl Table {
             views,
             gate: RwLock::new(()),
             generation: AtomicU32::new(1),
-            last_save: std::sync::Mutex::new(Vec::new()),
+            last_save: std::sync::Mutex::default(),
             memo: std::sync::Mutex::new(None),
             bounds: Bounds::new(Magnitudes::initial(
                 cfg.optimizer.as_ref(),

@@ -18,7 +18,7 @@ impl Table {
     /// # Errors
     /// `ShapeMismatch`, `NonFinite`; nothing changed.
     pub fn assign_state(&self, keys: &[i64], values: &[f32], state: &[f32]) -> Result<()> {
-        self.assign_with_state(keys, values, Some(state), self.generation())
+        self.assign_checked(keys, values, Some(state), None, None, None)
     }
 
     /// Inserts or overwrites the rows of `keys` with `values` (`keys.len() *
@@ -28,7 +28,7 @@ impl Table {
     /// # Errors
     /// `ShapeMismatch` for a wrong `values` length; `NonFinite` for NaN/inf.
     pub fn assign(&self, keys: &[i64], values: &[f32]) -> Result<()> {
-        self.assign_with_state(keys, values, None, self.generation())
+        self.assign_checked(keys, values, None, None, None, None)
     }
 
     /// Inserts or overwrites rows with their optimizer state (if given) and
@@ -52,34 +52,25 @@ impl Table {
         if let Some(m) = meta {
             check_len("meta", keys.len() * 4, m.len())?;
         }
-        self.assign_checked(keys, values, state, meta, self.generation(), Some(clock))
-    }
-
-    /// [`Table::assign`] that also sets the optimizer state (`keys.len() *
-    /// state_len` floats) instead of resetting it, marking the rows with
-    /// save generation `save_gen`.
-    pub(crate) fn assign_with_state(
-        &self,
-        keys: &[i64],
-        values: &[f32],
-        state: Option<&[f32]>,
-        save_gen: u32,
-    ) -> Result<()> {
-        self.assign_checked(keys, values, state, None, save_gen, None)
+        self.assign_checked(keys, values, state, meta, None, Some(clock))
     }
 
     /// Checks `values` and `state` (finite, of the row format, state an
     /// optimizer can produce), then assigns them (with `meta`, as
     /// [`Table::assign_in`]) under the gate and moves the call clock
     /// forward to `clock`: the one path of assign, assign with state and
-    /// restore.
+    /// restore. The rows are marked with save generation `save_gen`, or
+    /// (`None`) the one current once the gate is held: read before it, a
+    /// save's snapshot in between would move the generation on and the
+    /// rows, marked with the older one, would be left out of every later
+    /// incremental save (the replayed chain then lost them).
     fn assign_checked(
         &self,
         keys: &[i64],
         values: &[f32],
         state: Option<&[f32]>,
         meta: Option<&[u32]>,
-        save_gen: u32,
+        save_gen: Option<u32>,
         clock: Option<u64>,
     ) -> Result<()> {
         Self::check_batch(keys)?;
@@ -95,6 +86,7 @@ impl Table {
             }
         }
         let _gate = self.enter();
+        let save_gen = save_gen.unwrap_or_else(|| self.generation());
         self.assign_in(keys, values, state, meta, save_gen)?;
         if let Some(c) = clock {
             self.set_clock(self.clock().max(c));

@@ -255,8 +255,41 @@ pub(crate) struct SaveMark {
 pub(crate) const MAX_MARKS: usize = 8;
 
 /// The save marks of a table, the most recently saved path last (at most
-/// [`MAX_MARKS`]).
-pub(crate) type LastSave = Mutex<Vec<SaveMark>>;
+/// [`MAX_MARKS`]), and the removal-log positions of saves in flight.
+pub(crate) type LastSave = Mutex<SaveMarks>;
+
+/// What a table keeps of its saves (see [`LastSave`]).
+#[derive(Debug, Default)]
+pub(crate) struct SaveMarks {
+    /// Per path, the most recently saved last.
+    pub(crate) marks: Vec<SaveMark>,
+    /// Saves that took their snapshot but have not recorded their mark
+    /// yet: an id and each shard's removal-log position at the snapshot.
+    /// The log is kept from there too, so a save at another path that
+    /// finishes meanwhile cannot drop removals the first one's next
+    /// incremental save needs.
+    pub(crate) pins: Vec<(u64, Vec<u64>)>,
+    /// The next pin's id.
+    pub(crate) next_pin: u64,
+}
+
+impl SaveMarks {
+    /// Per shard (of `shards`), the oldest removal-log position a mark or
+    /// a pin needs (`u64::MAX`: none).
+    pub(crate) fn needed(&self, shards: usize) -> Vec<u64> {
+        (0..shards)
+            .map(|s| {
+                let marks = self.marks.iter().map(|m| {
+                    m.base
+                        .as_ref()
+                        .map_or(m.removed_at[s], |b| b.1[s].min(m.removed_at[s]))
+                });
+                let pins = self.pins.iter().map(|p| p.1[s]);
+                marks.chain(pins).min().unwrap_or(u64::MAX)
+            })
+            .collect()
+    }
+}
 
 /// Reads and checks a directory's manifest (not yet its files).
 ///

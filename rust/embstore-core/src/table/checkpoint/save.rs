@@ -406,6 +406,7 @@ impl Table {
             .last_save
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
+            .marks
             .iter()
             .find(|m| m.dir == canonical)
             .cloned();
@@ -438,21 +439,25 @@ impl Table {
         let id = new_id();
         let written =
             self.write_and_publish(dir, &id, kind, with_optimizer, progress, gate, incremental);
-        let (manifest, text_len, mark) = match written {
+        let (manifest, text_len, mark, pin) = match written {
             Ok(w) => w,
             Err(e) => {
                 // Nothing was published: what this save wrote is garbage
-                // (and would fill the disk for the next save).
+                // (and would fill the disk for the next save). Its pin on
+                // the removal logs went with the error.
                 remove_partial(dir, &id);
                 self.set_marks_unchanged();
                 return Err(e);
             }
         };
-        // From here the new checkpoint is the one at `dir`.
+        // From here the new checkpoint is the one at `dir`: its mark takes
+        // over from the pin (recorded first, so the log is never without
+        // one or the other).
         self.set_mark(SaveMark {
             dir: canonical,
             ..mark
         });
+        drop(pin);
         let bytes_written = manifest.chain.last().map_or(0, |l| {
             l.files
                 .iter()
@@ -470,12 +475,15 @@ impl Table {
     /// they are (none logged at all without a mark, as before the save
     /// turned logging on).
     fn set_marks_unchanged(&self) {
-        let marks = self
-            .last_save
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .len();
-        if marks == 0 {
+        let (marks, pins) = {
+            let m = self
+                .last_save
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            (m.marks.len(), m.pins.len())
+        };
+        // Another save in flight (a pin) still needs the log.
+        if marks == 0 && pins == 0 {
             for lock in self.shards.iter() {
                 let mut g = storage::write(lock);
                 g.track_removals = false;
@@ -501,24 +509,17 @@ impl Table {
     pub(crate) fn set_mark(&self, mark: SaveMark) {
         // The marks' lock is a leaf: released before the shard locks.
         let keep: Vec<u64> = {
-            let mut marks = self
+            let mut saved = self
                 .last_save
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner);
+            let marks = &mut saved.marks;
             marks.retain(|m| m.dir != mark.dir);
             marks.push(mark);
             if marks.len() > MAX_MARKS {
                 marks.remove(0);
             }
-            (0..self.shards.len())
-                .map(|s| {
-                    marks
-                        .iter()
-                        .map(|m| m.base.as_ref().map_or(m.removed_at[s], |b| b.1[s]))
-                        .min()
-                        .unwrap_or(u64::MAX)
-                })
-                .collect()
+            saved.needed(self.shards.len())
         };
         for (lock, &from) in self.shards.iter().zip(&keep) {
             let mut g = storage::write(lock);
@@ -550,7 +551,18 @@ impl Table {
         progress: Option<&AtomicU64>,
         gate: std::sync::RwLockWriteGuard<'_, ()>,
         copy_out: bool,
-    ) -> Result<(Manifest, u64, SaveMark)> {
+    ) -> Result<(Manifest, u64, SaveMark, Pin<'_>)> {
+        // A mark whose removals the log no longer holds (it never should:
+        // marks and pins keep them) cannot write a true delta: the save
+        // writes everything instead of losing removals.
+        let kind = match kind {
+            Kind::Delta { ref mark, .. } | Kind::Compact { ref mark, .. }
+                if !self.log_holds(mark) =>
+            {
+                Kind::Full
+            }
+            other => other,
+        };
         let (since, removed_at, chain, base) = match kind {
             Kind::Full => (None, None, Vec::new(), None),
             Kind::Delta { mark, mut prev } => (
@@ -595,6 +607,8 @@ impl Table {
         let gathered = copy.then(|| self.gather_rows(&lists, with_state));
         let save_gen = self.generation.fetch_add(1, Ordering::AcqRel);
         let ends = self.removal_ends();
+        // Pinned under the gate, until the caller records the mark.
+        let pin = self.pin_removals(ends.clone());
         // Removals from here on are this path's next delta's: logged from
         // now (a first save's would otherwise be lost between releasing
         // the gate and recording the mark).
@@ -658,7 +672,47 @@ impl Table {
             removed: removed_entry,
         });
         let text_len = publish_locked(dir, &mut manifest)?;
-        Ok((manifest, text_len, mark))
+        Ok((manifest, text_len, mark, pin))
+    }
+
+    /// Whether every shard's removal log still holds what `mark` (and its
+    /// base, for a compaction) needs.
+    fn log_holds(&self, mark: &SaveMark) -> bool {
+        self.shards.iter().enumerate().all(|(s, lock)| {
+            let base = read(lock).removed.base;
+            mark.removed_at[s] >= base && mark.base.as_ref().is_none_or(|b| b.1[s] >= base)
+        })
+    }
+
+    /// Keeps the removal logs from `at` (each shard's position) until the
+    /// returned pin is dropped.
+    fn pin_removals(&self, at: Vec<u64>) -> Pin<'_> {
+        let mut saved = self
+            .last_save
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let id = saved.next_pin;
+        saved.next_pin += 1;
+        saved.pins.push((id, at));
+        Pin { table: self, id }
+    }
+}
+
+/// A save's hold on the removal logs from its snapshot on
+/// ([`Table::pin_removals`]); dropping it lets them go.
+pub(crate) struct Pin<'a> {
+    table: &'a Table,
+    id: u64,
+}
+
+impl Drop for Pin<'_> {
+    fn drop(&mut self) {
+        self.table
+            .last_save
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .pins
+            .retain(|p| p.0 != self.id);
     }
 }
 
@@ -712,7 +766,7 @@ impl Kind {
 
 #[cfg(test)]
 mod tests {
-    use super::{MAX_DELTAS, MAX_MARKS};
+    use super::{Kind, MAX_DELTAS, MAX_MARKS, SaveMark, fs, lock_for_writing, new_id, storage};
     use crate::table::test_support::{sgd, table, temp_dir};
 
     #[test]
@@ -786,6 +840,52 @@ mod tests {
                 );
             }
         }
+    }
+
+    #[test]
+    fn a_full_save_elsewhere_between_a_saves_snapshot_and_its_mark_keeps_its_removals() {
+        // Path A's first save stopped between its snapshot and its mark (its
+        // files still being written), removals meanwhile, and a full save at
+        // path B that finishes first: B's mark must not drop the removals
+        // A's next delta needs (it did: that delta then missed them).
+        let (a, b) = (temp_dir("pin-a"), temp_dir("pin-b"));
+        let t = table(2, 2, sgd(0.1));
+        t.assign(&(0..100).collect::<Vec<i64>>(), &[0.5; 200])
+            .unwrap();
+        let writer = lock_for_writing(&a).unwrap();
+        let gate = t.gate.write().unwrap();
+        let id = new_id();
+        let (_, _, mark, pin) = t
+            .write_and_publish(&a, &id, Kind::Full, false, None, gate, false)
+            .unwrap();
+        t.remove(&[1, 2, 3]).unwrap();
+        t.save(&b, false, false, None).unwrap();
+        t.set_mark(SaveMark {
+            dir: fs::canonicalize(&a).unwrap(),
+            ..mark
+        });
+        drop(pin);
+        drop(writer);
+        let m = t.save(&a, true, false, None).unwrap().manifest;
+        assert_eq!(m.chain.len(), 2, "the save at A stays incremental");
+        let (back, _) = crate::table::Table::load(&a, None, None).unwrap();
+        assert_eq!(rows_of(&back), rows_of(&t));
+        // A mark whose removals are gone (a ninth path forgot it, say)
+        // writes everything rather than a delta that misses them.
+        t.remove(&[4]).unwrap();
+        for lock in t.shards.iter() {
+            let mut g = storage::write(lock);
+            let end = g.removed.end();
+            g.removed.keep_from(end);
+        }
+        let m = t.save(&a, true, false, None).unwrap().manifest;
+        assert_eq!(
+            m.chain.len(),
+            1,
+            "a full save, not a delta missing key 4's removal"
+        );
+        let (back, _) = crate::table::Table::load(&a, None, None).unwrap();
+        assert_eq!(rows_of(&back), rows_of(&t));
     }
 
     #[test]
