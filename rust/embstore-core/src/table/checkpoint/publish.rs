@@ -4,7 +4,7 @@
 use crate::error::{Result, ckpt_err};
 use crate::table::Table;
 use crate::table::checkpoint::dirlock::{DirLock, READERS_LOCK};
-use crate::table::checkpoint::files::{fsync_dir, fsync_files, io_err, write_synced};
+use crate::table::checkpoint::files::{fsync_dir, fsync_files, io_err, read_regular, write_synced};
 use crate::table::checkpoint::manifest::{
     FileEntry, Link, MANIFEST, Manifest, check_manifest, read_manifest,
 };
@@ -116,8 +116,63 @@ pub(crate) fn publish_locked(dir: &Path, manifest: &mut Manifest) -> Result<u64>
     fsync_dir(dir)?;
     if let Some(_cleaner) = dirlock::cleaner(dir) {
         remove_unreferenced(dir, manifest, previous.as_ref());
+    } else if let Some(prev) = &previous {
+        // A reader holds the directory: the replaced files stay for it,
+        // listed so that the next publish that finds no reader deletes
+        // them (not an hour later, as unnamed files of unknown origin).
+        retire(dir, manifest, prev);
     }
     Ok(text.len() as u64)
+}
+
+/// The list of files replaced while a reader held the directory, to
+/// delete at the next publish that gets the readers' lock (one name a
+/// line; untrusted like every file here: only names a save writes, not
+/// named by the manifest then, are deleted).
+pub(crate) const RETIRED: &str = ".embstore-retired";
+
+/// The most bytes of [`RETIRED`] read (past it the list is started anew:
+/// its files then go once stale).
+const RETIRED_BYTES: u64 = 16 << 20;
+
+/// The names listed in [`RETIRED`] (none when it is missing, unreadable or
+/// too large).
+fn retired(dir: &Path) -> Vec<String> {
+    read_regular(&dir.join(RETIRED), RETIRED_BYTES, "no list")
+        .ok()
+        .and_then(|b| String::from_utf8(b).ok())
+        .map(|t| t.lines().map(str::to_string).collect())
+        .unwrap_or_default()
+}
+
+/// Adds the files of `previous` that `m` does not name to [`RETIRED`]
+/// (best effort: a failure leaves them to the stale rule). The caller
+/// holds the writers' lock.
+fn retire(dir: &Path, m: &Manifest, previous: &Manifest) {
+    let keep: std::collections::HashSet<&str> = m.files().map(|f| f.name.as_str()).collect();
+    let mut names = retired(dir);
+    let before = names.len();
+    names.extend(
+        previous
+            .files()
+            .map(|f| f.name.clone())
+            .filter(|n| !keep.contains(n.as_str())),
+    );
+    if names.len() == before {
+        return;
+    }
+    names.sort_unstable();
+    names.dedup();
+    let tmp = dir.join(format!("{RETIRED}.tmp-{}", m.id));
+    let _ = fs::remove_file(&tmp);
+    let mut text = names.join("\n");
+    text.push('\n');
+    let written = untrusted::create_file(&tmp)
+        .and_then(|mut f| std::io::Write::write_all(&mut f, text.as_bytes()))
+        .and_then(|()| fs::rename(&tmp, dir.join(RETIRED)));
+    if written.is_err() {
+        let _ = fs::remove_file(&tmp);
+    }
 }
 
 /// Creates the checkpoint directory `dir` if it does not exist; its parent
@@ -170,7 +225,9 @@ pub fn remove_partial(dir: &Path, id: &str) {
 pub(crate) fn is_ours(name: &str) -> bool {
     name == MANIFEST
         || name == READERS_LOCK
+        || name == RETIRED
         || name.starts_with(&format!("{MANIFEST}.tmp-"))
+        || name.starts_with(&format!("{RETIRED}.tmp-"))
         || (name.ends_with(".safetensors")
             && name.len() > 17
             && name.as_bytes()[..16].iter().all(u8::is_ascii_hexdigit)
@@ -191,9 +248,13 @@ pub(crate) const STALE_AFTER: std::time::Duration = std::time::Duration::from_se
 /// ([`dirlock::cleaner`]).
 pub(crate) fn remove_unreferenced(dir: &Path, m: &Manifest, previous: Option<&Manifest>) {
     let keep: std::collections::HashSet<&str> = m.files().map(|f| f.name.as_str()).collect();
+    // Replaced now, or earlier while a reader held the directory.
+    let listed = retired(dir);
     let replaced: std::collections::HashSet<&str> = previous
-        .map(|p| p.files().map(|f| f.name.as_str()).collect())
-        .unwrap_or_default();
+        .into_iter()
+        .flat_map(|p| p.files().map(|f| f.name.as_str()))
+        .chain(listed.iter().map(String::as_str))
+        .collect();
     let now = std::time::SystemTime::now();
     let stale = |e: &fs::DirEntry| {
         // The entry itself (a link is not followed); unknown age: young.
@@ -206,6 +267,7 @@ pub(crate) fn remove_unreferenced(dir: &Path, m: &Manifest, previous: Option<&Ma
             let name = e.file_name().to_string_lossy().to_string();
             if name != MANIFEST
                 && name != READERS_LOCK
+                && name != RETIRED
                 && is_ours(&name)
                 && !keep.contains(name.as_str())
                 && (replaced.contains(name.as_str()) || stale(&e))
@@ -213,6 +275,9 @@ pub(crate) fn remove_unreferenced(dir: &Path, m: &Manifest, previous: Option<&Ma
                 let _ = fs::remove_file(e.path());
             }
         }
+    }
+    if !listed.is_empty() {
+        let _ = fs::remove_file(dir.join(RETIRED));
     }
 }
 
@@ -273,6 +338,55 @@ mod tests {
             assert!(dir.join(&f.name).exists(), "{} kept", f.name);
         }
         assert!(dir.join("notes.txt").exists(), "a file not ours is kept");
+    }
+
+    #[test]
+    fn files_a_reader_kept_go_at_the_next_publish_that_finds_none() {
+        // At 7e7142d they stayed an hour (then went as stale unnamed
+        // files): beside followers, publishes piled up dead files.
+        let dir = temp_dir("publish-retired");
+        let t = table(2, 2, sgd(0.1));
+        t.assign(&[1, 2], &[0.5; 4]).unwrap();
+        let first = t.save(&dir, false, true, None).unwrap().manifest;
+        let reader = dirlock::reader(&dir).unwrap().expect("a lock file");
+        t.assign(&[3], &[0.5; 2]).unwrap();
+        let second = t.save(&dir, false, true, None).unwrap().manifest;
+        for f in first.files() {
+            assert!(dir.join(&f.name).exists(), "{} kept for the reader", f.name);
+        }
+        assert!(dir.join(RETIRED).exists());
+        t.assign(&[4], &[0.5; 2]).unwrap();
+        let third = t.save(&dir, false, true, None).unwrap().manifest;
+        drop(reader);
+        for f in first.files().chain(second.files()) {
+            assert!(dir.join(&f.name).exists(), "{} kept for the reader", f.name);
+        }
+        t.assign(&[5], &[0.5; 2]).unwrap();
+        let fourth = t.save(&dir, false, true, None).unwrap().manifest;
+        for f in first.files().chain(second.files()).chain(third.files()) {
+            assert!(!dir.join(&f.name).exists(), "{} still there", f.name);
+        }
+        for f in fourth.files() {
+            assert!(dir.join(&f.name).exists(), "{} kept", f.name);
+        }
+        assert!(!dir.join(RETIRED).exists(), "the list is removed once done");
+        // A crafted list names only what a save writes and the manifest
+        // does not name: the manifest, the lock and foreign files stay.
+        std::fs::write(dir.join("notes.txt"), b"mine").unwrap();
+        let names: Vec<&str> = fourth.files().map(|f| f.name.as_str()).collect();
+        let list = format!(
+            "{MANIFEST}\n{READERS_LOCK}\nnotes.txt\n../x\n{}\n",
+            names.join("\n")
+        );
+        std::fs::write(dir.join(RETIRED), list).unwrap();
+        t.assign(&[6], &[0.5; 2]).unwrap();
+        let fifth = t.save(&dir, true, true, None).unwrap().manifest;
+        assert!(dir.join("notes.txt").exists());
+        assert!(dir.join(READERS_LOCK).exists());
+        for f in fifth.files() {
+            assert!(dir.join(&f.name).exists(), "{} kept", f.name);
+        }
+        crate::table::Table::load(&dir, None, None).unwrap();
     }
 
     #[test]
