@@ -234,6 +234,33 @@ pub(crate) fn is_ours(name: &str) -> bool {
             && name.as_bytes()[16] == b'-')
 }
 
+/// Whether `name` is a file of a single save (`{id}-SSSSS-CCCC.safetensors`,
+/// `{id}-removed.safetensors`) or a temporary file a publish writes: all
+/// of them are written only under the directory's writers' lock, so one
+/// that no manifest names while a publish holds that lock is garbage (a
+/// save that crashed, or files kept for a reader), never work in progress.
+/// The parts of a sharded save (`{id}-{name}-...`, written before they are
+/// published together) are not.
+pub(crate) fn written_under_lock(name: &str) -> bool {
+    let b = name.as_bytes();
+    let id = |b: &[u8]| b.len() > 17 && b[..16].iter().all(u8::is_ascii_hexdigit) && b[16] == b'-';
+    let digits = |b: &[u8]| b.iter().all(u8::is_ascii_digit);
+    if name.starts_with(&format!("{MANIFEST}.tmp-")) || name.starts_with(&format!("{RETIRED}.tmp-"))
+    {
+        return true;
+    }
+    if !id(b) {
+        return false;
+    }
+    let rest = &b[17..];
+    rest == b"removed.safetensors"
+        || (rest.len() == 5 + 1 + 4 + 12
+            && digits(&rest[..5])
+            && rest[5] == b'-'
+            && digits(&rest[6..10])
+            && &rest[10..] == b".safetensors")
+}
+
 /// Files no manifest names are deleted once they are this old: a save that
 /// crashed, or a deletion deferred while a load read the directory. Younger
 /// ones may be the parts of a save in progress (the ranks of a sharded
@@ -270,7 +297,7 @@ pub(crate) fn remove_unreferenced(dir: &Path, m: &Manifest, previous: Option<&Ma
                 && name != RETIRED
                 && is_ours(&name)
                 && !keep.contains(name.as_str())
-                && (replaced.contains(name.as_str()) || stale(&e))
+                && (replaced.contains(name.as_str()) || written_under_lock(&name) || stale(&e))
             {
                 let _ = fs::remove_file(e.path());
             }
@@ -286,6 +313,51 @@ mod tests {
     use super::*;
     use crate::table::checkpoint::manifest::MANIFEST;
     use crate::table::test_support::{sgd, table, temp_dir};
+
+    #[test]
+    fn a_single_saves_files_are_told_from_a_parts() {
+        assert!(written_under_lock(
+            "0123456789abcdef-00001-0002.safetensors"
+        ));
+        assert!(written_under_lock("0123456789abcdef-removed.safetensors"));
+        assert!(written_under_lock(&format!(
+            "{MANIFEST}.tmp-0123456789abcdef"
+        )));
+        assert!(!written_under_lock(
+            "0123456789abcdef-r0001-00001-0002.safetensors"
+        ));
+        assert!(!written_under_lock(
+            "0123456789abcdef-00001-00001-0002.safetensors"
+        ));
+        assert!(!written_under_lock(
+            "0123456789abcdef-removed-00001-0002.safetensors"
+        ));
+        assert!(!written_under_lock(MANIFEST));
+        assert!(!written_under_lock("notes.txt"));
+    }
+
+    #[test]
+    fn a_crashed_saves_files_go_at_the_next_publish() {
+        // A save killed before its publish leaves its files unnamed: the
+        // next publish (which holds the writers' lock, so no single save
+        // is in flight) deletes them at once, not an hour later.
+        let dir = temp_dir("publish-crashed");
+        let t = table(2, 2, sgd(0.1));
+        t.assign(&[1, 2], &[0.5; 4]).unwrap();
+        t.save(&dir, false, true, None).unwrap();
+        let crashed = dir.join("00000000000000cc-00001-0000.safetensors");
+        let tmp = dir.join(format!("{MANIFEST}.tmp-00000000000000cc"));
+        let part = dir.join("00000000000000dd-r0001-00000-0000.safetensors");
+        for f in [&crashed, &tmp, &part] {
+            std::fs::write(f, b"x").unwrap();
+        }
+        t.save(&dir, true, true, None).unwrap();
+        assert!(!crashed.exists() && !tmp.exists());
+        assert!(
+            part.exists(),
+            "a young part of a sharded save in flight stays"
+        );
+    }
 
     #[test]
     fn our_file_names_are_recognised_and_others_are_not() {

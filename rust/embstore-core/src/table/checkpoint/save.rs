@@ -312,7 +312,9 @@ impl Table {
     ///
     /// # Errors
     /// `Checkpoint` for I/O errors or a prefix that is not 16 hex digits
-    /// followed by `-` and plain characters.
+    /// followed by `-` and a name of plain characters (a part's name: the
+    /// files of a single save, named by the id alone, are the ones a
+    /// publish may delete at once when no manifest names them).
     pub fn write_files(
         &self,
         dir: &Path,
@@ -320,7 +322,10 @@ impl Table {
         with_optimizer: bool,
         progress: Option<&AtomicU64>,
     ) -> Result<Vec<FileEntry>> {
-        if !is_ours(&format!("{prefix}-00000-0000.safetensors")) || prefix.contains(['/', '\\']) {
+        if !is_ours(&format!("{prefix}-00000-0000.safetensors"))
+            || prefix.len() <= 17
+            || prefix.contains(['/', '\\'])
+        {
             return Err(ckpt_err(
                 dir,
                 format!("file prefix {prefix:?} is not a checkpoint id"),
