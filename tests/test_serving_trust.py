@@ -17,6 +17,8 @@ import time
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from safetensors import safe_open
 from safetensors.numpy import save_file
 
@@ -72,7 +74,7 @@ def rewrite_file(path: pathlib.Path, name: str, edit: object) -> None:
 def both(path: pathlib.Path) -> tuple[str | None, str | None]:
     """What a load and a mapped open plus a full read say: each the
     CheckpointError's message, or None where it served; where both served,
-    they served the same rows."""
+    they served the same rows. One refusing where the other serves fails."""
     loaded: embstore.Table | None = None
     try:
         loaded = embstore.Table.load(path)
@@ -95,6 +97,7 @@ def both(path: pathlib.Path) -> tuple[str | None, str | None]:
         np.testing.assert_array_equal(got, want)
         np.testing.assert_array_equal(found, want_found)
         assert len(mapped) == len(loaded)
+    assert (load_err is None) == (map_err is None), (load_err, map_err)
     return load_err, map_err
 
 
@@ -437,3 +440,58 @@ def test_every_pooled_path_refuses_an_overflow_naming_weights(tmp_path: pathlib.
         mapped.lookup_pooled(ids, offsets, weights=ok),
         t.lookup_pooled(ids, offsets, weights=ok, insert=False),
     )
+
+
+# -- the property: a load and a mapped read agree on any crafted directory ------
+
+
+@st.composite
+def crafts(draw: st.DrawFn) -> list[tuple[str, int, int, float]]:
+    """Edits of a saved chain's tensors (written back with valid checksums):
+    (tensor, file, flat position, value)."""
+    n = draw(st.integers(1, 3))
+    return [
+        (
+            draw(st.sampled_from(["keys", "index", "rows", "meta-shard", "meta-num_shards"])),
+            draw(st.integers(0, 7)),
+            draw(st.integers(0, 10_000)),
+            draw(st.sampled_from([0.0, 1.0, -1.0, 7.0, 1e38, np.nan, np.inf, 2.0**40])),
+        )
+        for _ in range(n)
+    ]
+
+
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(edits=crafts())
+def test_a_load_and_a_mapped_read_agree_on_crafted_files(
+    tmp_path: pathlib.Path, edits: list[tuple[str, int, int, float]]
+) -> None:
+    import shutil
+    import uuid
+
+    ckpt = tmp_path / uuid.uuid4().hex
+    t = saved(ckpt, n=80, num_shards=2)
+    t.remove(np.arange(5))
+    t.lookup(np.arange(100, 110))
+    t.save(ckpt, incremental=True)
+    chain = manifest(ckpt)["chain"]
+    names = [f["name"] for link in chain for f in link["files"]]  # type: ignore[attr-defined]
+    for what, fi, at, value in edits:
+        name = names[fi % len(names)]
+
+        def edit(tensors: dict[str, np.ndarray], meta: dict[str, str]) -> None:
+            if what.startswith("meta-"):
+                meta[what[5:]] = str(int(min(value, 2.0**40)) if np.isfinite(value) else 0)
+                return
+            a = tensors[what].copy()
+            flat = a.reshape(-1)
+            if flat.size:
+                whole = int(np.clip(np.nan_to_num(value), -(2.0**62), 2.0**62))
+                flat[at % flat.size] = value if a.dtype.kind == "f" else whole
+            tensors[what] = a
+
+        rewrite_file(ckpt, name, edit)
+    both(ckpt)  # asserts: both refuse, or both serve the same rows
+    shutil.rmtree(ckpt)

@@ -11,6 +11,7 @@
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
+use embstore_core::mapped::MappedTable;
 use embstore_core::table::checkpoint::Manifest;
 use embstore_core::{Initializer, Missing, Optimizer, StoreError, Table, TableConfig};
 use proptest::prelude::*;
@@ -84,6 +85,28 @@ fn check_load(dir: &Path) -> Result<(), TestCaseError> {
         Ok((t, m)) => prop_assert_eq!(t.len() as u64, m.rows),
         Err(StoreError::Checkpoint { .. } | StoreError::OutOfMemory { .. }) => {}
         Err(e) => prop_assert!(false, "a load failed with a non-checkpoint error: {}", e),
+    }
+    Ok(())
+}
+
+/// [`Table::load`] and [`MappedTable::open`] + `export` of `dir`: both
+/// refuse, or both give the same rows.
+fn check_both(dir: &Path) -> Result<(), TestCaseError> {
+    let loaded = Table::load(dir, None, None);
+    let mapped = MappedTable::open(dir).and_then(|m| m.export().map(|e| (m.len(), e)));
+    match (loaded, mapped) {
+        (Ok((t, _)), Ok((len, (keys, rows)))) => {
+            let (want_keys, want_rows, _) = t.export(false).unwrap();
+            prop_assert_eq!(len, t.len() as u64);
+            prop_assert_eq!(keys, want_keys);
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            prop_assert_eq!(bits(&rows), bits(&want_rows));
+        }
+        (Err(_), Err(_)) => {}
+        (Ok(_), Err(e)) => prop_assert!(false, "loaded, but the mapped read refused: {}", e),
+        (Err(e), Ok(_)) => {
+            prop_assert!(false, "the mapped read served, but the load refused: {}", e)
+        }
     }
     Ok(())
 }
@@ -195,6 +218,24 @@ proptest! {
             apply_edit(&dir, e);
         }
         let r = check_load(&dir);
+        let _ = std::fs::remove_dir_all(&dir);
+        r?;
+    }
+
+    /// A load and a mapped open (with a read of every row) agree on any
+    /// damaged or crafted directory: both refuse, or both serve the same
+    /// rows (a mapped reader never serves what a load refuses, nor the
+    /// other way round).
+    #[test]
+    fn a_load_and_a_mapped_read_both_refuse_or_serve_the_same_rows(
+        edits in proptest::collection::vec(edit(), 1..4)
+    ) {
+        let dir = fresh_dir("both");
+        saved(&dir);
+        for e in &edits {
+            apply_edit(&dir, e);
+        }
+        let r = check_both(&dir);
         let _ = std::fs::remove_dir_all(&dir);
         r?;
     }
