@@ -461,6 +461,24 @@ def crafts(draw: st.DrawFn) -> list[tuple[str, int, int, float]]:
     ]
 
 
+def _craft(what: str, at: int, value: float) -> object:
+    """An edit for :func:`rewrite_file`: tensor ``what``'s flat position
+    ``at`` set to ``value``, or a header count (``meta-<name>``)."""
+
+    def edit(tensors: dict[str, np.ndarray], meta: dict[str, str]) -> None:
+        if what.startswith("meta-"):
+            meta[what[5:]] = str(int(min(value, 2.0**40)) if np.isfinite(value) else 0)
+            return
+        a = tensors[what].copy()
+        flat = a.reshape(-1)
+        if flat.size:
+            whole = int(np.clip(np.nan_to_num(value), -(2.0**62), 2.0**62))
+            flat[at % flat.size] = value if a.dtype.kind == "f" else whole
+        tensors[what] = a
+
+    return edit
+
+
 @settings(
     max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
@@ -479,19 +497,6 @@ def test_a_load_and_a_mapped_read_agree_on_crafted_files(
     chain = manifest(ckpt)["chain"]
     names = [f["name"] for link in chain for f in link["files"]]  # type: ignore[attr-defined]
     for what, fi, at, value in edits:
-        name = names[fi % len(names)]
-
-        def edit(tensors: dict[str, np.ndarray], meta: dict[str, str]) -> None:
-            if what.startswith("meta-"):
-                meta[what[5:]] = str(int(min(value, 2.0**40)) if np.isfinite(value) else 0)
-                return
-            a = tensors[what].copy()
-            flat = a.reshape(-1)
-            if flat.size:
-                whole = int(np.clip(np.nan_to_num(value), -(2.0**62), 2.0**62))
-                flat[at % flat.size] = value if a.dtype.kind == "f" else whole
-            tensors[what] = a
-
-        rewrite_file(ckpt, name, edit)
+        rewrite_file(ckpt, names[fi % len(names)], _craft(what, at, value))
     both(ckpt)  # asserts: both refuse, or both serve the same rows
     shutil.rmtree(ckpt)
