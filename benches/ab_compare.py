@@ -8,7 +8,8 @@ in RESULTS.md):
 Run them interleaved a few times on an idle machine and compare ranges: on a
 noisy VM one run says little. Large calls: a 2M-key Adam table, dim 64,
 65,536 x 26 ids (best of 3). Small calls: a 100k-key table (mean of 3,000
-calls, best of 5).
+calls, best of 5). Checkpoints: a 1M x 64 rows-only checkpoint loaded, and
+read mapped.
 """
 
 from __future__ import annotations
@@ -76,7 +77,30 @@ def main() -> None:
         res[f"adam_{n}_us"] = min(
             mean_us(lambda k=keys, g=gs: small.apply_gradients(k, g)) for _ in range(5)
         )
+    res.update(_checkpoint_rows(rng, dim))
     print(json.dumps({k: round(v, 1) for k, v in res.items()}))
+
+
+def _checkpoint_rows(rng: np.random.Generator, dim: int) -> dict[str, float]:
+    """A 1M-row rows-only checkpoint: its load (warm page cache, best of 3),
+    and lookups of a mapped open of it (1,024 keys: mean of 3,000 calls,
+    best of 5; 1M keys: best of 3)."""
+    import tempfile
+
+    res: dict[str, float] = {}
+    t = embstore.Table(dim, optimizer=optim.SGD(lr=0.1))
+    t.lookup(np.arange(1_000_000))
+    with tempfile.TemporaryDirectory() as d:
+        t.save(d, with_optimizer=False)
+        del t
+        res["load_1M_ms"] = best_ms(lambda: embstore.Table.load(d))
+        m = embstore.Table.load(d, mmap=True)
+        m.export()  # every file checked once
+        keys = rng.integers(0, 1_000_000, 1024)
+        res["mapped_1024_us"] = min(mean_us(lambda: m.lookup(keys)) for _ in range(5))
+        many = rng.integers(0, 1_000_000, 1_000_000)
+        res["mapped_1M_ms"] = best_ms(lambda: m.lookup(many))
+    return res
 
 
 if __name__ == "__main__":

@@ -5,7 +5,9 @@ end on small sizes."""
 
 from __future__ import annotations
 
+import io
 import json
+import os
 import pathlib
 import subprocess
 import sys
@@ -257,3 +259,32 @@ def test_demo_off_a_terminal_prints_phase_lines_and_no_bar() -> None:
     quiet = cli("demo", "--samples", "20000", "--test-samples", "5000", "--quiet")
     assert quiet.returncode == 0
     assert quiet.stderr == ""
+
+
+def test_cache_curve_refuses_a_fifo_and_a_header_larger_than_its_file(
+    tmp_path: pathlib.Path,
+) -> None:
+    """At 7e7142d a FIFO blocked the command and a header claiming 2^40
+    rows ended in a traceback."""
+    fifo = tmp_path / "keys.npy"
+    os.mkfifo(fifo)
+    assert_one_line_error(cli("cache-curve", str(fifo)), "keys:", "not a regular file")
+    buf = io.BytesIO()
+    np.lib.format.write_array_header_1_0(
+        buf, {"descr": "<i8", "fortran_order": False, "shape": (2**40,)}
+    )
+    huge = tmp_path / "huge.npy"
+    huge.write_bytes(buf.getvalue() + bytes(64))
+    assert_one_line_error(cli("cache-curve", str(huge)), "keys:", "claims", "bytes")
+
+
+@pytest.mark.parametrize("flag", ["--publish", "--checkpoint"])
+def test_demo_publish_dir_without_a_parent_is_refused_before_any_work(flag: str) -> None:
+    proc = cli("demo", flag, "/nonexistent-parent/x")
+    assert_one_line_error(proc, flag, "does not exist")
+    assert proc.stdout == ""
+
+
+def test_bench_sizes_that_cannot_fit_are_one_line_exit_2() -> None:
+    assert_one_line_error(cli("bench", "--dim", "99999999999"), "--dim", "at most")
+    assert_one_line_error(cli("bench", "--dim", "1000000"), "GiB", "available")

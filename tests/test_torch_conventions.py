@@ -349,3 +349,32 @@ def test_a_keyed_jagged_tensor_that_does_not_describe_its_values_is_refused(
     with pytest.raises(ValueError, match=match):
         ebc(kjt)
     assert len(a) == 0, "a refused batch stored rows"
+
+
+def test_the_ops_and_load_state_dict_name_junk_inputs() -> None:
+    """At 7e7142d the custom op given no inputs raised IndexError, a module
+    called on meta tensors a NotImplementedError from inside NumPy's copy,
+    and load_state_dict of meta tensors did not name the entry."""
+    table = embstore.Table(4, optimizer=optim.SGD(lr=0.1))
+    module = et.Embedding(table)
+    with pytest.raises(ValueError, match=r"^inputs: expected the ids tensor first"):
+        torch.ops.embstore.lookup(torch.empty(0), [], module._handle, True, "")
+    with pytest.raises(ValueError, match=r"^inputs\[0\]: a meta tensor holds no values"):
+        module(torch.empty(3, dtype=torch.int64, device="meta"))
+    module(torch.tensor([1, 2]))
+    meta = {k: torch.empty_like(v, device="meta") for k, v in module.state_dict().items()}
+    before = table.export()
+    with pytest.raises(RuntimeError, match=r"table\.keys: a meta tensor holds no values"):
+        module.load_state_dict(meta)
+    for a, b in zip(before, table.export(), strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_a_collections_tables_are_read_only() -> None:
+    """At 7e7142d assigning into collection.tables changed a copy, silently."""
+    a, b = (embstore.Table(4, optimizer=optim.SGD(lr=0.1)) for _ in range(2))
+    coll = embstore.Collection({"f": a})
+    with pytest.raises(TypeError):
+        coll.tables["f"] = b  # type: ignore[index]
+    assert coll.tables["f"] is a
+    assert dict(coll.tables) == {"f": a}

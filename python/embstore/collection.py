@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import types
 from collections.abc import Mapping
 from typing import Any
 
@@ -101,9 +102,11 @@ class Collection:
         return list(self._features)
 
     @property
-    def tables(self) -> dict[str, Table | MappedTable]:
-        """Feature name -> table."""
-        return dict(self._features)
+    def tables(self) -> Mapping[str, Table | MappedTable]:
+        """Feature name -> table, read-only (a collection's features are
+        fixed when it is made: assigning an entry raises TypeError instead
+        of changing a copy)."""
+        return types.MappingProxyType(self._features)
 
     @property
     def dims(self) -> list[int]:

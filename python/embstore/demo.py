@@ -16,6 +16,7 @@ the table's stats.
 
 from __future__ import annotations
 
+import os
 import sys
 import threading
 import time
@@ -383,6 +384,14 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     if a.torch:
         require(p, "torch", "torch", "--torch")
+    for flag, where in (("--publish", a.publish), ("--checkpoint", a.checkpoint)):
+        # Checked before training: a save makes the directory, not its parent.
+        if where is not None:
+            parent = os.path.dirname(os.path.abspath(where))
+            if not os.path.isdir(parent):
+                p.error(f"{flag}: the parent directory {parent!r} of {where!r} does not exist")
+            if os.path.exists(where) and not os.path.isdir(where):
+                p.error(f"{flag}: {where!r} exists and is not a directory")
     r = run(
         a.samples,
         a.batch,

@@ -29,6 +29,35 @@ from embstore.bench.table import compare, core, memory, report
 __all__ = ["POLICIES", "main"]
 
 
+def _available_bytes() -> int | None:
+    """MemAvailable of /proc/meminfo (None where there is none)."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
+def _check_fits(p: Parser, args: argparse.Namespace) -> None:
+    """Refuses (one line, exit 2) sizes no table takes or whose arrays
+    cannot fit in the memory available, before any work."""
+    if args.dim > 1 << 20:
+        p.error(f"--dim: expected at most {1 << 20} (the widest row a table takes), got {args.dim}")
+    # The largest single array of a run (the table's rows, or a step's
+    # ids' rows): a run needs several such, so one that alone exceeds the
+    # memory available cannot run.
+    need = 4 * args.dim * max(args.vocab, args.mem_rows, args.batch * args.fields)
+    have = _available_bytes()
+    if have is not None and need > have:
+        p.error(
+            f"--vocab {args.vocab}, --batch {args.batch}, --fields {args.fields}, --dim "
+            f"{args.dim} need about {need / 2**30:.1f} GiB, {have / 2**30:.1f} GiB are available"
+        )
+
+
 def main(argv: list[str] | None = None) -> int:
     p = Parser("python -m embstore bench", __doc__)
     p.add_argument(
@@ -91,6 +120,7 @@ def main(argv: list[str] | None = None) -> int:
         require(p, "torch", "torch", "the peer comparison")
     if args.quick:
         args.vocab, args.batch, args.mem_rows, args.reps = 50_000, 2_048, 200_000, 2
+    _check_fits(p, args)
     if args.checkpoint:
         rows = 200_000 if args.quick else args.checkpoint_rows
         res = checkpoint_compare(rows, args.dim, max(2, args.reps - 1), args.dir)

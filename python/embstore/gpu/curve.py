@@ -14,6 +14,7 @@ Two curves per size ``c``:
 from __future__ import annotations
 
 import os
+import stat
 from dataclasses import dataclass
 from typing import Any
 
@@ -97,6 +98,41 @@ def cache_curve(keys: Any, sizes: Any = None) -> CacheCurve:
     return CacheCurve(s, lru.astype(np.float64), static.astype(np.float64), n, distinct)
 
 
+def _read_keys(p: Parser, path: str) -> Any:
+    """The array of the .npy file at ``path``, checked before it is read: a
+    regular file (a FIFO or a device is refused without blocking) whose
+    header's shape fits in its bytes (a header claiming 2^40 rows is
+    refused, not allocated); ``p.error`` otherwise."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError as e:
+        p.error(f"keys: cannot open {path}: {e.strerror}")
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(f.fileno())
+        if not stat.S_ISREG(st.st_mode):
+            p.error(f"keys: {path} is not a regular file")
+        try:
+            if f.read(6) == b"\x93NUMPY":
+                f.seek(0)
+                version = np.lib.format.read_magic(f)
+                read = (
+                    np.lib.format.read_array_header_1_0
+                    if version == (1, 0)
+                    else np.lib.format.read_array_header_2_0
+                )
+                shape, _, dtype = read(f)
+                need = int(np.prod(shape, dtype=object)) * dtype.itemsize
+                if need > st.st_size - f.tell():
+                    p.error(
+                        f"keys: {path}'s header claims {shape} values of {dtype} ({need} bytes), "
+                        f"the file holds {st.st_size} bytes"
+                    )
+            f.seek(0)
+            return np.load(f, allow_pickle=False)
+        except (OSError, ValueError, EOFError) as e:
+            p.error(f"keys: cannot read {path} as a .npy file: {e}")
+
+
 def main(argv: list[str] | None = None) -> int:
     p = Parser("python -m embstore cache-curve", __doc__)
     p.add_argument("keys", help="a .npy file of integer keys in access order (no pickles)")
@@ -112,10 +148,7 @@ def main(argv: list[str] | None = None) -> int:
         require(p, "matplotlib", "plot", "--png")
         if not os.path.isdir(os.path.dirname(os.path.abspath(a.png))):
             p.error(f"--png: the directory of {a.png!r} does not exist")
-    try:
-        keys = np.load(a.keys, allow_pickle=False)
-    except (OSError, ValueError, EOFError) as e:
-        p.error(f"keys: cannot read {a.keys} as a .npy file: {e}")
+    keys = _read_keys(p, a.keys)
     if not isinstance(keys, np.ndarray):
         p.error(f"keys: {a.keys} is an .npz archive; expected one .npy array")
     if not np.issubdtype(keys.dtype, np.integer):

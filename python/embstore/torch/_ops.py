@@ -43,6 +43,25 @@ def register(module: Any) -> int:
     return handle
 
 
+def _checked(inputs: "list[torch.Tensor | None]", values: bool) -> None:
+    """Refuses inputs no module call takes, naming them: none at all, no
+    ids first, and (``values``: a real call, not a shape-only one) meta
+    tensors, which hold no values to look up."""
+    if not isinstance(inputs, (list, tuple)) or not inputs or inputs[0] is None:
+        raise ValueError(
+            "inputs: expected the ids tensor first (then the module's other inputs), "
+            f"got {inputs!r}"
+        )
+    for i, t in enumerate(inputs):
+        if t is not None and not isinstance(t, torch.Tensor):
+            raise TypeError(f"inputs[{i}]: expected a tensor or None, got {type(t).__name__}")
+        if values and t is not None and t.device.type == "meta":
+            raise ValueError(
+                f"inputs[{i}]: a meta tensor holds no values to look up (call the module on "
+                "real tensors; torch.compile's fake tensors take the shape-only path)"
+            )
+
+
 def _module(handle: int) -> Any:
     module = _MODULES.get(handle)
     if module is None:
@@ -61,6 +80,7 @@ def _lookup(
     store: bool,
     spec: str,
 ) -> torch.Tensor:
+    _checked(inputs, values=True)
     out: torch.Tensor = _module(handle)._run(inputs, store, spec)
     return out
 
@@ -73,12 +93,16 @@ def _lookup_fake(
     store: bool,
     spec: str,
 ) -> torch.Tensor:
+    _checked(inputs, values=False)
     out: torch.Tensor = _module(handle)._empty(inputs, spec)
     return out
 
 
 @torch.library.custom_op("embstore::step", mutates_args=())
 def _step(grad: torch.Tensor, inputs: list[torch.Tensor | None], handle: int, spec: str) -> None:
+    _checked(inputs, values=True)
+    if grad.device.type == "meta":
+        raise ValueError("grad: a meta tensor holds no gradient to apply")
     _module(handle)._backward(inputs, grad, spec)
 
 
@@ -133,6 +157,7 @@ class _Eager(torch.autograd.Function):
         spec: str,
     ) -> torch.Tensor:
         ctx.module, ctx.inputs, ctx.spec = module, inputs, spec
+        _checked(inputs, values=True)
         out: torch.Tensor = module._run(inputs, store, spec)
         return out
 

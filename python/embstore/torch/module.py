@@ -307,6 +307,13 @@ class _TableState(nn.Module):
             if required:
                 missing_keys.extend(f"{prefix}{name}.{f}" for f in required)
                 continue
+            meta = [f for f, v in entries.items() if v.device.type == "meta"]
+            if meta:
+                error_msgs.append(
+                    f"{prefix}{name}.{meta[0]}: a meta tensor holds no values to load "
+                    "(materialize the state dict first)"
+                )
+                continue
             try:
                 table.load_state_dict({f: v.detach().cpu().numpy() for f, v in entries.items()})
             except (TypeError, ValueError) as e:

@@ -38,10 +38,21 @@
 //!    it first, before anything else, and the binding waits for it with
 //!    the GIL released and outside the call lock, so a save that waits for
 //!    another process's save holds nothing and never holds up `fork()`.
-//! 2. The binding's call lock (`embstore-py`, `runtime::CALLS`): shared by
+//! 2. A checkpoint directory's readers' lock (`table::checkpoint::dirlock`),
+//!    held shared by a reader: a load, `inspect`, a [`MappedTable`] while it
+//!    maps a manifest's files (on open and in `refresh`). Another process
+//!    can hold it, so it is taken before the call lock, with the GIL
+//!    released (the binding's `runtime::lock_for_reading`), and only by
+//!    polling for a bounded time (10 s; a follow thread its period): a wait
+//!    for it never holds up `fork()` and never hangs. Inside the core a
+//!    reader that holds none only tries it ([`Table::load_held`],
+//!    [`MappedTable::open_held`], [`MappedTable::refresh_held`]). A save
+//!    deletes old files only if it gets it exclusively without waiting,
+//!    else lists them for the next publish that does.
+//! 3. The binding's call lock (`embstore-py`, `runtime::CALLS`): shared by
 //!    every native call, exclusive only in the `fork()` prepare handler, so
 //!    that a process forks while no call is inside the core.
-//! 3. Table gates ([`Table`]'s `gate`), shared by every call that changes
+//! 4. Table gates ([`Table`]'s `gate`), shared by every call that changes
 //!    rows (lookups that insert, assigns, steps, removals,
 //!    evictions, `reserve`), exclusive for a snapshot (`export`, `save`;
 //!    an incremental save only while it copies its rows out)
@@ -49,12 +60,9 @@
 //!    (`table::step::bounds`: the rows are measured and the step dry-run first).
 //!    A call on several tables (a [`collection`] call) takes their gates in
 //!    ascending [`Table::id`], on the calling thread.
-//! 4. A checkpoint directory's readers' lock (`table::checkpoint::dirlock`): a load
-//!    holds it shared, and so does a [`MappedTable`] while it maps a
-//!    manifest's files (on open and in `refresh`, which takes its table's
-//!    refresh lock before it); a save deletes old files only if it gets it
-//!    exclusively without waiting.
-//! 5. Shard locks, by shard index, taken by writers and by the reads that
+//! 5. A mapped table's refresh lock (`mapped`: one refresh at a time),
+//!    taken inside the call lock, with the readers' lock already held.
+//! 6. Shard locks, by shard index, taken by writers and by the reads that
 //!    must see no writer (snapshots, training lookups); serving reads take
 //!    none, only trying a write lock to count touches (see "Consistency");
 //!    the queued touches are counted by whoever takes a write lock, and
@@ -75,13 +83,15 @@
 //!    locks of the shards it needs together, on the calling thread, having
 //!    only tried each (in index order, after trying its gate): it never
 //!    waits.
-//! 6. Leaf locks, never held while taking another or running parallel work:
-//!    the memo, the save marks, the per-shard slots of `FoundRows`, the
+//! 7. Leaf locks, never held while taking another or running parallel work:
+//!    the memo, the save marks (with the removal-log pins of saves in
+//!    flight), the per-shard slots of `FoundRows`, the
 //!    binding's output buffer pool, a mapped table's version (held to
 //!    clone or swap an `Arc`; the old version is dropped after), and a
 //!    mapped file's checksum check
-//!    (`mapped`: a `OnceLock` whose one checker only computes a CRC, so a
-//!    pool job that waits for it waits for no pool work and no lock).
+//!    (`mapped`: a `OnceLock` whose one checker computes a CRC and runs the
+//!    loader's checks of the file, with no pool work and no lock, so a pool
+//!    job that waits for it waits for neither).
 //!
 //! The rule behind the order: no thread waits for pool work while holding a
 //! lock that a pool job might wait for. Gates are never taken inside a job,
