@@ -81,7 +81,18 @@ impl MappedFile {
     /// Passes once the file's bytes match its manifest checksum and hold
     /// what a load requires of them ([`check_rows`]: the same check, so a
     /// file a load refuses is refused here, before any answer from it).
+    #[inline]
     fn check(&self) -> Result<()> {
+        // Every read checks its file: once passed, one load and a compare.
+        if matches!(self.checked.get(), Some(Ok(()))) {
+            return Ok(());
+        }
+        self.check_now()
+    }
+
+    /// [`MappedFile::check`] past its fast path: the check itself, run once.
+    #[cold]
+    fn check_now(&self) -> Result<()> {
         let res = self.checked.get_or_init(|| {
             let got = crc32c::crc32c(&self.map);
             if got != self.entry.crc32c {
