@@ -498,6 +498,20 @@ impl Table {
         self.len() == 0
     }
 
+    /// Bytes held: as [`Table::stats`]'s `bytes`, without the counters.
+    pub(crate) fn bytes_held(&self) -> usize {
+        let fixed = std::mem::size_of::<Self>()
+            + self.shards.len() * std::mem::size_of::<CachePadded<RwLock<Shard>>>();
+        let shards: usize = self.shards.iter().map(|s| read(s).bytes()).sum();
+        let memo = self
+            .memo
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .as_ref()
+            .map_or(0, Memo::bytes);
+        fixed + shards + memo
+    }
+
     /// Rows, bytes and per-shard rows.
     pub fn stats(&self) -> Stats {
         let mut shard_rows = Vec::with_capacity(self.shards.len());
