@@ -55,7 +55,7 @@ def test_interleaved_saves_to_four_paths_lose_no_removal(tmp_path: pathlib.Path)
     ]
     for th in threads:
         th.start()
-    time.sleep(4)
+    time.sleep(2.5)
     stop.set()
     for th in threads:
         th.join(60)

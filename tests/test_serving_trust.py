@@ -284,7 +284,7 @@ def test_a_held_readers_lock_never_holds_up_fork_and_the_follower_reports_it(
     follower = embstore.Table.load(ckpt, mmap=True, follow=0.2)
     ctx = mp.get_context("spawn")
     ready = ctx.Event()
-    holder = ctx.Process(target=_hold_exclusively, args=(str(ckpt / ".embstore-lock"), 4.0, ready))
+    holder = ctx.Process(target=_hold_exclusively, args=(str(ckpt / ".embstore-lock"), 2.5, ready))
     holder.start()
     try:
         assert ready.wait(30)
