@@ -18,7 +18,13 @@ pub(crate) const INDEX_FORMAT: &str = "embstore-index-1";
 /// most 3/4 full, and more than 3/8: 21 to 43 bytes a row on disk), and at
 /// least 8.
 pub(crate) fn slots_for(n: usize) -> usize {
-    (n + n / 3 + 1).next_power_of_two().max(8)
+    // Saturating: `n` may come from a crafted manifest (a count no file
+    // holds, refused when the shapes are compared).
+    n.saturating_add(n / 3)
+        .saturating_add(1)
+        .checked_next_power_of_two()
+        .unwrap_or(usize::MAX)
+        .max(8)
 }
 
 /// The index of `keys` (distinct; row `r` holds `keys[r]`), as slots of
@@ -213,6 +219,14 @@ mod tests {
         assert!(check(&dup, &index_of(&dup), (1, 3)).is_err());
         // An index of the wrong size.
         assert!(check(&keys, &ix[..ix.len() / 2], (1, 3)).is_err());
+    }
+
+    #[test]
+    fn slots_for_a_crafted_count_saturates_instead_of_overflowing() {
+        assert_eq!(slots_for(0), 8);
+        assert_eq!(slots_for(6), 16);
+        assert_eq!(slots_for(usize::MAX), usize::MAX);
+        assert_eq!(slots_for(usize::MAX / 2), usize::MAX);
     }
 
     #[test]
