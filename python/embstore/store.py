@@ -166,7 +166,9 @@ class Table:
         state, 16 bytes of metadata, an 8-byte tag and 43 bytes of index
         (``stats()["row_cost"]``): the table keeps at most
         ``capacity_bytes // row_cost`` rows, evicting as ``capacity`` does
-        (with both set, the lower bound holds).
+        (with both set, the lower bound holds), and fewer where what it
+        holds in all (``stats()["bytes"]``: its indexes as they are, its
+        own structures) would pass ``capacity_bytes``.
     eviction:
         Scores for capacity eviction: "lfu" (fewest touches go first, then
         least recent, then smallest key) or "lru" (least recent first, then
