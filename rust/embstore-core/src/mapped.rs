@@ -32,10 +32,9 @@ use crate::simd::Backend;
 use crate::table::Missing;
 use crate::table::checkpoint::dirlock::{self, DirLock};
 use crate::table::checkpoint::file_index::{self, INDEX_FORMAT};
-use crate::table::checkpoint::files::{io_err, with_file};
+use crate::table::checkpoint::files::{io_err, open_named, with_file};
 use crate::table::checkpoint::manifest::{FileEntry, Manifest, read_manifest};
 use crate::table::checkpoint::tensors::{check_rows, parse_removed, rows_dtype};
-use crate::table::checkpoint::untrusted;
 use crate::table::checks::check_len;
 use crate::zeroed::{with_room, zeros};
 use hashbrown::HashTable;
@@ -305,13 +304,7 @@ fn map_file(
     format: RowFormat,
 ) -> Result<(MappedFile, usize, usize)> {
     let path = dir.join(&e.name);
-    let file = untrusted::open_in(dir, &e.name).map_err(|err| {
-        if err.kind() == std::io::ErrorKind::InvalidInput {
-            ckpt_err(dir, err.to_string())
-        } else {
-            io_err(&path, "cannot open", &err)
-        }
-    })?;
+    let file = open_named(dir, &e.name, "cannot open")?;
     let size = file
         .metadata()
         .map_err(|err| io_err(&path, "cannot stat", &err))?

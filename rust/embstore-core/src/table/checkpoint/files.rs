@@ -154,6 +154,24 @@ fn open_err(path: &Path, missing: &str, e: &std::io::Error) -> StoreError {
     io_err(path, what, e)
 }
 
+/// Opens the file `name` that a manifest of the checkpoint at `dir` names,
+/// through the one checked way ([`untrusted::open_in`]: a plain name
+/// inside `dir`), so nothing outside the directory is read or described;
+/// `missing` says what a missing or unreadable file is.
+///
+/// # Errors
+/// `Checkpoint`: a name that is not plain (naming the directory only), or
+/// the open's error (naming the file).
+pub(crate) fn open_named(dir: &Path, name: &str, missing: &str) -> Result<std::fs::File> {
+    untrusted::open_in(dir, name).map_err(|err| {
+        if err.kind() == std::io::ErrorKind::InvalidInput {
+            ckpt_err(dir, err.to_string())
+        } else {
+            open_err(&dir.join(name), missing, &err)
+        }
+    })
+}
+
 /// [`read_regular_into`] of the file `f`, open at `path`.
 fn read_open_into(
     f: std::fs::File,
@@ -189,15 +207,7 @@ pub(crate) fn read_checked_into(
     progress: Option<&AtomicU64>,
     buf: &mut Vec<u8>,
 ) -> Result<()> {
-    // Opened through the one checked way (a plain name inside `dir`), so
-    // nothing outside the directory is read or described.
-    let f = untrusted::open_in(dir, &e.name).map_err(|err| {
-        if err.kind() == std::io::ErrorKind::InvalidInput {
-            ckpt_err(dir, err.to_string())
-        } else {
-            open_err(&dir.join(&e.name), "missing or unreadable", &err)
-        }
-    })?;
+    let f = open_named(dir, &e.name, "missing or unreadable")?;
     let path = dir.join(&e.name);
     let size_err = |len: u64| {
         (len != e.bytes).then(|| {
