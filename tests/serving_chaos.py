@@ -37,6 +37,7 @@ import numpy as np
 
 KEYS = 2_000
 DIM = 8
+SHARDS = 4
 MARKER = -1
 
 
@@ -59,7 +60,7 @@ def _trainer(path: str, full_every: int) -> None:
         t = embstore.Table.load(path)
         v = int(t.lookup(np.array([MARKER]), insert=False)[0, 0])
     else:
-        t = embstore.Table(DIM, optimizer=optim.SGD(lr=0.1), num_shards=4, seed=5)
+        t = embstore.Table(DIM, optimizer=optim.SGD(lr=0.1), num_shards=SHARDS, seed=5)
         t.assign(keys, np.zeros((KEYS, DIM), np.float32))
         t.assign(np.array([MARKER]), np.zeros((1, DIM), np.float32))
         t.save(path, with_optimizer=False)
@@ -129,16 +130,29 @@ def _reader(path: str, seconds: float, out: str, fork_at: float | None) -> None:
         os.waitpid(child, 0)
 
 
-def _files(path: str) -> tuple[int, int]:
-    """Checkpoint files in ``path`` and how many the manifest names."""
+def _files(path: str) -> tuple[int, int, dict[str, int]]:
+    """Checkpoint files in ``path``, how many the manifest names, and what
+    the rest are (listed for deletion as kept for a reader, or neither:
+    a publish in flight or a killed one's leftovers)."""
     try:
         names = os.listdir(path)
         m = json.loads(pathlib.Path(path, "manifest.json").read_text())
     except (OSError, ValueError):
-        return 0, 0
-    named = sum(len(link["files"]) + (link["removed"] is not None) for link in m["chain"])
-    held = sum(n.endswith(".safetensors") for n in names)
-    return held, named
+        return 0, 0, {}
+    try:
+        retired = set(pathlib.Path(path, ".embstore-retired").read_text().split())
+    except OSError:
+        retired = set()
+    named_set = {f["name"] for link in m["chain"] for f in link["files"]} | {
+        link["removed"]["name"] for link in m["chain"] if link["removed"] is not None
+    }
+    held = [n for n in names if n.endswith(".safetensors")]
+    parts = {
+        "named": sum(n in named_set for n in held),
+        "retired": sum(n in retired and n not in named_set for n in held),
+        "other": sum(n not in named_set and n not in retired for n in held),
+    }
+    return len(held), len(named_set), parts
 
 
 def run(seconds: float, root: pathlib.Path, seed: int, readers: int = 3) -> dict[str, Any]:
@@ -160,18 +174,22 @@ def run(seconds: float, root: pathlib.Path, seed: int, readers: int = 3) -> dict
     for p in procs:
         p.start()
     kills = worst_held = samples = longest = 0
+    worst_parts: dict[str, int] = {}
     end = time.monotonic() + seconds
     next_kill = time.monotonic() + rng.uniform(1, 4)
     while time.monotonic() < end:
         time.sleep(0.1)
-        held, named = _files(path)
+        held, named, parts = _files(path)
         if named:
-            # The bound: twice the longest chain's files (a publish's new
-            # files and those kept for a reader, beside the chain), judged
-            # at the end.
+            # The bound, judged at the end: the chain, the chain it
+            # replaced (kept for a reader that held the directory through
+            # a publish's clean-up wait), a publish in flight and a killed
+            # publish's leftovers (one link each: a file per shard and the
+            # removals' file).
             samples += 1
             longest = max(longest, named)
-            worst_held = max(worst_held, held)
+            if held > worst_held:
+                worst_held, worst_parts = held, parts
         if time.monotonic() > next_kill:
             os.kill(trainer.pid, signal.SIGKILL)  # type: ignore[arg-type]
             trainer.join(30)
@@ -207,8 +225,10 @@ def run(seconds: float, root: pathlib.Path, seed: int, readers: int = 3) -> dict
         "calls": sum(r["calls"] for r in results),
         "hangs": hangs,
         "worst_files": worst_held,
+        "worst_files_were": worst_parts,
         "longest_chain_files": longest,
-        "worst_beyond_bound": max(0, worst_held - 2 * longest),
+        "bound": 2 * longest + 2 * (SHARDS + 1),
+        "worst_beyond_bound": max(0, worst_held - 2 * longest - 2 * (SHARDS + 1)),
         "file_samples": samples,
     }
 

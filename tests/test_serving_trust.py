@@ -190,6 +190,26 @@ def test_files_with_swapped_shard_numbers_are_refused_by_both(tmp_path: pathlib.
     assert_refused(map_err, "shard")
 
 
+def test_a_link_whose_files_disagree_on_the_shard_count_is_refused_by_both(
+    tmp_path: pathlib.Path,
+) -> None:
+    # Shard 0 of 2 relabelled "shard 0 of 1": the file alone is consistent
+    # (every key is of shard 0 of 1), the link is not (found by the
+    # crafted-files property test: the load served it, the mapped read
+    # refused it).
+    ckpt = tmp_path / "ckpt"
+    saved(ckpt, num_shards=2)
+    a, _ = row_files(ckpt)
+
+    def one_shard(t: dict[str, np.ndarray], meta: dict[str, str]) -> None:
+        meta["num_shards"] = "1"
+
+    rewrite_file(ckpt, a, one_shard)
+    load_err, map_err = both(ckpt)
+    assert_refused(load_err, "its link's other files")
+    assert_refused(map_err, "its link's other files")
+
+
 def test_a_manifest_understating_its_rows_is_refused_by_both(tmp_path: pathlib.Path) -> None:
     ckpt = tmp_path / "ckpt"
     saved(ckpt)
@@ -329,15 +349,27 @@ def test_a_held_readers_lock_never_holds_up_fork_and_the_follower_reports_it(
 
 def test_a_refresh_gives_up_on_a_held_lock_after_its_wait(tmp_path: pathlib.Path) -> None:
     ckpt = tmp_path / "ckpt"
-    saved(ckpt)
+    t = saved(ckpt)
     mapped = embstore.Table.load(ckpt, mmap=True)
     with open(ckpt / ".embstore-lock", "rb") as f:
         # Another open file description: an flock here excludes this process too.
+        fcntl.flock(f, fcntl.LOCK_EX)
+        # Nothing published since the open: a refresh reads no file and
+        # takes no lock, so the held lock keeps nothing out.
+        start = time.monotonic()
+        assert mapped._inner.refresh(0.3) is False
+        assert time.monotonic() - start < 0.25
+        # A publish (written past the lock, as a writer's rename goes past
+        # it): now a refresh must read, and gives up on the lock in time.
+        fcntl.flock(f, fcntl.LOCK_UN)
+        t.lookup(np.arange(1000, 1010))
+        t.save(ckpt, incremental=True)
         fcntl.flock(f, fcntl.LOCK_EX)
         start = time.monotonic()
         with pytest.raises(embstore.CheckpointError, match="readers' lock"):
             mapped._inner.refresh(0.3)
         assert time.monotonic() - start < 5
+    assert mapped.refresh() is True
     assert mapped.refresh() is False
 
 

@@ -168,7 +168,9 @@ class MappedTable:
         or last refreshed (see the module docs); returns whether anything
         was. A damaged publish raises :class:`embstore.CheckpointError` and
         the table goes on serving the version it served; so does a
-        directory whose readers' lock another process holds for over 10 s."""
+        directory whose readers' lock another process holds for over 10 s.
+        With nothing published (the manifest reads as before) it returns
+        False at once and takes no lock."""
         return bool(self._inner.refresh())
 
     @property

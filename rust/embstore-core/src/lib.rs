@@ -33,12 +33,12 @@
 //! crate (and of the binding) is in it. A thread that holds a lock takes
 //! only locks further down the list.
 //!
-//! 1. A checkpoint directory's writers' lock (`table::checkpoint::dirlock`, taken by
+//! 1. A checkpoint directory's writers' lock (`format::dirlock`, taken by
 //!    [`table::checkpoint::lock_for_writing`]): a save or a publish takes
 //!    it first, before anything else, and the binding waits for it with
 //!    the GIL released and outside the call lock, so a save that waits for
 //!    another process's save holds nothing and never holds up `fork()`.
-//! 2. A checkpoint directory's readers' lock (`table::checkpoint::dirlock`),
+//! 2. A checkpoint directory's readers' lock (`format::dirlock`),
 //!    held shared by a reader: a load, `inspect`, a [`MappedTable`] while it
 //!    maps a manifest's files (on open and in `refresh`). Another process
 //!    can hold it, so it is taken before the call lock, with the GIL
@@ -116,15 +116,19 @@
 
 pub mod curve;
 pub mod error;
+pub mod format;
 pub mod hash;
 pub mod init;
 pub mod mapped;
 pub mod optim;
 pub mod partition;
 pub mod policy;
+pub mod rows;
 pub mod simd;
 pub mod strings;
 pub mod table;
+#[cfg(test)]
+pub(crate) mod testing;
 pub mod unique;
 pub mod vocab;
 pub mod zeroed;
@@ -134,6 +138,7 @@ pub use init::Initializer;
 pub use mapped::MappedTable;
 pub use optim::Optimizer;
 pub use policy::{Admission, Eviction, Policy, RowFormat};
+pub use rows::Missing;
 pub use simd::{Backend, Isa};
 pub use table::step::collection;
-pub use table::{Bags, Combiner, Missing, Stats, Table, TableConfig};
+pub use table::{Bags, Combiner, Stats, Table, TableConfig};

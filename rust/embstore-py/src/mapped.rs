@@ -50,6 +50,10 @@ impl PyMappedTable {
             })?,
         };
         let table = &self.inner;
+        // Nothing published since: no lock taken (a follower polls often).
+        if py.detach(|| table.unchanged()) {
+            return Ok(false);
+        }
         let held = lock_for_reading(py, table.dir(), wait)?;
         py.enter_store(|| table.refresh_held(held))
     }

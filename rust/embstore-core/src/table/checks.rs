@@ -2,54 +2,17 @@
 //! values, bounded gradient sums, lengths, and the transient memory a call
 //! needs.
 
-use crate::error::{Result, StoreError, invalid, oom};
+use crate::error::{Result, invalid, oom};
+pub(crate) use crate::rows::check_len;
+pub use crate::rows::{check_finite, check_finite_max};
 use crate::table::storage::pages;
 use rayon::iter::{IndexedParallelIterator, IntoParallelRefIterator, ParallelIterator};
-use rayon::prelude::{ParallelSlice, ParallelSliceMut};
-
-/// Fails with the flat index of the first non-finite value.
-pub fn check_finite(arg: &'static str, data: &[f32]) -> Result<()> {
-    check_finite_max(arg, data).map(|_| ())
-}
+use rayon::prelude::ParallelSliceMut;
 
 /// The summed gradient of one key may not exceed this in magnitude: beyond
 /// it the squared-gradient state of Adagrad, Adam and FTRL overflows
 /// float32 (1e18 squared is 1e36, float32's largest value about 3.4e38).
 pub const MAX_GRAD_SUM: f64 = 1e18;
-
-/// [`check_finite`] that also returns the largest magnitude in `data`.
-pub fn check_finite_max(arg: &'static str, data: &[f32]) -> Result<f32> {
-    const CHUNK: usize = 1 << 16;
-    // A branch-free scan in the CPU's widest vectors: the largest
-    // magnitude's bits; an exponent of all ones is NaN/inf.
-    let backend = crate::simd::Backend::best();
-    let top = if data.len() <= CHUNK {
-        backend.max_magnitude_bits(data)
-    } else {
-        data.par_chunks(CHUNK)
-            .map(|c| backend.max_magnitude_bits(c))
-            .reduce(|| 0, std::cmp::Ord::max)
-    };
-    if top < 0x7F80_0000 {
-        return Ok(f32::from_bits(top));
-    }
-    let bad = |c: &[f32]| c.iter().any(|v| !v.is_finite());
-    let first_bad_chunk = data.par_chunks(CHUNK).position_first(bad);
-    match first_bad_chunk {
-        None => Ok(f32::from_bits(top)),
-        Some(c) => {
-            let start = c * CHUNK;
-            let offset = data[start..]
-                .iter()
-                .position(|v| !v.is_finite())
-                .expect("the chunk holds a non-finite value");
-            Err(StoreError::NonFinite {
-                arg,
-                index: start + offset,
-            })
-        }
-    }
-}
 
 /// Refuses a gradient call whose summed gradient of some key would exceed
 /// [`MAX_GRAD_SUM`] in magnitude. Position `i` of `keys` contributes at most
@@ -122,14 +85,6 @@ pub(crate) fn check_transient(arg: &'static str, n: usize) -> Result<()> {
     match pages::available_memory() {
         Some(avail) if need > avail => Err(oom(arg, need)),
         _ => Ok(()),
-    }
-}
-
-pub(crate) fn check_len(arg: &'static str, expected: usize, got: usize) -> Result<()> {
-    if expected == got {
-        Ok(())
-    } else {
-        Err(StoreError::ShapeMismatch { arg, expected, got })
     }
 }
 

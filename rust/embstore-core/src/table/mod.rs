@@ -15,6 +15,7 @@
 //! reserve, remove), `policy` (TTL and capacity eviction), [`checkpoint`],
 //! and the checks and counters every call shares.
 
+pub(crate) mod batch;
 pub mod checkpoint;
 pub(crate) mod checks;
 pub(crate) mod counters;
@@ -29,19 +30,22 @@ use crate::init::Initializer;
 use crate::optim::Optimizer;
 use crate::policy::{Admission, Policy, RowFormat, Sketch};
 use crate::simd::Backend;
-use checks::check_len;
+use batch::found::Memo;
 use counters::Counters;
 use crossbeam_utils::CachePadded;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{PoisonError, RwLock, RwLockReadGuard};
 use step::bounds::Bounds;
-use step::found::Memo;
 use storage::{Shard, read};
 
+pub use crate::format::{MAX_SHARDS, MAX_STEP};
+pub use crate::rows::Missing;
+pub(crate) use crate::rows::NO_ROW;
+pub use batch::bags::{Bags, Combiner};
 pub use checks::{MAX_GRAD_SUM, check_finite, check_finite_max};
 pub use counters::{COUNTER_NAMES, NamedCounts};
 pub use read::export::Exported;
-pub use read::pooled::{Bags, Combiner, pool_rows, pool_rows_into};
+pub use read::pooled::{pool_rows, pool_rows_into};
 pub use step::bounds::Magnitudes;
 pub use step::pooled::{spread_pooled, spread_pooled_add};
 
@@ -49,72 +53,6 @@ thread_local! {
     /// A row of floats for encoding new compact rows.
     static SCRATCH: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
 }
-
-/// What a lookup returns for a key that has no row and gets none.
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
-pub enum Missing<'a> {
-    /// The row the initializer would give the key (a pure function of
-    /// seed, key and column), as before a first training step.
-    #[default]
-    Init,
-    /// Zeros (serving: an unknown id contributes nothing to a sum).
-    Zeros,
-    /// This row (`dim` floats).
-    Row(&'a [f32]),
-}
-
-impl Missing<'_> {
-    /// Checks a default for missing keys: a given row has `dim` finite
-    /// floats.
-    ///
-    /// # Errors
-    /// `ShapeMismatch` or `InvalidArgument`, naming `default`.
-    pub(crate) fn check(self, dim: usize) -> Result<()> {
-        if let Missing::Row(row) = self {
-            check_len("default", dim, row.len())?;
-            if row.iter().any(|v| !v.is_finite()) {
-                return Err(invalid("default", "expected finite values"));
-            }
-        }
-        Ok(())
-    }
-
-    /// What a key without a row reads as, into `dst` (`dim` floats): the
-    /// row `initializer` gives it under `seed` (rounded to `format`),
-    /// zeros or the given row.
-    #[inline]
-    pub(crate) fn fill(
-        self,
-        initializer: &Initializer,
-        backend: Backend,
-        seed: u64,
-        format: RowFormat,
-        key: i64,
-        dst: &mut [f32],
-    ) {
-        match self {
-            Missing::Init => {
-                initializer.fill_with(backend, seed, key, dst);
-                format.round(dst);
-            }
-            Missing::Zeros => dst.fill(0.0),
-            Missing::Row(row) => dst.copy_from_slice(row),
-        }
-    }
-}
-
-/// A row slot meaning "no row": a key that is absent (not found, or not
-/// admitted) in the per-shard row lists of a plan, the memo and the pooled
-/// passes.
-pub(crate) const NO_ROW: u32 = u32::MAX;
-
-/// The largest step count a table reaches (`i64::MAX`: steps travel as
-/// signed 64-bit integers through MPI and JSON readers). A gradient call on
-/// a table at this step is refused instead of wrapping to 0.
-pub const MAX_STEP: u64 = i64::MAX as u64;
-
-/// The most shards a table may have.
-pub const MAX_SHARDS: usize = 1 << 16;
 
 /// How a [`Table`] is built.
 #[derive(Debug, Clone)]
@@ -192,7 +130,7 @@ pub struct Table {
     /// moves it on (incremental checkpoints write the rows of one generation).
     generation: AtomicU32,
     /// Where this table was last saved (incremental saves continue there).
-    last_save: checkpoint::manifest::LastSave,
+    last_save: crate::format::manifest::LastSave,
     /// The last lookup's rows, for the gradient call that follows it.
     memo: std::sync::Mutex<Option<Memo>>,
     /// Bounds on the magnitudes the rows hold (see `bounds`).
@@ -433,7 +371,7 @@ impl Table {
     /// waiting: a shard whose write lock is free has them counted now, a
     /// shard a writer holds has them queued on its view for the lock's next
     /// holder ([`storage::shard::Reads`]). Nothing for other tables.
-    pub(crate) fn record_reads(&self, keys: &[i64], plan: &read::plan::Plan) {
+    pub(crate) fn record_reads(&self, keys: &[i64], plan: &batch::plan::Plan) {
         if !self.policy.tracks() {
             return;
         }
@@ -448,7 +386,7 @@ impl Table {
                 g.count_reads();
                 for (key, hash) in pos.iter().map(key_of) {
                     if let Some(r) = g.find(key, hash) {
-                        g.arena.touch(r, tick, step, 1);
+                        g.touch(r, tick, step, 1);
                     }
                 }
                 continue;
@@ -606,45 +544,12 @@ impl Table {
 /// A writer call's hold of its table's gate ([`Table::enter`]). On
 /// release, on the calling thread and outside any parallel job, it frees
 /// what the call's writers replaced (an index grown, a segment emptied) once
-/// no reader can hold it (`storage::index::reclaim_pending`), so resident
+/// no reader can hold it (`storage::memory::reclaim_pending`), so resident
 /// memory follows `stats()["bytes"]` when the call returns.
 pub(crate) struct Entered<'a>(#[allow(dead_code)] RwLockReadGuard<'a, ()>);
 
 impl Drop for Entered<'_> {
     fn drop(&mut self) {
-        storage::index::reclaim_pending();
-    }
-}
-
-#[cfg(test)]
-pub(crate) mod test_support {
-    use super::*;
-
-    /// A table of `dim` columns, `shards` shards, seed 7 and `optimizer`.
-    pub(crate) fn table(dim: usize, shards: usize, optimizer: Option<Optimizer>) -> Table {
-        let mut cfg = TableConfig::new(dim);
-        cfg.optimizer = optimizer;
-        cfg.seed = 7;
-        cfg.num_shards = Some(shards);
-        Table::new(cfg).unwrap()
-    }
-
-    /// SGD with learning rate `lr`.
-    pub(crate) fn sgd(lr: f64) -> Option<Optimizer> {
-        Some(Optimizer::Sgd {
-            lr,
-            weight_decay: 0.0,
-        })
-    }
-
-    /// A fresh directory under the system's temporary directory.
-    pub(crate) fn temp_dir(tag: &str) -> std::path::PathBuf {
-        static N: AtomicU64 = AtomicU64::new(0);
-        let n = N.fetch_add(1, Ordering::Relaxed);
-        let dir =
-            std::env::temp_dir().join(format!("embstore-unit-{tag}-{}-{n}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        dir
+        storage::memory::reclaim_pending();
     }
 }

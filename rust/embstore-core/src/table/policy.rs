@@ -1,7 +1,7 @@
 //! Eviction: TTL and capacity (LFU / LRU), after calls and on demand.
 
+use crate::table::batch::output::{SharedBools, SharedOut};
 use crate::table::counters::Counters;
-use crate::table::read::output::{SharedBools, SharedOut};
 use crate::table::{Table, read};
 use rayon::iter::{IntoParallelRefIterator, ParallelIterator};
 
@@ -28,7 +28,7 @@ impl Table {
     /// room for it. Rows reserved beyond those held (`reserve`) are not
     /// given back by evicting: past two rounds it stops.
     fn enforce_bytes(&self, budget: u64) {
-        let row = read(&self.shards[0]).arena.row_bytes() as u64;
+        let row = read(&self.shards[0]).row_bytes() as u64;
         for _ in 0..2 {
             let held = self.bytes_held() as u64;
             let len = self.len();
@@ -58,7 +58,7 @@ impl Table {
                 let g = read(lock);
                 let mut v: Vec<_> = g
                     .keys_and_rows()
-                    .map(|(key, r)| ev.score(&g.arena.meta(r), key))
+                    .map(|(key, r)| ev.score(&g.meta(r), key))
                     .collect();
                 smallest(&mut v);
                 v
@@ -90,7 +90,7 @@ impl Table {
                 if let Some(r) = g.find(keys[i], plan.hashes[i]) {
                     if with_rows {
                         // SAFETY: position i belongs to this shard only (plan).
-                        self.read_weights(g.arena.weights(r), unsafe { out.row(i, dim) });
+                        self.read_weights(g.weights(r), unsafe { out.row(i, dim) });
                     }
                     g.remove(keys[i], plan.hashes[i]);
                     // SAFETY: i < found.len(); position i is this shard's only.
@@ -133,7 +133,7 @@ impl Table {
                 .flat_map_iter(|lock| {
                     let g = read(lock);
                     g.keys_and_rows()
-                        .filter(|&(_, r)| policy.expired(&g.arena.meta(r), now))
+                        .filter(|&(_, r)| policy.expired(&g.meta(r), now))
                         .map(|(key, _)| key)
                         .collect::<Vec<_>>()
                 })
@@ -167,8 +167,8 @@ impl Table {
 #[cfg(test)]
 mod tests {
     use crate::policy::Eviction;
-    use crate::table::test_support::sgd;
     use crate::table::{Table, TableConfig};
+    use crate::testing::sgd;
 
     fn table(capacity: Option<usize>, ttl: Option<u64>) -> Table {
         let mut cfg = TableConfig::new(2);

@@ -144,8 +144,8 @@ impl Table {
                 });
                 if track {
                     match meta {
-                        Some(m) => *g.arena.meta_mut(r) = Meta::from_words(&m[i * 4..i * 4 + 4]),
-                        None => g.arena.touch(r, tick, step, 1),
+                        Some(m) => *g.meta_mut(r) = Meta::from_words(&m[i * 4..i * 4 + 4]),
+                        None => g.touch(r, tick, step, 1),
                     }
                 }
                 if !written {
@@ -202,7 +202,7 @@ impl Table {
         let n = self.shards.len();
         let mean = additional.div_ceil(n);
         let per = mean + 4 * (mean as f64).sqrt().ceil() as usize;
-        let row_bytes = read(&self.shards[0]).arena.row_bytes();
+        let row_bytes = read(&self.shards[0]).row_bytes();
         let need = (per as u128) * (n as u128) * (row_bytes as u128);
         // Writers take the gate first (the crate's lock order), so that a
         // snapshot holding it exclusively never waits for this.
@@ -251,7 +251,7 @@ impl Table {
 #[cfg(test)]
 mod tests {
     use crate::optim::Optimizer;
-    use crate::table::test_support::table;
+    use crate::testing::table;
 
     fn adagrad() -> Option<Optimizer> {
         Some(Optimizer::Adagrad {

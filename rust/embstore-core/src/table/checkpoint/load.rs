@@ -2,16 +2,14 @@
 //! table; and `verify`, which checks without loading.
 
 use crate::error::{Result, StoreError, ckpt_err};
+use crate::format::dirlock::{self, DirLock};
+use crate::format::files::{io_err, with_file};
+use crate::format::manifest::{FileEntry, Manifest, SaveMark, parse_manifest, read_manifest};
+use crate::format::tensors::{
+    check_rows, expect_tensor, i64s, parse_removed, parse_rows, same_shard_count,
+};
 use crate::init::Initializer;
 use crate::optim::Optimizer;
-use crate::table::checkpoint::dirlock::{self, DirLock};
-use crate::table::checkpoint::files::{io_err, with_file};
-use crate::table::checkpoint::manifest::{
-    FileEntry, Manifest, SaveMark, parse_manifest, read_manifest,
-};
-use crate::table::checkpoint::tensors::{
-    check_rows, expect_tensor, i64s, parse_removed, parse_rows,
-};
 use crate::table::{Table, TableConfig};
 use rayon::iter::{IntoParallelRefIterator, ParallelIterator};
 use safetensors::tensor::{Dtype, SafeTensors};
@@ -132,18 +130,31 @@ impl Table {
                     .chain(l.files.iter().map(move |f| (i, f, false)))
             })
             .collect();
-        files
+        let counts = files
             .par_iter()
-            .try_for_each(|&(_, e, removed)| -> Result<()> {
+            .map(|&(_, e, removed)| -> Result<Option<usize>> {
                 let path = dir.join(&e.name);
                 with_file(dir, e, progress, |buf| {
                     if removed {
-                        parse_removed(&path, e, buf).map(|_| ())
+                        parse_removed(&path, e, buf).map(|_| None)
                     } else {
                         check_rows(&m, &path, e, buf)
                     }
                 })
-            })?;
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let paths: Vec<std::path::PathBuf> =
+            files.iter().map(|(_, e, _)| dir.join(&e.name)).collect();
+        for link in 0..m.chain.len() {
+            same_shard_count(
+                files
+                    .iter()
+                    .zip(&paths)
+                    .zip(&counts)
+                    .filter(|(((i, _, _), _), _)| *i == link)
+                    .map(|((_, p), &n)| (p.as_path(), n)),
+            )?;
+        }
 
         let mut cfg = TableConfig::new(m.dim);
         cfg.optimizer = m
@@ -254,7 +265,7 @@ pub fn verify(dir: &Path) -> Result<(Manifest, Vec<FileCheck>)> {
                 if e.name.ends_with("-removed.safetensors") {
                     parse_removed(&path, e, buf).map(|_| ())
                 } else {
-                    check_rows(&m, &path, e, buf)
+                    check_rows(&m, &path, e, buf).map(|_| ())
                 }
             });
             ((*e).clone(), r.err().map(|x| x.to_string()))
@@ -313,10 +324,10 @@ pub(crate) fn replay_count(dir: &Path, m: &Manifest) -> Result<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::format::manifest::read_manifest;
     use crate::optim::Optimizer;
     use crate::table::Table;
-    use crate::table::checkpoint::manifest::read_manifest;
-    use crate::table::test_support::{table, temp_dir};
+    use crate::testing::{table, temp_dir};
 
     fn adam() -> Option<Optimizer> {
         Some(Optimizer::Adam {

@@ -23,23 +23,17 @@
 //! published like any save, so a reader or a crash always finds a whole
 //! checkpoint. Loading replays the chain.
 
-pub(crate) mod dirlock;
-pub(crate) mod file_index;
-pub(crate) mod files;
 pub(crate) mod load;
-pub(crate) mod manifest;
 pub(crate) mod publish;
 pub(crate) mod report;
 pub(crate) mod save;
-pub(crate) mod tensors;
-pub(crate) mod untrusted;
 
-pub use dirlock::{DirLock, READ_WAIT, reader_within as lock_for_reading};
-pub use files::new_id;
-pub use load::{FileCheck, verify};
-pub use manifest::{
+pub use crate::format::dirlock::{DirLock, READ_WAIT, reader_within as lock_for_reading};
+pub use crate::format::files::new_id;
+pub use crate::format::manifest::{
     FORMAT, FileEntry, Link, MANIFEST, Manifest, NamedConfig, PolicyConfig, SaveInfo, VERSION,
     parse_manifest, read_manifest, read_manifest_text,
 };
+pub use load::{FileCheck, verify};
 pub use publish::{hold_for_reading, lock_for_writing, publish_parts, remove_partial};
 pub use report::{Report, report};

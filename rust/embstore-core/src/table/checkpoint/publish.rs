@@ -2,13 +2,11 @@
 //! directory, and removing files no manifest names.
 
 use crate::error::{Result, ckpt_err};
+use crate::format::dirlock::{DirLock, READERS_LOCK};
+use crate::format::files::{fsync_dir, fsync_files, io_err, read_regular, write_synced};
+use crate::format::manifest::{FileEntry, Link, MANIFEST, Manifest, check_manifest, read_manifest};
+use crate::format::{dirlock, untrusted};
 use crate::table::Table;
-use crate::table::checkpoint::dirlock::{DirLock, READERS_LOCK};
-use crate::table::checkpoint::files::{fsync_dir, fsync_files, io_err, read_regular, write_synced};
-use crate::table::checkpoint::manifest::{
-    FileEntry, Link, MANIFEST, Manifest, check_manifest, read_manifest,
-};
-use crate::table::checkpoint::{dirlock, untrusted};
 use std::fs;
 use std::path::Path;
 
@@ -114,7 +112,7 @@ pub(crate) fn publish_locked(dir: &Path, manifest: &mut Manifest) -> Result<u64>
         return Err(io_err(dir, "cannot publish", &e));
     }
     fsync_dir(dir)?;
-    if let Some(_cleaner) = dirlock::cleaner(dir) {
+    if let Some(_cleaner) = dirlock::cleaner(dir, dirlock::CLEAN_WAIT) {
         remove_unreferenced(dir, manifest, previous.as_ref());
     } else if let Some(prev) = &previous {
         // A reader holds the directory: the replaced files stay for it,
@@ -311,8 +309,8 @@ pub(crate) fn remove_unreferenced(dir: &Path, m: &Manifest, previous: Option<&Ma
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::table::checkpoint::manifest::MANIFEST;
-    use crate::table::test_support::{sgd, table, temp_dir};
+    use crate::format::manifest::MANIFEST;
+    use crate::testing::{sgd, table, temp_dir};
 
     #[test]
     fn a_single_saves_files_are_told_from_a_parts() {

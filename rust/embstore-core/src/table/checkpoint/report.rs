@@ -3,8 +3,8 @@
 //! next to the manifest, so that nothing outside the core reads its layout.
 
 use crate::error::Result;
+use crate::format::manifest::{FileEntry, NamedConfig};
 use crate::table::checkpoint::load::verify;
-use crate::table::checkpoint::manifest::{FileEntry, NamedConfig};
 use std::path::Path;
 
 /// `v` as Python's `{:g}` would print a parameter (e.g. `0.001`, `1e-10`).
@@ -136,7 +136,7 @@ pub fn report(dir: &Path) -> Result<Report> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::table::test_support::{sgd, table, temp_dir};
+    use crate::testing::{sgd, table, temp_dir};
 
     #[test]
     fn numbers_print_as_python_would() {

@@ -2,19 +2,19 @@
 //! or incremental, then published.
 
 use crate::error::{Result, ckpt_err};
-use crate::policy::{Policy, RowFormat};
-use crate::table::checkpoint::dirlock::DirLock;
-use crate::table::checkpoint::file_index;
-use crate::table::checkpoint::files::{Gathered, WRITE_BUFS, fsync_files, io_err, new_id};
-use crate::table::checkpoint::manifest::{
+use crate::format::dirlock::DirLock;
+use crate::format::file_index;
+use crate::format::files::{Gathered, WRITE_BUFS, fsync_files, io_err, new_id};
+use crate::format::manifest::{
     FILE_BYTES, FORMAT, FileEntry, Link, MANIFEST, MAX_MARKS, Manifest, NamedConfig, PolicyConfig,
     SaveInfo, SaveMark, VERSION, read_manifest,
 };
+use crate::format::tensors::{
+    Plain, TensorOut, rows_dtype, write_safetensors, write_safetensors_with,
+};
+use crate::policy::Policy;
 use crate::table::checkpoint::publish::{
     create_checkpoint_dir, is_ours, lock_for_writing, publish_locked, remove_partial,
-};
-use crate::table::checkpoint::tensors::{
-    Plain, TensorOut, rows_dtype, write_safetensors, write_safetensors_with,
 };
 use crate::table::storage::{Shard, pages, read};
 use crate::table::{Table, storage};
@@ -98,7 +98,7 @@ impl Table {
         // Sized once: a copy-out's buffers are new (growing them would copy
         // and fault their pages again at each doubling).
         let n = chunk.len();
-        let elem = if matches!(fmt, RowFormat::F32) { 4 } else { 2 };
+        let elem = fmt.item_bytes();
         out.keys.reserve(n);
         out.kb.reserve(n * 8);
         out.w.reserve(n * dim * elem);
@@ -110,16 +110,13 @@ impl Table {
         }
         for &(r, key) in chunk {
             out.keys.push(key);
-            let row = g.arena.weights(r);
-            match fmt {
-                RowFormat::F32 => f32::extend_le(&row[..dim], &mut out.w),
-                _ => u16::extend_le(&crate::policy::halves(row)[..dim], &mut out.w),
-            }
+            let row = g.weights(r);
+            fmt.extend_stored(row, dim, &mut out.w);
             if with_state {
-                f32::extend_le(g.arena.state(r), &mut out.st);
+                f32::extend_le(g.state(r), &mut out.st);
             }
             if with_meta {
-                u32::extend_le(&g.arena.meta(r).to_words(), &mut out.mb);
+                u32::extend_le(&g.meta(r).to_words(), &mut out.mb);
             }
         }
         i64::extend_le(&out.keys, &mut out.kb);
@@ -772,7 +769,7 @@ impl Kind {
 #[cfg(test)]
 mod tests {
     use super::{Kind, MAX_DELTAS, MAX_MARKS, SaveMark, fs, lock_for_writing, new_id, storage};
-    use crate::table::test_support::{sgd, table, temp_dir};
+    use crate::testing::{sgd, table, temp_dir};
 
     #[test]
     fn an_incremental_save_writes_only_the_changed_rows() {

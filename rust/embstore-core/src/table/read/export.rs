@@ -88,20 +88,20 @@ impl Table {
             meta.par_chunks_mut(4)
                 .zip(refs.par_iter())
                 .for_each(|(dst, &(_, s, r))| {
-                    dst.copy_from_slice(&guards[s as usize].arena.meta(r as usize).to_words());
+                    dst.copy_from_slice(&guards[s as usize].meta(r as usize).to_words());
                 });
         }
         rows.par_chunks_mut(dim)
             .zip(refs.par_iter())
             .for_each(|(dst, &(_, s, r))| {
-                self.read_weights(guards[s as usize].arena.weights(r as usize), dst);
+                self.read_weights(guards[s as usize].weights(r as usize), dst);
             });
         if with_state && sl > 0 {
             state
                 .par_chunks_mut(sl)
                 .zip(refs.par_iter())
                 .for_each(|(dst, &(_, s, r))| {
-                    dst.copy_from_slice(guards[s as usize].arena.state(r as usize));
+                    dst.copy_from_slice(guards[s as usize].state(r as usize));
                 });
         }
         Ok(Exported {
@@ -243,7 +243,7 @@ impl Table {
 #[cfg(test)]
 mod tests {
     use crate::table::storage::write;
-    use crate::table::test_support::{sgd, table};
+    use crate::testing::{sgd, table};
     use std::sync::{Arc, mpsc};
     use std::time::Duration;
 

@@ -5,16 +5,16 @@ use crate::error::Result;
 use crate::hash::shard_of;
 use crate::policy::RowFormat;
 use crate::simd::{copy_streaming, prefetch, stream_fence};
-use crate::table::checks::check_len;
-use crate::table::counters::Counters;
-use crate::table::read::output::{SharedBools, SharedOut};
-use crate::table::read::plan::{
+use crate::table::batch::Reserved;
+use crate::table::batch::found::FoundRows;
+use crate::table::batch::output::{SharedBools, SharedOut};
+use crate::table::batch::plan::{
     COPY_PREFETCH_KEYS, PREFETCH_AHEAD, Plan, SEQUENTIAL_KEYS, prefetches,
 };
-use crate::table::step::found::FoundRows;
-use crate::table::step::prepare::Reserved;
+use crate::table::checks::check_len;
+use crate::table::counters::Counters;
 use crate::table::storage::shard::{Probed, Shard, copy_racy, racy};
-use crate::table::storage::{arena, try_lock};
+use crate::table::storage::try_lock;
 use crate::table::{Missing, NO_ROW, Table};
 
 thread_local! {
@@ -61,7 +61,7 @@ impl Table {
         // replaces a training thread's.
         let found = insert.then(|| FoundRows::new(self.shards.len()));
         self.lookup_rows(keys, &plan, insert, found.as_ref(), |g, pos, rows| {
-            self.copy_rows(&g.arena, keys, pos, rows, out, missing);
+            self.copy_rows(g, keys, pos, rows, out, missing);
         })?;
         if let Some(found) = found {
             self.remember(plan, found);
@@ -193,7 +193,7 @@ impl Table {
             let len0 = g.len();
             g.insert_missing(keys, &plan.hashes, pos, save_gen, fill, &mut rows);
             g.release_pending(absent);
-            self.copy_rows(&g.arena, keys, pos, &rows, shared, missing);
+            self.copy_rows(g, keys, pos, &rows, shared, missing);
             self.count_lookups(g, pos.len(), &rows, len0);
             found.put(*s, g, rows);
         }
@@ -247,7 +247,7 @@ impl Table {
         }
         let _gate = self.lookup_changes(insert).then(|| self.enter());
         self.lookup_rows(keys, &plan, insert, None, |g, pos, rows| {
-            self.copy_rows(&g.arena, keys, pos, rows, out, Missing::Init);
+            self.copy_rows(g, keys, pos, rows, out, Missing::Init);
             if sl == 0 {
                 return;
             }
@@ -257,7 +257,7 @@ impl Table {
                 match (r, &self.optimizer) {
                     (NO_ROW, Some(o)) => o.init_state(dst),
                     (NO_ROW, None) => {}
-                    _ => dst.copy_from_slice(g.arena.state(r as usize)),
+                    _ => dst.copy_from_slice(g.state(r as usize)),
                 }
             }
         })?;
@@ -316,7 +316,7 @@ impl Table {
                 if track {
                     for &r in &rows {
                         if r != NO_ROW {
-                            g.arena.touch(r as usize, tick, step, 1);
+                            g.touch(r as usize, tick, step, 1);
                         }
                     }
                 }
@@ -436,7 +436,7 @@ impl Table {
     /// `NO_ROW`, writes the row key `keys[pos[j]]` would get.
     pub(crate) fn copy_rows(
         &self,
-        arena: &arena::Arena,
+        shard: &Shard,
         keys: &[i64],
         pos: &[u32],
         rows: &[u32],
@@ -457,13 +457,13 @@ impl Table {
                         && let Some(&ahead) = rows.get(j + PREFETCH_AHEAD)
                         && ahead != NO_ROW
                     {
-                        prefetch(arena.weights(ahead as usize));
+                        prefetch(shard.weights(ahead as usize));
                     }
                     let i = pos[j] as usize;
                     // SAFETY: position i belongs to this shard only (plan).
                     let dst = unsafe { out.row(i, dim) };
                     if rows[j] != NO_ROW {
-                        decode(arena.weights(rows[j] as usize), dst);
+                        decode(shard.weights(rows[j] as usize), dst);
                     } else {
                         self.fill_missing(keys[i], dst, missing);
                     }
@@ -517,10 +517,10 @@ impl Table {
 mod tests {
     use crate::error::StoreError;
     use crate::hash::{key_hash, shard_of};
-    use crate::table::read::plan::SEQUENTIAL_KEYS;
+    use crate::table::batch::plan::SEQUENTIAL_KEYS;
     use crate::table::storage::{read, write};
-    use crate::table::test_support::{sgd, table};
     use crate::table::{Missing, Table, TableConfig};
+    use crate::testing::{sgd, table};
 
     #[test]
     fn a_serving_lookup_now_reads_what_lookup_reads_even_while_a_writer_holds_its_shard() {

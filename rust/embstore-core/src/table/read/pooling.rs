@@ -6,9 +6,9 @@ use crate::Bags;
 use crate::hash::shard_of;
 use crate::policy::RowFormat;
 use crate::simd::{copy_streaming, prefetch_addr, stream_fence};
+use crate::table::batch::output::SharedOut;
+use crate::table::batch::plan::{SEQUENTIAL_KEYS, prefetches};
 use crate::table::counters::Counters;
-use crate::table::read::output::SharedOut;
-use crate::table::read::plan::{SEQUENTIAL_KEYS, prefetches};
 use crate::table::storage::shard::{Probed, Shard, View, copy_racy, racy};
 use crate::table::{Missing, NO_ROW, Table, read};
 use rayon::iter::{IntoParallelIterator, ParallelIterator};
@@ -137,7 +137,7 @@ impl Table {
         let rows: Vec<Option<&[f32]>> = (start..end)
             .map(|i| {
                 let (g, r) = locate(i);
-                (r != NO_ROW).then(|| g.arena.weights(r as usize))
+                (r != NO_ROW).then(|| g.weights(r as usize))
             })
             .collect();
         let ahead = prefetches(pool.ids.len(), SEQUENTIAL_KEYS);

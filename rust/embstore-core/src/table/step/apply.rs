@@ -5,9 +5,9 @@ use crate::error::{Result, StoreError, invalid};
 use crate::hash::{key_hash, shard_of};
 use crate::policy::{Admission, RowFormat};
 use crate::simd::{Backend, prefetch};
+use crate::table::batch::plan::{PREFETCH_AHEAD, SEQUENTIAL_STEP_KEYS, prefetches};
 use crate::table::checks::{check_finite_max, check_grad_sums, check_len};
 use crate::table::counters::Counters;
-use crate::table::read::plan::{PREFETCH_AHEAD, SEQUENTIAL_STEP_KEYS, prefetches};
 use crate::table::step::prepare::PreparedApply;
 use crate::table::storage::shard::Shard;
 use crate::table::{MAX_STEP, NO_ROW, Table, read};
@@ -234,8 +234,8 @@ impl Table {
                 while ahead && fetched < until {
                     prefetch(grad_of((pairs[fetched] & 0xFFFF_FFFF) as usize).0);
                     let ar = (pairs[fetched] >> 32) as usize;
-                    prefetch(g.arena.weights(ar));
-                    prefetch(g.arena.state(ar));
+                    prefetch(g.weights(ar));
+                    prefetch(g.state(ar));
                     g.prefetch_word(ar);
                     fetched += 1;
                 }
@@ -256,7 +256,7 @@ impl Table {
                     &acc
                 };
                 if track {
-                    g.arena.touch(r, tick, clock, (end - j) as u32);
+                    g.touch(r, tick, clock, (end - j) as u32);
                 }
                 let mut change = g.row_to_change(r, save_gen);
                 let (w, state) = change.parts();
@@ -425,7 +425,7 @@ impl Table {
 
 #[cfg(test)]
 mod tests {
-    use crate::table::test_support::{sgd, table};
+    use crate::testing::{sgd, table};
 
     #[test]
     fn duplicate_keys_are_summed_into_one_step() {

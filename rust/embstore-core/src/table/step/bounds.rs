@@ -345,8 +345,8 @@ impl Table {
         for lock in self.shards.iter() {
             let g = read(lock);
             for (_, r) in g.keys_and_rows() {
-                self.read_weights(g.arena.weights(r), &mut w);
-                m = m.max(Magnitudes::of(opt, self.dim, &w, g.arena.state(r)));
+                self.read_weights(g.weights(r), &mut w);
+                m = m.max(Magnitudes::of(opt, self.dim, &w, g.state(r)));
             }
         }
         m
@@ -405,8 +405,8 @@ impl Table {
                 let g = read(&self.shards[shard_of(h, n)]);
                 match g.find(key, h) {
                     Some(r) => {
-                        w.copy_from_slice(g.arena.weights(r));
-                        st.copy_from_slice(g.arena.state(r));
+                        w.copy_from_slice(g.weights(r));
+                        st.copy_from_slice(g.state(r));
                     }
                     None => self.fill_new(key, &mut w, &mut st),
                 }

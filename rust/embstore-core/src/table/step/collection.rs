@@ -5,9 +5,9 @@
 
 use crate::Bags;
 use crate::error::{Result, StoreError, invalid};
+use crate::table::batch::output::SharedOut;
+use crate::table::batch::plan::SEQUENTIAL_KEYS;
 use crate::table::checks::{check_finite_max, check_grad_sums, check_len};
-use crate::table::read::output::SharedOut;
-use crate::table::read::plan::SEQUENTIAL_KEYS;
 use crate::table::{Missing, Table};
 use crate::zeroed::zeros;
 use rayon::prelude::*;

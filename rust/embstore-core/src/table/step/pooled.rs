@@ -5,8 +5,8 @@
 use crate::Bags;
 use crate::error::Result;
 use crate::table::Table;
+use crate::table::batch::bags::{Coefs, check_columns, check_idx};
 use crate::table::checks::{check_finite, check_finite_max, check_grad_sums, check_len};
-use crate::table::read::pooled::{Coefs, check_columns, check_idx};
 
 impl Table {
     /// The backward of [`Table::lookup_pooled`] followed by one optimizer

@@ -4,8 +4,9 @@
 //! was of the same keys.
 
 use crate::error::{Result, StoreError, invalid, oom};
-use crate::table::read::plan::Plan;
-use crate::table::step::found::FoundRows;
+use crate::table::batch::Reserved;
+use crate::table::batch::found::FoundRows;
+use crate::table::batch::plan::Plan;
 use crate::table::storage::{Shard, write};
 use crate::table::{MAX_STEP, NO_ROW, Table};
 use crossbeam_utils::CachePadded;
@@ -15,10 +16,6 @@ use std::sync::RwLock;
 /// Batches of fewer keys than this make their reservations
 /// ([`Table::reserve_plan`]) on the calling thread.
 const SMALL_BATCH: usize = 1 << 14;
-
-/// Rows reserved per shard by [`Table::reserve_plan`] (pending until the
-/// call's pass over the shard gives them back, or [`Table::release_plan`]).
-pub(crate) type Reserved = Vec<usize>;
 
 /// A gradient call's plan with room made for its new rows
 /// ([`Table::prepare_apply`]).

@@ -164,15 +164,7 @@ impl Drop for RowWrite<'_> {
     }
 }
 
-/// Memory for rows could not be allocated.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct OutOfMemory;
-
-impl From<std::collections::TryReserveError> for OutOfMemory {
-    fn from(_: std::collections::TryReserveError) -> Self {
-        OutOfMemory
-    }
-}
+pub(crate) use crate::table::storage::memory::OutOfMemory;
 
 /// The first row of segment `k`.
 #[inline]
@@ -610,7 +602,7 @@ impl Arena {
             let memory = (self.weights.pop_segment(), self.state.pop_segment());
             // Readers pinned now may still copy from it: free it after them.
             crossbeam_epoch::pin().defer(move || drop(memory));
-            crate::table::storage::index::retire();
+            crate::table::storage::memory::retire();
             if self.track {
                 self.meta.pop();
             }

@@ -6,13 +6,13 @@
 //! freed once no reader can still be probing it (crossbeam-epoch).
 
 use crate::hash::key_hash;
-use crate::table::storage::arena::OutOfMemory;
+use crate::table::storage::memory::{OutOfMemory, retire};
 use crate::table::storage::pages::PageAlloc;
 use crate::table::storage::seqlock::{self, Cell, EMPTY, TOMB};
 use allocator_api2::alloc::{Allocator, Layout};
 use crossbeam_epoch::{self as epoch, Atomic, Guard, Owned};
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Slots in use (live keys and removed ones) at most this fraction of all
 /// slots: linear probing's misses stay short (about 8 slots at 3/4).
@@ -68,36 +68,6 @@ impl<T> Drop for Zeroed<T> {
         let layout = Layout::array::<T>(self.len).expect("the layout it was allocated with");
         // SAFETY: allocated by PageAlloc with this layout in `new`, freed once.
         unsafe { PageAlloc.deallocate(self.ptr.cast(), layout) };
-    }
-}
-
-/// Frees what the epoch lets free now: unpinned, this thread pins and
-/// flushes a few times, each letting the global epoch advance (when no
-/// reader is pinned in an older one) and collecting what is two epochs old,
-/// so that a replaced index or an emptied segment goes back to the OS at
-/// once when no reader holds it, not at some later call's pin.
-pub(crate) fn reclaim() {
-    for _ in 0..3 {
-        epoch::pin().flush();
-    }
-}
-
-/// Whether memory was handed to the epoch since the last
-/// [`reclaim_pending`].
-static PENDING: AtomicBool = AtomicBool::new(false);
-
-/// Records that memory was handed to the epoch, and tries to free it now.
-pub(crate) fn retire() {
-    PENDING.store(true, Ordering::Relaxed);
-    reclaim();
-}
-
-/// [`reclaim`] if memory was handed to the epoch since the last call: for a
-/// writer call's end, when the readers pinned during its growth (its own
-/// parallel jobs included) have left.
-pub(crate) fn reclaim_pending() {
-    if PENDING.load(Ordering::Relaxed) && PENDING.swap(false, Ordering::Relaxed) {
-        reclaim();
     }
 }
 

@@ -3,6 +3,7 @@
 
 pub(crate) mod arena;
 pub(crate) mod index;
+pub(crate) mod memory;
 pub(crate) mod pages;
 pub(crate) mod seqlock;
 pub(crate) mod shard;

@@ -1,6 +1,7 @@
 //! One shard: an index from key to row number over an [`Arena`], and the
 //! [`View`] through which readers that hold no lock read both.
 
+use crate::policy::Meta;
 use crate::policy::Sketch;
 use crate::table::NO_ROW;
 use crate::table::counters::Counters;
@@ -356,8 +357,8 @@ pub(crate) struct Shard {
     /// (before its first save or load no incremental save can follow, so an
     /// eviction-heavy table never saved keeps no log).
     pub track_removals: bool,
-    /// Rows.
-    pub arena: Arena,
+    /// Rows (reached through the shard's row methods only).
+    arena: Arena,
     /// This shard's part of the admission sketch, if any.
     pub sketch: Option<Sketch>,
     /// Removals so far. Row numbers change only when a row is removed (the
@@ -368,6 +369,46 @@ pub(crate) struct Shard {
     /// them with [`Shard::reserve_pending`]: the index and the arena keep
     /// room for all of them, so an insert never allocates mid-call.
     pending: usize,
+}
+
+/// The rows API: a row of the shard by its number (found through the
+/// index under the shard's lock), as every caller outside the storage
+/// reaches it.
+impl Shard {
+    /// The stored weights of row `r` (in the row format's words).
+    #[inline]
+    pub(crate) fn weights(&self, r: usize) -> &[f32] {
+        self.arena.weights(r)
+    }
+
+    /// The optimizer state of row `r`.
+    #[inline]
+    pub(crate) fn state(&self, r: usize) -> &[f32] {
+        self.arena.state(r)
+    }
+
+    /// The policy metadata of row `r`.
+    #[inline]
+    pub(crate) fn meta(&self, r: usize) -> Meta {
+        self.arena.meta(r)
+    }
+
+    /// The policy metadata of row `r`, to set.
+    #[inline]
+    pub(crate) fn meta_mut(&mut self, r: usize) -> &mut Meta {
+        self.arena.meta_mut(r)
+    }
+
+    /// Counts `n` touches of row `r` at `tick` and `step`.
+    #[inline]
+    pub(crate) fn touch(&mut self, r: usize, tick: u64, step: u64, n: u32) {
+        self.arena.touch(r, tick, step, n);
+    }
+
+    /// Bytes a row costs (weights, state, tag, metadata).
+    pub(crate) fn row_bytes(&self) -> usize {
+        self.arena.row_bytes()
+    }
 }
 
 impl Shard {

@@ -2,52 +2,19 @@
 //! and checking the keys, rows, state, metadata and removed-keys tensors.
 
 use crate::error::{Result, StoreError, ckpt_err};
+use crate::format::codec::RowFormat;
+use crate::format::file_index;
+use crate::format::files::io_err;
+use crate::format::manifest::{FileEntry, Manifest};
+use crate::format::untrusted;
 use crate::optim::Optimizer;
-use crate::policy::RowFormat;
-use crate::table::checkpoint::file_index;
-use crate::table::checkpoint::files::io_err;
-use crate::table::checkpoint::manifest::{FileEntry, Manifest};
-use crate::table::checkpoint::untrusted;
-use crate::table::checks::check_finite;
+use crate::rows::check_finite;
 use safetensors::tensor::{Dtype, Metadata, SafeTensors, TensorInfo, TensorView};
 use std::borrow::Cow;
 use std::io::Write;
 use std::path::Path;
 
-/// Plain number types whose in-memory bytes are their little-endian
-/// encoding on a little-endian machine.
-pub(crate) trait Plain: Copy {
-    /// Appends the little-endian bytes of `v` to `out`.
-    fn extend_le(v: &[Self], out: &mut Vec<u8>);
-}
-
-macro_rules! plain {
-    ($t:ty) => {
-        impl Plain for $t {
-            fn extend_le(v: &[Self], out: &mut Vec<u8>) {
-                #[cfg(target_endian = "little")]
-                {
-                    // SAFETY: `$t` is a primitive number: no padding, every
-                    // byte initialized; u8 has alignment 1; the length is the
-                    // slice's size in bytes. On a little-endian machine these
-                    // bytes are the little-endian encoding.
-                    let bytes = unsafe {
-                        std::slice::from_raw_parts(v.as_ptr().cast::<u8>(), size_of_val(v))
-                    };
-                    out.extend_from_slice(bytes);
-                }
-                #[cfg(not(target_endian = "little"))]
-                for x in v {
-                    out.extend_from_slice(&x.to_le_bytes());
-                }
-            }
-        }
-    };
-}
-plain!(f32);
-plain!(i64);
-plain!(u16);
-plain!(u32);
+pub(crate) use crate::format::codec::Plain;
 
 /// One tensor to write: name, dtype, shape, and its bytes in pieces.
 pub(crate) struct TensorOut<'a> {
@@ -124,16 +91,12 @@ pub(crate) fn rows_dtype(fmt: RowFormat) -> Dtype {
 
 /// Rows stored in `fmt` as float32 (exact: every 16-bit value is a float32).
 pub(crate) fn rows_f32(fmt: RowFormat, b: &[u8]) -> Cow<'_, [f32]> {
-    let halves = || b.chunks_exact(2).map(|c| u16::from_le_bytes([c[0], c[1]]));
-    match fmt {
-        RowFormat::F32 => f32s(b),
-        RowFormat::F16 => Cow::Owned(halves().map(|h| half::f16::from_bits(h).to_f32()).collect()),
-        RowFormat::BF16 => Cow::Owned(
-            halves()
-                .map(|h| half::bf16::from_bits(h).to_f32())
-                .collect(),
-        ),
+    if fmt == RowFormat::F32 {
+        return f32s(b);
     }
+    let mut out = vec![0.0f32; b.len() / fmt.item_bytes()];
+    fmt.decode_bytes(b, &mut out);
+    Cow::Owned(out)
 }
 
 pub(crate) fn tensor<'d>(st: &SafeTensors<'d>, path: &Path, name: &str) -> Result<TensorView<'d>> {
@@ -214,7 +177,16 @@ pub(crate) fn i64s(b: &[u8]) -> Cow<'_, [i64]> {
 }
 
 /// Checks the tensors of one rows file without converting them.
-pub(crate) fn check_rows(m: &Manifest, path: &Path, e: &FileEntry, buf: &[u8]) -> Result<()> {
+/// Checks a rows file whole (tensors, finite rows and state, its index and
+/// shard); returns the shard count its header names (`None`: a file
+/// without an index), which every file of one link must share
+/// ([`same_shard_count`]).
+pub(crate) fn check_rows(
+    m: &Manifest,
+    path: &Path,
+    e: &FileEntry,
+    buf: &[u8],
+) -> Result<Option<usize>> {
     let st = SafeTensors::deserialize(buf)
         .map_err(|err| ckpt_err(path, format!("not a safetensors file: {err}")))?;
     let n = e.rows as usize;
@@ -244,13 +216,13 @@ pub(crate) fn check_rows(m: &Manifest, path: &Path, e: &FileEntry, buf: &[u8]) -
 /// Checks a rows file's hash index and shard, where it has one, as a
 /// mapped reader relies on them (`file_index::check_layout`): a load
 /// refuses what `Table.load(path, mmap=True)` would refuse.
-fn check_index(st: &SafeTensors<'_>, path: &Path, buf: &[u8], n: usize) -> Result<()> {
+fn check_index(st: &SafeTensors<'_>, path: &Path, buf: &[u8], n: usize) -> Result<Option<usize>> {
     let (_, header) = SafeTensors::read_metadata(buf)
         .map_err(|err| ckpt_err(path, format!("not a safetensors file: {err}")))?;
     let info = header.metadata().clone().unwrap_or_default();
     let bad = |m: String| ckpt_err(path, format!("{m} (damaged)"));
     let Some(place) = file_index::placement(&info).map_err(bad)? else {
-        return Ok(());
+        return Ok(None);
     };
     let slots = file_index::slots_for(n);
     let keys = i64s(expect_tensor(st, path, "keys", Dtype::I64, &[n])?);
@@ -262,7 +234,35 @@ fn check_index(st: &SafeTensors<'_>, path: &Path, buf: &[u8], n: usize) -> Resul
         |i| (index[2 * i], index[2 * i + 1]),
         place,
     )
-    .map_err(bad)
+    .map_err(bad)?;
+    Ok(Some(place.1))
+}
+
+/// Refuses a link whose files name different shard counts in their headers
+/// (`counts`: each file's path and count, as [`check_rows`] returned it):
+/// one table saved them, so a mapped reader could not route a key among
+/// them.
+///
+/// # Errors
+/// `Checkpoint` naming the first file that differs from the link's first.
+pub(crate) fn same_shard_count<'p>(
+    counts: impl IntoIterator<Item = (&'p Path, Option<usize>)>,
+) -> Result<()> {
+    let mut first = None;
+    for (path, n) in counts {
+        let Some(n) = n else { continue };
+        match first {
+            None => first = Some(n),
+            Some(shards) if shards != n => {
+                return Err(ckpt_err(
+                    path,
+                    format!("saved by a table of {n} shards, its link's other files by {shards}"),
+                ));
+            }
+            Some(_) => {}
+        }
+    }
+    Ok(())
 }
 
 /// Refuses a tensor holding NaN or inf (a row or state that no call could
@@ -343,8 +343,8 @@ pub(crate) fn parse_removed<'a>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::policy::RowFormat;
-    use crate::table::test_support::temp_dir;
+    use crate::format::codec::RowFormat;
+    use crate::testing::temp_dir;
 
     #[test]
     fn tensors_round_trip_through_a_safetensors_file() {

@@ -19,7 +19,7 @@
 //! through ([`super::untrusted`]).
 
 use crate::error::{Result, ckpt_err};
-use crate::table::checkpoint::untrusted;
+use crate::format::untrusted;
 use std::fs::{File, TryLockError};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -157,15 +157,39 @@ pub fn reader_within(dir: &Path, wait: Duration) -> Result<Option<DirLock>> {
     }
 }
 
-/// Takes the readers' lock of `dir` exclusively if no reader holds it;
-/// `None` otherwise (or without a lock file that is a regular file).
-pub(crate) fn cleaner(dir: &Path) -> Option<DirLock> {
+/// How long a publish polls for the readers' lock to itself before it
+/// leaves the files it replaced to the next publish ([`cleaner`]). Readers
+/// hold the lock shared while they read a manifest and open its files
+/// (milliseconds); a follower with nothing new takes no lock at all.
+pub(crate) const CLEAN_WAIT: Duration = Duration::from_millis(200);
+
+/// Takes the readers' lock of `dir` exclusively once no reader holds it,
+/// polling for at most `wait`; `None` if readers held it all that time (or
+/// there is no lock file that is a regular file). Never blocks in the
+/// kernel, so a process holding the lock forever delays a publish by
+/// `wait` only.
+pub(crate) fn cleaner(dir: &Path, wait: Duration) -> Option<DirLock> {
     let f = untrusted::open_file(&dir.join(READERS_LOCK)).ok()?;
-    f.try_lock().ok()?;
-    Some(DirLock {
-        file: f,
-        dir: dir.to_path_buf(),
-    })
+    let start = Instant::now();
+    let mut pause = Duration::from_micros(100);
+    loop {
+        match f.try_lock() {
+            Ok(()) => {
+                return Some(DirLock {
+                    file: f,
+                    dir: dir.to_path_buf(),
+                });
+            }
+            Err(TryLockError::WouldBlock) => {}
+            Err(TryLockError::Error(_)) => return None,
+        }
+        let spent = start.elapsed();
+        if spent >= wait {
+            return None;
+        }
+        std::thread::sleep(pause.min(wait - spent));
+        pause = (pause * 2).min(Duration::from_millis(5));
+    }
 }
 
 #[cfg(test)]
@@ -185,9 +209,12 @@ mod tests {
             let _r = reader(&dir)
                 .unwrap()
                 .expect("the writer created the lock file");
-            assert!(cleaner(&dir).is_none(), "a reader holds it");
+            assert!(
+                cleaner(&dir, Duration::from_millis(20)).is_none(),
+                "a reader holds it"
+            );
         }
-        assert!(cleaner(&dir).is_some(), "no reader now");
+        assert!(cleaner(&dir, Duration::ZERO).is_some(), "no reader now");
         // A second writer waits for the first: try from another thread.
         let (tx, rx) = std::sync::mpsc::channel();
         let d2 = dir.clone();
@@ -203,6 +230,29 @@ mod tests {
         drop(w);
         rx.recv_timeout(std::time::Duration::from_secs(10))
             .expect("the second writer goes on once the first is done");
+        t.join().unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn the_cleaner_outwaits_a_reader_that_lets_go_within_its_wait() {
+        let dir = std::env::temp_dir().join(format!("embstore-cleaner-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        drop(writer(&dir).unwrap());
+        let r = reader(&dir)
+            .unwrap()
+            .expect("the writer made the lock file");
+        let t = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(50));
+            drop(r);
+        });
+        let start = Instant::now();
+        let got = cleaner(&dir, Duration::from_secs(5));
+        assert!(got.is_some(), "the reader let go after 50 ms");
+        assert!(
+            start.elapsed() >= Duration::from_millis(40),
+            "it had to wait for the reader"
+        );
         t.join().unwrap();
         std::fs::remove_dir_all(&dir).unwrap();
     }

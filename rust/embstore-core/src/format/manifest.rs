@@ -2,12 +2,14 @@
 //! reading it from a directory.
 
 use crate::error::{Result, ckpt_err};
+use crate::format::MAX_STEP;
+use crate::format::codec::RowFormat;
+pub use crate::format::files::FileEntry;
+use crate::format::files::read_regular;
+use crate::format::untrusted;
 use crate::init::Initializer;
 use crate::optim::Optimizer;
-use crate::policy::{Admission, Eviction, Policy, RowFormat};
-use crate::table::MAX_STEP;
-use crate::table::checkpoint::files::read_regular;
-use crate::table::checkpoint::untrusted;
+use crate::policy::{Admission, Eviction, Policy};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -31,19 +33,6 @@ pub struct NamedConfig {
     pub name: String,
     /// Every parameter.
     pub params: BTreeMap<String, f64>,
-}
-
-/// One file of a checkpoint.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct FileEntry {
-    /// File name inside the checkpoint directory.
-    pub name: String,
-    /// Rows (or removed keys) it holds.
-    pub rows: u64,
-    /// Its size in bytes.
-    pub bytes: u64,
-    /// CRC-32C (Castagnoli) of the whole file.
-    pub crc32c: u32,
 }
 
 /// A link of the chain: a full snapshot or a delta on top of the previous links.
@@ -303,6 +292,17 @@ pub fn read_manifest(dir: &Path) -> Result<Manifest> {
     parse_manifest(dir, &text)
 }
 
+/// The bytes of the manifest of the checkpoint at `dir`, bounded but not
+/// checked: for telling one publish from the next without parsing (a
+/// publish replaces the manifest whole, by a rename).
+///
+/// # Errors
+/// `Checkpoint` when it cannot be read (missing, not a regular file, too
+/// large).
+pub(crate) fn manifest_bytes(dir: &Path) -> Result<Vec<u8>> {
+    read_regular(&dir.join(MANIFEST), MAX_MANIFEST_BYTES, "no manifest")
+}
+
 /// The bytes of the manifest of the checkpoint at `dir`, bounded and
 /// checked as [`read_manifest`] checks them: for processes that must all
 /// load the one checkpoint a single reader saw ([`parse_manifest`]).
@@ -444,7 +444,7 @@ pub(crate) fn check_manifest(m: &Manifest) -> std::result::Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::table::test_support::{sgd, table, temp_dir};
+    use crate::testing::{sgd, table, temp_dir};
 
     #[test]
     fn a_policy_written_before_ttl_seconds_reads_and_writes_as_it_was() {

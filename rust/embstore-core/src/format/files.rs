@@ -2,12 +2,25 @@
 //! (with their size and CRC-32C checked).
 
 use crate::error::{Result, StoreError, ckpt_err};
+use crate::format::untrusted;
 use crate::hash::mix64;
-use crate::table::checkpoint::manifest::FileEntry;
-use crate::table::checkpoint::untrusted;
+use serde::{Deserialize, Serialize};
 use std::io::{Read, Write};
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+
+/// One file of a checkpoint.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct FileEntry {
+    /// File name inside the checkpoint directory.
+    pub name: String,
+    /// Rows (or removed keys) it holds.
+    pub rows: u64,
+    /// Its size in bytes.
+    pub bytes: u64,
+    /// CRC-32C (Castagnoli) of the whole file.
+    pub crc32c: u32,
+}
 
 pub(crate) fn io_err(path: &Path, what: &str, e: &std::io::Error) -> StoreError {
     ckpt_err(path, format!("{what}: {e}"))
@@ -259,7 +272,7 @@ pub(crate) fn with_file<T>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::table::test_support::temp_dir;
+    use crate::testing::temp_dir;
 
     #[test]
     fn synced_writes_read_back_and_limits_hold() {

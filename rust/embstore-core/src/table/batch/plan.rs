@@ -269,7 +269,7 @@ mod tests {
     use super::*;
     use crate::hash::shard_of;
     use crate::table::Table;
-    use crate::table::test_support::table;
+    use crate::testing::table;
     use std::sync::atomic::Ordering;
 
     #[test]

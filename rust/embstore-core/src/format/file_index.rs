@@ -98,7 +98,7 @@ pub(crate) fn placement(
             .ok_or_else(|| format!("header metadata {name:?} is not a count"))
     };
     let (shards, shard) = (num("num_shards")?, num("shard")?);
-    if !(1..=crate::table::MAX_SHARDS).contains(&shards) || shard >= shards {
+    if !(1..=crate::format::MAX_SHARDS).contains(&shards) || shard >= shards {
         return Err(format!("shard {shard} of {shards}: not a shard"));
     }
     Ok(Some((shard, shards)))

@@ -5,7 +5,7 @@
 //! ([`Memo`]: no second hash-table probe).
 
 use crate::hash::key_hash;
-use crate::table::read::plan::Plan;
+use crate::table::batch::plan::Plan;
 use crate::table::storage::{Shard, try_lock};
 use crate::table::{NO_ROW, Table};
 use rayon::prelude::*;
@@ -159,7 +159,7 @@ impl Table {
     /// [`Table::remember`] for a caller that must not wait: the memo's lock
     /// is only tried, and when it is busy nothing is kept (the gradient
     /// call that follows then probes the index itself). A lookup of at most
-    /// [`SEQUENTIAL_KEYS`](crate::table::read::plan::SEQUENTIAL_KEYS) keys.
+    /// [`SEQUENTIAL_KEYS`](crate::table::batch::plan::SEQUENTIAL_KEYS) keys.
     pub(crate) fn try_remember(&self, plan: Plan, found: FoundRows) {
         let Some(mut slot) = try_lock(self.memo.try_lock()) else {
             return;
@@ -191,7 +191,7 @@ impl Table {
 mod tests {
     use super::*;
     use crate::table::storage::read;
-    use crate::table::test_support::{sgd, table};
+    use crate::testing::{sgd, table};
 
     #[test]
     fn a_lookup_leaves_a_memo_of_its_keys_only() {

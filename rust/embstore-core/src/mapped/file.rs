@@ -1,0 +1,182 @@
+//! One mapped shard file: mapped, its tensors found, checked once before
+//! its first read.
+
+use crate::error::{Result, ckpt_err};
+use crate::format::codec::RowFormat;
+use crate::format::file_index::{self, INDEX_FORMAT};
+use crate::format::files::{io_err, open_named};
+use crate::format::manifest::{FileEntry, Manifest};
+use crate::format::tensors::{check_rows, rows_dtype};
+use memmap2::Mmap;
+use safetensors::SafeTensors;
+use safetensors::tensor::Dtype;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, OnceLock};
+
+/// One mapped shard file: where its keys, rows and index lie in the map.
+pub(super) struct MappedFile {
+    pub(super) path: PathBuf,
+    pub(super) map: Mmap,
+    /// Its entry in the manifest that first named it, and that manifest:
+    /// what its check holds it to.
+    pub(super) entry: FileEntry,
+    pub(super) manifest: Arc<Manifest>,
+    /// The file's check (its checksum, then everything a load checks:
+    /// tensors, finite rows and state, its keys against its index and
+    /// shard), run by the first call that reads from it, hit or miss (an
+    /// error message when it failed).
+    pub(super) checked: OnceLock<std::result::Result<(), String>>,
+    pub(super) n: usize,
+    pub(super) keys: usize,
+    pub(super) rows: usize,
+    pub(super) row_bytes: usize,
+    pub(super) index: usize,
+    pub(super) slots: usize,
+}
+
+impl MappedFile {
+    /// Passes once the file's bytes match its manifest checksum and hold
+    /// what a load requires of them ([`check_rows`]: the same check, so a
+    /// file a load refuses is refused here, before any answer from it).
+    #[inline]
+    pub(super) fn check(&self) -> Result<()> {
+        // Every read checks its file: once passed, one load and a compare.
+        if matches!(self.checked.get(), Some(Ok(()))) {
+            return Ok(());
+        }
+        self.check_now()
+    }
+
+    /// [`MappedFile::check`] past its fast path: the check itself, run once.
+    #[cold]
+    pub(super) fn check_now(&self) -> Result<()> {
+        let res = self.checked.get_or_init(|| {
+            let got = crc32c::crc32c(&self.map);
+            if got != self.entry.crc32c {
+                return Err(format!(
+                    "checksum mismatch (CRC-32C {got:#010x}, the manifest says {:#010x}): \
+                     the file is damaged",
+                    self.entry.crc32c
+                ));
+            }
+            check_rows(&self.manifest, &self.path, &self.entry, &self.map)
+                .map(|_| ())
+                .map_err(|e| match e {
+                    crate::error::StoreError::Checkpoint { msg, .. } => msg,
+                    other => other.to_string(),
+                })
+        });
+        res.clone().map_err(|m| ckpt_err(&self.path, m))
+    }
+
+    /// The key of row `r`.
+    #[inline]
+    pub(super) fn key(&self, r: usize) -> i64 {
+        let o = self.keys + 8 * r;
+        i64::from_le_bytes(self.map[o..o + 8].try_into().expect("8 bytes"))
+    }
+
+    /// Index slot `i`: a key and its row plus one (0: empty).
+    #[inline]
+    pub(super) fn slot(&self, i: usize) -> (i64, i64) {
+        let o = self.index + 16 * i;
+        let b = &self.map[o..o + 16];
+        (
+            i64::from_le_bytes(b[..8].try_into().expect("8 bytes")),
+            i64::from_le_bytes(b[8..].try_into().expect("8 bytes")),
+        )
+    }
+
+    /// The row of `key` in this file, if any.
+    #[inline]
+    pub(super) fn find(&self, key: i64) -> Result<Option<usize>> {
+        file_index::find(key, self.n, self.slots, |i| self.slot(i))
+            .map_err(|m| ckpt_err(&self.path, m))
+    }
+
+    /// The stored bytes of row `r`.
+    #[inline]
+    pub(super) fn row(&self, r: usize) -> &[u8] {
+        let o = self.rows + self.row_bytes * r;
+        &self.map[o..o + self.row_bytes]
+    }
+}
+
+/// Maps one shard file and finds its tensors.
+pub(super) fn map_file(
+    dir: &Path,
+    e: &FileEntry,
+    m: &Arc<Manifest>,
+    format: RowFormat,
+) -> Result<(MappedFile, usize, usize)> {
+    let path = dir.join(&e.name);
+    let file = open_named(dir, &e.name, "cannot open")?;
+    let size = file
+        .metadata()
+        .map_err(|err| io_err(&path, "cannot stat", &err))?
+        .len();
+    if size != e.bytes {
+        return Err(ckpt_err(
+            &path,
+            format!(
+                "{size} bytes, the manifest says {}: the file is damaged",
+                e.bytes
+            ),
+        ));
+    }
+    // SAFETY: the map is read-only and private to this process's view of an
+    // immutable checkpoint file: embstore never writes a published file in
+    // place (saves create new files and unlink old ones). Another program
+    // truncating it while mapped would make reads fault (the module docs
+    // say so); no Rust reference into the map outlives `MappedFile`.
+    let map = unsafe { Mmap::map(&file) }.map_err(|err| io_err(&path, "cannot map", &err))?;
+    let bad = |what: String| ckpt_err(&path, what);
+    let st = SafeTensors::deserialize(&map)
+        .map_err(|err| bad(format!("not a safetensors file: {err}")))?;
+    let (_, header) = SafeTensors::read_metadata(&map)
+        .map_err(|err| bad(format!("not a safetensors file: {err}")))?;
+    let info = header.metadata().clone().unwrap_or_default();
+    let Some((shard, shards)) = file_index::placement(&info).map_err(bad)? else {
+        return Err(bad(format!(
+            "has no hash index ({INDEX_FORMAT}): it was saved by an older embstore. Load it \
+             with Table.load and save it again to serve it with mmap=True"
+        )));
+    };
+    let n = e.rows as usize;
+    let base = map.as_ptr() as usize;
+    let at = |name: &str, dtype: Dtype, shape: &[usize]| -> Result<usize> {
+        let t = st
+            .tensor(name)
+            .map_err(|err| bad(format!("tensor {name:?}: {err}")))?;
+        if t.dtype() != dtype || t.shape() != shape {
+            return Err(bad(format!(
+                "tensor {name:?}: expected {dtype:?} of shape {shape:?}, found {:?} of shape {:?}",
+                t.dtype(),
+                t.shape()
+            )));
+        }
+        Ok(t.data().as_ptr() as usize - base)
+    };
+    let slots = file_index::slots_for(n);
+    let keys = at("keys", Dtype::I64, &[n])?;
+    let rows = at("rows", rows_dtype(format), &[n, m.dim])?;
+    let index = at("index", Dtype::I64, &[slots, 2])?;
+    let row_bytes = match format {
+        RowFormat::F32 => 4 * m.dim,
+        RowFormat::F16 | RowFormat::BF16 => 2 * m.dim,
+    };
+    let f = MappedFile {
+        path,
+        map,
+        entry: e.clone(),
+        manifest: m.clone(),
+        checked: OnceLock::new(),
+        n,
+        keys,
+        rows,
+        row_bytes,
+        index,
+        slots,
+    };
+    Ok((f, shards, shard))
+}

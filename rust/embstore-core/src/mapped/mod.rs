@@ -1,0 +1,436 @@
+//! A read-only table served from a checkpoint's files mapped into memory
+//! ([`MappedTable`]): opening reads the manifest and each file's header,
+//! never its rows, so any number of processes share one copy of the rows in
+//! the page cache, and a checkpoint larger than memory is served page by
+//! page. Each shard file carries its own hash index
+//! ([`crate::format::file_index`]), so no process builds one.
+//!
+//! Trust: the manifest is checked (schema and checksum) on open, as
+//! `Table::load` checks it. A file's CRC-32C is checked once, on the first
+//! call that reads from it (all of it: 3.3 ms for a 34 MB file in
+//! `benches/mapped.py`), and until it passes no row of it is served; a file
+//! that fails is refused on every call. Index entries are bounds-checked and probing is bounded, so even a
+//! crafted file with a matching checksum cannot make a reader read out of
+//! bounds or loop. The files must not be truncated or rewritten in place
+//! while mapped (reading a page cut off a mapped file kills the process
+//! with SIGBUS); embstore never does either: a save writes new files and
+//! unlinks the old ones, which stay readable through the map.
+//!
+//! Live updates: [`MappedTable::refresh`] reads the manifest again and maps
+//! the links it does not hold yet (a publish's delta; a new base or a
+//! compacted chain's new files), keeping those it holds; it checks the new
+//! files' checksums before it serves them, then swaps the new version in.
+//! Every call reads the version it started with to its end, so it sees one
+//! publish whole. Private memory grows by the new links' removed keys and
+//! the bookkeeping of their files, not by their rows (those are mapped).
+
+mod file;
+mod snapshot;
+
+use crate::error::{Result, ckpt_err};
+use crate::format::codec::RowFormat;
+use crate::format::dirlock::{self, DirLock};
+use crate::format::files::io_err;
+use crate::format::manifest::manifest_bytes;
+use crate::hash::key_hash;
+use crate::rows::Missing;
+use crate::rows::check_len;
+use crate::simd::Backend;
+use crate::zeroed::{with_room, zeros};
+use file::MappedFile;
+use rayon::prelude::*;
+use snapshot::{Snapshot, read_snapshot};
+use std::collections::HashSet;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
+
+/// Keys a call handles on the calling thread; larger calls spread over
+/// rayon's pool.
+const SEQUENTIAL_KEYS: usize = 4096;
+
+/// The most keys [`MappedTable::try_lookup_now`] runs at once.
+const NOW_KEYS: usize = 1024;
+
+/// A read-only table whose rows are read from a checkpoint directory's
+/// files mapped into memory (see the module docs).
+pub struct MappedTable {
+    dir: PathBuf,
+    dim: usize,
+    format: RowFormat,
+    backend: Backend,
+    /// The version served: a call clones the `Arc` (the lock is held for
+    /// that only) and reads that version to the end; a refresh swaps in a
+    /// new one. A leaf lock.
+    current: RwLock<Arc<Snapshot>>,
+    /// Held by a refresh for its whole run, so that two refreshes do not
+    /// map one version twice; no call that reads takes it. It guards the
+    /// manifest's bytes as read before the last open or refresh that
+    /// succeeded (read before the version it mapped, so a publish between
+    /// the two reads differs from them): [`MappedTable::unchanged`]
+    /// compares the manifest with them, without the readers' lock.
+    refreshing: Mutex<Option<Vec<u8>>>,
+}
+
+impl std::fmt::Debug for MappedTable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "MappedTable({}, {} rows)",
+            self.dir.display(),
+            self.len()
+        )
+    }
+}
+impl MappedTable {
+    /// Maps the checkpoint at `dir`: reads and checks its manifest, maps
+    /// every file of its chain and reads their headers (no rows).
+    ///
+    /// # Errors
+    /// `Checkpoint` for a missing or damaged manifest or file, or a file
+    /// without a hash index (saved by an older embstore: the message says
+    /// how to convert it).
+    pub fn open(dir: &Path) -> Result<MappedTable> {
+        let held = dirlock::reader(dir)?;
+        Self::open_held(dir, held)
+    }
+
+    /// [`MappedTable::open`] for a caller that took the directory's readers'
+    /// lock ([`crate::format::dirlock::reader_within`]) first, outside
+    /// any lock of its own, or found none (`None`). The path is made
+    /// absolute here, once: a refresh reads the directory opened, whatever
+    /// the process's working directory is then.
+    ///
+    /// # Errors
+    /// As [`MappedTable::open`].
+    pub fn open_held(dir: &Path, held: Option<DirLock>) -> Result<MappedTable> {
+        let dir = std::path::absolute(dir).map_err(|e| io_err(dir, "cannot resolve", &e))?;
+        let seen = manifest_bytes(&dir).ok();
+        let (m, snap) = read_snapshot(&dir, None, held)?.expect("a first read maps a snapshot");
+        Ok(MappedTable {
+            dir,
+            dim: m.dim,
+            format: m.format()?,
+            backend: Backend::from_env()?,
+            current: RwLock::new(Arc::new(snap)),
+            refreshing: Mutex::new(seen),
+        })
+    }
+
+    /// The version served now.
+    fn snapshot(&self) -> Arc<Snapshot> {
+        self.current
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Serves what was published at the path since this table was opened
+    /// or last refreshed: maps the links of the new manifest it does not
+    /// hold yet (an incremental publish maps its delta's files only; a new
+    /// full save, or a compacted chain, its new files), checks their
+    /// checksums, then swaps the new version in at once: a call that
+    /// started before reads the old version to its end, every call after
+    /// the new one. Returns whether anything was published since.
+    ///
+    /// # Errors
+    /// `Checkpoint` for a damaged manifest or file, or a checkpoint whose
+    /// rows are no longer of this table's `dim` and storage; the table
+    /// serves the version it served before then.
+    pub fn refresh(&self) -> Result<bool> {
+        if self.unchanged() {
+            return Ok(false);
+        }
+        let held = dirlock::reader(&self.dir)?;
+        self.refresh_held(held)
+    }
+
+    /// Whether the manifest reads, byte for byte, as it did before the
+    /// version served now was mapped: then nothing was published since and
+    /// a refresh has nothing to do. Takes no lock of the directory (a
+    /// publish replaces the manifest whole), so a follower that polls it
+    /// keeps out of the way of a publish's clean-up (which needs the
+    /// readers' lock to itself); `false` where it cannot tell.
+    pub fn unchanged(&self) -> bool {
+        let Ok(now) = manifest_bytes(&self.dir) else {
+            return false;
+        };
+        self.refreshing
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .as_deref()
+            == Some(now.as_slice())
+    }
+
+    /// [`MappedTable::refresh`] for a caller that took the directory's
+    /// readers' lock first, outside any lock of its own (as
+    /// [`MappedTable::open_held`]).
+    ///
+    /// # Errors
+    /// As [`MappedTable::refresh`].
+    pub fn refresh_held(&self, held: Option<DirLock>) -> Result<bool> {
+        let mut seen = self
+            .refreshing
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let prev = self.snapshot();
+        let before = manifest_bytes(&self.dir).ok();
+        let Some((m, snap)) = read_snapshot(&self.dir, Some(&prev), held)? else {
+            *seen = before;
+            return Ok(false);
+        };
+        if m.dim != self.dim || m.format()? != self.format {
+            return Err(ckpt_err(
+                &self.dir,
+                format!(
+                    "now holds rows of dim {} stored as {}, not this table's dim {} stored as \
+                     {}: open it again",
+                    m.dim,
+                    m.format()?.name(),
+                    self.dim,
+                    self.format.name()
+                ),
+            ));
+        }
+        // New files are checked before anything of them is served (the
+        // links kept were checked when first read).
+        for link in &snap.links {
+            if !prev.links.iter().any(|l| Arc::ptr_eq(l, link)) {
+                link.check()?;
+            }
+        }
+        let old = std::mem::replace(
+            &mut *self.current.write().unwrap_or_else(PoisonError::into_inner),
+            Arc::new(snap),
+        );
+        *seen = before;
+        // Unmapped (once no call holds it) outside the lock.
+        drop(old);
+        Ok(true)
+    }
+
+    /// A small [`MappedTable::lookup`] (at most 1,024 keys) that runs only
+    /// when no file it might read still needs its checksum check: for a
+    /// caller that runs it without releasing the GIL (a few microseconds).
+    /// `None`: make the ordinary call.
+    pub fn try_lookup_now(
+        &self,
+        keys: &[i64],
+        missing: Missing<'_>,
+        out: &mut [f32],
+        found: Option<&mut [bool]>,
+    ) -> Option<Result<()>> {
+        let snap = self.snapshot();
+        (keys.len() <= NOW_KEYS && snap.checked())
+            .then(|| self.lookup_in(&snap, keys, missing, out, found))
+    }
+
+    /// Columns per row.
+    pub fn dim(&self) -> usize {
+        self.dim
+    }
+    /// Rows held (in the version served now).
+    pub fn len(&self) -> u64 {
+        self.snapshot().rows
+    }
+    /// Whether it holds no row.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// Row storage of the files.
+    pub fn format(&self) -> RowFormat {
+        self.format
+    }
+    /// Optimizer steps the saving table had taken.
+    pub fn step(&self) -> u64 {
+        self.snapshot().step
+    }
+    /// The checkpoint directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Writes row `r` of `f` as float32 to `dst`.
+    fn decode(&self, f: &MappedFile, r: usize, dst: &mut [f32]) {
+        self.format.decode_bytes(f.row(r), dst);
+    }
+
+    /// The row of each key into `out` (`keys.len() * dim` floats), a key
+    /// without a row read as `missing`; with `found`, whether each had one.
+    ///
+    /// # Errors
+    /// `ShapeMismatch` for `out`, `found` or a default row of the wrong
+    /// length; `InvalidArgument` for a non-finite default row;
+    /// `Checkpoint` when a file the call reads is damaged.
+    pub fn lookup(
+        &self,
+        keys: &[i64],
+        missing: Missing<'_>,
+        out: &mut [f32],
+        found: Option<&mut [bool]>,
+    ) -> Result<()> {
+        self.lookup_in(&self.snapshot(), keys, missing, out, found)
+    }
+
+    /// [`MappedTable::lookup`] of version `snap`.
+    fn lookup_in(
+        &self,
+        snap: &Snapshot,
+        keys: &[i64],
+        missing: Missing<'_>,
+        out: &mut [f32],
+        found: Option<&mut [bool]>,
+    ) -> Result<()> {
+        let dim = self.dim;
+        check_len("out", keys.len() * dim, out.len())?;
+        missing.check(dim)?;
+        let mut none = Vec::new();
+        let found = match found {
+            Some(f) => {
+                check_len("found", keys.len(), f.len())?;
+                f
+            }
+            None => &mut none[..],
+        };
+        let one = |key: i64, dst: &mut [f32], flag: Option<&mut bool>| -> Result<()> {
+            let hit = match snap.locate(key, key_hash(key))? {
+                Some((f, r)) => {
+                    self.decode(f, r, dst);
+                    true
+                }
+                None => {
+                    missing.fill(
+                        &snap.initializer,
+                        self.backend,
+                        snap.seed,
+                        self.format,
+                        key,
+                        dst,
+                    );
+                    false
+                }
+            };
+            if let Some(flag) = flag {
+                *flag = hit;
+            }
+            Ok(())
+        };
+        let with_flags = !found.is_empty();
+        if keys.len() <= SEQUENTIAL_KEYS {
+            // No prefetching: in calls on the calling thread it cost more
+            // than it saved (benches/mapped.py: 1,024 keys 35 us with a
+            // slot and row prefetch pipeline, 30-31 us without).
+            for (i, (&k, dst)) in keys.iter().zip(out.chunks_exact_mut(dim)).enumerate() {
+                one(k, dst, with_flags.then(|| &mut found[i]))?;
+            }
+            return Ok(());
+        }
+        let rows = keys.par_iter().zip(out.par_chunks_mut(dim));
+        if with_flags {
+            rows.zip(found.par_iter_mut())
+                .with_min_len(SEQUENTIAL_KEYS / 4)
+                .try_for_each(|((&k, dst), f)| one(k, dst, Some(f)))
+        } else {
+            rows.with_min_len(SEQUENTIAL_KEYS / 4)
+                .try_for_each(|(&k, dst)| one(k, dst, None))
+        }
+    }
+
+    /// Whether each key has a row, into `out`.
+    ///
+    /// # Errors
+    /// `ShapeMismatch` for `out` of the wrong length; `Checkpoint` when a
+    /// file the call reads is damaged.
+    pub fn contains(&self, keys: &[i64], out: &mut [bool]) -> Result<()> {
+        check_len("out", keys.len(), out.len())?;
+        let snap = self.snapshot();
+        keys.par_iter()
+            .zip(out.par_iter_mut())
+            .with_min_len(SEQUENTIAL_KEYS)
+            .try_for_each(|(&k, o)| {
+                *o = snap.locate(k, key_hash(k))?.is_some();
+                Ok(())
+            })
+    }
+
+    /// Every row, keys ascending: `(keys, rows)` (`n * dim` floats).
+    /// Reads (and checks) every file.
+    ///
+    /// # Errors
+    /// `OutOfMemory` naming `rows`; `Checkpoint` for a damaged file.
+    pub fn export(&self) -> Result<(Vec<i64>, Vec<f32>)> {
+        // Room for every row the files hold (the manifest's count is
+        // checked, not trusted, here), taken fallibly.
+        let snap = self.snapshot();
+        let held: usize = snap
+            .links
+            .iter()
+            .flat_map(|l| l.files.iter().flatten())
+            .map(|f| f.n)
+            .sum();
+        let mut decided: HashSet<i64> = HashSet::new();
+        decided
+            .try_reserve(held)
+            .map_err(|_| crate::error::oom("rows", held.saturating_mul(16)))?;
+        let mut refs: Vec<(i64, &MappedFile, usize)> = with_room("rows", held)?;
+        // Newest link first: a key is taken from the newest link whose files
+        // hold it; a link's removals hide the links before it.
+        for link in &snap.links {
+            for f in link.files.iter().flatten() {
+                f.check()?;
+                for r in 0..f.n {
+                    let k = f.key(r);
+                    if decided.insert(k) {
+                        refs.push((k, f, r));
+                    }
+                }
+            }
+            decided.extend(link.removed.iter().copied());
+        }
+        drop(decided);
+        refs.par_sort_unstable_by_key(|&(k, _, _)| k);
+        let dim = self.dim;
+        let mut rows = zeros::<f32>("rows", refs.len() * dim)?;
+        rows.par_chunks_mut(dim)
+            .zip(refs.par_iter())
+            .with_min_len(1024)
+            .for_each(|(dst, &(_, f, r))| self.decode(f, r, dst));
+        Ok((refs.iter().map(|&(k, _, _)| k).collect(), rows))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::format::dirlock::READERS_LOCK;
+    use crate::testing::{sgd, table, temp_dir};
+    use std::time::{Duration, Instant};
+
+    #[test]
+    fn a_refresh_with_nothing_new_takes_no_lock_and_a_publish_is_seen() {
+        let dir = temp_dir("mapped-unchanged");
+        let t = table(2, 2, sgd(0.1));
+        t.assign(&[1, 2], &[1.0, 1.0, 2.0, 2.0]).unwrap();
+        t.save(&dir, false, false, None).unwrap();
+        let m = MappedTable::open(&dir).unwrap();
+        assert!(m.unchanged(), "nothing published since the open");
+        // Another process holds the readers' lock exclusively (forever, as
+        // far as this reader knows): a refresh with nothing new returns at
+        // once instead of waiting for it.
+        let other = std::fs::File::open(dir.join(READERS_LOCK)).unwrap();
+        other.lock().unwrap();
+        let start = Instant::now();
+        assert!(!m.refresh().unwrap(), "nothing to refresh");
+        assert!(start.elapsed() < Duration::from_secs(1));
+        other.unlock().unwrap();
+        t.assign(&[2], &[5.0, 5.0]).unwrap();
+        t.save(&dir, true, false, None).unwrap();
+        assert!(!m.unchanged(), "a publish changes the manifest");
+        assert!(m.refresh().unwrap());
+        assert!(m.unchanged(), "the refresh read the manifest it serves");
+        let mut out = [0.0; 2];
+        m.lookup(&[2], Missing::Zeros, &mut out, None).unwrap();
+        assert_eq!(out, [5.0, 5.0]);
+        assert!(!m.refresh().unwrap());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

@@ -1,0 +1,333 @@
+//! One version of a checkpoint, mapped: its chain's links, the overlay of
+//! its deltas, and how a manifest becomes one.
+
+use super::file::{MappedFile, map_file};
+use crate::error::{Result, ckpt_err};
+use crate::format::dirlock::{self, DirLock};
+use crate::format::files::with_file;
+use crate::format::manifest::{Manifest, read_manifest};
+use crate::format::tensors::parse_removed;
+use crate::hash::{key_hash, shard_of};
+use crate::init::Initializer;
+use hashbrown::HashTable;
+use hashbrown::hash_table::Entry;
+use std::collections::HashSet;
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+/// One link of the chain: its files by the saving table's shard, and the
+/// keys it removed.
+pub(super) struct Link {
+    /// The names of its files (and its removals' file): a link is the same
+    /// in two manifests when these are (a save names its files by its own
+    /// id), so a refresh keeps the links it already mapped.
+    pub(super) names: Vec<String>,
+    pub(super) shards: usize,
+    pub(super) files: Vec<Vec<MappedFile>>,
+    pub(super) removed: HashSet<i64>,
+}
+
+impl Link {
+    /// The names of a manifest link's files, as [`Link::names`].
+    pub(super) fn names_of(link: &crate::format::manifest::Link) -> Vec<String> {
+        link.files
+            .iter()
+            .chain(link.removed.iter())
+            .map(|e| e.name.clone())
+            .collect()
+    }
+
+    /// Checks every file ([`MappedFile::check`]).
+    pub(super) fn check(&self) -> Result<()> {
+        self.files.iter().flatten().try_for_each(MappedFile::check)
+    }
+
+    /// The file and row of `key` (of hash `hash`) among this link's files,
+    /// not checked first: for counting only (answers come from
+    /// [`Snapshot::locate`], which checks each file before it reads it).
+    pub(super) fn find(&self, key: i64, hash: u64) -> Result<Option<(&MappedFile, usize)>> {
+        if self.shards == 0 {
+            return Ok(None);
+        }
+        for f in &self.files[shard_of(hash, self.shards)] {
+            if let Some(r) = f.find(key)? {
+                return Ok(Some((f, r)));
+            }
+        }
+        Ok(None)
+    }
+}
+
+/// One version of the checkpoint: what its manifest named, mapped. A call
+/// reads one snapshot from start to end, so it sees one published version
+/// whole, never a mix of two.
+pub(super) struct Snapshot {
+    /// The manifest's id.
+    pub(super) id: String,
+    pub(super) initializer: Initializer,
+    pub(super) seed: u64,
+    /// Newest link first.
+    pub(super) links: Vec<Arc<Link>>,
+    /// Every key the chain's deltas (all links but the oldest, the full
+    /// one) name, with where its row is now or that it is removed: a
+    /// lookup probes this, then the full link only, however long the
+    /// chain. Private memory of about 32 bytes a delta key.
+    pub(super) overlay: HashTable<Placed>,
+    pub(super) rows: u64,
+    pub(super) step: u64,
+    /// Set once every file has passed its checksum check.
+    pub(super) all_checked: AtomicBool,
+}
+
+/// Where a key of the chain's deltas is: `links[link].files[shard][file]`,
+/// row `row`, or removed (`link == REMOVED`).
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Placed {
+    pub(super) key: i64,
+    pub(super) link: u32,
+    pub(super) shard: u32,
+    pub(super) file: u32,
+    pub(super) row: u32,
+}
+
+/// [`Placed::link`] of a key the chain removed.
+pub(super) const REMOVED: u32 = u32::MAX;
+
+/// The overlay of `links` (newest first): their deltas replayed oldest
+/// first, each link's removals before its files, as a load replays them.
+pub(super) fn overlay_of(links: &[Arc<Link>]) -> Result<HashTable<Placed>> {
+    let deltas = links.len().saturating_sub(1);
+    let held: usize = links[..deltas]
+        .iter()
+        .map(|l| l.removed.len() + l.files.iter().flatten().map(|f| f.n).sum::<usize>())
+        .sum();
+    let mut table: HashTable<Placed> = HashTable::new();
+    table
+        .try_reserve(held, |p| key_hash(p.key))
+        .map_err(|_| crate::error::oom("rows", held.saturating_mul(32)))?;
+    let mut put = |p: Placed| {
+        let hash = key_hash(p.key);
+        match table.entry(hash, |q| q.key == p.key, |q| key_hash(q.key)) {
+            Entry::Occupied(mut e) => *e.get_mut() = p,
+            Entry::Vacant(e) => {
+                e.insert(p);
+            }
+        }
+    };
+    for li in (0..deltas).rev() {
+        let link = &links[li];
+        for &key in &link.removed {
+            put(Placed {
+                key,
+                link: REMOVED,
+                shard: 0,
+                file: 0,
+                row: 0,
+            });
+        }
+        for (s, files) in link.files.iter().enumerate() {
+            for (fi, f) in files.iter().enumerate() {
+                for r in 0..f.n {
+                    put(Placed {
+                        key: f.key(r),
+                        link: li as u32,
+                        shard: s as u32,
+                        file: fi as u32,
+                        row: r as u32,
+                    });
+                }
+            }
+        }
+    }
+    Ok(table)
+}
+
+/// Maps the links of manifest `m` at `dir` (newest first), taking those
+/// `prev` holds from it.
+pub(super) fn map_links(
+    dir: &Path,
+    m: &Arc<Manifest>,
+    prev: Option<&Snapshot>,
+) -> Result<Vec<Arc<Link>>> {
+    let format = m.format()?;
+    let mut links = Vec::with_capacity(m.chain.len());
+    for link in m.chain.iter().rev() {
+        let names = Link::names_of(link);
+        if let Some(same) = prev.and_then(|p| p.links.iter().find(|l| l.names == names)) {
+            links.push(same.clone());
+            continue;
+        }
+        let removed = match &link.removed {
+            Some(e) => with_file(dir, e, None, |buf| {
+                parse_removed(&dir.join(&e.name), e, buf).map(|k| k.iter().copied().collect())
+            })?,
+            None => HashSet::new(),
+        };
+        let mut shards = 0;
+        let mut files: Vec<Vec<MappedFile>> = Vec::new();
+        for e in &link.files {
+            let (f, n, s) = map_file(dir, e, m, format)?;
+            if shards == 0 {
+                shards = n;
+                files.resize_with(n, Vec::new);
+            } else if n != shards {
+                return Err(ckpt_err(
+                    &f.path,
+                    format!("saved by a table of {n} shards, its link's other files by {shards}"),
+                ));
+            }
+            files[s].push(f);
+        }
+        links.push(Arc::new(Link {
+            names,
+            shards,
+            files,
+            removed,
+        }));
+    }
+    Ok(links)
+}
+
+/// Reads the manifest at `dir` and maps what it names (`None`: it is still
+/// `prev`'s). `held`: the directory's readers' lock, which the caller took
+/// before (outside any lock of its own: another process can hold it), so
+/// that no save deletes the files of the manifest read before they are
+/// mapped (once mapped, a file deleted stays readable); `None` where the
+/// directory had no lock file: then a manifest replaced while its files
+/// were mapped is read again (the lock only tried, never waited for).
+///
+/// Before it answers anything, the snapshot checks its deltas' files (what
+/// a load checks: `MappedFile::check`), whose keys make the overlay, and
+/// that the chain replays to the manifest's row count (the base's files are
+/// checked on their first read).
+pub(super) fn read_snapshot(
+    dir: &Path,
+    prev: Option<&Snapshot>,
+    mut held: Option<DirLock>,
+) -> Result<Option<(Arc<Manifest>, Snapshot)>> {
+    let mut tries = 0;
+    loop {
+        let m = Arc::new(read_manifest(dir)?);
+        if prev.is_some_and(|p| p.id == m.id) {
+            return Ok(None);
+        }
+        match map_links(dir, &m, prev) {
+            Ok(links) => {
+                drop(held);
+                let deltas = links.len().saturating_sub(1);
+                links[..deltas].iter().try_for_each(|l| l.check())?;
+                let overlay = overlay_of(&links)?;
+                let replayed = replayed_rows(&links, &overlay)?;
+                if replayed != m.rows {
+                    // A damaged base reads as damage, not as a count.
+                    if let Some(base) = links.last() {
+                        base.check()?;
+                    }
+                    return Err(ckpt_err(
+                        dir,
+                        format!(
+                            "the chain replays to {replayed} rows, the manifest says {}",
+                            m.rows
+                        ),
+                    ));
+                }
+                let snap = Snapshot {
+                    id: m.id.clone(),
+                    initializer: Initializer::from_named(
+                        &m.initializer.name,
+                        &m.initializer.params,
+                    )?,
+                    seed: m.seed,
+                    overlay,
+                    links,
+                    rows: m.rows,
+                    step: m.step,
+                    all_checked: AtomicBool::new(false),
+                };
+                return Ok(Some((m, snap)));
+            }
+            Err(e) => {
+                tries += 1;
+                let replaced = read_manifest(dir).is_ok_and(|now| now.id != m.id);
+                if held.is_some() || !replaced || tries >= 8 {
+                    return Err(e);
+                }
+                // A save may have made the lock file meanwhile: taken if
+                // free, never waited for.
+                held = dirlock::try_reader(dir)?;
+            }
+        }
+    }
+}
+
+/// The rows the chain `links` (newest first) replays to, whose deltas'
+/// overlay is `overlay`: the base's rows, plus each delta key the chain
+/// ends holding that the base lacks, less each base key it ends without.
+pub(super) fn replayed_rows(links: &[Arc<Link>], overlay: &HashTable<Placed>) -> Result<u64> {
+    let Some(base) = links.last() else {
+        return Ok(0);
+    };
+    let mut rows: u64 = base.files.iter().flatten().map(|f| f.n as u64).sum();
+    for p in overlay {
+        let in_base = base.find(p.key, key_hash(p.key))?.is_some();
+        let held = p.link != REMOVED;
+        match (in_base, held) {
+            (false, true) => rows += 1,
+            (true, false) => rows = rows.saturating_sub(1),
+            _ => {}
+        }
+    }
+    Ok(rows)
+}
+
+impl Snapshot {
+    /// Whether every file has passed its checksum check (then no call
+    /// can spend time checking one).
+    pub(super) fn checked(&self) -> bool {
+        if self.all_checked.load(Ordering::Acquire) {
+            return true;
+        }
+        let all = self.links.iter().all(|l| {
+            l.files
+                .iter()
+                .flatten()
+                .all(|f| matches!(f.checked.get(), Some(Ok(()))))
+        });
+        if all {
+            self.all_checked.store(true, Ordering::Release);
+        }
+        all
+    }
+
+    /// The file and row holding `key`: where the deltas' overlay places
+    /// it (or nowhere, removed), else in the full link. The chain so reads
+    /// as a load replays it, newest link first, each link's removals
+    /// before its files.
+    pub(super) fn locate(&self, key: i64, hash: u64) -> Result<Option<(&MappedFile, usize)>> {
+        if !self.overlay.is_empty()
+            && let Some(p) = self.overlay.find(hash, |p| p.key == key)
+        {
+            if p.link == REMOVED {
+                return Ok(None);
+            }
+            let f = &self.links[p.link as usize].files[p.shard as usize][p.file as usize];
+            f.check()?;
+            return Ok(Some((f, p.row as usize)));
+        }
+        let Some(base) = self.links.last() else {
+            return Ok(None);
+        };
+        if base.shards > 0 {
+            // Each file is checked before anything of it is read, so a
+            // damaged file is refused, never answered "missing".
+            for f in &base.files[shard_of(hash, base.shards)] {
+                f.check()?;
+                if let Some(r) = f.find(key)? {
+                    return Ok(Some((f, r)));
+                }
+            }
+        }
+        Ok(None)
+    }
+}

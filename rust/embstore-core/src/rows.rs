@@ -1,0 +1,121 @@
+//! Rows as every tier hands them out, whichever answers a batch call (the
+//! table's shards, the mapped reader, a cold tier): what a key without a
+//! row reads as ([`Missing`]), the row slot that means "no row"
+//! ([`NO_ROW`]), and the checks of lengths and values a call makes before
+//! it changes anything.
+
+use crate::error::{Result, StoreError, invalid};
+use crate::format::codec::RowFormat;
+use crate::init::Initializer;
+use crate::simd::Backend;
+use rayon::iter::{IndexedParallelIterator, ParallelIterator};
+use rayon::prelude::ParallelSlice;
+
+/// What a lookup returns for a key that has no row and gets none.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub enum Missing<'a> {
+    /// The row the initializer would give the key (a pure function of
+    /// seed, key and column), as before a first training step.
+    #[default]
+    Init,
+    /// Zeros (serving: an unknown id contributes nothing to a sum).
+    Zeros,
+    /// This row (`dim` floats).
+    Row(&'a [f32]),
+}
+
+impl Missing<'_> {
+    /// Checks a default for missing keys: a given row has `dim` finite
+    /// floats.
+    ///
+    /// # Errors
+    /// `ShapeMismatch` or `InvalidArgument`, naming `default`.
+    pub(crate) fn check(self, dim: usize) -> Result<()> {
+        if let Missing::Row(row) = self {
+            check_len("default", dim, row.len())?;
+            if row.iter().any(|v| !v.is_finite()) {
+                return Err(invalid("default", "expected finite values"));
+            }
+        }
+        Ok(())
+    }
+
+    /// What a key without a row reads as, into `dst` (`dim` floats): the
+    /// row `initializer` gives it under `seed` (rounded to `format`),
+    /// zeros or the given row.
+    #[inline]
+    pub(crate) fn fill(
+        self,
+        initializer: &Initializer,
+        backend: Backend,
+        seed: u64,
+        format: RowFormat,
+        key: i64,
+        dst: &mut [f32],
+    ) {
+        match self {
+            Missing::Init => {
+                initializer.fill_with(backend, seed, key, dst);
+                format.round(dst);
+            }
+            Missing::Zeros => dst.fill(0.0),
+            Missing::Row(row) => dst.copy_from_slice(row),
+        }
+    }
+}
+
+/// A row slot meaning "no row": a key that is absent (not found, or not
+/// admitted) in the per-shard row lists of a plan, the memo and the pooled
+/// passes.
+pub(crate) const NO_ROW: u32 = u32::MAX;
+
+/// Fails with the flat index of the first non-finite value.
+pub fn check_finite(arg: &'static str, data: &[f32]) -> Result<()> {
+    check_finite_max(arg, data).map(|_| ())
+}
+
+/// [`check_finite`] that also returns the largest magnitude in `data`.
+pub fn check_finite_max(arg: &'static str, data: &[f32]) -> Result<f32> {
+    const CHUNK: usize = 1 << 16;
+    // A branch-free scan in the CPU's widest vectors: the largest
+    // magnitude's bits; an exponent of all ones is NaN/inf.
+    let backend = crate::simd::Backend::best();
+    let top = if data.len() <= CHUNK {
+        backend.max_magnitude_bits(data)
+    } else {
+        data.par_chunks(CHUNK)
+            .map(|c| backend.max_magnitude_bits(c))
+            .reduce(|| 0, std::cmp::Ord::max)
+    };
+    if top < 0x7F80_0000 {
+        return Ok(f32::from_bits(top));
+    }
+    let bad = |c: &[f32]| c.iter().any(|v| !v.is_finite());
+    let first_bad_chunk = data.par_chunks(CHUNK).position_first(bad);
+    match first_bad_chunk {
+        None => Ok(f32::from_bits(top)),
+        Some(c) => {
+            let start = c * CHUNK;
+            let offset = data[start..]
+                .iter()
+                .position(|v| !v.is_finite())
+                .expect("the chunk holds a non-finite value");
+            Err(StoreError::NonFinite {
+                arg,
+                index: start + offset,
+            })
+        }
+    }
+}
+
+/// Fails with `ShapeMismatch` naming `arg` unless `got == expected`.
+///
+/// # Errors
+/// As above.
+pub(crate) fn check_len(arg: &'static str, expected: usize, got: usize) -> Result<()> {
+    if expected == got {
+        Ok(())
+    } else {
+        Err(StoreError::ShapeMismatch { arg, expected, got })
+    }
+}
