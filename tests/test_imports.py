@@ -103,3 +103,19 @@ def test_the_old_name_of_sharded_collection_warns_and_is_the_same_class() -> Non
     assert old is distributed.ShardedCollection
     with pytest.raises(AttributeError):
         _ = distributed.NoSuchThing  # type: ignore[attr-defined]
+
+
+def test_the_old_module_path_of_the_sharded_tier_warns_and_gives_the_same_classes() -> None:
+    import pytest
+
+    from embstore import distributed
+    from embstore.distributed import mpi
+
+    for name, new in (
+        ("ShardedTable", distributed.ShardedTable),
+        ("ShardedCollection", distributed.ShardedCollection),
+    ):
+        with pytest.warns(DeprecationWarning, match=f"embstore.distributed.mpi.{name}"):
+            assert getattr(mpi, name) is new
+    with pytest.raises(AttributeError):
+        _ = mpi.NoSuchThing  # type: ignore[attr-defined]

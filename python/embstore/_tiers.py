@@ -6,7 +6,7 @@ import circle exists, not even one of type-only imports.
 
 from __future__ import annotations
 
-from embstore.distributed.mpi import ShardedTable
+from embstore.distributed.table import ShardedTable
 from embstore.gpu.cache import DeviceCache
 from embstore.protocol import BatchTier, LocalTier, StateTier
 from embstore.store import Table

@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import json
 import os
-import threading
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Literal, overload
 
 import numpy as np
 import numpy.typing as npt
 
-from embstore import _core, init, optim, policy
+from embstore import _core, init, optim, policy, table_state
 from embstore._convert import (
     _NDARRAY,
     VOCABULARY,
@@ -29,12 +28,14 @@ from embstore._progress import run_with_progress
 from embstore.init import Initializer, Uniform
 from embstore.mapped import MappedTable
 from embstore.optim import Optimizer
+from embstore.parts import CheckpointParts
 from embstore.policy import Admission
+from embstore.seeds import manual_seed, next_seed
 
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["Table"]
+__all__ = ["Table", "manual_seed", "next_seed"]
 
 
 def _opt_int(name: str, value: Any, low: int) -> int | None:
@@ -51,41 +52,6 @@ _I64_MAX = 2**63 - 1
 _COMBINERS = frozenset(VOCABULARY["combiners"])
 
 
-class _SeedSequence:
-    """The seeds of tables built without one: 0, 1, 2, ... in the order the
-    process builds them (like torch's global generator: tables differ from
-    one another, and a program that builds its tables in the same order gets
-    the same rows every run). :func:`embstore.manual_seed` restarts it."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._next = 0
-
-    def draw(self) -> int:
-        with self._lock:
-            seed = self._next
-            self._next = (self._next + 1) % 2**64
-            return seed
-
-    def reset(self, start: int) -> None:
-        with self._lock:
-            self._next = start
-
-
-_SEEDS = _SeedSequence()
-
-
-def manual_seed(seed: int) -> None:
-    """Restart the seeds of tables built without ``seed=`` at ``seed``: the
-    next such table gets ``seed``, the one after ``seed + 1``, and so on."""
-    _SEEDS.reset(check_int("seed", seed, 0, _U64_MAX))
-
-
-def next_seed() -> int:
-    """The seed the next table built without ``seed=`` gets (drawing it)."""
-    return _SEEDS.draw()
-
-
 def _restore_table(kwargs: dict[str, Any], state: Mapping[str, Any]) -> Table:
     """A table built from ``kwargs`` holding ``state`` (the inverse of
     :meth:`Table.__reduce__`)."""
@@ -94,30 +60,7 @@ def _restore_table(kwargs: dict[str, Any], state: Mapping[str, Any]) -> Table:
     return table
 
 
-def _meta_words(state: Mapping[str, Any], n: int) -> tuple[npt.NDArray[np.uint32], int]:
-    """A state dict's ``meta`` (int64 ``(n, 3)``: tick, step, count) and
-    ``clock`` as the native metadata words (4 u32 a row); none given: no
-    words (rows restored as freshly assigned)."""
-    if state.get("meta") is None:
-        return np.zeros((0, 4), np.uint32), 0
-    meta = np.asarray(state["meta"])
-    if meta.dtype.kind not in "iu" or meta.shape != (n, 3):
-        raise ValueError(f"state['meta']: expected an integer array of shape ({n}, 3)")
-    meta = meta.astype(np.int64)
-    if (meta < 0).any() or (meta[:, 1:] >= 1 << 32).any():
-        raise ValueError("state['meta']: expected ticks >= 0 and steps and counts in [0, 2**32)")
-    clock_arr = np.asarray(state.get("clock", 0))
-    if clock_arr.shape != () or clock_arr.dtype.kind not in "iu" or int(clock_arr) < 0:
-        raise ValueError("state['clock']: expected a non-negative integer scalar")
-    words = np.empty((n, 4), np.uint32)
-    words[:, 0] = meta[:, 0] & 0xFFFFFFFF
-    words[:, 1] = meta[:, 0] >> 32
-    words[:, 2] = meta[:, 1]
-    words[:, 3] = meta[:, 2]
-    return words, int(clock_arr)
-
-
-class Table:
+class Table(CheckpointParts):
     """A growable table from int64 keys to float32 rows and optimizer state.
 
     Rows live in native sharded hash tables. Every method takes a whole batch,
@@ -238,7 +181,7 @@ class Table:
         # Drawn last: a refused construction uses no seed of the sequence.
         self._inner = self._native_table(
             int(dim),
-            _SEEDS.draw() if seed is None else int(seed),
+            next_seed() if seed is None else int(seed),
             None if num_shards is None else int(num_shards),
         )
 
@@ -744,98 +687,6 @@ class Table:
         manifest: dict[str, Any] = json.loads(text)
         return manifest
 
-    def save_part(
-        self, path: str | os.PathLike[str], part: str, *, with_optimizer: bool = True
-    ) -> str:
-        """Write this table's rows to files of the checkpoint directory
-        ``path`` named after ``part`` (``"<checkpoint id>-<name>"``), without
-        publishing them; returns what :meth:`publish_parts` takes. For a
-        checkpoint written by many tables at once (the ranks of a
-        ShardedTable)."""
-        return self._inner.write_files(
-            os.fspath(path), part, check_bool("with_optimizer", with_optimizer)
-        )
-
-    def publish_parts(
-        self,
-        path: str | os.PathLike[str],
-        checkpoint_id: str,
-        parts: list[str],
-        rows: int,
-        *,
-        with_optimizer: bool = True,
-    ) -> dict[str, Any]:
-        """Publish one checkpoint at ``path`` made of the ``parts`` that
-        :meth:`save_part` wrote (``rows`` rows in all), described by this
-        table's configuration and step; returns its manifest."""
-        text = self._inner.publish_parts(
-            os.fspath(path),
-            checkpoint_id,
-            list(parts),
-            check_int("rows", rows, 0, _I64_MAX),
-            check_bool("with_optimizer", with_optimizer),
-        )
-        manifest: dict[str, Any] = json.loads(text)
-        return manifest
-
-    def new_checkpoint_id(self) -> str:
-        """A fresh checkpoint id, for the parts of one checkpoint that
-        :meth:`save_part` writes (``"<checkpoint id>-<name>"``)."""
-        return _core.new_checkpoint_id()
-
-    def remove_part(self, path: str | os.PathLike[str], part: str) -> None:
-        """Delete the files that :meth:`save_part` wrote for ``part`` at
-        ``path`` and no published manifest names (a checkpoint that was not
-        published); files a manifest names stay."""
-        _core.remove_unpublished(os.fspath(path), part)
-
-    @staticmethod
-    def hold_checkpoint(path: str | os.PathLike[str]) -> _core.DirectoryHold:
-        """Hold the readers' lock of the checkpoint directory ``path`` until
-        ``release()``: while any process holds it, a save publishing there
-        deletes none of the files of the checkpoint read before, so several
-        processes can load one checkpoint (from
-        :meth:`checkpoint_manifest` read once) while another saves."""
-        return _core.hold_directory(os.fspath(path))
-
-    @staticmethod
-    def checkpoint_manifest(path: str | os.PathLike[str]) -> str:
-        """The manifest text of the checkpoint at ``path``, checked (format,
-        version, its own checksum), for :meth:`load_owned` in several
-        processes that must load the same checkpoint."""
-        return _core.checkpoint_manifest_text(os.fspath(path))
-
-    @classmethod
-    def load_owned(
-        cls,
-        path: str | os.PathLike[str],
-        *,
-        ranks: int,
-        rank: int,
-        partition: str = "hash",
-        key_space: int | None = None,
-        num_shards: int | None = None,
-        manifest: str | None = None,
-    ) -> Table:
-        """Load the rows of the checkpoint at ``path`` whose keys rank
-        ``rank`` of ``ranks`` owns under ``partition`` (see
-        :func:`embstore.ops.partition_owners`) into a new Table, as
-        :meth:`load` loads them all; ``manifest``: the text of
-        :meth:`checkpoint_manifest` to load (else read now)."""
-        inner = _core.load_table_owned(
-            os.fspath(path),
-            check_int("ranks", ranks, 1, 1 << 30),
-            check_int("rank", rank, 0, ranks - 1),
-            partition,
-            key_space,
-            num_shards,
-            None,
-            manifest,
-        )
-        table = cls.__new__(cls)
-        table._adopt(inner)
-        return table
-
     @overload
     @classmethod
     def load(
@@ -982,18 +833,7 @@ class Table:
         The admission sketch is not included (counts of unadmitted keys
         restart), as in checkpoints.
         """
-        with_state = check_bool("with_optimizer", with_optimizer) and self._optimizer is not None
-        keys, rows, state, words, clock = self._inner.export(with_state, True)
-        out: dict[str, npt.NDArray[Any]] = {"keys": keys, "rows": rows}
-        if with_state:
-            out["state"] = state
-        if words.shape[1] == 4:
-            w = words.astype(np.int64)
-            out["meta"] = np.stack([w[:, 0] | (w[:, 1] << 32), w[:, 2], w[:, 3]], axis=1)
-            out["clock"] = np.array(clock, dtype=np.int64)
-        out["step"] = np.array(self.step, dtype=np.int64)
-        out["seed"] = np.array(self.seed, dtype=np.uint64).view(np.int64)
-        return out
+        return table_state.state_dict(self._inner, self._optimizer is not None, with_optimizer)
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Replace the table's rows, optimizer state, step and seed with
@@ -1002,46 +842,12 @@ class Table:
         dtype, policies) stays this table's. Checked whole before anything
         changes; threads calling the table meanwhile see it before or after.
         """
-        if not isinstance(state, Mapping):
-            raise TypeError(f"state: expected a mapping, got {type(state).__name__}")
-        missing = [f for f in ("keys", "rows", "step", "seed") if f not in state]
-        if missing:
-            raise ValueError(f"state: missing {missing}")
-        keys = as_keys(state["keys"], "state['keys']")
-        rows = as_rows(state["rows"], keys.shape[0], self.dim, "state['rows']")
-        if np.unique(keys).shape[0] != keys.shape[0]:
-            raise ValueError("state['keys']: expected distinct keys")
-        st = None
-        if state.get("state") is not None:
-            if self._optimizer is None:
-                raise ValueError("state['state']: this table has no optimizer")
-            st = as_rows(state["state"], keys.shape[0], self.state_len, "state['state']")
-        step_arr, seed_arr = np.asarray(state["step"]), np.asarray(state["seed"])
-        if step_arr.shape != () or step_arr.dtype.kind not in "iu":
-            raise ValueError("state['step']: expected an integer scalar")
-        if seed_arr.shape != () or seed_arr.dtype.kind not in "iu":
-            raise ValueError("state['seed']: expected an integer scalar")
-        step = check_int("state['step']", int(step_arr), 0, _I64_MAX)
-        seed = int(seed_arr.astype(np.int64).view(np.uint64))
-        for name, arr in (("state['rows']", rows), ("state['state']", st)):
-            if arr is not None and not np.isfinite(arr).all():
-                raise ValueError(
-                    f"{name}: expected finite values (NaN or inf found); nothing changed"
-                )
-        words, clock = _meta_words(state, keys.shape[0])
-        inner = self._native_table(self.dim, seed, self.num_shards)
-        try:
-            if keys.shape[0] or clock:
-                inner.restore(keys, rows, st, words, clock)
-        except ValueError as e:
-            # The native check names its own argument; say which entry it was.
-            msg = str(e)
-            for native, entry in (("state:", "state['state']:"), ("values:", "state['rows']:")):
-                if msg.startswith(native):
-                    raise ValueError(entry + msg[len(native) :]) from None
-            raise
-        inner.set_step(step)
-        self._inner = inner
+        self._inner = table_state.load_state_dict(
+            state,
+            self.dim,
+            self.state_len if self._optimizer is not None else None,
+            lambda seed: self._native_table(self.dim, seed, self.num_shards),
+        )
 
     def stats(self) -> dict[str, Any]:
         """Figures of the table.

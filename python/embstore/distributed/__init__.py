@@ -10,13 +10,21 @@ from __future__ import annotations
 
 from typing import Any
 
-from embstore.distributed import mpi
-from embstore.distributed.mpi import ShardedCollection, ShardedTable
+from embstore.distributed.collection import ShardedCollection
+from embstore.distributed.table import ShardedTable
 
 __all__ = ["ShardedCollection", "ShardedTable"]
 
 
 def __getattr__(name: str) -> Any:
     if name == "Collection":  # the old name of ShardedCollection, deprecated
-        return mpi.__getattr__(name)
+        import warnings
+
+        warnings.warn(
+            "embstore.distributed.Collection is now ShardedCollection (the old name goes "
+            "in the next release)",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return ShardedCollection
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

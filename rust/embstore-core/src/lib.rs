@@ -129,6 +129,7 @@ pub mod strings;
 pub mod table;
 #[cfg(test)]
 pub(crate) mod testing;
+pub mod tier;
 pub mod unique;
 pub mod vocab;
 pub mod zeroed;

@@ -18,6 +18,7 @@
 pub(crate) mod batch;
 pub mod checkpoint;
 pub(crate) mod checks;
+mod config;
 pub(crate) mod counters;
 mod policy;
 pub(crate) mod read;
@@ -43,6 +44,7 @@ pub use crate::rows::Missing;
 pub(crate) use crate::rows::NO_ROW;
 pub use batch::bags::{Bags, Combiner};
 pub use checks::{MAX_GRAD_SUM, check_finite, check_finite_max};
+pub use config::{TableConfig, default_num_shards};
 pub use counters::{COUNTER_NAMES, NamedCounts};
 pub use read::export::Exported;
 pub use read::pooled::{pool_rows, pool_rows_into};
@@ -52,46 +54,6 @@ pub use step::pooled::{spread_pooled, spread_pooled_add};
 thread_local! {
     /// A row of floats for encoding new compact rows.
     static SCRATCH: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
-}
-
-/// How a [`Table`] is built.
-#[derive(Debug, Clone)]
-pub struct TableConfig {
-    /// Columns per row (>= 1).
-    pub dim: usize,
-    /// The optimizer, or `None` for a table that is only read and assigned.
-    pub optimizer: Option<Optimizer>,
-    /// How new rows are filled.
-    pub initializer: Initializer,
-    /// Seed of the initializer's streams.
-    pub seed: u64,
-    /// Number of shards; `None` picks `(available_parallelism * 4).next_power_of_two()`.
-    pub num_shards: Option<usize>,
-    /// SIMD backend; `None` reads `EMBSTORE_SIMD` or picks the best supported.
-    pub backend: Option<Backend>,
-    /// Row format, admission and eviction.
-    pub policy: Policy,
-}
-
-impl TableConfig {
-    /// A config with defaults for everything but `dim`.
-    pub fn new(dim: usize) -> Self {
-        TableConfig {
-            dim,
-            optimizer: None,
-            initializer: Initializer::default(),
-            seed: 0,
-            num_shards: None,
-            backend: None,
-            policy: Policy::default(),
-        }
-    }
-}
-
-/// The default number of shards: four per core, a power of two.
-pub fn default_num_shards() -> usize {
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    (cores * 4).next_power_of_two()
 }
 
 /// Sharded hash table from int64 keys to rows of `dim` floats plus optimizer
@@ -119,7 +81,7 @@ pub struct Table {
     shards: Box<[CachePadded<RwLock<Shard>>]>,
     /// Each shard's readers' view (its index and rows, read without its
     /// lock: `storage::seqlock`).
-    views: Box<[CachePadded<std::sync::Arc<storage::shard::View>>]>,
+    views: Box<[CachePadded<std::sync::Arc<storage::view::View>>]>,
     /// Taken shared by every call that changes rows, on the calling thread,
     /// and exclusively by [`Table::export`] for a snapshot of one moment.
     /// Never taken inside a rayon job, and no shard lock is held across a
@@ -396,7 +358,7 @@ impl Table {
             // hint to eviction, never worth an abort).
             if let Ok(mut queued) = crate::zeroed::with_room("keys", pos.len()) {
                 queued.extend(pos.iter().map(key_of));
-                self.views[s].queue_reads(storage::shard::Reads {
+                self.views[s].queue_reads(storage::view::Reads {
                     tick,
                     step,
                     keys: queued,

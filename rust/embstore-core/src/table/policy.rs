@@ -260,7 +260,7 @@ mod tests {
 
     #[test]
     fn touches_queued_beside_a_long_hold_stay_bounded() {
-        use crate::table::storage::shard::MAX_QUEUED_READS;
+        use crate::table::storage::view::MAX_QUEUED_READS;
         let mut cfg = TableConfig::new(2);
         cfg.num_shards = Some(1);
         cfg.policy.capacity = Some(1 << 20);

@@ -5,7 +5,8 @@
 use crate::error::{Result, invalid};
 use crate::hash::{key_hash, shard_of};
 use crate::table::checks::check_transient;
-use crate::table::storage::shard::{Shard, View};
+use crate::table::storage::shard::Shard;
+use crate::table::storage::view::View;
 use crate::table::storage::write;
 use crate::table::{Table, read};
 use crate::zeroed::zeros;

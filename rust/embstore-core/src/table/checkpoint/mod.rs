@@ -27,6 +27,7 @@ pub(crate) mod load;
 pub(crate) mod publish;
 pub(crate) mod report;
 pub(crate) mod save;
+pub(crate) mod write;
 
 pub use crate::format::dirlock::{DirLock, READ_WAIT, reader_within as lock_for_reading};
 pub use crate::format::files::new_id;

@@ -8,7 +8,7 @@ use crate::policy::RowFormat;
 use crate::table::Table;
 use crate::table::storage::pages;
 use crate::table::storage::read;
-use crate::table::storage::shard::{copy_racy, racy};
+use crate::table::storage::view::{copy_racy, racy};
 use crate::zeroed::zeros;
 use rayon::iter::{IndexedParallelIterator, IntoParallelRefIterator, ParallelIterator};
 use rayon::prelude::ParallelSliceMut;

@@ -13,8 +13,9 @@ use crate::table::batch::plan::{
 };
 use crate::table::checks::check_len;
 use crate::table::counters::Counters;
-use crate::table::storage::shard::{Probed, Shard, copy_racy, racy};
+use crate::table::storage::shard::Shard;
 use crate::table::storage::try_lock;
+use crate::table::storage::view::{Probed, copy_racy, racy};
 use crate::table::{Missing, NO_ROW, Table};
 
 thread_local! {

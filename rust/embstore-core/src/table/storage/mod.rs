@@ -2,11 +2,13 @@
 //! rows each), the arena's segments and pages, and the shard locks.
 
 pub(crate) mod arena;
+pub(crate) mod column;
 pub(crate) mod index;
 pub(crate) mod memory;
 pub(crate) mod pages;
 pub(crate) mod seqlock;
 pub(crate) mod shard;
+pub(crate) mod view;
 
 use std::sync::{PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 

@@ -1,0 +1,731 @@
+"""One table across processes and machines over MPI (mpi4py) or
+torch.distributed (gloo): every exchange goes through a
+:class:`embstore.distributed.transport.Transport`.
+
+Every rank owns the keys the partitioner gives it and keeps their rows in a
+local :class:`embstore.Table`. Each collective call deduplicates the caller's
+keys, sends them to their owners with ``Alltoallv`` (counts first), lets the
+owners look up or apply, and returns values in the caller's order. Keys and
+rows travel as contiguous NumPy buffers, never as pickled objects.
+
+Failure handling: every collective first checks its input on every rank and
+agrees on the outcome (a refused input raises on every rank, nothing
+changes, nothing hangs); and every collective runs under a watchdog that
+aborts the whole MPI job if it does not finish within ``timeout`` seconds
+(a rank that died or raised between collectives would otherwise leave the
+others waiting forever).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+import threading
+import time
+import zlib
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from embstore import ops
+from embstore._convert import (
+    as_bags,
+    as_keys,
+    as_rows,
+    check_bool,
+    check_int,
+    check_name,
+    to_numpy,
+)
+from embstore.distributed.transport import Transport, transport_of
+from embstore.exceptions import CheckpointError
+from embstore.protocol import LocalTier
+from embstore.store import Table, next_seed
+
+__all__ = ["ShardedTable"]
+
+
+def _check_timeout(value: Any, arg: str) -> float:
+    """A watchdog timeout in seconds: a finite number > 0 that a timer can
+    wait (``threading.TIMEOUT_MAX``); ValueError naming ``arg`` otherwise."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise TypeError(f"{arg}: expected a number of seconds, got {type(value).__name__}")
+    t = float(value)
+    if not (math.isfinite(t) and 0 < t <= threading.TIMEOUT_MAX):
+        raise ValueError(
+            f"{arg}: expected a finite number of seconds in (0, {threading.TIMEOUT_MAX:g}], "
+            f"got {value!r}"
+        )
+    return t
+
+
+def _env_timeout() -> float:
+    raw = os.environ.get("EMBSTORE_MPI_TIMEOUT")
+    if raw is None:
+        return 600.0
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ValueError(
+            f"EMBSTORE_MPI_TIMEOUT: expected a number of seconds, got {raw!r}"
+        ) from None
+    return _check_timeout(value, "EMBSTORE_MPI_TIMEOUT")
+
+
+#: Seconds a collective may take before the watchdog aborts the job
+#: (``EMBSTORE_MPI_TIMEOUT``, default 600).
+DEFAULT_TIMEOUT = _env_timeout()
+
+
+#: The id the next ShardedTable built in this process proposes; the ranks
+#: agree on the largest proposal (see ShardedTable._setup).
+_NEXT_TABLE_ID = 0
+
+
+def _fspath(path: Any) -> str:
+    """A checkpoint path as a string, or TypeError naming ``path``."""
+    try:
+        where = os.fspath(path)
+    except TypeError:
+        where = None
+    if not isinstance(where, str):
+        raise TypeError(f"path: expected a str or os.PathLike of str, got {type(path).__name__}")
+    return where
+
+
+class ShardedTable:
+    """A table whose rows are spread over the ranks of an MPI communicator
+    or a torch.distributed process group.
+
+    Parameters
+    ----------
+    dim:
+        Columns per row.
+    comm:
+        The ranks: an MPI communicator (default ``MPI.COMM_WORLD``), or
+        ``"torch"`` / a torch.distributed ProcessGroup (gloo on CPU) for a
+        job torchrun launched; every call runs the same over either
+        (:mod:`embstore.distributed.transport`).
+    partition:
+        "hash" (a mixing hash of the key, the default: even for sequential
+        keys or keys sharing their low bits), "mod" (key mod world size) or
+        "div" (contiguous ranges of ``[0, key_space)``).
+    key_space:
+        Required with "div": keys lie in ``[0, key_space)``.
+    local:
+        What each rank keeps its rows in (an
+        :class:`embstore.protocol.LocalTier`): a Table, or a DeviceCache over
+        one (``local=DeviceCache(Table(dim, ...), rows)`` serves and trains
+        each rank's hottest rows on the device); or a factory called with
+        the seed every rank agrees on (rank 0's draw of the default seed
+        sequence), e.g. ``lambda seed: DeviceCache(Table(dim, seed=seed,
+        optimizer=opt), 4096)``. Default: a Table built from
+        ``table_kwargs``. The ShardedTable reaches it only through that
+        protocol; every rank's configuration must agree.
+    timeout:
+        Seconds a collective call may take before the whole job is aborted.
+    **table_kwargs:
+        Passed to each rank's local :class:`embstore.Table` (optimizer,
+        initializer, seed, num_shards, dtype, admission, ttl_steps,
+        ttl_seconds, capacity, capacity_bytes, eviction); they must agree on
+        all ranks. Policies act on each rank's
+        rows: ``capacity`` bounds each rank's table; TTL, ProbabilityFilter
+        and CountFilter decide exactly as one Table would (admission counts a
+        key once per call); LFU touch counts see a key once per sending rank
+        per call, because batches are deduplicated before the exchange.
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        *,
+        comm: Any = None,
+        partition: str = "hash",
+        key_space: int | None = None,
+        local: LocalTier | Callable[[int], LocalTier] | None = None,
+        timeout: float | None = None,
+        **table_kwargs: Any,
+    ) -> None:
+        self._setup(comm, partition, key_space, timeout)
+        given = isinstance(local, LocalTier)
+        seed = None if given else table_kwargs.pop("seed", None)
+        # Every rank that needs a default seed draws from its own sequence
+        # (keeping them in step); all use rank 0's draw, so every rank
+        # initializes a key alike. The broadcast is unconditional: a rank
+        # whose arguments differ must not leave the others waiting in it.
+        need = seed is None and not given
+        drawn = next_seed() if need else None
+        with self._watch("ShardedTable() seed"):
+            agreed = self._t.bcast(drawn, root=0)
+        if need:
+            seed = agreed
+        tier: LocalTier | None = None
+        error: BaseException | None = None
+        try:
+            if need and seed is None:
+                raise ValueError(
+                    "local: rank 0 passed a built tier and this rank none; every rank "
+                    "must pass the same kind of local"
+                )
+            if given:
+                if table_kwargs:
+                    raise TypeError(
+                        f"table_kwargs: expected none with a built local tier, got "
+                        f"{sorted(table_kwargs)}"
+                    )
+                tier = local  # type: ignore[assignment]
+            elif local is None:
+                tier = Table(dim, seed=seed, **table_kwargs)
+            elif callable(local):
+                if table_kwargs:
+                    raise TypeError(
+                        f"table_kwargs: expected only seed with a local factory, got "
+                        f"{sorted(table_kwargs)}"
+                    )
+                tier = local(int(seed))  # type: ignore[arg-type]
+                if not isinstance(tier, LocalTier):
+                    raise TypeError(
+                        "local: expected the factory to return a Table or a DeviceCache, "
+                        f"got {type(tier).__name__}"
+                    )
+            else:
+                raise TypeError(
+                    "local: expected a Table, a DeviceCache or a factory of one, "
+                    f"got {type(local).__name__}"
+                )
+            assert tier is not None
+            if tier.dim != check_int("dim", dim, 1, 1 << 20):
+                raise ValueError(f"dim: expected the local tier's dim {tier.dim}, got {dim}")
+        except Exception as e:
+            error = e
+        self._agree("ShardedTable()", error)
+        assert tier is not None
+        self.local: LocalTier = tier
+        self._check_config()
+
+    # -- set-up ---------------------------------------------------------------
+
+    def _setup(
+        self, comm: Any, partition: str, key_space: int | None, timeout: float | None
+    ) -> None:
+        self._t: Transport = transport_of(comm)
+        #: The communicator (MPI) or process group (torch.distributed) given.
+        self.comm = getattr(self._t, "comm", getattr(self._t, "group", None))
+        self.rank = self._t.rank
+        self.size = self._t.size
+        self.timeout = DEFAULT_TIMEOUT
+        self.last_call: dict[str, int] = {"sent_bytes": 0, "received_bytes": 0}
+        #: Seconds the last call spent in MPI exchanges (waiting included).
+        self.last_exchange_seconds = 0.0
+        self.total_sent_bytes = 0
+        self.total_received_bytes = 0
+        error: BaseException | None = None
+        try:
+            check_name("partition", "partitions", partition)
+            if partition == "div" and (key_space is None or int(key_space) < 1):
+                raise ValueError('key_space: expected key_space > 0 with partition="div"')
+            if timeout is not None:
+                self.timeout = _check_timeout(timeout, "timeout")
+        except Exception as e:
+            error = e
+        self._agree("ShardedTable()", error)
+        self.partition = partition
+        self.key_space = None if key_space is None else int(key_space)
+        # An id agreed by every rank, named in every later call's agreement:
+        # ranks that call different tables stop with an error instead of
+        # exchanging one table's rows into another.
+        global _NEXT_TABLE_ID
+        with self._watch("ShardedTable()"):
+            self._id = self._t.allreduce_max(_NEXT_TABLE_ID)
+        _NEXT_TABLE_ID = self._id + 1
+
+    def _config(self) -> dict[str, Any]:
+        return {**self.local.config(), "partition": self.partition, "key_space": self.key_space}
+
+    def _check_config(self) -> None:
+        """Every rank must have the same configuration: compare per-field
+        checksums; a difference raises on every rank, naming the fields."""
+        cfg = self._config()
+        names = sorted(cfg)
+        mine = np.array(
+            [zlib.crc32(json.dumps(cfg[n], sort_keys=True).encode()) for n in names], np.int64
+        )
+        with self._watch("ShardedTable()"):
+            everyone = self._t.allgather_rows(mine)
+        differ = [n for j, n in enumerate(names) if (everyone[:, j] != everyone[0, j]).any()]
+        if differ:
+            raise ValueError(
+                f"configuration differs across ranks in {differ} (rank {self.rank}: "
+                f"{ {n: cfg[n] for n in differ} }); every rank must pass the same"
+            )
+
+    # -- failure handling -------------------------------------------------------
+
+    @contextmanager
+    def _watch(self, what: str) -> Iterator[None]:
+        """Abort the whole job if the block does not finish in time."""
+
+        def fire() -> None:
+            sys.stderr.write(
+                f"embstore: rank {self.rank}: {what} did not finish within {self.timeout:g} s "
+                "(another rank failed or stopped calling); aborting the MPI job\n"
+            )
+            sys.stderr.flush()
+            self._t.abort(70)
+
+        timer = threading.Timer(self.timeout, fire)
+        timer.daemon = True
+        timer.start()
+        try:
+            yield
+        finally:
+            timer.cancel()
+
+    def _agree(
+        self,
+        what: str,
+        error: BaseException | None,
+        args: tuple[Any, ...] | None = (),
+        vote: bool = False,
+    ) -> bool:
+        """Every rank learns which call the others entered (``what``: the
+        table's agreed id, the call's name), with which arguments that must
+        be the same on every rank (``args``: flags, a checkpoint path; None
+        where this rank refused them), and whether any rank refused its
+        input; all raise if the calls or arguments differ or any refused.
+        Every collective call starts here, before any exchange, so ranks
+        that enter different calls, or calls on different tables, stop with
+        an error instead of exchanging each other's data. Returns whether
+        every rank voted yes (``vote``: a shortcut all must take or none)."""
+        tag = f"table {self._id}: {what}" if hasattr(self, "_id") else what
+        with self._watch(what):
+            msgs = self._t.allgather(
+                (tag, args, None if error is None else f"{type(error).__name__}: {error}", vote)
+            )
+        calls = {r: w for r, (w, _, _, _) in enumerate(msgs)}
+        if len(set(calls.values())) > 1:
+            raise RuntimeError(
+                f"{what}: the ranks entered different collective calls "
+                f"({', '.join(f'rank {r}: {w}' for r, w in calls.items())}); every rank must "
+                "make the same calls on the same tables in the same order; nothing changed"
+            )
+        given = {r: a for r, (_, a, m, _) in enumerate(msgs) if m is None}
+        if len({repr(a) for a in given.values()}) > 1:
+            raise ValueError(
+                f"{what}: the ranks passed different arguments "
+                f"({', '.join(f'rank {r}: {a}' for r, a in given.items())}); every rank must "
+                "pass the same; nothing changed"
+            )
+        bad = {r: m for r, (_, _, m, _) in enumerate(msgs) if m is not None}
+        if not bad:
+            return all(v for (_, _, _, v) in msgs)
+        if error is not None:
+            raise error
+        first = min(bad)
+        raise ValueError(f"{what}: rank {first} refused its input ({bad[first]}); nothing changed")
+
+    def _prepare(
+        self,
+        what: str,
+        fn: Callable[[], Any],
+        agreed: Callable[[Any], tuple[Any, ...]] = lambda _: (),
+    ) -> Any:
+        """Run local checks and preparation; agree across ranks before sending.
+        Any exception is agreed (a rank that raised alone would leave the
+        others waiting in the exchange), and so are the arguments
+        ``agreed(result)`` picks from the result (flags every rank must pass
+        alike)."""
+        return self._prepare_voted(what, fn, agreed)[0]
+
+    def _prepare_voted(
+        self,
+        what: str,
+        fn: Callable[[], Any],
+        agreed: Callable[[Any], tuple[Any, ...]] = lambda _: (),
+        vote: Callable[[Any], bool] = lambda _: False,
+    ) -> tuple[Any, bool]:
+        """:meth:`_prepare`, and whether every rank voted ``vote(result)``."""
+        result = None
+        args: tuple[Any, ...] | None = None
+        error: BaseException | None = None
+        yes = False
+        try:
+            result = fn()
+            args = agreed(result)
+            yes = bool(vote(result))
+        except Exception as e:
+            error = e
+        return result, self._agree(what, error, args, yes)
+
+    # -- exchange -----------------------------------------------------------------
+
+    def _alltoallv(
+        self, send: np.ndarray, send_counts: np.ndarray, recv_counts: np.ndarray, width: int
+    ) -> np.ndarray:
+        """Exchange rows of ``width`` items: ``send`` holds rank 0's rows, then rank 1's..."""
+        sc = (send_counts * width).astype(np.int64)
+        rc = (recv_counts * width).astype(np.int64)
+        if max(int(sc.sum()), int(rc.sum())) >= 2**31:
+            raise ValueError("batch too large for one exchange (2**31 items); split it")
+        t0 = time.perf_counter()
+        recv = self._t.alltoallv(np.ascontiguousarray(send).reshape(-1), sc, rc)
+        self.last_exchange_seconds += time.perf_counter() - t0
+        item = send.dtype.itemsize
+        self.last_call["sent_bytes"] += int((sc.sum() - sc[self.rank]) * item)
+        self.last_call["received_bytes"] += int((rc.sum() - rc[self.rank]) * item)
+        return recv
+
+    def _plan(
+        self, keys: npt.NDArray[np.int64]
+    ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+        """The batch's distinct keys grouped by owner, each position's index
+        among them, and the count each rank owns (one native pass; a key
+        outside a "div" key space is refused here, before any exchange)."""
+        return ops.plan_exchange(keys, self.size, self.partition, self.key_space)
+
+    def _route(
+        self, uniq: npt.NDArray[np.int64], counts: npt.NDArray[np.int64]
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Send distinct keys (grouped by owner, ``counts`` a rank) to their
+        owners: (send_counts, recv_counts, recv_keys)."""
+        send_counts = np.ascontiguousarray(counts, dtype=np.int64)
+        t0 = time.perf_counter()
+        recv_counts = self._t.alltoall(send_counts)
+        self.last_exchange_seconds += time.perf_counter() - t0
+        self.last_call["sent_bytes"] += 8 * (self.size - 1)
+        self.last_call["received_bytes"] += 8 * (self.size - 1)
+        recv_keys = self._alltoallv(uniq, send_counts, recv_counts, 1)
+        return send_counts, recv_counts, recv_keys
+
+    def _begin(self) -> None:
+        self.total_sent_bytes += self.last_call["sent_bytes"]
+        self.total_received_bytes += self.last_call["received_bytes"]
+        self.last_call = {"sent_bytes": 0, "received_bytes": 0}
+        self.last_exchange_seconds = 0.0
+
+    def _fetch_unique(
+        self, uniq: npt.NDArray[np.int64], counts: npt.NDArray[np.int64], insert: bool
+    ) -> tuple[np.ndarray, tuple[np.ndarray, ...]]:
+        """Rows of distinct keys (grouped by owner, ``counts`` a rank), from
+        their owners, in ``uniq``'s order; and the route taken (for a step on
+        the same keys to send its gradients along)."""
+        dim = self.local.dim
+        route = self._route(uniq, counts)
+        sc, rc, recv_keys = route
+        rows = to_numpy(self.local.lookup(recv_keys, insert=insert))
+        return self._alltoallv(rows, rc, sc, dim).reshape(-1, dim), route
+
+    def _fetch_found(
+        self, uniq: npt.NDArray[np.int64], counts: npt.NDArray[np.int64]
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`_fetch_unique` without inserting, with each key's found
+        flag from its owner as one more float column of the rows sent back."""
+        dim = self.local.dim
+        sc, rc, recv_keys = self._route(uniq, counts)
+        rows, found = self.local.lookup(recv_keys, insert=False, return_found=True)
+        packed = np.empty((recv_keys.shape[0], dim + 1), np.float32)
+        packed[:, :dim] = to_numpy(rows)
+        packed[:, dim] = to_numpy(found)
+        back = self._alltoallv(packed, rc, sc, dim + 1).reshape(-1, dim + 1)
+        return np.ascontiguousarray(back[:, :dim]), back[:, dim] > 0
+
+    def _push_unique(
+        self,
+        uniq: npt.NDArray[np.int64],
+        counts: npt.NDArray[np.int64],
+        grads: np.ndarray,
+        route: tuple[np.ndarray, ...] | None = None,
+    ) -> None:
+        """Send summed gradients of distinct keys (grouped by owner) to their
+        owners; one step everywhere. ``route``: the one a lookup of the same
+        keys took, agreed by every rank (the owners have the keys already:
+        only gradients move)."""
+        dim = self.local.dim
+        sc, rc, recv_keys = self._route(uniq, counts) if route is None else route
+        recv = self._alltoallv(grads, sc, rc, dim).reshape(-1, dim)
+        self.local.apply_gradients(recv_keys, recv)
+
+    # -- the batch protocol (collective) ---------------------------------------------
+
+    @property
+    def dim(self) -> int:
+        """Columns per row."""
+        return self.local.dim
+
+    @property
+    def step(self) -> int:
+        """Optimizer steps taken (the same on every rank)."""
+        return self.local.step
+
+    @property
+    def optimizer(self) -> Any:
+        """The optimizer (every rank's is the same)."""
+        return self.local.optimizer
+
+    def lookup(self, keys: Any, *, insert: bool = True, return_found: bool = False) -> Any:
+        """Rows of this rank's ``keys (n,)``: float32 ``(n, dim)``. Collective.
+        ``return_found=True`` (with ``insert=False``, on every rank) returns
+        ``(rows, found)``, ``found`` bool ``(n,)`` from each key's owner, as
+        :meth:`embstore.Table.lookup`'s; the flags travel with the rows (one
+        column more in the same exchange)."""
+        self._begin()
+
+        def prep() -> tuple[bool, bool, np.ndarray, np.ndarray, np.ndarray]:
+            ins = check_bool("insert", insert)
+            found = check_bool("return_found", return_found)
+            if found and ins:
+                raise ValueError(
+                    "return_found: needs insert=False (a lookup that inserts finds every key)"
+                )
+            return (ins, found, *self._plan(as_keys(keys)))
+
+        ins, found, uniq, inv, counts = self._prepare(
+            "lookup", prep, lambda r: (("insert", r[0]), ("return_found", r[1]))
+        )
+        with self._watch("lookup"):
+            if found:
+                rows, flags = self._fetch_found(uniq, counts)
+                return rows[inv], flags[inv]
+            rows, _ = self._fetch_unique(uniq, counts, ins)
+        out: npt.NDArray[np.float32] = rows[inv]
+        return out
+
+    def contains(self, keys: Any) -> npt.NDArray[np.bool_]:
+        """Whether each of this rank's keys has a row anywhere. Collective."""
+        self._begin()
+        uniq, inv, counts = self._prepare("contains", lambda: self._plan(as_keys(keys)))
+        with self._watch("contains"):
+            sc, rc, recv_keys = self._route(uniq, counts)
+            found = to_numpy(self.local.contains(recv_keys)).astype(np.uint8)
+            back = self._alltoallv(found, rc, sc, 1)
+        out: npt.NDArray[np.bool_] = back.astype(bool)[inv]
+        return out
+
+    def apply_gradients(self, keys: Any, grads: Any) -> None:
+        """One optimizer step over every rank's batch: this rank's ``keys (n,)``
+        and ``grads (n, dim)``. Gradients of a key are summed across ranks; its
+        owner applies them. Collective."""
+        self._begin()
+
+        def prep() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+            if self.local.optimizer is None:
+                raise ValueError("optimizer: this table was built with optimizer=None")
+            k = as_keys(keys)
+            g = as_rows(grads, k.shape[0], self.dim, "grads")
+            if not np.isfinite(g).all():
+                raise ValueError("grads: expected only finite values")
+            uniq, inv, counts = self._plan(k)
+            offsets = np.arange(len(k) + 1, dtype=np.int64)
+            summed = ops.spread_pooled(g, inv, offsets, len(uniq))
+            return uniq, counts, summed
+
+        uniq, counts, summed = self._prepare("apply_gradients", prep)
+        with self._watch("apply_gradients"):
+            self._push_unique(uniq, counts, summed)
+
+    def _bags(self, ids: Any, offsets: Any, weights: Any, combiner: str) -> tuple[Any, ...]:
+        i, o, w, c = as_bags(ids, offsets, weights, combiner)
+        batch = ops.check_bags(i, o, w, c)
+        uniq, inv, counts = self._plan(i)
+        return i, o, w, c, batch, uniq, inv, counts
+
+    def lookup_pooled(
+        self,
+        ids: Any,
+        offsets: Any,
+        *,
+        combiner: str = "sum",
+        weights: Any = None,
+        insert: bool = True,
+    ) -> npt.NDArray[np.float32]:
+        """Pooled rows of this rank's bags (CSR as :meth:`Table.lookup_pooled`). Collective."""
+        self._begin()
+        ins, (_, o, w, c, _, uniq, inv, counts) = self._prepare(
+            "lookup_pooled",
+            lambda: (check_bool("insert", insert), self._bags(ids, offsets, weights, combiner)),
+            lambda r: (("insert", r[0]),),
+        )
+        with self._watch("lookup_pooled"):
+            rows, _ = self._fetch_unique(uniq, counts, ins)
+        return ops.pool_rows(rows, inv, o, w, c)
+
+    def apply_pooled_gradients(
+        self, ids: Any, offsets: Any, grads: Any, *, combiner: str = "sum", weights: Any = None
+    ) -> None:
+        """Backward of :meth:`lookup_pooled` and one optimizer step over every
+        rank's batch. Collective."""
+        self._begin()
+
+        def prep() -> tuple[Any, ...]:
+            if self.local.optimizer is None:
+                raise ValueError("optimizer: this table was built with optimizer=None")
+            _, o, w, c, batch, uniq, inv, counts = self._bags(ids, offsets, weights, combiner)
+            g = as_rows(grads, batch, self.dim, "grads")
+            if not np.isfinite(g).all():
+                raise ValueError("grads: expected only finite values")
+            return uniq, counts, ops.spread_pooled(g, inv, o, len(uniq), w, c)
+
+        uniq, counts, summed = self._prepare("apply_pooled_gradients", prep)
+        with self._watch("apply_pooled_gradients"):
+            self._push_unique(uniq, counts, summed)
+
+    def __len__(self) -> int:
+        """Rows on all ranks. Collective."""
+        self._agree("len", None)
+        total = np.array([len(self.local)], np.int64)
+        with self._watch("len"):
+            out = self._t.allreduce_sum(total)
+        return int(out[0])
+
+    def evict(self, *, with_rows: bool = False) -> Any:
+        """Run the eviction policy on this rank's rows (see :meth:`Table.evict`);
+        returns the keys this rank evicted (and their rows with
+        ``with_rows``). Local: no communication."""
+        return self.local.evict(with_rows=check_bool("with_rows", with_rows))
+
+    def stats(self) -> dict[str, Any]:
+        """This rank's table stats plus global figures: rows and bytes per rank,
+        bytes this rank sent and received in its last call and in all. Collective."""
+        self._agree("stats", None)
+        local = self.local.stats()
+        mine = np.array(
+            [
+                local["rows"],
+                local["bytes"],
+                self.last_call["sent_bytes"],
+                self.last_call["received_bytes"],
+            ],
+            np.int64,
+        )
+        with self._watch("stats"):
+            every = self._t.allgather_rows(mine)
+        return {
+            **local,
+            "rank": self.rank,
+            "size": self.size,
+            "partition": self.partition,
+            "global_rows": int(every[:, 0].sum()),
+            "rows_per_rank": every[:, 0].tolist(),
+            "bytes_per_rank": every[:, 1].tolist(),
+            "last_call_sent_bytes_per_rank": every[:, 2].tolist(),
+            "last_call_received_bytes_per_rank": every[:, 3].tolist(),
+            "sent_bytes": self.total_sent_bytes + self.last_call["sent_bytes"],
+            "received_bytes": self.total_received_bytes + self.last_call["received_bytes"],
+        }
+
+    # -- checkpoints (collective) -------------------------------------------------------
+
+    def save(self, path: str | os.PathLike[str], *, with_optimizer: bool = True) -> dict[str, Any]:
+        """Every rank writes its rows to ``path`` (a directory on a file system
+        all ranks share), then rank 0 publishes one manifest. The result is an
+        ordinary checkpoint: it loads on any number of ranks and into a single
+        :meth:`embstore.Table.load`. Collective."""
+        where, wo = self._prepare(
+            "save",
+            lambda: (_fspath(path), check_bool("with_optimizer", with_optimizer)),
+            lambda r: (("path", r[0]), ("with_optimizer", r[1])),
+        )
+        with self._watch("save"):
+            ckpt_id = self._t.bcast(self.local.new_checkpoint_id() if self.rank == 0 else None)
+            part: str | None = None
+            error = None
+            try:
+                part = self.local.save_part(where, f"{ckpt_id}-r{self.rank:04d}", with_optimizer=wo)
+            except (CheckpointError, OSError) as e:
+                error = f"rank {self.rank}: {e}"
+            total = self._t.allreduce_sum(np.array([len(self.local)], np.int64))
+            gathered = self._t.gather((part, error), root=0)
+            manifest: dict[str, Any] | None = None
+            if self.rank == 0:
+                assert gathered is not None
+                errors = [e for _, e in gathered if e]
+                if not errors:
+                    try:
+                        parts = [p for p, _ in gathered if p is not None]
+                        manifest = self.local.publish_parts(
+                            where, ckpt_id, parts, int(total[0]), with_optimizer=wo
+                        )
+                    except (CheckpointError, OSError) as e:
+                        errors.append(f"rank 0 publishing: {e}")
+                outcome = "; ".join(errors) if errors else None
+            else:
+                outcome = None
+            outcome = self._t.bcast(outcome, root=0)
+            manifest = self._t.bcast(manifest, root=0)
+        if outcome:
+            # Nothing was published: each rank removes what it wrote.
+            self.local.remove_part(where, f"{ckpt_id}-r{self.rank:04d}")
+            raise CheckpointError(f"checkpoint {where}: not saved: {outcome}")
+        assert manifest is not None
+        return manifest
+
+    @classmethod
+    def load(
+        cls,
+        path: str | os.PathLike[str],
+        *,
+        comm: Any = None,
+        partition: str = "hash",
+        key_space: int | None = None,
+        num_shards: int | None = None,
+        timeout: float | None = None,
+    ) -> ShardedTable:
+        """Load a checkpoint (written by any number of ranks, or by one Table)
+        onto this communicator's ranks: each rank keeps the keys it owns.
+        Collective."""
+        self = cls.__new__(cls)
+        self._setup(comm, partition, key_space, timeout)
+        # Every rank holds the directory's readers' lock before rank 0 reads
+        # the manifest, and loads the checkpoint of the manifest text rank 0
+        # read: a save publishing meanwhile changes manifest.json but deletes
+        # none of that checkpoint's files while any rank holds the lock, so
+        # the ranks agree on one checkpoint (not some the old, some the new).
+        where = self._prepare("load", lambda: _fspath(path), lambda r: (("path", r),))
+        hold = self._prepare("load", lambda: Table.hold_checkpoint(where))
+        try:
+            with self._watch("load"):
+                self._t.barrier()
+                text: tuple[str | None, str | None] | None = None
+                if self.rank == 0:
+                    try:
+                        text = (Table.checkpoint_manifest(where), None)
+                    except Exception as e:
+                        text = (None, f"{type(e).__name__}: {e}")
+                manifest, refused = self._t.bcast(text, root=0)
+            if refused is not None:
+                raise CheckpointError(f"checkpoint {where}: rank 0 could not read it: {refused}")
+
+            def prep() -> Table:
+                return Table.load_owned(
+                    where,
+                    ranks=self.size,
+                    rank=self.rank,
+                    partition=partition,
+                    key_space=key_space,
+                    num_shards=num_shards,
+                    manifest=manifest,
+                )
+
+            local = self._prepare("load", prep)
+        finally:
+            hold.release()
+        self.local = local
+        self._check_config()
+        expect = int(json.loads(manifest)["rows"])
+        total = len(self)
+        if total != expect:
+            raise CheckpointError(
+                f"checkpoint {where}: the ranks loaded {total} rows, the manifest says {expect}"
+            )
+        return self
+
+    def __repr__(self) -> str:
+        return (
+            f"ShardedTable(dim={self.dim}, rank={self.rank}/{self.size}, "
+            f"partition={self.partition!r}, local_rows={len(self.local)})"
+        )

@@ -1,0 +1,344 @@
+//! Writing a table's rows to shard files: each shard's rows gathered into
+//! write buffers in parallel and written as safetensors files with their
+//! hash index, for a save, a publish or a part of a sharded checkpoint.
+
+use crate::error::{Result, ckpt_err};
+use crate::format::file_index;
+use crate::format::files::{Gathered, WRITE_BUFS, fsync_files};
+use crate::format::manifest::{
+    FILE_BYTES, FORMAT, FileEntry, Manifest, NamedConfig, PolicyConfig, VERSION,
+};
+use crate::format::tensors::{Plain, TensorOut, rows_dtype, write_safetensors_with};
+use crate::policy::Policy;
+use crate::table::Table;
+use crate::table::checkpoint::publish::{create_checkpoint_dir, is_ours, remove_partial};
+use crate::table::storage::{Shard, read};
+use rayon::iter::{IndexedParallelIterator, IntoParallelRefIterator, ParallelIterator};
+use safetensors::tensor::Dtype;
+use std::path::Path;
+use std::sync::PoisonError;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+impl Table {
+    /// A manifest describing this table (no files yet), for [`publish_parts`](super::publish_parts).
+    pub fn manifest_base(&self, id: &str, with_optimizer: bool) -> Manifest {
+        let (iname, iparams) = self.initializer.to_named();
+        let optimizer = self.optimizer.map(|o| {
+            let (name, params) = o.to_named();
+            NamedConfig {
+                name: name.to_string(),
+                params,
+            }
+        });
+        let with_state = with_optimizer && self.state_len > 0;
+        Manifest {
+            format: FORMAT.to_string(),
+            version: VERSION,
+            id: id.to_string(),
+            dim: self.dim,
+            dtype: self.policy.format.name().to_string(),
+            state_len: if with_state { self.state_len } else { 0 },
+            state_names: if with_state {
+                self.optimizer
+                    .map(|o| o.state_names().iter().map(|s| (*s).to_string()).collect())
+                    .unwrap_or_default()
+            } else {
+                Vec::new()
+            },
+            optimizer,
+            initializer: NamedConfig {
+                name: iname.to_string(),
+                params: iparams,
+            },
+            seed: self.seed,
+            step: self.step(),
+            num_shards: self.shards.len(),
+            with_optimizer,
+            rows: 0,
+            chain: Vec::new(),
+            policy: (self.policy
+                != Policy {
+                    format: self.policy.format,
+                    ..Policy::default()
+                })
+            .then(|| PolicyConfig::of(&self.policy)),
+            clock: self.clock(),
+            checksum: None,
+        }
+    }
+
+    /// Bytes a row takes in a file at most: its key, its weights as
+    /// stored, its state if written, and room for metadata.
+    pub(super) fn file_row_bytes(&self, with_state: bool) -> usize {
+        8 + 4 * (self.weight_words() + if with_state { self.state_len } else { 0 }) + 16
+    }
+
+    /// Rows a file holds at most.
+    pub(super) fn rows_per_file(&self, with_state: bool) -> usize {
+        (FILE_BYTES / self.file_row_bytes(with_state)).max(1)
+    }
+
+    /// Copies the rows `chunk` of shard `g` into `out` as the bytes of
+    /// their tensors.
+    pub(super) fn gather(
+        &self,
+        g: &Shard,
+        chunk: &[(usize, i64)],
+        with_state: bool,
+        out: &mut Gathered,
+    ) {
+        let dim = self.dim;
+        let fmt = self.policy.format;
+        let with_meta = self.policy.tracks();
+        out.keys.clear();
+        out.kb.clear();
+        out.w.clear();
+        out.st.clear();
+        out.mb.clear();
+        // Sized once: a copy-out's buffers are new (growing them would copy
+        // and fault their pages again at each doubling).
+        let n = chunk.len();
+        let elem = fmt.item_bytes();
+        out.keys.reserve(n);
+        out.kb.reserve(n * 8);
+        out.w.reserve(n * dim * elem);
+        if with_state {
+            out.st.reserve(n * self.state_len * 4);
+        }
+        if with_meta {
+            out.mb.reserve(n * 16);
+        }
+        for &(r, key) in chunk {
+            out.keys.push(key);
+            let row = g.weights(r);
+            fmt.extend_stored(row, dim, &mut out.w);
+            if with_state {
+                f32::extend_le(g.state(r), &mut out.st);
+            }
+            if with_meta {
+                u32::extend_le(&g.meta(r).to_words(), &mut out.mb);
+            }
+        }
+        i64::extend_le(&out.keys, &mut out.kb);
+    }
+
+    /// Writes one gathered file, `{prefix}-SSSSS-CCCC.safetensors` for
+    /// shard `s`'s `c`-th file, with its hash index.
+    pub(super) fn write_gathered(
+        &self,
+        dir: &Path,
+        prefix: &str,
+        (s, c): (usize, usize),
+        got: &Gathered,
+        progress: Option<&AtomicU64>,
+    ) -> Result<FileEntry> {
+        let n = got.keys.len();
+        let mut tensors = vec![
+            TensorOut {
+                name: "keys",
+                dtype: Dtype::I64,
+                shape: vec![n],
+                bytes: &got.kb,
+            },
+            TensorOut {
+                name: "rows",
+                dtype: rows_dtype(self.policy.format),
+                shape: vec![n, self.dim],
+                bytes: &got.w,
+            },
+        ];
+        if self.policy.tracks() {
+            tensors.push(TensorOut {
+                name: "meta",
+                dtype: Dtype::U32,
+                shape: vec![n, 4],
+                bytes: &got.mb,
+            });
+        }
+        if got.with_state {
+            tensors.push(TensorOut {
+                name: "state",
+                dtype: Dtype::F32,
+                shape: vec![n, self.state_len],
+                bytes: &got.st,
+            });
+        }
+        // The file's own hash index, for readers that map it
+        // (`checkpoint::file_index`).
+        let index = file_index::build(&got.keys);
+        let mut ib = Vec::with_capacity(index.len() * 16);
+        i64::extend_le(index.as_flattened(), &mut ib);
+        tensors.push(TensorOut {
+            name: "index",
+            dtype: Dtype::I64,
+            shape: vec![index.len(), 2],
+            bytes: &ib,
+        });
+        let header = [
+            ("index", file_index::INDEX_FORMAT.to_string()),
+            ("num_shards", self.shards.len().to_string()),
+            ("shard", s.to_string()),
+        ];
+        let name = format!("{prefix}-{s:05}-{c:04}.safetensors");
+        let (bytes, crc) = write_safetensors_with(
+            &dir.join(&name),
+            &tensors,
+            Some(
+                header
+                    .into_iter()
+                    .map(|(k, v)| (k.to_string(), v))
+                    .collect(),
+            ),
+        )?;
+        if let Some(p) = progress {
+            p.fetch_add(bytes, Ordering::Relaxed);
+        }
+        Ok(FileEntry {
+            name,
+            rows: n as u64,
+            bytes,
+            crc32c: crc,
+        })
+    }
+
+    /// Writes this table's rows (all, or with `since` those changed in a
+    /// later save generation) to shard files `{prefix}-SSSSS-CCCC.safetensors` in
+    /// `dir`, at most about 256 MB each, and returns their entries: each
+    /// file gathered and written in turn (a buffer per thread). The files
+    /// are not yet fsynced (see [`publish`]). The caller holds the gate
+    /// exclusively.
+    pub(crate) fn write_rows(
+        &self,
+        dir: &Path,
+        prefix: &str,
+        since: Option<u32>,
+        with_optimizer: bool,
+        progress: Option<&AtomicU64>,
+    ) -> Result<Vec<FileEntry>> {
+        let lists = self.rows_to_write(since);
+        self.write_listed(
+            dir,
+            prefix,
+            &lists,
+            with_optimizer && self.state_len > 0,
+            progress,
+        )
+    }
+
+    /// Per shard, the rows to write (as [`Shard::rows_since`]). The caller
+    /// holds the gate exclusively.
+    pub(super) fn rows_to_write(&self, since: Option<u32>) -> Vec<Vec<(usize, i64)>> {
+        if self.policy.tracks() {
+            self.count_queued_reads();
+        }
+        self.shards
+            .par_iter()
+            .map(|lock| read(lock).rows_since(since))
+            .collect()
+    }
+
+    /// [`Table::write_rows`] of the rows `lists` names per shard.
+    pub(super) fn write_listed(
+        &self,
+        dir: &Path,
+        prefix: &str,
+        lists: &[Vec<(usize, i64)>],
+        with_state: bool,
+        progress: Option<&AtomicU64>,
+    ) -> Result<Vec<FileEntry>> {
+        let per_file = self.rows_per_file(with_state);
+        let written: Vec<Vec<FileEntry>> = self
+            .shards
+            .par_iter()
+            .zip(lists.par_iter())
+            .enumerate()
+            .map(|(s, (lock, rows))| -> Result<Vec<FileEntry>> {
+                let g = read(lock);
+                WRITE_BUFS.with(|cell| {
+                    let got = &mut *cell.borrow_mut();
+                    got.with_state = with_state;
+                    rows.chunks(per_file)
+                        .enumerate()
+                        .map(|(c, chunk)| {
+                            self.gather(&g, chunk, with_state, got);
+                            self.write_gathered(dir, prefix, (s, c), got, progress)
+                        })
+                        .collect()
+                })
+            })
+            .collect::<Result<_>>()?;
+        Ok(written.into_iter().flatten().collect())
+    }
+
+    /// Every file [`Table::write_listed`] would write, gathered into memory
+    /// (for writing after the gate is released): `(shard, file number,
+    /// rows)`. The caller holds the gate exclusively.
+    pub(super) fn gather_rows(
+        &self,
+        lists: &[Vec<(usize, i64)>],
+        with_state: bool,
+    ) -> Vec<(usize, usize, Gathered)> {
+        let per_file = self.rows_per_file(with_state);
+        let per_shard: Vec<Vec<(usize, usize, Gathered)>> = self
+            .shards
+            .par_iter()
+            .zip(lists.par_iter())
+            .enumerate()
+            .map(|(s, (lock, rows))| {
+                let g = read(lock);
+                rows.chunks(per_file)
+                    .enumerate()
+                    .map(|(c, chunk)| {
+                        let mut got = Gathered {
+                            with_state,
+                            ..Gathered::default()
+                        };
+                        self.gather(&g, chunk, with_state, &mut got);
+                        (s, c, got)
+                    })
+                    .collect()
+            })
+            .collect();
+        per_shard.into_iter().flatten().collect()
+    }
+
+    /// Writes a consistent snapshot of every row to shard files named
+    /// `{prefix}-...` in `dir` (created if missing; its parent must exist) and fsyncs them, without
+    /// publishing a manifest: for a caller that assembles one manifest from
+    /// several tables (the ranks of a sharded table), then calls [`publish_parts`](super::publish_parts).
+    ///
+    /// # Errors
+    /// `Checkpoint` for I/O errors or a prefix that is not 16 hex digits
+    /// followed by `-` and a name of plain characters (a part's name: the
+    /// files of a single save, named by the id alone, are the ones a
+    /// publish may delete at once when no manifest names them).
+    pub fn write_files(
+        &self,
+        dir: &Path,
+        prefix: &str,
+        with_optimizer: bool,
+        progress: Option<&AtomicU64>,
+    ) -> Result<Vec<FileEntry>> {
+        if !is_ours(&format!("{prefix}-00000-0000.safetensors"))
+            || prefix.len() <= 17
+            || prefix.contains(['/', '\\'])
+        {
+            return Err(ckpt_err(
+                dir,
+                format!("file prefix {prefix:?} is not a checkpoint id"),
+            ));
+        }
+        let _gate = self.gate.write().unwrap_or_else(PoisonError::into_inner);
+        create_checkpoint_dir(dir)?;
+        let written = self
+            .write_rows(dir, prefix, None, with_optimizer, progress)
+            .and_then(|files| {
+                fsync_files(dir, files.iter().map(|f| f.name.as_str()))?;
+                Ok(files)
+            });
+        if written.is_err() {
+            remove_partial(dir, prefix);
+        }
+        written
+    }
+}
