@@ -43,7 +43,7 @@ import numpy as np
 import embstore
 from benches.mapped import private_bytes
 from embstore import optim
-from embstore.demo import Publisher
+from embstore.serving import Publisher
 
 DIM = 64
 

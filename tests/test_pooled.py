@@ -370,7 +370,7 @@ def test_collection_bad_input_changes_nothing(rng: np.random.Generator) -> None:
         coll.apply_pooled_gradients({"a": good, "b": good}, np.ones((2, 4)))
     with pytest.raises(ValueError, match=r"^grads: expected only finite values"):
         coll.apply_pooled_gradients({"a": good, "b": good}, np.full((2, 8), np.inf))
-    with pytest.raises(TypeError, match=r"^features: expected embstore.Table or MappedTable"):
+    with pytest.raises(TypeError, match=r"^features: expected embstore tiers"):
         embstore.Collection({"a": "t"})  # type: ignore[dict-item]
     with pytest.raises(ValueError, match=r"^combiner: expected one of"):
         embstore.Collection({"a": t}, combiner="max")

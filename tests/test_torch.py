@@ -141,7 +141,7 @@ def test_embedding_module_rows_and_gradient_step() -> None:
 
 
 def test_modules_refuse_wrong_arguments() -> None:
-    with pytest.raises(TypeError, match=r"^table: expected an embstore.Table"):
+    with pytest.raises(TypeError, match=r"^table: expected an embstore tier"):
         et.Embedding("t")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match=r'^mode: embstore pools with "sum", "mean" or "sqrtn"'):
         et.EmbeddingBag(embstore.Table(2), combiner="max")

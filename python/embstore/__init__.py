@@ -12,7 +12,7 @@ from embstore._core import free_output_buffers as _free_output_buffers
 from embstore._core import output_buffer_stats as _output_buffer_stats
 from embstore.collection import Collection
 from embstore.exceptions import CheckpointError, EmbstoreError, ReadOnlyError
-from embstore.mapped import MappedTable
+from embstore.serving.mapped import MappedTable
 from embstore.store import Table, manual_seed
 from embstore.strings import hash_keys
 

@@ -8,9 +8,14 @@ from __future__ import annotations
 
 from embstore.distributed.table import ShardedTable
 from embstore.gpu.cache import DeviceCache
-from embstore.protocol import BatchTier, LocalTier, StateTier
+from embstore.protocol import BatchTier, LocalTier, ReadTier, StateTier
+from embstore.serving.mapped import MappedTable
 from embstore.store import Table
 
 
 def _tiers(t: Table, c: DeviceCache, s: ShardedTable) -> tuple[StateTier, LocalTier, BatchTier]:
     return t, c, s
+
+
+def _read(m: MappedTable, t: Table, c: DeviceCache, s: ShardedTable) -> tuple[ReadTier, ...]:
+    return m, t, c, s

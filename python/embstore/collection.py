@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import types
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import numpy.typing as npt
 
-from embstore import _core
+from embstore import _core, ops
 from embstore._convert import (
     as_bags,
     as_keys,
@@ -19,9 +19,10 @@ from embstore._convert import (
     check_default,
     ready_i64,
     ready_rows,
+    to_numpy,
 )
 from embstore.exceptions import ReadOnlyError
-from embstore.mapped import MappedTable
+from embstore.protocol import BatchTier, ReadTier, takes_default
 from embstore.store import Table
 
 __all__ = ["Collection"]
@@ -58,9 +59,12 @@ class Collection:
     Parameters
     ----------
     features:
-        Feature name -> :class:`Table`, in output order; or -> a read-only
-        :class:`MappedTable` (``Table.load(path, mmap=True)``), for a
-        collection that serves (``lookup_pooled(insert=False)``).
+        Feature name -> tier, in output order: a :class:`Table` (Tables'
+        features run in one native call), or any other tier of
+        :class:`embstore.protocol.ReadTier` (a DeviceCache, a ShardedTable,
+        each pooled and stepped by its tier; a read-only
+        :class:`MappedTable`, ``Table.load(path, mmap=True)``, for a
+        collection that serves: ``lookup_pooled(insert=False)``).
     combiner:
         Default combiner of every feature ("sum", "mean" or "sqrtn").
     combiners:
@@ -69,7 +73,7 @@ class Collection:
 
     def __init__(
         self,
-        features: Mapping[str, Table | MappedTable],
+        features: Mapping[str, ReadTier],
         *,
         combiner: str = "sum",
         combiners: Mapping[str, str] | None = None,
@@ -77,10 +81,11 @@ class Collection:
         if not isinstance(features, Mapping) or not features:
             raise ValueError("features: expected a non-empty mapping of name -> Table")
         for name, table in features.items():
-            if not isinstance(table, (Table, MappedTable)):
+            if not isinstance(table, ReadTier):
                 raise TypeError(
-                    f"features: expected embstore.Table or MappedTable values, got "
-                    f"{type(table).__name__} for {name!r}"
+                    "features: expected embstore tiers (Table, MappedTable, DeviceCache, "
+                    f"ShardedTable: embstore.protocol.ReadTier), got {type(table).__name__} "
+                    f"for {name!r}"
                 )
         combiners = dict(combiners or {})
         unknown = set(combiners) - set(features)
@@ -93,8 +98,11 @@ class Collection:
         self._dim = sum(t.dim for t in self._features.values())
         self._untrained = [n for n, t in self._features.items() if t.optimizer is None]
         self._no_weights: list[npt.NDArray[np.float32] | None] = [None] * len(self._features)
-        #: The features over read-only mapped tables (pooled one by one).
-        self._mapped = [n for n, t in self._features.items() if isinstance(t, MappedTable)]
+        #: The features whose tier is not a Table (pooled and stepped by
+        #: their tiers, one by one, not in the Tables' one native call).
+        self._apart = [n for n, t in self._features.items() if not isinstance(t, Table)]
+        #: The features over tiers that store no rows and take no step.
+        self._read_only = [n for n, t in self._features.items() if not t.writable]
 
     @property
     def features(self) -> list[str]:
@@ -102,7 +110,7 @@ class Collection:
         return list(self._features)
 
     @property
-    def tables(self) -> Mapping[str, Table | MappedTable]:
+    def tables(self) -> Mapping[str, ReadTier]:
         """Feature name -> table, read-only (a collection's features are
         fixed when it is made: assigning an entry raises TypeError instead
         of changing a copy)."""
@@ -177,7 +185,7 @@ class Collection:
         return ids, offsets, size
 
     def _inners(self) -> list[Any]:
-        return [t._inner for t in self._features.values()]
+        return [cast(Table, t)._inner for t in self._features.values()]
 
     def lookup_pooled(
         self, batch: Batch, *, insert: bool = True, default: str = "init"
@@ -193,7 +201,7 @@ class Collection:
         """
         mode, _ = check_default(default, None)
         flag = check_bool("insert", insert)
-        if self._mapped:
+        if self._apart:
             return self._lookup_each(batch, flag, mode)
         split = self._split(batch)
         if split is not None:
@@ -213,38 +221,74 @@ class Collection:
         )
 
     def _lookup_each(self, batch: Batch, insert: bool, mode: str) -> npt.NDArray[np.float32]:
-        """:meth:`lookup_pooled` of a collection with mapped tables: each
-        feature pooled by its table, side by side (a mapped table refuses
-        ``insert=True``)."""
-        if insert:
+        """:meth:`lookup_pooled` of a collection with tiers other than
+        Tables: each feature pooled by its tier, side by side (a read-only
+        tier refuses ``insert=True``)."""
+        if insert and self._read_only:
+            name = self._read_only[0]
             raise ReadOnlyError(
-                f"lookup_pooled(insert=True): the table of feature {self._mapped[0]!r} is "
-                "read-only (a MappedTable); pass insert=False to serve"
+                f"lookup_pooled(insert=True): the table of feature {name!r} is read-only "
+                f"(a {type(self._features[name]).__name__}); pass insert=False to serve"
             )
         ids, offsets, weights, combiners, size = self._args(batch)
         out = np.empty((size, self._dim), np.float32)
         at = 0
-        for table, i, o, w, c in zip(
-            self._features.values(), ids, offsets, weights, combiners, strict=True
-        ):
-            out[:, at : at + table.dim] = table.lookup_pooled(
-                i, o, combiner=c, weights=w, insert=False, default=mode
-            )
+        for name, i, o, w, c in zip(self._features, ids, offsets, weights, combiners, strict=True):
+            table = self._features[name]
+            if takes_default(table):
+                rows = cast(Any, table).lookup_pooled(
+                    i, o, combiner=c, weights=w, insert=insert, default=mode
+                )
+            elif mode == "init":
+                rows = table.lookup_pooled(i, o, combiner=c, weights=w, insert=insert)
+            else:
+                raise ValueError(
+                    f"default: the table of feature {name!r} (a {type(table).__name__}) reads "
+                    'a missing id as its initializer\'s row; expected default="init"'
+                )
+            out[:, at : at + table.dim] = to_numpy(rows)
             at += table.dim
         return out
+
+    def _step_each(self, batch: Batch, grads: Any) -> None:
+        """:meth:`apply_pooled_gradients` of a collection with tiers other
+        than Tables: one step per distinct tier (its features' gradients
+        spread to their ids and summed), the tiers one after another."""
+        ids, offsets, weights, combiners, size = self._args(batch)
+        g = as_rows(grads, size, self._dim, "grads")
+        if not np.isfinite(g).all():
+            raise ValueError("grads: expected only finite values")
+        steps: dict[int, tuple[BatchTier, list[Any], list[Any]]] = {}
+        at = 0
+        for name, i, o, w, c in zip(self._features, ids, offsets, weights, combiners, strict=True):
+            table = cast(BatchTier, self._features[name])
+            keys, inverse = ops.unique_inverse(i)
+            part = ops.spread_pooled(
+                np.ascontiguousarray(g[:, at : at + table.dim]), inverse, o, keys.shape[0], w, c
+            )
+            entry = steps.setdefault(id(table), (table, [], []))
+            entry[1].append(keys)
+            entry[2].append(part)
+            at += table.dim
+        for tier, tier_keys, tier_grads in steps.values():
+            tier.apply_gradients(np.concatenate(tier_keys), np.concatenate(tier_grads))
 
     def apply_pooled_gradients(self, batch: Batch, grads: Any) -> None:
         """Backward of :meth:`lookup_pooled` (``grads`` has its output's
         layout) and one optimizer step per distinct table."""
-        if self._mapped:
+        if self._read_only:
+            name = self._read_only[0]
             raise ReadOnlyError(
-                f"apply_pooled_gradients: the table of feature {self._mapped[0]!r} is "
-                "read-only (a MappedTable)"
+                f"apply_pooled_gradients: the table of feature {name!r} is read-only "
+                f"(a {type(self._features[name]).__name__})"
             )
         if self._untrained:
             raise ValueError(
                 f"optimizer: the table of feature {self._untrained[0]!r} has no optimizer"
             )
+        if self._apart:
+            self._step_each(batch, grads)
+            return
         split = self._split(batch)
         if split is not None and ready_rows(grads, split[2], self._dim):
             _core.collection_apply_pooled_gradients(

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import os
 import sys
-import threading
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -29,6 +28,7 @@ import numpy.typing as npt
 import embstore
 from embstore import init, optim
 from embstore._cli import Parser, phase, positive_int, require
+from embstore.serving import Publisher
 
 FIELDS = 26
 DENSE = 13
@@ -230,37 +230,6 @@ class TorchFM:
         loss.backward()  # also steps the embedding table (fused backward)
         self.opt.step()
         return float(loss.detach())
-
-
-class Publisher:
-    """Saves ``table`` incrementally to ``path`` every ``every`` seconds
-    from a background thread (on a fixed schedule; at once when the save
-    before ran late), as a trainer publishes for serving readers
-    (``Table.load(path, mmap=True, follow=...)``): rows only by default."""
-
-    def __init__(
-        self, table: embstore.Table, path: str, every: float, with_optimizer: bool = False
-    ) -> None:
-        self.table, self.path, self.every = table, path, every
-        self.with_optimizer = with_optimizer
-        self.seconds: list[float] = []
-        self._stop = threading.Event()
-        table.save(path, with_optimizer=with_optimizer)
-        self._thread = threading.Thread(target=self._run, name=f"publish {path}", daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        start, n = time.perf_counter(), 0
-        while not self._stop.wait(max(0.0, start + (n + 1) * self.every - time.perf_counter())):
-            n += 1
-            t0 = time.perf_counter()
-            self.table.save(self.path, incremental=True, with_optimizer=self.with_optimizer)
-            self.seconds.append(time.perf_counter() - t0)
-
-    def stop(self) -> None:
-        """Stops publishing (after the save under way, if any)."""
-        self._stop.set()
-        self._thread.join()
 
 
 def run(

@@ -13,14 +13,44 @@ tier implements its protocol (``embstore/_tiers.py``, never imported).
 
 from __future__ import annotations
 
+import functools
+import inspect
 import os
 from typing import Any, Protocol, runtime_checkable
 
-__all__ = ["BatchTier", "LocalTier", "StateTier"]
+__all__ = ["BatchTier", "LocalTier", "ReadTier", "StateTier", "takes_default"]
 
 
 @runtime_checkable
-class BatchTier(Protocol):
+class ReadTier(Protocol):
+    """What a front end (a :class:`embstore.Collection`, the torch modules)
+    reads rows through: every tier, the read-only
+    :class:`embstore.MappedTable` included. ``writable`` says whether it
+    stores rows and takes steps (a module over a tier that is not is
+    frozen); a front end checks it, never a tier's class."""
+
+    @property
+    def dim(self) -> int: ...
+    @property
+    def writable(self) -> bool: ...
+    @property
+    def optimizer(self) -> Any: ...
+    def lookup(self, keys: Any, *, insert: bool = True, return_found: bool = False) -> Any: ...
+    def lookup_pooled(
+        self,
+        ids: Any,
+        offsets: Any,
+        *,
+        combiner: str = "sum",
+        weights: Any = None,
+        insert: bool = True,
+    ) -> Any: ...
+    def contains(self, keys: Any) -> Any: ...
+    def __len__(self) -> int: ...
+
+
+@runtime_checkable
+class BatchTier(ReadTier, Protocol):
     """The batch calls of every tier: one call is one batch; one
     ``apply_gradients`` call is one optimizer step; duplicate keys are summed
     first; a refused call changes nothing."""
@@ -103,3 +133,16 @@ class StateTier(LocalTier, Protocol):
     def write_back(self, keys: Any, rows: Any, state: Any) -> None: ...
     def take_step(self) -> int: ...
     def apply_gradients(self, keys: Any, grads: Any, *, step: int | None = None) -> None: ...
+
+
+@functools.cache
+def _lookup_takes_default(cls: type) -> bool:
+    return "default" in inspect.signature(getattr(cls, "lookup")).parameters  # noqa: B009
+
+
+def takes_default(tier: ReadTier) -> bool:
+    """Whether a tier's lookups take ``default=`` (what a missing key reads
+    as: a Table's and a MappedTable's do; a DeviceCache's and a
+    ShardedTable's read it as the initializer's row): a front end asks
+    this, not the tier's class."""
+    return _lookup_takes_default(type(tier))

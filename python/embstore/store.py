@@ -26,11 +26,11 @@ from embstore._convert import (
 )
 from embstore._progress import run_with_progress
 from embstore.init import Initializer, Uniform
-from embstore.mapped import MappedTable
 from embstore.optim import Optimizer
 from embstore.parts import CheckpointParts
 from embstore.policy import Admission
 from embstore.seeds import manual_seed, next_seed
+from embstore.serving.mapped import MappedTable
 
 if TYPE_CHECKING:
     import torch
@@ -205,6 +205,12 @@ class Table(CheckpointParts):
         )
 
     # -- properties ---------------------------------------------------------
+
+    @property
+    def writable(self) -> bool:
+        """Whether the table stores rows and takes steps: True (see
+        :class:`embstore.protocol.ReadTier`)."""
+        return True
 
     @property
     def dim(self) -> int:

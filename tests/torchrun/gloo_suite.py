@@ -100,5 +100,36 @@ with pytest.raises((TypeError, ValueError)) as refused:
 assert R == 0 or "refused its input" in str(refused.value), refused.value
 close(t.lookup(k_ref, insert=False), rows_ref)  # nothing changed, calls go on
 
+# 5. A torch EmbeddingBag over a ShardedTable trains: each rank's backward
+# is one collective step, equal to one Table stepped on every rank's bags.
+import torch  # noqa: E402
+
+import embstore.torch as et  # noqa: E402
+
+st = ShardedTable(DIM, comm="torch", optimizer=optim.SGD(lr=0.2), seed=13)
+one = embstore.Table(DIM, optimizer=optim.SGD(lr=0.2), seed=13)
+bag = et.EmbeddingBag(st, mode="mean", include_last_offset=True)
+for step in range(4):
+    rng = np.random.default_rng(1000 + 10 * step + R)
+    lens = rng.integers(0, 4, 6)
+    offs = np.concatenate([[0], np.cumsum(lens)]).astype(np.int64)
+    ids = rng.integers(0, 300, int(offs[-1])).astype(np.int64)
+    up = rng.normal(size=(6, DIM)).astype(np.float32)
+    out = bag(torch.from_numpy(ids), torch.from_numpy(offs))
+    close(out.detach().numpy(), one.lookup_pooled(ids, offs, combiner="mean", insert=False))
+    (out * torch.from_numpy(up)).sum().backward()
+    parts = every((ids, offs, up))
+    all_ids = np.concatenate([p[0] for p in parts])
+    starts = np.cumsum([0] + [p[0].shape[0] for p in parts[:-1]])
+    all_offs = np.concatenate(
+        [p[1][:-1] + s for p, s in zip(parts, starts, strict=True)] + [[all_ids.shape[0]]]
+    ).astype(np.int64)
+    one.apply_pooled_gradients(
+        all_ids, all_offs, np.concatenate([p[2] for p in parts]), combiner="mean"
+    )
+k_one, rows_one = one.export()
+close(st.lookup(k_one, insert=False), rows_one)
+assert st.step == one.step == 4
+
 print(f"rank {R}: gloo suite passed ({N} ranks, {t.stats()['global_rows']} rows)", flush=True)
 dist.destroy_process_group()

@@ -453,6 +453,12 @@ class ShardedTable:
     # -- the batch protocol (collective) ---------------------------------------------
 
     @property
+    def writable(self) -> bool:
+        """Whether the table stores rows and takes steps: True (see
+        :class:`embstore.protocol.ReadTier`)."""
+        return True
+
+    @property
     def dim(self) -> int:
         """Columns per row."""
         return self.local.dim

@@ -25,7 +25,6 @@ import concurrent.futures
 import os
 import threading
 import time
-import weakref
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
@@ -37,6 +36,7 @@ from embstore import _convert, _core
 from embstore._convert import to_host
 from embstore.gpu import _optim
 from embstore.gpu import _xp as X
+from embstore.gpu._fork import LIVE
 from embstore.gpu.index import BucketIndex
 from embstore.protocol import StateTier
 
@@ -58,34 +58,6 @@ class _Resolved:
     served_rows: Array | None = None  # rows of the table-served keys (lookups)
     served_grads: np.ndarray | None = None  # their summed gradients, on the host
     served_found: np.ndarray | None = None  # whether the table had each (found lookups)
-
-
-#: Every DeviceCache alive, for the fork handlers below.
-_LIVE: weakref.WeakSet[DeviceCache] = weakref.WeakSet()
-#: The locks the forking thread holds from before the fork until after it.
-_HELD: list[threading.Lock] = []
-
-
-def _before_fork() -> None:
-    """Waits until no DeviceCache call is running, and holds every cache's
-    lock across the fork: a child forked while another thread was inside a
-    call would otherwise inherit that lock held, by a thread that does not
-    exist there, and its first call would wait forever (the native tier
-    does the same for its own calls). Taken in one order (by id)."""
-    for cache in sorted(list(_LIVE), key=id):
-        cache._lock.acquire()
-        _HELD.append(cache._lock)
-
-
-def _after_fork() -> None:
-    while _HELD:
-        _HELD.pop().release()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(
-        before=_before_fork, after_in_parent=_after_fork, after_in_child=_after_fork
-    )
 
 
 class DeviceCache:
@@ -160,7 +132,7 @@ class DeviceCache:
         self._fancy = X.supports_fancy_setitem(self.xp)
         self._lock = threading.Lock()
         self._dtype = str(table.dtype)
-        _LIVE.add(self)
+        LIVE.add(self)
         xp_ = self.xp
         #: Key -> slot; a cached key's row and state sit at its slot.
         self._index = BucketIndex(xp_, int(rows))
@@ -197,6 +169,12 @@ class DeviceCache:
         )
 
     # -- the tier's figures (the protocol's properties) ----------------------------
+
+    @property
+    def writable(self) -> bool:
+        """Whether the cache stores rows and takes steps: True (see
+        :class:`embstore.protocol.ReadTier`)."""
+        return True
 
     @property
     def dim(self) -> int:

@@ -8,16 +8,15 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
 
-from embstore._convert import check_default
+from embstore._convert import check_default, to_numpy
 from embstore.collection import Collection
-from embstore.mapped import MappedTable
 from embstore.optim import Optimizer
-from embstore.store import Table
+from embstore.protocol import BatchTier, ReadTier, takes_default
 from embstore.torch._ops import call
 from embstore.torch.configs import collection_from_configs
 from embstore.torch.module import (
@@ -269,9 +268,9 @@ class _CollectionModule(_TableState):
         self.is_weighted = is_weighted
         self._keyed_tensor, self._jagged_tensor = _output_types()
 
-    def _tables(self) -> dict[str, Table | MappedTable]:
+    def _tables(self) -> dict[str, ReadTier]:
         # One entry per distinct table, named by its first feature.
-        out: dict[str, Table | MappedTable] = {}
+        out: dict[str, ReadTier] = {}
         seen: set[int] = set()
         for name, table in self.collection.tables.items():
             if id(table) not in seen:
@@ -497,7 +496,7 @@ class EmbeddingCollection(_CollectionModule):
 
     def _positions(
         self, inputs: list[torch.Tensor | None], spec: str
-    ) -> tuple[np.ndarray, dict[int, tuple[Table | MappedTable, np.ndarray]]]:
+    ) -> tuple[np.ndarray, dict[int, tuple[ReadTier, np.ndarray]]]:
         """The call's ids and, per distinct table, the positions in them of
         its features' ids."""
         kind, records = _decode(spec)
@@ -508,7 +507,7 @@ class EmbeddingCollection(_CollectionModule):
         assert lengths is not None
         vals, lens = host(values), host(lengths).astype(np.int64)
         ranges = _feature_ranges(names, lens, strides, vals.shape[0])
-        by_table: dict[int, tuple[Table | MappedTable, list[np.ndarray]]] = {}
+        by_table: dict[int, tuple[ReadTier, list[np.ndarray]]] = {}
         for name in self.collection.features:
             table = self.collection.tables[name]
             lo, hi, _, _ = ranges[name]
@@ -520,7 +519,8 @@ class EmbeddingCollection(_CollectionModule):
         rows = np.zeros((vals.shape[0], self.embedding_dim), np.float32)
         default = "init" if store else self.default
         for table, at in by_table.values():
-            rows[at] = table.lookup(vals[at], insert=store, default=default)
+            kw: dict[str, Any] = {"default": default} if takes_default(table) else {}
+            rows[at] = to_numpy(table.lookup(vals[at], insert=store, **kw))
         values = inputs[0]
         assert values is not None
         return torch.from_numpy(rows).to(values.device)
@@ -538,7 +538,7 @@ class EmbeddingCollection(_CollectionModule):
 
         def step() -> None:
             for table, keys, grads in calls:
-                table.apply_gradients(keys, grads)
+                cast(BatchTier, table).apply_gradients(keys, grads)
 
         self._finish(step, lambda: list(calls))
 

@@ -18,16 +18,16 @@ op does the rest on the host.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
 from torch import nn
 
 from embstore import _core
-from embstore._convert import Default, as_bags, check_combiner, check_default
-from embstore.mapped import MappedTable
+from embstore._convert import Default, as_bags, check_combiner, check_default, to_numpy
 from embstore.ops import spread_pooled, unique_inverse
+from embstore.protocol import BatchTier, ReadTier, takes_default
 from embstore.store import Table
 from embstore.torch._ops import call, register
 
@@ -36,7 +36,7 @@ __all__ = ["Embedding", "EmbeddingBag"]
 _STATE_FIELDS = ("keys", "rows", "state", "meta", "clock", "step", "seed")
 
 #: One backward's gradients: (table, distinct keys, their gradient rows).
-Parts = list[tuple[Table | MappedTable, np.ndarray, np.ndarray]]
+Parts = list[tuple[ReadTier, np.ndarray, np.ndarray]]
 
 
 def as_input(x: Any, arg: str) -> torch.Tensor:
@@ -77,14 +77,14 @@ def grad_rows(grad: torch.Tensor, n: int, dim: int) -> np.ndarray:
 
 
 def spread(
-    table: Table | MappedTable,
+    table: ReadTier,
     ids: Any,
     offsets: Any,
     weights: Any,
     combiner: str,
     grads: np.ndarray,
     prefix: str = "",
-) -> tuple[Table | MappedTable, np.ndarray, np.ndarray]:
+) -> tuple[ReadTier, np.ndarray, np.ndarray]:
     """A pooled backward as gradients of distinct keys: ``(table, keys,
     rows)``, what one ``apply_gradients`` call would take."""
     i, o, w, c = as_bags(ids, offsets, weights, combiner, prefix=prefix)
@@ -154,7 +154,7 @@ def _check_accumulate(accumulate: Any) -> int:
     return int(accumulate)
 
 
-def _step_together(steps: list[tuple[Table | MappedTable, np.ndarray, np.ndarray]]) -> None:
+def _step_together(steps: list[tuple[ReadTier, np.ndarray, np.ndarray]]) -> None:
     """One optimizer step of several tables in one native call, which
     applies whole or not at all (the grouped pooled backward, each table's
     keys a feature of one-id bags, padded with empty bags to one batch)."""
@@ -179,6 +179,17 @@ def _step_together(steps: list[tuple[Table | MappedTable, np.ndarray, np.ndarray
         ["sum"] * len(steps),
         grads,
     )
+
+
+def _as_torch(rows: Any) -> torch.Tensor:
+    """A tier's output as a tensor, without a copy where one can be shared:
+    NumPy (a Table's, a ShardedTable's), a tensor (a DeviceCache's over
+    torch), or a CuPy array (through ``__cuda_array_interface__``)."""
+    if isinstance(rows, torch.Tensor):
+        return rows
+    if isinstance(rows, np.ndarray):
+        return torch.from_numpy(rows)
+    return torch.as_tensor(rows)
 
 
 class _TableState(nn.Module):
@@ -210,7 +221,7 @@ class _TableState(nn.Module):
         super().__setstate__(state)  # type: ignore[no-untyped-call]
         self._handle = register(self)
 
-    def _tables(self) -> dict[str, Table | MappedTable]:
+    def _tables(self) -> dict[str, ReadTier]:
         raise NotImplementedError
 
     # The custom ops' side (embstore.torch._ops): every module implements these.
@@ -251,7 +262,7 @@ class _TableState(nn.Module):
         of memory), no table moves and the gradients stay pending."""
         if not self._pending:
             return False
-        merged: dict[int, tuple[Table | MappedTable, list[np.ndarray], list[np.ndarray]]] = {}
+        merged: dict[int, tuple[ReadTier, list[np.ndarray], list[np.ndarray]]] = {}
         for parts in self._pending:
             for table, keys, grads in parts:
                 entry = merged.setdefault(id(table), (table, [], []))
@@ -260,7 +271,7 @@ class _TableState(nn.Module):
         steps = [(t, np.concatenate(k), np.concatenate(g)) for t, k, g in merged.values()]
         if len(steps) == 1:
             table, keys, grads = steps[0]
-            table.apply_gradients(keys, grads)
+            cast(BatchTier, table).apply_gradients(keys, grads)
         else:
             _step_together(steps)
         self._pending = []
@@ -273,9 +284,16 @@ class _TableState(nn.Module):
     def _save_to_state_dict(self, destination: Any, prefix: str, keep_vars: bool) -> None:
         super()._save_to_state_dict(destination, prefix, keep_vars)
         for name, table in self._tables().items():
-            if isinstance(table, MappedTable):
-                continue  # its rows are the checkpoint at its path
-            for field, value in table.state_dict(with_optimizer=self.state_dict_optimizer).items():
+            if not table.writable:
+                continue  # read-only: its rows are the checkpoint at its path
+            export = getattr(table, "state_dict", None)
+            if export is None:
+                raise TypeError(
+                    f"state_dict: the table of {prefix}{name} is a {type(table).__name__}, "
+                    "which has no state_dict; save it with its save(path), or build the "
+                    "module on an embstore.Table"
+                )
+            for field, value in export(with_optimizer=self.state_dict_optimizer).items():
                 destination[f"{prefix}{name}.{field}"] = torch.from_numpy(np.asarray(value))
 
     def _load_from_state_dict(
@@ -299,9 +317,16 @@ class _TableState(nn.Module):
                 for f in _STATE_FIELDS
                 if f"{prefix}{name}.{f}" in state_dict
             }
-            if isinstance(table, MappedTable):
+            if not table.writable:
                 if entries:
-                    error_msgs.append(f"{prefix}{name}: a MappedTable is read-only")
+                    error_msgs.append(f"{prefix}{name}: a {type(table).__name__} is read-only")
+                continue
+            restore = getattr(table, "load_state_dict", None)
+            if restore is None:
+                if entries:
+                    error_msgs.append(
+                        f"{prefix}{name}: a {type(table).__name__} has no load_state_dict"
+                    )
                 continue
             required = [f for f in ("keys", "rows", "step", "seed") if f not in entries]
             if required:
@@ -315,7 +340,7 @@ class _TableState(nn.Module):
                 )
                 continue
             try:
-                table.load_state_dict({f: v.detach().cpu().numpy() for f, v in entries.items()})
+                restore({f: v.detach().cpu().numpy() for f, v in entries.items()})
             except (TypeError, ValueError) as e:
                 error_msgs.append(f"{prefix}{name}: {e}")
 
@@ -328,7 +353,7 @@ class _OneTable(_TableState):
 
     def __init__(
         self,
-        table: Table | MappedTable,
+        table: ReadTier,
         default: Default,
         padding_idx: int | None,
         max_norm: float | None,
@@ -337,11 +362,21 @@ class _OneTable(_TableState):
         sparse: bool,
         accumulate: int,
     ) -> None:
-        if not isinstance(table, (Table, MappedTable)):
+        if not isinstance(table, ReadTier):
             raise TypeError(
-                f"table: expected an embstore.Table or MappedTable, got {type(table).__name__}"
+                "table: expected an embstore tier (a Table, MappedTable, DeviceCache or "
+                f"ShardedTable: embstore.protocol.ReadTier), got {type(table).__name__}"
             )
         check_default(default, table.dim)
+        #: Whether the tier's lookups take ``default=`` (a Table's and a
+        #: MappedTable's do); over one whose do not, a missing id reads as
+        #: the tier's initializer row, so only ``default="init"`` is taken.
+        self._takes_default = takes_default(table)
+        if not self._takes_default and not (isinstance(default, str) and default == "init"):
+            raise ValueError(
+                f"default: a {type(table).__name__} reads a missing id as its initializer's "
+                'row; expected default="init" over it'
+            )
         _refuse_unsupported(max_norm, norm_type, scale_grad_by_freq, sparse)
         padding = _check_padding_idx(padding_idx)
         super().__init__(accumulate)
@@ -350,8 +385,8 @@ class _OneTable(_TableState):
         self.padding_idx = padding
         self.sparse = sparse
         #: A frozen module reads its table only: no row stored, no step
-        #: (always, over a read-only MappedTable).
-        self.frozen = isinstance(table, MappedTable)
+        #: (always, over a tier that is not writable: a MappedTable).
+        self.frozen = not table.writable
 
     @property
     def embedding_dim(self) -> int:
@@ -401,7 +436,7 @@ class _OneTable(_TableState):
         module.frozen = freeze
         return module
 
-    def _tables(self) -> dict[str, Table | MappedTable]:
+    def _tables(self) -> dict[str, ReadTier]:
         return {"table": self.table}
 
 
@@ -428,7 +463,7 @@ class Embedding(_OneTable):
 
     def __init__(
         self,
-        table: Table | MappedTable,
+        table: ReadTier,
         *,
         default: Default = "init",
         padding_idx: int | None = None,
@@ -457,13 +492,16 @@ class Embedding(_OneTable):
         ids = inputs[0]
         assert ids is not None
         flat, keep = self._kept(ids)
-        default = "init" if store else self.default
+        kw: dict[str, Any] = (
+            {"default": "init" if store else self.default} if self._takes_default else {}
+        )
         if keep is None:
-            rows = self.table.lookup(flat, insert=store, default=default)
+            rows = _as_torch(self.table.lookup(flat, insert=store, **kw))
         else:
-            rows = np.zeros((flat.shape[0], self.table.dim), np.float32)  # padding: zeros
-            rows[keep] = self.table.lookup(flat[keep], insert=store, default=default)
-        return torch.from_numpy(rows).view(*ids.shape, self.table.dim).to(ids.device)
+            out = np.zeros((flat.shape[0], self.table.dim), np.float32)  # padding: zeros
+            out[keep] = to_numpy(self.table.lookup(flat[keep], insert=store, **kw))
+            rows = torch.from_numpy(out)
+        return rows.view(*ids.shape, self.table.dim).to(ids.device)
 
     def _empty(self, inputs: list[torch.Tensor | None], spec: str) -> torch.Tensor:
         ids = inputs[0]
@@ -486,7 +524,7 @@ class Embedding(_OneTable):
             np.add.at(summed, inverse, g)
             return [(self.table, keys, summed)]
 
-        self._finish(lambda: self.table.apply_gradients(flat, g), parts)
+        self._finish(lambda: cast(BatchTier, self.table).apply_gradients(flat, g), parts)
 
     def extra_repr(self) -> str:
         return f"dim={self.table.dim}, rows={len(self.table)}"
@@ -517,7 +555,7 @@ class EmbeddingBag(_OneTable):
 
     def __init__(
         self,
-        table: Table | MappedTable,
+        table: ReadTier,
         mode: str | None = None,
         *,
         combiner: str | None = None,
@@ -625,17 +663,15 @@ class EmbeddingBag(_OneTable):
 
     def _run(self, inputs: list[torch.Tensor | None], store: bool, spec: str) -> torch.Tensor:
         ids, off, w = self._bags(inputs)
+        kw: dict[str, Any] = (
+            {"default": "init" if store else self.default} if self._takes_default else {}
+        )
         out = self.table.lookup_pooled(
-            ids,
-            off,
-            combiner=self.combiner,
-            weights=w,
-            insert=store,
-            default="init" if store else self.default,
+            ids, off, combiner=self.combiner, weights=w, insert=store, **kw
         )
         given = inputs[0]
         assert given is not None
-        return torch.from_numpy(out).to(given.device)
+        return _as_torch(out).to(given.device)
 
     def _empty(self, inputs: list[torch.Tensor | None], spec: str) -> torch.Tensor:
         ids, offsets, _ = inputs
@@ -649,7 +685,7 @@ class EmbeddingBag(_OneTable):
         ids, off, w = self._bags(inputs)
         g = grad_rows(grad, off.shape[0] - 1, self.table.dim)
         self._finish(
-            lambda: self.table.apply_pooled_gradients(
+            lambda: cast(BatchTier, self.table).apply_pooled_gradients(
                 ids, off, g, combiner=self.combiner, weights=w
             ),
             lambda: [spread(self.table, ids, off, w, self.combiner, g)],
