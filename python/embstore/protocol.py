@@ -53,34 +53,17 @@ class ReadTier(Protocol):
 
 @runtime_checkable
 class BatchTier(ReadTier, Protocol):
-    """The batch calls of every tier: one call is one batch; one
+    """The batch calls of every tier that trains (the reads of
+    :class:`ReadTier`, and steps): one call is one batch; one
     ``apply_gradients`` call is one optimizer step; duplicate keys are summed
     first; a refused call changes nothing."""
 
-    @property
-    def dim(self) -> int: ...
-    @property
-    def step(self) -> int: ...
-    @property
-    def optimizer(self) -> Any: ...
-    def lookup(self, keys: Any, *, insert: bool = True, return_found: bool = False) -> Any: ...
-    def lookup_pooled(
-        self,
-        ids: Any,
-        offsets: Any,
-        *,
-        combiner: str = "sum",
-        weights: Any = None,
-        insert: bool = True,
-    ) -> Any: ...
     def apply_gradients(self, keys: Any, grads: Any) -> None: ...
     def apply_pooled_gradients(
         self, ids: Any, offsets: Any, grads: Any, *, combiner: str = "sum", weights: Any = None
     ) -> None: ...
-    def contains(self, keys: Any) -> Any: ...
     def save(self, path: str | os.PathLike[str], *, with_optimizer: bool = True) -> Any: ...
     def stats(self) -> dict[str, Any]: ...
-    def __len__(self) -> int: ...
 
 
 @runtime_checkable
