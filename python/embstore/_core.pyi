@@ -151,7 +151,13 @@ class Table:
     ) -> tuple[str, int]: ...
     def write_files(self, path: str, prefix: str, with_optimizer: bool = True) -> str: ...
     def publish_parts(
-        self, path: str, id: str, parts: list[str], rows: int, with_optimizer: bool = True
+        self,
+        path: str,
+        id: str,
+        parts: list[str],
+        rows: int,
+        with_optimizer: bool = True,
+        partition: str | None = None,
     ) -> str: ...
 
 @final

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Self
 
 from embstore import _core
@@ -48,16 +49,20 @@ class CheckpointParts:
         rows: int,
         *,
         with_optimizer: bool = True,
+        partition: Mapping[str, Any] | None = None,
     ) -> dict[str, Any]:
         """Publish one checkpoint at ``path`` made of the ``parts`` that
         :meth:`save_part` wrote (``rows`` rows in all), described by this
-        table's configuration and step; returns its manifest."""
+        table's configuration and step, and with ``partition`` (a
+        :class:`embstore.distributed.Partition`'s ``to_record()``) by how
+        the parts' tables spread their keys; returns its manifest."""
         text = self._inner.publish_parts(
             os.fspath(path),
             checkpoint_id,
             list(parts),
             check_int("rows", rows, 0, _I64_MAX),
             check_bool("with_optimizer", with_optimizer),
+            None if partition is None else json.dumps(dict(partition)),
         )
         manifest: dict[str, Any] = json.loads(text)
         return manifest

@@ -16,6 +16,7 @@ from __future__ import annotations
 import functools
 import inspect
 import os
+from collections.abc import Mapping
 from typing import Any, Protocol, runtime_checkable
 
 __all__ = ["BatchTier", "LocalTier", "ReadTier", "StateTier", "takes_default"]
@@ -86,6 +87,7 @@ class LocalTier(BatchTier, Protocol):
         rows: int,
         *,
         with_optimizer: bool = True,
+        partition: Mapping[str, Any] | None = None,
     ) -> dict[str, Any]: ...
 
 

@@ -131,5 +131,23 @@ k_one, rows_one = one.export()
 close(st.lookup(k_one, insert=False), rows_one)
 assert st.step == one.step == 4
 
+# 6. A checkpoint records its partition; a load without one keeps it (over
+# this job's ranks), a load naming one uses that one.
+from embstore.distributed import Partition  # noqa: E402
+
+dv = ShardedTable(DIM, comm="torch", partition="div", key_space=500, seed=3)
+dv.lookup(np.arange(500)[R::N])
+path = every(tempfile.mkdtemp() if R == 0 else None)[0]
+m = dv.save(path)
+assert m["version"] == 2
+assert Partition.from_record(m["partition"]) == Partition("div", N, key_space=500)
+kept = ShardedTable.load(path, comm="torch")
+assert kept.partitioning == dv.partitioning
+close(kept.lookup(np.arange(500), insert=False), dv.lookup(np.arange(500), insert=False))
+hashed = ShardedTable.load(path, comm="torch", partition="hash")
+assert hashed.partitioning == Partition("hash", N)
+assert len(hashed) == len(dv) == 500
+close(hashed.lookup(np.arange(500), insert=False), dv.lookup(np.arange(500), insert=False))
+
 print(f"rank {R}: gloo suite passed ({N} ranks, {t.stats()['global_rows']} rows)", flush=True)
 dist.destroy_process_group()

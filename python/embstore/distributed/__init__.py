@@ -11,9 +11,10 @@ from __future__ import annotations
 from typing import Any
 
 from embstore.distributed.collection import ShardedCollection
+from embstore.distributed.partition import Partition
 from embstore.distributed.table import ShardedTable
 
-__all__ = ["ShardedCollection", "ShardedTable"]
+__all__ = ["Partition", "ShardedCollection", "ShardedTable"]
 
 
 def __getattr__(name: str) -> Any:

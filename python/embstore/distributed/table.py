@@ -19,14 +19,9 @@ others waiting forever).
 from __future__ import annotations
 
 import json
-import math
 import os
-import sys
-import threading
 import time
-import zlib
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -42,44 +37,14 @@ from embstore._convert import (
     check_name,
     to_numpy,
 )
+from embstore.distributed.agreement import DEFAULT_TIMEOUT, Agreement, check_timeout
+from embstore.distributed.partition import Partition
 from embstore.distributed.transport import Transport, transport_of
 from embstore.exceptions import CheckpointError
 from embstore.protocol import LocalTier
 from embstore.store import Table, next_seed
 
 __all__ = ["ShardedTable"]
-
-
-def _check_timeout(value: Any, arg: str) -> float:
-    """A watchdog timeout in seconds: a finite number > 0 that a timer can
-    wait (``threading.TIMEOUT_MAX``); ValueError naming ``arg`` otherwise."""
-    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
-        raise TypeError(f"{arg}: expected a number of seconds, got {type(value).__name__}")
-    t = float(value)
-    if not (math.isfinite(t) and 0 < t <= threading.TIMEOUT_MAX):
-        raise ValueError(
-            f"{arg}: expected a finite number of seconds in (0, {threading.TIMEOUT_MAX:g}], "
-            f"got {value!r}"
-        )
-    return t
-
-
-def _env_timeout() -> float:
-    raw = os.environ.get("EMBSTORE_MPI_TIMEOUT")
-    if raw is None:
-        return 600.0
-    try:
-        value = float(raw)
-    except ValueError:
-        raise ValueError(
-            f"EMBSTORE_MPI_TIMEOUT: expected a number of seconds, got {raw!r}"
-        ) from None
-    return _check_timeout(value, "EMBSTORE_MPI_TIMEOUT")
-
-
-#: Seconds a collective may take before the watchdog aborts the job
-#: (``EMBSTORE_MPI_TIMEOUT``, default 600).
-DEFAULT_TIMEOUT = _env_timeout()
 
 
 #: The id the next ShardedTable built in this process proposes; the ranks
@@ -98,7 +63,18 @@ def _fspath(path: Any) -> str:
     return where
 
 
-class ShardedTable:
+def _partition_of(partition: str | Partition, key_space: int | None, size: int) -> Partition:
+    """The partition a ShardedTable of ``size`` ranks is given: a kind (with
+    ``key_space``) or a :class:`Partition` (over this job's ranks)."""
+    if isinstance(partition, Partition):
+        if key_space is not None and key_space != partition.key_space:
+            raise ValueError("key_space: expected none beside a Partition (it has its own)")
+        return partition.resized(size)
+    check_name("partition", "partitions", partition)
+    return Partition(partition, size, None if key_space is None else int(key_space))
+
+
+class ShardedTable(Agreement):
     """A table whose rows are spread over the ranks of an MPI communicator
     or a torch.distributed process group.
 
@@ -114,7 +90,10 @@ class ShardedTable:
     partition:
         "hash" (a mixing hash of the key, the default: even for sequential
         keys or keys sharing their low bits), "mod" (key mod world size) or
-        "div" (contiguous ranges of ``[0, key_space)``).
+        "div" (contiguous ranges of ``[0, key_space)``); or a
+        :class:`embstore.distributed.Partition` of those (its
+        ``world_size`` is this job's). :attr:`partitioning` is the value
+        every exchange plans with and a checkpoint records.
     key_space:
         Required with "div": keys lie in ``[0, key_space)``.
     local:
@@ -145,7 +124,7 @@ class ShardedTable:
         dim: int,
         *,
         comm: Any = None,
-        partition: str = "hash",
+        partition: str | Partition = "hash",
         key_space: int | None = None,
         local: LocalTier | Callable[[int], LocalTier] | None = None,
         timeout: float | None = None,
@@ -211,7 +190,7 @@ class ShardedTable:
     # -- set-up ---------------------------------------------------------------
 
     def _setup(
-        self, comm: Any, partition: str, key_space: int | None, timeout: float | None
+        self, comm: Any, partition: str | Partition, key_space: int | None, timeout: float | None
     ) -> None:
         self._t: Transport = transport_of(comm)
         #: The communicator (MPI) or process group (torch.distributed) given.
@@ -225,17 +204,15 @@ class ShardedTable:
         self.total_sent_bytes = 0
         self.total_received_bytes = 0
         error: BaseException | None = None
+        chosen = Partition(world_size=self.size)
         try:
-            check_name("partition", "partitions", partition)
-            if partition == "div" and (key_space is None or int(key_space) < 1):
-                raise ValueError('key_space: expected key_space > 0 with partition="div"')
+            chosen = _partition_of(partition, key_space, self.size)
             if timeout is not None:
-                self.timeout = _check_timeout(timeout, "timeout")
+                self.timeout = check_timeout(timeout, "timeout")
         except Exception as e:
             error = e
         self._agree("ShardedTable()", error)
-        self.partition = partition
-        self.key_space = None if key_space is None else int(key_space)
+        self._use(chosen)
         # An id agreed by every rank, named in every later call's agreement:
         # ranks that call different tables stop with an error instead of
         # exchanging one table's rows into another.
@@ -244,123 +221,17 @@ class ShardedTable:
             self._id = self._t.allreduce_max(_NEXT_TABLE_ID)
         _NEXT_TABLE_ID = self._id + 1
 
+    def _use(self, partitioning: Partition) -> None:
+        #: How keys are spread over the ranks: what every exchange plans
+        #: with and what :meth:`save` records in the manifest.
+        self.partitioning = partitioning
+        #: The partition's kind and key space (as given before there was a
+        #: :class:`Partition`).
+        self.partition = partitioning.kind
+        self.key_space = partitioning.key_space
+
     def _config(self) -> dict[str, Any]:
         return {**self.local.config(), "partition": self.partition, "key_space": self.key_space}
-
-    def _check_config(self) -> None:
-        """Every rank must have the same configuration: compare per-field
-        checksums; a difference raises on every rank, naming the fields."""
-        cfg = self._config()
-        names = sorted(cfg)
-        mine = np.array(
-            [zlib.crc32(json.dumps(cfg[n], sort_keys=True).encode()) for n in names], np.int64
-        )
-        with self._watch("ShardedTable()"):
-            everyone = self._t.allgather_rows(mine)
-        differ = [n for j, n in enumerate(names) if (everyone[:, j] != everyone[0, j]).any()]
-        if differ:
-            raise ValueError(
-                f"configuration differs across ranks in {differ} (rank {self.rank}: "
-                f"{ {n: cfg[n] for n in differ} }); every rank must pass the same"
-            )
-
-    # -- failure handling -------------------------------------------------------
-
-    @contextmanager
-    def _watch(self, what: str) -> Iterator[None]:
-        """Abort the whole job if the block does not finish in time."""
-
-        def fire() -> None:
-            sys.stderr.write(
-                f"embstore: rank {self.rank}: {what} did not finish within {self.timeout:g} s "
-                "(another rank failed or stopped calling); aborting the MPI job\n"
-            )
-            sys.stderr.flush()
-            self._t.abort(70)
-
-        timer = threading.Timer(self.timeout, fire)
-        timer.daemon = True
-        timer.start()
-        try:
-            yield
-        finally:
-            timer.cancel()
-
-    def _agree(
-        self,
-        what: str,
-        error: BaseException | None,
-        args: tuple[Any, ...] | None = (),
-        vote: bool = False,
-    ) -> bool:
-        """Every rank learns which call the others entered (``what``: the
-        table's agreed id, the call's name), with which arguments that must
-        be the same on every rank (``args``: flags, a checkpoint path; None
-        where this rank refused them), and whether any rank refused its
-        input; all raise if the calls or arguments differ or any refused.
-        Every collective call starts here, before any exchange, so ranks
-        that enter different calls, or calls on different tables, stop with
-        an error instead of exchanging each other's data. Returns whether
-        every rank voted yes (``vote``: a shortcut all must take or none)."""
-        tag = f"table {self._id}: {what}" if hasattr(self, "_id") else what
-        with self._watch(what):
-            msgs = self._t.allgather(
-                (tag, args, None if error is None else f"{type(error).__name__}: {error}", vote)
-            )
-        calls = {r: w for r, (w, _, _, _) in enumerate(msgs)}
-        if len(set(calls.values())) > 1:
-            raise RuntimeError(
-                f"{what}: the ranks entered different collective calls "
-                f"({', '.join(f'rank {r}: {w}' for r, w in calls.items())}); every rank must "
-                "make the same calls on the same tables in the same order; nothing changed"
-            )
-        given = {r: a for r, (_, a, m, _) in enumerate(msgs) if m is None}
-        if len({repr(a) for a in given.values()}) > 1:
-            raise ValueError(
-                f"{what}: the ranks passed different arguments "
-                f"({', '.join(f'rank {r}: {a}' for r, a in given.items())}); every rank must "
-                "pass the same; nothing changed"
-            )
-        bad = {r: m for r, (_, _, m, _) in enumerate(msgs) if m is not None}
-        if not bad:
-            return all(v for (_, _, _, v) in msgs)
-        if error is not None:
-            raise error
-        first = min(bad)
-        raise ValueError(f"{what}: rank {first} refused its input ({bad[first]}); nothing changed")
-
-    def _prepare(
-        self,
-        what: str,
-        fn: Callable[[], Any],
-        agreed: Callable[[Any], tuple[Any, ...]] = lambda _: (),
-    ) -> Any:
-        """Run local checks and preparation; agree across ranks before sending.
-        Any exception is agreed (a rank that raised alone would leave the
-        others waiting in the exchange), and so are the arguments
-        ``agreed(result)`` picks from the result (flags every rank must pass
-        alike)."""
-        return self._prepare_voted(what, fn, agreed)[0]
-
-    def _prepare_voted(
-        self,
-        what: str,
-        fn: Callable[[], Any],
-        agreed: Callable[[Any], tuple[Any, ...]] = lambda _: (),
-        vote: Callable[[Any], bool] = lambda _: False,
-    ) -> tuple[Any, bool]:
-        """:meth:`_prepare`, and whether every rank voted ``vote(result)``."""
-        result = None
-        args: tuple[Any, ...] | None = None
-        error: BaseException | None = None
-        yes = False
-        try:
-            result = fn()
-            args = agreed(result)
-            yes = bool(vote(result))
-        except Exception as e:
-            error = e
-        return result, self._agree(what, error, args, yes)
 
     # -- exchange -----------------------------------------------------------------
 
@@ -386,7 +257,7 @@ class ShardedTable:
         """The batch's distinct keys grouped by owner, each position's index
         among them, and the count each rank owns (one native pass; a key
         outside a "div" key space is refused here, before any exchange)."""
-        return ops.plan_exchange(keys, self.size, self.partition, self.key_space)
+        return self.partitioning.plan(keys)
 
     def _route(
         self, uniq: npt.NDArray[np.int64], counts: npt.NDArray[np.int64]
@@ -654,7 +525,12 @@ class ShardedTable:
                     try:
                         parts = [p for p, _ in gathered if p is not None]
                         manifest = self.local.publish_parts(
-                            where, ckpt_id, parts, int(total[0]), with_optimizer=wo
+                            where,
+                            ckpt_id,
+                            parts,
+                            int(total[0]),
+                            with_optimizer=wo,
+                            partition=self.partitioning.to_record(),
                         )
                     except (CheckpointError, OSError) as e:
                         errors.append(f"rank 0 publishing: {e}")
@@ -676,16 +552,18 @@ class ShardedTable:
         path: str | os.PathLike[str],
         *,
         comm: Any = None,
-        partition: str = "hash",
+        partition: str | Partition | None = None,
         key_space: int | None = None,
         num_shards: int | None = None,
         timeout: float | None = None,
     ) -> ShardedTable:
         """Load a checkpoint (written by any number of ranks, or by one Table)
         onto this communicator's ranks: each rank keeps the keys it owns.
-        Collective."""
+        ``partition`` None: the partition the checkpoint records (a
+        ShardedTable's save records its own), over this job's ranks; "hash"
+        for a checkpoint that records none. Collective."""
         self = cls.__new__(cls)
-        self._setup(comm, partition, key_space, timeout)
+        self._setup(comm, "hash" if partition is None else partition, key_space, timeout)
         # Every rank holds the directory's readers' lock before rank 0 reads
         # the manifest, and loads the checkpoint of the manifest text rank 0
         # read: a save publishing meanwhile changes manifest.json but deletes
@@ -705,14 +583,18 @@ class ShardedTable:
                 manifest, refused = self._t.bcast(text, root=0)
             if refused is not None:
                 raise CheckpointError(f"checkpoint {where}: rank 0 could not read it: {refused}")
+            recorded = json.loads(manifest).get("partition")
+            if partition is None and recorded is not None:
+                # Checked by the manifest's parse: the same on every rank.
+                self._use(Partition.from_record(recorded).resized(self.size))
 
             def prep() -> Table:
                 return Table.load_owned(
                     where,
                     ranks=self.size,
                     rank=self.rank,
-                    partition=partition,
-                    key_space=key_space,
+                    partition=self.partition,
+                    key_space=self.key_space,
                     num_shards=num_shards,
                     manifest=manifest,
                 )

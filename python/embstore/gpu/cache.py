@@ -25,6 +25,7 @@ import concurrent.futures
 import os
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
@@ -825,10 +826,11 @@ class DeviceCache:
         rows: int,
         *,
         with_optimizer: bool = True,
+        partition: Mapping[str, Any] | None = None,
     ) -> dict[str, Any]:
         """The table's :meth:`embstore.Table.publish_parts`."""
         manifest: dict[str, Any] = self.table.publish_parts(
-            path, checkpoint_id, parts, rows, with_optimizer=with_optimizer
+            path, checkpoint_id, parts, rows, with_optimizer=with_optimizer, partition=partition
         )
         return manifest
 

@@ -781,7 +781,8 @@ impl PyTable {
     /// Publishes one checkpoint at `path` made of the files of `parts`
     /// (each a `write_files` result), `rows` rows in all, described by this
     /// table's configuration and step; returns the manifest as JSON.
-    #[pyo3(signature = (path, id, parts, rows, with_optimizer=true))]
+    #[pyo3(signature = (path, id, parts, rows, with_optimizer=true, partition=None))]
+    #[allow(clippy::too_many_arguments)]
     fn publish_parts(
         &self,
         py: Python<'_>,
@@ -790,16 +791,27 @@ impl PyTable {
         parts: Vec<String>,
         rows: u64,
         with_optimizer: bool,
+        partition: Option<&str>,
     ) -> PyResult<String> {
         let files = parts
             .iter()
             .map(|p| serde_json::from_str(p))
             .collect::<std::result::Result<Vec<Vec<checkpoint::FileEntry>>, _>>()
             .map_err(|e| PyValueError::new_err(format!("parts: {e}")))?;
+        let partition = partition
+            .map(|text| {
+                let record: checkpoint::PartitionRecord = serde_json::from_str(text)
+                    .map_err(|e| PyValueError::new_err(format!("partition: {e}")))?;
+                record
+                    .check()
+                    .map_err(|e| PyValueError::new_err(e.to_string()))?;
+                Ok::<_, PyErr>(record)
+            })
+            .transpose()?;
         let table = &self.inner;
         let writer = lock_outside_calls(py, &path)?;
         let m = py.enter_store(|| {
-            checkpoint::publish_parts(&writer, table, id, with_optimizer, files, rows)
+            checkpoint::publish_parts(&writer, table, id, with_optimizer, files, rows, partition)
         })?;
         manifest_json(&m)
     }

@@ -17,8 +17,14 @@ use std::sync::Mutex;
 
 /// The format name in every manifest.
 pub const FORMAT: &str = "embstore-checkpoint";
-/// The newest format version this build writes and reads.
-pub const VERSION: u32 = 1;
+/// The newest format version this build reads: 2 adds a checkpoint's
+/// [`PartitionRecord`] (a sharded table's), and only a manifest holding
+/// one is written as 2, so every other checkpoint stays readable by builds
+/// that read version 1 (a newer version is refused by name, where an
+/// unknown field would read as a checksum mismatch).
+pub const VERSION: u32 = 2;
+/// The version of a manifest without a partition.
+pub const VERSION_PLAIN: u32 = 1;
 /// The manifest's file name inside a checkpoint directory.
 pub const MANIFEST: &str = "manifest.json";
 /// Rows per shard file are capped so that one file's bytes stay near this.
@@ -85,9 +91,55 @@ pub struct Manifest {
     /// The table's call clock (LRU recency of the rows' metadata).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub clock: u64,
+    /// How the keys were spread over the ranks that saved it (a sharded
+    /// table's checkpoint; version 2).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub partition: Option<PartitionRecord>,
     /// CRC-32C of the manifest's canonical JSON without this field.
     #[serde(default)]
     pub checksum: Option<u32>,
+}
+
+/// How a sharded table spread its keys over its ranks, as its checkpoint
+/// records it: a partition ([`crate::partition::Partition`]: "hash", "mod"
+/// or "div" over `key_space` keys) over `world_size` ranks, in the record's
+/// own `version` (1).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PartitionRecord {
+    /// "hash", "mod" or "div".
+    pub kind: String,
+    /// Keys lie in `[0, key_space)` ("div" only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key_space: Option<i64>,
+    /// Ranks the keys were spread over.
+    pub world_size: u64,
+    /// The record's version (1).
+    pub version: u32,
+}
+
+impl PartitionRecord {
+    /// Checks the record: a known kind, a key space where "div" needs one,
+    /// 1 to 2^30 ranks, version 1.
+    ///
+    /// # Errors
+    /// What is wrong, naming the field.
+    pub fn check(&self) -> std::result::Result<(), String> {
+        crate::partition::Partition::from_name(&self.kind, self.key_space)
+            .map_err(|e| format!("partition: {e}"))?;
+        if !(1..=1 << 30).contains(&self.world_size) {
+            return Err(format!(
+                "partition: world_size {} out of range (1 to 2^30)",
+                self.world_size
+            ));
+        }
+        if self.version != 1 {
+            return Err(format!(
+                "partition: version {} is not 1 (written by a newer embstore)",
+                self.version
+            ));
+        }
+        Ok(())
+    }
 }
 
 pub(crate) fn is_zero(v: &u64) -> bool {
@@ -402,6 +454,15 @@ pub(crate) fn check_manifest(m: &Manifest) -> std::result::Result<(), String> {
     if let Some(p) = &m.policy {
         p.policy(RowFormat::F32)
             .map_err(|e| format!("policy: {e}"))?;
+    }
+    if let Some(p) = &m.partition {
+        p.check()?;
+        if m.version < VERSION {
+            return Err(format!(
+                "a partition in a version {} manifest (partitions came with version {VERSION})",
+                m.version
+            ));
+        }
     }
     let opt = m
         .optimizer

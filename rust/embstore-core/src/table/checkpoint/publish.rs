@@ -4,7 +4,9 @@
 use crate::error::{Result, ckpt_err};
 use crate::format::dirlock::{DirLock, READERS_LOCK};
 use crate::format::files::{fsync_dir, fsync_files, io_err, read_regular, write_synced};
-use crate::format::manifest::{FileEntry, Link, MANIFEST, Manifest, check_manifest, read_manifest};
+use crate::format::manifest::{
+    FileEntry, Link, MANIFEST, Manifest, PartitionRecord, VERSION, check_manifest, read_manifest,
+};
 use crate::format::{dirlock, untrusted};
 use crate::table::Table;
 use std::fs;
@@ -56,7 +58,8 @@ pub fn lock_for_writing(dir: &Path) -> Result<DirLock> {
 /// the caller took with [`lock_for_writing`], made of `parts` (the files each
 /// part's [`Table::write_files`] wrote, e.g. one per rank of a sharded
 /// table) holding `rows` rows in all, described by `table`'s configuration
-/// and step: the caller never builds a manifest itself.
+/// and step, and with `partition`, how the parts' tables spread their keys
+/// (a version 2 manifest): the caller never builds a manifest itself.
 ///
 /// # Errors
 /// `Checkpoint` for I/O errors, or a `rows` the files cannot hold.
@@ -67,10 +70,15 @@ pub fn publish_parts(
     with_optimizer: bool,
     parts: Vec<Vec<FileEntry>>,
     rows: u64,
+    partition: Option<PartitionRecord>,
 ) -> Result<Manifest> {
     let dir = writer.dir();
     let mut m = table.manifest_base(id, with_optimizer);
     m.rows = rows;
+    if partition.is_some() {
+        m.version = VERSION;
+    }
+    m.partition = partition;
     m.chain = vec![Link {
         kind: "full".to_string(),
         files: parts.into_iter().flatten().collect(),
@@ -408,6 +416,94 @@ mod tests {
             assert!(dir.join(&f.name).exists(), "{} kept", f.name);
         }
         assert!(dir.join("notes.txt").exists(), "a file not ours is kept");
+    }
+
+    #[test]
+    fn a_partition_is_recorded_in_a_version_2_manifest_and_checked() {
+        use crate::format::manifest::{PartitionRecord, VERSION_PLAIN, parse_manifest};
+        let dir = temp_dir("publish-partition");
+        let t = table(2, 2, sgd(0.1));
+        t.lookup(&[1, 2, 3], true, &mut [0.0; 6]).unwrap();
+        let id = crate::format::files::new_id();
+        let files = t
+            .write_files(&dir, &format!("{id}-r0000"), false, None)
+            .unwrap();
+        let record = PartitionRecord {
+            kind: "div".into(),
+            key_space: Some(100),
+            world_size: 3,
+            version: 1,
+        };
+        let writer = lock_for_writing(&dir).unwrap();
+        let m = publish_parts(
+            &writer,
+            &t,
+            &id,
+            false,
+            vec![files],
+            3,
+            Some(record.clone()),
+        )
+        .unwrap();
+        drop(writer);
+        assert_eq!((m.version, m.partition.as_ref()), (VERSION, Some(&record)));
+        let read = read_manifest(&dir).unwrap();
+        assert_eq!(read.partition, Some(record.clone()));
+        assert_eq!(
+            crate::table::Table::load(&dir, None, None).unwrap().0.len(),
+            3
+        );
+        // A plain save stays version 1 (older builds read it).
+        t.save(&dir, false, false, None).unwrap();
+        let plain = read_manifest(&dir).unwrap();
+        assert_eq!((plain.version, plain.partition), (VERSION_PLAIN, None));
+        // Crafted records are refused, named (checksums recomputed).
+        let text = std::fs::read(dir.join(MANIFEST)).unwrap();
+        let base: Manifest = serde_json::from_slice(&text).unwrap();
+        let bad = [
+            (
+                PartitionRecord {
+                    kind: "x".into(),
+                    ..record.clone()
+                },
+                2,
+                "partition",
+            ),
+            (
+                PartitionRecord {
+                    key_space: None,
+                    ..record.clone()
+                },
+                2,
+                "key_space",
+            ),
+            (
+                PartitionRecord {
+                    world_size: 0,
+                    ..record.clone()
+                },
+                2,
+                "world_size",
+            ),
+            (
+                PartitionRecord {
+                    version: 2,
+                    ..record.clone()
+                },
+                2,
+                "version 2",
+            ),
+            (record.clone(), 1, "partition in a version 1"),
+        ];
+        for (rec, version, says) in bad {
+            let mut m = base.clone();
+            m.partition = Some(rec);
+            m.version = version;
+            m.checksum = Some(m.compute_checksum());
+            let err = parse_manifest(&dir, &serde_json::to_vec(&m).unwrap()).unwrap_err();
+            assert!(err.to_string().contains(says), "{says}: {err}");
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

@@ -6,7 +6,7 @@ use crate::error::{Result, ckpt_err};
 use crate::format::file_index;
 use crate::format::files::{Gathered, WRITE_BUFS, fsync_files};
 use crate::format::manifest::{
-    FILE_BYTES, FORMAT, FileEntry, Manifest, NamedConfig, PolicyConfig, VERSION,
+    FILE_BYTES, FORMAT, FileEntry, Manifest, NamedConfig, PolicyConfig, VERSION_PLAIN,
 };
 use crate::format::tensors::{Plain, TensorOut, rows_dtype, write_safetensors_with};
 use crate::policy::Policy;
@@ -33,7 +33,7 @@ impl Table {
         let with_state = with_optimizer && self.state_len > 0;
         Manifest {
             format: FORMAT.to_string(),
-            version: VERSION,
+            version: VERSION_PLAIN,
             id: id.to_string(),
             dim: self.dim,
             dtype: self.policy.format.name().to_string(),
@@ -63,6 +63,7 @@ impl Table {
                 })
             .then(|| PolicyConfig::of(&self.policy)),
             clock: self.clock(),
+            partition: None,
             checksum: None,
         }
     }
