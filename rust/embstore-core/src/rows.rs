@@ -40,26 +40,60 @@ impl Missing<'_> {
         Ok(())
     }
 
-    /// What a key without a row reads as, into `dst` (`dim` floats): the
-    /// row `initializer` gives it under `seed` (rounded to `format`),
-    /// zeros or the given row.
+    /// What a key without a row reads as, into `dst` (`dim` floats): its
+    /// new row ([`NewRows::read`]), zeros or the given row.
     #[inline]
-    pub(crate) fn fill(
-        self,
-        initializer: &Initializer,
-        backend: Backend,
-        seed: u64,
-        format: RowFormat,
-        key: i64,
-        dst: &mut [f32],
-    ) {
+    pub(crate) fn fill(self, new: &NewRows<'_>, key: i64, dst: &mut [f32]) {
         match self {
-            Missing::Init => {
-                initializer.fill_with(backend, seed, key, dst);
-                format.round(dst);
-            }
+            Missing::Init => new.read(key, dst),
             Missing::Zeros => dst.fill(0.0),
             Missing::Row(row) => dst.copy_from_slice(row),
+        }
+    }
+}
+
+thread_local! {
+    /// A row of floats for encoding new compact rows.
+    static SCRATCH: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// What a key without a row becomes, in every tier: the row the
+/// initializer gives it under the seed (a pure function of seed, key and
+/// column), in the row format. A table stores it ([`NewRows::store`]) when
+/// the key gets a row; a lookup that gives none reads it
+/// ([`NewRows::read`], [`Missing::Init`]); both are the same row.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct NewRows<'a> {
+    pub(crate) initializer: &'a Initializer,
+    pub(crate) backend: Backend,
+    pub(crate) seed: u64,
+    pub(crate) format: RowFormat,
+}
+
+impl NewRows<'_> {
+    /// The key's new row as float32 into `dst` (`dim` floats), rounded to
+    /// the row format: what reading it back after a store gives.
+    #[inline]
+    pub(crate) fn read(&self, key: i64, dst: &mut [f32]) {
+        self.initializer
+            .fill_with(self.backend, self.seed, key, dst);
+        self.format.round(dst);
+    }
+
+    /// The key's new row as the table stores it, into `words` (the row
+    /// format's words for `dim` weights).
+    #[inline]
+    pub(crate) fn store(&self, key: i64, dim: usize, words: &mut [f32]) {
+        if self.format == RowFormat::F32 {
+            self.initializer
+                .fill_with(self.backend, self.seed, key, &mut words[..dim]);
+        } else {
+            SCRATCH.with_borrow_mut(|tmp| {
+                tmp.resize(dim, 0.0);
+                self.initializer
+                    .fill_with(self.backend, self.seed, key, tmp);
+                self.format.encode(tmp, words);
+            });
         }
     }
 }

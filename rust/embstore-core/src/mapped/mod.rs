@@ -33,8 +33,8 @@ use crate::format::dirlock::{self, DirLock};
 use crate::format::files::io_err;
 use crate::format::manifest::manifest_bytes;
 use crate::hash::key_hash;
-use crate::rows::Missing;
 use crate::rows::check_len;
+use crate::rows::{Missing, NewRows};
 use crate::simd::Backend;
 use crate::zeroed::{with_room, zeros};
 use file::MappedFile;
@@ -298,14 +298,13 @@ impl MappedTable {
                     true
                 }
                 None => {
-                    missing.fill(
-                        &snap.initializer,
-                        self.backend,
-                        snap.seed,
-                        self.format,
-                        key,
-                        dst,
-                    );
+                    let new = NewRows {
+                        initializer: &snap.initializer,
+                        backend: self.backend,
+                        seed: snap.seed,
+                        format: self.format,
+                    };
+                    missing.fill(&new, key, dst);
                     false
                 }
             };

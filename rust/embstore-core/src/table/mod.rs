@@ -29,7 +29,7 @@ mod write;
 use crate::error::{Result, invalid, oom};
 use crate::init::Initializer;
 use crate::optim::Optimizer;
-use crate::policy::{Admission, Policy, RowFormat, Sketch};
+use crate::policy::{Admission, Policy, Sketch};
 use crate::simd::Backend;
 use batch::found::Memo;
 use counters::Counters;
@@ -41,7 +41,7 @@ use storage::{Shard, read};
 
 pub use crate::format::{MAX_SHARDS, MAX_STEP};
 pub use crate::rows::Missing;
-pub(crate) use crate::rows::NO_ROW;
+pub(crate) use crate::rows::{NO_ROW, NewRows};
 pub use batch::bags::{Bags, Combiner};
 pub use checks::{MAX_GRAD_SUM, check_finite, check_finite_max};
 pub use config::{TableConfig, default_num_shards};
@@ -50,11 +50,6 @@ pub use read::export::Exported;
 pub use read::pooled::{pool_rows, pool_rows_into};
 pub use step::bounds::Magnitudes;
 pub use step::pooled::{spread_pooled, spread_pooled_add};
-
-thread_local! {
-    /// A row of floats for encoding new compact rows.
-    static SCRATCH: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
-}
 
 /// Sharded hash table from int64 keys to rows of `dim` floats plus optimizer
 /// state.
@@ -442,37 +437,33 @@ impl Table {
         }
     }
 
-    /// Fills a new row (weights from the initializer, state from the optimizer).
+    /// What a key without a row becomes in this table ([`NewRows`]).
+    #[inline]
+    pub(crate) fn new_rows(&self) -> NewRows<'_> {
+        NewRows {
+            initializer: &self.initializer,
+            backend: self.backend,
+            seed: self.seed,
+            format: self.policy.format,
+        }
+    }
+
+    /// Fills a new row: its weights as stored ([`NewRows::store`]), its
+    /// state from the optimizer.
     #[inline]
     fn fill_new(&self, key: i64, w: &mut [f32], state: &mut [f32]) {
-        if self.policy.format == RowFormat::F32 {
-            self.initializer.fill_with(self.backend, self.seed, key, w);
-        } else {
-            SCRATCH.with_borrow_mut(|tmp| {
-                tmp.resize(self.dim, 0.0);
-                self.initializer
-                    .fill_with(self.backend, self.seed, key, tmp);
-                self.policy.format.encode(tmp, w);
-            });
-        }
+        self.new_rows().store(key, self.dim, w);
         if let Some(o) = &self.optimizer {
             o.init_state(state);
         }
     }
 
     /// What a lookup returns for a key without a row, into `dst` (`dim`
-    /// floats): the row the key would get (rounded to the row format), zeros
-    /// or the caller's default row.
+    /// floats): its new row (rounded to the row format), zeros or the
+    /// caller's default row.
     #[inline]
     pub(crate) fn fill_missing(&self, key: i64, dst: &mut [f32], missing: Missing<'_>) {
-        missing.fill(
-            &self.initializer,
-            self.backend,
-            self.seed,
-            self.policy.format,
-            key,
-            dst,
-        );
+        missing.fill(&self.new_rows(), key, dst);
     }
 
     /// Checks a lookup's default for missing keys ([`Missing::check`]).
