@@ -11,6 +11,7 @@ from embstore._core import __version__
 from embstore._core import free_output_buffers as _free_output_buffers
 from embstore._core import output_buffer_stats as _output_buffer_stats
 from embstore.collection import Collection
+from embstore.config import TableConfig
 from embstore.exceptions import CheckpointError, EmbstoreError, ReadOnlyError
 from embstore.serving.mapped import MappedTable
 from embstore.store import Table, manual_seed
@@ -23,6 +24,7 @@ __all__ = [
     "MappedTable",
     "ReadOnlyError",
     "Table",
+    "TableConfig",
     "__version__",
     "free_output_buffers",
     "hash_keys",

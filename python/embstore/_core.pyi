@@ -7,8 +7,6 @@ import numpy.typing as npt
 
 __version__: str
 
-_Config = tuple[str, dict[str, float]] | None
-
 @final
 class MappedTable:
     def __new__(cls, path: str) -> MappedTable: ...
@@ -34,27 +32,12 @@ class MappedTable:
 
 @final
 class Table:
-    def __new__(
-        cls,
-        dim: int,
-        optimizer: _Config = None,
-        initializer: _Config = None,
-        seed: int = 0,
-        num_shards: int | None = None,
-        simd: str | None = None,
-        dtype: str = "float32",
-        admission: _Config = None,
-        ttl_steps: int | None = None,
-        capacity: int | None = None,
-        eviction: str = "lfu",
-        ttl_seconds: int | None = None,
-        capacity_bytes: int | None = None,
-    ) -> Table: ...
+    def __new__(cls, config: str, simd: str | None = None) -> Table: ...
     @property
     def dtype(self) -> str: ...
     @property
     def clock(self) -> int: ...
-    def config(self) -> dict[str, Any]: ...
+    def config_json(self) -> str: ...
     def evict(
         self, with_rows: bool = False
     ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float32] | None]: ...

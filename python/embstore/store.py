@@ -5,12 +5,13 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, Literal, overload
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any, Literal, cast, overload
 
 import numpy as np
 import numpy.typing as npt
 
-from embstore import _core, init, optim, policy, table_state
+from embstore import _core, table_state
 from embstore._convert import (
     _NDARRAY,
     VOCABULARY,
@@ -21,11 +22,11 @@ from embstore._convert import (
     check_bool,
     check_default,
     check_int,
-    check_name,
     like,
 )
 from embstore._progress import run_with_progress
-from embstore.init import Initializer, Uniform
+from embstore.config import TableConfig
+from embstore.init import Initializer
 from embstore.optim import Optimizer
 from embstore.parts import CheckpointParts
 from embstore.policy import Admission
@@ -34,16 +35,11 @@ from embstore.serving.mapped import MappedTable
 
 if TYPE_CHECKING:
     import torch
+    from typing_extensions import Unpack
+
+    from embstore.config import TableSettings
 
 __all__ = ["Table", "manual_seed", "next_seed"]
-
-
-def _opt_int(name: str, value: Any, low: int) -> int | None:
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise TypeError(f"{name}: expected an int or None, got {type(value).__name__}")
-    return check_int(name, value, low, _U64_MAX)
 
 
 _U64_MAX = 2**64 - 1
@@ -52,10 +48,13 @@ _I64_MAX = 2**63 - 1
 _COMBINERS = frozenset(VOCABULARY["combiners"])
 
 
-def _restore_table(kwargs: dict[str, Any], state: Mapping[str, Any]) -> Table:
-    """A table built from ``kwargs`` holding ``state`` (the inverse of
-    :meth:`Table.__reduce__`)."""
-    table = Table(**kwargs)
+def _restore_table(config: TableConfig | dict[str, Any], state: Mapping[str, Any]) -> Table:
+    """A table built from ``config`` holding ``state`` (the inverse of
+    :meth:`Table.__reduce__`; a dict of constructor arguments is what
+    pickles made before 0.1.0's TableConfig hold)."""
+    if isinstance(config, dict):
+        config = TableConfig(**config)
+    table = Table.from_config(config)
     table.load_state_dict(state)
     return table
 
@@ -71,138 +70,40 @@ class Table(CheckpointParts):
     ----------
     dim:
         Columns per row (>= 1).
-    optimizer:
-        An :mod:`embstore.optim` optimizer, or None for a table that is only
-        read and assigned (then :meth:`apply_gradients` raises ValueError).
-    initializer:
-        An :mod:`embstore.init` initializer; default ``Uniform(-0.05, 0.05)``.
-    seed:
-        Seed of the initializer (0 <= seed < 2**64): a key's first row is a
-        pure function of (seed, key, column). Without one, tables get the
-        seeds 0, 1, 2, ... in the order the process builds them
-        (:func:`embstore.manual_seed` restarts the sequence), so two tables
-        do not start "user 5" and "item 5" as the same vector, and a program
-        that builds its tables in the same order gets the same rows every
-        run. The seed is saved in checkpoints and state dicts.
-    num_shards:
-        Number of shards; default four per core, a power of two.
-    dtype:
-        Row storage dtype: "float32", or "float16"/"bfloat16" for rows in 16
-        bits (half the row memory; optimizer state and math stay float32, and
-        a row is rounded to nearest even when written; lookups return float32).
-    admission:
-        An :mod:`embstore.policy` filter (CountFilter, ProbabilityFilter)
-        deciding which keys a gradient may give a row; None admits all.
-    ttl_steps:
-        :meth:`evict` removes rows not touched (looked up, assigned or
-        trained) for this many optimizer steps. Needs an optimizer.
-    ttl_seconds:
-        :meth:`evict` removes rows not touched for more than this many
-        seconds of wall-clock time (whole seconds: a row goes up to a second
-        late, never early); at most one of ``ttl_steps`` and ``ttl_seconds``.
-        Works on a table without an optimizer (a pure cache).
-    capacity:
-        Most rows: after every call that inserts, the lowest-scoring rows
-        beyond ``capacity`` are evicted.
-    capacity_bytes:
-        Most bytes of rows, each row counted at its weights, optimizer
-        state, 16 bytes of metadata, an 8-byte tag and 43 bytes of index
-        (``stats()["row_cost"]``): the table keeps at most
-        ``capacity_bytes // row_cost`` rows, evicting as ``capacity`` does
-        (with both set, the lower bound holds), and fewer where what it
-        holds in all (``stats()["bytes"]``: its indexes as they are, its
-        own structures) would pass ``capacity_bytes``.
-    eviction:
-        Scores for capacity eviction: "lfu" (fewest touches go first, then
-        least recent, then smallest key) or "lru" (least recent first, then
-        fewest touches, then smallest key). Every occurrence of a key in a
-        lookup, assign or gradient call is a touch; recency is the number of
-        the last call that touched it. Touch counts and recency are kept
-        per row (16 bytes) only when a TTL or a capacity is set, and survive
-        save/load.
+    **settings:
+        The rest of its :class:`embstore.TableConfig` (every field is
+        described there): ``optimizer``, ``initializer``, ``seed``,
+        ``num_shards``, ``dtype``, ``admission``, ``ttl_steps``,
+        ``ttl_seconds``, ``capacity``, ``capacity_bytes``, ``eviction``.
+        ``Table.from_config(config)`` builds one from a TableConfig, and
+        :attr:`table_config` gives a table's own.
     """
 
-    def __init__(
-        self,
-        dim: int,
-        *,
-        optimizer: Optimizer | None = None,
-        initializer: Initializer | None = None,
-        seed: int | None = None,
-        num_shards: int | None = None,
-        dtype: str = "float32",
-        admission: Admission | None = None,
-        ttl_steps: int | None = None,
-        capacity: int | None = None,
-        eviction: str = "lfu",
-        ttl_seconds: int | None = None,
-        capacity_bytes: int | None = None,
-    ) -> None:
-        dim = check_int("dim", dim, 1, 1 << 20)
-        if optimizer is not None and not isinstance(optimizer, Optimizer):
-            raise TypeError(
-                f"optimizer: expected an embstore.optim optimizer or None, "
-                f"got {type(optimizer).__name__}"
-            )
-        if initializer is None:
-            initializer = Uniform()
-        if not isinstance(initializer, Initializer):
-            raise TypeError(
-                f"initializer: expected an embstore.init initializer, "
-                f"got {type(initializer).__name__}"
-            )
-        if seed is not None:
-            if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
-                raise TypeError(f"seed: expected an int or None, got {type(seed).__name__}")
-            if not 0 <= seed < 2**64:
-                raise ValueError(f"seed: expected 0 <= seed < 2**64, got {seed}")
-        if num_shards is not None:
-            num_shards = check_int("num_shards", num_shards, 1, _U64_MAX)
-        check_name("dtype", "dtypes", dtype)
-        if admission is not None and not isinstance(admission, Admission):
-            raise TypeError(
-                f"admission: expected an embstore.policy filter or None, "
-                f"got {type(admission).__name__}"
-            )
-        ttl = _opt_int("ttl_steps", ttl_steps, 1)
-        ttl_s = _opt_int("ttl_seconds", ttl_seconds, 1)
-        cap = _opt_int("capacity", capacity, 1)
-        cap_b = _opt_int("capacity_bytes", capacity_bytes, 1)
-        check_name("eviction", "evictions", eviction)
-        self._optimizer = optimizer
-        self._initializer = initializer
-        self._dtype = dtype
-        self._admission = admission
-        self._ttl_steps = ttl
-        self._ttl_seconds = ttl_s
-        self._capacity = cap
-        self._capacity_bytes = cap_b
-        self._eviction = eviction
-        # Drawn last: a refused construction uses no seed of the sequence.
-        self._inner = self._native_table(
-            int(dim),
-            next_seed() if seed is None else int(seed),
-            None if num_shards is None else int(num_shards),
-        )
+    def __init__(self, dim: int, **settings: Unpack[TableSettings]) -> None:
+        self._build(TableConfig(dim, **cast("dict[str, Any]", settings)))
 
-    def _native_table(self, dim: int, seed: int, num_shards: int | None) -> _core.Table:
-        """An empty native table of this table's configuration."""
-        opt, adm = self._optimizer, self._admission
-        return _core.Table(
-            dim,
-            opt._native() if opt is not None else None,
-            self._initializer._native(),
-            seed,
-            num_shards,
-            None,
-            self._dtype,
-            adm._native() if adm is not None else None,
-            self._ttl_steps,
-            self._capacity,
-            self._eviction,
-            self._ttl_seconds,
-            self._capacity_bytes,
-        )
+    @classmethod
+    def from_config(cls, config: TableConfig) -> Table:
+        """An empty table built from ``config``."""
+        if not isinstance(config, TableConfig):
+            raise TypeError(
+                f"config: expected an embstore.TableConfig, got {type(config).__name__}"
+            )
+        table = cls.__new__(cls)
+        table._build(config)
+        return table
+
+    def _build(self, config: TableConfig) -> None:
+        # The seed is drawn last: a refused config uses no seed of the
+        # sequence.
+        if config.seed is None:
+            config = replace(config, seed=next_seed())
+        self._inner = _core.Table(config._to_core())
+        self._config = replace(config, num_shards=int(self._inner.num_shards))
+
+    def _native_table(self, seed: int) -> _core.Table:
+        """An empty native table of this table's configuration with ``seed``."""
+        return _core.Table(replace(self._config, seed=seed)._to_core())
 
     # -- properties ---------------------------------------------------------
 
@@ -228,49 +129,55 @@ class Table(CheckpointParts):
         return int(self._inner.step)
 
     @property
+    def table_config(self) -> TableConfig:
+        """The :class:`embstore.TableConfig` this table was built from (or
+        loaded with), its seed and shard count as they are."""
+        return self._config
+
+    @property
     def optimizer(self) -> Optimizer | None:
         """The optimizer configuration."""
-        return self._optimizer
+        return self._config.optimizer
 
     @property
     def initializer(self) -> Initializer:
         """The initializer configuration."""
-        return self._initializer
+        return self._config.initializer
 
     @property
     def dtype(self) -> str:
         """Row storage dtype."""
-        return self._dtype
+        return self._config.dtype
 
     @property
     def admission(self) -> Admission | None:
         """The admission filter, if any."""
-        return self._admission
+        return self._config.admission
 
     @property
     def ttl_steps(self) -> int | None:
         """Steps a row lives untouched before :meth:`evict` removes it."""
-        return self._ttl_steps
+        return self._config.ttl_steps
 
     @property
     def ttl_seconds(self) -> int | None:
         """Seconds a row lives untouched before :meth:`evict` removes it."""
-        return self._ttl_seconds
+        return self._config.ttl_seconds
 
     @property
     def capacity(self) -> int | None:
         """Most rows the table keeps."""
-        return self._capacity
+        return self._config.capacity
 
     @property
     def capacity_bytes(self) -> int | None:
         """Most bytes of rows the table keeps (``stats()["row_cost"]`` a row)."""
-        return self._capacity_bytes
+        return self._config.capacity_bytes
 
     @property
     def eviction(self) -> str:
         """Capacity eviction order: "lfu" or "lru"."""
-        return self._eviction
+        return self._config.eviction
 
     @property
     def state_len(self) -> int:
@@ -297,7 +204,7 @@ class Table(CheckpointParts):
 
     def __repr__(self) -> str:
         return (
-            f"Table(dim={self.dim}, rows={len(self)}, optimizer={self._optimizer!r}, "
+            f"Table(dim={self.dim}, rows={len(self)}, optimizer={self._config.optimizer!r}, "
             f"step={self.step}, num_shards={self.num_shards}, dtype={self.dtype!r})"
         )
 
@@ -306,7 +213,7 @@ class Table(CheckpointParts):
         of a ShardedTable check theirs agree): dim, seed, and the native
         table's dtype, optimizer, initializer, admission and eviction
         policies (named configurations as ``(name, {param: value})``)."""
-        return {"dim": self.dim, "seed": self.seed, **self._inner.config()}
+        return TableConfig._plain(self._inner.config_json())
 
     # -- batch protocol ------------------------------------------------------
 
@@ -761,45 +668,11 @@ class Table(CheckpointParts):
 
     def _adopt(self, inner: _core.Table) -> None:
         """Become the wrapper of a native table (loaded from a checkpoint):
-        the configuration objects are rebuilt from the table's own."""
-        cfg = inner.config()
-        opt = cfg["optimizer"]
-        self._optimizer = getattr(optim, opt[0])(**opt[1]) if opt else None
-        name, params = cfg["initializer"]
-        self._initializer = getattr(init, name)(**params)
-        self._dtype = cfg["dtype"]
-        adm = cfg["admission"]
-        self._admission = None
-        if adm is not None:
-            cls = next(
-                c for c in (policy.CountFilter, policy.ProbabilityFilter) if c._name == adm[0]
-            )
-            self._admission = cls(**adm[1])
-        self._ttl_steps = cfg["ttl_steps"]
-        self._ttl_seconds = cfg["ttl_seconds"]
-        self._capacity = cfg["capacity"]
-        self._capacity_bytes = cfg["capacity_bytes"]
-        self._eviction = cfg["eviction"]
+        the configuration is read back from the table's own."""
+        self._config = TableConfig._from_core(inner.config_json())
         self._inner = inner
 
     # -- copies -------------------------------------------------------------------
-
-    def _constructor(self) -> dict[str, Any]:
-        """The arguments that build an empty table of this configuration."""
-        return {
-            "dim": self.dim,
-            "optimizer": self._optimizer,
-            "initializer": self._initializer,
-            "seed": self.seed,
-            "num_shards": self.num_shards,
-            "dtype": self._dtype,
-            "admission": self._admission,
-            "ttl_steps": self._ttl_steps,
-            "ttl_seconds": self._ttl_seconds,
-            "capacity": self._capacity,
-            "capacity_bytes": self._capacity_bytes,
-            "eviction": self._eviction,
-        }
 
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
         """Pickled by value: the configuration and :meth:`state_dict` (rows,
@@ -808,12 +681,12 @@ class Table(CheckpointParts):
         independent table that trains on as this one would. Memory: as
         :meth:`state_dict` (a full copy); large tables are saved with
         :meth:`save` instead."""
-        return (_restore_table, (self._constructor(), self.state_dict()))
+        return (_restore_table, (self._config, self.state_dict()))
 
     def __deepcopy__(self, memo: dict[int, Any]) -> Table:
         import copy
 
-        out = _restore_table(copy.deepcopy(self._constructor(), memo), self.state_dict())
+        out = _restore_table(copy.deepcopy(self._config, memo), self.state_dict())
         memo[id(self)] = out
         return out
 
@@ -839,7 +712,9 @@ class Table(CheckpointParts):
         The admission sketch is not included (counts of unadmitted keys
         restart), as in checkpoints.
         """
-        return table_state.state_dict(self._inner, self._optimizer is not None, with_optimizer)
+        return table_state.state_dict(
+            self._inner, self._config.optimizer is not None, with_optimizer
+        )
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Replace the table's rows, optimizer state, step and seed with
@@ -851,9 +726,10 @@ class Table(CheckpointParts):
         self._inner = table_state.load_state_dict(
             state,
             self.dim,
-            self.state_len if self._optimizer is not None else None,
-            lambda seed: self._native_table(self.dim, seed, self.num_shards),
+            self.state_len if self._config.optimizer is not None else None,
+            self._native_table,
         )
+        self._config = replace(self._config, seed=int(self._inner.seed))
 
     def stats(self) -> dict[str, Any]:
         """Figures of the table.

@@ -8,6 +8,8 @@
 
 use std::collections::BTreeMap;
 
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
 use crate::error::{Result, invalid};
 use crate::hash::{draw, mix64};
 use crate::vocab;
@@ -122,6 +124,35 @@ impl Admission {
     }
 }
 
+/// A filter's serde form, `{"name": .., "params": {..}}`: as manifests
+/// and the binding's config spell every named configuration.
+#[derive(Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Named {
+    name: String,
+    params: BTreeMap<String, f64>,
+}
+
+impl Serialize for Admission {
+    fn serialize<S: Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        let (name, params) = self.to_named();
+        Named {
+            name: name.to_string(),
+            params: params.into_iter().collect(),
+        }
+        .serialize(s)
+    }
+}
+
+impl<'de> Deserialize<'de> for Admission {
+    /// Checked as [`Admission::from_named`] checks it.
+    fn deserialize<D: Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        let n = Named::deserialize(d)?;
+        let params: Vec<(String, f64)> = n.params.into_iter().collect();
+        Admission::from_named(&n.name, &params).map_err(serde::de::Error::custom)
+    }
+}
+
 /// Which rows capacity eviction removes first.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Eviction {
@@ -171,10 +202,34 @@ impl Eviction {
     }
 }
 
-/// A table's memory policy.
-#[derive(Debug, Clone, Copy, PartialEq, Default)]
+impl Serialize for Eviction {
+    fn serialize<S: Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        s.serialize_str(self.name())
+    }
+}
+
+impl<'de> Deserialize<'de> for Eviction {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        Eviction::from_name(&String::deserialize(d)?).map_err(serde::de::Error::custom)
+    }
+}
+
+/// A table's memory policy: the settings of a table beyond its shape,
+/// optimizer and initializer, in one place.
+///
+/// Its serde form is the one spec of these settings: a checkpoint's
+/// manifest holds it as its `policy`, and the binding passes it inside a
+/// [`TableConfig`](crate::TableConfig)'s JSON (`TableConfig::to_json`), so
+/// the Python `embstore.TableConfig` reaches a new field here with no code
+/// between them. A field added later is left out of the JSON while unset
+/// (`skip_serializing_if`), so that manifests written before it read, and
+/// checksum, as they were written; an unknown field is refused.
+#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct Policy {
-    /// Row storage.
+    /// Row storage (the manifest's and the config's `dtype`, outside the
+    /// policy's serde form).
+    #[serde(skip)]
     pub format: RowFormat,
     /// Which keys get rows from gradients.
     pub admission: Admission,
@@ -182,12 +237,14 @@ pub struct Policy {
     pub ttl_steps: Option<u64>,
     /// `evict()` removes rows not touched for more than this many seconds
     /// of wall-clock time (at most one of the two TTLs).
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub ttl_seconds: Option<u64>,
     /// After a call that inserts, rows beyond this many are evicted.
     pub capacity: Option<usize>,
     /// After a call that inserts, rows beyond this many bytes are evicted
     /// (each row counted at [`Policy::row_cost`]); with `capacity` too,
     /// the lower bound holds.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub capacity_bytes: Option<u64>,
     /// Which rows capacity eviction removes first.
     pub eviction: Eviction,

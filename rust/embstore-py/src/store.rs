@@ -9,14 +9,11 @@
 //! borrows only).
 
 use std::borrow::Cow;
-use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use embstore_core::{
-    Admission, Backend, Bags, Combiner, Eviction, Policy, RowFormat, Table, TableConfig,
-};
+use embstore_core::{Backend, Bags, Combiner, Table, TableConfig};
 use numpy::{
     IntoPyArray, PyArray1, PyArray2, PyArrayMethods, PyReadonlyArray1, PyReadonlyArray2,
     PyUntypedArrayMethods,
@@ -29,8 +26,6 @@ use crate::error::PyStoreError;
 use crate::runtime::EnterStore;
 use embstore_core::table::checkpoint;
 use embstore_core::zeroed::{with_room, zeros};
-
-type Config = Option<(String, HashMap<String, f64>)>;
 
 /// The native table; see `embstore.Table` for the documented interface.
 #[pyclass(frozen, name = "Table", module = "embstore._core")]
@@ -273,48 +268,12 @@ impl PyTable {
 
 #[pymethods]
 impl PyTable {
+    /// A table built from `config`, the JSON of a core `TableConfig`
+    /// (`embstore.TableConfig` writes it), on the SIMD backend `simd`.
     #[new]
-    #[pyo3(signature = (dim, optimizer=None, initializer=None, seed=0, num_shards=None, simd=None,
-        dtype="float32", admission=None, ttl_steps=None, capacity=None, eviction="lfu",
-        ttl_seconds=None, capacity_bytes=None))]
-    #[allow(clippy::too_many_arguments)]
-    fn new(
-        dim: usize,
-        optimizer: Config,
-        initializer: Config,
-        seed: u64,
-        num_shards: Option<usize>,
-        simd: Option<&str>,
-        dtype: &str,
-        admission: Config,
-        ttl_steps: Option<u64>,
-        capacity: Option<usize>,
-        eviction: &str,
-        ttl_seconds: Option<u64>,
-        capacity_bytes: Option<u64>,
-    ) -> PyResult<Self> {
-        let mut cfg = TableConfig::new(dim);
-        cfg.optimizer = match optimizer {
-            Some((name, params)) => Some(crate::convert::optimizer(&name, &params)?),
-            None => None,
-        };
-        if let Some((name, params)) = initializer {
-            cfg.initializer = crate::convert::initializer(&name, &params)?;
-        }
-        cfg.seed = seed;
-        cfg.num_shards = num_shards;
-        cfg.policy = Policy {
-            format: RowFormat::from_name(dtype).map_err(PyStoreError)?,
-            admission: match admission {
-                Some((name, params)) => crate::convert::admission(&name, &params)?,
-                None => Admission::Always,
-            },
-            ttl_steps,
-            ttl_seconds,
-            capacity,
-            capacity_bytes,
-            eviction: Eviction::from_name(eviction).map_err(PyStoreError)?,
-        };
+    #[pyo3(signature = (config, simd=None))]
+    fn new(config: &str, simd: Option<&str>) -> PyResult<Self> {
+        let mut cfg = TableConfig::from_json(config).map_err(PyStoreError)?;
         cfg.backend = match simd {
             Some(name) => Some(Backend::from_name(name).map_err(PyStoreError)?),
             None => None,
@@ -375,29 +334,11 @@ impl PyTable {
         self.inner.policy().format.name()
     }
 
-    /// The table's configuration, each named configuration as (name,
-    /// {param: value}): {"optimizer": (..) or None, "initializer": (..),
-    /// "dtype", "admission": (..) or None, "ttl_steps", "ttl_seconds",
-    /// "capacity", "capacity_bytes", "eviction"} (what a loaded table's
-    /// wrapper is rebuilt from).
-    fn config<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        let t = &self.inner;
-        let d = PyDict::new(py);
-        d.set_item("optimizer", t.optimizer().map(|o| o.to_named()))?;
-        d.set_item("initializer", t.initializer().to_named())?;
-        d.set_item("dtype", t.policy().format.name())?;
-        let adm = &t.policy().admission;
-        let adm = (!adm.is_always()).then(|| {
-            let (name, p) = adm.to_named();
-            (name, p.into_iter().collect::<HashMap<String, f64>>())
-        });
-        d.set_item("admission", adm)?;
-        d.set_item("ttl_steps", t.policy().ttl_steps)?;
-        d.set_item("ttl_seconds", t.policy().ttl_seconds)?;
-        d.set_item("capacity", t.policy().capacity)?;
-        d.set_item("capacity_bytes", t.policy().capacity_bytes)?;
-        d.set_item("eviction", t.policy().eviction.name())?;
-        Ok(d)
+    /// The table's configuration as the JSON `TableConfig::to_json` writes
+    /// (what `embstore.TableConfig` reads back; a loaded table's wrapper
+    /// is rebuilt from it).
+    fn config_json(&self) -> String {
+        self.inner.config().to_json()
     }
 
     /// The call clock (LRU recency).

@@ -9,7 +9,7 @@ use crate::format::files::read_regular;
 use crate::format::untrusted;
 use crate::init::Initializer;
 use crate::optim::Optimizer;
-use crate::policy::{Admission, Eviction, Policy};
+use crate::policy::Policy;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -85,9 +85,12 @@ pub struct Manifest {
     pub rows: u64,
     /// Full snapshot, then deltas.
     pub chain: Vec<Link>,
-    /// The memory policy, when the table has one.
+    /// The memory policy, when the table's differs from the default
+    /// ([`Policy`]'s serde form, its row format being `dtype`). When
+    /// present and keeping per-row metadata, the row files also hold a
+    /// `meta` tensor (u32, 4 per row).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub policy: Option<PolicyConfig>,
+    pub policy: Option<Policy>,
     /// The table's call clock (LRU recency of the rows' metadata).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub clock: u64,
@@ -146,67 +149,6 @@ pub(crate) fn is_zero(v: &u64) -> bool {
     *v == 0
 }
 
-/// A table's admission and eviction settings in a manifest. When present,
-/// the row files also hold a `meta` tensor (u32, 4 per row) when the policy
-/// keeps per-row metadata.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct PolicyConfig {
-    /// The admission filter ("always", "count", "probability").
-    pub admission: NamedConfig,
-    /// Steps a row lives untouched.
-    pub ttl_steps: Option<u64>,
-    /// Seconds a row lives untouched (absent from manifests that have none,
-    /// so older manifests read, and checksum, as they were written).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub ttl_seconds: Option<u64>,
-    /// Most rows.
-    pub capacity: Option<u64>,
-    /// Most bytes of rows (absent when none, as `ttl_seconds`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub capacity_bytes: Option<u64>,
-    /// "lfu" or "lru".
-    pub eviction: String,
-}
-
-impl PolicyConfig {
-    /// The settings of `p` (its row format is the manifest's dtype).
-    pub(crate) fn of(p: &Policy) -> PolicyConfig {
-        let (name, params) = p.admission.to_named();
-        PolicyConfig {
-            admission: NamedConfig {
-                name: name.to_string(),
-                params: params.into_iter().collect(),
-            },
-            ttl_steps: p.ttl_steps,
-            ttl_seconds: p.ttl_seconds,
-            capacity: p.capacity.map(|c| c as u64),
-            capacity_bytes: p.capacity_bytes,
-            eviction: p.eviction.name().to_string(),
-        }
-    }
-
-    /// The policy these settings describe, with rows in `format`.
-    pub(crate) fn policy(&self, format: RowFormat) -> Result<Policy> {
-        let params: Vec<(String, f64)> = self
-            .admission
-            .params
-            .iter()
-            .map(|(k, v)| (k.clone(), *v))
-            .collect();
-        let p = Policy {
-            format,
-            admission: Admission::from_named(&self.admission.name, &params)?,
-            ttl_steps: self.ttl_steps,
-            ttl_seconds: self.ttl_seconds,
-            capacity: self.capacity.map(|c| c as usize),
-            capacity_bytes: self.capacity_bytes,
-            eviction: Eviction::from_name(&self.eviction)?,
-        };
-        p.validate()?;
-        Ok(p)
-    }
-}
-
 impl Manifest {
     /// The row format named by `dtype`.
     pub(crate) fn format(&self) -> Result<RowFormat> {
@@ -221,18 +163,17 @@ impl Manifest {
                 format,
                 ..Policy::default()
             }),
-            Some(pc) => pc.policy(format),
+            Some(p) => {
+                let p = Policy { format, ..*p };
+                p.validate()?;
+                Ok(p)
+            }
         }
     }
 
     /// Whether the row files hold a `meta` tensor.
     pub(crate) fn has_meta(&self) -> bool {
-        self.policy.as_ref().is_some_and(|p| {
-            p.ttl_steps.is_some()
-                || p.ttl_seconds.is_some()
-                || p.capacity.is_some()
-                || p.capacity_bytes.is_some()
-        })
+        self.policy.as_ref().is_some_and(Policy::tracks)
     }
 }
 
@@ -452,8 +393,7 @@ pub(crate) fn check_manifest(m: &Manifest) -> std::result::Result<(), String> {
         ));
     }
     if let Some(p) = &m.policy {
-        p.policy(RowFormat::F32)
-            .map_err(|e| format!("policy: {e}"))?;
+        p.validate().map_err(|e| format!("policy: {e}"))?;
     }
     if let Some(p) = &m.partition {
         p.check()?;
@@ -505,6 +445,7 @@ pub(crate) fn check_manifest(m: &Manifest) -> std::result::Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::policy::Admission;
     use crate::testing::{sgd, table, temp_dir};
 
     #[test]
@@ -513,15 +454,30 @@ mod tests {
         // capacity_bytes hold it: it parses, and serializes to the same
         // bytes, so its checksum still matches.
         let old = r#"{"admission":{"name":"always","params":{}},"ttl_steps":5,"capacity":9,"eviction":"lru"}"#;
-        let pc: PolicyConfig = serde_json::from_str(old).unwrap();
-        assert_eq!((pc.ttl_seconds, pc.capacity_bytes), (None, None));
-        assert_eq!(serde_json::to_string(&pc).unwrap(), old);
-        let mut p = pc.policy(RowFormat::F32).unwrap();
+        let mut p: Policy = serde_json::from_str(old).unwrap();
+        assert_eq!((p.ttl_seconds, p.capacity_bytes), (None, None));
+        assert_eq!(serde_json::to_string(&p).unwrap(), old);
         p.ttl_steps = None;
         p.ttl_seconds = Some(60);
         p.capacity_bytes = Some(1 << 20);
-        let back = PolicyConfig::of(&p).policy(RowFormat::F32).unwrap();
+        p.admission = Admission::Count {
+            min_count: 3,
+            width: 1024,
+            depth: 2,
+        };
+        let back: Policy = serde_json::from_str(&serde_json::to_string(&p).unwrap()).unwrap();
         assert_eq!(back, p);
+    }
+
+    #[test]
+    fn a_policy_with_an_unknown_setting_or_a_bad_filter_is_refused() {
+        for bad in [
+            r#"{"admission":{"name":"always","params":{}},"eviction":"lfu","made_up":1}"#,
+            r#"{"admission":{"name":"count","params":{"min_count":0,"width":8,"depth":1}}}"#,
+            r#"{"eviction":"fifo"}"#,
+        ] {
+            assert!(serde_json::from_str::<Policy>(bad).is_err(), "{bad}");
+        }
     }
 
     fn saved() -> (std::path::PathBuf, Manifest) {

@@ -295,6 +295,19 @@ impl Table {
         self.step.store(step, Ordering::Release);
         Ok(())
     }
+    /// The config that builds an empty table like this one (its shard
+    /// count and backend as they are).
+    pub fn config(&self) -> TableConfig {
+        TableConfig {
+            dim: self.dim,
+            optimizer: self.optimizer,
+            initializer: self.initializer,
+            seed: self.seed,
+            num_shards: Some(self.num_shards()),
+            backend: Some(self.backend),
+            policy: self.policy,
+        }
+    }
     /// The memory policy.
     pub fn policy(&self) -> &Policy {
         &self.policy

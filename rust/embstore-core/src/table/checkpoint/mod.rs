@@ -32,8 +32,8 @@ pub(crate) mod write;
 pub use crate::format::dirlock::{DirLock, READ_WAIT, reader_within as lock_for_reading};
 pub use crate::format::files::new_id;
 pub use crate::format::manifest::{
-    FORMAT, FileEntry, Link, MANIFEST, Manifest, NamedConfig, PartitionRecord, PolicyConfig,
-    SaveInfo, VERSION, VERSION_PLAIN, parse_manifest, read_manifest, read_manifest_text,
+    FORMAT, FileEntry, Link, MANIFEST, Manifest, NamedConfig, PartitionRecord, SaveInfo, VERSION,
+    VERSION_PLAIN, parse_manifest, read_manifest, read_manifest_text,
 };
 pub use load::{FileCheck, verify};
 pub use publish::{hold_for_reading, lock_for_writing, publish_parts, remove_partial};

@@ -6,7 +6,7 @@ use crate::error::{Result, ckpt_err};
 use crate::format::file_index;
 use crate::format::files::{Gathered, WRITE_BUFS, fsync_files};
 use crate::format::manifest::{
-    FILE_BYTES, FORMAT, FileEntry, Manifest, NamedConfig, PolicyConfig, VERSION_PLAIN,
+    FILE_BYTES, FORMAT, FileEntry, Manifest, NamedConfig, VERSION_PLAIN,
 };
 use crate::format::tensors::{Plain, TensorOut, rows_dtype, write_safetensors_with};
 use crate::policy::Policy;
@@ -61,7 +61,7 @@ impl Table {
                     format: self.policy.format,
                     ..Policy::default()
                 })
-            .then(|| PolicyConfig::of(&self.policy)),
+            .then_some(self.policy),
             clock: self.clock(),
             partition: None,
             checksum: None,
