@@ -10,6 +10,7 @@ use crate::init::Initializer;
 use crate::optim::Optimizer;
 use crate::policy::Policy;
 use crate::simd::Backend;
+use crate::table::cold::DiskConfig;
 
 /// How a [`Table`] is built.
 #[derive(Debug, Clone)]
@@ -28,6 +29,9 @@ pub struct TableConfig {
     pub backend: Option<Backend>,
     /// Row format, admission and eviction.
     pub policy: Policy,
+    /// A disk table's directory and memory ([`DiskConfig`]); `None` for a
+    /// table in memory.
+    pub disk: Option<DiskConfig>,
 }
 
 impl TableConfig {
@@ -41,6 +45,7 @@ impl TableConfig {
             num_shards: None,
             backend: None,
             policy: Policy::default(),
+            disk: None,
         }
     }
 }
@@ -104,6 +109,15 @@ impl TableConfig {
             let n: NamedConfig = parse("initializer", v)?;
             cfg.initializer = Initializer::from_named(&n.name, &n.params)?;
         }
+        cfg.disk = match (take(&mut m, "disk"), take(&mut m, "memory_bytes")) {
+            (None, None) => None,
+            (Some(p), Some(b)) => Some(DiskConfig {
+                path: parse("disk", p)?,
+                memory_bytes: parse("memory_bytes", b)?,
+            }),
+            (None, Some(_)) => return Err(invalid("memory_bytes", "expected disk= with it")),
+            (Some(_), None) => return Err(invalid("disk", "expected memory_bytes= with it")),
+        };
         let format = match take(&mut m, "dtype") {
             Some(v) => RowFormat::from_name(&parse::<String>("dtype", v)?)?,
             None => RowFormat::default(),

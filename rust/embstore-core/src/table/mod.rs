@@ -18,6 +18,7 @@
 pub(crate) mod batch;
 pub mod checkpoint;
 pub(crate) mod checks;
+pub(crate) mod cold;
 mod config;
 pub(crate) mod counters;
 mod policy;
@@ -44,6 +45,7 @@ pub use crate::rows::Missing;
 pub(crate) use crate::rows::{NO_ROW, NewRows};
 pub use batch::bags::{Bags, Combiner};
 pub use checks::{MAX_GRAD_SUM, check_finite, check_finite_max};
+pub use cold::{DiskConfig, DiskStats};
 pub use config::{TableConfig, default_num_shards};
 pub use counters::{COUNTER_NAMES, NamedCounts};
 pub use read::export::Exported;
@@ -92,6 +94,8 @@ pub struct Table {
     memo: std::sync::Mutex<Option<Memo>>,
     /// Bounds on the magnitudes the rows hold (see `bounds`).
     bounds: Bounds,
+    /// A disk table's disk tier (`cold`); dropped after the shards.
+    cold: Option<cold::Cold>,
 }
 
 /// A table's figures, as `stats()` reports them.
@@ -171,7 +175,9 @@ impl Table {
         let state_len = cfg.optimizer.map_or(0, |o| o.state_len(cfg.dim));
         let policy = cfg.policy;
         let wwords = policy.format.words(cfg.dim);
-        let track = policy.tracks();
+        // A disk table scores rows by their touches to choose those that
+        // go to disk.
+        let track = policy.tracks() || cfg.disk.is_some();
         let capacity = policy.capacity_rows(wwords, state_len);
         if capacity == Some(0) {
             return Err(invalid(
@@ -205,6 +211,11 @@ impl Table {
             .iter()
             .map(|s| CachePadded::new(read(s).view()))
             .collect();
+        let cold = cfg
+            .disk
+            .as_ref()
+            .map(|d| cold::Cold::for_shards(d, &policy, &shards, wwords, state_len))
+            .transpose()?;
         static NEXT_ID: AtomicU64 = AtomicU64::new(0);
         Ok(Table {
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
@@ -229,6 +240,7 @@ impl Table {
                 cfg.optimizer.as_ref(),
                 cfg.initializer.max_abs(),
             )),
+            cold,
         })
     }
 
@@ -306,6 +318,7 @@ impl Table {
             num_shards: Some(self.num_shards()),
             backend: Some(self.backend),
             policy: self.policy,
+            disk: self.disk().cloned(),
         }
     }
     /// The memory policy.
@@ -398,7 +411,13 @@ impl Table {
 
     /// Rows held.
     pub fn len(&self) -> usize {
-        self.shards.iter().map(|s| read(s).len()).sum()
+        self.shards
+            .iter()
+            .map(|s| {
+                let g = read(s);
+                g.len() + g.cold_len()
+            })
+            .sum()
     }
 
     /// Whether the table holds no row.

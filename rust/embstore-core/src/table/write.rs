@@ -85,6 +85,7 @@ impl Table {
                 opt.check_state("state", dim, st)?;
             }
         }
+        let _cold = self.cold_enter(keys)?;
         let _gate = self.enter();
         let save_gen = save_gen.unwrap_or_else(|| self.generation());
         self.assign_in(keys, values, state, meta, save_gen)?;

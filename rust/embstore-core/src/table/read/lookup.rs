@@ -49,6 +49,7 @@ impl Table {
         out: &mut [f32],
     ) -> Result<()> {
         self.check_lookup(keys, missing, out)?;
+        let _cold = self.cold_enter(keys)?;
         let plan = self.plan(keys)?;
         let out = SharedOut::new(out, self.dim);
         if !self.lookup_changes(insert) {
@@ -90,6 +91,7 @@ impl Table {
     ) -> Result<()> {
         self.check_lookup(keys, missing, out)?;
         check_len("found", keys.len(), found.len())?;
+        let _cold = self.cold_enter(keys)?;
         let plan = self.plan(keys)?;
         let out = SharedOut::new(out, self.dim);
         let flags = SharedBools::new(found);
@@ -132,6 +134,10 @@ impl Table {
         missing: Missing<'_>,
         out: &mut [f32],
     ) -> Option<Result<()>> {
+        if self.cold.is_some() {
+            // A disk table's call may read from disk: the ordinary call.
+            return None;
+        }
         let inserts = self.inserts(insert);
         if keys.len() > SEQUENTIAL_KEYS || insert && !inserts || inserts && self.policy.tracks() {
             return None;
@@ -228,6 +234,7 @@ impl Table {
         let (dim, sl) = (self.dim, self.state_len);
         check_len("out", keys.len() * dim, out.len())?;
         check_len("state", keys.len() * sl, state.len())?;
+        let _cold = self.cold_enter(keys)?;
         let plan = self.plan(keys)?;
         let out = SharedOut::new(out, dim);
         let st_out = SharedOut::new(state, sl);
@@ -497,8 +504,24 @@ impl Table {
     pub fn contains(&self, keys: &[i64], out: &mut [bool]) -> Result<()> {
         Self::check_batch(keys)?;
         check_len("out", keys.len(), out.len())?;
+        let _cold = self.cold_hold();
         let plan = self.plan(keys)?;
         let shared = SharedBools::new(out);
+        if self.cold.is_some() {
+            // A disk table: in memory or on disk, under each shard's lock.
+            use rayon::prelude::*;
+            self.shards.par_iter().enumerate().for_each(|(s, lock)| {
+                let g = crate::table::storage::read(lock);
+                for &i in plan.positions(s) {
+                    let (i, key) = (i as usize, keys[i as usize]);
+                    let hit = g.find(key, plan.hashes[i]).is_some()
+                        || g.cold.as_ref().is_some_and(|c| c.contains(key));
+                    // SAFETY: as below: position i is this shard's only.
+                    unsafe { shared.set(i, hit) };
+                }
+            });
+            return Ok(());
+        }
         // Without a lock (`storage::seqlock`).
         self.par_views(&plan, |view, guard, pos| {
             let shared = &shared;

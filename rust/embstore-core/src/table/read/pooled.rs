@@ -53,6 +53,7 @@ impl Table {
         }
         self.check_missing(missing)?;
         check_len("out", bags.batch() * self.dim, out.len())?;
+        let _cold = self.cold_enter(bags.ids)?;
         let _gate = self.lookup_changes(insert).then(|| self.enter());
         self.lookup_pooled_in(
             &[(*bags, 0)],

@@ -129,6 +129,7 @@ impl Table {
     where
         G: Fn(usize) -> (&'g [f32], f32) + Sync,
     {
+        let _cold = self.cold_enter(keys)?;
         let t = at.unwrap_or_else(|| self.step() + 1);
         let gate = self.step_gate(gs, t);
         let prepared = self.prepare_apply(keys, at.is_none())?;

@@ -68,6 +68,24 @@ fn groups<'a>(features: &[Feature<'a>]) -> Vec<(&'a Table, Vec<usize>)> {
     out
 }
 
+/// The cold gates of the disk tables among `groups` (ascending id), each
+/// with the ids of every feature it serves moved into memory.
+fn cold_enter<'a>(
+    features: &[Feature<'_>],
+    groups: &[(&'a Table, Vec<usize>)],
+) -> Result<Option<crate::table::cold::ColdHold<'a>>> {
+    let ids: Vec<(&Table, Vec<i64>)> = groups
+        .iter()
+        .filter(|(t, _)| t.disk().is_some())
+        .map(|(t, idx)| {
+            let ids = idx.iter().flat_map(|&fi| features[fi].bags.ids.iter().copied());
+            (*t, ids.collect())
+        })
+        .collect();
+    let held: Vec<(&Table, &[i64])> = ids.iter().map(|(t, k)| (*t, &k[..])).collect();
+    Table::cold_enter_many(&held)
+}
+
 /// Pooled rows of every feature into `out` (`batch * sum of dims`), feature
 /// after feature along each row.
 ///
@@ -101,6 +119,7 @@ pub fn lookup_pooled_or(
     // Gates are taken here, on the calling thread, never inside a job, in
     // the crate's one order (tables by id; see `Table::id`).
     let groups = groups(features);
+    let _cold = cold_enter(features, &groups)?;
     let gates: Vec<_> = groups
         .iter()
         .filter(|(t, _)| t.lookup_changes(insert))
@@ -210,8 +229,15 @@ pub fn apply_pooled_gradients(features: &[Feature<'_>], grads: &[f32]) -> Result
             },
         )?);
     }
-    // The gates, in ascending table id (each shared, or exclusive for a
-    // step its bounds cannot clear: see `table::step::bounds`).
+    // Disk tables' cold gates, then the gates, in ascending table id (each
+    // shared, or exclusive for a step its bounds cannot clear: see
+    // `table::step::bounds`).
+    let held: Vec<(&Table, &[i64])> = groups
+        .iter()
+        .zip(&inputs)
+        .map(|((t, _), (keys, _, _))| (*t, &keys[..]))
+        .collect();
+    let _cold = Table::cold_enter_many(&held)?;
     let gates: Vec<_> = groups
         .iter()
         .zip(&sums)

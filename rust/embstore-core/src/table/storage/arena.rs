@@ -197,6 +197,21 @@ impl Arena {
         self.view.clone()
     }
 
+    /// Floats of a row's optimizer state.
+    pub(crate) fn sl(&self) -> usize {
+        self.sl
+    }
+
+    /// Float words of a row's weights.
+    pub(crate) fn weight_words(&self) -> usize {
+        self.ww
+    }
+
+    /// Whether rows carry metadata.
+    pub(crate) fn tracks(&self) -> bool {
+        self.track
+    }
+
     /// The metadata of row `r` (default when not tracked).
     #[inline]
     pub(crate) fn meta(&self, r: usize) -> Meta {

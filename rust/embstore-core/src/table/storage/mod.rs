@@ -2,6 +2,7 @@
 //! rows each), the arena's segments and pages, and the shard locks.
 
 pub(crate) mod arena;
+pub(crate) mod cold;
 pub(crate) mod column;
 pub(crate) mod index;
 pub(crate) mod memory;

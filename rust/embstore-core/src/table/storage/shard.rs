@@ -6,6 +6,7 @@ use crate::policy::Sketch;
 use crate::table::NO_ROW;
 use crate::table::counters::Counters;
 use crate::table::storage::arena::{Arena, OutOfMemory, RowWrite};
+use crate::table::storage::cold::ColdShard;
 use crate::table::storage::index::{self, Index};
 use crate::table::storage::seqlock;
 use crate::table::storage::view::{PROBE_AHEAD, PROBE_PREFETCH_MIN, Reads, View};
@@ -77,6 +78,11 @@ pub(crate) struct Shard {
     /// them with [`Shard::reserve_pending`]: the index and the arena keep
     /// room for all of them, so an insert never allocates mid-call.
     pending: usize,
+    /// A disk table's rows of this shard on disk ([`ColdShard`]): rows
+    /// move there ([`Shard::spill`]) and back ([`Shard::insert_moved`])
+    /// keeping their bits and save generation; a key is in memory or on
+    /// disk, never both.
+    pub cold: Option<ColdShard>,
 }
 
 /// The rows API: a row of the shard by its number (found through the
@@ -140,6 +146,7 @@ impl Shard {
             sketch,
             removals: 0,
             pending: 0,
+            cold: None,
         }
     }
 
@@ -403,19 +410,98 @@ impl Shard {
         self.arena.row_to_change(r, g, |slot| ix.word(index, slot))
     }
 
-    /// Removes `key`; `true` when it was present.
+    /// Removes `key` (in memory or, for a disk table, on disk); `true`
+    /// when it was present.
     pub(crate) fn remove(&mut self, key: i64, hash: u64) -> bool {
-        let Some((slot, r)) = self.ix.find(&self.view.index, key, hash) else {
-            return false;
+        let held = match self.ix.find(&self.view.index, key, hash) {
+            Some((slot, r)) => {
+                self.drop_row(slot, r);
+                true
+            }
+            None => self.cold.as_mut().is_some_and(|c| c.erase(key)),
         };
-        self.ix.remove(&self.view.index, slot);
-        self.removals += 1;
-        if self.track_removals {
+        if held && self.track_removals {
             self.removed.keys.push(key);
         }
+        held
+    }
+
+    /// Takes row `r` (in index slot `slot`) out of memory.
+    fn drop_row(&mut self, slot: usize, r: usize) {
+        self.ix.remove(&self.view.index, slot);
+        self.removals += 1;
         let (ix, index) = (&self.ix, &self.view.index);
         self.arena.swap_remove(r, |slot| ix.word(index, slot));
-        true
+    }
+
+    /// Rows held on disk (none for a table in memory).
+    pub(crate) fn cold_len(&self) -> usize {
+        self.cold.as_ref().map_or(0, ColdShard::len)
+    }
+
+    /// Moves the rows of `keys` (held in memory) to disk: their stored
+    /// words, state and metadata, with their save generations, appended to
+    /// the cold shard and written; then named there and taken out of
+    /// memory (not removals: nothing is logged for incremental saves).
+    ///
+    /// # Errors
+    /// `Checkpoint` when the disk store cannot take them: every row stays
+    /// in memory then.
+    pub(crate) fn spill(&mut self, keys: &[i64]) -> crate::error::Result<()> {
+        let mut words = Vec::new();
+        let mut placed = Vec::with_capacity(keys.len());
+        let cold = self.cold.as_mut().expect("a disk table's shard");
+        for &key in keys {
+            let hash = crate::hash::key_hash(key);
+            let Some((_, r)) = self.ix.find(&self.view.index, key, hash) else {
+                continue;
+            };
+            words.clear();
+            words.extend(self.arena.weights(r).iter().map(|w| w.to_bits()));
+            words.extend(self.arena.state(r).iter().map(|w| w.to_bits()));
+            words.extend(self.arena.meta(r).to_words());
+            match cold.append(key, self.arena.generation(r), &words) {
+                Ok(loc) => placed.push((key, hash, loc)),
+                Err(e) => {
+                    cold.discard();
+                    return Err(e);
+                }
+            }
+        }
+        if let Err(e) = cold.flush() {
+            cold.discard();
+            return Err(e);
+        }
+        for (key, hash, loc) in placed {
+            self.cold.as_mut().expect("checked above").set(key, loc);
+            let (slot, r) = self
+                .ix
+                .find(&self.view.index, key, hash)
+                .expect("found above, under the same lock");
+            self.drop_row(slot, r);
+        }
+        Ok(())
+    }
+
+    /// Puts a row moved from disk back into memory: `words` as
+    /// [`Shard::spill`] wrote them, in save generation `generation`. The
+    /// caller made room, took the key off disk, and found it absent here.
+    pub(crate) fn insert_moved(&mut self, key: i64, hash: u64, generation: u32, words: &[u32]) {
+        let (ww, sl) = (self.arena.weight_words(), self.arena.sl());
+        let (w, rest) = words.split_at(ww);
+        let (st, meta) = rest.split_at(sl);
+        let (r, created) = self.find_or_insert(key, hash, generation, |wd, sd| {
+            for (d, s) in wd.iter_mut().zip(w) {
+                *d = f32::from_bits(*s);
+            }
+            for (d, s) in sd.iter_mut().zip(st) {
+                *d = f32::from_bits(*s);
+            }
+        });
+        debug_assert!(created, "a key is in memory or on disk, never both");
+        if self.arena.tracks() {
+            *self.arena.meta_mut(r) = Meta::from_words(meta);
+        }
     }
 }
 

@@ -1,0 +1,653 @@
+//! A disk table: at most `memory_bytes` of rows (with their state) in
+//! memory, the rest on disk ([`storage::cold`](super::storage::cold)), so
+//! one machine holds and trains a table larger than its memory.
+//!
+//! Every call that reads or changes rows first takes the table's *cold
+//! gate* shared and moves the rows its keys have on disk into memory
+//! ([`Table::cold_enter`]): it reads them all at once, from many threads,
+//! so that the device's queue is kept full, and then runs as on a table in
+//! memory. When the call ends and memory holds more rows than
+//! `memory_bytes` allows, the rows that scored lowest for the table's
+//! eviction order (LFU by default: fewest touches) go to disk, under the
+//! cold gate taken exclusively, so that no call ever finds a row gone
+//! between moving it in and using it. Rows keep their bits, optimizer
+//! state, touch counts and save generation wherever they are: a disk table
+//! gives the rows an in-memory table gives for the same calls, and its
+//! incremental saves write what changed.
+//!
+//! Lock order: the cold gate comes first, before the table's gate and any
+//! shard lock; it is taken on the calling thread only, never in a rayon
+//! job, and a call on several tables takes theirs by ascending table id.
+
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError, RwLock, RwLockReadGuard};
+
+use rayon::prelude::*;
+
+use crate::error::{Result, invalid, oom};
+use crate::table::Table;
+use crate::table::storage::cold::{ColdShard, Loc};
+use crate::table::storage::{read, write};
+
+/// Where a disk table keeps the rows that are not in memory, and how much
+/// memory its rows may take.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DiskConfig {
+    /// A directory (created if missing) under which the table makes its
+    /// own directory of segment files, removed when the table is dropped.
+    pub path: PathBuf,
+    /// Bytes of rows kept in memory, each row counted at
+    /// [`Table::row_cost`](super::Table::row_cost).
+    pub memory_bytes: u64,
+}
+
+/// Threads that read a call's rows from disk at most: the device's queue
+/// depth they keep.
+const READ_THREADS: usize = 32;
+
+/// The state of a disk table (see the module's docs).
+#[derive(Debug)]
+pub(crate) struct Cold {
+    gate: RwLock<()>,
+    /// Most rows in memory, per shard.
+    pub(crate) shard_rows: usize,
+    pub(crate) config: DiskConfig,
+    /// Ids asked for by calls, and those whose rows were on disk.
+    ids: AtomicU64,
+    cold_ids: AtomicU64,
+    /// Rows moved in from disk and out to it.
+    rows_in: AtomicU64,
+    rows_out: AtomicU64,
+    /// The last error moving rows out (they stayed in memory).
+    error: Mutex<Option<String>>,
+    /// Held for its lock and removed on drop.
+    _dir: StoreDir,
+}
+
+/// A disk table's figures (`stats()`).
+#[derive(Debug, Clone, Default)]
+pub struct DiskStats {
+    /// Rows in memory.
+    pub memory_rows: usize,
+    /// Rows on disk.
+    pub disk_rows: usize,
+    /// Bytes of the segment files (live and dead records).
+    pub disk_bytes: u64,
+    /// Bytes of memory the on-disk rows' index takes.
+    pub disk_index_bytes: usize,
+    /// Ids served from memory over all ids asked for (FBGEMM's
+    /// `overall_hit_rate`); 1 before any call.
+    pub overall_hit_rate: f64,
+    /// Rows read from disk, and written to it.
+    pub rows_read: u64,
+    /// Rows written to disk.
+    pub rows_written: u64,
+    /// The last failure to move rows to disk, if any (the rows stayed in
+    /// memory; the next call tries again).
+    pub error: Option<String>,
+}
+
+/// A disk table's own directory under [`DiskConfig::path`], locked while
+/// the table lives and removed with it.
+#[derive(Debug)]
+struct StoreDir {
+    path: PathBuf,
+    _lock: File,
+}
+
+impl StoreDir {
+    /// Creates a fresh directory under `parent`, removing the directories
+    /// of disk tables whose process is gone (their lock is free).
+    fn create(parent: &Path) -> Result<StoreDir> {
+        let fail = |e: std::io::Error| {
+            invalid(
+                "disk",
+                format!("cannot make a directory under {}: {e}", parent.display()),
+            )
+        };
+        std::fs::create_dir_all(parent).map_err(fail)?;
+        remove_stale(parent);
+        static N: AtomicU64 = AtomicU64::new(0);
+        let name = format!(
+            "embstore-disk-{}-{}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::Relaxed)
+        );
+        let path = parent.join(name);
+        if path.exists() {
+            // A directory of an earlier process of the same id.
+            let _ = std::fs::remove_dir_all(&path);
+        }
+        std::fs::create_dir(&path).map_err(fail)?;
+        let lock = File::create(path.join("lock")).map_err(fail)?;
+        lock.lock().map_err(fail)?;
+        Ok(StoreDir { path, _lock: lock })
+    }
+}
+
+impl Drop for StoreDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.path);
+    }
+}
+
+/// Removes the disk-table directories under `parent` whose lock no process
+/// holds (a process killed before it could remove its own).
+fn remove_stale(parent: &Path) {
+    let Ok(entries) = std::fs::read_dir(parent) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let name = e.file_name();
+        if !name.to_string_lossy().starts_with("embstore-disk-") {
+            continue;
+        }
+        let dir = e.path();
+        let Ok(lock) = File::open(dir.join("lock")) else {
+            continue;
+        };
+        if lock.try_lock().is_ok() {
+            let _ = std::fs::remove_dir_all(&dir);
+        }
+    }
+}
+
+impl Cold {
+    /// The disk state of a table being built, whose `shards` (not shared
+    /// yet) each get their cold part: checks the settings that depend on
+    /// several (a policy that drops rows is not supported on disk yet).
+    pub(crate) fn for_shards(
+        config: &DiskConfig,
+        policy: &crate::policy::Policy,
+        shards: &[crossbeam_utils::CachePadded<RwLock<crate::table::storage::Shard>>],
+        wwords: usize,
+        state_len: usize,
+    ) -> Result<Cold> {
+        if policy.tracks() {
+            return Err(invalid(
+                "disk",
+                "expected a table without ttl_steps, ttl_seconds, capacity or capacity_bytes: \
+                 a disk table bounds its memory with memory_bytes and keeps every row",
+            ));
+        }
+        let row_cost = crate::policy::Policy {
+            ttl_steps: Some(1),
+            ..*policy
+        }
+        .row_cost(wwords, state_len);
+        let (cold, parts) = Cold::new(config, shards.len(), row_cost, wwords + state_len + 4)?;
+        for (lock, part) in shards.iter().zip(parts) {
+            write(lock).cold = Some(part);
+        }
+        Ok(cold)
+    }
+
+    /// The disk state of a table of `num_shards` shards whose rows cost
+    /// `row_cost` bytes, and each shard's cold part (records of `words`).
+    fn new(
+        config: &DiskConfig,
+        num_shards: usize,
+        row_cost: usize,
+        words: usize,
+    ) -> Result<(Cold, Vec<ColdShard>)> {
+        let rows = config.memory_bytes / row_cost as u64;
+        if rows < num_shards as u64 {
+            return Err(invalid(
+                "memory_bytes",
+                format!(
+                    "expected room for at least one row a shard ({num_shards} x {row_cost} \
+                     bytes), got {}",
+                    config.memory_bytes
+                ),
+            ));
+        }
+        let dir = StoreDir::create(&config.path)?;
+        let shards = (0..num_shards)
+            .map(|s| ColdShard::new(&dir.path, s, words))
+            .collect();
+        let cold = Cold {
+            gate: RwLock::new(()),
+            shard_rows: usize::try_from(rows / num_shards as u64).unwrap_or(usize::MAX),
+            config: config.clone(),
+            ids: AtomicU64::new(0),
+            cold_ids: AtomicU64::new(0),
+            rows_in: AtomicU64::new(0),
+            rows_out: AtomicU64::new(0),
+            error: Mutex::new(None),
+            _dir: dir,
+        };
+        Ok((cold, shards))
+    }
+}
+
+/// A call's hold of its tables' cold gates ([`Table::cold_enter`]). On
+/// release it moves rows to disk where memory holds too many.
+pub(crate) struct ColdHold<'a> {
+    held: Vec<(&'a Table, RwLockReadGuard<'a, ()>)>,
+}
+
+impl Drop for ColdHold<'_> {
+    fn drop(&mut self) {
+        let tables: Vec<&Table> = self.held.iter().map(|(t, _)| *t).collect();
+        self.held.clear();
+        for t in tables {
+            t.spill_over();
+        }
+    }
+}
+
+/// A row on disk that a call needs.
+struct Want {
+    pos: usize,
+    key: i64,
+    loc: Loc,
+    file: Arc<File>,
+}
+
+impl Table {
+    /// For a disk table: takes the cold gate shared and moves the rows of
+    /// `keys` that are on disk into memory, where they stay until the hold
+    /// is dropped. `None` for a table in memory.
+    ///
+    /// # Errors
+    /// `Checkpoint` for a row that cannot be read or fails its check;
+    /// `OutOfMemory` naming `keys`. No row changed (some may have moved
+    /// into memory).
+    pub(crate) fn cold_enter(&self, keys: &[i64]) -> Result<Option<ColdHold<'_>>> {
+        Table::cold_enter_many(&[(self, keys)])
+    }
+
+    /// [`Table::cold_enter`] of several tables (`tables` in ascending id
+    /// order, as their gates are taken), each with its keys.
+    ///
+    /// # Errors
+    /// As [`Table::cold_enter`].
+    pub(crate) fn cold_enter_many<'a>(
+        tables: &[(&'a Table, &[i64])],
+    ) -> Result<Option<ColdHold<'a>>> {
+        let mut hold = ColdHold { held: Vec::new() };
+        for &(t, keys) in tables {
+            let Some(c) = &t.cold else {
+                continue;
+            };
+            let guard = c.gate.read().unwrap_or_else(PoisonError::into_inner);
+            hold.held.push((t, guard));
+            t.fault_in(c, keys)?;
+        }
+        Ok((!hold.held.is_empty()).then_some(hold))
+    }
+
+    /// For a call over every row (a save, an export): the cold gate held
+    /// shared, nothing moved.
+    pub(crate) fn cold_hold(&self) -> Option<ColdHold<'_>> {
+        let c = self.cold.as_ref()?;
+        let guard = c.gate.read().unwrap_or_else(PoisonError::into_inner);
+        Some(ColdHold {
+            held: vec![(self, guard)],
+        })
+    }
+
+    fn fault_in(&self, c: &Cold, keys: &[i64]) -> Result<()> {
+        if keys.is_empty() {
+            return Ok(());
+        }
+        let plan = self.plan(keys)?;
+        let found: Vec<(u64, Vec<Want>)> = self
+            .shards
+            .par_iter()
+            .enumerate()
+            .map(|(s, lock)| {
+                let pos = plan.positions(s);
+                let g = read(lock);
+                let Some(cold) = g.cold.as_ref().filter(|c| c.len() > 0) else {
+                    return (0, Vec::new());
+                };
+                let mut wants = Vec::new();
+                for &i in pos {
+                    let (key, hash) = (keys[i as usize], plan.hashes[i as usize]);
+                    if g.find(key, hash).is_none()
+                        && let Some((loc, file)) = cold.find(key)
+                    {
+                        wants.push(Want {
+                            pos: i as usize,
+                            key,
+                            loc,
+                            file,
+                        });
+                    }
+                }
+                let n = wants.len() as u64;
+                wants.sort_unstable_by_key(|w| w.key);
+                wants.dedup_by_key(|w| w.key);
+                (n, wants)
+            })
+            .collect();
+        c.ids.fetch_add(keys.len() as u64, Ordering::Relaxed);
+        let cold_ids: u64 = found.iter().map(|f| f.0).sum();
+        c.cold_ids.fetch_add(cold_ids, Ordering::Relaxed);
+        let total: usize = found.iter().map(|f| f.1.len()).sum();
+        if total == 0 {
+            return Ok(());
+        }
+        let words = self.weight_words() + self.state_len + 4;
+        let mut buf = crate::zeroed::zeros::<u32>("keys", total * words)?;
+        let wants: Vec<&Want> = found.iter().flat_map(|f| f.1.iter()).collect();
+        read_all(&wants, words, &mut buf)?;
+        // Into memory, shard by shard: a row moved or taken meanwhile (by
+        // another call moving it in, or a removal) is left as it is.
+        let mut start = 0;
+        let parts: Vec<(usize, usize, usize)> = found
+            .iter()
+            .enumerate()
+            .map(|(s, f)| {
+                let p = (s, start, f.1.len());
+                start += f.1.len();
+                p
+            })
+            .filter(|p| p.2 > 0)
+            .collect();
+        parts.par_iter().try_for_each(|&(s, from, n)| -> Result<()> {
+            let mut g = write(&self.shards[s]);
+            if !g.make_room(n) {
+                return Err(oom("keys", (n * words * 4) as u128));
+            }
+            for (j, w) in found[s].1.iter().enumerate() {
+                let hash = plan.hashes[w.pos];
+                if g.find(w.key, hash).is_some() {
+                    continue;
+                }
+                let taken = g.cold.as_mut().is_some_and(|cs| cs.take(w.key, w.loc));
+                if taken {
+                    let at = (from + j) * words;
+                    g.insert_moved(w.key, hash, w.loc.generation, &buf[at..at + words]);
+                }
+            }
+            Ok(())
+        })?;
+        c.rows_in.fetch_add(total as u64, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Moves rows to disk while a shard holds more than its share of
+    /// `memory_bytes`, the lowest-scoring first (down to 15/16 of the
+    /// share, so that a call adding a few rows does not move rows every
+    /// time). A failure leaves the rows in memory and is kept for
+    /// `stats()`; the next call tries again.
+    pub(crate) fn spill_over(&self) {
+        let Some(c) = &self.cold else {
+            return;
+        };
+        if !self.shards.iter().any(|s| read(s).len() > c.shard_rows) {
+            return;
+        }
+        let _excl = c.gate.write().unwrap_or_else(PoisonError::into_inner);
+        let target = (c.shard_rows - c.shard_rows / 16).max(1);
+        let ev = self.policy.eviction;
+        self.count_queued_reads();
+        let moved: Vec<Result<usize>> = self
+            .shards
+            .par_iter()
+            .map(|lock| -> Result<usize> {
+                let mut g = write(lock);
+                let len = g.len();
+                if len <= c.shard_rows {
+                    return Ok(0);
+                }
+                let k = len - target;
+                let mut cands: Vec<(u64, u64, i64)> = g
+                    .keys_and_rows()
+                    .map(|(key, r)| ev.score(&g.meta(r), key))
+                    .collect();
+                if cands.len() > k {
+                    cands.select_nth_unstable(k);
+                    cands.truncate(k);
+                }
+                let keys: Vec<i64> = cands.iter().map(|c| c.2).collect();
+                g.spill(&keys)?;
+                let cold = g.cold.as_mut().expect("a disk table's shard");
+                if cold.dead_share() > 0.5 {
+                    cold.compact()?;
+                }
+                Ok(keys.len())
+            })
+            .collect();
+        let mut error = None;
+        for m in moved {
+            match m {
+                Ok(n) => {
+                    c.rows_out.fetch_add(n as u64, Ordering::Relaxed);
+                }
+                Err(e) => error = Some(e.to_string()),
+            }
+        }
+        if error.is_some() {
+            *c.error.lock().unwrap_or_else(PoisonError::into_inner) = error;
+        }
+    }
+
+    /// A disk table's figures; `None` for a table in memory.
+    pub fn disk_stats(&self) -> Option<DiskStats> {
+        let c = self.cold.as_ref()?;
+        let mut st = DiskStats::default();
+        for lock in self.shards.iter() {
+            let g = read(lock);
+            st.memory_rows += g.len();
+            if let Some(cs) = &g.cold {
+                st.disk_rows += cs.len();
+                st.disk_bytes += cs.disk_bytes();
+                st.disk_index_bytes += cs.index_bytes();
+            }
+        }
+        let ids = c.ids.load(Ordering::Relaxed);
+        let cold = c.cold_ids.load(Ordering::Relaxed);
+        st.overall_hit_rate = if ids == 0 {
+            1.0
+        } else {
+            1.0 - cold as f64 / ids as f64
+        };
+        st.rows_read = c.rows_in.load(Ordering::Relaxed);
+        st.rows_written = c.rows_out.load(Ordering::Relaxed);
+        st.error = c.error.lock().unwrap_or_else(PoisonError::into_inner).clone();
+        Some(st)
+    }
+
+    /// The disk table's settings; `None` for a table in memory.
+    pub fn disk(&self) -> Option<&DiskConfig> {
+        self.cold.as_ref().map(|c| &c.config)
+    }
+}
+
+/// Reads the rows `wants` names into `out` (`words` a row), in chunks that
+/// the calling thread and up to [`READ_THREADS`] - 1 more take in turn, so
+/// that as many reads are in flight (a thread that cannot be started
+/// leaves its share to the others).
+fn read_all(wants: &[&Want], words: usize, out: &mut [u32]) -> Result<()> {
+    const CHUNK: usize = 8;
+    let chunks: Vec<Mutex<Option<(&[&Want], &mut [u32])>>> = wants
+        .chunks(CHUNK)
+        .zip(out.chunks_mut(CHUNK * words))
+        .map(|c| Mutex::new(Some(c)))
+        .collect();
+    let next = AtomicU64::new(0);
+    let work = || -> Result<()> {
+        let mut buf = Vec::new();
+        loop {
+            let i = next.fetch_add(1, Ordering::Relaxed) as usize;
+            let Some(slot) = chunks.get(i) else {
+                return Ok(());
+            };
+            let taken = slot.lock().unwrap_or_else(PoisonError::into_inner).take();
+            if let Some((ws, o)) = taken {
+                for (w, dst) in ws.iter().zip(o.chunks_mut(words)) {
+                    ColdShard::read(&w.file, words, w.key, w.loc, &mut buf, dst)?;
+                }
+            }
+        }
+    };
+    let helpers = chunks.len().saturating_sub(1).min(READ_THREADS - 1);
+    std::thread::scope(|sc| {
+        let handles: Vec<_> = (0..helpers)
+            .filter_map(|_| {
+                std::thread::Builder::new()
+                    .name("embstore-disk-read".into())
+                    .spawn_scoped(sc, work)
+                    .ok()
+            })
+            .collect();
+        let mut result = work();
+        for h in handles {
+            let r = h.join().unwrap_or_else(|_| {
+                Err(crate::error::ckpt_err("disk store", "a read thread panicked"))
+            });
+            result = result.and(r);
+        }
+        result
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::optim::Optimizer;
+    use crate::table::{Bags, Combiner, TableConfig};
+    use crate::testing::temp_dir;
+    use std::collections::BTreeMap;
+
+    fn adam() -> Option<Optimizer> {
+        Some(Optimizer::from_named("Adam", &BTreeMap::from([("lr".into(), 0.05)])).unwrap())
+    }
+
+    fn pair(dir: &Path, memory_rows: u64) -> (Table, Table) {
+        let mk = |disk: Option<DiskConfig>| {
+            let mut cfg = TableConfig::new(5);
+            cfg.optimizer = adam();
+            cfg.seed = 11;
+            cfg.num_shards = Some(4);
+            cfg.disk = disk;
+            Table::new(cfg).unwrap()
+        };
+        let ram = mk(None);
+        // Rows cost their weights, state, metadata, tag and index slot.
+        let cost = crate::policy::Policy {
+            ttl_steps: Some(1),
+            ..Default::default()
+        }
+        .row_cost(5, ram.state_len()) as u64;
+        let disk = mk(Some(DiskConfig {
+            path: dir.to_path_buf(),
+            memory_bytes: memory_rows * cost,
+        }));
+        (ram, disk)
+    }
+
+    struct Rng(u64);
+    impl Rng {
+        fn next(&mut self) -> u64 {
+            self.0 ^= self.0 << 13;
+            self.0 ^= self.0 >> 7;
+            self.0 ^= self.0 << 17;
+            self.0
+        }
+        fn keys(&mut self, n: usize, space: u64) -> Vec<i64> {
+            (0..n).map(|_| (self.next() % space) as i64 - 20).collect()
+        }
+        fn floats(&mut self, n: usize) -> Vec<f32> {
+            (0..n)
+                .map(|_| (self.next() % 2001) as f32 / 1000.0 - 1.0)
+                .collect()
+        }
+    }
+
+    /// The oracle is the same table in memory: every call, in a random
+    /// mix, gives the same results bit for bit while a disk table with
+    /// memory for 40 of its ~500 rows moves rows out and back.
+    #[test]
+    fn a_disk_table_gives_what_a_table_in_memory_gives() {
+        let dir = temp_dir("disk-table");
+        let (ram, disk) = pair(&dir, 40);
+        let mut rng = Rng(0x1234_5678_9abc_def1);
+        let both = |f: &dyn Fn(&Table) -> Vec<u32>| assert_eq!(f(&ram), f(&disk));
+        let bits = |v: Vec<f32>| v.into_iter().map(f32::to_bits).collect::<Vec<u32>>();
+        for round in 0..300 {
+            let keys = rng.keys(48, 520);
+            match round % 6 {
+                0 | 1 => both(&|t| {
+                    let mut out = vec![0.0; keys.len() * 5];
+                    t.lookup(&keys, true, &mut out).unwrap();
+                    bits(out)
+                }),
+                2 => {
+                    let g = rng.floats(keys.len() * 5);
+                    both(&|t| {
+                        t.apply_gradients(&keys, &g).unwrap();
+                        vec![]
+                    });
+                }
+                3 => {
+                    let offsets: Vec<i64> = (0..=keys.len() as i64).step_by(4).collect();
+                    let bags = Bags {
+                        ids: &keys,
+                        offsets: &offsets,
+                        weights: None,
+                        combiner: Combiner::Mean,
+                    };
+                    let g = rng.floats((offsets.len() - 1) * 5);
+                    both(&|t| {
+                        let mut out = vec![0.0; (offsets.len() - 1) * 5];
+                        t.lookup_pooled(&bags, true, &mut out).unwrap();
+                        t.apply_pooled_gradients(&bags, &g).unwrap();
+                        bits(out)
+                    });
+                }
+                4 => {
+                    let v = rng.floats(8 * 5);
+                    both(&|t| {
+                        t.assign(&keys[..8], &v).unwrap();
+                        vec![t.remove(&keys[8..12]).unwrap() as u32]
+                    });
+                }
+                _ => both(&|t| {
+                    let mut out = vec![0.0; keys.len() * 5];
+                    let mut found = vec![false; keys.len()];
+                    t.lookup_found(&keys, crate::table::Missing::Zeros, &mut out, &mut found)
+                        .unwrap();
+                    let mut has = vec![false; keys.len()];
+                    t.contains(&keys, &mut has).unwrap();
+                    assert_eq!(found, has);
+                    let mut v = bits(out);
+                    v.extend(found.iter().map(|&f| u32::from(f)));
+                    v.push(t.len() as u32);
+                    v
+                }),
+            }
+            let st = disk.disk_stats().unwrap();
+            assert!(st.memory_rows <= 40 + 48, "round {round}: {st:?}");
+            assert_eq!(st.memory_rows + st.disk_rows, ram.len());
+        }
+        let st = disk.disk_stats().unwrap();
+        assert!(st.disk_rows > 300 && st.rows_read > 1000, "{st:?}");
+        assert!(st.overall_hit_rate < 0.5, "{st:?}");
+        assert!(st.error.is_none());
+        drop(disk);
+        assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 0, "its directory went");
+    }
+
+    #[test]
+    fn a_disk_table_refuses_a_memory_too_small_and_a_policy_that_drops_rows() {
+        let dir = temp_dir("disk-refused");
+        let mut cfg = TableConfig::new(4);
+        cfg.num_shards = Some(4);
+        cfg.disk = Some(DiskConfig {
+            path: dir.clone(),
+            memory_bytes: 100,
+        });
+        let e = Table::new(cfg.clone()).unwrap_err().to_string();
+        assert!(e.starts_with("memory_bytes: expected room"), "{e}");
+        cfg.disk.as_mut().unwrap().memory_bytes = 1 << 20;
+        cfg.policy.capacity = Some(10);
+        let e = Table::new(cfg).unwrap_err().to_string();
+        assert!(e.starts_with("disk: expected a table without"), "{e}");
+    }
+}

@@ -1,0 +1,538 @@
+//! A shard's rows on disk: the cold part of a disk table's shard.
+//!
+//! Rows that leave memory ([`ColdShard::put`]) are appended to the shard's
+//! active segment file, so the disk sees sequential writes only; a key's
+//! place is kept in an in-memory index (key -> segment, record, save
+//! generation: 12 bytes a key plus the map's own). A row taken back into
+//! memory ([`ColdShard::take`]) leaves a dead record behind; a segment whose
+//! records are all dead is deleted, and one mostly dead is compacted (its
+//! live records appended again, then the file deleted).
+//!
+//! A record is `key (i64) | save generation (u32) | CRC-32C (u32) | the
+//! row's words`, where the words are the row's stored weights, its
+//! optimizer state and its 4 metadata words. Every read checks the key and
+//! the CRC: the files are written and read by this process only (a disk
+//! table's files do not outlive it), yet a damaged or altered file reads as
+//! an error, never as another key's row.
+//!
+//! The caller holds the shard's lock for every method but
+//! [`ColdShard::read`], which reads a record the lock found, outside it
+//! (the file stays open while a caller holds its `Arc`; a record, once
+//! written, never changes).
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::hash::{BuildHasherDefault, Hasher};
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use crate::error::{Result, ckpt_err};
+
+/// Bytes before a record's words: key, generation, CRC.
+const HEAD: usize = 16;
+
+/// A segment holds about this many bytes of records.
+const SEGMENT_BYTES: usize = 64 << 20;
+
+/// Where a key's row is: its segment, its record there, and the save
+/// generation it was last changed in (what an incremental save asks).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Loc {
+    pub(crate) seg: u32,
+    pub(crate) rec: u32,
+    pub(crate) generation: u32,
+}
+
+/// Keys hashed with the table's own mix (keys are not attacker-chosen
+/// hash-flooding input here any more than in the table's index).
+#[derive(Default)]
+pub(crate) struct KeyHasher(u64);
+
+impl Hasher for KeyHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = crate::hash::mix64(self.0 ^ u64::from(b));
+        }
+    }
+    fn write_i64(&mut self, key: i64) {
+        self.0 = crate::hash::key_hash(key);
+    }
+}
+
+type KeyMap<V> = HashMap<i64, V, BuildHasherDefault<KeyHasher>>;
+
+#[derive(Debug)]
+struct Segment {
+    file: Arc<File>,
+    /// Records written.
+    written: u32,
+    /// Records the index still names.
+    live: u32,
+}
+
+/// One shard's rows on disk (see the module's docs).
+#[derive(Debug)]
+pub(crate) struct ColdShard {
+    dir: PathBuf,
+    shard: usize,
+    /// Words of a record after its head.
+    words: usize,
+    index: KeyMap<Loc>,
+    segments: Vec<Option<Segment>>,
+    /// The segment appended to (`None` before the first put).
+    active: Option<u32>,
+    /// Records appended by the current batch of puts, written by
+    /// [`ColdShard::flush`].
+    pending: Vec<u8>,
+    /// The first pending record's number in the active segment.
+    pending_from: u32,
+    /// Records a segment holds.
+    per_segment: u32,
+}
+
+impl ColdShard {
+    /// An empty cold shard of records of `words` words, its files in
+    /// `dir` (which exists) named by `shard`.
+    pub(crate) fn new(dir: &Path, shard: usize, words: usize) -> ColdShard {
+        let per_segment = (SEGMENT_BYTES / (HEAD + 4 * words)).clamp(1, u32::MAX as usize) as u32;
+        ColdShard {
+            per_segment,
+            dir: dir.to_path_buf(),
+            shard,
+            words,
+            index: KeyMap::default(),
+            segments: Vec::new(),
+            active: None,
+            pending: Vec::new(),
+            pending_from: 0,
+        }
+    }
+
+    fn record_bytes(&self) -> usize {
+        HEAD + 4 * self.words
+    }
+
+    /// Rows held.
+    pub(crate) fn len(&self) -> usize {
+        self.index.len()
+    }
+
+    /// Bytes of the segment files (live and dead records).
+    pub(crate) fn disk_bytes(&self) -> u64 {
+        let per = self.record_bytes() as u64;
+        self.segments
+            .iter()
+            .flatten()
+            .map(|s| u64::from(s.written) * per)
+            .sum::<u64>()
+            + self.pending.len() as u64
+    }
+
+    /// Bytes of memory the index takes (its table, as hashbrown sizes it:
+    /// a key, a [`Loc`] and a control byte a bucket).
+    pub(crate) fn index_bytes(&self) -> usize {
+        self.index.capacity() * (size_of::<(i64, Loc)>() + 1)
+    }
+
+    /// Where `key`'s row is, and the file to read it from.
+    pub(crate) fn find(&self, key: i64) -> Option<(Loc, Arc<File>)> {
+        let loc = *self.index.get(&key)?;
+        let file = self.segments[loc.seg as usize].as_ref()?.file.clone();
+        Some((loc, file))
+    }
+
+    /// Whether the shard holds `key`.
+    pub(crate) fn contains(&self, key: i64) -> bool {
+        self.index.contains_key(&key)
+    }
+
+    /// Every key held with its place.
+    pub(crate) fn entries(&self) -> impl Iterator<Item = (i64, Loc)> + '_ {
+        self.index.iter().map(|(&k, &l)| (k, l))
+    }
+
+    /// The file of segment `seg`, while it exists.
+    pub(crate) fn file(&self, seg: u32) -> Option<Arc<File>> {
+        Some(self.segments.get(seg as usize)?.as_ref()?.file.clone())
+    }
+
+    /// Reads the record at `loc` of `file` into `words` (`words` long),
+    /// checking that it is `key`'s and whole.
+    ///
+    /// # Errors
+    /// `Checkpoint` for an I/O error or a record that is not `key`'s or
+    /// fails its CRC.
+    pub(crate) fn read(
+        file: &File,
+        words_len: usize,
+        key: i64,
+        loc: Loc,
+        buf: &mut Vec<u8>,
+        words: &mut [u32],
+    ) -> Result<()> {
+        let rb = HEAD + 4 * words_len;
+        buf.resize(rb, 0);
+        file.read_exact_at(buf, loc.rec as u64 * rb as u64)
+            .map_err(|e| ckpt_err("disk store", format!("reading a row: {e}")))?;
+        decode(buf, key, loc.generation, words)
+    }
+
+    /// Appends `key`'s row (`words`: weights, state, metadata), last
+    /// changed in save generation `generation`, to the pending records;
+    /// returns where it will be. Nothing names it until [`ColdShard::set`]
+    /// after a [`ColdShard::flush`] that wrote it.
+    ///
+    /// # Errors
+    /// `Checkpoint` when a full segment cannot be written or a new segment
+    /// file cannot be created.
+    pub(crate) fn append(&mut self, key: i64, generation: u32, words: &[u32]) -> Result<Loc> {
+        debug_assert_eq!(words.len(), self.words);
+        let full = self.active.is_none_or(|a| {
+            let s = self.segments[a as usize].as_ref().expect("the active segment");
+            s.written + self.pending_records() >= self.per_segment
+        });
+        if full {
+            self.flush()?;
+            self.open_segment()?;
+        }
+        let seg = self.active.expect("a segment was opened");
+        let rec = self.pending_from + self.pending_records();
+        encode(key, generation, words, &mut self.pending);
+        Ok(Loc {
+            seg,
+            rec,
+            generation,
+        })
+    }
+
+    /// Names `loc` (written by [`ColdShard::append`] and
+    /// [`ColdShard::flush`]) as `key`'s row, in place of any earlier one.
+    pub(crate) fn set(&mut self, key: i64, loc: Loc) {
+        self.drop_entry(key);
+        self.index.insert(key, loc);
+        if let Some(s) = self.segments[loc.seg as usize].as_mut() {
+            s.live += 1;
+        }
+    }
+
+    /// [`ColdShard::append`], [`ColdShard::flush`] and [`ColdShard::set`]
+    /// of one row (for tests and single moves).
+    ///
+    /// # Errors
+    /// As [`ColdShard::append`] and [`ColdShard::flush`].
+    #[cfg(test)]
+    pub(crate) fn put(&mut self, key: i64, generation: u32, words: &[u32]) -> Result<()> {
+        let loc = self.append(key, generation, words)?;
+        self.flush()?;
+        self.set(key, loc);
+        Ok(())
+    }
+
+    /// Forgets the pending records (after a failed [`ColdShard::flush`]:
+    /// nothing names them).
+    pub(crate) fn discard(&mut self) {
+        self.pending.clear();
+    }
+
+    fn pending_records(&self) -> u32 {
+        (self.pending.len() / self.record_bytes()) as u32
+    }
+
+    fn open_segment(&mut self) -> Result<()> {
+        let n = self.segments.len() as u32;
+        let path = self.segment_path(n);
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .open(&path)
+            .map_err(|e| ckpt_err(&path, format!("creating a disk segment: {e}")))?;
+        self.segments.push(Some(Segment {
+            file: Arc::new(file),
+            written: 0,
+            live: 0,
+        }));
+        self.active = Some(n);
+        self.pending_from = 0;
+        Ok(())
+    }
+
+    fn segment_path(&self, n: u32) -> PathBuf {
+        self.dir.join(format!("s{:04}-{n:08}.seg", self.shard))
+    }
+
+    /// Writes the pending records to the active segment.
+    ///
+    /// # Errors
+    /// `Checkpoint` for an I/O error (the records stay pending).
+    pub(crate) fn flush(&mut self) -> Result<()> {
+        if self.pending.is_empty() {
+            return Ok(());
+        }
+        let a = self.active.expect("pending records have a segment");
+        let rb = self.record_bytes() as u64;
+        let s = self.segments[a as usize].as_mut().expect("the active segment");
+        s.file
+            .write_all_at(&self.pending, u64::from(self.pending_from) * rb)
+            .map_err(|e| ckpt_err("disk store", format!("writing rows: {e}")))?;
+        let n = (self.pending.len() as u64 / rb) as u32;
+        s.written += n;
+        self.pending_from += n;
+        self.pending.clear();
+        Ok(())
+    }
+
+    /// Removes `key` if its row is still at `loc` (a row read outside the
+    /// lock is taken into memory only if nothing moved it meanwhile).
+    pub(crate) fn take(&mut self, key: i64, loc: Loc) -> bool {
+        if self.index.get(&key) != Some(&loc) {
+            return false;
+        }
+        self.drop_entry(key);
+        true
+    }
+
+    /// Removes `key`; whether it was held.
+    pub(crate) fn erase(&mut self, key: i64) -> bool {
+        self.drop_entry(key)
+    }
+
+    fn drop_entry(&mut self, key: i64) -> bool {
+        let Some(loc) = self.index.remove(&key) else {
+            return false;
+        };
+        let last = Some(loc.seg) != self.active;
+        let path = self.segment_path(loc.seg);
+        let slot = &mut self.segments[loc.seg as usize];
+        if let Some(s) = slot {
+            s.live -= 1;
+            if s.live == 0 && last {
+                // Every record dead: the file goes (a reader holding its
+                // `Arc` still reads it).
+                *slot = None;
+                let _ = std::fs::remove_file(path);
+            }
+        }
+        true
+    }
+
+    /// Dead records' share of the files.
+    pub(crate) fn dead_share(&self) -> f64 {
+        let (written, live) = self
+            .segments
+            .iter()
+            .flatten()
+            .fold((0u64, 0u64), |(w, l), s| (w + u64::from(s.written), l + u64::from(s.live)));
+        if written == 0 {
+            0.0
+        } else {
+            1.0 - live as f64 / written as f64
+        }
+    }
+
+    /// Rewrites the segments (other than the active one) that are at
+    /// least half dead: their live records are read in one sequential pass
+    /// each, appended again and written, and only then named in their new
+    /// place (so a failed write loses nothing); a segment left with no live
+    /// record is deleted. Returns the records moved.
+    ///
+    /// # Errors
+    /// `Checkpoint` for an I/O error or a damaged record (what was moved
+    /// stays moved; the rest stays where it was).
+    pub(crate) fn compact(&mut self) -> Result<usize> {
+        self.flush()?;
+        let victims: Vec<u32> = self
+            .segments
+            .iter()
+            .enumerate()
+            .filter_map(|(n, s)| {
+                let s = s.as_ref()?;
+                (Some(n as u32) != self.active && s.live * 2 <= s.written).then_some(n as u32)
+            })
+            .collect();
+        let mut moved = 0;
+        let rb = self.record_bytes();
+        let mut words = vec![0u32; self.words];
+        for seg in victims {
+            let Some(s) = self.segments[seg as usize].as_ref() else {
+                continue;
+            };
+            let mut bytes = vec![0u8; s.written as usize * rb];
+            s.file
+                .read_exact_at(&mut bytes, 0)
+                .map_err(|e| ckpt_err("disk store", format!("compacting: {e}")))?;
+            let mut placed = Vec::new();
+            for (rec, chunk) in bytes.chunks_exact(rb).enumerate() {
+                let key = i64::from_le_bytes(chunk[..8].try_into().expect("8 bytes"));
+                match self.index.get(&key) {
+                    Some(l) if l.seg == seg && l.rec == rec as u32 => {
+                        let generation = l.generation;
+                        decode(chunk, key, generation, &mut words)?;
+                        let at = self.append(key, generation, &words);
+                        placed.push((key, at));
+                    }
+                    _ => {}
+                }
+            }
+            let written = placed
+                .iter()
+                .all(|(_, at)| at.is_ok())
+                .then(|| self.flush());
+            match written {
+                Some(Ok(())) => {}
+                Some(Err(e)) => {
+                    self.discard();
+                    return Err(e);
+                }
+                None => {
+                    self.discard();
+                    let e = placed.into_iter().find_map(|(_, at)| at.err());
+                    return Err(e.expect("a failed append"));
+                }
+            }
+            for (key, at) in placed {
+                self.set(key, at.expect("checked above"));
+                moved += 1;
+            }
+        }
+        Ok(moved)
+    }
+}
+
+impl Drop for ColdShard {
+    fn drop(&mut self) {
+        for n in 0..self.segments.len() {
+            if self.segments[n].take().is_some() {
+                let _ = std::fs::remove_file(self.segment_path(n as u32));
+            }
+        }
+    }
+}
+
+fn crc_of(key: i64, generation: u32, body: &[u8]) -> u32 {
+    let c = crc32c::crc32c(&key.to_le_bytes());
+    let c = crc32c::crc32c_append(c, &generation.to_le_bytes());
+    crc32c::crc32c_append(c, body)
+}
+
+fn encode(key: i64, generation: u32, words: &[u32], out: &mut Vec<u8>) {
+    let start = out.len();
+    out.extend_from_slice(&key.to_le_bytes());
+    out.extend_from_slice(&generation.to_le_bytes());
+    out.extend_from_slice(&[0; 4]);
+    for w in words {
+        out.extend_from_slice(&w.to_le_bytes());
+    }
+    let crc = crc_of(key, generation, &out[start + HEAD..]);
+    out[start + 12..start + 16].copy_from_slice(&crc.to_le_bytes());
+}
+
+fn decode(rec: &[u8], key: i64, generation: u32, words: &mut [u32]) -> Result<()> {
+    let got = i64::from_le_bytes(rec[..8].try_into().expect("8 bytes"));
+    let gen_ = u32::from_le_bytes(rec[8..12].try_into().expect("4 bytes"));
+    let crc = u32::from_le_bytes(rec[12..16].try_into().expect("4 bytes"));
+    let body = &rec[HEAD..];
+    if got != key || gen_ != generation || crc != crc_of(got, gen_, body) {
+        return Err(ckpt_err(
+            "disk store",
+            format!("the row of key {key} is damaged (its record fails its check)"),
+        ));
+    }
+    for (w, b) in words.iter_mut().zip(body.chunks_exact(4)) {
+        *w = u32::from_le_bytes(b.try_into().expect("4 bytes"));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testing::temp_dir;
+
+    fn words_of(key: i64, n: usize) -> Vec<u32> {
+        (0..n).map(|i| (key as u32).wrapping_mul(31) ^ i as u32).collect()
+    }
+
+    fn read_back(c: &ColdShard, key: i64) -> Result<Vec<u32>> {
+        let (loc, file) = c.find(key).expect("held");
+        let mut w = vec![0; c.words];
+        ColdShard::read(&file, c.words, key, loc, &mut Vec::new(), &mut w)?;
+        Ok(w)
+    }
+
+    /// A dict model of a cold shard under puts, takes and erases in
+    /// random order, small segments so that files fill, die and compact.
+    #[test]
+    fn puts_takes_and_compaction_keep_every_row_readable() {
+        let dir = temp_dir("cold");
+        let mut c = ColdShard::new(&dir, 3, 6);
+        // 40-byte records, 16 to a segment.
+        c.per_segment = 16;
+        let mut model = std::collections::HashMap::new();
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        for step in 0..3_000u32 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let key = (x % 300) as i64 - 150;
+            match step % 4 {
+                0 | 1 => {
+                    c.put(key, step, &words_of(key ^ i64::from(step), c.words))
+                        .unwrap();
+                    model.insert(key, step);
+                }
+                2 => {
+                    if let Some((loc, _)) = c.find(key) {
+                        assert!(c.take(key, loc));
+                        assert!(!c.take(key, loc), "taken once");
+                    }
+                    model.remove(&key);
+                }
+                _ => assert_eq!(c.erase(key), model.remove(&key).is_some()),
+            }
+            if step % 500 == 499 {
+                c.compact().unwrap();
+            }
+        }
+        c.flush().unwrap();
+        assert_eq!(c.len(), model.len());
+        for (&key, &step) in &model {
+            assert_eq!(
+                read_back(&c, key).unwrap(),
+                words_of(key ^ i64::from(step), c.words)
+            );
+        }
+        c.compact().unwrap();
+        assert!(c.dead_share() < 0.5 + 1e-9, "{}", c.dead_share());
+        let files = std::fs::read_dir(&dir).unwrap().count();
+        assert!(files <= c.segments.iter().flatten().count(), "dead files deleted");
+        drop(c);
+        assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 0, "dropped: no file");
+    }
+
+    #[test]
+    fn a_damaged_record_reads_as_an_error_never_as_a_row() {
+        let dir = temp_dir("cold-damage");
+        let mut c = ColdShard::new(&dir, 0, 4);
+        c.put(7, 1, &[1, 2, 3, 4]).unwrap();
+        c.put(8, 1, &[5, 6, 7, 8]).unwrap();
+        c.flush().unwrap();
+        let (loc, file) = c.find(8).unwrap();
+        // One bit flipped in key 8's words.
+        let at = u64::from(loc.rec) * 32 + 20;
+        let mut b = [0u8];
+        file.read_exact_at(&mut b, at).unwrap();
+        file.write_all_at(&[b[0] ^ 1], at).unwrap();
+        assert_eq!(read_back(&c, 7).unwrap(), vec![1, 2, 3, 4]);
+        let e = read_back(&c, 8).unwrap_err().to_string();
+        assert!(e.contains("key 8 is damaged"), "{e}");
+        // Key 7's place read as key 8's: refused too.
+        let (loc7, _) = c.find(7).unwrap();
+        let e = ColdShard::read(&file, 4, 8, loc7, &mut Vec::new(), &mut [0; 4]).unwrap_err();
+        assert!(e.to_string().contains("damaged"));
+    }
+}
