@@ -29,7 +29,7 @@ use rayon::prelude::*;
 use crate::error::{Result, invalid, oom};
 use crate::table::Table;
 use crate::table::storage::cold::{ColdShard, Loc};
-use crate::table::storage::{read, write};
+use crate::table::storage::{Shard, read, write};
 
 /// Where a disk table keeps the rows that are not in memory, and how much
 /// memory its rows may take.
@@ -238,6 +238,52 @@ impl Drop for ColdHold<'_> {
     }
 }
 
+/// A row on disk to write to a checkpoint (or export): its key, place and
+/// file.
+pub(crate) struct DiskItem {
+    pub(crate) key: i64,
+    loc: Loc,
+    file: Arc<File>,
+}
+
+/// A row to write: in memory (row number, key) or on disk.
+pub(crate) enum Item {
+    Mem(usize, i64),
+    Disk(DiskItem),
+}
+
+/// Appends to `items` the rows shard `g` holds on disk that changed in a
+/// save generation after `since` (all for `None`), in file order, so that
+/// a save reads each segment front to back.
+pub(crate) fn disk_items(g: &Shard, since: Option<u32>, items: &mut Vec<Item>) {
+    let Some(cold) = &g.cold else {
+        return;
+    };
+    let mut disk: Vec<DiskItem> = cold
+        .entries()
+        .filter(|(_, l)| since.is_none_or(|s| l.generation > s))
+        .filter_map(|(key, loc)| {
+            Some(DiskItem {
+                key,
+                loc,
+                file: cold.file(loc.seg)?,
+            })
+        })
+        .collect();
+    disk.sort_unstable_by_key(|d| (d.loc.seg, d.loc.rec));
+    items.extend(disk.into_iter().map(Item::Disk));
+}
+
+/// Reads the row `d` names into `words` (`n` words: stored weights, state,
+/// metadata).
+///
+/// # Errors
+/// `Checkpoint` when it cannot be read or fails its check.
+pub(crate) fn read_item(d: &DiskItem, n: usize, words: &mut Vec<u32>) -> Result<()> {
+    words.resize(n, 0);
+    ColdShard::read(&d.file, n, d.key, d.loc, &mut Vec::new(), words)
+}
+
 /// A row on disk that a call needs.
 struct Want {
     pos: usize,
@@ -348,24 +394,26 @@ impl Table {
             })
             .filter(|p| p.2 > 0)
             .collect();
-        parts.par_iter().try_for_each(|&(s, from, n)| -> Result<()> {
-            let mut g = write(&self.shards[s]);
-            if !g.make_room(n) {
-                return Err(oom("keys", (n * words * 4) as u128));
-            }
-            for (j, w) in found[s].1.iter().enumerate() {
-                let hash = plan.hashes[w.pos];
-                if g.find(w.key, hash).is_some() {
-                    continue;
+        parts
+            .par_iter()
+            .try_for_each(|&(s, from, n)| -> Result<()> {
+                let mut g = write(&self.shards[s]);
+                if !g.make_room(n) {
+                    return Err(oom("keys", (n * words * 4) as u128));
                 }
-                let taken = g.cold.as_mut().is_some_and(|cs| cs.take(w.key, w.loc));
-                if taken {
-                    let at = (from + j) * words;
-                    g.insert_moved(w.key, hash, w.loc.generation, &buf[at..at + words]);
+                for (j, w) in found[s].1.iter().enumerate() {
+                    let hash = plan.hashes[w.pos];
+                    if g.find(w.key, hash).is_some() {
+                        continue;
+                    }
+                    let taken = g.cold.as_mut().is_some_and(|cs| cs.take(w.key, w.loc));
+                    if taken {
+                        let at = (from + j) * words;
+                        g.insert_moved(w.key, hash, w.loc.generation, &buf[at..at + words]);
+                    }
                 }
-            }
-            Ok(())
-        })?;
+                Ok(())
+            })?;
         c.rows_in.fetch_add(total as u64, Ordering::Relaxed);
         Ok(())
     }
@@ -427,6 +475,71 @@ impl Table {
         }
     }
 
+    /// Every row a disk table holds on disk (none for a table in memory),
+    /// read into memory: the keys and, per key, its words (stored weights,
+    /// state, metadata) as floats of the same bits. `guards` are the
+    /// shards' locks, held by the caller with the cold gate.
+    ///
+    /// # Errors
+    /// `OutOfMemory` naming `with_state`; `Checkpoint` for a row that
+    /// cannot be read.
+    pub(crate) fn read_disk_rows(
+        &self,
+        guards: &[impl std::ops::Deref<Target = Shard> + Sync],
+    ) -> Result<(Vec<i64>, Vec<f32>)> {
+        let mut items = Vec::new();
+        for g in guards {
+            disk_items(g, None, &mut items);
+        }
+        let n = self.wwords + self.state_len + 4;
+        let mut words = crate::zeroed::zeros::<f32>("with_state", items.len() * n)?;
+        items
+            .par_iter()
+            .zip(words.par_chunks_mut(n.max(1)))
+            .try_for_each_init(Vec::new, |buf, (item, dst)| -> Result<()> {
+                let Item::Disk(d) = item else {
+                    return Ok(());
+                };
+                read_item(d, n, buf)?;
+                for (o, w) in dst.iter_mut().zip(buf.iter()) {
+                    *o = f32::from_bits(*w);
+                }
+                Ok(())
+            })?;
+        let keys = items
+            .iter()
+            .map(|i| match i {
+                Item::Disk(d) => d.key,
+                Item::Mem(_, k) => *k,
+            })
+            .collect();
+        Ok((keys, words))
+    }
+
+    /// Forgets the disk copies of `keys` (whose rows a load is about to
+    /// replace in memory), logging no removal.
+    ///
+    /// # Errors
+    /// `OutOfMemory` naming `keys` for the plan's work arrays.
+    pub(crate) fn forget_on_disk(&self, keys: &[i64]) -> Result<()> {
+        if self.cold.is_none() {
+            return Ok(());
+        }
+        let plan = self.plan(keys)?;
+        self.par_shards_mut(&plan, |g, pos| {
+            for &i in pos {
+                let (key, hash) = (keys[i as usize], plan.hashes[i as usize]);
+                if g.find(key, hash).is_none()
+                    && let Some(c) = g.cold.as_mut()
+                {
+                    c.erase(key);
+                }
+            }
+            0
+        });
+        Ok(())
+    }
+
     /// A disk table's figures; `None` for a table in memory.
     pub fn disk_stats(&self) -> Option<DiskStats> {
         let c = self.cold.as_ref()?;
@@ -449,7 +562,11 @@ impl Table {
         };
         st.rows_read = c.rows_in.load(Ordering::Relaxed);
         st.rows_written = c.rows_out.load(Ordering::Relaxed);
-        st.error = c.error.lock().unwrap_or_else(PoisonError::into_inner).clone();
+        st.error = c
+            .error
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
         Some(st)
     }
 
@@ -465,7 +582,8 @@ impl Table {
 /// leaves its share to the others).
 fn read_all(wants: &[&Want], words: usize, out: &mut [u32]) -> Result<()> {
     const CHUNK: usize = 8;
-    let chunks: Vec<Mutex<Option<(&[&Want], &mut [u32])>>> = wants
+    type Chunk<'a, 'w> = Mutex<Option<(&'a [&'w Want], &'a mut [u32])>>;
+    let chunks: Vec<Chunk<'_, '_>> = wants
         .chunks(CHUNK)
         .zip(out.chunks_mut(CHUNK * words))
         .map(|c| Mutex::new(Some(c)))
@@ -499,7 +617,10 @@ fn read_all(wants: &[&Want], words: usize, out: &mut [u32]) -> Result<()> {
         let mut result = work();
         for h in handles {
             let r = h.join().unwrap_or_else(|_| {
-                Err(crate::error::ckpt_err("disk store", "a read thread panicked"))
+                Err(crate::error::ckpt_err(
+                    "disk store",
+                    "a read thread panicked",
+                ))
             });
             result = result.and(r);
         }
@@ -510,6 +631,7 @@ fn read_all(wants: &[&Want], words: usize, out: &mut [u32]) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::format::manifest::SaveInfo;
     use crate::optim::Optimizer;
     use crate::table::{Bags, Combiner, TableConfig};
     use crate::testing::temp_dir;
@@ -631,7 +753,81 @@ mod tests {
         assert!(st.overall_hit_rate < 0.5, "{st:?}");
         assert!(st.error.is_none());
         drop(disk);
-        assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 0, "its directory went");
+        assert_eq!(
+            std::fs::read_dir(&dir).unwrap().count(),
+            0,
+            "its directory went"
+        );
+    }
+
+    fn train(t: &Table, rng: &mut Rng, rounds: usize) {
+        for _ in 0..rounds {
+            let keys = rng.keys(48, 400);
+            let mut out = vec![0.0; keys.len() * 5];
+            t.lookup(&keys, true, &mut out).unwrap();
+            t.apply_gradients(&keys, &rng.floats(keys.len() * 5))
+                .unwrap();
+            t.remove(&keys[..2]).unwrap();
+        }
+    }
+
+    fn export(t: &Table) -> (Vec<i64>, Vec<u32>, Vec<u32>) {
+        let (k, r, s) = t.export(true).unwrap();
+        let bits = |v: Vec<f32>| v.into_iter().map(f32::to_bits).collect();
+        (k, bits(r), bits(s))
+    }
+
+    /// Saves (full, then incremental) of a disk table whose rows are
+    /// mostly on disk load as the table in memory they equal, into memory
+    /// and as a disk table with less memory still, which trains on alike.
+    #[test]
+    fn a_disk_tables_saves_and_loads_hold_every_row() {
+        let (dir, ck, dir2) = (
+            temp_dir("disk-save"),
+            temp_dir("disk-ck"),
+            temp_dir("disk-2"),
+        );
+        let (ram, disk) = pair(&dir, 40);
+        for t in [&ram, &disk] {
+            train(t, &mut Rng(99), 30);
+        }
+        assert_eq!(export(&ram), export(&disk));
+        let ram_ck = temp_dir("ram-ck");
+        disk.save(&ck, false, true, None).unwrap();
+        ram.save(&ram_ck, false, true, None).unwrap();
+        for t in [&ram, &disk] {
+            train(t, &mut Rng(7), 4);
+        }
+        // The delta holds the rows changed since, as the table in memory's.
+        let delta = |i: SaveInfo| {
+            let link = i.manifest.chain.last().unwrap().clone();
+            assert_eq!(link.kind, "delta");
+            (
+                link.files.iter().map(|f| f.rows).sum::<u64>(),
+                link.removed.map(|r| r.rows),
+            )
+        };
+        let written = delta(disk.save(&ck, true, true, None).unwrap());
+        assert_eq!(written, delta(ram.save(&ram_ck, true, true, None).unwrap()));
+        assert!(
+            written.0 > 0 && written.0 < disk.len() as u64 / 2,
+            "{written:?}"
+        );
+        let (back, _) = Table::load(&ck, None, None).unwrap();
+        assert_eq!(export(&back), export(&ram));
+        let cost = disk.row_cost() as u64;
+        let small = DiskConfig {
+            path: dir2.clone(),
+            memory_bytes: 24 * cost,
+        };
+        let (back, _) = Table::load_as(&ck, None, Some(4), Some(&small), None, None).unwrap();
+        let st = back.disk_stats().unwrap();
+        assert!(st.memory_rows <= 24 && st.disk_rows > 200, "{st:?}");
+        assert_eq!(export(&back), export(&ram));
+        for t in [&ram, &back] {
+            train(t, &mut Rng(5), 10);
+        }
+        assert_eq!(export(&back), export(&ram));
     }
 
     #[test]

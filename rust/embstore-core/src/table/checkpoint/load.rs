@@ -10,7 +10,7 @@ use crate::format::tensors::{
 };
 use crate::init::Initializer;
 use crate::optim::Optimizer;
-use crate::table::{Table, TableConfig};
+use crate::table::{DiskConfig, Table, TableConfig};
 use rayon::iter::{IntoParallelRefIterator, ParallelIterator};
 use safetensors::tensor::{Dtype, SafeTensors};
 use std::fs;
@@ -63,6 +63,24 @@ impl Table {
         progress: Option<&AtomicU64>,
         keep: Option<&(dyn Fn(i64) -> bool + Sync)>,
     ) -> Result<(Table, Manifest)> {
+        Self::load_as(dir, held.take(), num_shards, None, progress, keep)
+    }
+
+    /// [`Table::load_held`] as a disk table (`disk`), whose rows beyond its
+    /// memory go to disk file by file as they load, so that a checkpoint
+    /// larger than memory loads.
+    ///
+    /// # Errors
+    /// As [`Table::load`]; `InvalidArgument` for disk settings the table
+    /// refuses.
+    pub fn load_as(
+        dir: &Path,
+        mut held: Option<DirLock>,
+        num_shards: Option<usize>,
+        disk: Option<&DiskConfig>,
+        progress: Option<&AtomicU64>,
+        keep: Option<&(dyn Fn(i64) -> bool + Sync)>,
+    ) -> Result<(Table, Manifest)> {
         // A save to `dir` may publish a new checkpoint while this reads the
         // previous one. With the readers' lock held, the save leaves the
         // previous files in place; without one (no lock file), a load that
@@ -71,7 +89,7 @@ impl Table {
         loop {
             let m = read_manifest(dir)?;
             let id = m.id.clone();
-            match Self::load_manifest(dir, m, num_shards, progress, keep) {
+            match Self::load_manifest(dir, m, num_shards, disk, progress, keep) {
                 Err(StoreError::Checkpoint { .. })
                     if held.is_none()
                         && tries < 16
@@ -107,7 +125,7 @@ impl Table {
         keep: Option<&(dyn Fn(i64) -> bool + Sync)>,
     ) -> Result<(Table, Manifest)> {
         let m = parse_manifest(dir, text)?;
-        Self::load_manifest(dir, m, num_shards, progress, keep)
+        Self::load_manifest(dir, m, num_shards, None, progress, keep)
     }
 
     /// [`Table::load_filtered`] of the checkpoint whose manifest is `m`.
@@ -115,6 +133,7 @@ impl Table {
         dir: &Path,
         m: Manifest,
         num_shards: Option<usize>,
+        disk: Option<&DiskConfig>,
         progress: Option<&AtomicU64>,
         keep: Option<&(dyn Fn(i64) -> bool + Sync)>,
     ) -> Result<(Table, Manifest)> {
@@ -166,30 +185,41 @@ impl Table {
         cfg.seed = m.seed;
         cfg.num_shards = num_shards;
         cfg.policy = m.table_policy()?;
+        cfg.disk = disk.cloned();
         let table = Table::new(cfg)?;
+        let on_disk = table.disk().is_some();
         // `m.rows` is bounded by the rows of the files checked above.
-        table
-            .try_reserve_index(m.rows as usize)
-            .map_err(|_| ckpt_err(dir, format!("not enough memory for {} rows", m.rows)))?;
+        if !on_disk {
+            table
+                .try_reserve_index(m.rows as usize)
+                .map_err(|_| ckpt_err(dir, format!("not enough memory for {} rows", m.rows)))?;
+        }
         // Load pass: replay the chain; in each link the removals first, then
         // its files (disjoint keys) in parallel. The table is not shared yet.
+        // A disk table's row from an earlier link that went to disk is
+        // replaced (its disk copy forgotten), and rows beyond its memory go
+        // to disk after each file.
+        let assign = |keys: &[i64], rows: &[f32], st: Option<&[f32]>, meta: Option<&[u32]>, g| {
+            if on_disk {
+                table.forget_on_disk(keys)?;
+            }
+            table.assign_in(keys, rows, st, meta, g)?;
+            if on_disk {
+                table.spill_over();
+            }
+            Ok::<(), StoreError>(())
+        };
         for link in &m.chain {
             if let Some(e) = &link.removed {
                 with_file(dir, e, progress, |buf| {
                     table.remove(&parse_removed(&dir.join(&e.name), e, buf)?)
                 })?;
             }
-            link.files.par_iter().try_for_each(|e| -> Result<()> {
+            let load_file = |e: &FileEntry| -> Result<()> {
                 with_file(dir, e, progress, |buf| {
                     let r = parse_rows(&m, &dir.join(&e.name), e, buf)?;
                     match keep {
-                        None => table.assign_in(
-                            &r.keys,
-                            &r.rows,
-                            r.state.as_deref(),
-                            r.meta.as_deref(),
-                            1,
-                        )?,
+                        None => assign(&r.keys, &r.rows, r.state.as_deref(), r.meta.as_deref(), 1)?,
                         Some(keep) => {
                             let (dim, sl) = (m.dim, m.state_len);
                             let pick: Vec<usize> =
@@ -209,12 +239,18 @@ impl Table {
                                     .flat_map(|&i| mt[i * 4..(i + 1) * 4].iter().copied())
                                     .collect()
                             });
-                            table.assign_in(&keys, &rows, state.as_deref(), meta.as_deref(), 1)?;
+                            assign(&keys, &rows, state.as_deref(), meta.as_deref(), 1)?;
                         }
                     }
                     Ok(())
                 })
-            })?;
+            };
+            if on_disk {
+                // File by file, each moved to disk as far as memory needs.
+                link.files.iter().try_for_each(load_file)?;
+            } else {
+                link.files.par_iter().try_for_each(load_file)?;
+            }
         }
         let loaded = table.len() as u64;
         if keep.is_none() && loaded != m.rows {

@@ -59,6 +59,8 @@ impl Table {
         progress: Option<&AtomicU64>,
     ) -> Result<SaveInfo> {
         let dir = writer.dir();
+        // A disk table's rows stay where they are until the save is done.
+        let _cold = self.cold_hold();
         let gate = self.gate.write().unwrap_or_else(PoisonError::into_inner);
         let canonical = fs::canonicalize(dir).map_err(|e| io_err(dir, "cannot resolve", &e))?;
         let has_manifest = dir.join(MANIFEST).exists();
@@ -277,14 +279,16 @@ impl Table {
             }
         }
         let mut manifest = self.manifest_base(id, with_optimizer);
-        manifest.rows = self.shards.iter().map(|s| read(s).len() as u64).sum();
+        manifest.rows = self.len() as u64;
         let row_bytes = self.file_row_bytes(with_state);
         let budget =
             pages::available_memory().map_or(SNAPSHOT_BYTES, |a| (a / 4).min(SNAPSHOT_BYTES));
         let lists = self.rows_to_write(since);
         let rows: usize = lists.iter().map(Vec::len).sum();
         let copy = copy_out && rows.saturating_mul(row_bytes) <= budget;
-        let gathered = copy.then(|| self.gather_rows(&lists, with_state));
+        let gathered = copy
+            .then(|| self.gather_rows(&lists, with_state))
+            .transpose()?;
         let save_gen = self.generation.fetch_add(1, Ordering::AcqRel);
         let ends = self.removal_ends();
         // Pinned under the gate, until the caller records the mark.

@@ -12,6 +12,7 @@ use crate::format::tensors::{Plain, TensorOut, rows_dtype, write_safetensors_wit
 use crate::policy::Policy;
 use crate::table::Table;
 use crate::table::checkpoint::publish::{create_checkpoint_dir, is_ours, remove_partial};
+use crate::table::cold::{Item, read_item};
 use crate::table::storage::{Shard, read};
 use rayon::iter::{IndexedParallelIterator, IntoParallelRefIterator, ParallelIterator};
 use safetensors::tensor::Dtype;
@@ -79,15 +80,18 @@ impl Table {
         (FILE_BYTES / self.file_row_bytes(with_state)).max(1)
     }
 
-    /// Copies the rows `chunk` of shard `g` into `out` as the bytes of
-    /// their tensors.
+    /// Copies the rows `chunk` of shard `g` (in memory, or a disk table's
+    /// on disk) into `out` as the bytes of their tensors.
+    ///
+    /// # Errors
+    /// `Checkpoint` for a row on disk that cannot be read.
     pub(super) fn gather(
         &self,
         g: &Shard,
-        chunk: &[(usize, i64)],
+        chunk: &[Item],
         with_state: bool,
         out: &mut Gathered,
-    ) {
+    ) -> Result<()> {
         let dim = self.dim;
         let fmt = self.policy.format;
         let with_meta = self.policy.tracks();
@@ -109,18 +113,39 @@ impl Table {
         if with_meta {
             out.mb.reserve(n * 16);
         }
-        for &(r, key) in chunk {
-            out.keys.push(key);
-            let row = g.weights(r);
-            fmt.extend_stored(row, dim, &mut out.w);
-            if with_state {
-                f32::extend_le(g.state(r), &mut out.st);
-            }
-            if with_meta {
-                u32::extend_le(&g.meta(r).to_words(), &mut out.mb);
+        let (ww, sl) = (self.wwords, self.state_len);
+        let mut words = Vec::new();
+        let mut floats = Vec::new();
+        for item in chunk {
+            match item {
+                Item::Mem(r, key) => {
+                    out.keys.push(*key);
+                    let r = *r;
+                    fmt.extend_stored(g.weights(r), dim, &mut out.w);
+                    if with_state {
+                        f32::extend_le(g.state(r), &mut out.st);
+                    }
+                    if with_meta {
+                        u32::extend_le(&g.meta(r).to_words(), &mut out.mb);
+                    }
+                }
+                Item::Disk(d) => {
+                    out.keys.push(d.key);
+                    read_item(d, ww + sl + 4, &mut words)?;
+                    floats.clear();
+                    floats.extend(words.iter().map(|&w| f32::from_bits(w)));
+                    fmt.extend_stored(&floats[..ww], dim, &mut out.w);
+                    if with_state {
+                        f32::extend_le(&floats[ww..ww + sl], &mut out.st);
+                    }
+                    if with_meta {
+                        u32::extend_le(&words[ww + sl..], &mut out.mb);
+                    }
+                }
             }
         }
         i64::extend_le(&out.keys, &mut out.kb);
+        Ok(())
     }
 
     /// Writes one gathered file, `{prefix}-SSSSS-CCCC.safetensors` for
@@ -228,13 +253,22 @@ impl Table {
 
     /// Per shard, the rows to write (as [`Shard::rows_since`]). The caller
     /// holds the gate exclusively.
-    pub(super) fn rows_to_write(&self, since: Option<u32>) -> Vec<Vec<(usize, i64)>> {
+    pub(super) fn rows_to_write(&self, since: Option<u32>) -> Vec<Vec<Item>> {
         if self.policy.tracks() {
             self.count_queued_reads();
         }
         self.shards
             .par_iter()
-            .map(|lock| read(lock).rows_since(since))
+            .map(|lock| {
+                let g = read(lock);
+                let mut items: Vec<Item> = g
+                    .rows_since(since)
+                    .into_iter()
+                    .map(|(r, k)| Item::Mem(r, k))
+                    .collect();
+                crate::table::cold::disk_items(&g, since, &mut items);
+                items
+            })
             .collect()
     }
 
@@ -243,7 +277,7 @@ impl Table {
         &self,
         dir: &Path,
         prefix: &str,
-        lists: &[Vec<(usize, i64)>],
+        lists: &[Vec<Item>],
         with_state: bool,
         progress: Option<&AtomicU64>,
     ) -> Result<Vec<FileEntry>> {
@@ -261,7 +295,7 @@ impl Table {
                     rows.chunks(per_file)
                         .enumerate()
                         .map(|(c, chunk)| {
-                            self.gather(&g, chunk, with_state, got);
+                            self.gather(&g, chunk, with_state, got)?;
                             self.write_gathered(dir, prefix, (s, c), got, progress)
                         })
                         .collect()
@@ -274,18 +308,21 @@ impl Table {
     /// Every file [`Table::write_listed`] would write, gathered into memory
     /// (for writing after the gate is released): `(shard, file number,
     /// rows)`. The caller holds the gate exclusively.
+    ///
+    /// # Errors
+    /// `Checkpoint` for a row on disk that cannot be read.
     pub(super) fn gather_rows(
         &self,
-        lists: &[Vec<(usize, i64)>],
+        lists: &[Vec<Item>],
         with_state: bool,
-    ) -> Vec<(usize, usize, Gathered)> {
+    ) -> Result<Vec<(usize, usize, Gathered)>> {
         let per_file = self.rows_per_file(with_state);
         let per_shard: Vec<Vec<(usize, usize, Gathered)>> = self
             .shards
             .par_iter()
             .zip(lists.par_iter())
             .enumerate()
-            .map(|(s, (lock, rows))| {
+            .map(|(s, (lock, rows))| -> Result<Vec<_>> {
                 let g = read(lock);
                 rows.chunks(per_file)
                     .enumerate()
@@ -294,13 +331,13 @@ impl Table {
                             with_state,
                             ..Gathered::default()
                         };
-                        self.gather(&g, chunk, with_state, &mut got);
-                        (s, c, got)
+                        self.gather(&g, chunk, with_state, &mut got)?;
+                        Ok((s, c, got))
                     })
                     .collect()
             })
-            .collect();
-        per_shard.into_iter().flatten().collect()
+            .collect::<Result<_>>()?;
+        Ok(per_shard.into_iter().flatten().collect())
     }
 
     /// Writes a consistent snapshot of every row to shard files named
@@ -329,6 +366,7 @@ impl Table {
                 format!("file prefix {prefix:?} is not a checkpoint id"),
             ));
         }
+        let _cold = self.cold_hold();
         let _gate = self.gate.write().unwrap_or_else(PoisonError::into_inner);
         create_checkpoint_dir(dir)?;
         let written = self

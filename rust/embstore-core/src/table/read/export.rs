@@ -14,6 +14,9 @@ use rayon::iter::{IndexedParallelIterator, IntoParallelRefIterator, ParallelIter
 use rayon::prelude::ParallelSliceMut;
 use std::sync::PoisonError;
 
+/// The shard number that marks a row read from disk in an export's list.
+const DISK: u32 = u32::MAX;
+
 /// A whole table as arrays ([`Table::export_all`]).
 #[derive(Debug)]
 pub struct Exported {
@@ -60,6 +63,7 @@ impl Table {
         // Exclusive gate: no call that changes rows is running or can start,
         // so the shard read locks below wait for nobody, and the parallel
         // copy under them cannot be held up by a job that needs a write lock.
+        let _cold = self.cold_hold();
         let _gate = self.gate.write().unwrap_or_else(PoisonError::into_inner);
         if with_meta {
             self.count_queued_reads();
@@ -74,6 +78,12 @@ impl Table {
         for (s, g) in guards.iter().enumerate() {
             refs.extend(g.keys_and_rows().map(|(k, r)| (k, s as u32, r as u32)));
         }
+        // A disk table's rows on disk, read into memory (shard `DISK`).
+        let disk = self.read_disk_rows(&guards)?;
+        let words = self.wwords + sl + 4;
+        refs.try_reserve_exact(disk.0.len())
+            .map_err(|_| oom("with_state", disk.0.len() * 16))?;
+        refs.extend(disk.0.iter().enumerate().map(|(j, &k)| (k, DISK, j as u32)));
         refs.par_sort_unstable_by_key(|&(k, _, _)| k);
         let n = refs.len();
         let mut keys = zeros::<i64>("with_state", n)?;
@@ -87,21 +97,32 @@ impl Table {
         if with_meta {
             meta.par_chunks_mut(4)
                 .zip(refs.par_iter())
-                .for_each(|(dst, &(_, s, r))| {
-                    dst.copy_from_slice(&guards[s as usize].meta(r as usize).to_words());
+                .for_each(|(dst, &(_, s, r))| match s {
+                    DISK => {
+                        let w = &disk.1[r as usize * words..][self.wwords + sl..words];
+                        for (d, v) in dst.iter_mut().zip(w) {
+                            *d = v.to_bits();
+                        }
+                    }
+                    _ => dst.copy_from_slice(&guards[s as usize].meta(r as usize).to_words()),
                 });
         }
         rows.par_chunks_mut(dim)
             .zip(refs.par_iter())
-            .for_each(|(dst, &(_, s, r))| {
-                self.read_weights(guards[s as usize].weights(r as usize), dst);
+            .for_each(|(dst, &(_, s, r))| match s {
+                DISK => self.read_weights(&disk.1[r as usize * words..], dst),
+                _ => self.read_weights(guards[s as usize].weights(r as usize), dst),
             });
         if with_state && sl > 0 {
             state
                 .par_chunks_mut(sl)
                 .zip(refs.par_iter())
-                .for_each(|(dst, &(_, s, r))| {
-                    dst.copy_from_slice(guards[s as usize].state(r as usize));
+                .for_each(|(dst, &(_, s, r))| match s {
+                    DISK => {
+                        let at = r as usize * words + self.wwords;
+                        dst.copy_from_slice(&disk.1[at..at + sl]);
+                    }
+                    _ => dst.copy_from_slice(guards[s as usize].state(r as usize)),
                 });
         }
         Ok(Exported {
@@ -124,6 +145,10 @@ impl Table {
     /// # Errors
     /// `OutOfMemory` when the copy cannot be allocated.
     pub fn export_live(&self, with_state: bool) -> Result<Exported> {
+        if self.cold.is_some() {
+            // A disk table's rows on disk are read under its cold gate.
+            return self.export_all(with_state, false);
+        }
         let (dim, ww) = (self.dim, self.wwords);
         let sl = if with_state { self.state_len } else { 0 };
         let format = self.policy.format;

@@ -78,7 +78,9 @@ fn cold_enter<'a>(
         .iter()
         .filter(|(t, _)| t.disk().is_some())
         .map(|(t, idx)| {
-            let ids = idx.iter().flat_map(|&fi| features[fi].bags.ids.iter().copied());
+            let ids = idx
+                .iter()
+                .flat_map(|&fi| features[fi].bags.ids.iter().copied());
             (*t, ids.collect())
         })
         .collect();

@@ -192,7 +192,9 @@ impl ColdShard {
     pub(crate) fn append(&mut self, key: i64, generation: u32, words: &[u32]) -> Result<Loc> {
         debug_assert_eq!(words.len(), self.words);
         let full = self.active.is_none_or(|a| {
-            let s = self.segments[a as usize].as_ref().expect("the active segment");
+            let s = self.segments[a as usize]
+                .as_ref()
+                .expect("the active segment");
             s.written + self.pending_records() >= self.per_segment
         });
         if full {
@@ -275,7 +277,9 @@ impl ColdShard {
         }
         let a = self.active.expect("pending records have a segment");
         let rb = self.record_bytes() as u64;
-        let s = self.segments[a as usize].as_mut().expect("the active segment");
+        let s = self.segments[a as usize]
+            .as_mut()
+            .expect("the active segment");
         s.file
             .write_all_at(&self.pending, u64::from(self.pending_from) * rb)
             .map_err(|e| ckpt_err("disk store", format!("writing rows: {e}")))?;
@@ -326,7 +330,9 @@ impl ColdShard {
             .segments
             .iter()
             .flatten()
-            .fold((0u64, 0u64), |(w, l), s| (w + u64::from(s.written), l + u64::from(s.live)));
+            .fold((0u64, 0u64), |(w, l), s| {
+                (w + u64::from(s.written), l + u64::from(s.live))
+            });
         if written == 0 {
             0.0
         } else {
@@ -454,7 +460,9 @@ mod tests {
     use crate::testing::temp_dir;
 
     fn words_of(key: i64, n: usize) -> Vec<u32> {
-        (0..n).map(|i| (key as u32).wrapping_mul(31) ^ i as u32).collect()
+        (0..n)
+            .map(|i| (key as u32).wrapping_mul(31) ^ i as u32)
+            .collect()
     }
 
     fn read_back(c: &ColdShard, key: i64) -> Result<Vec<u32>> {
@@ -509,9 +517,16 @@ mod tests {
         c.compact().unwrap();
         assert!(c.dead_share() < 0.5 + 1e-9, "{}", c.dead_share());
         let files = std::fs::read_dir(&dir).unwrap().count();
-        assert!(files <= c.segments.iter().flatten().count(), "dead files deleted");
+        assert!(
+            files <= c.segments.iter().flatten().count(),
+            "dead files deleted"
+        );
         drop(c);
-        assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 0, "dropped: no file");
+        assert_eq!(
+            std::fs::read_dir(&dir).unwrap().count(),
+            0,
+            "dropped: no file"
+        );
     }
 
     #[test]
