@@ -13,6 +13,7 @@ here (with its check) and one in the core's spec; nothing else names it.
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import KW_ONLY, dataclass, field, fields
 from typing import TYPE_CHECKING, Any, TypedDict
 
@@ -60,6 +61,14 @@ def _seed(name: str, value: Any) -> int | None:
     if not 0 <= value < 2**64:
         raise ValueError(f"{name}: expected 0 <= seed < 2**64, got {value}")
     return int(value)
+
+
+def _path(name: str, value: Any) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, (str, os.PathLike)):
+        raise TypeError(f"{name}: expected a path or None, got {type(value).__name__}")
+    return os.fspath(value)
 
 
 def _initializer(name: str, value: Any) -> Initializer:
@@ -152,6 +161,23 @@ class TableConfig:
         the last call that touched it. Touch counts and recency are kept
         per row (16 bytes) only when a TTL or a capacity is set, and survive
         save/load.
+    disk:
+        A directory (created if missing): with ``memory_bytes``, a disk
+        table that keeps at most ``memory_bytes`` of rows in memory and the
+        rest in files of its own under ``disk`` (removed when the table
+        goes; a killed process's are removed by the next disk table made
+        there). Every call gives what a table in memory gives; the rows
+        each call needs are read from disk first, by many threads at once,
+        and after it the rows touched least (``eviction``'s order) go back
+        to disk. Not with ``ttl_steps``, ``ttl_seconds``, ``capacity`` or
+        ``capacity_bytes``. Checkpoints of a disk table are plain
+        checkpoints; ``Table.load(path, disk=..., memory_bytes=...)`` opens
+        one as a disk table.
+    memory_bytes:
+        A disk table's memory for rows, each counted at
+        ``stats()["row_cost"]`` (weights, state, 16 bytes of touch counts,
+        tag and index slot); the index of the rows on disk takes about 40
+        more bytes a row (``stats()["disk_index_bytes"]``).
 
     Each field is checked when the config is made (TypeError or ValueError
     naming it); the native table checks what depends on several (a TTL in
@@ -186,6 +212,8 @@ class TableConfig:
     eviction: str = field(
         default="lfu", metadata={"check": lambda n, v: check_name(n, "evictions", v)}
     )
+    disk: str | os.PathLike[str] | None = field(default=None, metadata={"check": _path})
+    memory_bytes: int | None = field(default=None, metadata={"check": _opt_int})
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -251,3 +279,5 @@ class TableSettings(TypedDict, total=False):
     capacity: int | None
     capacity_bytes: int | None
     eviction: str
+    disk: str | os.PathLike[str] | None
+    memory_bytes: int | None

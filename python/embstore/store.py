@@ -609,6 +609,8 @@ class Table(CheckpointParts):
         num_shards: int | None = None,
         progress: bool | None = None,
         mmap: Literal[False] = ...,
+        disk: str | os.PathLike[str] | None = None,
+        memory_bytes: int | None = None,
     ) -> Table: ...
     @overload
     @classmethod
@@ -630,6 +632,8 @@ class Table(CheckpointParts):
         progress: bool | None = None,
         mmap: bool = False,
         follow: float | None = None,
+        disk: str | os.PathLike[str] | None = None,
+        memory_bytes: int | None = None,
     ) -> Table | MappedTable:
         """Load the checkpoint at ``path`` into a new Table.
 
@@ -646,8 +650,15 @@ class Table(CheckpointParts):
         checked before any row is loaded: a damaged, unknown or newer
         checkpoint raises :class:`embstore.CheckpointError`. Nothing is
         unpickled or executed.
+
+        With ``disk`` and ``memory_bytes``, the table is a disk table (see
+        :class:`embstore.TableConfig`): rows beyond ``memory_bytes`` go to
+        files under ``disk`` as the checkpoint loads, so a checkpoint larger
+        than memory loads and trains.
         """
         if check_bool("mmap", mmap):
+            if disk is not None or memory_bytes is not None:
+                raise ValueError("disk: a table loaded with mmap=True is read from its files")
             return MappedTable(path, follow=follow)
         if follow is not None:
             raise ValueError("follow: only a table loaded with mmap=True follows its path")
@@ -659,8 +670,16 @@ class Table(CheckpointParts):
             total = 2 * _core.checkpoint_size(os.fspath(path))[0]
         except Exception:  # the load itself reports what is wrong
             total = 0
+        # Checked as a config checks them (the core checks the pair).
+        probe = TableConfig(1, disk=disk, memory_bytes=memory_bytes)
+        disk_path = None if probe.disk is None else os.fspath(probe.disk)
         inner = run_with_progress(
-            lambda p: _core.load_table(os.fspath(path), num_shards, p), total, "load", progress
+            lambda p: _core.load_table(
+                os.fspath(path), num_shards, p, disk_path, probe.memory_bytes
+            ),
+            total,
+            "load",
+            progress,
         )
         table = cls.__new__(cls)
         table._adopt(inner)
@@ -731,6 +750,14 @@ class Table(CheckpointParts):
         )
         self._config = replace(self._config, seed=int(self._inner.seed))
 
+    def prefetch(self, keys: Any) -> None:
+        """Start reading the rows of ``keys`` that a disk table holds on
+        disk into memory, in the background, and return at once (nothing
+        for a table in memory): call it with the next batch's keys before
+        the current step, so that the disk reads overlap the step. The
+        rows stay in memory until the step after next has used them."""
+        self._inner.prefetch(keys)
+
     def stats(self) -> dict[str, Any]:
         """Figures of the table.
 
@@ -747,6 +774,12 @@ class Table(CheckpointParts):
         capacity); ``sketch_bytes``; ``capacity``; ``capacity_bytes``;
         ``capacity_rows`` (the most rows kept under both, None: no bound);
         ``row_cost`` (the bytes a row counts for under ``capacity_bytes``);
-        ``dtype``.
+        ``dtype``. A disk table adds ``memory_rows``, ``disk_rows``,
+        ``disk_bytes`` (its files, dead records included),
+        ``disk_index_bytes`` (memory of the index of the rows on disk),
+        ``overall_hit_rate`` (ids whose rows were in memory over all ids its
+        calls asked for), ``disk_rows_read``, ``disk_rows_written`` and
+        ``disk_error`` (the last failure to move rows to disk, which left
+        them in memory; None).
         """
         return dict(self._inner.stats())

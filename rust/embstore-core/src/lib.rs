@@ -142,4 +142,4 @@ pub use policy::{Admission, Eviction, Policy, RowFormat};
 pub use rows::Missing;
 pub use simd::{Backend, Isa};
 pub use table::step::collection;
-pub use table::{Bags, Combiner, Stats, Table, TableConfig};
+pub use table::{Bags, Combiner, DiskConfig, DiskStats, Stats, Table, TableConfig};

@@ -13,7 +13,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use embstore_core::{Backend, Bags, Combiner, Table, TableConfig};
+use embstore_core::{Backend, Bags, Combiner, DiskConfig, Table, TableConfig};
 use numpy::{
     IntoPyArray, PyArray1, PyArray2, PyArrayMethods, PyReadonlyArray1, PyReadonlyArray2,
     PyUntypedArrayMethods,
@@ -187,17 +187,41 @@ fn manifest_json(m: &embstore_core::table::checkpoint::Manifest) -> PyResult<Str
 /// Loads a checkpoint into a native table (its configuration is read back
 /// with `Table.config()`).
 #[pyfunction]
-#[pyo3(signature = (path, num_shards=None, progress=None))]
+#[pyo3(signature = (path, num_shards=None, progress=None, disk=None, memory_bytes=None))]
 pub fn load_table(
     py: Python<'_>,
     path: PathBuf,
     num_shards: Option<usize>,
     progress: Option<PyRef<'_, PyProgress>>,
+    disk: Option<PathBuf>,
+    memory_bytes: Option<u64>,
 ) -> PyResult<PyTable> {
+    let disk = match (disk, memory_bytes) {
+        (None, None) => None,
+        (Some(path), Some(memory_bytes)) => Some(DiskConfig { path, memory_bytes }),
+        (None, Some(_)) => {
+            return Err(PyValueError::new_err(
+                "memory_bytes: expected disk= with it",
+            ));
+        }
+        (Some(_), None) => {
+            return Err(PyValueError::new_err(
+                "disk: expected memory_bytes= with it",
+            ));
+        }
+    };
     let counter = progress.map(|p| p.done.clone());
     let held = crate::runtime::lock_for_reading(py, &path, checkpoint::READ_WAIT)?;
-    let (table, _) =
-        py.enter_store(|| Table::load_held(&path, held, num_shards, counter.as_deref(), None))?;
+    let (table, _) = py.enter_store(|| {
+        Table::load_as(
+            &path,
+            held,
+            num_shards,
+            disk.as_ref(),
+            counter.as_deref(),
+            None,
+        )
+    })?;
     Ok(PyTable::from_table(table))
 }
 
@@ -778,7 +802,32 @@ impl PyTable {
         d.set_item("capacity_bytes", table.policy().capacity_bytes)?;
         d.set_item("capacity_rows", table.capacity_rows())?;
         d.set_item("row_cost", table.row_cost())?;
+        if let Some(st) = table.disk_stats() {
+            d.set_item("memory_rows", st.memory_rows)?;
+            d.set_item("disk_rows", st.disk_rows)?;
+            d.set_item("disk_bytes", st.disk_bytes)?;
+            d.set_item("disk_index_bytes", st.disk_index_bytes)?;
+            d.set_item("overall_hit_rate", st.overall_hit_rate)?;
+            d.set_item("disk_rows_read", st.rows_read)?;
+            d.set_item("disk_rows_written", st.rows_written)?;
+            d.set_item("disk_error", st.error)?;
+        }
         Ok(d)
+    }
+
+    /// Starts moving the rows of `keys` that a disk table holds on disk
+    /// into memory, on a thread of its own, and returns at once (nothing
+    /// for a table in memory). A failure is left for the call that needs
+    /// the rows to meet.
+    fn prefetch(&self, py: Python<'_>, keys: &Bound<'_, PyAny>) -> PyResult<()> {
+        if self.inner.disk().is_none() {
+            return Ok(());
+        }
+        let keys = keys_arg(keys, "keys")?.readonly();
+        let keys = slice_or_copy(&keys, "keys")?.into_owned();
+        let table = self.inner.clone();
+        py.detach(|| table.prefetch(keys))
+            .map_err(|e| PyValueError::new_err(format!("keys: cannot start a prefetch: {e}")))
     }
 }
 

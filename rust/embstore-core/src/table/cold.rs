@@ -20,7 +20,7 @@
 //! job, and a call on several tables takes theirs by ascending table id.
 
 use std::fs::File;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, RwLock, RwLockReadGuard};
 
@@ -28,8 +28,11 @@ use rayon::prelude::*;
 
 use crate::error::{Result, invalid, oom};
 use crate::table::Table;
-use crate::table::storage::cold::{ColdShard, Loc};
-use crate::table::storage::{Shard, read, write};
+use crate::table::storage::cold::{ColdShard, KeyHasher, Loc};
+use crate::table::storage::disk_dir::StoreDir;
+use crate::table::storage::{read, write};
+use std::collections::HashMap;
+use std::hash::BuildHasherDefault;
 
 /// Where a disk table keeps the rows that are not in memory, and how much
 /// memory its rows may take.
@@ -42,6 +45,12 @@ pub struct DiskConfig {
     /// [`Table::row_cost`](super::Table::row_cost).
     pub memory_bytes: u64,
 }
+
+/// Keys with the round of moving rows out they came in at.
+type Rounds = HashMap<i64, u64, BuildHasherDefault<KeyHasher>>;
+
+/// Rows touched by this many of the latest calls are moved to disk last.
+const RECENT_CALLS: u64 = 2;
 
 /// Threads that read a call's rows from disk at most: the device's queue
 /// depth they keep.
@@ -62,6 +71,10 @@ pub(crate) struct Cold {
     rows_out: AtomicU64,
     /// The last error moving rows out (they stayed in memory).
     error: Mutex<Option<String>>,
+    /// Keys a prefetch moved in, with the round of moving rows out they
+    /// came in at: rows out go on without them for two rounds (the step
+    /// running while they came in, and the step that uses them).
+    prefetched: Mutex<(u64, Rounds)>,
     /// Held for its lock and removed on drop.
     _dir: StoreDir,
 }
@@ -87,71 +100,6 @@ pub struct DiskStats {
     /// The last failure to move rows to disk, if any (the rows stayed in
     /// memory; the next call tries again).
     pub error: Option<String>,
-}
-
-/// A disk table's own directory under [`DiskConfig::path`], locked while
-/// the table lives and removed with it.
-#[derive(Debug)]
-struct StoreDir {
-    path: PathBuf,
-    _lock: File,
-}
-
-impl StoreDir {
-    /// Creates a fresh directory under `parent`, removing the directories
-    /// of disk tables whose process is gone (their lock is free).
-    fn create(parent: &Path) -> Result<StoreDir> {
-        let fail = |e: std::io::Error| {
-            invalid(
-                "disk",
-                format!("cannot make a directory under {}: {e}", parent.display()),
-            )
-        };
-        std::fs::create_dir_all(parent).map_err(fail)?;
-        remove_stale(parent);
-        static N: AtomicU64 = AtomicU64::new(0);
-        let name = format!(
-            "embstore-disk-{}-{}",
-            std::process::id(),
-            N.fetch_add(1, Ordering::Relaxed)
-        );
-        let path = parent.join(name);
-        if path.exists() {
-            // A directory of an earlier process of the same id.
-            let _ = std::fs::remove_dir_all(&path);
-        }
-        std::fs::create_dir(&path).map_err(fail)?;
-        let lock = File::create(path.join("lock")).map_err(fail)?;
-        lock.lock().map_err(fail)?;
-        Ok(StoreDir { path, _lock: lock })
-    }
-}
-
-impl Drop for StoreDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.path);
-    }
-}
-
-/// Removes the disk-table directories under `parent` whose lock no process
-/// holds (a process killed before it could remove its own).
-fn remove_stale(parent: &Path) {
-    let Ok(entries) = std::fs::read_dir(parent) else {
-        return;
-    };
-    for e in entries.flatten() {
-        let name = e.file_name();
-        if !name.to_string_lossy().starts_with("embstore-disk-") {
-            continue;
-        }
-        let dir = e.path();
-        let Ok(lock) = File::open(dir.join("lock")) else {
-            continue;
-        };
-        if lock.try_lock().is_ok() {
-            let _ = std::fs::remove_dir_all(&dir);
-        }
-    }
 }
 
 impl Cold {
@@ -216,6 +164,7 @@ impl Cold {
             rows_in: AtomicU64::new(0),
             rows_out: AtomicU64::new(0),
             error: Mutex::new(None),
+            prefetched: Mutex::default(),
             _dir: dir,
         };
         Ok((cold, shards))
@@ -238,52 +187,6 @@ impl Drop for ColdHold<'_> {
     }
 }
 
-/// A row on disk to write to a checkpoint (or export): its key, place and
-/// file.
-pub(crate) struct DiskItem {
-    pub(crate) key: i64,
-    loc: Loc,
-    file: Arc<File>,
-}
-
-/// A row to write: in memory (row number, key) or on disk.
-pub(crate) enum Item {
-    Mem(usize, i64),
-    Disk(DiskItem),
-}
-
-/// Appends to `items` the rows shard `g` holds on disk that changed in a
-/// save generation after `since` (all for `None`), in file order, so that
-/// a save reads each segment front to back.
-pub(crate) fn disk_items(g: &Shard, since: Option<u32>, items: &mut Vec<Item>) {
-    let Some(cold) = &g.cold else {
-        return;
-    };
-    let mut disk: Vec<DiskItem> = cold
-        .entries()
-        .filter(|(_, l)| since.is_none_or(|s| l.generation > s))
-        .filter_map(|(key, loc)| {
-            Some(DiskItem {
-                key,
-                loc,
-                file: cold.file(loc.seg)?,
-            })
-        })
-        .collect();
-    disk.sort_unstable_by_key(|d| (d.loc.seg, d.loc.rec));
-    items.extend(disk.into_iter().map(Item::Disk));
-}
-
-/// Reads the row `d` names into `words` (`n` words: stored weights, state,
-/// metadata).
-///
-/// # Errors
-/// `Checkpoint` when it cannot be read or fails its check.
-pub(crate) fn read_item(d: &DiskItem, n: usize, words: &mut Vec<u32>) -> Result<()> {
-    words.resize(n, 0);
-    ColdShard::read(&d.file, n, d.key, d.loc, &mut Vec::new(), words)
-}
-
 /// A row on disk that a call needs.
 struct Want {
     pos: usize,
@@ -302,7 +205,13 @@ impl Table {
     /// `OutOfMemory` naming `keys`. No row changed (some may have moved
     /// into memory).
     pub(crate) fn cold_enter(&self, keys: &[i64]) -> Result<Option<ColdHold<'_>>> {
-        Table::cold_enter_many(&[(self, keys)])
+        Table::cold_enter_counted(&[(self, keys)], true)
+    }
+
+    /// [`Table::cold_enter`] for a gradient call, whose ids (those of the
+    /// lookup it follows, as a rule) do not count for the hit rate.
+    pub(crate) fn cold_enter_step(&self, keys: &[i64]) -> Result<Option<ColdHold<'_>>> {
+        Table::cold_enter_counted(&[(self, keys)], false)
     }
 
     /// [`Table::cold_enter`] of several tables (`tables` in ascending id
@@ -313,6 +222,15 @@ impl Table {
     pub(crate) fn cold_enter_many<'a>(
         tables: &[(&'a Table, &[i64])],
     ) -> Result<Option<ColdHold<'a>>> {
+        Table::cold_enter_counted(tables, true)
+    }
+
+    /// [`Table::cold_enter_many`]; `count`: whether the ids count for the
+    /// hit rate.
+    pub(crate) fn cold_enter_counted<'a>(
+        tables: &[(&'a Table, &[i64])],
+        count: bool,
+    ) -> Result<Option<ColdHold<'a>>> {
         let mut hold = ColdHold { held: Vec::new() };
         for &(t, keys) in tables {
             let Some(c) = &t.cold else {
@@ -320,7 +238,7 @@ impl Table {
             };
             let guard = c.gate.read().unwrap_or_else(PoisonError::into_inner);
             hold.held.push((t, guard));
-            t.fault_in(c, keys)?;
+            t.fault_in(c, keys, count)?;
         }
         Ok((!hold.held.is_empty()).then_some(hold))
     }
@@ -335,7 +253,9 @@ impl Table {
         })
     }
 
-    fn fault_in(&self, c: &Cold, keys: &[i64]) -> Result<()> {
+    /// Moves the rows of `keys` on disk into memory; `count`: the ids
+    /// count for the hit rate (a call's; not a prefetch's).
+    fn fault_in(&self, c: &Cold, keys: &[i64], count: bool) -> Result<()> {
         if keys.is_empty() {
             return Ok(());
         }
@@ -370,9 +290,11 @@ impl Table {
                 (n, wants)
             })
             .collect();
-        c.ids.fetch_add(keys.len() as u64, Ordering::Relaxed);
-        let cold_ids: u64 = found.iter().map(|f| f.0).sum();
-        c.cold_ids.fetch_add(cold_ids, Ordering::Relaxed);
+        if count {
+            c.ids.fetch_add(keys.len() as u64, Ordering::Relaxed);
+            let cold_ids: u64 = found.iter().map(|f| f.0).sum();
+            c.cold_ids.fetch_add(cold_ids, Ordering::Relaxed);
+        }
         let total: usize = found.iter().map(|f| f.1.len()).sum();
         if total == 0 {
             return Ok(());
@@ -431,7 +353,15 @@ impl Table {
             return;
         }
         let _excl = c.gate.write().unwrap_or_else(PoisonError::into_inner);
+        let protected = {
+            let mut p = c.prefetched.lock().unwrap_or_else(PoisonError::into_inner);
+            p.0 += 1;
+            let round = p.0;
+            p.1.retain(|_, &mut at| at + 2 >= round);
+            std::mem::take(&mut p.1)
+        };
         let target = (c.shard_rows - c.shard_rows / 16).max(1);
+        let now = self.clock();
         let ev = self.policy.eviction;
         self.count_queued_reads();
         let moved: Vec<Result<usize>> = self
@@ -444,10 +374,21 @@ impl Table {
                     return Ok(0);
                 }
                 let k = len - target;
-                let mut cands: Vec<(u64, u64, i64)> = g
+                // Rows the last calls touched stay (a step's gradient call
+                // follows its lookup), and those a prefetch brought, unless
+                // memory holds little else.
+                let (mut cands, recent): (Vec<_>, Vec<_>) = g
                     .keys_and_rows()
-                    .map(|(key, r)| ev.score(&g.meta(r), key))
-                    .collect();
+                    .filter(|(key, _)| !protected.contains_key(key))
+                    .map(|(key, r)| {
+                        let m = g.meta(r);
+                        (ev.score(&m, key), m.tick + RECENT_CALLS > now)
+                    })
+                    .partition(|(_, recent)| !recent);
+                if cands.len() < k {
+                    cands.extend(recent);
+                }
+                let mut cands: Vec<(u64, u64, i64)> = cands.into_iter().map(|c| c.0).collect();
                 if cands.len() > k {
                     cands.select_nth_unstable(k);
                     cands.truncate(k);
@@ -461,6 +402,11 @@ impl Table {
                 Ok(keys.len())
             })
             .collect();
+        {
+            let mut p = c.prefetched.lock().unwrap_or_else(PoisonError::into_inner);
+            let kept = std::mem::replace(&mut p.1, protected);
+            p.1.extend(kept);
+        }
         let mut error = None;
         for m in moved {
             match m {
@@ -473,47 +419,6 @@ impl Table {
         if error.is_some() {
             *c.error.lock().unwrap_or_else(PoisonError::into_inner) = error;
         }
-    }
-
-    /// Every row a disk table holds on disk (none for a table in memory),
-    /// read into memory: the keys and, per key, its words (stored weights,
-    /// state, metadata) as floats of the same bits. `guards` are the
-    /// shards' locks, held by the caller with the cold gate.
-    ///
-    /// # Errors
-    /// `OutOfMemory` naming `with_state`; `Checkpoint` for a row that
-    /// cannot be read.
-    pub(crate) fn read_disk_rows(
-        &self,
-        guards: &[impl std::ops::Deref<Target = Shard> + Sync],
-    ) -> Result<(Vec<i64>, Vec<f32>)> {
-        let mut items = Vec::new();
-        for g in guards {
-            disk_items(g, None, &mut items);
-        }
-        let n = self.wwords + self.state_len + 4;
-        let mut words = crate::zeroed::zeros::<f32>("with_state", items.len() * n)?;
-        items
-            .par_iter()
-            .zip(words.par_chunks_mut(n.max(1)))
-            .try_for_each_init(Vec::new, |buf, (item, dst)| -> Result<()> {
-                let Item::Disk(d) = item else {
-                    return Ok(());
-                };
-                read_item(d, n, buf)?;
-                for (o, w) in dst.iter_mut().zip(buf.iter()) {
-                    *o = f32::from_bits(*w);
-                }
-                Ok(())
-            })?;
-        let keys = items
-            .iter()
-            .map(|i| match i {
-                Item::Disk(d) => d.key,
-                Item::Mem(_, k) => *k,
-            })
-            .collect();
-        Ok((keys, words))
     }
 
     /// Forgets the disk copies of `keys` (whose rows a load is about to
@@ -538,6 +443,40 @@ impl Table {
             0
         });
         Ok(())
+    }
+
+    /// Starts moving the rows of `keys` that this disk table holds on disk
+    /// into memory on a thread of its own, and returns (nothing for a table
+    /// in memory). They stay in memory for the next two rounds of moving
+    /// rows out, whatever their score, so that the call that needs them
+    /// (the next step of a training loop) finds them there. A failure is
+    /// met again by that call.
+    ///
+    /// # Errors
+    /// When the thread cannot be started.
+    pub fn prefetch(self: Arc<Self>, keys: Vec<i64>) -> std::io::Result<()> {
+        if self.cold.is_none() {
+            return Ok(());
+        }
+        std::thread::Builder::new()
+            .name("embstore-prefetch".into())
+            .spawn(move || {
+                let Some(c) = &self.cold else {
+                    return;
+                };
+                {
+                    let mut p = c.prefetched.lock().unwrap_or_else(PoisonError::into_inner);
+                    let round = p.0;
+                    p.1.extend(keys.iter().map(|&k| (k, round)));
+                }
+                let guard = c.gate.read().unwrap_or_else(PoisonError::into_inner);
+                let hold = ColdHold {
+                    held: vec![(&*self, guard)],
+                };
+                let _ = self.fault_in(c, &keys, false);
+                drop(hold);
+            })
+            .map(drop)
     }
 
     /// A disk table's figures; `None` for a table in memory.
@@ -636,6 +575,7 @@ mod tests {
     use crate::table::{Bags, Combiner, TableConfig};
     use crate::testing::temp_dir;
     use std::collections::BTreeMap;
+    use std::path::Path;
 
     fn adam() -> Option<Optimizer> {
         Some(Optimizer::from_named("Adam", &BTreeMap::from([("lr".into(), 0.05)])).unwrap())

@@ -76,6 +76,10 @@ impl TableConfig {
             "initializer".into(),
             json!(named(self.initializer.to_named())),
         );
+        if let Some(d) = &self.disk {
+            m.insert("disk".into(), json!(d.path));
+            m.insert("memory_bytes".into(), json!(d.memory_bytes));
+        }
         v.to_string()
     }
 
@@ -184,6 +188,14 @@ mod tests {
         assert_eq!(built.policy, cfg.policy);
         assert_eq!((built.seed, built.num_shards), (u64::MAX, Some(4)));
         assert_eq!(built.to_json(), cfg.to_json());
+        // A disk table's settings travel too.
+        let mut on_disk = TableConfig::new(2);
+        on_disk.disk = Some(DiskConfig {
+            path: "/some/where".into(),
+            memory_bytes: 1 << 30,
+        });
+        let back = TableConfig::from_json(&on_disk.to_json()).unwrap();
+        assert_eq!(back.disk, on_disk.disk);
         // Only dim is required; the rest take the defaults.
         let plain = TableConfig::from_json(r#"{"dim": 3}"#).unwrap();
         assert_eq!(plain.policy, Policy::default());

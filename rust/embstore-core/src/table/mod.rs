@@ -355,7 +355,7 @@ impl Table {
     /// shard a writer holds has them queued on its view for the lock's next
     /// holder ([`storage::shard::Reads`]). Nothing for other tables.
     pub(crate) fn record_reads(&self, keys: &[i64], plan: &batch::plan::Plan) {
-        if !self.policy.tracks() {
+        if !self.tracks() {
             return;
         }
         let (tick, step) = (self.next_tick(), self.policy.age_clock(self.step()));
@@ -401,6 +401,11 @@ impl Table {
     }
 
     /// Advances the call clock; returns this call's tick.
+    /// Whether rows record their touches: for a TTL or capacity policy,
+    /// or a disk table (which moves the rows touched least to disk).
+    pub(crate) fn tracks(&self) -> bool {
+        self.policy.tracks() || self.cold.is_some()
+    }
     fn next_tick(&self) -> u64 {
         self.tick.fetch_add(1, Ordering::AcqRel) + 1
     }
@@ -448,7 +453,7 @@ impl Table {
         let mut sketch_bytes = 0;
         for s in self.shards.iter() {
             let g = read(s);
-            shard_rows.push(g.len());
+            shard_rows.push(g.len() + g.cold_len());
             bytes += g.bytes();
             sketch_bytes += g.sketch.as_ref().map_or(0, Sketch::bytes);
             Counters::sum_into(&mut counters, &g.counters().named());

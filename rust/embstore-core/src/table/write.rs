@@ -118,7 +118,7 @@ impl Table {
         m.w *= 1.0 + 1.0 / 128.0;
         self.bounds.raise(&m);
         let n = self.shards.len();
-        let track = self.policy.tracks();
+        let track = self.tracks();
         let (tick, step) = if track && meta.is_none() {
             (self.next_tick(), self.policy.age_clock(self.step()))
         } else {

@@ -58,12 +58,12 @@ impl Table {
     /// As [`Table::load`].
     pub fn load_held(
         dir: &Path,
-        mut held: Option<DirLock>,
+        held: Option<DirLock>,
         num_shards: Option<usize>,
         progress: Option<&AtomicU64>,
         keep: Option<&(dyn Fn(i64) -> bool + Sync)>,
     ) -> Result<(Table, Manifest)> {
-        Self::load_as(dir, held.take(), num_shards, None, progress, keep)
+        Self::load_as(dir, held, num_shards, None, progress, keep)
     }
 
     /// [`Table::load_held`] as a disk table (`disk`), whose rows beyond its

@@ -12,7 +12,7 @@ use crate::format::tensors::{Plain, TensorOut, rows_dtype, write_safetensors_wit
 use crate::policy::Policy;
 use crate::table::Table;
 use crate::table::checkpoint::publish::{create_checkpoint_dir, is_ours, remove_partial};
-use crate::table::cold::{Item, read_item};
+use crate::table::read::disk::{Item, read_item};
 use crate::table::storage::{Shard, read};
 use rayon::iter::{IndexedParallelIterator, IntoParallelRefIterator, ParallelIterator};
 use safetensors::tensor::Dtype;
@@ -266,7 +266,7 @@ impl Table {
                     .into_iter()
                     .map(|(r, k)| Item::Mem(r, k))
                     .collect();
-                crate::table::cold::disk_items(&g, since, &mut items);
+                crate::table::read::disk::disk_items(&g, since, &mut items);
                 items
             })
             .collect()

@@ -302,7 +302,7 @@ impl Table {
             }
         };
         let insert = self.inserts(insert);
-        let track = self.policy.tracks();
+        let track = self.tracks();
         if insert || track {
             let save_gen = self.generation();
             let (tick, step) = if track {

@@ -2,6 +2,7 @@
 //! export of every row), pooled lookups and the output buffers their passes
 //! fill at once.
 
+pub(crate) mod disk;
 pub(crate) mod export;
 pub(crate) mod lookup;
 pub(crate) mod pooled;

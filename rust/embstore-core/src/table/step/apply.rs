@@ -129,7 +129,7 @@ impl Table {
     where
         G: Fn(usize) -> (&'g [f32], f32) + Sync,
     {
-        let _cold = self.cold_enter(keys)?;
+        let _cold = self.cold_enter_step(keys)?;
         let t = at.unwrap_or_else(|| self.step() + 1);
         let gate = self.step_gate(gs, t);
         let prepared = self.prepare_apply(keys, at.is_none())?;
@@ -179,7 +179,7 @@ impl Table {
         let wd = opt.coupled_decay() as f32;
         let backend = self.backend;
         let save_gen = self.generation();
-        let track = self.policy.tracks();
+        let track = self.tracks();
         let tick = if track { self.next_tick() } else { 0 };
         let clock = if track { self.policy.age_clock(t) } else { 0 };
         let compact = self.policy.format != RowFormat::F32;

@@ -239,7 +239,7 @@ pub fn apply_pooled_gradients(features: &[Feature<'_>], grads: &[f32]) -> Result
         .zip(&inputs)
         .map(|((t, _), (keys, _, _))| (*t, &keys[..]))
         .collect();
-    let _cold = Table::cold_enter_many(&held)?;
+    let _cold = Table::cold_enter_counted(&held, false)?;
     let gates: Vec<_> = groups
         .iter()
         .zip(&sums)

@@ -4,6 +4,7 @@
 pub(crate) mod arena;
 pub(crate) mod cold;
 pub(crate) mod column;
+pub(crate) mod disk_dir;
 pub(crate) mod index;
 pub(crate) mod memory;
 pub(crate) mod pages;

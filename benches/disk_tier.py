@@ -1,0 +1,245 @@
+"""The disk tier against the table in memory: ``python benches/disk_tier.py``.
+
+One run, three parts, each in a process of its own:
+
+1. ``memory``: the table in memory (no limit): every key's row made, then
+   ``--steps`` Adam steps of Zipf(``--zipf``) batches of ``--batch`` ids
+   (a lookup, then its gradient, as a training loop does); step times and
+   a digest of every row and state at the end.
+2. ``disk``: the same table as a disk table with ``memory_bytes`` of
+   ``--memory-fraction`` of its rows, under a cgroup v1 memory limit of
+   ``memory_bytes`` + the disk index + ``--extra-mb`` (it counts the page
+   cache, so that the segment files are read from the device, not from
+   memory); the same steps, optionally with ``prefetch`` of the next batch;
+   step times, resident memory, the cgroup's peak, the hit rate against
+   the static optimum for that memory (the share of the stream's ids whose
+   key is among the most frequent that fit), and the digest.
+3. ``device``: the device's random 4 KiB read rate with O_DIRECT at queue
+   depth 32 (threads), the physical limit the disk step is measured
+   against.
+
+Prints one JSON object; ``--quick`` runs a small size in a few seconds
+(no cgroup) to check the script.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import mmap
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+CGROUP = Path("/sys/fs/cgroup/memory/embstore-disk-bench")
+
+
+def stream(keys: int, zipf: float, batch: int, steps: int, seed: int) -> np.ndarray:
+    """``steps`` batches of ids drawn by Zipf(``zipf``) over ``keys`` keys,
+    ranks scattered over the key space by a fixed permutation."""
+    rng = np.random.default_rng(seed)
+    weights = np.arange(1, keys + 1, dtype=np.float64) ** -zipf
+    cdf = np.cumsum(weights)
+    cdf /= cdf[-1]
+    ranks = np.searchsorted(cdf, rng.random(steps * batch))
+    perm = rng.permutation(keys)
+    return perm[np.minimum(ranks, keys - 1)].astype(np.int64).reshape(steps, batch)
+
+
+def static_optimum(ids: np.ndarray, rows: int) -> float:
+    """The hit rate of the best fixed set of ``rows`` keys for ``ids``."""
+    counts = np.sort(np.bincount(ids.ravel()))[::-1]
+    return float(counts[:rows].sum() / counts.sum())
+
+
+def digest(table: Any) -> str:
+    state = table.state_dict()
+    h = hashlib.sha256()
+    for name in ("keys", "rows", "state"):
+        h.update(np.ascontiguousarray(state[name]).tobytes())
+    return h.hexdigest()
+
+
+def rss_mb() -> float:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def run_table(args: argparse.Namespace, disk: str | None) -> dict[str, Any]:
+    import embstore
+    from embstore import optim
+
+    settings: dict[str, Any] = {"optimizer": optim.Adam(lr=1e-3), "seed": 1}
+    probe = embstore.Table(args.dim, **settings)
+    row_cost = probe.stats()["row_cost"]
+    del probe
+    memory_bytes = int(args.keys * args.memory_fraction) * row_cost
+    if disk is not None:
+        settings.update(disk=disk, memory_bytes=memory_bytes)
+    table = embstore.Table(args.dim, **settings)
+    t0 = time.perf_counter()
+    chunk = 1 << 18
+    for start in range(0, args.keys, chunk):
+        table.lookup(np.arange(start, min(args.keys, start + chunk), dtype=np.int64))
+    made = time.perf_counter() - t0
+    ids = stream(args.keys, args.zipf, args.batch, args.steps, args.seed)
+    rng = np.random.default_rng(args.seed + 1)
+    grads = rng.standard_normal((args.batch, args.dim)).astype(np.float32) * 0.01
+    times = []
+    before = table.stats()
+    for s in range(args.steps):
+        if args.prefetch and disk is not None and s + 1 < args.steps:
+            table.prefetch(ids[s + 1])
+        t = time.perf_counter()
+        table.lookup(ids[s])
+        if args.compute_ms:
+            time.sleep(args.compute_ms / 1000)
+        table.apply_gradients(ids[s], grads)
+        times.append(time.perf_counter() - t)
+    st = table.stats()
+    out: dict[str, Any] = {
+        "made_s": made,
+        "step_ms_median": 1000 * float(np.median(times[args.steps // 10 :])),
+        "step_ms_mean": 1000 * float(np.mean(times[args.steps // 10 :])),
+        "rss_mb": rss_mb(),
+        "digest": digest(table),
+        "rows": st["rows"],
+        "row_cost": row_cost,
+        "memory_bytes": memory_bytes,
+    }
+    if disk is not None:
+        distinct_cold = st["disk_rows_read"] - before["disk_rows_read"]
+        out.update(
+            memory_rows=st["memory_rows"],
+            disk_rows=st["disk_rows"],
+            disk_bytes=st["disk_bytes"],
+            disk_index_bytes=st["disk_index_bytes"],
+            overall_hit_rate=st["overall_hit_rate"],
+            static_optimum=static_optimum(ids, int(args.keys * args.memory_fraction)),
+            rows_read_per_step=distinct_cold / args.steps,
+            disk_error=st["disk_error"],
+        )
+        peak = CGROUP / "memory.max_usage_in_bytes"
+        if peak.exists():
+            out["cgroup_peak_mb"] = int(peak.read_text()) / 2**20
+    return out
+
+
+def device_rate(path: Path, seconds: float, depth: int = 32, size: int = 2 << 30) -> float:
+    """Random 4 KiB reads a second with O_DIRECT at queue depth ``depth``."""
+    with open(path, "wb") as f:
+        block = os.urandom(1 << 20)
+        for _ in range(size >> 20):
+            f.write(block)
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
+    pages = size // 4096
+    done = [0] * depth
+    stop = time.perf_counter() + seconds
+
+    def reader(i: int) -> None:
+        buf = mmap.mmap(-1, 4096)
+        rng = np.random.default_rng(i)
+        offsets = rng.integers(0, pages, 1 << 16) * 4096
+        n = 0
+        while time.perf_counter() < stop:
+            os.preadv(fd, [buf], int(offsets[n & 0xFFFF]))
+            n += 1
+        done[i] = n
+
+    threads = [threading.Thread(target=reader, args=(i,)) for i in range(depth)]
+    t = time.perf_counter()
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    elapsed = time.perf_counter() - t
+    os.close(fd)
+    path.unlink()
+    return sum(done) / elapsed
+
+
+def child(args: argparse.Namespace) -> None:
+    if args.part == "disk" and args.cgroup_bytes:
+        (CGROUP / "cgroup.procs").write_text(str(os.getpid()))
+    disk = args.dir if args.part == "disk" else None
+    print(json.dumps(run_table(args, disk)))
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--keys", type=int, default=4_000_000)
+    p.add_argument("--dim", type=int, default=64)
+    p.add_argument("--batch", type=int, default=65_536)
+    p.add_argument("--steps", type=int, default=200)
+    p.add_argument("--zipf", type=float, default=1.05)
+    p.add_argument("--memory-fraction", type=float, default=0.1)
+    p.add_argument("--extra-mb", type=int, default=300)
+    p.add_argument("--prefetch", action="store_true")
+    p.add_argument("--compute-ms", type=float, default=0.0)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--dir", default=None)
+    p.add_argument("--no-cgroup", action="store_true")
+    p.add_argument("--device-seconds", type=float, default=5.0)
+    p.add_argument("--quick", action="store_true")
+    p.add_argument("--part", choices=["memory", "disk"], default=None)
+    p.add_argument("--cgroup-bytes", type=int, default=0)
+    args = p.parse_args()
+    if args.quick:
+        args.keys, args.batch, args.steps, args.no_cgroup = 20_000, 2048, 20, True
+        args.device_seconds = 0.5
+    if args.part:
+        child(args)
+        return
+    work = Path(args.dir or tempfile.mkdtemp(prefix="embstore-disk-bench-"))
+    work.mkdir(parents=True, exist_ok=True)
+    base = [sys.executable, __file__, *sys.argv[1:]]
+    mem = json.loads(
+        subprocess.run(
+            [*base, "--part", "memory"], check=True, capture_output=True, text=True
+        ).stdout
+    )
+    limit = 0
+    if not args.no_cgroup:
+        # Rows, and the index of the rows on disk (about 40 bytes a key).
+        limit = mem["memory_bytes"] + 48 * args.keys + args.extra_mb * 2**20
+        CGROUP.mkdir(exist_ok=True)
+        (CGROUP / "memory.limit_in_bytes").write_text(str(limit))
+        (CGROUP / "memory.max_usage_in_bytes").write_text("0")
+    disk = json.loads(
+        subprocess.run(
+            [*base, "--part", "disk", "--dir", str(work), "--cgroup-bytes", str(limit)],
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout
+    )
+    rate = device_rate(work / "device.bin", args.device_seconds)
+    cold_ms = 1000 * disk["rows_read_per_step"] / rate
+    out = {
+        "args": {k: v for k, v in vars(args).items() if k not in ("part", "cgroup_bytes")},
+        "cgroup_limit_mb": limit / 2**20,
+        "memory": mem,
+        "disk": disk,
+        "device_reads_per_s": rate,
+        "bit_identical": mem["digest"] == disk["digest"],
+        "hit_rate_over_optimum": disk["overall_hit_rate"] / disk["static_optimum"],
+        "extra_step_ms": disk["step_ms_median"] - mem["step_ms_median"],
+        "device_ms_for_cold_rows": cold_ms,
+        "extra_over_device": (disk["step_ms_median"] - mem["step_ms_median"]) / max(cold_ms, 1e-9),
+        "step_ratio": disk["step_ms_median"] / mem["step_ms_median"],
+    }
+    print(json.dumps(out, indent=1))
+
+
+if __name__ == "__main__":
+    main()

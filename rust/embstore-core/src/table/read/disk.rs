@@ -1,0 +1,101 @@
+//! A disk table's rows on disk read whole, for a save (in file order, an
+//! incremental save's those changed since) or an export.
+
+use std::fs::File;
+use std::sync::Arc;
+
+use rayon::prelude::*;
+
+use crate::error::Result;
+use crate::table::Table;
+use crate::table::storage::Shard;
+use crate::table::storage::cold::{ColdShard, Loc};
+
+/// A row on disk to write to a checkpoint (or export): its key, place and
+/// file.
+pub(crate) struct DiskItem {
+    pub(crate) key: i64,
+    loc: Loc,
+    file: Arc<File>,
+}
+
+/// A row to write: in memory (row number, key) or on disk.
+pub(crate) enum Item {
+    Mem(usize, i64),
+    Disk(DiskItem),
+}
+
+/// Appends to `items` the rows shard `g` holds on disk that changed in a
+/// save generation after `since` (all for `None`), in file order, so that
+/// a save reads each segment front to back.
+pub(crate) fn disk_items(g: &Shard, since: Option<u32>, items: &mut Vec<Item>) {
+    let Some(cold) = &g.cold else {
+        return;
+    };
+    let mut disk: Vec<DiskItem> = cold
+        .entries()
+        .filter(|(_, l)| since.is_none_or(|s| l.generation > s))
+        .filter_map(|(key, loc)| {
+            Some(DiskItem {
+                key,
+                loc,
+                file: cold.file(loc.seg)?,
+            })
+        })
+        .collect();
+    disk.sort_unstable_by_key(|d| (d.loc.seg, d.loc.rec));
+    items.extend(disk.into_iter().map(Item::Disk));
+}
+
+/// Reads the row `d` names into `words` (`n` words: stored weights, state,
+/// metadata).
+///
+/// # Errors
+/// `Checkpoint` when it cannot be read or fails its check.
+pub(crate) fn read_item(d: &DiskItem, n: usize, words: &mut Vec<u32>) -> Result<()> {
+    words.resize(n, 0);
+    ColdShard::read(&d.file, n, d.key, d.loc, &mut Vec::new(), words)
+}
+
+impl Table {
+    /// Every row a disk table holds on disk (none for a table in memory),
+    /// read into memory: the keys and, per key, its words (stored weights,
+    /// state, metadata) as floats of the same bits. `guards` are the
+    /// shards' locks, held by the caller with the cold gate.
+    ///
+    /// # Errors
+    /// `OutOfMemory` naming `with_state`; `Checkpoint` for a row that
+    /// cannot be read.
+    pub(crate) fn read_disk_rows(
+        &self,
+        guards: &[impl std::ops::Deref<Target = Shard> + Sync],
+    ) -> Result<(Vec<i64>, Vec<f32>)> {
+        let mut items = Vec::new();
+        for g in guards {
+            disk_items(g, None, &mut items);
+        }
+        let n = self.wwords + self.state_len + 4;
+        let mut words = crate::zeroed::zeros::<f32>("with_state", items.len() * n)?;
+        items
+            .par_iter()
+            .zip(words.par_chunks_mut(n.max(1)))
+            .try_for_each_init(Vec::new, |buf, (item, dst)| -> Result<()> {
+                let Item::Disk(d) = item else {
+                    return Ok(());
+                };
+                read_item(d, n, buf)?;
+                for (o, w) in dst.iter_mut().zip(buf.iter()) {
+                    *o = f32::from_bits(*w);
+                }
+                Ok(())
+            })?;
+        let keys = items
+            .iter()
+            .map(|i| match i {
+                Item::Disk(d) => d.key,
+                Item::Mem(_, k) => *k,
+            })
+            .collect();
+        Ok((keys, words))
+    }
+}

@@ -1,0 +1,216 @@
+"""A disk table (``Table(dim, disk=PATH, memory_bytes=N)``): at most N bytes
+of rows in memory, the rest in files under PATH. The oracle is the same
+table in memory: every call, in a random mix, gives the same results bit
+for bit while the disk table holds most of its rows on disk; the torch
+modules, a Collection and a DeviceCache over one train as over a table in
+memory; its checkpoints are plain checkpoints, loaded into memory, mapped,
+or opened as a disk table with less memory still."""
+
+from __future__ import annotations
+
+import os
+import pickle
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+import embstore
+from embstore import optim
+from embstore.gpu import DeviceCache
+
+DIM = 6
+
+
+def _pair(tmp: Path, rows: int, **settings: Any) -> tuple[embstore.Table, embstore.Table]:
+    """The same table in memory and on disk with memory for ``rows`` rows."""
+    settings = {"optimizer": optim.Adam(lr=0.05), "seed": 5, "num_shards": 4, **settings}
+    ram = embstore.Table(DIM, **settings)
+    cost = embstore.Table(DIM, disk=tmp / "probe", memory_bytes=1 << 20, **settings).stats()[
+        "row_cost"
+    ]
+    disk = embstore.Table(DIM, disk=tmp / "disk", memory_bytes=rows * cost, **settings)
+    return ram, disk
+
+
+def _same(a: Any, b: Any) -> None:
+    if isinstance(a, tuple):
+        for x, y in zip(a, b, strict=True):
+            _same(x, y)
+    else:
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+        if isinstance(a, np.ndarray) and a.dtype == np.float32:
+            assert a.view(np.uint32).tolist() == np.asarray(b).view(np.uint32).tolist()
+
+
+def test_every_call_on_a_disk_table_gives_what_the_table_in_memory_gives(tmp_path: Path) -> None:
+    ram, disk = _pair(tmp_path, 60)
+    rng = np.random.default_rng(3)
+    calls = [
+        lambda t, k, g: t.lookup(k),
+        lambda t, k, g: t.apply_gradients(k, g),
+        lambda t, k, g: t.lookup(k, insert=False, default="zeros", return_found=True),
+        lambda t, k, g: t.contains(k),
+        lambda t, k, g: (t.assign(k[:5], g[:5]), t.remove(k[5:8]), len(t)),
+        lambda t, k, g: t.lookup_with_state(k[:10], insert=False),
+        lambda t, k, g: t.write_back(k[:4], g[:4], np.abs(g[:4].repeat(2, 1)) + 0.1),
+        lambda t, k, g: (
+            t.lookup_pooled(k, np.arange(0, len(k) + 1, 6), combiner="mean"),
+            t.apply_pooled_gradients(
+                k, np.arange(0, len(k) + 1, 6), g[: len(k) // 6], combiner="mean"
+            ),
+        ),
+    ]
+    for step in range(240):
+        keys = rng.integers(-30, 700, 48).astype(np.int64)
+        grads = rng.standard_normal((48, DIM)).astype(np.float32)
+        call = calls[step % len(calls)]
+        _same(call(ram, keys, grads), call(disk, keys, grads))
+        st = disk.stats()
+        assert st["memory_rows"] <= 60 + 48, st
+        assert st["memory_rows"] + st["disk_rows"] == st["rows"] == len(ram)
+    st = disk.stats()
+    assert st["disk_rows"] > 400, st
+    assert 0 < st["overall_hit_rate"] < 0.6, st
+    assert st["disk_error"] is None
+    for name, value in ram.state_dict().items():
+        _same(disk.state_dict()[name], value)
+
+
+def test_torch_modules_and_a_collection_over_a_disk_table_train_as_over_memory(
+    tmp_path: Path,
+) -> None:
+    torch = pytest.importorskip("torch")
+    import embstore.torch as et
+
+    ram, disk = _pair(tmp_path, 30)
+    bags = [et.EmbeddingBag(t, mode="sum") for t in (ram, disk)]
+    other = [embstore.Table(3, optimizer=optim.SGD(lr=0.1), seed=1) for _ in range(2)]
+    cols = [
+        embstore.Collection({"a": t, "b": o}, combiners={"a": "mean", "b": "sum"})
+        for t, o in zip((ram, disk), other, strict=True)
+    ]
+    rng = np.random.default_rng(8)
+    for _ in range(12):
+        ids = torch.from_numpy(rng.integers(0, 400, 64).astype(np.int64))
+        offsets = torch.arange(0, 65, 8)
+        outs = [b(ids, offsets) for b in bags]
+        _same(outs[0].detach().numpy(), outs[1].detach().numpy())
+        for out in outs:
+            (out * torch.arange(DIM)).sum().backward()
+        feats = {"a": (ids.numpy(), offsets.numpy()), "b": (ids.numpy() % 50, offsets.numpy())}
+        pooled = [c.lookup_pooled(feats) for c in cols]
+        _same(pooled[0], pooled[1])
+        for c, p in zip(cols, pooled, strict=True):
+            c.apply_pooled_gradients(feats, np.ones_like(p) * 0.01)
+    for name, value in ram.state_dict().items():
+        _same(disk.state_dict()[name], value)
+
+
+def test_a_device_cache_over_a_disk_table_trains_as_over_memory(tmp_path: Path) -> None:
+    ram, disk = _pair(tmp_path, 30)
+    caches = [DeviceCache(t, 16, xp=np) for t in (ram, disk)]
+    rng = np.random.default_rng(2)
+    for _ in range(20):
+        keys = rng.integers(0, 300, 40).astype(np.int64)
+        grads = rng.standard_normal((40, DIM)).astype(np.float32)
+        _same(caches[0].lookup(keys), caches[1].lookup(keys))
+        for c in caches:
+            c.apply_gradients(keys, grads)
+    for c in caches:
+        c.flush()
+    for name, value in ram.state_dict().items():
+        _same(disk.state_dict()[name], value)
+
+
+def test_a_disk_tables_checkpoints_are_plain_and_open_as_disk_tables(tmp_path: Path) -> None:
+    ram, disk = _pair(tmp_path, 40)
+    rng = np.random.default_rng(4)
+
+    def train(n: int) -> None:
+        for _ in range(n):
+            keys = rng.integers(0, 500, 64).astype(np.int64)
+            grads = rng.standard_normal((64, DIM)).astype(np.float32)
+            for t in (ram, disk):
+                t.lookup(keys)
+                t.apply_gradients(keys, grads)
+
+    train(20)
+    disk.save(tmp_path / "ck")
+    train(5)
+    disk.remove(np.arange(0, 500, 7))
+    ram.remove(np.arange(0, 500, 7))
+    disk.save(tmp_path / "ck", incremental=True)
+    keys = np.arange(-5, 505)
+    want = ram.lookup(keys, insert=False)
+    _same(embstore.Table.load(tmp_path / "ck").lookup(keys, insert=False), want)
+    _same(embstore.Table.load(tmp_path / "ck", mmap=True).lookup(keys), want)
+    cost = disk.stats()["row_cost"]
+    back = embstore.Table.load(tmp_path / "ck", disk=tmp_path / "d2", memory_bytes=25 * cost)
+    assert back.table_config.memory_bytes == 25 * cost
+    assert back.stats()["disk_rows"] > 300
+    _same(back.lookup(keys, insert=False), want)
+    # A pickle is a disk table of its own, beside the first.
+    again = pickle.loads(pickle.dumps(disk))
+    assert again.table_config.disk == disk.table_config.disk
+    _same(again.lookup(keys, insert=False), want)
+
+
+def test_prefetch_moves_the_next_batch_in_and_keeps_it_there(tmp_path: Path) -> None:
+    ram, disk = _pair(tmp_path, 40)
+    keys = np.arange(400, dtype=np.int64)
+    for t in (ram, disk):
+        t.lookup(keys)
+    batch = np.arange(0, 400, 10, dtype=np.int64)
+    before = disk.stats()
+    disk.prefetch(batch)
+    import time
+
+    deadline = time.monotonic() + 10
+    while disk.stats()["disk_rows_read"] < before["disk_rows_read"] + 30:
+        assert time.monotonic() < deadline, "the prefetch read nothing"
+        time.sleep(0.01)
+    mid = disk.stats()
+    _same(disk.lookup(batch), ram.lookup(batch))
+    after = disk.stats()
+    # The batch was in memory: its lookup read (almost) nothing more.
+    assert after["disk_rows_read"] - mid["disk_rows_read"] <= 4, (mid, after)
+    ram.prefetch(batch)  # a table in memory: nothing to do
+
+
+def test_bad_disk_settings_are_refused_by_name(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="disk: expected memory_bytes"):
+        embstore.Table(4, disk=tmp_path)
+    with pytest.raises(ValueError, match="memory_bytes: expected disk"):
+        embstore.Table(4, memory_bytes=1 << 20)
+    with pytest.raises(ValueError, match="memory_bytes: expected room"):
+        embstore.Table(4, disk=tmp_path, memory_bytes=10)
+    with pytest.raises(ValueError, match="disk: expected a table without"):
+        embstore.Table(4, disk=tmp_path, memory_bytes=1 << 20, capacity=5)
+    with pytest.raises(TypeError, match="disk: expected a path"):
+        embstore.Table(4, disk=3, memory_bytes=1 << 20)  # type: ignore[arg-type]
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(ValueError, match="disk: cannot make a directory"):
+        embstore.Table(4, disk=tmp_path / "file", memory_bytes=1 << 20)
+    with pytest.raises(ValueError, match="mmap=True"):
+        embstore.Table.load(tmp_path, mmap=True, disk=tmp_path, memory_bytes=1)
+
+
+def test_a_disk_tables_files_go_with_it_and_a_dead_ones_with_the_next(tmp_path: Path) -> None:
+    t = embstore.Table(4, disk=tmp_path, memory_bytes=4000, num_shards=2)
+    t.assign(np.arange(500), np.ones((500, 4), np.float32))
+    mine = [p for p in tmp_path.iterdir() if p.name.startswith("embstore-disk-")]
+    assert len(mine) == 1
+    assert any(f.suffix == ".seg" for f in mine[0].iterdir())
+    # A killed process's directory: its lock file is not held.
+    dead = tmp_path / "embstore-disk-999999999-0"
+    dead.mkdir()
+    (dead / "lock").touch()
+    (dead / "s0000-00000000.seg").write_bytes(b"x" * 100)
+    other = embstore.Table(4, disk=tmp_path, memory_bytes=4000, num_shards=2)
+    assert not dead.exists()
+    assert mine[0].exists(), "a live table's directory stays"
+    del t, other
+    assert [p.name for p in tmp_path.iterdir()] == []
+    assert os.listdir(tmp_path) == []
