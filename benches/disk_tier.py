@@ -42,29 +42,48 @@ import numpy as np
 CGROUP = Path("/sys/fs/cgroup/memory/embstore-disk-bench")
 
 
-def stream(keys: int, zipf: float, batch: int, steps: int, seed: int) -> np.ndarray:
-    """``steps`` batches of ids drawn by Zipf(``zipf``) over ``keys`` keys,
-    ranks scattered over the key space by a fixed permutation."""
-    rng = np.random.default_rng(seed)
-    weights = np.arange(1, keys + 1, dtype=np.float64) ** -zipf
-    cdf = np.cumsum(weights)
-    cdf /= cdf[-1]
-    ranks = np.searchsorted(cdf, rng.random(steps * batch))
-    perm = rng.permutation(keys)
-    return perm[np.minimum(ranks, keys - 1)].astype(np.int64).reshape(steps, batch)
+class Stream:
+    """Batches of ids drawn by Zipf(``zipf``) over ``keys`` keys, ranks
+    scattered over the key space by a fixed permutation; batch ``s`` is a
+    function of (``seed``, ``s``), made when asked for (a whole stream of
+    200 batches of 65,536 ids would take a run's memory)."""
+
+    def __init__(self, keys: int, zipf: float, batch: int, seed: int) -> None:
+        cdf = np.cumsum(np.arange(1, keys + 1, dtype=np.float64) ** -zipf)
+        cdf /= cdf[-1]
+        self.cdf = cdf
+        self.perm = np.random.default_rng(seed).permutation(keys).astype(np.int64)
+        self.keys, self.batch, self.seed = keys, batch, seed
+
+    def __call__(self, step: int) -> np.ndarray:
+        u = np.random.default_rng((self.seed, step)).random(self.batch)
+        ranks = np.minimum(np.searchsorted(self.cdf, u), self.keys - 1)
+        return self.perm[ranks]
 
 
-def static_optimum(ids: np.ndarray, rows: int) -> float:
-    """The hit rate of the best fixed set of ``rows`` keys for ``ids``."""
-    counts = np.sort(np.bincount(ids.ravel()))[::-1]
+def static_optimum(stream: Stream, steps: int, rows: int) -> float:
+    """The hit rate of the best fixed set of ``rows`` keys for the stream."""
+    counts = np.zeros(stream.keys, dtype=np.int64)
+    for s in range(steps):
+        counts += np.bincount(stream(s), minlength=stream.keys)
+    counts = np.sort(counts)[::-1]
     return float(counts[:rows].sum() / counts.sum())
 
 
-def digest(table: Any) -> str:
-    state = table.state_dict()
+def digest(table: Any, keys: int) -> str:
+    """A hash of every row and its state, read in chunks of keys (a disk
+    table's rows pass through its memory a chunk at a time)."""
+    import embstore
+
     h = hashlib.sha256()
-    for name in ("keys", "rows", "state"):
-        h.update(np.ascontiguousarray(state[name]).tobytes())
+    chunk = 1 << 14
+    for start in range(0, keys, chunk):
+        rows, state = table.lookup_with_state(
+            np.arange(start, min(keys, start + chunk), dtype=np.int64), insert=False
+        )
+        h.update(rows.tobytes())
+        h.update(state.tobytes())
+    embstore.free_output_buffers()
     return h.hexdigest()
 
 
@@ -88,31 +107,34 @@ def run_table(args: argparse.Namespace, disk: str | None) -> dict[str, Any]:
         settings.update(disk=disk, memory_bytes=memory_bytes)
     table = embstore.Table(args.dim, **settings)
     t0 = time.perf_counter()
-    chunk = 1 << 18
+    chunk = 1 << 16
     for start in range(0, args.keys, chunk):
         table.lookup(np.arange(start, min(args.keys, start + chunk), dtype=np.int64))
     made = time.perf_counter() - t0
-    ids = stream(args.keys, args.zipf, args.batch, args.steps, args.seed)
+    ids = Stream(args.keys, args.zipf, args.batch, args.seed)
     rng = np.random.default_rng(args.seed + 1)
     grads = rng.standard_normal((args.batch, args.dim)).astype(np.float32) * 0.01
     times = []
     before = table.stats()
     for s in range(args.steps):
         if args.prefetch and disk is not None and s + 1 < args.steps:
-            table.prefetch(ids[s + 1])
+            table.prefetch(ids(s + 1))
+        batch = ids(s)
         t = time.perf_counter()
-        table.lookup(ids[s])
+        table.lookup(batch)
         if args.compute_ms:
             time.sleep(args.compute_ms / 1000)
-        table.apply_gradients(ids[s], grads)
+        table.apply_gradients(batch, grads)
         times.append(time.perf_counter() - t)
     st = table.stats()
+    rss = rss_mb()
     out: dict[str, Any] = {
         "made_s": made,
         "step_ms_median": 1000 * float(np.median(times[args.steps // 10 :])),
         "step_ms_mean": 1000 * float(np.mean(times[args.steps // 10 :])),
-        "rss_mb": rss_mb(),
-        "digest": digest(table),
+        "rss_mb": rss,
+        "table_bytes": st["bytes"],
+        "digest": digest(table, args.keys),
         "rows": st["rows"],
         "row_cost": row_cost,
         "memory_bytes": memory_bytes,
@@ -125,7 +147,7 @@ def run_table(args: argparse.Namespace, disk: str | None) -> dict[str, Any]:
             disk_bytes=st["disk_bytes"],
             disk_index_bytes=st["disk_index_bytes"],
             overall_hit_rate=st["overall_hit_rate"],
-            static_optimum=static_optimum(ids, int(args.keys * args.memory_fraction)),
+            static_optimum=static_optimum(ids, args.steps, int(args.keys * args.memory_fraction)),
             rows_read_per_step=distinct_cold / args.steps,
             disk_error=st["disk_error"],
         )
@@ -141,6 +163,8 @@ def device_rate(path: Path, seconds: float, depth: int = 32, size: int = 2 << 30
         block = os.urandom(1 << 20)
         for _ in range(size >> 20):
             f.write(block)
+        f.flush()
+        os.fsync(f.fileno())
     fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
     pages = size // 4096
     done = [0] * depth

@@ -52,7 +52,17 @@
 //! 3. The binding's call lock (`embstore-py`, `runtime::CALLS`): shared by
 //!    every native call, exclusive only in the `fork()` prepare handler, so
 //!    that a process forks while no call is inside the core.
-//! 4. Table gates ([`Table`]'s `gate`), shared by every call that changes
+//! 4. A disk table's cold gate (`table::cold`), shared by every call that
+//!    reads or changes its rows from before it moves the call's rows on
+//!    disk into memory until it ends (and by a prefetch thread, a save and
+//!    an export), exclusive only to move rows to disk, which a call does
+//!    after releasing its own hold, holding nothing: so no call finds a row
+//!    gone between moving it in and using it. Taken on the calling thread
+//!    (a prefetch's own thread), never in a rayon job; a call on several
+//!    tables takes theirs in ascending [`Table::id`] before any gate.
+//!    Inside it, in rayon jobs, a shard's lock and then its cold part (the
+//!    `ColdShard` a shard holds, under that lock).
+//! 5. Table gates ([`Table`]'s `gate`), shared by every call that changes
 //!    rows (lookups that insert, assigns, steps, removals,
 //!    evictions, `reserve`), exclusive for a snapshot (`export`, `save`;
 //!    an incremental save only while it copies its rows out)
@@ -60,9 +70,9 @@
 //!    (`table::step::bounds`: the rows are measured and the step dry-run first).
 //!    A call on several tables (a [`collection`] call) takes their gates in
 //!    ascending [`Table::id`], on the calling thread.
-//! 5. A mapped table's refresh lock (`mapped`: one refresh at a time),
+//! 6. A mapped table's refresh lock (`mapped`: one refresh at a time),
 //!    taken inside the call lock, with the readers' lock already held.
-//! 6. Shard locks, by shard index, taken by writers and by the reads that
+//! 7. Shard locks, by shard index, taken by writers and by the reads that
 //!    must see no writer (snapshots, training lookups); serving reads take
 //!    none, only trying a write lock to count touches (see "Consistency");
 //!    the queued touches are counted by whoever takes a write lock, and
@@ -83,9 +93,10 @@
 //!    locks of the shards it needs together, on the calling thread, having
 //!    only tried each (in index order, after trying its gate): it never
 //!    waits.
-//! 7. Leaf locks, never held while taking another or running parallel work:
+//! 8. Leaf locks, never held while taking another or running parallel work:
 //!    the memo, the save marks (with the removal-log pins of saves in
-//!    flight), the per-shard slots of `FoundRows`, the
+//!    flight), the per-shard slots of `FoundRows`, a disk table's
+//!    prefetched keys and its last error, the chunks of a disk read, the
 //!    binding's output buffer pool, a mapped table's version (held to
 //!    clone or swap an `Arc`; the old version is dropped after), and a
 //!    mapped file's checksum check

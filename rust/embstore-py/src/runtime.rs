@@ -196,6 +196,16 @@ impl EnterStore for Python<'_> {
     }
 }
 
+/// Runs `f`, a core call on a thread of the binding's own (a disk table's
+/// prefetch), inside the call lock and where its parallel work can run, as
+/// [`EnterStore::enter_store`] runs a call: a `fork()` waits for it.
+/// A panic is caught and dropped (the call that needs its work meets the
+/// failure again).
+pub fn in_call(f: impl FnOnce() + Send) {
+    let _call = CALLS.read().unwrap_or_else(PoisonError::into_inner);
+    let _ = in_pool(|| catch_unwind(AssertUnwindSafe(f)));
+}
+
 /// Runs a core call that never waits (it answers `None` where it would
 /// have to) with the GIL held: for a call of a few microseconds, handing
 /// the GIL over and back costs more than the call, and from several

@@ -816,17 +816,24 @@ impl PyTable {
     }
 
     /// Starts moving the rows of `keys` that a disk table holds on disk
-    /// into memory, on a thread of its own, and returns at once (nothing
-    /// for a table in memory). A failure is left for the call that needs
-    /// the rows to meet.
-    fn prefetch(&self, py: Python<'_>, keys: &Bound<'_, PyAny>) -> PyResult<()> {
+    /// into memory, on a thread of its own (inside the call lock, so that
+    /// a `fork()` waits for it), and returns at once (nothing for a table
+    /// in memory). A failure is left for the call that needs the rows.
+    fn prefetch(&self, keys: &Bound<'_, PyAny>) -> PyResult<()> {
         if self.inner.disk().is_none() {
             return Ok(());
         }
         let keys = keys_arg(keys, "keys")?.readonly();
         let keys = slice_or_copy(&keys, "keys")?.into_owned();
         let table = self.inner.clone();
-        py.detach(|| table.prefetch(keys))
+        std::thread::Builder::new()
+            .name("embstore-prefetch".into())
+            .spawn(move || {
+                crate::runtime::in_call(|| {
+                    let _ = table.prefetch_now(&keys);
+                })
+            })
+            .map(drop)
             .map_err(|e| PyValueError::new_err(format!("keys: cannot start a prefetch: {e}")))
     }
 }

@@ -19,7 +19,6 @@
 //! shard lock; it is taken on the calling thread only, never in a rayon
 //! job, and a call on several tables takes theirs by ascending table id.
 
-use std::fs::File;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, RwLock, RwLockReadGuard};
@@ -28,7 +27,7 @@ use rayon::prelude::*;
 
 use crate::error::{Result, invalid, oom};
 use crate::table::Table;
-use crate::table::storage::cold::{ColdShard, KeyHasher, Loc};
+use crate::table::storage::cold::{ColdShard, KeyHasher, Loc, SegFile};
 use crate::table::storage::disk_dir::StoreDir;
 use crate::table::storage::{read, write};
 use std::collections::HashMap;
@@ -192,7 +191,7 @@ struct Want {
     pos: usize,
     key: i64,
     loc: Loc,
-    file: Arc<File>,
+    file: Arc<SegFile>,
 }
 
 impl Table {
@@ -419,6 +418,7 @@ impl Table {
         if error.is_some() {
             *c.error.lock().unwrap_or_else(PoisonError::into_inner) = error;
         }
+        trim_heap();
     }
 
     /// Forgets the disk copies of `keys` (whose rows a load is about to
@@ -445,38 +445,30 @@ impl Table {
         Ok(())
     }
 
-    /// Starts moving the rows of `keys` that this disk table holds on disk
-    /// into memory on a thread of its own, and returns (nothing for a table
-    /// in memory). They stay in memory for the next two rounds of moving
-    /// rows out, whatever their score, so that the call that needs them
-    /// (the next step of a training loop) finds them there. A failure is
-    /// met again by that call.
+    /// Moves the rows of `keys` that this disk table holds on disk into
+    /// memory now (nothing for a table in memory), for a prefetch thread:
+    /// they stay in memory for the next two rounds of moving rows out,
+    /// whatever their score, so that the call that needs them (the next
+    /// step of a training loop) finds them there. The ids do not count for
+    /// the hit rate.
     ///
     /// # Errors
-    /// When the thread cannot be started.
-    pub fn prefetch(self: Arc<Self>, keys: Vec<i64>) -> std::io::Result<()> {
-        if self.cold.is_none() {
+    /// As [`Table::cold_enter`] (the call that needs the rows meets the
+    /// failure again).
+    pub fn prefetch_now(&self, keys: &[i64]) -> Result<()> {
+        let Some(c) = &self.cold else {
             return Ok(());
+        };
+        {
+            let mut p = c.prefetched.lock().unwrap_or_else(PoisonError::into_inner);
+            let round = p.0;
+            p.1.extend(keys.iter().map(|&k| (k, round)));
         }
-        std::thread::Builder::new()
-            .name("embstore-prefetch".into())
-            .spawn(move || {
-                let Some(c) = &self.cold else {
-                    return;
-                };
-                {
-                    let mut p = c.prefetched.lock().unwrap_or_else(PoisonError::into_inner);
-                    let round = p.0;
-                    p.1.extend(keys.iter().map(|&k| (k, round)));
-                }
-                let guard = c.gate.read().unwrap_or_else(PoisonError::into_inner);
-                let hold = ColdHold {
-                    held: vec![(&*self, guard)],
-                };
-                let _ = self.fault_in(c, &keys, false);
-                drop(hold);
-            })
-            .map(drop)
+        let guard = c.gate.read().unwrap_or_else(PoisonError::into_inner);
+        let _hold = ColdHold {
+            held: vec![(self, guard)],
+        };
+        self.fault_in(c, keys, false)
     }
 
     /// A disk table's figures; `None` for a table in memory.
@@ -512,6 +504,17 @@ impl Table {
     /// The disk table's settings; `None` for a table in memory.
     pub fn disk(&self) -> Option<&DiskConfig> {
         self.cold.as_ref().map(|c| &c.config)
+    }
+}
+
+/// Gives the allocator's free memory back to the OS (glibc keeps the
+/// freed buffers of a round of moving rows, tens of megabytes, resident
+/// otherwise), so that a disk table's resident memory follows its rows.
+fn trim_heap() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim takes no pointer and only returns free memory.
+    unsafe {
+        libc::malloc_trim(0);
     }
 }
 

@@ -1,7 +1,6 @@
 //! A disk table's rows on disk read whole, for a save (in file order, an
 //! incremental save's those changed since) or an export.
 
-use std::fs::File;
 use std::sync::Arc;
 
 use rayon::prelude::*;
@@ -9,14 +8,14 @@ use rayon::prelude::*;
 use crate::error::Result;
 use crate::table::Table;
 use crate::table::storage::Shard;
-use crate::table::storage::cold::{ColdShard, Loc};
+use crate::table::storage::cold::{ColdShard, Loc, SegFile};
 
 /// A row on disk to write to a checkpoint (or export): its key, place and
 /// file.
 pub(crate) struct DiskItem {
     pub(crate) key: i64,
     loc: Loc,
-    file: Arc<File>,
+    file: Arc<SegFile>,
 }
 
 /// A row to write: in memory (row number, key) or on disk.

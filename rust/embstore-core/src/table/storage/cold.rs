@@ -23,7 +23,7 @@
 use std::collections::HashMap;
 use std::fs::File;
 use std::hash::{BuildHasherDefault, Hasher};
-use std::os::unix::fs::FileExt;
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -65,9 +65,73 @@ impl Hasher for KeyHasher {
 
 type KeyMap<V> = HashMap<i64, V, BuildHasherDefault<KeyHasher>>;
 
+/// The page size O_DIRECT reads are aligned to.
+const BLOCK: usize = 4096;
+
+/// A segment file: written through the page cache (each flush then
+/// written back and dropped from it, so that the cache holds no more of a
+/// disk table's rows than a flush), read with O_DIRECT where the file
+/// system allows it (a row read comes from the device, never from cached
+/// pages that a memory limit would count).
+#[derive(Debug)]
+pub(crate) struct SegFile {
+    file: File,
+    direct: Option<File>,
+}
+
+impl SegFile {
+    /// `len` bytes at `off`, read into `buf` (scratch room) and returned.
+    fn read_at<'b>(&self, buf: &'b mut Vec<u8>, len: usize, off: u64) -> std::io::Result<&'b [u8]> {
+        if let Some(d) = &self.direct {
+            let start = off & !(BLOCK as u64 - 1);
+            let need = (off - start) as usize + len;
+            let n = need.next_multiple_of(BLOCK);
+            buf.resize(n + BLOCK, 0);
+            let a = buf.as_ptr().align_offset(BLOCK);
+            let mut got = 0;
+            while got < need {
+                match d.read_at(&mut buf[a + got..a + n], start + got as u64) {
+                    Ok(0) => break,
+                    Ok(r) => got += r,
+                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                    Err(e) => return Err(e),
+                }
+            }
+            if got < need {
+                return Err(std::io::ErrorKind::UnexpectedEof.into());
+            }
+            let from = a + (off - start) as usize;
+            return Ok(&buf[from..from + len]);
+        }
+        buf.resize(len, 0);
+        self.file.read_exact_at(&mut buf[..len], off)?;
+        Ok(&buf[..len])
+    }
+
+    /// Writes `bytes` at `off`, waits for them to reach the device, and
+    /// drops them from the page cache.
+    fn write_at(&self, bytes: &[u8], off: u64) -> std::io::Result<()> {
+        self.file.write_all_at(bytes, off)?;
+        let fd = std::os::fd::AsRawFd::as_raw_fd(&self.file);
+        let (o, n) = (off as libc::off64_t, bytes.len() as libc::off64_t);
+        let flags = libc::SYNC_FILE_RANGE_WAIT_BEFORE
+            | libc::SYNC_FILE_RANGE_WRITE
+            | libc::SYNC_FILE_RANGE_WAIT_AFTER;
+        // SAFETY: `fd` is this open file's descriptor for the whole call;
+        // sync_file_range and posix_fadvise read no memory of ours.
+        let r = unsafe { libc::sync_file_range(fd, o, n, flags) };
+        if r != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        // SAFETY: as above. Advice only: its failure changes nothing.
+        unsafe { libc::posix_fadvise(fd, o, n, libc::POSIX_FADV_DONTNEED) };
+        Ok(())
+    }
+}
+
 #[derive(Debug)]
 struct Segment {
-    file: Arc<File>,
+    file: Arc<SegFile>,
     /// Records written.
     written: u32,
     /// Records the index still names.
@@ -139,7 +203,7 @@ impl ColdShard {
     }
 
     /// Where `key`'s row is, and the file to read it from.
-    pub(crate) fn find(&self, key: i64) -> Option<(Loc, Arc<File>)> {
+    pub(crate) fn find(&self, key: i64) -> Option<(Loc, Arc<SegFile>)> {
         let loc = *self.index.get(&key)?;
         let file = self.segments[loc.seg as usize].as_ref()?.file.clone();
         Some((loc, file))
@@ -156,7 +220,7 @@ impl ColdShard {
     }
 
     /// The file of segment `seg`, while it exists.
-    pub(crate) fn file(&self, seg: u32) -> Option<Arc<File>> {
+    pub(crate) fn file(&self, seg: u32) -> Option<Arc<SegFile>> {
         Some(self.segments.get(seg as usize)?.as_ref()?.file.clone())
     }
 
@@ -167,7 +231,7 @@ impl ColdShard {
     /// `Checkpoint` for an I/O error or a record that is not `key`'s or
     /// fails its CRC.
     pub(crate) fn read(
-        file: &File,
+        file: &SegFile,
         words_len: usize,
         key: i64,
         loc: Loc,
@@ -175,10 +239,10 @@ impl ColdShard {
         words: &mut [u32],
     ) -> Result<()> {
         let rb = HEAD + 4 * words_len;
-        buf.resize(rb, 0);
-        file.read_exact_at(buf, loc.rec as u64 * rb as u64)
+        let rec = file
+            .read_at(buf, rb, loc.rec as u64 * rb as u64)
             .map_err(|e| ckpt_err("disk store", format!("reading a row: {e}")))?;
-        decode(buf, key, loc.generation, words)
+        decode(rec, key, loc.generation, words)
     }
 
     /// Appends `key`'s row (`words`: weights, state, metadata), last
@@ -253,8 +317,15 @@ impl ColdShard {
             .create_new(true)
             .open(&path)
             .map_err(|e| ckpt_err(&path, format!("creating a disk segment: {e}")))?;
+        // Where the file system takes no O_DIRECT (tmpfs), reads go
+        // through the page cache.
+        let direct = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_DIRECT)
+            .open(&path)
+            .ok();
         self.segments.push(Some(Segment {
-            file: Arc::new(file),
+            file: Arc::new(SegFile { file, direct }),
             written: 0,
             live: 0,
         }));
@@ -281,12 +352,14 @@ impl ColdShard {
             .as_mut()
             .expect("the active segment");
         s.file
-            .write_all_at(&self.pending, u64::from(self.pending_from) * rb)
+            .write_at(&self.pending, u64::from(self.pending_from) * rb)
             .map_err(|e| ckpt_err("disk store", format!("writing rows: {e}")))?;
         let n = (self.pending.len() as u64 / rb) as u32;
         s.written += n;
         self.pending_from += n;
         self.pending.clear();
+        // A large flush's room is given back rather than kept resident.
+        self.pending.shrink_to(1 << 20);
         Ok(())
     }
 
@@ -363,25 +436,33 @@ impl ColdShard {
         let mut moved = 0;
         let rb = self.record_bytes();
         let mut words = vec![0u32; self.words];
+        // A segment is read in windows of this many records, so that a
+        // compaction holds little memory whatever the segment's size.
+        const WINDOW: usize = 2048;
         for seg in victims {
             let Some(s) = self.segments[seg as usize].as_ref() else {
                 continue;
             };
-            let mut bytes = vec![0u8; s.written as usize * rb];
-            s.file
-                .read_exact_at(&mut bytes, 0)
-                .map_err(|e| ckpt_err("disk store", format!("compacting: {e}")))?;
+            let (file, written) = (s.file.clone(), s.written as usize);
+            let mut buf = Vec::new();
             let mut placed = Vec::new();
-            for (rec, chunk) in bytes.chunks_exact(rb).enumerate() {
-                let key = i64::from_le_bytes(chunk[..8].try_into().expect("8 bytes"));
-                match self.index.get(&key) {
-                    Some(l) if l.seg == seg && l.rec == rec as u32 => {
-                        let generation = l.generation;
-                        decode(chunk, key, generation, &mut words)?;
-                        let at = self.append(key, generation, &words);
-                        placed.push((key, at));
+            for first in (0..written).step_by(WINDOW) {
+                let n = WINDOW.min(written - first);
+                let bytes = file
+                    .read_at(&mut buf, n * rb, (first * rb) as u64)
+                    .map_err(|e| ckpt_err("disk store", format!("compacting: {e}")))?;
+                for (j, chunk) in bytes.chunks_exact(rb).enumerate() {
+                    let rec = (first + j) as u32;
+                    let key = i64::from_le_bytes(chunk[..8].try_into().expect("8 bytes"));
+                    match self.index.get(&key) {
+                        Some(l) if l.seg == seg && l.rec == rec => {
+                            let generation = l.generation;
+                            decode(chunk, key, generation, &mut words)?;
+                            let at = self.append(key, generation, &words);
+                            placed.push((key, at));
+                        }
+                        _ => {}
                     }
-                    _ => {}
                 }
             }
             let written = placed
@@ -540,8 +621,8 @@ mod tests {
         // One bit flipped in key 8's words.
         let at = u64::from(loc.rec) * 32 + 20;
         let mut b = [0u8];
-        file.read_exact_at(&mut b, at).unwrap();
-        file.write_all_at(&[b[0] ^ 1], at).unwrap();
+        file.file.read_exact_at(&mut b, at).unwrap();
+        file.file.write_all_at(&[b[0] ^ 1], at).unwrap();
         assert_eq!(read_back(&c, 7).unwrap(), vec![1, 2, 3, 4]);
         let e = read_back(&c, 8).unwrap_err().to_string();
         assert!(e.contains("key 8 is damaged"), "{e}");
