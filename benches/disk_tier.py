@@ -152,8 +152,112 @@ def run_table(args: argparse.Namespace, disk: str | None) -> dict[str, Any]:
             disk_error=st["disk_error"],
         )
         peak = CGROUP / "memory.max_usage_in_bytes"
-        if peak.exists():
+        if args.cgroup_bytes and peak.exists():
             out["cgroup_peak_mb"] = int(peak.read_text()) / 2**20
+    return out
+
+
+def adam(w: np.ndarray, m: np.ndarray, v: np.ndarray, g: np.ndarray, t: int) -> None:
+    """torch.optim.Adam's update of rows ``w`` in place (lr 1e-3)."""
+    b1, b2, lr, eps = 0.9, 0.999, 1e-3, 1e-8
+    m *= b1
+    m += (1 - b1) * g
+    v *= b2
+    v += (1 - b2) * g * g
+    w -= lr * (m / (1 - b1**t)) / (np.sqrt(v / (1 - b2**t)) + eps)
+
+
+def summed(batch: np.ndarray, grads: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The batch's distinct keys and each one's summed gradient."""
+    uniq, inv = np.unique(batch, return_inverse=True)
+    g = np.zeros((len(uniq), grads.shape[1]), np.float32)
+    np.add.at(g, inv, grads)
+    return uniq, g
+
+
+def run_peer(args: argparse.Namespace, kind: str) -> dict[str, Any]:
+    """What a user would do instead, under the same memory limit: a dense
+    ``numpy.memmap`` table (weights, Adam's m and v) paged by the OS, or
+    RocksDB (``rocksdict``) behind an LRU cache of ``memory_bytes`` of
+    rows in a dict. Each step looks the batch up and takes an Adam step."""
+    d = args.dim
+    rows_in_memory = int(args.keys * args.memory_fraction)
+    ids = Stream(args.keys, args.zipf, args.batch, args.seed)
+    rng = np.random.default_rng(args.seed + 1)
+    grads = rng.standard_normal((args.batch, d)).astype(np.float32) * 0.01
+    init = np.random.default_rng(7)
+    t0 = time.perf_counter()
+    times = []
+    if kind == "memmap":
+        mm = np.lib.format.open_memmap(
+            Path(args.dir) / "dense.npy", "w+", np.float32, (args.keys, 3 * d)
+        )
+        for start in range(0, args.keys, 1 << 16):
+            stop = min(args.keys, start + (1 << 16))
+            block = np.zeros((stop - start, 3 * d), np.float32)
+            block[:, :d] = init.uniform(-0.05, 0.05, (stop - start, d))
+            mm[start:stop] = block
+        mm.flush()
+        made = time.perf_counter() - t0
+        for s in range(args.steps):
+            batch = ids(s)
+            t = time.perf_counter()
+            uniq, g = summed(batch, grads)
+            rows = mm[uniq]
+            _ = rows[:, :d][np.searchsorted(uniq, batch)]  # the lookup's output
+            w, m, v = rows[:, :d], rows[:, d : 2 * d], rows[:, 2 * d :]
+            adam(w, m, v, g, s + 1)
+            mm[uniq] = rows
+            times.append(time.perf_counter() - t)
+    else:
+        import collections
+
+        import rocksdict
+
+        db = rocksdict.Rdict(str(Path(args.dir) / "rocks"))
+        for start in range(0, args.keys, 1 << 16):
+            stop = min(args.keys, start + (1 << 16))
+            block = np.zeros((stop - start, 3 * d), np.float32)
+            block[:, :d] = init.uniform(-0.05, 0.05, (stop - start, d))
+            wb = rocksdict.WriteBatch()
+            for k, row in zip(range(start, stop), block, strict=True):
+                wb.put(k, row.tobytes())
+            db.write(wb)
+        made = time.perf_counter() - t0
+        cache: collections.OrderedDict[int, np.ndarray] = collections.OrderedDict()
+        for s in range(args.steps):
+            batch = ids(s)
+            t = time.perf_counter()
+            uniq, g = summed(batch, grads)
+            keys = uniq.tolist()
+            missing = [k for k in keys if k not in cache]
+            if missing:
+                fetched: list[Any] = db.get(missing) or []
+                for k, raw in zip(missing, fetched, strict=True):
+                    cache[k] = np.frombuffer(raw, np.float32).copy()
+            rows = np.stack([cache[k] for k in keys])
+            _ = rows[:, :d][np.searchsorted(uniq, batch)]
+            adam(rows[:, :d], rows[:, d : 2 * d], rows[:, 2 * d :], g, s + 1)
+            for k, row in zip(keys, rows, strict=True):
+                cache[k] = row
+                cache.move_to_end(k)
+            if len(cache) > rows_in_memory:
+                wb = rocksdict.WriteBatch()
+                while len(cache) > rows_in_memory:
+                    k, row = cache.popitem(last=False)
+                    wb.put(k, row.tobytes())
+                db.write(wb)
+            times.append(time.perf_counter() - t)
+        db.close()
+    out: dict[str, Any] = {
+        "made_s": made,
+        "step_ms_median": 1000 * float(np.median(times[len(times) // 10 :])),
+        "steps": args.steps,
+        "rss_mb": rss_mb(),
+    }
+    peak = CGROUP / "memory.max_usage_in_bytes"
+    if args.cgroup_bytes and peak.exists():
+        out["cgroup_peak_mb"] = int(peak.read_text()) / 2**20
     return out
 
 
@@ -193,8 +297,11 @@ def device_rate(path: Path, seconds: float, depth: int = 32, size: int = 2 << 30
 
 
 def child(args: argparse.Namespace) -> None:
-    if args.part == "disk" and args.cgroup_bytes:
+    if args.part != "memory" and args.cgroup_bytes:
         (CGROUP / "cgroup.procs").write_text(str(os.getpid()))
+    if args.part in ("memmap", "rocksdb"):
+        print(json.dumps(run_peer(args, args.part)))
+        return
     disk = args.dir if args.part == "disk" else None
     print(json.dumps(run_table(args, disk)))
 
@@ -215,7 +322,9 @@ def main() -> None:
     p.add_argument("--no-cgroup", action="store_true")
     p.add_argument("--device-seconds", type=float, default=5.0)
     p.add_argument("--quick", action="store_true")
-    p.add_argument("--part", choices=["memory", "disk"], default=None)
+    p.add_argument("--part", choices=["memory", "disk", "memmap", "rocksdb"], default=None)
+    p.add_argument("--peers", action="store_true", help="also time the memmap and RocksDB peers")
+    p.add_argument("--peer-steps", type=int, default=30)
     p.add_argument("--cgroup-bytes", type=int, default=0)
     args = p.parse_args()
     if args.quick:
@@ -247,6 +356,31 @@ def main() -> None:
             text=True,
         ).stdout
     )
+    peers = {}
+    if args.peers:
+        for kind in ("memmap", "rocksdb"):
+            if not args.no_cgroup:
+                (CGROUP / "memory.max_usage_in_bytes").write_text("0")
+            run = subprocess.run(
+                [
+                    *base,
+                    "--part",
+                    kind,
+                    "--dir",
+                    str(work),
+                    "--cgroup-bytes",
+                    str(limit),
+                    "--steps",
+                    str(args.peer_steps),
+                ],
+                capture_output=True,
+                text=True,
+            )
+            peers[kind] = (
+                json.loads(run.stdout)
+                if run.returncode == 0
+                else {"failed": run.returncode, "stderr": run.stderr[-500:]}
+            )
     rate = device_rate(work / "device.bin", args.device_seconds)
     cold_ms = 1000 * disk["rows_read_per_step"] / rate
     out = {
@@ -261,6 +395,12 @@ def main() -> None:
         "device_ms_for_cold_rows": cold_ms,
         "extra_over_device": (disk["step_ms_median"] - mem["step_ms_median"]) / max(cold_ms, 1e-9),
         "step_ratio": disk["step_ms_median"] / mem["step_ms_median"],
+        "peers": peers,
+        "peer_over_disk": {
+            k: v["step_ms_median"] / disk["step_ms_median"]
+            for k, v in peers.items()
+            if "step_ms_median" in v
+        },
     }
     print(json.dumps(out, indent=1))
 
