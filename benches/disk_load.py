@@ -41,6 +41,14 @@ def make(args: argparse.Namespace) -> dict[str, Any]:
     return {"made_s": made, "saved_s": time.perf_counter() - t0 - made}
 
 
+def hwm_mb() -> float:
+    """The process's peak resident memory so far (VmHWM)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
 def load(args: argparse.Namespace) -> dict[str, Any]:
     import embstore
 
@@ -50,6 +58,7 @@ def load(args: argparse.Namespace) -> dict[str, Any]:
     t0 = time.perf_counter()
     t = embstore.Table.load(args.checkpoint, disk=args.disk, memory_bytes=args.memory_mb << 20)
     loaded = time.perf_counter() - t0
+    hwm_load = hwm_mb()
     st = t.stats()
     rng = np.random.default_rng(0)
     grads = rng.standard_normal((args.batch, args.dim)).astype(np.float32) * 0.01
@@ -73,6 +82,8 @@ def load(args: argparse.Namespace) -> dict[str, Any]:
         "disk_index_bytes": st["disk_index_bytes"],
         "step_ms_median": 1000 * float(np.median(steps)),
         "incremental_save_s": saved,
+        "peak_resident_mb_load": hwm_load,
+        "peak_resident_mb": hwm_mb(),
     }
     peak = CGROUP / "memory.max_usage_in_bytes"
     if args.limit_mb and peak.exists():

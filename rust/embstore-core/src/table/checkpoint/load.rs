@@ -149,19 +149,23 @@ impl Table {
                     .chain(l.files.iter().map(move |f| (i, f, false)))
             })
             .collect();
-        let counts = files
-            .par_iter()
-            .map(|&(_, e, removed)| -> Result<Option<usize>> {
-                let path = dir.join(&e.name);
-                with_file(dir, e, progress, |buf| {
-                    if removed {
-                        parse_removed(&path, e, buf).map(|_| None)
-                    } else {
-                        check_rows(&m, &path, e, buf)
-                    }
-                })
+        let check = |&(_, e, removed): &(usize, &FileEntry, bool)| -> Result<Option<usize>> {
+            let path = dir.join(&e.name);
+            with_file(dir, e, progress, |buf| {
+                if removed {
+                    parse_removed(&path, e, buf).map(|_| None)
+                } else {
+                    check_rows(&m, &path, e, buf)
+                }
             })
-            .collect::<Result<Vec<_>>>()?;
+        };
+        // A disk table's load holds one file at a time (its memory is
+        // bounded); a table in memory checks them in parallel.
+        let counts = if disk.is_some() {
+            files.iter().map(check).collect::<Result<Vec<_>>>()?
+        } else {
+            files.par_iter().map(check).collect::<Result<Vec<_>>>()?
+        };
         let paths: Vec<std::path::PathBuf> =
             files.iter().map(|(_, e, _)| dir.join(&e.name)).collect();
         for link in 0..m.chain.len() {
@@ -200,11 +204,20 @@ impl Table {
         // replaced (its disk copy forgotten), and rows beyond its memory go
         // to disk after each file.
         let assign = |keys: &[i64], rows: &[f32], st: Option<&[f32]>, meta: Option<&[u32]>, g| {
-            if on_disk {
-                table.forget_on_disk(keys)?;
+            if !on_disk {
+                return table.assign_in(keys, rows, st, meta, g);
             }
-            table.assign_in(keys, rows, st, meta, g)?;
-            if on_disk {
+            // In parts, each moved out as far as memory needs before the
+            // next comes in: memory holds `memory_bytes` and one part.
+            const PART: usize = 1 << 16;
+            let (dim, sl) = (table.dim(), table.state_len());
+            for (i, k) in keys.chunks(PART).enumerate() {
+                let (from, n) = (i * PART, k.len());
+                let r = &rows[from * dim..][..n * dim];
+                let s = st.map(|s| &s[from * sl..][..n * sl]);
+                let mt = meta.map(|mt| &mt[from * 4..][..n * 4]);
+                table.forget_on_disk(k)?;
+                table.assign_in(k, r, s, mt, g)?;
                 table.spill_over();
             }
             Ok::<(), StoreError>(())
