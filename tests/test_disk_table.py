@@ -214,3 +214,21 @@ def test_a_disk_tables_files_go_with_it_and_a_dead_ones_with_the_next(tmp_path: 
     del t, other
     assert [p.name for p in tmp_path.iterdir()] == []
     assert os.listdir(tmp_path) == []
+
+
+def test_a_planted_fifo_or_link_beside_the_disk_tables_never_hangs_or_is_followed(
+    tmp_path: Path,
+) -> None:
+    fifo_dir = tmp_path / "embstore-disk-999999998-0"
+    fifo_dir.mkdir()
+    os.mkfifo(fifo_dir / "lock")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "lock").touch()
+    (elsewhere / "keep").write_text("x")
+    os.symlink(elsewhere, tmp_path / "embstore-disk-999999997-0")
+    # Opening the FIFO for reading would block: the table is made at once.
+    t = embstore.Table(4, disk=tmp_path, memory_bytes=4000, num_shards=2)
+    t.assign(np.arange(50), np.ones((50, 4), np.float32))
+    assert fifo_dir.exists(), "not a lock file: left alone"
+    assert (elsewhere / "keep").exists(), "a link is not followed"

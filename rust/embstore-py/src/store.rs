@@ -824,8 +824,11 @@ impl PyTable {
             return Ok(());
         }
         let keys = keys_arg(keys, "keys")?.readonly();
-        let keys = slice_or_copy(&keys, "keys")?.into_owned();
-        let table = self.inner.clone();
+        let keys = slice_or_copy(&keys, "keys")?;
+        // The thread's own copy, its memory asked for first.
+        let mut owned = with_room("keys", keys.len()).map_err(PyStoreError)?;
+        owned.extend_from_slice(&keys);
+        let (keys, table) = (owned, self.inner.clone());
         std::thread::Builder::new()
             .name("embstore-prefetch".into())
             .spawn(move || {

@@ -263,13 +263,18 @@ impl Table {
             .shards
             .par_iter()
             .enumerate()
-            .map(|(s, lock)| {
+            .map(|(s, lock)| -> Result<(u64, Vec<Want>)> {
                 let pos = plan.positions(s);
                 let g = read(lock);
                 let Some(cold) = g.cold.as_ref().filter(|c| c.len() > 0) else {
-                    return (0, Vec::new());
+                    return Ok((0, Vec::new()));
                 };
+                // Room for every position first: a batch's list is sized
+                // by its input, so its memory is asked for, not assumed.
                 let mut wants = Vec::new();
+                wants
+                    .try_reserve_exact(pos.len())
+                    .map_err(|_| oom("keys", (pos.len() * size_of::<Want>()) as u128))?;
                 for &i in pos {
                     let (key, hash) = (keys[i as usize], plan.hashes[i as usize]);
                     if g.find(key, hash).is_none()
@@ -286,9 +291,9 @@ impl Table {
                 let n = wants.len() as u64;
                 wants.sort_unstable_by_key(|w| w.key);
                 wants.dedup_by_key(|w| w.key);
-                (n, wants)
+                Ok((n, wants))
             })
-            .collect();
+            .collect::<Result<_>>()?;
         if count {
             c.ids.fetch_add(keys.len() as u64, Ordering::Relaxed);
             let cold_ids: u64 = found.iter().map(|f| f.0).sum();

@@ -65,7 +65,12 @@ fn remove_stale(parent: &Path) {
             continue;
         }
         let dir = e.path();
-        let Ok(lock) = File::open(dir.join("lock")) else {
+        // Only a real directory, and its lock file opened as an untrusted
+        // file is (no link followed, no blocking open of a FIFO).
+        if !e.file_type().is_ok_and(|t| t.is_dir()) {
+            continue;
+        }
+        let Ok(lock) = crate::format::untrusted::open_file(&dir.join("lock")) else {
             continue;
         };
         if lock.try_lock().is_ok() {
