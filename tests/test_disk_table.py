@@ -151,6 +151,9 @@ def test_a_disk_tables_checkpoints_are_plain_and_open_as_disk_tables(tmp_path: P
     assert back.table_config.memory_bytes == 25 * cost
     assert back.stats()["disk_rows"] > 300
     _same(back.lookup(keys, insert=False), want)
+    # Where a copy keeps its rows is its own: config() (what ranks compare)
+    # leaves it out.
+    assert back.config() == ram.config()
     # A pickle is a disk table of its own, beside the first.
     again = pickle.loads(pickle.dumps(disk))
     assert again.table_config.disk == disk.table_config.disk

@@ -252,7 +252,8 @@ class TableConfig:
     def _plain(text: str) -> dict[str, Any]:
         """A native table's config as ``Table.config()`` gives it: plain
         values, a named configuration as ``(name, {param: value})`` (None
-        for admitting every key), without ``num_shards``."""
+        for admitting every key), without ``num_shards``, ``disk`` and
+        ``memory_bytes`` (each copy's own)."""
         given = json.loads(text)
         out: dict[str, Any] = {}
         for f in fields(TableConfig):
@@ -260,7 +261,10 @@ class TableConfig:
             if "of" in f.metadata and value is not None:
                 value = None if value["name"] == "always" else (value["name"], value["params"])
             out[f.name] = value
-        del out["num_shards"]
+        # Where and how a table keeps its rows is each copy's own (ranks of
+        # a ShardedTable may spill to different disks).
+        for own in ("num_shards", "disk", "memory_bytes"):
+            del out[own]
         return out
 
 
