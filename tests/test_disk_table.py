@@ -235,3 +235,23 @@ def test_a_planted_fifo_or_link_beside_the_disk_tables_never_hangs_or_is_followe
     t.assign(np.arange(50), np.ones((50, 4), np.float32))
     assert fifo_dir.exists(), "not a lock file: left alone"
     assert (elsewhere / "keep").exists(), "a link is not followed"
+
+
+def test_a_damaged_checkpoint_opened_as_a_disk_table_is_refused_and_leaves_nothing(
+    tmp_path: Path,
+) -> None:
+    t = embstore.Table(4, optimizer=optim.SGD(lr=0.1), num_shards=2)
+    t.assign(np.arange(3000), np.ones((3000, 4), np.float32))
+    t.save(tmp_path / "ck")
+    files = sorted((tmp_path / "ck").glob("*.safetensors"))
+    last = files[-1]
+    data = bytearray(last.read_bytes())
+    data[-100] ^= 1
+    last.write_bytes(bytes(data))
+    spill = tmp_path / "spill"
+    with pytest.raises(embstore.CheckpointError, match=r"checksum|CRC|crc"):
+        embstore.Table.load(tmp_path / "ck", disk=spill, memory_bytes=100 * 83)
+    assert [p for p in spill.iterdir()] == [], "the refused table's files went with it"
+    # The same directory loads into memory only when whole, too.
+    with pytest.raises(embstore.CheckpointError):
+        embstore.Table.load(tmp_path / "ck")

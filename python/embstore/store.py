@@ -666,8 +666,10 @@ class Table(CheckpointParts):
             num_shards = check_int("num_shards", num_shards, 1, _U64_MAX)
         try:
             # Read natively, with the loader's checks and size limit; the load
-            # reads every file twice (a checking pass, then a loading pass).
-            total = 2 * _core.checkpoint_size(os.fspath(path))[0]
+            # reads every file twice (a checking pass, then a loading pass),
+            # a disk table's once (each file checked, then loaded).
+            passes = 1 if disk is not None else 2
+            total = passes * _core.checkpoint_size(os.fspath(path))[0]
         except Exception:  # the load itself reports what is wrong
             total = 0
         # Checked as a config checks them (the core checks the pair).

@@ -159,24 +159,25 @@ impl Table {
                 }
             })
         };
-        // A disk table's load holds one file at a time (its memory is
-        // bounded); a table in memory checks them in parallel.
-        let counts = if disk.is_some() {
-            files.iter().map(check).collect::<Result<Vec<_>>>()?
-        } else {
-            files.par_iter().map(check).collect::<Result<Vec<_>>>()?
-        };
-        let paths: Vec<std::path::PathBuf> =
-            files.iter().map(|(_, e, _)| dir.join(&e.name)).collect();
-        for link in 0..m.chain.len() {
-            same_shard_count(
-                files
-                    .iter()
-                    .zip(&paths)
-                    .zip(&counts)
-                    .filter(|(((i, _, _), _), _)| *i == link)
-                    .map(|((_, p), &n)| (p.as_path(), n)),
-            )?;
+        // A disk table's load reads each file once, checking it whole before
+        // it loads it (the table, not yet returned, is dropped with its
+        // files if a later file fails), and holds one file at a time; a
+        // table in memory checks every file, in parallel, first.
+        let one_pass = disk.is_some();
+        if !one_pass {
+            let counts = files.par_iter().map(check).collect::<Result<Vec<_>>>()?;
+            let paths: Vec<std::path::PathBuf> =
+                files.iter().map(|(_, e, _)| dir.join(&e.name)).collect();
+            for link in 0..m.chain.len() {
+                same_shard_count(
+                    files
+                        .iter()
+                        .zip(&paths)
+                        .zip(&counts)
+                        .filter(|(((i, _, _), _), _)| *i == link)
+                        .map(|((_, p), &n)| (p.as_path(), n)),
+                )?;
+            }
         }
 
         let mut cfg = TableConfig::new(m.dim);
@@ -228,9 +229,18 @@ impl Table {
                     table.remove(&parse_removed(&dir.join(&e.name), e, buf)?)
                 })?;
             }
+            let checked = std::sync::Mutex::new(Vec::new());
             let load_file = |e: &FileEntry| -> Result<()> {
                 with_file(dir, e, progress, |buf| {
-                    let r = parse_rows(&m, &dir.join(&e.name), e, buf)?;
+                    let path = dir.join(&e.name);
+                    if one_pass {
+                        let n = check_rows(&m, &path, e, buf)?;
+                        checked
+                            .lock()
+                            .unwrap_or_else(std::sync::PoisonError::into_inner)
+                            .push((path.clone(), n));
+                    }
+                    let r = parse_rows(&m, &path, e, buf)?;
                     match keep {
                         None => assign(&r.keys, &r.rows, r.state.as_deref(), r.meta.as_deref(), 1)?,
                         Some(keep) => {
@@ -261,6 +271,10 @@ impl Table {
             if on_disk {
                 // File by file, each moved to disk as far as memory needs.
                 link.files.iter().try_for_each(load_file)?;
+                let checked = checked
+                    .into_inner()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner);
+                same_shard_count(checked.iter().map(|(p, n)| (p.as_path(), *n)))?;
             } else {
                 link.files.par_iter().try_for_each(load_file)?;
             }
