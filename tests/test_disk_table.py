@@ -8,6 +8,7 @@ or opened as a disk table with less memory still."""
 
 from __future__ import annotations
 
+import json
 import os
 import pickle
 from pathlib import Path
@@ -235,6 +236,58 @@ def test_a_planted_fifo_or_link_beside_the_disk_tables_never_hangs_or_is_followe
     t.assign(np.arange(50), np.ones((50, 4), np.float32))
     assert fifo_dir.exists(), "not a lock file: left alone"
     assert (elsewhere / "keep").exists(), "a link is not followed"
+
+
+def test_a_checkpoint_opened_as_a_disk_table_serves_its_own_files_and_outlives_them(
+    tmp_path: Path,
+) -> None:
+    """At the checkpoint's shard count the load rewrites no row: its files
+    are linked into the table's directory and read from there, each row
+    checked against the CRC its load took; deleting the checkpoint changes
+    nothing, and a byte changed in its file afterwards reads as an error."""
+    ram = embstore.Table(DIM, optimizer=optim.Adam(lr=0.05), seed=5, num_shards=4)
+    keys = np.arange(2000)
+    ram.lookup(keys)
+    ram.save(tmp_path / "ck")
+    saved = ram.lookup(keys, insert=False)
+    cost = ram.stats()["row_cost"]
+    back = embstore.Table.load(tmp_path / "ck", disk=tmp_path / "d", memory_bytes=100 * cost)
+    st = back.stats()
+    assert (st["memory_rows"], st["disk_rows"]) == (0, 2000)
+    assert len(list((tmp_path / "d").glob("*/*.base"))) == 4
+    assert list((tmp_path / "d").glob("*/*.seg")) == []
+    _same(back.lookup(keys, insert=False), ram.lookup(keys, insert=False))
+    rng = np.random.default_rng(1)
+    for _ in range(10):
+        batch = rng.integers(0, 2000, 256)
+        grads = rng.standard_normal((256, DIM)).astype(np.float32)
+        for t in (ram, back):
+            t.apply_gradients(batch, grads)
+    _same(back.lookup(keys, insert=False), ram.lookup(keys, insert=False))
+    # A row on disk, changed in place in the checkpoint's file (the link is
+    # the same file): refused, never served; its neighbours serve.
+    again = embstore.Table.load(tmp_path / "ck", disk=tmp_path / "d", memory_bytes=100 * cost)
+    f = sorted((tmp_path / "ck").glob("*.safetensors"))[0]
+    raw = f.read_bytes()
+    n = int.from_bytes(raw[:8], "little")
+    header = json.loads(raw[8 : 8 + n])
+    file_keys = np.frombuffer(
+        raw[8 + n + header["keys"]["data_offsets"][0] : 8 + n + header["keys"]["data_offsets"][1]],
+        np.int64,
+    )
+    row = 3
+    at = 8 + n + header["rows"]["data_offsets"][0] + row * DIM * 4
+    with open(f, "r+b") as fh:
+        fh.seek(at)
+        fh.write(bytes([raw[at] ^ 0xFF]))
+    with pytest.raises(embstore.CheckpointError, match=f"key {file_keys[row]} is damaged"):
+        again.lookup(file_keys[row : row + 1], insert=False)
+    others = np.delete(file_keys, row)
+    _same(again.lookup(others, insert=False), saved[others])
+    for p in (tmp_path / "ck").iterdir():
+        p.unlink()
+    (tmp_path / "ck").rmdir()
+    assert back.lookup(keys[:1], insert=False).shape == (1, DIM)
 
 
 def test_a_damaged_checkpoint_opened_as_a_disk_table_is_refused_and_leaves_nothing(

@@ -582,6 +582,7 @@ mod tests {
     use crate::optim::Optimizer;
     use crate::table::{Bags, Combiner, TableConfig};
     use crate::testing::temp_dir;
+    use safetensors::SafeTensors;
     use std::collections::BTreeMap;
     use std::path::Path;
 
@@ -775,6 +776,140 @@ mod tests {
         for t in [&ram, &back] {
             train(t, &mut Rng(5), 10);
         }
+        assert_eq!(export(&back), export(&ram));
+    }
+
+    fn files_in(dir: &Path, ext: &str) -> usize {
+        let mut n = 0;
+        for d in std::fs::read_dir(dir).unwrap().flatten() {
+            if d.path().is_dir() {
+                n += files_in(&d.path(), ext);
+            } else if d.path().extension().is_some_and(|e| e == ext) {
+                n += 1;
+            }
+        }
+        n
+    }
+
+    /// A checkpoint (a full link and a delta with removals) opened as a
+    /// disk table of its shard count takes its files as segments: nothing
+    /// in memory, nothing rewritten, every row as the table in memory's;
+    /// it trains on alike while the files die and are compacted, and
+    /// outlives the checkpoint's directory. Both ways of taking a file: a
+    /// hard link, and the copy a checkpoint on another file system needs.
+    #[test]
+    fn a_checkpoint_opened_as_a_disk_table_is_served_from_its_own_files() {
+        for copy in [false, true] {
+            crate::table::storage::base::COPY_ONLY
+                .store(copy, std::sync::atomic::Ordering::Relaxed);
+            let (dir, ck, dir2) = (
+                temp_dir("adopt-a"),
+                temp_dir("adopt-ck"),
+                temp_dir("adopt-b"),
+            );
+            let (ram, disk) = pair(&dir, 40);
+            train(&ram, &mut Rng(3), 30);
+            ram.save(&ck, false, true, None).unwrap();
+            train(&ram, &mut Rng(4), 5);
+            ram.save(&ck, true, true, None).unwrap();
+            drop(disk);
+            let cost = ram.row_cost() as u64;
+            let small = DiskConfig {
+                path: dir2.clone(),
+                memory_bytes: 24 * cost,
+            };
+            let (back, _) = Table::load_as(&ck, None, Some(4), Some(&small), None, None).unwrap();
+            let st = back.disk_stats().unwrap();
+            assert_eq!((st.memory_rows, st.disk_rows), (0, ram.len()), "{st:?}");
+            assert_eq!(files_in(&dir2, "seg"), 0, "no row rewritten");
+            let adopted = files_in(&dir2, "base");
+            assert_eq!(adopted, 8, "4 shards' files of two links");
+            assert_eq!(export(&back), export(&ram));
+            std::fs::remove_dir_all(&ck).unwrap();
+            for t in [&ram, &back] {
+                train(t, &mut Rng(5), 4);
+            }
+            // Compaction moves the live rows of half-dead adopted files.
+            let mut half_dead = 0;
+            for lock in back.shards.iter() {
+                let mut g = write(lock);
+                let c = g.cold.as_mut().unwrap();
+                half_dead += c.half_dead_files();
+                c.compact().unwrap();
+                assert_eq!(c.half_dead_files(), 0);
+            }
+            assert!(half_dead > 0, "the test compacts adopted files");
+            assert_eq!(export(&back), export(&ram));
+            for t in [&ram, &back] {
+                train(t, &mut Rng(6), 120);
+            }
+            let st = back.disk_stats().unwrap();
+            assert!(st.error.is_none(), "{st:?}");
+            assert!(
+                files_in(&dir2, "base") < adopted,
+                "dead and half-dead files went: {st:?}"
+            );
+            assert_eq!(export(&back), export(&ram));
+        }
+    }
+
+    /// The file taken is the checkpoint's own (a hard link): a byte
+    /// changed in it afterwards reads as an error naming the key, never as
+    /// a row, and the other rows still read.
+    #[test]
+    fn a_checkpoint_file_changed_after_its_load_reads_as_an_error() {
+        use std::os::unix::fs::FileExt;
+        let (ck, dir2) = (temp_dir("adopt-dmg-ck"), temp_dir("adopt-dmg"));
+        let (ram, _disk) = pair(&temp_dir("adopt-dmg-a"), 40);
+        train(&ram, &mut Rng(3), 10);
+        let info = ram.save(&ck, false, true, None).unwrap();
+        let small = DiskConfig {
+            path: dir2,
+            memory_bytes: 24 * ram.row_cost() as u64,
+        };
+        let (back, _) = Table::load_as(&ck, None, Some(4), Some(&small), None, None).unwrap();
+        let (keys, _, _) = ram.export(false).unwrap();
+        // The last byte of the first file's first row's weights.
+        let name = &info.manifest.chain[0].files[0].name;
+        let bytes = std::fs::read(ck.join(name)).unwrap();
+        let st = SafeTensors::deserialize(&bytes).unwrap();
+        let k = crate::format::tensors::i64s(st.tensor("keys").unwrap().data())[0];
+        let w = st.tensor("rows").unwrap().data();
+        let at = (w.as_ptr() as usize - bytes.as_ptr() as usize + 5 * 4 - 1) as u64;
+        let f = std::fs::OpenOptions::new()
+            .write(true)
+            .open(ck.join(name))
+            .unwrap();
+        f.write_all_at(&[w[19] ^ 0x40], at).unwrap();
+        let mut out = vec![0.0; 5];
+        let e = back.lookup(&[k], false, &mut out).unwrap_err().to_string();
+        assert!(e.contains(&format!("key {k} is damaged")), "{e}");
+        let other = *keys.iter().find(|&&o| o != k).unwrap();
+        let mut want = vec![0.0; 5];
+        ram.lookup(&[other], false, &mut want).unwrap();
+        back.lookup(&[other], false, &mut out).unwrap();
+        assert_eq!(out, want);
+    }
+
+    /// A load at another shard count cannot take the files as they are:
+    /// it writes the rows to segments, and gives the same table.
+    #[test]
+    fn a_checkpoint_opened_at_another_shard_count_is_rewritten() {
+        let (dir, ck, dir2) = (
+            temp_dir("adopt-3a"),
+            temp_dir("adopt-3ck"),
+            temp_dir("adopt-3b"),
+        );
+        let (ram, _disk) = pair(&dir, 40);
+        train(&ram, &mut Rng(3), 20);
+        ram.save(&ck, false, true, None).unwrap();
+        let small = DiskConfig {
+            path: dir2.clone(),
+            memory_bytes: 24 * ram.row_cost() as u64,
+        };
+        let (back, _) = Table::load_as(&ck, None, Some(3), Some(&small), None, None).unwrap();
+        assert_eq!(files_in(&dir2, "base"), 0);
+        assert!(files_in(&dir2, "seg") > 0);
         assert_eq!(export(&back), export(&ram));
     }
 

@@ -188,7 +188,12 @@ impl Table {
             .transpose()?;
         cfg.initializer = Initializer::from_named(&m.initializer.name, &m.initializer.params)?;
         cfg.seed = m.seed;
-        cfg.num_shards = num_shards;
+        // A disk table opens at the checkpoint's shard count unless told
+        // otherwise, so that it can take the files as they are (adopt.rs).
+        cfg.num_shards = match (num_shards, disk) {
+            (None, Some(_)) => Some(m.num_shards.clamp(1, crate::format::MAX_SHARDS)),
+            _ => num_shards,
+        };
         cfg.policy = m.table_policy()?;
         cfg.disk = disk.cloned();
         let table = Table::new(cfg)?;
@@ -239,6 +244,11 @@ impl Table {
                             .lock()
                             .unwrap_or_else(std::sync::PoisonError::into_inner)
                             .push((path.clone(), n));
+                        // A disk table takes the file itself as a segment
+                        // where it can (no row rewritten).
+                        if keep.is_none() && table.adopt_file(&m, dir, e, buf)? {
+                            return Ok(());
+                        }
                     }
                     let r = parse_rows(&m, &path, e, buf)?;
                     match keep {

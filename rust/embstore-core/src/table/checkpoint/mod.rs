@@ -23,6 +23,7 @@
 //! published like any save, so a reader or a crash always finds a whole
 //! checkpoint. Loading replays the chain.
 
+pub(crate) mod adopt;
 pub(crate) mod load;
 pub(crate) mod publish;
 pub(crate) mod report;

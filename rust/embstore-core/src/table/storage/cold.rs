@@ -21,13 +21,14 @@
 //! written, never changes).
 
 use std::collections::HashMap;
-use std::fs::File;
 use std::hash::{BuildHasherDefault, Hasher};
-use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use crate::error::{Result, ckpt_err};
+use crate::table::storage::base::{self, Columns};
+pub(crate) use crate::table::storage::seg_file::SegFile;
 
 /// Bytes before a record's words: key, generation, CRC.
 const HEAD: usize = 16;
@@ -36,12 +37,16 @@ const HEAD: usize = 16;
 const SEGMENT_BYTES: usize = 64 << 20;
 
 /// Where a key's row is: its segment, its record there, and the save
-/// generation it was last changed in (what an incremental save asks).
+/// generation it was last changed in (what an incremental save asks); in
+/// an adopted checkpoint file ([`base`](super::base)) also the row's
+/// CRC-32C, which a record keeps in its head instead (the 4 bytes fit in
+/// what the map's entry pads to anyway).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Loc {
     pub(crate) seg: u32,
     pub(crate) rec: u32,
     pub(crate) generation: u32,
+    pub(crate) crc: u32,
 }
 
 /// Keys hashed with the table's own mix (keys are not attacker-chosen
@@ -65,73 +70,16 @@ impl Hasher for KeyHasher {
 
 type KeyMap<V> = HashMap<i64, V, BuildHasherDefault<KeyHasher>>;
 
-/// The page size O_DIRECT reads are aligned to.
-const BLOCK: usize = 4096;
-
-/// A segment file: written through the page cache (each flush then
-/// written back and dropped from it, so that the cache holds no more of a
-/// disk table's rows than a flush), read with O_DIRECT where the file
-/// system allows it (a row read comes from the device, never from cached
-/// pages that a memory limit would count).
-#[derive(Debug)]
-pub(crate) struct SegFile {
-    file: File,
-    direct: Option<File>,
-}
-
-impl SegFile {
-    /// `len` bytes at `off`, read into `buf` (scratch room) and returned.
-    fn read_at<'b>(&self, buf: &'b mut Vec<u8>, len: usize, off: u64) -> std::io::Result<&'b [u8]> {
-        if let Some(d) = &self.direct {
-            let start = off & !(BLOCK as u64 - 1);
-            let need = (off - start) as usize + len;
-            let n = need.next_multiple_of(BLOCK);
-            buf.resize(n + BLOCK, 0);
-            let a = buf.as_ptr().align_offset(BLOCK);
-            let mut got = 0;
-            while got < need {
-                match d.read_at(&mut buf[a + got..a + n], start + got as u64) {
-                    Ok(0) => break,
-                    Ok(r) => got += r,
-                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                    Err(e) => return Err(e),
-                }
-            }
-            if got < need {
-                return Err(std::io::ErrorKind::UnexpectedEof.into());
-            }
-            let from = a + (off - start) as usize;
-            return Ok(&buf[from..from + len]);
-        }
-        buf.resize(len, 0);
-        self.file.read_exact_at(&mut buf[..len], off)?;
-        Ok(&buf[..len])
-    }
-
-    /// Writes `bytes` at `off`, waits for them to reach the device, and
-    /// drops them from the page cache.
-    fn write_at(&self, bytes: &[u8], off: u64) -> std::io::Result<()> {
-        self.file.write_all_at(bytes, off)?;
-        let fd = std::os::fd::AsRawFd::as_raw_fd(&self.file);
-        let (o, n) = (off as libc::off64_t, bytes.len() as libc::off64_t);
-        let flags = libc::SYNC_FILE_RANGE_WAIT_BEFORE
-            | libc::SYNC_FILE_RANGE_WRITE
-            | libc::SYNC_FILE_RANGE_WAIT_AFTER;
-        // SAFETY: `fd` is this open file's descriptor for the whole call;
-        // sync_file_range and posix_fadvise read no memory of ours.
-        let r = unsafe { libc::sync_file_range(fd, o, n, flags) };
-        if r != 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-        // SAFETY: as above. Advice only: its failure changes nothing.
-        unsafe { libc::posix_fadvise(fd, o, n, libc::POSIX_FADV_DONTNEED) };
-        Ok(())
-    }
-}
+/// A compaction reads a segment in windows of this many records, so that
+/// it holds little memory whatever the segment's size.
+const WINDOW: usize = 2048;
 
 #[derive(Debug)]
 struct Segment {
     file: Arc<SegFile>,
+    path: PathBuf,
+    /// Bytes of the file.
+    bytes: u64,
     /// Records written.
     written: u32,
     /// Records the index still names.
@@ -187,13 +135,7 @@ impl ColdShard {
 
     /// Bytes of the segment files (live and dead records).
     pub(crate) fn disk_bytes(&self) -> u64 {
-        let per = self.record_bytes() as u64;
-        self.segments
-            .iter()
-            .flatten()
-            .map(|s| u64::from(s.written) * per)
-            .sum::<u64>()
-            + self.pending.len() as u64
+        self.segments.iter().flatten().map(|s| s.bytes).sum::<u64>() + self.pending.len() as u64
     }
 
     /// Bytes of memory the index takes (its table, as hashbrown sizes it:
@@ -207,6 +149,17 @@ impl ColdShard {
         let loc = *self.index.get(&key)?;
         let file = self.segments[loc.seg as usize].as_ref()?.file.clone();
         Some((loc, file))
+    }
+
+    /// Room in the index for `n` more keys.
+    ///
+    /// # Errors
+    /// When the memory cannot be had.
+    pub(crate) fn try_reserve(
+        &mut self,
+        n: usize,
+    ) -> std::result::Result<(), std::collections::TryReserveError> {
+        self.index.try_reserve(n)
     }
 
     /// Whether the shard holds `key`.
@@ -238,11 +191,77 @@ impl ColdShard {
         buf: &mut Vec<u8>,
         words: &mut [u32],
     ) -> Result<()> {
+        let io = |e: std::io::Error| ckpt_err("disk store", format!("reading a row: {e}"));
+        if let Some(cols) = &file.base {
+            let mut body = vec![0u8; cols.body_bytes()];
+            cols.blank(&mut body);
+            for (off, len, at) in cols.pieces(loc.rec) {
+                if len > 0 {
+                    let got = file.read_at(buf, len, off).map_err(io)?;
+                    body[at..at + len].copy_from_slice(got);
+                }
+            }
+            return decode_body(&body, key, base::row_crc(&body) == loc.crc, words);
+        }
         let rb = HEAD + 4 * words_len;
         let rec = file
             .read_at(buf, rb, loc.rec as u64 * rb as u64)
-            .map_err(|e| ckpt_err("disk store", format!("reading a row: {e}")))?;
+            .map_err(io)?;
         decode(rec, key, loc.generation, words)
+    }
+
+    /// Takes the file `name` of the checkpoint at `dir` (checked whole by
+    /// the caller, its columns at `cols`) as a segment of this shard
+    /// ([`base::adopt`]); returns its number, for [`ColdShard::set`] of
+    /// its rows (of generation 1, each with its CRC).
+    ///
+    /// # Errors
+    /// `Checkpoint` when it cannot be linked, copied or opened, or is not
+    /// `bytes` long.
+    pub(crate) fn adopt(
+        &mut self,
+        dir: &Path,
+        name: &str,
+        bytes: u64,
+        cols: Columns,
+    ) -> Result<u32> {
+        let n = self.segments.len() as u32;
+        let path = self.dir.join(format!("s{:04}-{n:08}.base", self.shard));
+        let fail = |e: std::io::Error| {
+            ckpt_err(
+                dir.join(name),
+                format!("cannot take it as a disk segment: {e}"),
+            )
+        };
+        base::adopt(dir, name, &path).map_err(fail)?;
+        let kept = base::open(&path).and_then(|(file, direct)| {
+            let len = file.metadata()?.len();
+            if len != bytes {
+                return Err(std::io::Error::other(format!(
+                    "{len} bytes, {bytes} checked (replaced meanwhile)"
+                )));
+            }
+            Ok((file, direct))
+        });
+        let (file, direct) = match kept {
+            Ok(f) => f,
+            Err(e) => {
+                let _ = std::fs::remove_file(&path);
+                return Err(fail(e));
+            }
+        };
+        self.segments.push(Some(Segment {
+            file: Arc::new(SegFile {
+                file,
+                direct,
+                base: Some(cols),
+            }),
+            path,
+            bytes,
+            written: cols.rows,
+            live: 0,
+        }));
+        Ok(n)
     }
 
     /// Appends `key`'s row (`words`: weights, state, metadata), last
@@ -272,6 +291,7 @@ impl ColdShard {
             seg,
             rec,
             generation,
+            crc: 0,
         })
     }
 
@@ -325,7 +345,13 @@ impl ColdShard {
             .open(&path)
             .ok();
         self.segments.push(Some(Segment {
-            file: Arc::new(SegFile { file, direct }),
+            file: Arc::new(SegFile {
+                file,
+                direct,
+                base: None,
+            }),
+            path,
+            bytes: 0,
             written: 0,
             live: 0,
         }));
@@ -356,6 +382,7 @@ impl ColdShard {
             .map_err(|e| ckpt_err("disk store", format!("writing rows: {e}")))?;
         let n = (self.pending.len() as u64 / rb) as u32;
         s.written += n;
+        s.bytes += self.pending.len() as u64;
         self.pending_from += n;
         self.pending.clear();
         // A large flush's room is given back rather than kept resident.
@@ -383,18 +410,77 @@ impl ColdShard {
             return false;
         };
         let last = Some(loc.seg) != self.active;
-        let path = self.segment_path(loc.seg);
         let slot = &mut self.segments[loc.seg as usize];
         if let Some(s) = slot {
             s.live -= 1;
             if s.live == 0 && last {
                 // Every record dead: the file goes (a reader holding its
                 // `Arc` still reads it).
+                let _ = std::fs::remove_file(&s.path);
                 *slot = None;
-                let _ = std::fs::remove_file(path);
             }
         }
         true
+    }
+
+    /// Reads the rows `live` (record, key, place; by record) of the
+    /// adopted file `file` in windows of each column, checks each against
+    /// its CRC and appends it, pushing where it went to `placed`.
+    ///
+    /// # Errors
+    /// `Checkpoint` for an I/O error or a damaged row.
+    fn read_adopted(
+        &mut self,
+        file: &SegFile,
+        live: &[(u32, i64, Loc)],
+        placed: &mut Vec<(i64, Result<Loc>)>,
+    ) -> Result<()> {
+        let cols = file.base.expect("an adopted file");
+        let mut bufs = [Vec::new(), Vec::new(), Vec::new()];
+        let mut body = vec![0u8; cols.body_bytes()];
+        let mut words = vec![0u32; self.words];
+        let mut i = 0;
+        while i < live.len() {
+            let first = live[i].0;
+            let end = live[i..].partition_point(|l| l.0 < first + WINDOW as u32) + i;
+            let last = live[end - 1].0;
+            let mut got: [&[u8]; 3] = [&[], &[], &[]];
+            for (k, (buf, g)) in bufs.iter_mut().zip(got.iter_mut()).enumerate() {
+                let (off, len, _) = cols.pieces(first)[k];
+                if len > 0 {
+                    let span = (last - first + 1) as usize * len;
+                    *g = file
+                        .read_at(buf, span, off)
+                        .map_err(|e| ckpt_err("disk store", format!("compacting: {e}")))?;
+                }
+            }
+            for &(rec, key, loc) in &live[i..end] {
+                cols.blank(&mut body);
+                for (k, g) in got.iter().enumerate() {
+                    let (_, len, at) = cols.pieces(rec)[k];
+                    let from = (rec - first) as usize * len;
+                    body[at..at + len].copy_from_slice(&g[from..from + len]);
+                }
+                decode_body(&body, key, base::row_crc(&body) == loc.crc, &mut words)?;
+                let at = self.append(key, loc.generation, &words);
+                placed.push((key, at));
+            }
+            i = end;
+        }
+        Ok(())
+    }
+
+    /// Files other than the active segment that are at least half dead
+    /// (none right after [`ColdShard::compact`]).
+    #[cfg(test)]
+    pub(crate) fn half_dead_files(&self) -> usize {
+        let active = self.active;
+        self.segments
+            .iter()
+            .enumerate()
+            .filter_map(|(n, s)| Some((n, s.as_ref()?)))
+            .filter(|(n, s)| Some(*n as u32) != active && s.live * 2 <= s.written)
+            .count()
     }
 
     /// Dead records' share of the files.
@@ -436,9 +522,21 @@ impl ColdShard {
         let mut moved = 0;
         let rb = self.record_bytes();
         let mut words = vec![0u32; self.words];
-        // A segment is read in windows of this many records, so that a
-        // compaction holds little memory whatever the segment's size.
-        const WINDOW: usize = 2048;
+        // The live rows of adopted checkpoint files, found in the index (a
+        // file's keys column is not covered by the rows' CRCs, so it does
+        // not say which rows live).
+        let mut adopted: HashMap<u32, Vec<(u32, i64, Loc)>> = victims
+            .iter()
+            .filter(|&&v| self.file(v).is_some_and(|f| f.base.is_some()))
+            .map(|&v| (v, Vec::new()))
+            .collect();
+        if !adopted.is_empty() {
+            for (&key, &loc) in &self.index {
+                if let Some(v) = adopted.get_mut(&loc.seg) {
+                    v.push((loc.rec, key, loc));
+                }
+            }
+        }
         for seg in victims {
             let Some(s) = self.segments[seg as usize].as_ref() else {
                 continue;
@@ -446,7 +544,11 @@ impl ColdShard {
             let (file, written) = (s.file.clone(), s.written as usize);
             let mut buf = Vec::new();
             let mut placed = Vec::new();
-            for first in (0..written).step_by(WINDOW) {
+            if let Some(mut live) = adopted.remove(&seg) {
+                live.sort_unstable_by_key(|l| l.0);
+                self.read_adopted(&file, &live, &mut placed)?;
+            }
+            for first in (0..written).step_by(WINDOW).filter(|_| file.base.is_none()) {
                 let n = WINDOW.min(written - first);
                 let bytes = file
                     .read_at(&mut buf, n * rb, (first * rb) as u64)
@@ -492,10 +594,8 @@ impl ColdShard {
 
 impl Drop for ColdShard {
     fn drop(&mut self) {
-        for n in 0..self.segments.len() {
-            if self.segments[n].take().is_some() {
-                let _ = std::fs::remove_file(self.segment_path(n as u32));
-            }
+        for s in self.segments.iter_mut().filter_map(Option::take) {
+            let _ = std::fs::remove_file(&s.path);
         }
     }
 }
@@ -523,7 +623,13 @@ fn decode(rec: &[u8], key: i64, generation: u32, words: &mut [u32]) -> Result<()
     let gen_ = u32::from_le_bytes(rec[8..12].try_into().expect("4 bytes"));
     let crc = u32::from_le_bytes(rec[12..16].try_into().expect("4 bytes"));
     let body = &rec[HEAD..];
-    if got != key || gen_ != generation || crc != crc_of(got, gen_, body) {
+    let whole = got == key && gen_ == generation && crc == crc_of(got, gen_, body);
+    decode_body(body, key, whole, words)
+}
+
+/// `body`'s words into `words` if the check that read it held (`whole`).
+fn decode_body(body: &[u8], key: i64, whole: bool, words: &mut [u32]) -> Result<()> {
+    if !whole {
         return Err(ckpt_err(
             "disk store",
             format!("the row of key {key} is damaged (its record fails its check)"),
@@ -539,6 +645,7 @@ fn decode(rec: &[u8], key: i64, generation: u32, words: &mut [u32]) -> Result<()
 mod tests {
     use super::*;
     use crate::testing::temp_dir;
+    use std::os::unix::fs::FileExt;
 
     fn words_of(key: i64, n: usize) -> Vec<u32> {
         (0..n)

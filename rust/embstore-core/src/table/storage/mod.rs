@@ -2,12 +2,14 @@
 //! rows each), the arena's segments and pages, and the shard locks.
 
 pub(crate) mod arena;
+pub(crate) mod base;
 pub(crate) mod cold;
 pub(crate) mod column;
 pub(crate) mod disk_dir;
 pub(crate) mod index;
 pub(crate) mod memory;
 pub(crate) mod pages;
+pub(crate) mod seg_file;
 pub(crate) mod seqlock;
 pub(crate) mod shard;
 pub(crate) mod view;
