@@ -183,6 +183,28 @@ def test_prefetch_moves_the_next_batch_in_and_keeps_it_there(tmp_path: Path) -> 
     ram.prefetch(batch)  # a table in memory: nothing to do
 
 
+@pytest.mark.parametrize(
+    "policy",
+    [{"capacity": 150, "eviction": "lru"}, {"ttl_steps": 3, "capacity": 200}],
+)
+def test_eviction_policies_on_a_disk_table_evict_what_they_evict_in_memory(
+    tmp_path: Path, policy: dict[str, Any]
+) -> None:
+    ram, disk = _pair(tmp_path, 20, **policy)
+    rng = np.random.default_rng(8)
+    for step in range(40):
+        keys = rng.integers(0, 400, 64).astype(np.int64)
+        grads = rng.standard_normal((64, DIM)).astype(np.float32)
+        _same(disk.lookup(keys), ram.lookup(keys))
+        for t in (ram, disk):
+            t.apply_gradients(keys, grads)
+        if step % 5 == 4:
+            _same(disk.evict(with_rows=True), ram.evict(with_rows=True))
+        assert len(disk) == len(ram)
+    assert disk.stats()["disk_rows"] > 50
+    _same(disk.export(), ram.export())
+
+
 def test_bad_disk_settings_are_refused_by_name(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="disk: expected memory_bytes"):
         embstore.Table(4, disk=tmp_path)
@@ -190,8 +212,8 @@ def test_bad_disk_settings_are_refused_by_name(tmp_path: Path) -> None:
         embstore.Table(4, memory_bytes=1 << 20)
     with pytest.raises(ValueError, match="memory_bytes: expected room"):
         embstore.Table(4, disk=tmp_path, memory_bytes=10)
-    with pytest.raises(ValueError, match="disk: expected a table without"):
-        embstore.Table(4, disk=tmp_path, memory_bytes=1 << 20, capacity=5)
+    with pytest.raises(ValueError, match="disk: expected a table without capacity_bytes"):
+        embstore.Table(4, disk=tmp_path, memory_bytes=1 << 20, capacity_bytes=1 << 20)
     with pytest.raises(TypeError, match="disk: expected a path"):
         embstore.Table(4, disk=3, memory_bytes=1 << 20)  # type: ignore[arg-type]
     (tmp_path / "file").write_text("x")

@@ -169,10 +169,12 @@ class TableConfig:
         there). Every call gives what a table in memory gives; the rows
         each call needs are read from disk first, by many threads at once,
         and after it the rows touched least (``eviction``'s order) go back
-        to disk. Not with ``ttl_steps``, ``ttl_seconds``, ``capacity`` or
-        ``capacity_bytes``. Checkpoints of a disk table are plain
-        checkpoints; ``Table.load(path, disk=..., memory_bytes=...)`` opens
-        one as a disk table.
+        to disk. ``ttl_steps``, ``ttl_seconds`` and ``capacity`` evict rows
+        wherever they are (scored by touch counts kept in memory for the
+        rows on disk, 16 bytes and a map entry a row); not with
+        ``capacity_bytes`` (``memory_bytes`` bounds the memory). Checkpoints
+        of a disk table are plain checkpoints; ``Table.load(path,
+        disk=..., memory_bytes=...)`` opens one as a disk table.
     memory_bytes:
         A disk table's memory for rows, each counted at
         ``stats()["row_cost"]`` (weights, state, 16 bytes of touch counts,

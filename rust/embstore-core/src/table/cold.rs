@@ -112,11 +112,11 @@ impl Cold {
         wwords: usize,
         state_len: usize,
     ) -> Result<Cold> {
-        if policy.tracks() {
+        if policy.capacity_bytes.is_some() {
             return Err(invalid(
                 "disk",
-                "expected a table without ttl_steps, ttl_seconds, capacity or capacity_bytes: \
-                 a disk table bounds its memory with memory_bytes and keeps every row",
+                "expected a table without capacity_bytes: a disk table bounds its memory \
+                 with memory_bytes (bound its rows with capacity)",
             ));
         }
         let row_cost = crate::policy::Policy {
@@ -124,7 +124,8 @@ impl Cold {
             ..*policy
         }
         .row_cost(wwords, state_len);
-        let (cold, parts) = Cold::new(config, shards.len(), row_cost, wwords + state_len + 4)?;
+        let words = wwords + state_len + 4;
+        let (cold, parts) = Cold::new(config, shards.len(), row_cost, words, policy.tracks())?;
         for (lock, part) in shards.iter().zip(parts) {
             write(lock).cold = Some(part);
         }
@@ -132,12 +133,14 @@ impl Cold {
     }
 
     /// The disk state of a table of `num_shards` shards whose rows cost
-    /// `row_cost` bytes, and each shard's cold part (records of `words`).
+    /// `row_cost` bytes, and each shard's cold part (records of `words`;
+    /// `metas`: keeping each row's metadata in memory, for eviction).
     fn new(
         config: &DiskConfig,
         num_shards: usize,
         row_cost: usize,
         words: usize,
+        metas: bool,
     ) -> Result<(Cold, Vec<ColdShard>)> {
         let rows = config.memory_bytes / row_cost as u64;
         if rows < num_shards as u64 {
@@ -152,7 +155,7 @@ impl Cold {
         }
         let dir = StoreDir::create(&config.path)?;
         let shards = (0..num_shards)
-            .map(|s| ColdShard::new(&dir.path, s, words))
+            .map(|s| ColdShard::new(&dir.path, s, words, metas))
             .collect();
         let cold = Cold {
             gate: RwLock::new(()),
@@ -591,12 +594,17 @@ mod tests {
     }
 
     fn pair(dir: &Path, memory_rows: u64) -> (Table, Table) {
+        pair_with(dir, memory_rows, crate::policy::Policy::default())
+    }
+
+    fn pair_with(dir: &Path, memory_rows: u64, policy: crate::policy::Policy) -> (Table, Table) {
         let mk = |disk: Option<DiskConfig>| {
             let mut cfg = TableConfig::new(5);
             cfg.optimizer = adam();
             cfg.seed = 11;
             cfg.num_shards = Some(4);
             cfg.disk = disk;
+            cfg.policy = policy;
             Table::new(cfg).unwrap()
         };
         let ram = mk(None);
@@ -913,8 +921,77 @@ mod tests {
         assert_eq!(export(&back), export(&ram));
     }
 
+    /// Eviction policies on a disk table evict what they evict on the
+    /// table in memory, wherever the rows are: capacity (LFU and LRU,
+    /// scored by the metadata kept for the rows on disk), TTL in steps
+    /// (`evict`, with the evicted rows' weights), and admission, in a mix
+    /// of calls; bit for bit.
     #[test]
-    fn a_disk_table_refuses_a_memory_too_small_and_a_policy_that_drops_rows() {
+    fn eviction_policies_on_a_disk_table_evict_what_they_evict_in_memory() {
+        use crate::policy::{Admission, Eviction, Policy};
+        let policies = [
+            Policy {
+                capacity: Some(300),
+                eviction: Eviction::Lfu,
+                ..Policy::default()
+            },
+            Policy {
+                capacity: Some(250),
+                eviction: Eviction::Lru,
+                ttl_steps: Some(6),
+                ..Policy::default()
+            },
+            Policy {
+                ttl_steps: Some(4),
+                admission: Admission::from_named("count", &[("min_count".into(), 2.0)]).unwrap(),
+                ..Policy::default()
+            },
+        ];
+        for (n, policy) in policies.into_iter().enumerate() {
+            let dir = temp_dir(&format!("disk-policy-{n}"));
+            let (ram, disk) = pair_with(&dir, 40, policy);
+            let mut rng = Rng(0x51ed_2701 + n as u64);
+            for round in 0..160 {
+                let keys = rng.keys(48, 600);
+                match round % 4 {
+                    0 | 1 => {
+                        let mut outs = [vec![0.0; 48 * 5], vec![0.0; 48 * 5]];
+                        for (t, out) in [&ram, &disk].into_iter().zip(&mut outs) {
+                            t.lookup(&keys, true, out).unwrap();
+                        }
+                        assert_eq!(outs[0], outs[1], "round {round}");
+                    }
+                    2 => {
+                        let g = rng.floats(keys.len() * 5);
+                        for t in [&ram, &disk] {
+                            t.apply_gradients(&keys, &g).unwrap();
+                        }
+                    }
+                    _ => {
+                        let a = ram.evict(true);
+                        let b = disk.evict(true);
+                        assert_eq!(a.0, b.0, "round {round}: the keys evicted");
+                        assert_eq!(a.1, b.1, "round {round}: their rows");
+                    }
+                }
+                assert_eq!(ram.len(), disk.len(), "round {round}");
+                assert_eq!(export(&ram), export(&disk), "round {round}");
+            }
+            let st = disk.disk_stats().unwrap();
+            assert!(st.disk_rows > 100 && st.error.is_none(), "{st:?}");
+            // More rows evicted than memory ever held (88 at most): most
+            // of them from disk.
+            let evicted: u64 = disk
+                .shards
+                .iter()
+                .map(|s| read(s).counters().evicted.load(Ordering::Relaxed))
+                .sum();
+            assert!(evicted > 200, "policy {n}: {evicted} evicted");
+        }
+    }
+
+    #[test]
+    fn a_disk_table_refuses_a_memory_too_small_and_capacity_bytes() {
         let dir = temp_dir("disk-refused");
         let mut cfg = TableConfig::new(4);
         cfg.num_shards = Some(4);
@@ -925,8 +1002,11 @@ mod tests {
         let e = Table::new(cfg.clone()).unwrap_err().to_string();
         assert!(e.starts_with("memory_bytes: expected room"), "{e}");
         cfg.disk.as_mut().unwrap().memory_bytes = 1 << 20;
-        cfg.policy.capacity = Some(10);
+        cfg.policy.capacity_bytes = Some(1 << 20);
         let e = Table::new(cfg).unwrap_err().to_string();
-        assert!(e.starts_with("disk: expected a table without"), "{e}");
+        assert!(
+            e.starts_with("disk: expected a table without capacity_bytes"),
+            "{e}"
+        );
     }
 }

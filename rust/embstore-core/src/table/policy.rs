@@ -1,5 +1,6 @@
 //! Eviction: TTL and capacity (LFU / LRU), after calls and on demand.
 
+use crate::policy::Meta;
 use crate::table::batch::output::{SharedBools, SharedOut};
 use crate::table::counters::Counters;
 use crate::table::{Table, read};
@@ -56,9 +57,13 @@ impl Table {
             .par_iter()
             .flat_map_iter(|lock| {
                 let g = read(lock);
+                // A disk table's rows on disk are scored by the metadata
+                // its cold shard keeps for them.
+                let on_disk = g.cold.iter().flat_map(|c| c.metas());
                 let mut v: Vec<_> = g
                     .keys_and_rows()
                     .map(|(key, r)| ev.score(&g.meta(r), key))
+                    .chain(on_disk.map(|(key, w)| ev.score(&Meta::from_words(w), key)))
                     .collect();
                 smallest(&mut v);
                 v
@@ -87,12 +92,27 @@ impl Table {
             let mut n = 0;
             for &i in pos {
                 let i = i as usize;
-                if let Some(r) = g.find(keys[i], plan.hashes[i]) {
-                    if with_rows {
-                        // SAFETY: position i belongs to this shard only (plan).
-                        self.read_weights(g.weights(r), unsafe { out.row(i, dim) });
+                let held = match g.find(keys[i], plan.hashes[i]) {
+                    Some(r) => {
+                        if with_rows {
+                            // SAFETY: position i belongs to this shard only (plan).
+                            self.read_weights(g.weights(r), unsafe { out.row(i, dim) });
+                        }
+                        true
                     }
-                    g.remove(keys[i], plan.hashes[i]);
+                    // A row on disk: its weights read from there; one that
+                    // cannot be read stays (evicted by a later round).
+                    None => match with_rows.then(|| g.read_cold(keys[i])) {
+                        Some(Ok(Some(words))) => {
+                            // SAFETY: as above.
+                            self.read_weights(&words, unsafe { out.row(i, dim) });
+                            true
+                        }
+                        Some(_) => false,
+                        None => g.cold_len() > 0,
+                    },
+                };
+                if held && g.remove(keys[i], plan.hashes[i]) {
                     // SAFETY: i < found.len(); position i is this shard's only.
                     unsafe { flags.set(i, true) };
                     n += 1;
@@ -120,6 +140,7 @@ impl Table {
     /// lowest-scoring rows. Returns the evicted keys ascending and, with
     /// `with_rows`, their weights (`n * dim`) for archiving.
     pub fn evict(&self, with_rows: bool) -> (Vec<i64>, Vec<f32>) {
+        let _cold = self.cold_hold();
         let _gate = self.enter();
         let mut keys = Vec::new();
         let mut rows = Vec::new();
@@ -132,9 +153,15 @@ impl Table {
                 .par_iter()
                 .flat_map_iter(|lock| {
                     let g = read(lock);
+                    let on_disk = g.cold.iter().flat_map(|c| c.metas());
                     g.keys_and_rows()
                         .filter(|&(_, r)| policy.expired(&g.meta(r), now))
                         .map(|(key, _)| key)
+                        .chain(
+                            on_disk
+                                .filter(|(_, w)| policy.expired(&Meta::from_words(*w), now))
+                                .map(|(key, _)| key),
+                        )
                         .collect::<Vec<_>>()
                 })
                 .collect();

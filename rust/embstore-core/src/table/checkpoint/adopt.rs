@@ -110,6 +110,17 @@ impl Table {
                 crc,
             };
             cold.set(key, loc);
+            let meta = match cols.meta {
+                Some(off) => {
+                    let at = off as usize + 16 * r;
+                    std::array::from_fn(|j| {
+                        let b = &buf[at + 4 * j..at + 4 * j + 4];
+                        u32::from_le_bytes(b.try_into().expect("4 bytes"))
+                    })
+                }
+                None => cols.fixed_meta,
+            };
+            cold.set_meta(key, meta);
         }
         Ok(true)
     }

@@ -94,6 +94,10 @@ pub(crate) struct ColdShard {
     /// Words of a record after its head.
     words: usize,
     index: KeyMap<Loc>,
+    /// For a table whose policy evicts (TTL, capacity): each row's
+    /// metadata words, which eviction scores it by wherever it is (16
+    /// bytes a key plus the map's own).
+    metas: Option<KeyMap<[u32; 4]>>,
     segments: Vec<Option<Segment>>,
     /// The segment appended to (`None` before the first put).
     active: Option<u32>,
@@ -108,8 +112,9 @@ pub(crate) struct ColdShard {
 
 impl ColdShard {
     /// An empty cold shard of records of `words` words, its files in
-    /// `dir` (which exists) named by `shard`.
-    pub(crate) fn new(dir: &Path, shard: usize, words: usize) -> ColdShard {
+    /// `dir` (which exists) named by `shard`; `metas`: it keeps each row's
+    /// metadata in memory too ([`ColdShard::metas`]).
+    pub(crate) fn new(dir: &Path, shard: usize, words: usize, metas: bool) -> ColdShard {
         let per_segment = (SEGMENT_BYTES / (HEAD + 4 * words)).clamp(1, u32::MAX as usize) as u32;
         ColdShard {
             per_segment,
@@ -117,6 +122,7 @@ impl ColdShard {
             shard,
             words,
             index: KeyMap::default(),
+            metas: metas.then(KeyMap::default),
             segments: Vec::new(),
             active: None,
             pending: Vec::new(),
@@ -139,9 +145,27 @@ impl ColdShard {
     }
 
     /// Bytes of memory the index takes (its table, as hashbrown sizes it:
-    /// a key, a [`Loc`] and a control byte a bucket).
+    /// a key, a [`Loc`] and a control byte a bucket), and the metadata's.
     pub(crate) fn index_bytes(&self) -> usize {
         self.index.capacity() * (size_of::<(i64, Loc)>() + 1)
+            + self
+                .metas
+                .as_ref()
+                .map_or(0, |m| m.capacity() * (size_of::<(i64, [u32; 4])>() + 1))
+    }
+
+    /// Every key held with its metadata words, where the shard keeps them.
+    pub(crate) fn metas(&self) -> impl Iterator<Item = (i64, &[u32; 4])> + '_ {
+        self.metas
+            .iter()
+            .flat_map(|m| m.iter().map(|(&k, w)| (k, w)))
+    }
+
+    /// Records `key`'s metadata words (for a shard that keeps them).
+    pub(crate) fn set_meta(&mut self, key: i64, words: [u32; 4]) {
+        if let Some(m) = self.metas.as_mut() {
+            m.insert(key, words);
+        }
     }
 
     /// Where `key`'s row is, and the file to read it from.
@@ -159,6 +183,9 @@ impl ColdShard {
         &mut self,
         n: usize,
     ) -> std::result::Result<(), std::collections::TryReserveError> {
+        if let Some(m) = self.metas.as_mut() {
+            m.try_reserve(n)?;
+        }
         self.index.try_reserve(n)
     }
 
@@ -396,12 +423,14 @@ impl ColdShard {
         if self.index.get(&key) != Some(&loc) {
             return false;
         }
-        self.drop_entry(key);
-        true
+        self.erase(key)
     }
 
     /// Removes `key`; whether it was held.
     pub(crate) fn erase(&mut self, key: i64) -> bool {
+        if let Some(m) = self.metas.as_mut() {
+            m.remove(&key);
+        }
         self.drop_entry(key)
     }
 
@@ -665,7 +694,7 @@ mod tests {
     #[test]
     fn puts_takes_and_compaction_keep_every_row_readable() {
         let dir = temp_dir("cold");
-        let mut c = ColdShard::new(&dir, 3, 6);
+        let mut c = ColdShard::new(&dir, 3, 6, false);
         // 40-byte records, 16 to a segment.
         c.per_segment = 16;
         let mut model = std::collections::HashMap::new();
@@ -720,7 +749,7 @@ mod tests {
     #[test]
     fn a_damaged_record_reads_as_an_error_never_as_a_row() {
         let dir = temp_dir("cold-damage");
-        let mut c = ColdShard::new(&dir, 0, 4);
+        let mut c = ColdShard::new(&dir, 0, 4, false);
         c.put(7, 1, &[1, 2, 3, 4]).unwrap();
         c.put(8, 1, &[5, 6, 7, 8]).unwrap();
         c.flush().unwrap();

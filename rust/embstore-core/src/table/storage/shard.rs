@@ -434,6 +434,21 @@ impl Shard {
         self.arena.swap_remove(r, |slot| ix.word(index, slot));
     }
 
+    /// The words (stored weights, state, metadata, as floats of the same
+    /// bits) of `key`'s row on disk; `None` when it is not there.
+    ///
+    /// # Errors
+    /// `Checkpoint` when it cannot be read or fails its check.
+    pub(crate) fn read_cold(&self, key: i64) -> crate::error::Result<Option<Vec<f32>>> {
+        let Some((loc, file)) = self.cold.as_ref().and_then(|c| c.find(key)) else {
+            return Ok(None);
+        };
+        let n = self.arena.weight_words() + self.arena.sl() + 4;
+        let mut words = vec![0u32; n];
+        ColdShard::read(&file, n, key, loc, &mut Vec::new(), &mut words)?;
+        Ok(Some(words.into_iter().map(f32::from_bits).collect()))
+    }
+
     /// Rows held on disk (none for a table in memory).
     pub(crate) fn cold_len(&self) -> usize {
         self.cold.as_ref().map_or(0, ColdShard::len)
@@ -473,11 +488,13 @@ impl Shard {
             return Err(e);
         }
         for (key, hash, loc) in placed {
-            self.cold.as_mut().expect("checked above").set(key, loc);
             let (slot, r) = self
                 .ix
                 .find(&self.view.index, key, hash)
                 .expect("found above, under the same lock");
+            let cold = self.cold.as_mut().expect("checked above");
+            cold.set(key, loc);
+            cold.set_meta(key, self.arena.meta(r).to_words());
             self.drop_row(slot, r);
         }
         Ok(())
