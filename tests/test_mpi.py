@@ -138,6 +138,26 @@ def test_resharding_4_to_3_to_1_ranks_and_into_a_table(tmp_path: pathlib.Path) -
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_a_checkpoint_loads_onto_ranks_as_disk_tables_and_trains_on(tmp_path: pathlib.Path) -> None:
+    """ShardedTable.load(disk=..., memory_bytes=...): each rank's part a
+    disk table with memory for 30 of its rows (reshard.py checks), trained
+    on to the rows of one table."""
+    script = str(HERE / "mpi" / "reshard.py")
+    ref = reference(12)
+    ref.save(tmp_path / "single")
+    spill = str(tmp_path / "spill")
+    proc = mpirun(2, script, str(tmp_path / "single"), str(tmp_path / "back"), "12", "20", spill)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert_tables_close(embstore.Table.load(tmp_path / "back"), reference(20))
+    # A rank's directory that its exit left (a table in a reference cycle at
+    # interpreter exit) is removed by the next disk table made there.
+    after = embstore.Table(4, disk=spill, memory_bytes=1 << 20)
+    assert len(list(pathlib.Path(spill).iterdir())) == 1, "only the new table's own"
+    del after
+
+
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_a_failed_rank_ends_the_job_within_the_timeout() -> None:
     t0 = time.perf_counter()

@@ -261,6 +261,8 @@ def load_table_owned(
     num_shards: int | None = None,
     progress: Progress | None = None,
     manifest: str | None = None,
+    disk: str | None = None,
+    memory_bytes: int | None = None,
 ) -> Table: ...
 def checkpoint_manifest_text(path: str) -> str: ...
 

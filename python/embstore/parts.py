@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, Self
 
 from embstore import _core
 from embstore._convert import check_bool, check_int
+from embstore.config import TableConfig
 
 __all__ = ["CheckpointParts"]
 
@@ -105,12 +106,16 @@ class CheckpointParts:
         key_space: int | None = None,
         num_shards: int | None = None,
         manifest: str | None = None,
+        disk: str | os.PathLike[str] | None = None,
+        memory_bytes: int | None = None,
     ) -> Self:
         """Load the rows of the checkpoint at ``path`` whose keys rank
         ``rank`` of ``ranks`` owns under ``partition`` (see
         :func:`embstore.ops.partition_owners`) into a new Table, as
         :meth:`load` loads them all; ``manifest``: the text of
-        :meth:`checkpoint_manifest` to load (else read now)."""
+        :meth:`checkpoint_manifest` to load (else read now); ``disk`` and
+        ``memory_bytes``: as a disk table (see :meth:`load`)."""
+        probe = TableConfig(1, disk=disk, memory_bytes=memory_bytes)
         inner = _core.load_table_owned(
             os.fspath(path),
             check_int("ranks", ranks, 1, 1 << 30),
@@ -120,6 +125,8 @@ class CheckpointParts:
             num_shards,
             None,
             manifest,
+            None if probe.disk is None else os.fspath(probe.disk),
+            probe.memory_bytes,
         )
         table = cls.__new__(cls)
         table._adopt(inner)

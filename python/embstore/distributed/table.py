@@ -556,12 +556,17 @@ class ShardedTable(Agreement):
         key_space: int | None = None,
         num_shards: int | None = None,
         timeout: float | None = None,
+        disk: str | os.PathLike[str] | None = None,
+        memory_bytes: int | None = None,
     ) -> ShardedTable:
         """Load a checkpoint (written by any number of ranks, or by one Table)
         onto this communicator's ranks: each rank keeps the keys it owns.
         ``partition`` None: the partition the checkpoint records (a
         ShardedTable's save records its own), over this job's ranks; "hash"
-        for a checkpoint that records none. Collective."""
+        for a checkpoint that records none. With ``disk`` and
+        ``memory_bytes``, each rank's table is a disk table keeping at most
+        ``memory_bytes`` of its rows in memory (its files in a directory of
+        its own under ``disk``), loaded part by part. Collective."""
         self = cls.__new__(cls)
         self._setup(comm, "hash" if partition is None else partition, key_space, timeout)
         # Every rank holds the directory's readers' lock before rank 0 reads
@@ -597,6 +602,8 @@ class ShardedTable(Agreement):
                     key_space=self.key_space,
                     num_shards=num_shards,
                     manifest=manifest,
+                    disk=disk,
+                    memory_bytes=memory_bytes,
                 )
 
             local = self._prepare("load", prep)

@@ -229,7 +229,7 @@ pub fn new_checkpoint_id() -> String {
 /// checkpoint whose manifest is `manifest` (the text one rank read, so
 /// that every rank loads the same one), or of the one at `path` now.
 #[pyfunction]
-#[pyo3(signature = (path, size, rank, kind="hash", key_space=None, num_shards=None, progress=None, manifest=None))]
+#[pyo3(signature = (path, size, rank, kind="hash", key_space=None, num_shards=None, progress=None, manifest=None, disk=None, memory_bytes=None))]
 #[allow(clippy::too_many_arguments)]
 pub fn load_table_owned(
     py: Python<'_>,
@@ -241,8 +241,11 @@ pub fn load_table_owned(
     num_shards: Option<usize>,
     progress: Option<PyRef<'_, PyProgress>>,
     manifest: Option<String>,
+    disk: Option<PathBuf>,
+    memory_bytes: Option<u64>,
 ) -> PyResult<PyTable> {
     let p = partition(kind, key_space)?;
+    let disk = crate::store::disk_config(disk, memory_bytes)?;
     let counter = progress.map(|p| p.done.clone());
     let keep = move |k: i64| p.owner(k, size) == Some(rank);
     // The readers' lock is waited for here, outside the call lock (see
@@ -257,10 +260,18 @@ pub fn load_table_owned(
             &path,
             text.as_bytes(),
             num_shards,
+            disk.as_ref(),
             counter.as_deref(),
             Some(&keep),
         ),
-        None => Table::load_held(&path, held, num_shards, counter.as_deref(), Some(&keep)),
+        None => Table::load_as(
+            &path,
+            held,
+            num_shards,
+            disk.as_ref(),
+            counter.as_deref(),
+            Some(&keep),
+        ),
     })?;
     Ok(PyTable::from_table(table))
 }

@@ -184,19 +184,12 @@ fn manifest_json(m: &embstore_core::table::checkpoint::Manifest) -> PyResult<Str
     serde_json::to_string(m).map_err(|e| PyValueError::new_err(e.to_string()))
 }
 
-/// Loads a checkpoint into a native table (its configuration is read back
-/// with `Table.config()`).
-#[pyfunction]
-#[pyo3(signature = (path, num_shards=None, progress=None, disk=None, memory_bytes=None))]
-pub fn load_table(
-    py: Python<'_>,
-    path: PathBuf,
-    num_shards: Option<usize>,
-    progress: Option<PyRef<'_, PyProgress>>,
+/// The disk settings of a load: both or neither.
+pub(crate) fn disk_config(
     disk: Option<PathBuf>,
     memory_bytes: Option<u64>,
-) -> PyResult<PyTable> {
-    let disk = match (disk, memory_bytes) {
+) -> PyResult<Option<DiskConfig>> {
+    Ok(match (disk, memory_bytes) {
         (None, None) => None,
         (Some(path), Some(memory_bytes)) => Some(DiskConfig { path, memory_bytes }),
         (None, Some(_)) => {
@@ -209,7 +202,22 @@ pub fn load_table(
                 "disk: expected memory_bytes= with it",
             ));
         }
-    };
+    })
+}
+
+/// Loads a checkpoint into a native table (its configuration is read back
+/// with `Table.config()`).
+#[pyfunction]
+#[pyo3(signature = (path, num_shards=None, progress=None, disk=None, memory_bytes=None))]
+pub fn load_table(
+    py: Python<'_>,
+    path: PathBuf,
+    num_shards: Option<usize>,
+    progress: Option<PyRef<'_, PyProgress>>,
+    disk: Option<PathBuf>,
+    memory_bytes: Option<u64>,
+) -> PyResult<PyTable> {
+    let disk = disk_config(disk, memory_bytes)?;
     let counter = progress.map(|p| p.done.clone());
     let held = crate::runtime::lock_for_reading(py, &path, checkpoint::READ_WAIT)?;
     let (table, _) = py.enter_store(|| {

@@ -121,11 +121,12 @@ impl Table {
         dir: &Path,
         text: &[u8],
         num_shards: Option<usize>,
+        disk: Option<&DiskConfig>,
         progress: Option<&AtomicU64>,
         keep: Option<&(dyn Fn(i64) -> bool + Sync)>,
     ) -> Result<(Table, Manifest)> {
         let m = parse_manifest(dir, text)?;
-        Self::load_manifest(dir, m, num_shards, None, progress, keep)
+        Self::load_manifest(dir, m, num_shards, disk, progress, keep)
     }
 
     /// [`Table::load_filtered`] of the checkpoint whose manifest is `m`.
