@@ -780,8 +780,9 @@ class Table(CheckpointParts):
         ``disk_bytes`` (its files, dead records included),
         ``disk_index_bytes`` (memory of the index of the rows on disk),
         ``overall_hit_rate`` (ids whose rows were in memory over all ids its
-        calls asked for), ``disk_rows_read``, ``disk_rows_written`` and
-        ``disk_error`` (the last failure to move rows to disk, which left
-        them in memory; None).
+        calls asked for), ``disk_rows_read``, ``disk_rows_written``,
+        ``disk_rows_compacted`` (rows the background compaction moved) and
+        ``disk_error`` (the last failure to move rows to disk or compact,
+        which left them where they were; None).
         """
         return dict(self._inner.stats())

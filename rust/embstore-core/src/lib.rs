@@ -60,8 +60,13 @@
 //!    gone between moving it in and using it. Taken on the calling thread
 //!    (a prefetch's own thread), never in a rayon job; a call on several
 //!    tables takes theirs in ascending [`Table::id`] before any gate.
-//!    Inside it, in rayon jobs, a shard's lock and then its cold part (the
-//!    `ColdShard` a shard holds, under that lock).
+//!    Inside it, the table's gate (a call moving its rows in holds it
+//!    shared, as every shard writer does), and in rayon jobs a shard's lock
+//!    and then its cold part (the `ColdShard` a shard holds, under that
+//!    lock). A disk table's compaction job (`table::storage::compact`) runs
+//!    on a thread of its own inside the binding's call lock and takes no
+//!    lock of the table: what it finds and what it moved are named under
+//!    the cold gate taken exclusively.
 //! 5. Table gates ([`Table`]'s `gate`), shared by every call that changes
 //!    rows (lookups that insert, assigns, steps, removals,
 //!    evictions, `reserve`), exclusive for a snapshot (`export`, `save`;
@@ -96,7 +101,8 @@
 //! 8. Leaf locks, never held while taking another or running parallel work:
 //!    the memo, the save marks (with the removal-log pins of saves in
 //!    flight), the per-shard slots of `FoundRows`, a disk table's
-//!    prefetched keys and its last error, the chunks of a disk read, the
+//!    prefetched keys, its last error and its finished compaction jobs,
+//!    the chunks of a disk read, the
 //!    binding's output buffer pool, a mapped table's version (held to
 //!    clone or swap an `Arc`; the old version is dropped after), and a
 //!    mapped file's checksum check

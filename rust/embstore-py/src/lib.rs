@@ -203,6 +203,9 @@ mod _core {
         crate::runtime::PARENT_PID.get_or_init(std::process::id);
         crate::runtime::install_fork_handlers();
         crate::runtime::start_global_pool()?;
+        // A disk table's background work runs inside the call lock, so
+        // that a fork() waits for it.
+        embstore_core::table::set_background_runner(crate::runtime::in_call);
         m.add("__version__", env!("CARGO_PKG_VERSION"))?;
         Ok(())
     }

@@ -818,6 +818,7 @@ impl PyTable {
             d.set_item("overall_hit_rate", st.overall_hit_rate)?;
             d.set_item("disk_rows_read", st.rows_read)?;
             d.set_item("disk_rows_written", st.rows_written)?;
+            d.set_item("disk_rows_compacted", st.rows_compacted)?;
             d.set_item("disk_error", st.error)?;
         }
         Ok(d)

@@ -27,6 +27,7 @@ use rayon::prelude::*;
 
 use crate::error::{Result, invalid, oom};
 use crate::table::Table;
+use crate::table::compaction::{Compaction, lock};
 use crate::table::storage::cold::{ColdShard, KeyHasher, Loc, SegFile};
 use crate::table::storage::disk_dir::StoreDir;
 use crate::table::storage::{read, write};
@@ -58,7 +59,7 @@ const READ_THREADS: usize = 32;
 /// The state of a disk table (see the module's docs).
 #[derive(Debug)]
 pub(crate) struct Cold {
-    gate: RwLock<()>,
+    pub(crate) gate: RwLock<()>,
     /// Most rows in memory, per shard.
     pub(crate) shard_rows: usize,
     pub(crate) config: DiskConfig,
@@ -74,6 +75,8 @@ pub(crate) struct Cold {
     /// came in at: rows out go on without them for two rounds (the step
     /// running while they came in, and the step that uses them).
     prefetched: Mutex<(u64, Rounds)>,
+    /// Compaction jobs: whether one is running, and those done.
+    pub(crate) compaction: Compaction,
     /// Held for its lock and removed on drop.
     _dir: StoreDir,
 }
@@ -96,6 +99,8 @@ pub struct DiskStats {
     pub rows_read: u64,
     /// Rows written to disk.
     pub rows_written: u64,
+    /// Rows that compaction moved to a new segment (in the background).
+    pub rows_compacted: u64,
     /// The last failure to move rows to disk, if any (the rows stayed in
     /// memory; the next call tries again).
     pub error: Option<String>,
@@ -167,6 +172,7 @@ impl Cold {
             rows_out: AtomicU64::new(0),
             error: Mutex::new(None),
             prefetched: Mutex::default(),
+            compaction: Compaction::default(),
             _dir: dir,
         };
         Ok((cold, shards))
@@ -261,6 +267,10 @@ impl Table {
         if keys.is_empty() {
             return Ok(());
         }
+        // Moving rows in writes shards: as every shard writer, under the
+        // table's gate shared (an export holds it exclusively while its
+        // parallel copy holds every shard's read lock).
+        let _gate = self.enter();
         let plan = self.plan(keys)?;
         let found: Vec<(u64, Vec<Want>)> = self
             .shards
@@ -356,10 +366,12 @@ impl Table {
         let Some(c) = &self.cold else {
             return;
         };
-        if !self.shards.iter().any(|s| read(s).len() > c.shard_rows) {
+        let finished = !lock(&c.compaction.done).is_empty();
+        if !finished && !self.shards.iter().any(|s| read(s).len() > c.shard_rows) {
             return;
         }
         let _excl = c.gate.write().unwrap_or_else(PoisonError::into_inner);
+        let mut error = self.install_compactions(&c.compaction);
         let protected = {
             let mut p = c.prefetched.lock().unwrap_or_else(PoisonError::into_inner);
             p.0 += 1;
@@ -402,10 +414,6 @@ impl Table {
                 }
                 let keys: Vec<i64> = cands.iter().map(|c| c.2).collect();
                 g.spill(&keys)?;
-                let cold = g.cold.as_mut().expect("a disk table's shard");
-                if cold.dead_share() > 0.5 {
-                    cold.compact()?;
-                }
                 Ok(keys.len())
             })
             .collect();
@@ -414,7 +422,6 @@ impl Table {
             let kept = std::mem::replace(&mut p.1, protected);
             p.1.extend(kept);
         }
-        let mut error = None;
         for m in moved {
             match m {
                 Ok(n) => {
@@ -426,6 +433,7 @@ impl Table {
         if error.is_some() {
             *c.error.lock().unwrap_or_else(PoisonError::into_inner) = error;
         }
+        self.start_compaction(&c.compaction);
         trim_heap();
     }
 
@@ -501,6 +509,7 @@ impl Table {
         };
         st.rows_read = c.rows_in.load(Ordering::Relaxed);
         st.rows_written = c.rows_out.load(Ordering::Relaxed);
+        st.rows_compacted = c.compaction.moved.load(Ordering::Relaxed);
         st.error = c
             .error
             .lock()
@@ -587,6 +596,7 @@ mod tests {
     use crate::testing::temp_dir;
     use safetensors::SafeTensors;
     use std::collections::BTreeMap;
+    use std::collections::HashMap;
     use std::path::Path;
 
     fn adam() -> Option<Optimizer> {
@@ -705,10 +715,16 @@ mod tests {
             assert!(st.memory_rows <= 40 + 48, "round {round}: {st:?}");
             assert_eq!(st.memory_rows + st.disk_rows, ram.len());
         }
+        disk.settle_compaction();
         let st = disk.disk_stats().unwrap();
         assert!(st.disk_rows > 300 && st.rows_read > 1000, "{st:?}");
         assert!(st.overall_hit_rate < 0.5, "{st:?}");
         assert!(st.error.is_none());
+        assert!(
+            st.rows_compacted > 100,
+            "compacted in the background: {st:?}"
+        );
+        assert_eq!(export(&disk), export(&ram));
         drop(disk);
         assert_eq!(
             std::fs::read_dir(&dir).unwrap().count(),
@@ -838,6 +854,7 @@ mod tests {
                 train(t, &mut Rng(5), 4);
             }
             // Compaction moves the live rows of half-dead adopted files.
+            back.settle_compaction();
             let mut half_dead = 0;
             for lock in back.shards.iter() {
                 let mut g = write(lock);
@@ -988,6 +1005,106 @@ mod tests {
                 .sum();
             assert!(evicted > 200, "policy {n}: {evicted} evicted");
         }
+    }
+
+    /// Threads mixing every call on one disk table (assign, lookups with
+    /// and without insert, gradients, removals, prefetch, contains, full
+    /// and incremental saves, exports) while rows move in and out and
+    /// compaction jobs run in the background: each thread reads what it
+    /// last wrote to its own keys, the last save loads as the table's
+    /// export, nothing fails, and nothing hangs (a watchdog).
+    #[test]
+    fn threads_mixing_every_call_beside_background_compaction_read_what_they_wrote() {
+        use std::sync::mpsc;
+        use std::time::Duration;
+        let (dir, ck) = (temp_dir("disk-threads"), temp_dir("disk-threads-ck"));
+        let (_ram, disk) = pair(&dir, 30);
+        let disk = Arc::new(disk);
+        let (tx, rx) = mpsc::channel::<()>();
+        let writers = 4;
+        for t in 0..writers {
+            let (d, tx) = (Arc::clone(&disk), tx.clone());
+            std::thread::spawn(move || {
+                let mut rng = Rng(0x9e37 + t);
+                let base = t as i64 * 10_000;
+                let mut model: HashMap<i64, f32> = HashMap::new();
+                for round in 0..300u32 {
+                    let mut keys: Vec<i64> =
+                        (0..16).map(|_| base + (rng.next() % 150) as i64).collect();
+                    keys.sort_unstable();
+                    keys.dedup();
+                    let n = keys.len();
+                    match round % 6 {
+                        0 | 1 => {
+                            let v = round as f32 + t as f32 / 8.0;
+                            d.assign(&keys, &vec![v; n * 5]).unwrap();
+                            model.extend(keys.iter().map(|&k| (k, v)));
+                        }
+                        2 => {
+                            let mut out = vec![0.0; n * 5];
+                            let mut found = vec![false; n];
+                            d.lookup_found(
+                                &keys,
+                                crate::table::Missing::Zeros,
+                                &mut out,
+                                &mut found,
+                            )
+                            .unwrap();
+                            for (i, k) in keys.iter().enumerate() {
+                                assert_eq!(found[i], model.contains_key(k), "key {k}");
+                                let want = model.get(k).copied().unwrap_or(0.0);
+                                assert_eq!(out[i * 5], want, "key {k} round {round}");
+                            }
+                        }
+                        3 => {
+                            d.remove(&keys[..n.min(4)]).unwrap();
+                            for k in &keys[..n.min(4)] {
+                                model.remove(k);
+                            }
+                        }
+                        4 => {
+                            d.prefetch_now(&keys).unwrap();
+                            let mut has = vec![false; n];
+                            d.contains(&keys, &mut has).unwrap();
+                            for (i, k) in keys.iter().enumerate() {
+                                assert_eq!(has[i], model.contains_key(k));
+                            }
+                        }
+                        _ => {
+                            // Gradients on keys no thread reads back, and
+                            // lookups that insert them.
+                            let other: Vec<i64> = keys.iter().map(|k| k + 5_000).collect();
+                            let mut out = vec![0.0; n * 5];
+                            d.lookup(&other, true, &mut out).unwrap();
+                            d.apply_gradients(&other, &vec![0.01; n * 5]).unwrap();
+                        }
+                    }
+                }
+                tx.send(()).unwrap();
+            });
+        }
+        let saver = {
+            let d = Arc::clone(&disk);
+            let ck = ck.clone();
+            std::thread::spawn(move || {
+                for i in 0..12 {
+                    d.save(&ck, i % 3 != 0, true, None).unwrap();
+                    let _ = d.export(true).unwrap();
+                }
+            })
+        };
+        for _ in 0..writers {
+            rx.recv_timeout(Duration::from_secs(120))
+                .expect("a thread panicked or hung");
+        }
+        saver.join().expect("the saver");
+        disk.save(&ck, true, true, None).unwrap();
+        let (back, _) = Table::load(&ck, None, None).unwrap();
+        assert_eq!(export(&back), export(&disk));
+        disk.settle_compaction();
+        let st = disk.disk_stats().unwrap();
+        assert!(st.error.is_none(), "{st:?}");
+        assert!(st.rows_compacted > 0 && st.disk_rows > 100, "{st:?}");
     }
 
     #[test]

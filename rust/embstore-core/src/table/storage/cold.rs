@@ -22,32 +22,22 @@
 
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use crate::error::{Result, ckpt_err};
 use crate::table::storage::base::{self, Columns};
+pub(crate) use crate::table::storage::compact::{Done, Job};
+pub(crate) use crate::table::storage::record::Loc;
+use crate::table::storage::record::{HEAD, decode, decode_body, encode};
 pub(crate) use crate::table::storage::seg_file::SegFile;
 
-/// Bytes before a record's words: key, generation, CRC.
-const HEAD: usize = 16;
-
-/// A segment holds about this many bytes of records.
+/// A segment holds about this many bytes of records (in unit tests a few
+/// kilobytes, so that their small tables fill, empty and compact files).
+#[cfg(not(test))]
 const SEGMENT_BYTES: usize = 64 << 20;
-
-/// Where a key's row is: its segment, its record there, and the save
-/// generation it was last changed in (what an incremental save asks); in
-/// an adopted checkpoint file ([`base`](super::base)) also the row's
-/// CRC-32C, which a record keeps in its head instead (the 4 bytes fit in
-/// what the map's entry pads to anyway).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Loc {
-    pub(crate) seg: u32,
-    pub(crate) rec: u32,
-    pub(crate) generation: u32,
-    pub(crate) crc: u32,
-}
+#[cfg(test)]
+const SEGMENT_BYTES: usize = 4 << 10;
 
 /// Keys hashed with the table's own mix (keys are not attacker-chosen
 /// hash-flooding input here any more than in the table's index).
@@ -70,10 +60,6 @@ impl Hasher for KeyHasher {
 
 type KeyMap<V> = HashMap<i64, V, BuildHasherDefault<KeyHasher>>;
 
-/// A compaction reads a segment in windows of this many records, so that
-/// it holds little memory whatever the segment's size.
-const WINDOW: usize = 2048;
-
 #[derive(Debug)]
 struct Segment {
     file: Arc<SegFile>,
@@ -84,6 +70,8 @@ struct Segment {
     written: u32,
     /// Records the index still names.
     live: u32,
+    /// A compaction job is copying its live records.
+    compacting: bool,
 }
 
 /// One shard's rows on disk (see the module's docs).
@@ -287,6 +275,7 @@ impl ColdShard {
             bytes,
             written: cols.rows,
             live: 0,
+            compacting: false,
         }));
         Ok(n)
     }
@@ -358,29 +347,15 @@ impl ColdShard {
     fn open_segment(&mut self) -> Result<()> {
         let n = self.segments.len() as u32;
         let path = self.segment_path(n);
-        let file = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create_new(true)
-            .open(&path)
+        let file = SegFile::create(&path)
             .map_err(|e| ckpt_err(&path, format!("creating a disk segment: {e}")))?;
-        // Where the file system takes no O_DIRECT (tmpfs), reads go
-        // through the page cache.
-        let direct = std::fs::OpenOptions::new()
-            .read(true)
-            .custom_flags(libc::O_DIRECT)
-            .open(&path)
-            .ok();
         self.segments.push(Some(Segment {
-            file: Arc::new(SegFile {
-                file,
-                direct,
-                base: None,
-            }),
+            file: Arc::new(file),
             path,
             bytes: 0,
             written: 0,
             live: 0,
+            compacting: false,
         }));
         self.active = Some(n);
         self.pending_from = 0;
@@ -452,51 +427,95 @@ impl ColdShard {
         true
     }
 
-    /// Reads the rows `live` (record, key, place; by record) of the
-    /// adopted file `file` in windows of each column, checks each against
-    /// its CRC and appends it, pushing where it went to `placed`.
-    ///
-    /// # Errors
-    /// `Checkpoint` for an I/O error or a damaged row.
-    fn read_adopted(
-        &mut self,
-        file: &SegFile,
-        live: &[(u32, i64, Loc)],
-        placed: &mut Vec<(i64, Result<Loc>)>,
-    ) -> Result<()> {
-        let cols = file.base.expect("an adopted file");
-        let mut bufs = [Vec::new(), Vec::new(), Vec::new()];
-        let mut body = vec![0u8; cols.body_bytes()];
-        let mut words = vec![0u32; self.words];
-        let mut i = 0;
-        while i < live.len() {
-            let first = live[i].0;
-            let end = live[i..].partition_point(|l| l.0 < first + WINDOW as u32) + i;
-            let last = live[end - 1].0;
-            let mut got: [&[u8]; 3] = [&[], &[], &[]];
-            for (k, (buf, g)) in bufs.iter_mut().zip(got.iter_mut()).enumerate() {
-                let (off, len, _) = cols.pieces(first)[k];
-                if len > 0 {
-                    let span = (last - first + 1) as usize * len;
-                    *g = file
-                        .read_at(buf, span, off)
-                        .map_err(|e| ckpt_err("disk store", format!("compacting: {e}")))?;
-                }
-            }
-            for &(rec, key, loc) in &live[i..end] {
-                cols.blank(&mut body);
-                for (k, g) in got.iter().enumerate() {
-                    let (_, len, at) = cols.pieces(rec)[k];
-                    let from = (rec - first) as usize * len;
-                    body[at..at + len].copy_from_slice(&g[from..from + len]);
-                }
-                decode_body(&body, key, base::row_crc(&body) == loc.crc, &mut words)?;
-                let at = self.append(key, loc.generation, &words);
-                placed.push((key, at));
-            }
-            i = end;
+    /// Takes the work of compacting this shard's files (other than the
+    /// active segment) that are at least half dead and not being compacted
+    /// already: their live rows, by file and record, and a number and path
+    /// for the segment they go to. `None` when no file needs it. The job
+    /// runs without the shard's lock ([`Job::run`]); its rows are named in
+    /// their new place by [`ColdShard::install`].
+    pub(crate) fn compaction_job(&mut self) -> Option<Job> {
+        let victims: Vec<u32> = self
+            .segments
+            .iter()
+            .enumerate()
+            .filter_map(|(n, s)| {
+                let s = s.as_ref()?;
+                let half = s.live * 2 <= s.written;
+                (Some(n as u32) != self.active && half && !s.compacting).then_some(n as u32)
+            })
+            .collect();
+        if victims.is_empty() {
+            return None;
         }
-        Ok(())
+        let mut live: HashMap<u32, Vec<(u32, i64, Loc)>> =
+            victims.iter().map(|&v| (v, Vec::new())).collect();
+        for (&key, &loc) in &self.index {
+            if let Some(v) = live.get_mut(&loc.seg) {
+                v.push((loc.rec, key, loc));
+            }
+        }
+        let mut files = Vec::with_capacity(victims.len());
+        for v in victims {
+            let s = self.segments[v as usize].as_mut().expect("a victim");
+            s.compacting = true;
+            let mut rows = live.remove(&v).unwrap_or_default();
+            rows.sort_unstable_by_key(|r| r.0);
+            files.push((v, s.file.clone(), rows));
+        }
+        // The new segment's number, its slot empty until it is installed.
+        let seg = self.segments.len() as u32;
+        self.segments.push(None);
+        Some(Job {
+            seg,
+            path: self.segment_path(seg),
+            words: self.words,
+            files,
+        })
+    }
+
+    /// Names the rows a compaction job moved in their new place (those
+    /// that are still where the job found them: a row taken into memory,
+    /// removed or moved to disk again meanwhile stays as it is); returns
+    /// how many. A failed job's file is removed and its files may be
+    /// compacted again.
+    pub(crate) fn install(&mut self, done: Done) -> usize {
+        for &v in &done.victims {
+            if let Some(s) = self.segments[v as usize].as_mut() {
+                s.compacting = false;
+            }
+        }
+        let Some((file, moved, bytes)) = done.written else {
+            let _ = std::fs::remove_file(self.segment_path(done.seg));
+            return 0;
+        };
+        self.segments[done.seg as usize] = Some(Segment {
+            file: Arc::new(file),
+            path: self.segment_path(done.seg),
+            bytes,
+            written: moved.len() as u32,
+            live: 0,
+            compacting: false,
+        });
+        let mut n = 0;
+        for (rec, key, old) in moved {
+            if self.index.get(&key) == Some(&old) {
+                let loc = Loc {
+                    seg: done.seg,
+                    rec,
+                    generation: old.generation,
+                    crc: 0,
+                };
+                self.set(key, loc);
+                n += 1;
+            }
+        }
+        let path = self.segment_path(done.seg);
+        let slot = &mut self.segments[done.seg as usize];
+        if slot.as_ref().is_some_and(|s| s.live == 0) {
+            let _ = std::fs::remove_file(path);
+            *slot = None;
+        }
+        n
     }
 
     /// Files other than the active segment that are at least half dead
@@ -528,96 +547,24 @@ impl ColdShard {
         }
     }
 
-    /// Rewrites the segments (other than the active one) that are at
-    /// least half dead: their live records are read in one sequential pass
-    /// each, appended again and written, and only then named in their new
-    /// place (so a failed write loses nothing); a segment left with no live
-    /// record is deleted. Returns the records moved.
+    /// Compacts now (a job run and installed at once). Returns the rows
+    /// moved.
     ///
     /// # Errors
-    /// `Checkpoint` for an I/O error or a damaged record (what was moved
-    /// stays moved; the rest stays where it was).
+    /// As [`Job::run`]: nothing moved.
+    #[cfg(test)]
     pub(crate) fn compact(&mut self) -> Result<usize> {
         self.flush()?;
-        let victims: Vec<u32> = self
-            .segments
-            .iter()
-            .enumerate()
-            .filter_map(|(n, s)| {
-                let s = s.as_ref()?;
-                (Some(n as u32) != self.active && s.live * 2 <= s.written).then_some(n as u32)
-            })
-            .collect();
-        let mut moved = 0;
-        let rb = self.record_bytes();
-        let mut words = vec![0u32; self.words];
-        // The live rows of adopted checkpoint files, found in the index (a
-        // file's keys column is not covered by the rows' CRCs, so it does
-        // not say which rows live).
-        let mut adopted: HashMap<u32, Vec<(u32, i64, Loc)>> = victims
-            .iter()
-            .filter(|&&v| self.file(v).is_some_and(|f| f.base.is_some()))
-            .map(|&v| (v, Vec::new()))
-            .collect();
-        if !adopted.is_empty() {
-            for (&key, &loc) in &self.index {
-                if let Some(v) = adopted.get_mut(&loc.seg) {
-                    v.push((loc.rec, key, loc));
-                }
-            }
+        let Some(job) = self.compaction_job() else {
+            return Ok(0);
+        };
+        let done = job.run();
+        let err = done.error.clone();
+        let n = self.install(done);
+        match err {
+            Some(e) => Err(ckpt_err("disk store", e)),
+            None => Ok(n),
         }
-        for seg in victims {
-            let Some(s) = self.segments[seg as usize].as_ref() else {
-                continue;
-            };
-            let (file, written) = (s.file.clone(), s.written as usize);
-            let mut buf = Vec::new();
-            let mut placed = Vec::new();
-            if let Some(mut live) = adopted.remove(&seg) {
-                live.sort_unstable_by_key(|l| l.0);
-                self.read_adopted(&file, &live, &mut placed)?;
-            }
-            for first in (0..written).step_by(WINDOW).filter(|_| file.base.is_none()) {
-                let n = WINDOW.min(written - first);
-                let bytes = file
-                    .read_at(&mut buf, n * rb, (first * rb) as u64)
-                    .map_err(|e| ckpt_err("disk store", format!("compacting: {e}")))?;
-                for (j, chunk) in bytes.chunks_exact(rb).enumerate() {
-                    let rec = (first + j) as u32;
-                    let key = i64::from_le_bytes(chunk[..8].try_into().expect("8 bytes"));
-                    match self.index.get(&key) {
-                        Some(l) if l.seg == seg && l.rec == rec => {
-                            let generation = l.generation;
-                            decode(chunk, key, generation, &mut words)?;
-                            let at = self.append(key, generation, &words);
-                            placed.push((key, at));
-                        }
-                        _ => {}
-                    }
-                }
-            }
-            let written = placed
-                .iter()
-                .all(|(_, at)| at.is_ok())
-                .then(|| self.flush());
-            match written {
-                Some(Ok(())) => {}
-                Some(Err(e)) => {
-                    self.discard();
-                    return Err(e);
-                }
-                None => {
-                    self.discard();
-                    let e = placed.into_iter().find_map(|(_, at)| at.err());
-                    return Err(e.expect("a failed append"));
-                }
-            }
-            for (key, at) in placed {
-                self.set(key, at.expect("checked above"));
-                moved += 1;
-            }
-        }
-        Ok(moved)
     }
 }
 
@@ -627,47 +574,6 @@ impl Drop for ColdShard {
             let _ = std::fs::remove_file(&s.path);
         }
     }
-}
-
-fn crc_of(key: i64, generation: u32, body: &[u8]) -> u32 {
-    let c = crc32c::crc32c(&key.to_le_bytes());
-    let c = crc32c::crc32c_append(c, &generation.to_le_bytes());
-    crc32c::crc32c_append(c, body)
-}
-
-fn encode(key: i64, generation: u32, words: &[u32], out: &mut Vec<u8>) {
-    let start = out.len();
-    out.extend_from_slice(&key.to_le_bytes());
-    out.extend_from_slice(&generation.to_le_bytes());
-    out.extend_from_slice(&[0; 4]);
-    for w in words {
-        out.extend_from_slice(&w.to_le_bytes());
-    }
-    let crc = crc_of(key, generation, &out[start + HEAD..]);
-    out[start + 12..start + 16].copy_from_slice(&crc.to_le_bytes());
-}
-
-fn decode(rec: &[u8], key: i64, generation: u32, words: &mut [u32]) -> Result<()> {
-    let got = i64::from_le_bytes(rec[..8].try_into().expect("8 bytes"));
-    let gen_ = u32::from_le_bytes(rec[8..12].try_into().expect("4 bytes"));
-    let crc = u32::from_le_bytes(rec[12..16].try_into().expect("4 bytes"));
-    let body = &rec[HEAD..];
-    let whole = got == key && gen_ == generation && crc == crc_of(got, gen_, body);
-    decode_body(body, key, whole, words)
-}
-
-/// `body`'s words into `words` if the check that read it held (`whole`).
-fn decode_body(body: &[u8], key: i64, whole: bool, words: &mut [u32]) -> Result<()> {
-    if !whole {
-        return Err(ckpt_err(
-            "disk store",
-            format!("the row of key {key} is damaged (its record fails its check)"),
-        ));
-    }
-    for (w, b) in words.iter_mut().zip(body.chunks_exact(4)) {
-        *w = u32::from_le_bytes(b.try_into().expect("4 bytes"));
-    }
-    Ok(())
 }
 
 #[cfg(test)]

@@ -22,6 +22,31 @@ pub(crate) struct SegFile {
 }
 
 impl SegFile {
+    /// A new segment file at `path` (which must not exist), for records.
+    ///
+    /// # Errors
+    /// The create's error.
+    pub(super) fn create(path: &std::path::Path) -> std::io::Result<SegFile> {
+        use std::os::unix::fs::OpenOptionsExt;
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .open(path)?;
+        // Where the file system takes no O_DIRECT (tmpfs), reads go
+        // through the page cache.
+        let direct = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_DIRECT)
+            .open(path)
+            .ok();
+        Ok(SegFile {
+            file,
+            direct,
+            base: None,
+        })
+    }
+
     /// `len` bytes at `off`, read into `buf` (scratch room) and returned.
     pub(super) fn read_at<'b>(
         &self,

@@ -1,0 +1,144 @@
+//! A disk table's compaction in the background: at the end of a round of
+//! moving rows to disk (under the cold gate taken exclusively), the rows
+//! that finished jobs moved are named in their new places, and a job is
+//! started for the shards whose files are more than half dead
+//! ([`storage::compact`](super::storage::compact)); one runs at a time, on
+//! a thread of its own.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+
+use crate::table::Table;
+use crate::table::storage::cold::{Done, Job};
+use crate::table::storage::write;
+
+/// The background compaction of a disk table's shards (see
+/// [`storage::compact`](super::storage::compact)): at most one job runs at
+/// a time; a job done waits here until the next round of moving rows out
+/// names its rows in their new places.
+#[derive(Debug, Default)]
+pub(crate) struct Compaction {
+    pub(crate) running: Arc<AtomicBool>,
+    pub(crate) done: Arc<Mutex<Vec<(usize, Done)>>>,
+    /// Rows moved by the jobs installed.
+    pub(crate) moved: AtomicU64,
+}
+
+/// A mutex's guard (a poisoned one is taken as it is).
+pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// What background work runs inside, on its thread: set by the Python
+/// binding ([`set_background_runner`]) to its call lock, so that a
+/// `fork()` waits for it as for a call.
+static RUNNER: std::sync::OnceLock<Runner> = std::sync::OnceLock::new();
+
+/// Work for the background, and what runs it ([`set_background_runner`]).
+pub type Work = Box<dyn FnOnce() + Send>;
+type Runner = fn(Work);
+
+/// Sets what a disk table's background work (compaction) runs inside:
+/// `run` is handed each piece of work on the thread made for it, and runs
+/// it (inside whatever lock a `fork()` must wait for). Set once; later
+/// calls change nothing.
+pub fn set_background_runner(run: fn(Work)) {
+    let _ = RUNNER.set(run);
+}
+
+/// Runs `work` on a thread of its own (inside the runner, if one is set);
+/// where no thread can be started, now, on the calling thread (which is in
+/// a call already).
+fn background(work: Work) {
+    let slot = Arc::new(Mutex::new(Some(work)));
+    let theirs = Arc::clone(&slot);
+    let spawned = std::thread::Builder::new()
+        .name("embstore-compact".into())
+        .spawn(move || {
+            if let Some(w) = lock(&theirs).take() {
+                match RUNNER.get() {
+                    Some(run) => run(w),
+                    None => w(),
+                }
+            }
+        });
+    if spawned.is_err()
+        && let Some(w) = lock(&slot).take()
+    {
+        w();
+    }
+}
+
+impl Table {
+    /// Names the rows that finished compaction jobs moved in their new
+    /// places (the caller holds the cold gate exclusively, so no call is
+    /// between finding a row and moving it in); returns the last job's
+    /// failure, if any.
+    pub(crate) fn install_compactions(&self, c: &Compaction) -> Option<String> {
+        let done = std::mem::take(&mut *lock(&c.done));
+        let mut error = None;
+        for (s, d) in done {
+            if d.error.is_some() {
+                error.clone_from(&d.error);
+            }
+            if let Some(cold) = write(&self.shards[s]).cold.as_mut() {
+                let n = cold.install(d);
+                c.moved.fetch_add(n as u64, Ordering::Relaxed);
+            }
+        }
+        error
+    }
+
+    /// Waits for a running compaction job and names what it moved (tests
+    /// that look at the files).
+    #[cfg(test)]
+    pub(crate) fn settle_compaction(&self) {
+        let Some(c) = &self.cold else {
+            return;
+        };
+        while c.compaction.running.load(Ordering::Acquire) {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        let _excl = c.gate.write().unwrap_or_else(PoisonError::into_inner);
+        assert_eq!(self.install_compactions(&c.compaction), None);
+    }
+
+    /// Starts a compaction job, in the background, of the shards whose
+    /// files are more than half dead, unless one is running. The caller
+    /// holds the cold gate exclusively.
+    pub(crate) fn start_compaction(&self, c: &Compaction) {
+        if c.running.load(Ordering::Acquire) {
+            return;
+        }
+        let jobs: Vec<(usize, Job)> = self
+            .shards
+            .iter()
+            .enumerate()
+            .filter_map(|(s, lock)| {
+                let mut g = write(lock);
+                let cold = g.cold.as_mut().filter(|cs| cs.dead_share() > 0.5)?;
+                Some((s, cold.compaction_job()?))
+            })
+            .collect();
+        if jobs.is_empty() {
+            return;
+        }
+        c.running.store(true, Ordering::Release);
+        let (done, running) = (Arc::clone(&c.done), Arc::clone(&c.running));
+        background(Box::new(move || {
+            // Cleared however the work ends (a panic included), so that a
+            // later round starts the next job.
+            struct Clear(Arc<AtomicBool>);
+            impl Drop for Clear {
+                fn drop(&mut self) {
+                    self.0.store(false, Ordering::Release);
+                }
+            }
+            let _clear = Clear(running);
+            for (s, job) in jobs {
+                let d = job.run();
+                lock(&done).push((s, d));
+            }
+        }));
+    }
+}

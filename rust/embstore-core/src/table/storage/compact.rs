@@ -1,0 +1,162 @@
+//! Compacting a disk table's shard in the background: a [`Job`] taken
+//! under the shard's lock ([`ColdShard::compaction_job`]) copies the live
+//! rows of its half-dead files into a new segment without any lock (the
+//! files it reads are never changed, and stay open while it holds them),
+//! and the [`Done`] it gives back names the rows in their new place under
+//! the lock again ([`ColdShard::install`]), each only if it is still where
+//! the job found it.
+//!
+//! [`ColdShard::compaction_job`]: super::cold::ColdShard::compaction_job
+//! [`ColdShard::install`]: super::cold::ColdShard::install
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use crate::error::{Result, ckpt_err};
+use crate::table::storage::base;
+use crate::table::storage::record::{HEAD, Loc, decode, decode_body, encode};
+use crate::table::storage::seg_file::SegFile;
+
+/// Rows are read from a file in windows of this many records, so that a
+/// job holds little memory whatever the file's size.
+const WINDOW: usize = 2048;
+
+/// Bytes of new records a job gathers before it writes them.
+const WRITE_BYTES: usize = 4 << 20;
+
+/// The live rows of a file to compact: its number, its file, and (record,
+/// key, place) by record.
+pub(crate) type Victim = (u32, Arc<SegFile>, Vec<(u32, i64, Loc)>);
+
+/// A job's new segment: its file, its rows (record, key, the place each
+/// was copied from) and its bytes.
+pub(crate) type Written = (SegFile, Vec<(u32, i64, Loc)>, u64);
+
+/// A compaction's work (see the module's docs).
+pub(crate) struct Job {
+    /// The new segment's number and path.
+    pub(super) seg: u32,
+    pub(super) path: PathBuf,
+    /// Words of a record after its head.
+    pub(super) words: usize,
+    pub(super) files: Vec<Victim>,
+}
+
+/// A job's outcome, for [`ColdShard::install`](super::cold::ColdShard::install).
+#[derive(Debug)]
+pub(crate) struct Done {
+    pub(super) seg: u32,
+    /// The files compacted.
+    pub(super) victims: Vec<u32>,
+    /// The new segment, its rows (record, key, the place they were copied
+    /// from) and its bytes; `None` when the job failed.
+    pub(super) written: Option<Written>,
+    /// Why it failed.
+    pub(crate) error: Option<String>,
+}
+
+impl Job {
+    /// Copies the live rows into the new segment (written back and dropped
+    /// from the page cache, as any flush); a failure leaves no file.
+    pub(crate) fn run(self) -> Done {
+        let victims = self.files.iter().map(|f| f.0).collect();
+        match self.copy() {
+            Ok(written) => Done {
+                seg: self.seg,
+                victims,
+                written: Some(written),
+                error: None,
+            },
+            Err(e) => {
+                let _ = std::fs::remove_file(&self.path);
+                Done {
+                    seg: self.seg,
+                    victims,
+                    written: None,
+                    error: Some(e.to_string()),
+                }
+            }
+        }
+    }
+
+    fn copy(&self) -> Result<Written> {
+        let io = |e: std::io::Error| ckpt_err("disk store", format!("compacting: {e}"));
+        let file = SegFile::create(&self.path).map_err(io)?;
+        let (mut out, mut at, mut moved) = (Vec::new(), 0u64, Vec::new());
+        for (_, src, live) in &self.files {
+            each_row(src, live, self.words, |key, loc, words| {
+                encode(key, loc.generation, words, &mut out);
+                moved.push((moved.len() as u32, key, loc));
+                if out.len() >= WRITE_BYTES {
+                    file.write_at(&out, at).map_err(io)?;
+                    at += out.len() as u64;
+                    out.clear();
+                }
+                Ok(())
+            })?;
+        }
+        if !out.is_empty() {
+            file.write_at(&out, at).map_err(io)?;
+            at += out.len() as u64;
+        }
+        Ok((file, moved, at))
+    }
+}
+
+/// Reads the rows `live` (record, key, place; by record) of `file` in
+/// windows, checks each (a record's key, generation and CRC; an adopted
+/// checkpoint row's CRC) and hands its words to `f`.
+///
+/// # Errors
+/// `Checkpoint` for an I/O error or a damaged row; `f`'s error.
+fn each_row(
+    file: &SegFile,
+    live: &[(u32, i64, Loc)],
+    words_len: usize,
+    mut f: impl FnMut(i64, Loc, &[u32]) -> Result<()>,
+) -> Result<()> {
+    let io = |e: std::io::Error| ckpt_err("disk store", format!("compacting: {e}"));
+    let mut words = vec![0u32; words_len];
+    let mut bufs = [Vec::new(), Vec::new(), Vec::new()];
+    let mut i = 0;
+    while i < live.len() {
+        let first = live[i].0;
+        let end = live[i..].partition_point(|l| l.0 < first + WINDOW as u32) + i;
+        let span = (live[end - 1].0 - first + 1) as usize;
+        match &file.base {
+            None => {
+                let rb = HEAD + 4 * words_len;
+                let got = file
+                    .read_at(&mut bufs[0], span * rb, u64::from(first) * rb as u64)
+                    .map_err(io)?;
+                for &(rec, key, loc) in &live[i..end] {
+                    let from = (rec - first) as usize * rb;
+                    decode(&got[from..from + rb], key, loc.generation, &mut words)?;
+                    f(key, loc, &words)?;
+                }
+            }
+            Some(cols) => {
+                let mut got: [&[u8]; 3] = [&[], &[], &[]];
+                for (k, (buf, g)) in bufs.iter_mut().zip(got.iter_mut()).enumerate() {
+                    let (off, len, _) = cols.pieces(first)[k];
+                    if len > 0 {
+                        *g = file.read_at(buf, span * len, off).map_err(io)?;
+                    }
+                }
+                let mut body = vec![0u8; cols.body_bytes()];
+                for &(rec, key, loc) in &live[i..end] {
+                    cols.blank(&mut body);
+                    for (k, g) in got.iter().enumerate() {
+                        let (_, len, at) = cols.pieces(rec)[k];
+                        let from = (rec - first) as usize * len;
+                        body[at..at + len].copy_from_slice(&g[from..from + len]);
+                    }
+                    decode_body(&body, key, base::row_crc(&body) == loc.crc, &mut words)?;
+                    f(key, loc, &words)?;
+                }
+            }
+        }
+        i = end;
+    }
+    Ok(())
+}
