@@ -150,6 +150,7 @@ def run_table(args: argparse.Namespace, disk: str | None) -> dict[str, Any]:
             static_optimum=static_optimum(ids, args.steps, int(args.keys * args.memory_fraction)),
             rows_read_per_step=distinct_cold / args.steps,
             disk_error=st["disk_error"],
+            disk_rows_compacted=st["disk_rows_compacted"],
         )
         peak = CGROUP / "memory.max_usage_in_bytes"
         if args.cgroup_bytes and peak.exists():

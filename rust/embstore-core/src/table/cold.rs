@@ -527,7 +527,7 @@ impl Table {
 /// Gives the allocator's free memory back to the OS (glibc keeps the
 /// freed buffers of a round of moving rows, tens of megabytes, resident
 /// otherwise), so that a disk table's resident memory follows its rows.
-fn trim_heap() {
+pub(crate) fn trim_heap() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     // SAFETY: malloc_trim takes no pointer and only returns free memory.
     unsafe {

@@ -29,6 +29,9 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
+/// Live rows a compaction job moves at most (beyond one file's).
+const JOB_ROWS: usize = 1 << 17;
+
 /// What background work runs inside, on its thread: set by the Python
 /// binding ([`set_background_runner`]) to its call lock, so that a
 /// `fork()` waits for it as for a call.
@@ -110,16 +113,23 @@ impl Table {
         if c.running.load(Ordering::Acquire) {
             return;
         }
-        let jobs: Vec<(usize, Job)> = self
-            .shards
-            .iter()
-            .enumerate()
-            .filter_map(|(s, lock)| {
-                let mut g = write(lock);
-                let cold = g.cold.as_mut().filter(|cs| cs.dead_share() > 0.5)?;
-                Some((s, cold.compaction_job()?))
-            })
-            .collect();
+        // A job's lists of rows take memory (about 64 bytes a live row
+        // while it runs): it moves about `JOB_ROWS` over all shards.
+        let mut budget = JOB_ROWS;
+        let mut jobs: Vec<(usize, Job)> = Vec::new();
+        for (s, lock) in self.shards.iter().enumerate() {
+            if budget == 0 {
+                break;
+            }
+            let mut g = write(lock);
+            let Some(cold) = g.cold.as_mut().filter(|cs| cs.dead_share() > 0.5) else {
+                continue;
+            };
+            if let Some(job) = cold.compaction_job(budget) {
+                budget = budget.saturating_sub(job.rows());
+                jobs.push((s, job));
+            }
+        }
         if jobs.is_empty() {
             return;
         }
@@ -139,6 +149,8 @@ impl Table {
                 let d = job.run();
                 lock(&done).push((s, d));
             }
+            // This thread's allocations (the job's lists) given back.
+            crate::table::cold::trim_heap();
         }));
     }
 }

@@ -429,20 +429,36 @@ impl ColdShard {
 
     /// Takes the work of compacting this shard's files (other than the
     /// active segment) that are at least half dead and not being compacted
-    /// already: their live rows, by file and record, and a number and path
-    /// for the segment they go to. `None` when no file needs it. The job
-    /// runs without the shard's lock ([`Job::run`]); its rows are named in
-    /// their new place by [`ColdShard::install`].
-    pub(crate) fn compaction_job(&mut self) -> Option<Job> {
-        let victims: Vec<u32> = self
+    /// already, the deadest first, about `budget` live rows of them (at
+    /// least one file): their live rows, by file and record, and a number
+    /// and path for the segment they go to. `None` when no file needs it.
+    /// The job runs without the shard's lock ([`Job::run`]); its rows are
+    /// named in their new place by [`ColdShard::install`].
+    pub(crate) fn compaction_job(&mut self, budget: usize) -> Option<Job> {
+        let mut found: Vec<(u32, u32, u32)> = self
             .segments
             .iter()
             .enumerate()
             .filter_map(|(n, s)| {
                 let s = s.as_ref()?;
                 let half = s.live * 2 <= s.written;
-                (Some(n as u32) != self.active && half && !s.compacting).then_some(n as u32)
+                let ok = Some(n as u32) != self.active && half && !s.compacting;
+                ok.then_some((n as u32, s.live, s.written))
             })
+            .collect();
+        // The deadest first: a job's lists take memory by its live rows.
+        found.sort_unstable_by_key(|&(_, live, written)| {
+            u64::from(live) * 1_000_000 / u64::from(written.max(1))
+        });
+        let mut taken = 0usize;
+        let victims: Vec<u32> = found
+            .into_iter()
+            .take_while(|&(_, live, _)| {
+                let first = taken == 0;
+                taken += live as usize;
+                first || taken <= budget
+            })
+            .map(|v| v.0)
             .collect();
         if victims.is_empty() {
             return None;
@@ -465,12 +481,7 @@ impl ColdShard {
         // The new segment's number, its slot empty until it is installed.
         let seg = self.segments.len() as u32;
         self.segments.push(None);
-        Some(Job {
-            seg,
-            path: self.segment_path(seg),
-            words: self.words,
-            files,
-        })
+        Some(Job::new(seg, self.segment_path(seg), self.words, files))
     }
 
     /// Names the rows a compaction job moved in their new place (those
@@ -555,7 +566,7 @@ impl ColdShard {
     #[cfg(test)]
     pub(crate) fn compact(&mut self) -> Result<usize> {
         self.flush()?;
-        let Some(job) = self.compaction_job() else {
+        let Some(job) = self.compaction_job(usize::MAX) else {
             return Ok(0);
         };
         let done = job.run();

@@ -35,11 +35,23 @@ pub(crate) type Written = (SegFile, Vec<(u32, i64, Loc)>, u64);
 /// A compaction's work (see the module's docs).
 pub(crate) struct Job {
     /// The new segment's number and path.
-    pub(super) seg: u32,
-    pub(super) path: PathBuf,
-    /// Words of a record after its head.
-    pub(super) words: usize,
-    pub(super) files: Vec<Victim>,
+    seg: u32,
+    path: PathBuf,
+    files: Vec<Victim>,
+    /// Every buffer the job fills, allocated by the thread that makes the
+    /// job: a job's own thread allocates nothing of size, so the memory it
+    /// uses goes back to the allocator's main arena (a thread of its own
+    /// would keep tens of megabytes resident in an arena of its own).
+    room: Room,
+}
+
+/// A job's buffers (see [`Job`]).
+struct Room {
+    out: Vec<u8>,
+    moved: Vec<(u32, i64, Loc)>,
+    bufs: [Vec<u8>; 3],
+    body: Vec<u8>,
+    words: Vec<u32>,
 }
 
 /// A job's outcome, for [`ColdShard::install`](super::cold::ColdShard::install).
@@ -56,9 +68,39 @@ pub(crate) struct Done {
 }
 
 impl Job {
+    /// The job of copying the live rows `files` (records of `words`
+    /// words) into a new segment, number `seg` at `path`.
+    pub(super) fn new(seg: u32, path: PathBuf, words: usize, files: Vec<Victim>) -> Job {
+        let rb = HEAD + 4 * words;
+        let rows = files.iter().map(|f| f.2.len()).sum();
+        // A window of any column, with room for O_DIRECT's alignment.
+        let widest = files
+            .iter()
+            .filter_map(|f| f.1.base.map(|c| c.body_bytes()))
+            .fold(rb, usize::max);
+        let window = WINDOW * widest + (16 << 10);
+        Job {
+            seg,
+            path,
+            files,
+            room: Room {
+                out: Vec::with_capacity(WRITE_BYTES + rb),
+                moved: Vec::with_capacity(rows),
+                bufs: std::array::from_fn(|_| Vec::with_capacity(window)),
+                body: Vec::with_capacity(widest),
+                words: vec![0; words],
+            },
+        }
+    }
+
+    /// Live rows the job moves.
+    pub(crate) fn rows(&self) -> usize {
+        self.files.iter().map(|f| f.2.len()).sum()
+    }
+
     /// Copies the live rows into the new segment (written back and dropped
     /// from the page cache, as any flush); a failure leaves no file.
-    pub(crate) fn run(self) -> Done {
+    pub(crate) fn run(mut self) -> Done {
         let victims = self.files.iter().map(|f| f.0).collect();
         match self.copy() {
             Ok(written) => Done {
@@ -79,16 +121,23 @@ impl Job {
         }
     }
 
-    fn copy(&self) -> Result<Written> {
+    fn copy(&mut self) -> Result<Written> {
         let io = |e: std::io::Error| ckpt_err("disk store", format!("compacting: {e}"));
         let file = SegFile::create(&self.path).map_err(io)?;
-        let (mut out, mut at, mut moved) = (Vec::new(), 0u64, Vec::new());
+        let Room {
+            out,
+            moved,
+            bufs,
+            body,
+            words,
+        } = &mut self.room;
+        let mut at = 0u64;
         for (_, src, live) in &self.files {
-            each_row(src, live, self.words, |key, loc, words| {
-                encode(key, loc.generation, words, &mut out);
+            each_row(src, live, (bufs, body, words), |key, loc, words| {
+                encode(key, loc.generation, words, out);
                 moved.push((moved.len() as u32, key, loc));
                 if out.len() >= WRITE_BYTES {
-                    file.write_at(&out, at).map_err(io)?;
+                    file.write_at(out, at).map_err(io)?;
                     at += out.len() as u64;
                     out.clear();
                 }
@@ -96,10 +145,10 @@ impl Job {
             })?;
         }
         if !out.is_empty() {
-            file.write_at(&out, at).map_err(io)?;
+            file.write_at(out, at).map_err(io)?;
             at += out.len() as u64;
         }
-        Ok((file, moved, at))
+        Ok((file, std::mem::take(moved), at))
     }
 }
 
@@ -112,12 +161,11 @@ impl Job {
 fn each_row(
     file: &SegFile,
     live: &[(u32, i64, Loc)],
-    words_len: usize,
+    (bufs, body, words): (&mut [Vec<u8>; 3], &mut Vec<u8>, &mut [u32]),
     mut f: impl FnMut(i64, Loc, &[u32]) -> Result<()>,
 ) -> Result<()> {
     let io = |e: std::io::Error| ckpt_err("disk store", format!("compacting: {e}"));
-    let mut words = vec![0u32; words_len];
-    let mut bufs = [Vec::new(), Vec::new(), Vec::new()];
+    let words_len = words.len();
     let mut i = 0;
     while i < live.len() {
         let first = live[i].0;
@@ -131,8 +179,8 @@ fn each_row(
                     .map_err(io)?;
                 for &(rec, key, loc) in &live[i..end] {
                     let from = (rec - first) as usize * rb;
-                    decode(&got[from..from + rb], key, loc.generation, &mut words)?;
-                    f(key, loc, &words)?;
+                    decode(&got[from..from + rb], key, loc.generation, words)?;
+                    f(key, loc, words)?;
                 }
             }
             Some(cols) => {
@@ -143,16 +191,16 @@ fn each_row(
                         *g = file.read_at(buf, span * len, off).map_err(io)?;
                     }
                 }
-                let mut body = vec![0u8; cols.body_bytes()];
+                body.resize(cols.body_bytes(), 0);
                 for &(rec, key, loc) in &live[i..end] {
-                    cols.blank(&mut body);
+                    cols.blank(body);
                     for (k, g) in got.iter().enumerate() {
                         let (_, len, at) = cols.pieces(rec)[k];
                         let from = (rec - first) as usize * len;
                         body[at..at + len].copy_from_slice(&g[from..from + len]);
                     }
-                    decode_body(&body, key, base::row_crc(&body) == loc.crc, &mut words)?;
-                    f(key, loc, &words)?;
+                    decode_body(body, key, base::row_crc(body) == loc.crc, words)?;
+                    f(key, loc, words)?;
                 }
             }
         }
