@@ -72,6 +72,17 @@ def load(args: argparse.Namespace) -> dict[str, Any]:
     s = time.perf_counter()
     t.save(args.checkpoint, incremental=True)
     saved = time.perf_counter() - s
+    full = None
+    if args.full_save:
+        # Every row written again (most read from the checkpoint's own
+        # files), in the same process under the same limit.
+        import shutil
+
+        shutil.rmtree(args.full_save, ignore_errors=True)
+        s = time.perf_counter()
+        t.save(args.full_save)
+        full = time.perf_counter() - s
+        shutil.rmtree(args.full_save, ignore_errors=True)
     out = {
         "checkpoint_bytes": size,
         "load_s": loaded,
@@ -82,6 +93,7 @@ def load(args: argparse.Namespace) -> dict[str, Any]:
         "disk_index_bytes": st["disk_index_bytes"],
         "step_ms_median": 1000 * float(np.median(steps)),
         "incremental_save_s": saved,
+        "full_save_s": full,
         "peak_resident_mb_load": hwm_load,
         "peak_resident_mb": hwm_mb(),
     }
@@ -115,6 +127,7 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--checkpoint", default="/tmp/embstore-big-checkpoint")
     p.add_argument("--disk", default="/tmp/embstore-big-disk")
+    p.add_argument("--full-save", default=None, help="also time a full save to this directory")
     p.add_argument("--quick", action="store_true")
     p.add_argument("--part", choices=["make", "load"], default=None)
     args = p.parse_args()

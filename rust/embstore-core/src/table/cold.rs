@@ -27,7 +27,7 @@ use rayon::prelude::*;
 
 use crate::error::{Result, invalid, oom};
 use crate::table::Table;
-use crate::table::compaction::{Compaction, lock};
+use crate::table::compaction::{Compaction, lock, trim_heap};
 use crate::table::storage::cold::{ColdShard, KeyHasher, Loc, SegFile};
 use crate::table::storage::disk_dir::StoreDir;
 use crate::table::storage::{read, write};
@@ -521,17 +521,6 @@ impl Table {
     /// The disk table's settings; `None` for a table in memory.
     pub fn disk(&self) -> Option<&DiskConfig> {
         self.cold.as_ref().map(|c| &c.config)
-    }
-}
-
-/// Gives the allocator's free memory back to the OS (glibc keeps the
-/// freed buffers of a round of moving rows, tens of megabytes, resident
-/// otherwise), so that a disk table's resident memory follows its rows.
-pub(crate) fn trim_heap() {
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    // SAFETY: malloc_trim takes no pointer and only returns free memory.
-    unsafe {
-        libc::malloc_trim(0);
     }
 }
 

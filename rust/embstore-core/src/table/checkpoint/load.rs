@@ -11,7 +11,7 @@ use crate::format::tensors::{
 use crate::init::Initializer;
 use crate::optim::Optimizer;
 use crate::table::{DiskConfig, Table, TableConfig};
-use rayon::iter::{IntoParallelRefIterator, ParallelIterator};
+use rayon::iter::{IndexedParallelIterator, IntoParallelRefIterator, ParallelIterator};
 use safetensors::tensor::{Dtype, SafeTensors};
 use std::fs;
 use std::path::Path;
@@ -280,8 +280,12 @@ impl Table {
                 })
             };
             if on_disk {
-                // File by file, each moved to disk as far as memory needs.
-                link.files.iter().try_for_each(load_file)?;
+                // A file at a time on each thread (each adopted, or loaded
+                // and moved to disk as far as memory needs).
+                link.files
+                    .par_iter()
+                    .with_max_len(1)
+                    .try_for_each(load_file)?;
                 let checked = checked
                     .into_inner()
                     .unwrap_or_else(std::sync::PoisonError::into_inner);

@@ -283,11 +283,10 @@ impl Table {
         let row_bytes = self.file_row_bytes(with_state);
         let budget =
             pages::available_memory().map_or(SNAPSHOT_BYTES, |a| (a / 4).min(SNAPSHOT_BYTES));
-        let lists = self.rows_to_write(since);
-        let rows: usize = lists.iter().map(Vec::len).sum();
+        let rows = self.count_to_write(since);
         let copy = copy_out && rows.saturating_mul(row_bytes) <= budget;
         let gathered = copy
-            .then(|| self.gather_rows(&lists, with_state))
+            .then(|| self.gather_rows(&self.rows_to_write(since), with_state))
             .transpose()?;
         let save_gen = self.generation.fetch_add(1, Ordering::AcqRel);
         let ends = self.removal_ends();
@@ -322,7 +321,10 @@ impl Table {
                     .collect::<Result<Vec<_>>>()?
             }
             None => {
-                let files = self.write_listed(dir, id, &lists, with_state, progress)?;
+                if self.policy.tracks() {
+                    self.count_queued_reads();
+                }
+                let files = self.write_listed(dir, id, since, with_state, progress)?;
                 drop(gate);
                 files
             }

@@ -12,13 +12,25 @@ use crate::format::tensors::{Plain, TensorOut, rows_dtype, write_safetensors_wit
 use crate::policy::Policy;
 use crate::table::Table;
 use crate::table::checkpoint::publish::{create_checkpoint_dir, is_ours, remove_partial};
-use crate::table::read::disk::{Item, read_item};
+use crate::table::read::disk::{Item, RunReader};
 use crate::table::storage::{Shard, read};
 use rayon::iter::{IndexedParallelIterator, IntoParallelRefIterator, ParallelIterator};
 use safetensors::tensor::Dtype;
 use std::path::Path;
 use std::sync::PoisonError;
 use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Shard `g`'s rows to write: in memory, then on disk in file order (all,
+/// or those changed after save generation `since`).
+fn shard_items(g: &Shard, since: Option<u32>) -> Vec<Item> {
+    let mut items: Vec<Item> = g
+        .rows_since(since)
+        .into_iter()
+        .map(|(r, k)| Item::Mem(r, k))
+        .collect();
+    crate::table::read::disk::disk_items(g, since, &mut items);
+    items
+}
 
 impl Table {
     /// A manifest describing this table (no files yet), for [`publish_parts`](super::publish_parts).
@@ -114,10 +126,11 @@ impl Table {
             out.mb.reserve(n * 16);
         }
         let (ww, sl) = (self.wwords, self.state_len);
-        let mut words = Vec::new();
         let mut floats = Vec::new();
-        for item in chunk {
-            match item {
+        let mut reader = RunReader::new(ww + sl + 4);
+        let mut i = 0;
+        while i < chunk.len() {
+            match &chunk[i] {
                 Item::Mem(r, key) => {
                     out.keys.push(*key);
                     let r = *r;
@@ -128,19 +141,24 @@ impl Table {
                     if with_meta {
                         u32::extend_le(&g.meta(r).to_words(), &mut out.mb);
                     }
+                    i += 1;
                 }
-                Item::Disk(d) => {
-                    out.keys.push(d.key);
-                    read_item(d, ww + sl + 4, &mut words)?;
-                    floats.clear();
-                    floats.extend(words.iter().map(|&w| f32::from_bits(w)));
-                    fmt.extend_stored(&floats[..ww], dim, &mut out.w);
-                    if with_state {
-                        f32::extend_le(&floats[ww..ww + sl], &mut out.st);
-                    }
-                    if with_meta {
-                        u32::extend_le(&words[ww + sl..], &mut out.mb);
-                    }
+                Item::Disk(_) => {
+                    // A run of rows of one file, in file order: read in
+                    // windows where they lie close.
+                    i += reader.read_run(&chunk[i..], |key, words| {
+                        out.keys.push(key);
+                        floats.clear();
+                        floats.extend(words.iter().map(|&w| f32::from_bits(w)));
+                        fmt.extend_stored(&floats[..ww], dim, &mut out.w);
+                        if with_state {
+                            f32::extend_le(&floats[ww..ww + sl], &mut out.st);
+                        }
+                        if with_meta {
+                            u32::extend_le(&words[ww + sl..], &mut out.mb);
+                        }
+                        Ok(())
+                    })?;
                 }
             }
         }
@@ -241,14 +259,25 @@ impl Table {
         with_optimizer: bool,
         progress: Option<&AtomicU64>,
     ) -> Result<Vec<FileEntry>> {
-        let lists = self.rows_to_write(since);
+        if self.policy.tracks() {
+            self.count_queued_reads();
+        }
         self.write_listed(
             dir,
             prefix,
-            &lists,
+            since,
             with_optimizer && self.state_len > 0,
             progress,
         )
+    }
+
+    /// Rows a save writes (as [`Table::rows_to_write`] lists them), counted
+    /// without listing them. The caller holds the gate exclusively.
+    pub(super) fn count_to_write(&self, since: Option<u32>) -> usize {
+        self.shards
+            .par_iter()
+            .map(|lock| shard_items(&read(lock), since).len())
+            .sum()
     }
 
     /// Per shard, the rows to write (as [`Shard::rows_since`]). The caller
@@ -259,25 +288,17 @@ impl Table {
         }
         self.shards
             .par_iter()
-            .map(|lock| {
-                let g = read(lock);
-                let mut items: Vec<Item> = g
-                    .rows_since(since)
-                    .into_iter()
-                    .map(|(r, k)| Item::Mem(r, k))
-                    .collect();
-                crate::table::read::disk::disk_items(&g, since, &mut items);
-                items
-            })
+            .map(|lock| shard_items(&read(lock), since))
             .collect()
     }
 
-    /// [`Table::write_rows`] of the rows `lists` names per shard.
+    /// [`Table::write_rows`]: each shard's rows listed and written in
+    /// turn (a disk table's list may name millions of rows on disk).
     pub(super) fn write_listed(
         &self,
         dir: &Path,
         prefix: &str,
-        lists: &[Vec<Item>],
+        since: Option<u32>,
         with_state: bool,
         progress: Option<&AtomicU64>,
     ) -> Result<Vec<FileEntry>> {
@@ -285,10 +306,10 @@ impl Table {
         let written: Vec<Vec<FileEntry>> = self
             .shards
             .par_iter()
-            .zip(lists.par_iter())
             .enumerate()
-            .map(|(s, (lock, rows))| -> Result<Vec<FileEntry>> {
+            .map(|(s, lock)| -> Result<Vec<FileEntry>> {
                 let g = read(lock);
+                let rows = shard_items(&g, since);
                 WRITE_BUFS.with(|cell| {
                     let got = &mut *cell.borrow_mut();
                     got.with_state = with_state;

@@ -9,6 +9,7 @@ use crate::error::Result;
 use crate::table::Table;
 use crate::table::storage::Shard;
 use crate::table::storage::cold::{ColdShard, Loc, SegFile};
+use crate::table::storage::compact::each_row;
 
 /// A row on disk to write to a checkpoint (or export): its key, place and
 /// file.
@@ -44,6 +45,59 @@ pub(crate) fn disk_items(g: &Shard, since: Option<u32>, items: &mut Vec<Item>) {
         .collect();
     disk.sort_unstable_by_key(|d| (d.loc.seg, d.loc.rec));
     items.extend(disk.into_iter().map(Item::Disk));
+}
+
+/// Reads runs of rows on disk for a save: the rows of one file that follow
+/// each other in a list (in file order), in windows where they lie close
+/// ([`each_row`]), with scratch room kept from run to run.
+pub(crate) struct RunReader {
+    bufs: [Vec<u8>; 3],
+    body: Vec<u8>,
+    words: Vec<u32>,
+    live: Vec<(u32, i64, Loc)>,
+}
+
+impl RunReader {
+    /// A reader of rows of `words` words (stored weights, state, metadata).
+    pub(crate) fn new(words: usize) -> RunReader {
+        RunReader {
+            bufs: Default::default(),
+            body: Vec::new(),
+            words: vec![0; words],
+            live: Vec::new(),
+        }
+    }
+
+    /// Reads the run of disk items that `items` starts with (those of its
+    /// first item's file), handing each row's key and words to `f` in
+    /// order; returns the run's length.
+    ///
+    /// # Errors
+    /// `Checkpoint` for a row that cannot be read or fails its check;
+    /// `f`'s error.
+    pub(crate) fn read_run(
+        &mut self,
+        items: &[Item],
+        mut f: impl FnMut(i64, &[u32]) -> Result<()>,
+    ) -> Result<usize> {
+        let Some(Item::Disk(first)) = items.first() else {
+            return Ok(0);
+        };
+        self.live.clear();
+        for item in items {
+            match item {
+                Item::Disk(d) if Arc::ptr_eq(&d.file, &first.file) => {
+                    self.live.push((d.loc.rec, d.key, d.loc));
+                }
+                _ => break,
+            }
+        }
+        let scratch = (&mut self.bufs, &mut self.body, &mut self.words[..]);
+        each_row(&first.file, &self.live, scratch, |key, _, words| {
+            f(key, words)
+        })?;
+        Ok(self.live.len())
+    }
 }
 
 /// Reads the row `d` names into `words` (`n` words: stored weights, state,

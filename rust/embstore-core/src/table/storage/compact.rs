@@ -152,24 +152,33 @@ impl Job {
     }
 }
 
-/// Reads the rows `live` (record, key, place; by record) of `file` in
-/// windows, checks each (a record's key, generation and CRC; an adopted
-/// checkpoint row's CRC) and hands its words to `f`.
+/// Scratch room for [`each_row`]: a buffer per column, a row's bytes and
+/// its words (`words` long: a record's words after its head).
+pub(crate) type Scratch<'a> = (&'a mut [Vec<u8>; 3], &'a mut Vec<u8>, &'a mut [u32]);
+
+/// Reads the rows `live` (record, key, place; by record) of `file`, in
+/// windows of up to [`WINDOW`] records where at least one in 16 of a
+/// window's records is wanted (one read a column), one by one otherwise;
+/// checks each (a record's key, generation and CRC; an adopted checkpoint
+/// row's CRC) and hands its words to `f`, in `live`'s order.
 ///
 /// # Errors
 /// `Checkpoint` for an I/O error or a damaged row; `f`'s error.
-fn each_row(
+pub(crate) fn each_row(
     file: &SegFile,
     live: &[(u32, i64, Loc)],
-    (bufs, body, words): (&mut [Vec<u8>; 3], &mut Vec<u8>, &mut [u32]),
+    (bufs, body, words): Scratch<'_>,
     mut f: impl FnMut(i64, Loc, &[u32]) -> Result<()>,
 ) -> Result<()> {
-    let io = |e: std::io::Error| ckpt_err("disk store", format!("compacting: {e}"));
+    let io = |e: std::io::Error| ckpt_err("disk store", format!("reading rows: {e}"));
     let words_len = words.len();
     let mut i = 0;
     while i < live.len() {
         let first = live[i].0;
-        let end = live[i..].partition_point(|l| l.0 < first + WINDOW as u32) + i;
+        let mut end = live[i..].partition_point(|l| l.0 < first + WINDOW as u32) + i;
+        if (end - i) * 16 < (live[end - 1].0 - first + 1) as usize {
+            end = i + 1;
+        }
         let span = (live[end - 1].0 - first + 1) as usize;
         match &file.base {
             None => {
