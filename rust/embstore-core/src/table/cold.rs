@@ -838,6 +838,11 @@ mod tests {
             let adopted = files_in(&dir2, "base");
             assert_eq!(adopted, 8, "4 shards' files of two links");
             assert_eq!(export(&back), export(&ram));
+            // A save reads the adopted files' columns in windows.
+            let again = temp_dir("adopt-again");
+            back.save(&again, false, true, None).unwrap();
+            let (copy, _) = Table::load(&again, None, None).unwrap();
+            assert_eq!(export(&copy), export(&ram));
             std::fs::remove_dir_all(&ck).unwrap();
             for t in [&ram, &back] {
                 train(t, &mut Rng(5), 4);
