@@ -652,9 +652,14 @@ class Table(CheckpointParts):
         unpickled or executed.
 
         With ``disk`` and ``memory_bytes``, the table is a disk table (see
-        :class:`embstore.TableConfig`): rows beyond ``memory_bytes`` go to
-        files under ``disk`` as the checkpoint loads, so a checkpoint larger
-        than memory loads and trains.
+        :class:`embstore.TableConfig`), at the checkpoint's shard count
+        unless ``num_shards`` is given. Each file is read once and checked
+        whole, then taken as one of the table's files on disk as it is (a
+        hard link under ``disk``, or a copy on another file system; every
+        row read from it is checked against the CRC-32C its load took), so
+        a checkpoint larger than memory opens at about the disk's
+        sequential read rate and writes nothing; at another shard count
+        the rows are written to the table's own files instead.
         """
         if check_bool("mmap", mmap):
             if disk is not None or memory_bytes is not None:
