@@ -8,6 +8,7 @@ or opened as a disk table with less memory still."""
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import pickle
@@ -203,6 +204,36 @@ def test_eviction_policies_on_a_disk_table_evict_what_they_evict_in_memory(
         assert len(disk) == len(ram)
     assert disk.stats()["disk_rows"] > 50
     _same(disk.export(), ram.export())
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="fork() is POSIX")
+def test_a_forked_child_neither_uses_nor_deletes_its_parents_disk_table(tmp_path: Path) -> None:
+    """A fork()ed child (a DataLoader worker) holds a copy of the parent's
+    disk table, whose files are the parent's: a call there is refused by
+    name, and the child dropping its copy deletes nothing of the parent's."""
+    ram, disk = _pair(tmp_path, 20)
+    keys = np.arange(400)
+    want = ram.lookup(keys)
+    _same(disk.lookup(keys), want)
+    assert disk.stats()["disk_rows"] > 300
+    files = sorted(p.name for p in (tmp_path / "disk").rglob("*"))
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child reports by its exit code
+        code = 3
+        try:
+            try:
+                disk.lookup(keys[:5])
+                code = 1
+            except ValueError as e:
+                code = 0 if "fork()ed child" in str(e) else 2
+            del disk
+            gc.collect()
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert sorted(p.name for p in (tmp_path / "disk").rglob("*")) == files
+    _same(disk.lookup(keys, insert=False), want)
 
 
 def test_bad_disk_settings_are_refused_by_name(tmp_path: Path) -> None:

@@ -60,6 +60,9 @@ const READ_THREADS: usize = 32;
 #[derive(Debug)]
 pub(crate) struct Cold {
     pub(crate) gate: RwLock<()>,
+    /// The process that made the table's files: a `fork()`ed child's copy
+    /// refuses calls (its moves would write and delete its parent's files).
+    pid: u32,
     /// Most rows in memory, per shard.
     pub(crate) shard_rows: usize,
     pub(crate) config: DiskConfig,
@@ -107,6 +110,11 @@ pub struct DiskStats {
 }
 
 impl Cold {
+    /// Whether this process made the table's files (not a forked child).
+    pub(crate) fn owned(&self) -> bool {
+        self.pid == std::process::id()
+    }
+
     /// The disk state of a table being built, whose `shards` (not shared
     /// yet) each get their cold part: checks the settings that depend on
     /// several (a policy that drops rows is not supported on disk yet).
@@ -173,6 +181,7 @@ impl Cold {
             error: Mutex::new(None),
             prefetched: Mutex::default(),
             compaction: Compaction::default(),
+            pid: std::process::id(),
             _dir: dir,
         };
         Ok((cold, shards))
@@ -244,6 +253,9 @@ impl Table {
             let Some(c) = &t.cold else {
                 continue;
             };
+            if !c.owned() {
+                return Err(crate::table::storage::cold::forked());
+            }
             let guard = c.gate.read().unwrap_or_else(PoisonError::into_inner);
             hold.held.push((t, guard));
             t.fault_in(c, keys, count)?;
@@ -363,7 +375,7 @@ impl Table {
     /// time). A failure leaves the rows in memory and is kept for
     /// `stats()`; the next call tries again.
     pub(crate) fn spill_over(&self) {
-        let Some(c) = &self.cold else {
+        let Some(c) = self.cold.as_ref().filter(|c| c.owned()) else {
             return;
         };
         let finished = !lock(&c.compaction.done).is_empty();
@@ -475,6 +487,9 @@ impl Table {
         let Some(c) = &self.cold else {
             return Ok(());
         };
+        if !c.owned() {
+            return Err(crate::table::storage::cold::forked());
+        }
         {
             let mut p = c.prefetched.lock().unwrap_or_else(PoisonError::into_inner);
             let round = p.0;

@@ -96,6 +96,9 @@ pub(crate) struct ColdShard {
     pending_from: u32,
     /// Records a segment holds.
     per_segment: u32,
+    /// The process whose files these are: a `fork()`ed child holds a copy
+    /// of this shard but never writes or deletes its parent's files.
+    pid: u32,
 }
 
 impl ColdShard {
@@ -115,6 +118,20 @@ impl ColdShard {
             active: None,
             pending: Vec::new(),
             pending_from: 0,
+            pid: std::process::id(),
+        }
+    }
+
+    /// Whether this process made the shard's files (not a forked child).
+    pub(crate) fn owned(&self) -> bool {
+        self.pid == std::process::id()
+    }
+
+    /// Deletes `path`, one of this shard's files, unless this process is
+    /// a forked child (the files are its parent's).
+    fn delete(&self, path: &Path) {
+        if self.owned() {
+            let _ = std::fs::remove_file(path);
         }
     }
 
@@ -345,6 +362,9 @@ impl ColdShard {
     }
 
     fn open_segment(&mut self) -> Result<()> {
+        if !self.owned() {
+            return Err(forked());
+        }
         let n = self.segments.len() as u32;
         let path = self.segment_path(n);
         let file = SegFile::create(&path)
@@ -373,6 +393,9 @@ impl ColdShard {
     pub(crate) fn flush(&mut self) -> Result<()> {
         if self.pending.is_empty() {
             return Ok(());
+        }
+        if !self.owned() {
+            return Err(forked());
         }
         let a = self.active.expect("pending records have a segment");
         let rb = self.record_bytes() as u64;
@@ -420,8 +443,9 @@ impl ColdShard {
             if s.live == 0 && last {
                 // Every record dead: the file goes (a reader holding its
                 // `Arc` still reads it).
-                let _ = std::fs::remove_file(&s.path);
+                let path = s.path.clone();
                 *slot = None;
+                self.delete(&path);
             }
         }
         true
@@ -435,6 +459,9 @@ impl ColdShard {
     /// The job runs without the shard's lock ([`Job::run`]); its rows are
     /// named in their new place by [`ColdShard::install`].
     pub(crate) fn compaction_job(&mut self, budget: usize) -> Option<Job> {
+        if !self.owned() {
+            return None;
+        }
         let mut found: Vec<(u32, u32, u32)> = self
             .segments
             .iter()
@@ -496,7 +523,7 @@ impl ColdShard {
             }
         }
         let Some((file, moved, bytes)) = done.written else {
-            let _ = std::fs::remove_file(self.segment_path(done.seg));
+            self.delete(&self.segment_path(done.seg));
             return 0;
         };
         self.segments[done.seg as usize] = Some(Segment {
@@ -523,8 +550,8 @@ impl ColdShard {
         let path = self.segment_path(done.seg);
         let slot = &mut self.segments[done.seg as usize];
         if slot.as_ref().is_some_and(|s| s.live == 0) {
-            let _ = std::fs::remove_file(path);
             *slot = None;
+            self.delete(&path);
         }
         n
     }
@@ -581,10 +608,20 @@ impl ColdShard {
 
 impl Drop for ColdShard {
     fn drop(&mut self) {
-        for s in self.segments.iter_mut().filter_map(Option::take) {
-            let _ = std::fs::remove_file(&s.path);
+        let segments = std::mem::take(&mut self.segments);
+        for s in segments.into_iter().flatten() {
+            self.delete(&s.path);
         }
     }
+}
+
+/// The error of a write to a disk table's files from a forked child.
+pub(crate) fn forked() -> crate::error::StoreError {
+    crate::error::invalid(
+        "disk",
+        "a disk table cannot be used in a fork()ed child: its files are its parent's \
+         (open a checkpoint of it with Table.load in the child instead)",
+    )
 }
 
 #[cfg(test)]

@@ -15,6 +15,8 @@ use crate::error::{Result, invalid};
 pub(crate) struct StoreDir {
     pub(crate) path: PathBuf,
     _lock: File,
+    /// The process that made it (a forked child never removes it).
+    pid: u32,
 }
 
 impl StoreDir {
@@ -43,13 +45,19 @@ impl StoreDir {
         std::fs::create_dir(&path).map_err(fail)?;
         let lock = File::create(path.join("lock")).map_err(fail)?;
         lock.lock().map_err(fail)?;
-        Ok(StoreDir { path, _lock: lock })
+        Ok(StoreDir {
+            path,
+            _lock: lock,
+            pid: std::process::id(),
+        })
     }
 }
 
 impl Drop for StoreDir {
     fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.path);
+        if self.pid == std::process::id() {
+            let _ = std::fs::remove_dir_all(&self.path);
+        }
     }
 }
 
