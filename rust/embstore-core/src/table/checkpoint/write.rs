@@ -276,7 +276,10 @@ impl Table {
     pub(super) fn count_to_write(&self, since: Option<u32>) -> usize {
         self.shards
             .par_iter()
-            .map(|lock| shard_items(&read(lock), since).len())
+            .map(|lock| {
+                let g = read(lock);
+                g.rows_since(since).len() + crate::table::read::disk::disk_count(&g, since)
+            })
             .sum()
     }
 

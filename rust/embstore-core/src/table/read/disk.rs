@@ -47,6 +47,17 @@ pub(crate) fn disk_items(g: &Shard, since: Option<u32>, items: &mut Vec<Item>) {
     items.extend(disk.into_iter().map(Item::Disk));
 }
 
+/// How many rows [`disk_items`] lists for shard `g`, counted without
+/// listing (or sorting) them.
+pub(crate) fn disk_count(g: &Shard, since: Option<u32>) -> usize {
+    g.cold.as_ref().map_or(0, |cold| {
+        cold.entries()
+            .filter(|(_, l)| since.is_none_or(|s| l.generation > s))
+            .filter(|(_, l)| cold.file(l.seg).is_some())
+            .count()
+    })
+}
+
 /// Reads runs of rows on disk for a save: the rows of one file that follow
 /// each other in a list (in file order), in windows where they lie close
 /// ([`each_row`]), with scratch room kept from run to run.
