@@ -105,13 +105,20 @@ pub(crate) fn adopt(dir: &Path, name: &str, dst: &Path) -> io::Result<()> {
 /// # Errors
 /// The open's error.
 pub(crate) fn open(path: &Path) -> io::Result<(File, Option<File>)> {
-    use std::os::unix::fs::OpenOptionsExt;
+    use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
     let file = crate::format::untrusted::open_file(path)?;
+    // Non-blocking, and kept only if it is the same file as the first open
+    // (a name swapped between the two opens is read through the first).
+    let a = file.metadata()?;
     let direct = std::fs::OpenOptions::new()
         .read(true)
-        .custom_flags(libc::O_DIRECT | libc::O_NOFOLLOW)
+        .custom_flags(libc::O_DIRECT | libc::O_NOFOLLOW | libc::O_NONBLOCK)
         .open(path)
-        .ok();
+        .ok()
+        .filter(|d| {
+            d.metadata()
+                .is_ok_and(|m| m.dev() == a.dev() && m.ino() == a.ino())
+        });
     Ok((file, direct))
 }
 
