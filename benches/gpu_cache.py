@@ -1,12 +1,16 @@
 """The device cache on a GPU, in one command (issue 35's figures):
 
-1. index rates: find (slots and rows) and insert (plan, install, rows) of
-   1M keys a call at dim 32 and 64, in an index of 32M slots filled to load
-   0.5 and 0.9, in B keys/s;
+1. index rates: find (slots and rows) and insert_or_assign of 1M keys a
+   call at dims 32, 64 and 128, in an index of 32M slots filled to load 0.5,
+   0.75 and 1.0, in B keys/s, for the kernels of each variant (finds by 8
+   lanes a key and insert_or_assign in two kernels; a warp a key and four);
 2. scaling: a 4,096-key training call with 10% new keys through a cache of
    20k rows and of 2M rows (the ratio says whether a call's cost grows with
    the cache);
-3. a DLRM-shaped step: 26 features x 65,536 samples, dim 64, Adam, Zipf(1.05)
+3. serving: 2,000-key lookups through a ServingCache of 10% of a mapped
+   table's 4M keys (dim 64, Zipf 1.05): latency p50 / p99 and hit rate, the
+   mapped table alone beside it, and the refresh after a publish;
+4. a DLRM-shaped step: 26 features x 65,536 samples, dim 64, Adam, Zipf(1.05)
    ids over 10M keys, a cache of 10% of the rows (and of 15%, where LFU's hit
    rate passes 90%: 10% of the rows hold 90.6% of the ids at best), against
    torch.nn.EmbeddingBag
@@ -63,25 +67,48 @@ def insert(index: BucketIndex, rows: Any, keys: Any, values: Any, tick: int) -> 
     index.insert_or_assign(keys, values, rows, tick)
 
 
+#: The index's kernels compared (lanes a key for finds, insert_or_assign
+#: fused): finds by tiles of 8, 4, 2 lanes a key, or by the rows' width (the
+#: default), with insert_or_assign in three kernels; a warp a key and
+#: insert_or_assign in five kernels (before).
+VARIANTS = {
+    "tile8": (8, True),
+    "tile4": (4, True),
+    "tile2": (2, True),
+    "auto": (None, True),
+    "warp": (0, False),
+}
+
+
+def gpu_seconds(xp: Any, fn: Any, reps: int, setup: Any = None) -> float:
+    """Median seconds between CUDA events around ``fn()`` (``setup()``
+    before each, outside them); host clock elsewhere."""
+    if "cupy" not in xp.__name__:
+        return timed(xp, fn, reps, setup)
+    import cupy  # type: ignore[import-not-found, unused-ignore]
+
+    out = []
+    for _ in range(reps + 1):
+        if setup is not None:
+            setup()
+        a, b = cupy.cuda.Event(), cupy.cuda.Event()
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        out.append(cupy.cuda.get_elapsed_time(a, b) / 1e3)
+    return float(np.median(out[1:]))
+
+
 def rates_at(
     index: BucketIndex, rows: Any, batch: int, reps: int, rng: np.random.Generator, tick: int
-) -> tuple[float, float]:
-    """Seconds of a find (slots and rows) of ``batch`` held keys, and of an
-    insert of ``batch`` new ones (the index restored after each)."""
+) -> dict[str, float]:
+    """Seconds of a find (slots and rows) of ``batch`` held keys and of an
+    insert_or_assign of ``batch`` new ones (the index restored before each),
+    for each of :data:`VARIANTS`."""
     xp = index.xp
     held = index.keys[index.slots_in_use()]
     probe = xp.take(held, xp.asarray(rng.integers(0, int(held.shape[0]), batch)))
-    if index.kernels:
-        cuda = index._cuda
-        find_s = timed(
-            xp,
-            lambda: cuda.find_rows(
-                probe, index.keys, index.digest, index.buckets, index.bucket_size, rows
-            ),
-            reps,
-        )
-    else:
-        find_s = timed(xp, lambda: xp.take(rows, index.find(probe), axis=0), reps)
     names = ("keys", "digest", "count", "last")
     saved = [getattr(index, a) for a in names]
     used = index.used
@@ -93,71 +120,80 @@ def rates_at(
             setattr(index, a, xp.asarray(v, copy=True))
         index.used = used
 
-    insert_s = timed(xp, lambda: insert(index, rows, new, vals, tick + 1), reps, restore)
-    restore()
-    if index.kernels:  # where an insert's time goes
-        f = timed(xp, lambda: index.find(new), reps)
-        p = timed(xp, lambda: index.plan(new, tick + 2, "lfu"), reps)
-        index.sort_free = False
-        ps = timed(xp, lambda: index.plan(new, tick + 2, "lfu"), reps)
-        index.sort_free = True
-        slots, _ = index.plan(new, tick + 2, "lfu")
-        ok = xp.nonzero(slots >= 0)[0]
-        got, kk = xp.take(slots, ok), xp.take(new, ok)
-        one = xp.ones(ok.shape, dtype=xp.int64)
-        i = timed(xp, lambda: index.install(got, kk, one, tick + 2, 0), reps, restore)
-        from cupyx.profiler import benchmark  # type: ignore[import-not-found, unused-ignore]
-
-        cpu, gpu = [], []
-        for _ in range(reps):  # each insert on the restored index (new keys again)
+    res: dict[str, float] = {}
+    cuda = index._cuda
+    for name, (tile, fused) in VARIANTS.items() if index.kernels else [("array", (0, 0))]:
+        if index.kernels:
+            cuda.tile, index.fused = tile, fused
+            res[f"find_{name}_s"] = gpu_seconds(
+                xp,
+                lambda: cuda.find_rows(
+                    probe, index.keys, index.digest, index.buckets, index.bucket_size, rows
+                ),
+                reps,
+            )
+        else:
+            res[f"find_{name}_s"] = gpu_seconds(
+                xp, lambda: xp.take(rows, index.find(probe), axis=0), reps
+            )
+        if name in ("auto", "warp", "array"):  # every tile inserts alike
+            res[f"insert_{name}_s"] = gpu_seconds(
+                xp, lambda: insert(index, rows, new, vals, tick + 1), reps, restore
+            )
             restore()
-            b = benchmark(insert, (index, rows, new, vals, tick + 1), n_repeat=1, n_warmup=0)
-            cpu.append(float(b.cpu_times[0]))
-            gpu.append(float(b.gpu_times[0][0]))
-        restore()
-        print(
-            f"  insert: {np.median(cpu) * 1e3:.2f} ms on the host's clock, "
-            f"{np.median(gpu) * 1e3:.2f} ms of GPU time",
-            flush=True,
-        )
-        vv = xp.take(vals, ok, axis=0)
-        r = timed(xp, lambda: index.put_rows(rows, got, vv), reps)
-        restore()
-        print(
-            f"  insert's parts: find {f * 1e3:.2f}, plan {p * 1e3:.2f} (sorted {ps * 1e3:.2f}), "
-            f"install {i * 1e3:.2f}, rows {r * 1e3:.2f} ms (all {insert_s * 1e3:.2f} ms)",
-            flush=True,
-        )
-    return find_s, insert_s
+        if index.kernels and name != "warp":  # slots alone, no rows
+            res[f"slots_{name}_s"] = gpu_seconds(xp, lambda: index.find(probe), reps)
+    restore()
+    if index.kernels:
+        index._cuda.tile, index.fused = VARIANTS["auto"]
+    return res
 
 
-def index_rates(xp: Any, slots: int, batch: int, reps: int) -> list[dict[str, Any]]:
+def fill_to(index: BucketIndex, rows: Any, load: float, batch: int, rng: Any, tick: int) -> int:
+    """Random new keys inserted until ``load`` of the slots hold one (at
+    load 1.0, until every slot does or twice the slots were inserted: a
+    key whose bucket is full evicts); the last call's number."""
+    xp = index.xp
+    target, inserted = int(load * index.capacity), 0
+    while index.used < target and inserted < 2 * index.capacity:
+        n = batch if load >= 1.0 else max(min(batch, target - index.used), 1)
+        keys = xp.asarray(rng.integers(-(2**62), 2**62, n, dtype=np.int64))
+        tick += 1
+        insert(index, rows, keys, xp.ones((n, int(rows.shape[1])), dtype=xp.float32), tick)
+        inserted += n
+    return tick
+
+
+def index_rates(
+    xp: Any, slots: int, batch: int, reps: int, dims: tuple[int, ...], loads: tuple[float, ...]
+) -> list[dict[str, Any]]:
+    """Find and insert_or_assign rates (B keys/s) at each load and dim, for
+    each kernel variant; one index filled load after load, rows of each dim
+    beside it."""
     rng = np.random.default_rng(0)
     out = []
-    for dim in (32, 64):
-        index = BucketIndex(xp, slots)
-        rows = xp.zeros((index.capacity, dim), dtype=xp.float32)
-        tick = 0
-        for load in (0.5, 0.9):
-            while index.used < int(load * index.capacity):
-                n = min(batch, int(load * index.capacity) - index.used)
-                keys = xp.asarray(rng.integers(-(2**62), 2**62, n, dtype=np.int64))
-                tick += 1
-                insert(index, rows, keys, xp.ones((n, dim), dtype=xp.float32), tick)
-            find_s, insert_s = rates_at(index, rows, batch, reps, rng, tick)
-            out.append(
-                {
-                    "dim": dim,
-                    "load": load,
-                    "slots": index.capacity,
-                    "batch": batch,
-                    "find_bkeys_s": batch / find_s / 1e9,
-                    "insert_bkeys_s": batch / insert_s / 1e9,
-                }
+    index = BucketIndex(xp, slots)
+    rows = {d: xp.zeros((index.capacity, d), dtype=xp.float32) for d in dims}
+    tick = 0
+    for load in loads:
+        tick = fill_to(index, rows[dims[0]], load, batch, rng, tick)
+        for dim in dims:
+            r = rates_at(index, rows[dim], batch, reps, rng, tick)
+            row: dict[str, Any] = {
+                "dim": dim,
+                "load": load,
+                "load_reached": index.used / index.capacity,
+                "slots": index.capacity,
+                "batch": batch,
+            }
+            for k, v in r.items():
+                row[k.replace("_s", "_bkeys_s")] = batch / v / 1e9
+            out.append(row)
+            figs = ", ".join(
+                f"{k.replace('_bkeys_s', '')} {v:.3g}" for k, v in row.items() if "bkeys" in k
             )
             print(
-                f"index dim {dim} load {load}: find {out[-1]['find_bkeys_s']:.3g}, "
-                f"insert {out[-1]['insert_bkeys_s']:.3g} B keys/s",
+                f"index dim {dim} load {load} ({row['load_reached']:.4f}): {figs} B keys/s",
                 flush=True,
             )
     return out
@@ -334,12 +370,119 @@ def dlrm(
     return out
 
 
+def serving(xp: Any, keys: int, cache_rows: int, calls: int, warm: int) -> dict[str, Any]:
+    """2,000-key lookups (host keys, Zipf 1.05 over ``keys``) through a
+    ServingCache of ``cache_rows`` in front of a mapped table of dim 64:
+    per-call latency (output ready on the device) p50 / p99 and hit rate,
+    against the mapped table's own host lookups of the same calls; then a
+    publish of 1% of the rows and the refresh that follows it."""
+    import tempfile
+
+    from embstore.gpu import ServingCache
+
+    dim, n = 64, 2_000
+    t = embstore.Table(dim, seed=5)
+    every = np.arange(keys, dtype=np.int64)
+    for a in range(0, keys, 1 << 20):
+        t.lookup(every[a : a + (1 << 20)])
+    batches = zipf_batches(keys, n, warm + calls, 1.05, 3)
+    res: dict[str, Any] = {"keys": keys, "dim": dim, "batch": n}
+    with tempfile.TemporaryDirectory() as d:
+        t.save(d, with_optimizer=False)
+        mapped = embstore.MappedTable(d)
+        cache = ServingCache(mapped, cache_rows, xp=xp)
+        for b in batches[:warm]:
+            cache.lookup(b)
+        sync(xp)
+        s0 = cache.stats()
+        lat, host, admitting = [], [], []
+        for b in batches[warm:]:
+            a0 = cache._n["admissions"]
+            t0 = time.perf_counter()
+            out = cache.lookup(b)
+            sync(xp)
+            lat.append(time.perf_counter() - t0)
+            admitting.append(cache._n["admissions"] > a0)
+            t0 = time.perf_counter()
+            mapped.lookup(b)
+            host.append(time.perf_counter() - t0)
+        del out
+        s1 = cache.stats()
+        hits = (s1["hits"] - s0["hits"]) / (s1["lookups"] - s0["lookups"])
+        us = np.array(lat) * 1e6
+        adm = np.array(admitting)
+        p = np.percentile(us, [50, 99])
+        h = np.percentile(np.array(host) * 1e6, [50, 99])
+        res.update(
+            cache_rows=cache.capacity,
+            hit_rate=hits,
+            p50_us=float(p[0]),
+            p99_us=float(p[1]),
+            host_p50_us=float(h[0]),
+            host_p99_us=float(h[1]),
+            calls_admitting=float(adm.mean()),
+            p50_admitting_us=float(np.median(us[adm])) if adm.any() else None,
+            p50_not_admitting_us=float(np.median(us[~adm])) if (~adm).any() else None,
+        )
+        # Calls of cached keys alone (no miss): the device path's floor.
+        ix = cache._index
+        held = to_np(ix.keys[ix.slots_in_use()])
+        rng = np.random.default_rng(9)
+        only = []
+        for _ in range(500):
+            b = held[rng.integers(0, held.size, n)]
+            t0 = time.perf_counter()
+            cache.lookup(b)
+            sync(xp)
+            only.append(time.perf_counter() - t0)
+        q = np.percentile(np.array(only) * 1e6, [50, 99])
+        res.update(hits_only_p50_us=float(q[0]), hits_only_p99_us=float(q[1]))
+        import cProfile
+        import pstats
+
+        prof = cProfile.Profile()
+        prof.enable()
+        for b in batches[warm : warm + 300]:
+            cache.lookup(b)
+            sync(xp)
+        prof.disable()
+        print("serving: 300 calls profiled (cProfile, cumulative):", flush=True)
+        pstats.Stats(prof).sort_stats("cumulative").print_stats(24)
+        ch = every[:: max(1, keys // (keys // 100))]
+        t.assign(ch, np.full((ch.size, dim), 0.5, dtype=np.float32))
+        t.save(d, incremental=True, with_optimizer=False)
+        t0 = time.perf_counter()
+        cache.refresh()
+        res["refresh_s"] = time.perf_counter() - t0
+        res["rows_revalidated"] = cache.stats()["revalidated_rows"]
+        got = to_np(cache.lookup(ch[:n]))
+        res["fresh_after_refresh"] = bool((got == 0.5).all())
+    print(
+        f"serving: 2,000-key lookups through a {res['cache_rows']:,}-row cache of "
+        f"{keys:,} keys: p50 {res['p50_us']:.0f} us, p99 {res['p99_us']:.0f} us, hit rate "
+        f"{hits:.3f} (the mapped table alone on the host: p50 {res['host_p50_us']:.0f}, "
+        f"p99 {res['host_p99_us']:.0f} us); {res['calls_admitting']:.1%} of calls admit the "
+        f"queue (p50 {res['p50_admitting_us'] or 0:.0f} us, others "
+        f"{res['p50_not_admitting_us'] or 0:.0f} us); cached keys alone: p50 "
+        f"{res['hits_only_p50_us']:.0f}, p99 {res['hits_only_p99_us']:.0f} us; "
+        f"refresh after a publish of 1% of the rows "
+        f"{res['refresh_s'] * 1e3:.1f} ms ({res['rows_revalidated']:,} rows read again), "
+        f"fresh after it: {res['fresh_after_refresh']}",
+        flush=True,
+    )
+    return res
+
+
+def to_np(a: Any) -> np.ndarray:
+    return np.asarray(embstore.gpu.to_numpy(a))
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--json", help="write the figures to this file")
     ap.add_argument("--quick", action="store_true", help="small sizes (seconds)")
     ap.add_argument("--xp", default=None, help="array namespace (default: cupy on a GPU)")
-    ap.add_argument("--parts", default="index,scaling,dlrm")
+    ap.add_argument("--parts", default="index,serving,scaling,dlrm")
     ap.add_argument("--warm", type=int, default=20, help="DLRM steps before the timed ones")
     ap.add_argument("--profile", action="store_true", help="profile 3 DLRM steps (cProfile)")
     ap.add_argument(
@@ -362,7 +505,18 @@ def main(argv: list[str] | None = None) -> int:
     fractions = [float(f) for f in args.cache_fractions.split(",")]
     if "index" in parts:
         out["index"] = index_rates(
-            xp, 1 << (16 if q else 25), 1 << (12 if q else 20), 3 if q else 7
+            xp,
+            1 << (16 if q else 25),
+            1 << (12 if q else 20),
+            3 if q else 7,
+            (32, 64, 128),
+            (0.5, 0.75, 1.0),
+        )
+    if "serving" in parts:
+        out["serving"] = (
+            serving(xp, 200_000, 20_000, 200, 50)
+            if q
+            else serving(xp, 4_000_000, 400_000, 3_000, 500)
         )
     if "scaling" in parts:
         out["scaling"] = scaling(xp, 20_000, 200_000 if q else 2_000_000, 10 if q else 30)

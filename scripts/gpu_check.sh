@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# The GPU checks of the device cache in one command, for a machine with an
+# The GPU checks of the device tier in one command, for a machine with an
 # NVIDIA GPU and CuPy: the CuPy tests (the cache, the index's CUDA kernels
-# against the array code, the optimizers), 2 MPI ranks sharing the GPU, and
-# benches/gpu_cache.py. Wheels in .whl/ (packages the machine lacks) are
-# installed to /tmp/site first. Logs and the bench's JSON go to $OUT.
+# against the array code, the optimizers, the serving cache), 2 MPI ranks
+# sharing the GPU, benches/gpu_cache.py (every GPU row of benches/RESULTS.md)
+# and a kernel profile of the index's find and insert (ncu, where present).
+# Wheels in .whl/ (packages the machine lacks) are installed to /tmp/site
+# first. Logs, the bench's JSON and the GPU's name go to $OUT; about 5 minutes.
 #
 #     OUT=/tmp/gpu bash scripts/gpu_check.sh [bench args...]
 set -u -o pipefail
@@ -25,10 +27,16 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 PYTHONUNBUFFERE
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT/gpu.txt"
 python3 -c "import embstore, cupy; from embstore.gpu import _xp; print(embstore.__file__, cupy.__version__, _xp.gpu_usable())"
 status=0
-timeout 180 python3 -m pytest -q -p no:cacheprovider -m "gpu or not slow" -o addopts="" \
+timeout 150 python3 -m pytest -q -p no:cacheprovider -m "gpu or not slow" -o addopts="" \
     tests/test_device_index.py tests/test_device_cache.py tests/test_device_optim.py \
-    2>&1 | tee "$OUT/tests.log" | tail -25 || status=1
-timeout 120 python3 -m pytest -q -p no:cacheprovider -o addopts="" \
+    tests/test_serving_cache.py 2>&1 | tee "$OUT/tests.log" | tail -25 || status=1
+timeout 90 python3 -m pytest -q -p no:cacheprovider -o addopts="" \
     tests/test_mpi.py -k "one_gpu" 2>&1 | tee "$OUT/mpi.log" | tail -15 || status=1
-timeout ${BENCH_TIMEOUT:-280} python3 benches/gpu_cache.py --json "$OUT/gpu_cache.json" "$@" 2>&1 | tee "$OUT/bench.log" || status=1
+timeout ${BENCH_TIMEOUT:-270} python3 benches/gpu_cache.py --json "$OUT/gpu_cache.json" "$@" 2>&1 | tee "$OUT/bench.log" || status=1
+NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -1)
+if [ -n "$NCU" ]; then  # bytes each kernel moved and its time (not part of the status)
+    timeout 75 "$NCU" --clock-control none -k 'regex:find[842]|find_rows|upsert|put_rows8' \
+        --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum \
+        python3 benches/probes/gpu_index_profile.py 2>&1 | tee "$OUT/ncu.log" | grep -E "^  [a-z_0-9]+ \(|duration|bytes"
+fi
 exit $status

@@ -139,22 +139,37 @@ def test_a_full_bucket_evicts_its_lowest_scoring_row_and_protects_the_running_ca
 @pytest.mark.gpu
 @pytest.mark.skipif(not GPU_OK, reason=f"no GPU for CuPy: {GPU_WHY}")
 @pytest.mark.parametrize("policy", ["lfu", "lru"])
-@pytest.mark.parametrize("sort_free", [True, False], ids=["linked", "sorted"])
-@pytest.mark.parametrize("rows", [5000, 300], ids=["buckets-40", "buckets-3"])
+@pytest.mark.parametrize(
+    "variant",
+    ["tile8-fused", "tile4-fused-by-key", "tile2-linked", "warp-linked", "warp-sorted"],
+)
+@pytest.mark.parametrize(
+    ("rows", "dim"),
+    [(5000, 3), (300, 3), (4096, 8)],
+    ids=["buckets-40-of-125", "buckets-3-of-100", "buckets-32-of-128"],
+)
 def test_the_cuda_kernels_equal_the_array_implementation(
-    policy: str, sort_free: bool, rows: int
+    policy: str, variant: str, rows: int, dim: int
 ) -> None:
     """The same admissions, finds and touches through the CUDA kernels
-    (planning with misses linked per bucket, or sorted; with 3 buckets the
-    linked plan overflows and falls back to sorting) and through the
-    array-API code on CuPy leave equal arrays and return equal results, bit
-    for bit (ties broken by slot in both)."""
+    (finds by tiles of 8, 4 or 2 lanes or a warp a key; insert_or_assign in
+    three kernels, planning by a warp a bucket or a key, or in five;
+    planning with misses linked per bucket, or sorted; with 3 buckets the
+    linked plans overflow and fall back to sorting;
+    buckets of 128 slots read digests 16 bytes at a time, and rows of 8
+    floats are copied as float4) and through the array-API code on CuPy
+    leave equal arrays and return equal results, bit for bit (ties broken
+    by slot in both)."""
     import cupy  # type: ignore[import-not-found, unused-ignore]
 
     rng = np.random.default_rng(7)
     a = BucketIndex(cupy, rows, kernels=True)
-    a.sort_free = sort_free
+    a._cuda.tile = int(variant[4]) if variant.startswith("tile") else 0
+    a.fused = "fused" in variant
+    a._cuda.by_bucket = False if variant.endswith("by-key") else None
+    a.sort_free = not variant.endswith("sorted")
     b = BucketIndex(cupy, rows, kernels=False)
+    table = cupy.asarray(rng.standard_normal((a.capacity, dim)).astype(np.float32))
     held: list[int] = []
     for tick in range(1, 30):
         new = np.unique(rng.integers(-(2**63), 2**63 - 1, 800, dtype=np.int64))
@@ -162,6 +177,11 @@ def test_the_cuda_kernels_equal_the_array_implementation(
         probe = cupy.asarray(np.concatenate([new, old]))
         fa, fb = a.find(probe), b.find(probe)
         cupy.testing.assert_array_equal(fa, fb)
+        # A find that copies rows: the rows of the found slots, zeros elsewhere.
+        sr, rr = a._cuda.find_rows(probe, a.keys, a.digest, a.buckets, a.bucket_size, table)
+        cupy.testing.assert_array_equal(sr, fb)
+        want = cupy.where((fb >= 0)[:, None], table[cupy.maximum(fb, 0)], 0.0)
+        cupy.testing.assert_array_equal(rr, want)
         ha, hb = a.hash(probe), b.hash(probe)
         cupy.testing.assert_array_equal(ha[0], hb[0])
         cupy.testing.assert_array_equal(ha[1], hb[1])
@@ -183,9 +203,13 @@ def test_the_cuda_kernels_equal_the_array_implementation(
         # insert_or_assign's kernels (no compaction) equal its array code.
         extra = cupy.asarray(np.unique(rng.integers(-(2**63), 2**63 - 1, 200, dtype=np.int64)))
         both = cupy.concatenate([extra, probe[:50]])
-        vals = cupy.asarray(rng.standard_normal((int(both.shape[0]), 3)).astype(np.float32))
-        ra, da, ea = a.insert_or_assign(both, vals, cupy.zeros((a.capacity, 3), cupy.float32), tick)
-        rb, db, eb = b.insert_or_assign(both, vals, cupy.zeros((b.capacity, 3), cupy.float32), tick)
+        vals = cupy.asarray(rng.standard_normal((int(both.shape[0]), dim)).astype(np.float32))
+        za, zb = (
+            cupy.zeros((a.capacity, dim), cupy.float32),
+            cupy.zeros((b.capacity, dim), cupy.float32),
+        )
+        ra, da, ea = a.insert_or_assign(both, vals, za, tick)
+        rb, db, eb = b.insert_or_assign(both, vals, zb, tick)
         for x, y in ((ra, rb), (da, db), (ea, eb)):
             cupy.testing.assert_array_equal(x, y)
         held += cupy.asnumpy(both[da >= 0]).tolist()

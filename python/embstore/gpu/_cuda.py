@@ -25,6 +25,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from embstore.gpu._cuda_tiles import _THREADS, TILE_SOURCE, TileLaunchers, tile_for
+
+__all__ = ["Kernels", "tile_for"]
+
 Array = Any
 
 _SOURCE = r"""
@@ -344,17 +348,15 @@ extern "C" __global__ void put_rows(const i64* __restrict__ slots, const float* 
 }
 """
 
-_THREADS = 256
 
-
-class Kernels:
+class Kernels(TileLaunchers):
     """The compiled kernels and their launchers (CuPy arrays in and out)."""
 
     def __init__(self) -> None:
         import cupy  # type: ignore[import-not-found, unused-ignore]
 
         self.cp = cupy
-        mod = cupy.RawModule(code=_SOURCE, options=("--std=c++14",))
+        mod = cupy.RawModule(code=_SOURCE + TILE_SOURCE, options=("--std=c++14",))
         self._hash = mod.get_function("hash_keys")
         self._find = mod.get_function("find_slots")
         self._find_rows = mod.get_function("find_rows")
@@ -364,6 +366,17 @@ class Kernels:
         self._plan_linked = mod.get_function("plan_linked")
         self._put_rows = mod.get_function("put_rows")
         self._touch = mod.get_function("touch_found")
+        self._find_t = {t: mod.get_function(f"find{t}") for t in (2, 4, 8)}
+        self._upsert_find8 = mod.get_function("upsert_find8")
+        self._upsert_plan = mod.get_function("upsert_plan")
+        self._put_rows8 = mod.get_function("put_rows8")
+        #: Lanes a key for finds: 8 (``find8``), 4 or 2; None: by the rows'
+        #: width (:func:`tile_for`); 0: a warp a key (``find_slots``,
+        #: ``find_rows``: kept to compare, benches/gpu_cache.py).
+        self.tile: int | None = None
+        #: upsert_plan by a warp a bucket (True) or a key (False); None: by
+        #: bucket where a call has at least half as many keys as buckets.
+        self.by_bucket: bool | None = None
 
     def _grid(self, threads: int) -> tuple[int]:
         return (max(1, (threads + _THREADS - 1) // _THREADS),)
@@ -385,7 +398,9 @@ class Kernels:
         keys = cp.ascontiguousarray(keys, dtype=cp.int64)
         n = int(keys.shape[0])
         out = cp.empty((n,), dtype=cp.int64)
-        if n:
+        if n and self.tile != 0:
+            self.find_tiles(keys, tkeys, dig, buckets, width, out)
+        elif n:
             self._find(
                 self._grid(32 * n),
                 (_THREADS,),
@@ -402,7 +417,9 @@ class Kernels:
         n, dim = int(keys.shape[0]), int(rows.shape[1])
         slot = cp.empty((n,), dtype=cp.int64)
         out = cp.empty((n, dim), dtype=cp.float32)
-        if n:
+        if n and self.tile != 0:
+            self.find_tiles(keys, tkeys, dig, buckets, width, slot, rows, out)
+        elif n:
             self._find_rows(
                 self._grid(32 * n),
                 (_THREADS,),

@@ -88,6 +88,10 @@ class BucketIndex:
         #: Kernels plan without sorting the misses (linked per bucket) where
         #: no bucket has more than 64 of them.
         self.sort_free = True
+        #: insert_or_assign in three kernels (``upsert_find8``, ``upsert_plan``,
+        #: ``put_rows8``) where rows are float32; False: the find, touch, plan,
+        #: install and put_rows kernels (kept to compare, benches/gpu_cache.py).
+        self.fused = True
         self._cuda: Any = None
         if self.kernels:
             from embstore.gpu import _cuda
@@ -160,6 +164,12 @@ class BucketIndex:
             linked = self._linked(keys, protect_from, lru)
             if linked is not None:
                 return linked
+        return self._plan_sorted(keys, protect_from, lru)
+
+    def _plan_sorted(self, keys: Array, protect_from: int, lru: bool) -> tuple[Array, Array]:
+        """:meth:`plan` with the misses sorted by bucket."""
+        xp = self.xp
+        m = int(keys.shape[0])
         bucket, _ = self.hash(keys)
         # Buckets fit 32 bits: a radix sort of half the passes on a GPU.
         narrow = xp.astype(bucket, xp.int32) if self.buckets < 2**31 else bucket
@@ -269,6 +279,17 @@ class BucketIndex:
         self.count = X.scatter_values(xp, fancy, self.count, slots, counts)
         self.last = X.scatter_values(xp, fancy, self.last, slots, tick)
 
+    def remove(self, slots: Array) -> None:
+        """Slots ``slots`` (distinct, in use) emptied: their keys are no
+        longer found, and a plan gives them first."""
+        xp, fancy = self.xp, self._fancy
+        n = int(slots.shape[0])
+        if n == 0:
+            return
+        self.used -= n
+        for name in ("keys", "digest", "count", "last"):
+            setattr(self, name, X.scatter_values(xp, fancy, getattr(self, name), slots, 0))
+
     def put_rows(self, dst: Array, slots: Array, src: Array, rows_of: Array = None) -> Array:
         """``dst`` (rows by slot) with rows ``slots`` (distinct) set to ``src``,
         or to ``src``'s rows ``rows_of`` (in place where the namespace allows)."""
@@ -294,6 +315,9 @@ class BucketIndex:
         (no compaction of the misses)."""
         xp = self.xp
         n = int(keys.shape[0])
+        fused = self.kernels and self.fused and self.sort_free and n > 0
+        if fused and rows.dtype == xp.float32 and values.dtype == xp.float32:
+            return self._upsert(keys, values, rows, tick, policy == "lru")
         found = self.find(keys)
         touched = False
         if self.kernels and self.sort_free and n:
@@ -343,6 +367,42 @@ class BucketIndex:
         dst = X.scatter_values(xp, self._fancy, found, miss, slots)
         ev = X.scatter_values(xp, self._fancy, xp.zeros((n,), dtype=xp.bool), miss, evict)
         return rows, dst, ev
+
+    def _upsert(
+        self, keys: Array, values: Array, rows: Array, tick: int, lru: bool
+    ) -> tuple[Array, Array, Array]:
+        """:meth:`insert_or_assign` in three kernels; the buckets of over 64
+        misses (slot -2) planned after, by sorting (buckets are planned
+        independently, so the result is the same)."""
+        xp = self.xp
+        slot, evict, got, ev, left = self._cuda.upsert(
+            keys,
+            values,
+            rows,
+            self.buckets,
+            self.bucket_size,
+            tick,
+            lru,
+            (self.keys, self.digest, self.count, self.last),
+        )
+        self.used += got - ev
+        if left:
+            pend = xp.nonzero(slot == -2)[0]
+            pk = xp.take(keys, pend)
+            s2, e2 = self._plan_sorted(pk, tick, lru)
+            ok = xp.nonzero(s2 >= 0)[0]
+            got2 = xp.take(s2, ok)
+            self.install(
+                got2,
+                xp.take(pk, ok),
+                xp.ones(ok.shape, dtype=xp.int64),
+                tick,
+                int(xp.sum(xp.astype(xp.take(e2, ok), xp.int64))),
+            )
+            rows = self.put_rows(rows, got2, values, xp.take(pend, ok))
+            slot = X.scatter_values(xp, self._fancy, slot, pend, s2)
+            evict = X.scatter_values(xp, self._fancy, evict, pend, e2)
+        return rows, slot, evict
 
     def slots_in_use(self) -> Array:
         """Every slot that holds a key."""

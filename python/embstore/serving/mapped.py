@@ -174,6 +174,14 @@ class MappedTable:
         return bool(self._inner.refresh())
 
     @property
+    def version(self) -> int:
+        """Versions swapped in by refreshes (background ones included)
+        since open: 0 at open, raised before a refresh that served a new
+        publish returns. A cache of this table's rows (:class:`embstore.gpu.ServingCache`)
+        reads it at the start of a call: unchanged, its rows are current."""
+        return int(self._inner.version)
+
+    @property
     def follow(self) -> float | None:
         """Seconds between background refreshes (None: not following)."""
         return None if self._stop.is_set() else self._follow

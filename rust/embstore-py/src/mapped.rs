@@ -64,6 +64,12 @@ impl PyMappedTable {
         self.inner.dir().as_os_str().to_os_string()
     }
 
+    /// Versions swapped in by refreshes since open (0 at open).
+    #[getter]
+    fn version(&self) -> u64 {
+        self.inner.version()
+    }
+
     /// Columns per row.
     #[getter]
     fn dim(&self) -> usize {

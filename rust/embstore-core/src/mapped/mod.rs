@@ -42,6 +42,7 @@ use rayon::prelude::*;
 use snapshot::{Snapshot, read_snapshot};
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 
 /// Keys a call handles on the calling thread; larger calls spread over
@@ -69,6 +70,10 @@ pub struct MappedTable {
     /// the two reads differs from them): [`MappedTable::unchanged`]
     /// compares the manifest with them, without the readers' lock.
     refreshing: Mutex<Option<Vec<u8>>>,
+    /// Versions swapped in since open (0 at open): raised before a refresh
+    /// that swapped returns, so a cache of this table's rows that reads it
+    /// at the start of a call knows whether what it holds may be stale.
+    version: AtomicU64,
 }
 
 impl std::fmt::Debug for MappedTable {
@@ -113,6 +118,7 @@ impl MappedTable {
             backend: Backend::from_env()?,
             current: RwLock::new(Arc::new(snap)),
             refreshing: Mutex::new(seen),
+            version: AtomicU64::new(0),
         })
     }
 
@@ -203,6 +209,7 @@ impl MappedTable {
             Arc::new(snap),
         );
         *seen = before;
+        self.version.fetch_add(1, Ordering::AcqRel);
         // Unmapped (once no call holds it) outside the lock.
         drop(old);
         Ok(true)
@@ -222,6 +229,13 @@ impl MappedTable {
         let snap = self.snapshot();
         (keys.len() <= NOW_KEYS && snap.checked())
             .then(|| self.lookup_in(&snap, keys, missing, out, found))
+    }
+
+    /// Versions swapped in by refreshes since open (0 at open; see
+    /// [`MappedTable::refresh`]): a call that reads a version `v` and then
+    /// rows reads rows of version `v` or later.
+    pub fn version(&self) -> u64 {
+        self.version.load(Ordering::Acquire)
     }
 
     /// Columns per row.
@@ -412,6 +426,7 @@ mod tests {
         t.save(&dir, false, false, None).unwrap();
         let m = MappedTable::open(&dir).unwrap();
         assert!(m.unchanged(), "nothing published since the open");
+        assert_eq!(m.version(), 0);
         // Another process holds the readers' lock exclusively (forever, as
         // far as this reader knows): a refresh with nothing new returns at
         // once instead of waiting for it.
@@ -420,16 +435,27 @@ mod tests {
         let start = Instant::now();
         assert!(!m.refresh().unwrap(), "nothing to refresh");
         assert!(start.elapsed() < Duration::from_secs(1));
+        assert_eq!(
+            m.version(),
+            0,
+            "a refresh with nothing new swaps nothing in"
+        );
         other.unlock().unwrap();
         t.assign(&[2], &[5.0, 5.0]).unwrap();
         t.save(&dir, true, false, None).unwrap();
         assert!(!m.unchanged(), "a publish changes the manifest");
         assert!(m.refresh().unwrap());
+        assert_eq!(
+            m.version(),
+            1,
+            "the version is raised before refresh returns"
+        );
         assert!(m.unchanged(), "the refresh read the manifest it serves");
         let mut out = [0.0; 2];
         m.lookup(&[2], Missing::Zeros, &mut out, None).unwrap();
         assert_eq!(out, [5.0, 5.0]);
         assert!(!m.refresh().unwrap());
+        assert_eq!(m.version(), 1);
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

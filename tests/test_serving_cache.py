@@ -1,0 +1,176 @@
+"""ServingCache (embstore.gpu.serving): a device cache in front of a mapped,
+followed table. Its rows and hit masks equal the mapped table's own lookups
+bit for bit on every namespace (CuPy's kernels too, on a GPU); it admits the
+keys it misses and then serves them from the device; after a refresh (its
+own, or the table's background follow) no lookup returns a row of the
+version before; bad arguments are refused by name."""
+
+from __future__ import annotations
+
+import importlib
+import pathlib
+import time
+from types import ModuleType
+
+import numpy as np
+import pytest
+
+import embstore
+from embstore.gpu import ServingCache
+from embstore.gpu import _xp as X
+
+from .test_mapped import DIM
+from .test_mapped_refresh import churn, publish
+
+GPU_OK, GPU_WHY = X.gpu_usable()
+
+
+def namespaces() -> list[object]:
+    out: list[object] = ["numpy", "array_api_strict", "torch"]
+    out.append(
+        pytest.param(
+            "cupy",
+            marks=[pytest.mark.gpu, pytest.mark.skipif(not GPU_OK, reason=f"no GPU: {GPU_WHY}")],
+        )
+    )
+    return out
+
+
+@pytest.fixture(params=namespaces())
+def xp(request: pytest.FixtureRequest) -> ModuleType:
+    return X.namespace(importlib.import_module(request.param))
+
+
+def served(tmp_path: pathlib.Path, follow: float | None = None, dim: int = DIM) -> tuple:
+    """A trained table of 2,000 keys published at a path, and the path mapped."""
+    t = embstore.Table(dim, optimizer=embstore.optim.Adagrad(lr=0.1), seed=3)
+    rng = np.random.default_rng(0)
+    k = np.arange(2_000, dtype=np.int64) * 7 - 3_000
+    t.lookup(k)
+    t.apply_gradients(k, rng.standard_normal((k.size, dim)).astype(np.float32))
+    path = tmp_path / "serve"
+    t.save(path, with_optimizer=False)
+    return t, path, embstore.MappedTable(path, follow=follow)
+
+
+def host(xp: ModuleType, a: object) -> np.ndarray:
+    return np.asarray(embstore.gpu.to_numpy(a))
+
+
+def zipf_keys(rng: np.random.Generator, n: int) -> np.ndarray:
+    """Keys of the table (ranks by Zipf 1.1 over 2,000) and a tenth unknown."""
+    r = np.minimum(rng.zipf(1.1, n), 2_000) - 1
+    k = r * 7 - 3_000
+    unknown = rng.random(n) < 0.1
+    return np.where(unknown, rng.integers(10**6, 10**7, n), k).astype(np.int64)
+
+
+def test_rows_and_masks_equal_the_mapped_tables_and_hits_come_from_the_device(
+    xp: ModuleType, tmp_path: pathlib.Path
+) -> None:
+    """100 lookups of 300 Zipf keys (repeats and unknown keys included)
+    through a cache of a fifth of the rows: each call's rows and found mask
+    equal the mapped table's (default "init" and "zeros"); the cache fills,
+    and its hits are most of the keys once it has."""
+    _, _, mapped = served(tmp_path)
+    cache = ServingCache(mapped, 400, xp=xp, admit_batch=256)
+    rng = np.random.default_rng(1)
+    for i in range(100):
+        keys = zipf_keys(rng, 300)
+        default = "zeros" if i % 2 else "init"
+        want, want_found = mapped.lookup(keys, default=default, return_found=True)
+        arg = xp.asarray(keys) if i % 3 == 0 else keys  # device and host keys
+        got, found = cache.lookup(arg, default=default, return_found=True)
+        np.testing.assert_array_equal(host(xp, got), want)
+        np.testing.assert_array_equal(host(xp, found), want_found)
+    s = cache.stats()
+    assert s["lookups"] == 30_000
+    assert s["rows_cached"] > 0.9 * cache.capacity
+    assert s["admissions"] >= s["rows_cached"] / 256
+    late = cache.stats()["hits"]
+    for _ in range(20):
+        cache.lookup(zipf_keys(rng, 300))
+    assert (cache.stats()["hits"] - late) / 6_000 > 0.6
+
+
+@pytest.mark.parametrize("how", ["refresh", "follow"])
+def test_no_row_is_served_stale_after_a_refresh(
+    xp: ModuleType, tmp_path: pathlib.Path, how: str
+) -> None:
+    """The trainer publishes 6 times (rows trained, removed, new ones):
+    after each refresh returns (the cache's own, or the table's background
+    follow seen through its version), every lookup through the cache equals
+    the published table: no cached row of a version before, a removed key
+    not found."""
+    t, path, mapped = served(tmp_path, follow=0.05 if how == "follow" else None)
+    cache = ServingCache(mapped, 4_000, xp=xp, admit_batch=64)
+    every = np.arange(2_600, dtype=np.int64) * 7 - 3_000
+    rng = np.random.default_rng(2)
+    for _ in range(3):
+        cache.lookup(every)
+    assert cache.stats()["rows_cached"] == 2_000  # every key the table holds
+    for r in range(6):
+        churn_keys = np.arange(-3_000, 15_200, 7, dtype=np.int64)
+        churn(t, rng)
+        t.remove(churn_keys[r * 40 : r * 40 + 40])
+        v = mapped.version
+        publish(t, path)
+        if how == "refresh":
+            assert cache.refresh() is True
+        else:
+            deadline = time.monotonic() + 20
+            while mapped.version == v:
+                assert time.monotonic() < deadline, "the follow thread never refreshed"
+                time.sleep(0.01)
+        want, want_found = t.lookup(every, insert=False, default="zeros", return_found=True)
+        got, found = cache.lookup(every, default="zeros", return_found=True)
+        np.testing.assert_array_equal(host(xp, found), want_found)
+        np.testing.assert_array_equal(host(xp, got), want)
+    s = cache.stats()
+    assert s["revalidations"] == 6
+    assert s["version"] == mapped.version
+    mapped.close()
+
+
+def test_bad_arguments_are_refused_by_name(tmp_path: pathlib.Path) -> None:
+    t, _, mapped = served(tmp_path)
+    with pytest.raises(TypeError, match="table: expected a read-only table"):
+        ServingCache(t, 10)
+    with pytest.raises(ValueError, match="rows: expected an int >= 1"):
+        ServingCache(mapped, 0)
+    with pytest.raises(ValueError, match="policy: expected 'lfu' or 'lru'"):
+        ServingCache(mapped, 10, policy="fifo")
+    with pytest.raises(ValueError, match="admit_batch: expected an int >= 1"):
+        ServingCache(mapped, 10, admit_batch=0)
+    cache = ServingCache(mapped, 10, xp=np)
+    with pytest.raises(ValueError, match="keys: expected a 1-D array"):
+        cache.lookup(np.zeros((2, 2), dtype=np.int64))
+    with pytest.raises(TypeError, match="keys: expected an integer array"):
+        cache.lookup(np.zeros(2, dtype=np.float32))
+    with pytest.raises(TypeError, match="return_found"):
+        cache.lookup(np.zeros(2, dtype=np.int64), return_found="yes")  # type: ignore[arg-type]
+    assert cache.stats()["lookups"] == 0
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not GPU_OK, reason=f"no GPU for CuPy: {GPU_WHY}")
+def test_the_kernel_path_equals_the_array_path_on_cupy(tmp_path: pathlib.Path) -> None:
+    """The same stream through a cache using the find8 kernel and one using
+    array operations on CuPy (rows of 8 floats: float4 copies): equal rows,
+    masks, admissions and index."""
+    import cupy  # type: ignore[import-not-found, unused-ignore]
+
+    _, _, mapped = served(tmp_path, dim=8)
+    a = ServingCache(mapped, 300, xp=cupy, admit_batch=100)
+    b = ServingCache(mapped, 300, xp=cupy, admit_batch=100)
+    b._index.kernels = False
+    rng = np.random.default_rng(4)
+    for _ in range(60):
+        keys = zipf_keys(rng, 500)
+        ra, fa = a.lookup(keys, return_found=True)
+        rb, fb = b.lookup(keys, return_found=True)
+        cupy.testing.assert_array_equal(ra, rb)
+        cupy.testing.assert_array_equal(fa, fb)
+    for name in ("keys", "digest", "count", "last"):
+        cupy.testing.assert_array_equal(getattr(a._index, name), getattr(b._index, name))
+    assert a.stats() == b.stats()
