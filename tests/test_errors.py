@@ -139,7 +139,7 @@ def test_bad_constructor_arguments() -> None:
     with pytest.raises(ValueError, match=r"^seed: expected 0 <= seed < 2\*\*64"):
         embstore.Table(2, seed=-1)
     with pytest.raises(ValueError, match=r"^dtype: expected one of"):
-        embstore.Table(2, dtype="int8")
+        embstore.Table(2, dtype="int4")
     with pytest.raises(TypeError, match=r"^optimizer: expected an embstore.optim optimizer"):
         embstore.Table(2, optimizer="adam")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match=r"^high: expected high >= low"):

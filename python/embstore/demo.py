@@ -328,7 +328,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--dtype",
         default="float32",
-        choices=["float32", "float16", "bfloat16"],
+        choices=["float32", "float16", "bfloat16", "int8"],
         help="row storage dtype of the embedding table",
     )
     p.add_argument(

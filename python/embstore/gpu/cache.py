@@ -133,6 +133,11 @@ class DeviceCache:
         self._fancy = X.supports_fancy_setitem(self.xp)
         self._lock = threading.Lock()
         self._dtype = str(table.dtype)
+        if self._dtype == "int8":
+            raise ValueError(
+                "table: expected rows of float32, float16 or bfloat16; a DeviceCache does "
+                "not cache int8 rows yet"
+            )
         LIVE.add(self)
         xp_ = self.xp
         #: Key -> slot; a cached key's row and state sit at its slot.

@@ -25,6 +25,14 @@ pub const fn row_stream(seed: u64, key: i64) -> u64 {
     mix64(mix64(seed ^ 0x6A09_E667_F3BC_C909) ^ (key as u64))
 }
 
+/// The stream of a row's stochastic rounding at optimizer step `step`: a
+/// pure function of (seed, key, step), so that an 8-bit row rounds the same
+/// whatever the thread count, shard count or rank that updates it.
+#[inline(always)]
+pub const fn rounding_stream(seed: u64, key: i64, step: u64) -> u64 {
+    mix64(row_stream(seed ^ 0xB7E1_5162_8AED_2A6B, key) ^ step.wrapping_mul(GOLDEN))
+}
+
 /// The `i`-th 64-bit draw of a row stream (splitmix64 with counter `i`).
 #[inline(always)]
 pub const fn draw(stream: u64, i: u64) -> u64 {

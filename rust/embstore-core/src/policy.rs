@@ -485,6 +485,7 @@ mod tests {
                 RowFormat::F32 => 0.0,
                 RowFormat::F16 => 1e-3,
                 RowFormat::BF16 => 8e-3,
+                RowFormat::I8 => unreachable!("not in this test: codec.rs tests 8-bit rows"),
             };
             for (a, b) in back.iter().zip(&src) {
                 assert!(

@@ -152,7 +152,7 @@ pub const ADMISSIONS: &[Named] = &[
 ];
 
 /// Row storage dtypes.
-pub const DTYPES: &[&str] = &["float32", "float16", "bfloat16"];
+pub const DTYPES: &[&str] = &["float32", "float16", "bfloat16", "int8"];
 /// Capacity eviction orders (and a DeviceCache's replacement policies).
 pub const EVICTIONS: &[&str] = &["lfu", "lru"];
 /// Pooling combiners.
@@ -281,7 +281,7 @@ mod tests {
         }
         let e = RowFormat::from_name("float64").unwrap_err().to_string();
         assert!(
-            e.contains("\"float32\", \"float16\" or \"bfloat16\""),
+            e.contains("\"float32\", \"float16\", \"bfloat16\" or \"int8\""),
             "{e}"
         );
         assert!(Combiner::from_name("max").is_err());

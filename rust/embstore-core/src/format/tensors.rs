@@ -75,6 +75,9 @@ pub(crate) fn write_safetensors_with(
 pub(crate) struct Rows<'a> {
     pub(crate) keys: Cow<'a, [i64]>,
     pub(crate) rows: Cow<'a, [f32]>,
+    /// For 8-bit rows, the rows as the table holds them (words a row), so
+    /// that a load keeps their bytes; `rows` holds them decoded.
+    pub(crate) stored: Option<Cow<'a, [f32]>>,
     pub(crate) state: Option<Cow<'a, [f32]>>,
     /// Per-row policy metadata, 4 words a row ([`Meta::to_words`]).
     pub(crate) meta: Option<Cow<'a, [u32]>>,
@@ -86,13 +89,25 @@ pub(crate) fn rows_dtype(fmt: RowFormat) -> Dtype {
         RowFormat::F32 => Dtype::F32,
         RowFormat::F16 => Dtype::F16,
         RowFormat::BF16 => Dtype::BF16,
+        RowFormat::I8 => Dtype::U8,
     }
 }
 
 /// Rows stored in `fmt` as float32 (exact: every 16-bit value is a float32).
-pub(crate) fn rows_f32(fmt: RowFormat, b: &[u8]) -> Cow<'_, [f32]> {
+pub(crate) fn rows_f32(fmt: RowFormat, dim: usize, b: &[u8]) -> Cow<'_, [f32]> {
     if fmt == RowFormat::F32 {
         return f32s(b);
+    }
+    if fmt == RowFormat::I8 {
+        let per = fmt.file_row_bytes(dim);
+        let mut out = vec![0.0f32; b.len() / per.max(1) * dim];
+        for (o, row) in out
+            .chunks_exact_mut(dim.max(1))
+            .zip(b.chunks_exact(per.max(1)))
+        {
+            fmt.decode_bytes(row, o);
+        }
+        return Cow::Owned(out);
     }
     let mut out = vec![0.0f32; b.len() / fmt.item_bytes()];
     fmt.decode_bytes(b, &mut out);
@@ -192,8 +207,14 @@ pub(crate) fn check_rows(
     let n = e.rows as usize;
     let fmt = m.format().map_err(|err| ckpt_err(path, err.to_string()))?;
     expect_tensor(&st, path, "keys", Dtype::I64, &[n])?;
-    let rows = expect_tensor(&st, path, "rows", rows_dtype(fmt), &[n, m.dim])?;
-    finite_in_file(path, "rows", &rows_f32(fmt, rows))?;
+    let rows = expect_tensor(
+        &st,
+        path,
+        "rows",
+        rows_dtype(fmt),
+        &[n, fmt.file_cols(m.dim)],
+    )?;
+    finite_in_file(path, "rows", &rows_f32(fmt, m.dim, rows))?;
     if m.with_optimizer && m.state_len > 0 {
         let state = expect_tensor(&st, path, "state", Dtype::F32, &[n, m.state_len])?;
         let state = f32s(state);
@@ -289,10 +310,15 @@ pub(crate) fn parse_rows<'a>(
     let n = e.rows as usize;
     let fmt = m.format().map_err(|err| ckpt_err(path, err.to_string()))?;
     let keys = i64s(expect_tensor(&st, path, "keys", Dtype::I64, &[n])?);
-    let rows = rows_f32(
-        fmt,
-        expect_tensor(&st, path, "rows", rows_dtype(fmt), &[n, m.dim])?,
-    );
+    let raw = expect_tensor(
+        &st,
+        path,
+        "rows",
+        rows_dtype(fmt),
+        &[n, fmt.file_cols(m.dim)],
+    )?;
+    let rows = rows_f32(fmt, m.dim, raw);
+    let stored = (fmt == RowFormat::I8).then(|| f32s(raw));
     let state = if m.with_optimizer && m.state_len > 0 {
         Some(f32s(expect_tensor(
             &st,
@@ -318,6 +344,7 @@ pub(crate) fn parse_rows<'a>(
     Ok(Rows {
         keys,
         rows,
+        stored,
         state,
         meta,
     })
@@ -390,6 +417,6 @@ mod tests {
         assert_eq!(rows_dtype(RowFormat::BF16), Dtype::BF16);
         let mut b = Vec::new();
         u16::extend_le(&[half::f16::from_f32(1.5).to_bits()], &mut b);
-        assert_eq!(&*rows_f32(RowFormat::F16, &b), &[1.5]);
+        assert_eq!(&*rows_f32(RowFormat::F16, 1, &b), &[1.5]);
     }
 }

@@ -159,11 +159,12 @@ pub(super) fn map_file(
     };
     let slots = file_index::slots_for(n);
     let keys = at("keys", Dtype::I64, &[n])?;
-    let rows = at("rows", rows_dtype(format), &[n, m.dim])?;
+    let rows = at("rows", rows_dtype(format), &[n, format.file_cols(m.dim)])?;
     let index = at("index", Dtype::I64, &[slots, 2])?;
     let row_bytes = match format {
         RowFormat::F32 => 4 * m.dim,
         RowFormat::F16 | RowFormat::BF16 => 2 * m.dim,
+        RowFormat::I8 => 4 * format.words(m.dim),
     };
     let f = MappedFile {
         path,

@@ -175,3 +175,96 @@ pub(super) fn uniform_fill(out: &mut [f32], stream: u64, low: f64, span: f64) {
         *o = (low + span * u) as f32;
     }
 }
+
+/// The smallest and largest of `x` (`x` not empty, finite), by 16 lanes of
+/// compare-and-select (a fold of `f32::min` does not vectorize).
+#[inline(always)]
+pub(super) fn min_max(x: &[f32]) -> (f32, f32) {
+    let mut lo = [x[0]; 16];
+    let mut hi = [x[0]; 16];
+    let mut chunks = x.chunks_exact(16);
+    for c in &mut chunks {
+        for i in 0..16 {
+            lo[i] = if c[i] < lo[i] { c[i] } else { lo[i] };
+            hi[i] = if c[i] > hi[i] { c[i] } else { hi[i] };
+        }
+    }
+    for (i, &v) in chunks.remainder().iter().enumerate() {
+        lo[i] = if v < lo[i] { v } else { lo[i] };
+        hi[i] = if v > hi[i] { v } else { hi[i] };
+    }
+    // A tree of halves: 4 vector steps where a lane-by-lane fold took 15.
+    for w in [8, 4, 2, 1] {
+        for i in 0..w {
+            lo[i] = if lo[i + w] < lo[i] { lo[i + w] } else { lo[i] };
+            hi[i] = if hi[i + w] > hi[i] { hi[i + w] } else { hi[i] };
+        }
+    }
+    (lo[0], hi[0])
+}
+
+/// An 8-bit row's weights: `out[c] = offset + scale * q[c]` (a product,
+/// then a sum: no fused multiply-add, so every backend and NumPy agree).
+#[inline(always)]
+pub(super) fn dequant_u8(q: &[u8], scale: f32, offset: f32, out: &mut [f32]) {
+    for (o, &v) in out.iter_mut().zip(q) {
+        *o = offset + scale * f32::from(v);
+    }
+}
+
+/// lowbias32 (Chris Wellons): a 32-bit mixer whose multiplies vectorize on
+/// every backend.
+#[inline(always)]
+fn mix32(mut x: u32) -> u32 {
+    x ^= x >> 16;
+    x = x.wrapping_mul(0x7FEB_352D);
+    x ^= x >> 15;
+    x = x.wrapping_mul(0x846C_A68B);
+    x ^ (x >> 16)
+}
+
+/// The stochastic rounding draw of column `c` of a row stream: 24 bits of
+/// `mix32(base + c * 0x9E3779B9)`, `base` the stream's two halves xored,
+/// as a float in [0, 1).
+#[inline(always)]
+pub(crate) fn rounding_draw(stream: u64, c: usize) -> f32 {
+    const INV_2_24: f32 = 1.0 / (1u32 << 24) as f32;
+    let base = (stream >> 32) as u32 ^ stream as u32;
+    (mix32(base.wrapping_add((c as u32).wrapping_mul(0x9E37_79B9))) >> 8) as f32 * INV_2_24
+}
+
+/// An 8-bit row's codes: `q[c] = clamp(floor((x[c] - lo) * (1 / scale) +
+/// u_c), 0, 255)` (a product by the reciprocal, computed once: a division a
+/// weight cost more than the rest of an Adam step), with `u_c = 0.5` (round
+/// to nearest) or, with `stream`, [`rounding_draw`] in [0, 1); all zeros
+/// where `scale` is 0 (a constant row). Branch-free selects, so that the
+/// loop vectorizes.
+#[inline(always)]
+pub(super) fn quant_u8(x: &[f32], lo: f32, scale: f32, stream: Option<u64>, q: &mut [u8]) {
+    if scale == 0.0 {
+        q.fill(0);
+        return;
+    }
+    let inv = 1.0 / scale;
+    let code = |v: f32, u: f32| {
+        let f = ((v - lo) * inv + u).floor();
+        let f = if f >= 0.0 { f } else { 0.0 }; // NaN too
+        let f = if f > 255.0 { 255.0 } else { f };
+        // SAFETY: `f` is a whole number in 0..=255 (a NaN became 0 above),
+        // so it converts exactly; unlike a saturating `as` cast (a check
+        // for each value), this one vectorizes.
+        unsafe { f.to_int_unchecked::<i32>() as u8 }
+    };
+    match stream {
+        None => {
+            for (d, &v) in q.iter_mut().zip(x) {
+                *d = code(v, 0.5);
+            }
+        }
+        Some(s) => {
+            for (c, (d, &v)) in q.iter_mut().zip(x).enumerate() {
+                *d = code(v, rounding_draw(s, c));
+            }
+        }
+    }
+}

@@ -295,6 +295,22 @@ impl Backend {
     pub fn axpy(self, acc: &mut [f32], a: f32, x: &[f32]) {
         dispatch!(self, axpy(acc, a, x))
     }
+    /// The smallest and largest of `x` (not empty, finite).
+    #[inline]
+    pub fn min_max(self, x: &[f32]) -> (f32, f32) {
+        dispatch!(self, min_max(x))
+    }
+    /// An 8-bit row's weights from its codes (`kernels::dequant_u8`).
+    #[inline]
+    pub fn dequant_u8(self, q: &[u8], scale: f32, offset: f32, out: &mut [f32]) {
+        dispatch!(self, dequant_u8(q, scale, offset, out))
+    }
+    /// An 8-bit row's codes, rounded to nearest or, with `stream`,
+    /// stochastically (`kernels::quant_u8`).
+    #[inline]
+    pub fn quant_u8(self, x: &[f32], lo: f32, scale: f32, stream: Option<u64>, q: &mut [u8]) {
+        dispatch!(self, quant_u8(x, lo, scale, stream, q))
+    }
     /// The largest magnitude in `data` as bits (`kernels::max_magnitude_bits`).
     #[inline]
     pub fn max_magnitude_bits(self, data: &[f32]) -> u32 {
@@ -397,6 +413,16 @@ macro_rules! instantiate {
             kernels::uniform_fill(out, stream, low, span)
         }
         $(#[$attr])*
+        pub(crate) fn min_max(x: &[f32]) -> (f32, f32) { kernels::min_max(x) }
+        $(#[$attr])*
+        pub(crate) fn dequant_u8(q: &[u8], scale: f32, offset: f32, out: &mut [f32]) {
+            kernels::dequant_u8(q, scale, offset, out)
+        }
+        $(#[$attr])*
+        pub(crate) fn quant_u8(x: &[f32], lo: f32, scale: f32, stream: Option<u64>, q: &mut [u8]) {
+            kernels::quant_u8(x, lo, scale, stream, q)
+        }
+        $(#[$attr])*
         pub(crate) fn step_max(
             c: &crate::optim::StepConsts,
             w: &mut [f32],
@@ -460,6 +486,19 @@ mod tests {
             let g = values(s, dim);
             let w0 = values(s + 1, dim);
             let pos: Vec<f32> = values(s + 2, dim).iter().map(|v| v.abs() + 0.1).collect();
+
+            // 8-bit rows: range, codes (to nearest and stochastic), weights.
+            let (lo, hi) = b.min_max(&w0);
+            out.extend([lo.to_bits(), hi.to_bits()]);
+            let scale = (hi - lo) / 255.0;
+            let mut q = vec![0u8; dim];
+            for stream in [None, Some(s * 7 + 1)] {
+                b.quant_u8(&w0, lo, scale, stream, &mut q);
+                out.extend(q.iter().map(|&c| u32::from(c)));
+                let mut back = vec![0.0f32; dim];
+                b.dequant_u8(&q, scale, lo, &mut back);
+                out.extend(back.iter().map(|v| v.to_bits()));
+            }
 
             let mut w = w0.clone();
             b.add_assign(&mut w, &g);

@@ -88,7 +88,7 @@ impl Table {
         let _cold = self.cold_enter(keys)?;
         let _gate = self.enter();
         let save_gen = save_gen.unwrap_or_else(|| self.generation());
-        self.assign_in(keys, values, state, meta, save_gen)?;
+        self.assign_in(keys, values, None, state, meta, save_gen)?;
         if let Some(c) = clock {
             self.set_clock(self.clock().max(c));
         }
@@ -104,11 +104,15 @@ impl Table {
         &self,
         keys: &[i64],
         values: &[f32],
+        stored: Option<&[f32]>,
         state: Option<&[f32]>,
         meta: Option<&[u32]>,
         save_gen: u32,
     ) -> Result<()> {
-        let (dim, sl) = (self.dim, self.state_len);
+        let (dim, sl, ww) = (self.dim, self.state_len, self.wwords);
+        if let Some(sw) = stored {
+            check_len("rows", keys.len() * ww, sw.len())?;
+        }
         let plan = self.plan(keys)?;
         let reserved = self.reserve_plan(&plan, keys, None, false, "keys")?;
         // What this writes, in the bounds every step's non-finite check
@@ -131,7 +135,11 @@ impl Table {
                 // A new key's row is written before its key is published, so
                 // a serving read never sees it with any other floats.
                 let write = |w: &mut [f32], st: &mut [f32]| {
-                    self.write_weights(w, &values[i * dim..(i + 1) * dim]);
+                    match stored {
+                        // The row's words as a file kept them (8-bit rows).
+                        Some(sw) => w[..ww].copy_from_slice(&sw[i * ww..(i + 1) * ww]),
+                        None => self.write_weights(w, &values[i * dim..(i + 1) * dim]),
+                    }
                     match (state, &self.optimizer) {
                         (Some(src), _) => st.copy_from_slice(&src[i * sl..(i + 1) * sl]),
                         (None, Some(o)) => o.init_state(st),

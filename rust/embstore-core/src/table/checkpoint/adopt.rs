@@ -55,7 +55,14 @@ impl Table {
         let fmt = self.policy.format;
         let rows = rows_f32(
             fmt,
-            expect_tensor(&st, &path, "rows", rows_dtype(fmt), &[n, self.dim])?,
+            self.dim,
+            expect_tensor(
+                &st,
+                &path,
+                "rows",
+                rows_dtype(fmt),
+                &[n, fmt.file_cols(self.dim)],
+            )?,
         );
         let state = match cols.state {
             Some(_) => f32s(expect_tensor(
@@ -155,7 +162,13 @@ impl Table {
         let n = e.rows as usize;
         let at = |b: &[u8]| (b.as_ptr() as usize - buf.as_ptr() as usize) as u64;
         let fmt = self.policy.format;
-        let w = expect_tensor(&st, path, "rows", rows_dtype(fmt), &[n, self.dim])?;
+        let w = expect_tensor(
+            &st,
+            path,
+            "rows",
+            rows_dtype(fmt),
+            &[n, fmt.file_cols(self.dim)],
+        )?;
         let state = if self.state_len > 0 {
             let s = expect_tensor(&st, path, "state", Dtype::F32, &[n, self.state_len])?;
             Some((at(s), 4 * self.state_len))
@@ -178,7 +191,7 @@ impl Table {
                 rows,
                 ww: self.wwords,
                 sl: self.state_len,
-                weights: (at(w), self.dim * fmt.item_bytes()),
+                weights: (at(w), fmt.file_row_bytes(self.dim)),
                 state,
                 meta,
                 fixed_meta,

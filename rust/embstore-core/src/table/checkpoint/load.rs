@@ -210,21 +210,29 @@ impl Table {
         // A disk table's row from an earlier link that went to disk is
         // replaced (its disk copy forgotten), and rows beyond its memory go
         // to disk after each file.
-        let assign = |keys: &[i64], rows: &[f32], st: Option<&[f32]>, meta: Option<&[u32]>, g| {
+        // `stored`: 8-bit rows as the table holds them (their bytes kept),
+        // beside `rows` decoded (for the bounds).
+        let assign = |keys: &[i64],
+                      rows: &[f32],
+                      stored: Option<&[f32]>,
+                      st: Option<&[f32]>,
+                      meta: Option<&[u32]>,
+                      g| {
             if !on_disk {
-                return table.assign_in(keys, rows, st, meta, g);
+                return table.assign_in(keys, rows, stored, st, meta, g);
             }
             // In parts, each moved out as far as memory needs before the
             // next comes in: memory holds `memory_bytes` and one part.
             const PART: usize = 1 << 16;
-            let (dim, sl) = (table.dim(), table.state_len());
+            let (dim, sl, ww) = (table.dim(), table.state_len(), table.weight_words());
             for (i, k) in keys.chunks(PART).enumerate() {
                 let (from, n) = (i * PART, k.len());
                 let r = &rows[from * dim..][..n * dim];
+                let sw = stored.map(|w| &w[from * ww..][..n * ww]);
                 let s = st.map(|s| &s[from * sl..][..n * sl]);
                 let mt = meta.map(|mt| &mt[from * 4..][..n * 4]);
                 table.forget_on_disk(k)?;
-                table.assign_in(k, r, s, mt, g)?;
+                table.assign_in(k, r, sw, s, mt, g)?;
                 table.spill_over();
             }
             Ok::<(), StoreError>(())
@@ -253,7 +261,14 @@ impl Table {
                     }
                     let r = parse_rows(&m, &path, e, buf)?;
                     match keep {
-                        None => assign(&r.keys, &r.rows, r.state.as_deref(), r.meta.as_deref(), 1)?,
+                        None => assign(
+                            &r.keys,
+                            &r.rows,
+                            r.stored.as_deref(),
+                            r.state.as_deref(),
+                            r.meta.as_deref(),
+                            1,
+                        )?,
                         Some(keep) => {
                             let (dim, sl) = (m.dim, m.state_len);
                             let pick: Vec<usize> =
@@ -268,12 +283,25 @@ impl Table {
                                     .flat_map(|&i| st[i * sl..(i + 1) * sl].iter().copied())
                                     .collect()
                             });
+                            let ww = m.format()?.words(dim);
+                            let stored: Option<Vec<f32>> = r.stored.as_ref().map(|sw| {
+                                pick.iter()
+                                    .flat_map(|&i| sw[i * ww..(i + 1) * ww].iter().copied())
+                                    .collect()
+                            });
                             let meta: Option<Vec<u32>> = r.meta.as_ref().map(|mt| {
                                 pick.iter()
                                     .flat_map(|&i| mt[i * 4..(i + 1) * 4].iter().copied())
                                     .collect()
                             });
-                            assign(&keys, &rows, state.as_deref(), meta.as_deref(), 1)?;
+                            assign(
+                                &keys,
+                                &rows,
+                                stored.as_deref(),
+                                state.as_deref(),
+                                meta.as_deref(),
+                                1,
+                            )?;
                         }
                     }
                     Ok(())

@@ -115,10 +115,9 @@ impl Table {
         // Sized once: a copy-out's buffers are new (growing them would copy
         // and fault their pages again at each doubling).
         let n = chunk.len();
-        let elem = fmt.item_bytes();
         out.keys.reserve(n);
         out.kb.reserve(n * 8);
-        out.w.reserve(n * dim * elem);
+        out.w.reserve(n * fmt.file_row_bytes(dim));
         if with_state {
             out.st.reserve(n * self.state_len * 4);
         }
@@ -187,7 +186,7 @@ impl Table {
             TensorOut {
                 name: "rows",
                 dtype: rows_dtype(self.policy.format),
-                shape: vec![n, self.dim],
+                shape: vec![n, self.policy.format.file_cols(self.dim)],
                 bytes: &got.w,
             },
         ];

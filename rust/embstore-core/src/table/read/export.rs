@@ -188,7 +188,7 @@ impl Table {
                             // copied inside the seqlock check (`copy_racy`).
                             RowFormat::F32 => unsafe { copy_racy(dst, w) },
                             // SAFETY: as above.
-                            f => f.decode(unsafe { racy(w, ww) }, dst),
+                            f => f.decode_on(self.backend, unsafe { racy(w, ww) }, dst),
                         }
                         if sl > 0 {
                             // SAFETY: as above, for the state's floats.

@@ -403,7 +403,7 @@ impl Table {
                     // SAFETY: as above.
                     RowFormat::F32 => unsafe { copy_racy(dst, w) },
                     // SAFETY: as above.
-                    f => f.decode(unsafe { racy(w, ww) }, dst),
+                    f => f.decode_on(self.backend, unsafe { racy(w, ww) }, dst),
                 }
                 then(i, true, Some(st));
             };
@@ -493,7 +493,7 @@ impl Table {
             RowFormat::F32 => {
                 copy!(|row: &[f32], dst: &mut [f32]| dst.copy_from_slice(&row[..dim]))
             }
-            f => copy!(|row: &[f32], dst: &mut [f32]| f.decode(&row[..ww], dst)),
+            f => copy!(|row: &[f32], dst: &mut [f32]| f.decode_on(self.backend, &row[..ww], dst)),
         }
     }
 

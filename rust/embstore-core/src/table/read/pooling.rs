@@ -316,7 +316,7 @@ impl Table {
                         // copied inside the seqlock check (`racy`).
                         RowFormat::F32 => unsafe { copy_racy(tmp, w) },
                         // SAFETY: as above.
-                        f => f.decode(unsafe { racy(w, ww) }, tmp),
+                        f => f.decode_on(self.backend, unsafe { racy(w, ww) }, tmp),
                     },
                 ),
                 None => false,

@@ -2,6 +2,7 @@
 //! the per-shard update of the touched rows.
 
 use crate::error::{Result, StoreError, invalid};
+use crate::hash::rounding_stream;
 use crate::hash::{key_hash, shard_of};
 use crate::policy::{Admission, RowFormat};
 use crate::simd::{Backend, prefetch};
@@ -262,7 +263,12 @@ impl Table {
                 let mut change = g.row_to_change(r, save_gen);
                 let (w, state) = change.parts();
                 let most = if compact {
-                    self.apply_compact(&consts, w, state, gsum, &mut wtmp, &mut decay)
+                    let stream = (self.policy.format == RowFormat::I8
+                        && RowFormat::stochastic_steps())
+                    .then(|| {
+                        rounding_stream(self.seed(), keys[(pairs[j] & 0xFFFF_FFFF) as usize], t)
+                    });
+                    self.apply_compact(&consts, w, state, gsum, &mut wtmp, &mut decay, stream)
                 } else if measure {
                     let g = decay.of(backend, gsum, w);
                     backend.step_max(&consts, w, state, g)
@@ -286,10 +292,12 @@ impl Table {
         measure.then(|| f64::from(f32::from_bits(written.into_inner())))
     }
 
-    /// One optimizer step on a 16-bit row: decode, update in float32, round
-    /// back (kept out of line: float32 tables never call it). Returns the
-    /// largest magnitude written, as bits.
+    /// One optimizer step on a 16- or 8-bit row: decode, update in float32,
+    /// round back (an 8-bit row stochastically by `stream`, the key's
+    /// [`rounding_stream`] at this step, or to nearest with None), kept out of line: float32 tables
+    /// never call it. Returns the largest magnitude written, as bits.
     #[inline(never)]
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn apply_compact(
         &self,
         consts: &crate::optim::StepConsts,
@@ -298,18 +306,33 @@ impl Table {
         gsum: &[f32],
         wtmp: &mut [f32],
         decay: &mut Decay<'_>,
+        stream: Option<u64>,
     ) -> u32 {
-        self.policy.format.decode(w, wtmp);
+        self.policy.format.decode_on(self.backend, w, wtmp);
         let g = decay.of(self.backend, gsum, wtmp);
         consts.apply(self.backend, wtmp, state, g);
         // A row saturates at the format's largest value instead of
         // becoming inf.
         let most = self.policy.format.max_finite();
+        if self.policy.format == RowFormat::I8 {
+            // One pass for the range, which bounds the row too; the clamp
+            // only where the range is beyond it.
+            let (mut lo, mut hi) = self.backend.min_max(wtmp);
+            if lo < -most || hi > most {
+                wtmp.iter_mut().for_each(|v| *v = v.clamp(-most, most));
+                (lo, hi) = (lo.clamp(-most, most), hi.clamp(-most, most));
+            }
+            crate::format::codec::encode_i8_in(self.backend, wtmp, w, stream, (lo, hi));
+            return (-lo).max(hi).to_bits();
+        }
         for v in wtmp.iter_mut() {
             *v = v.clamp(-most, most);
         }
-        self.policy.format.encode(wtmp, w);
-        // Encoding rounds by at most 2^-8 relative: a bound above the stored value.
+        self.policy
+            .format
+            .encode_rounding(self.backend, wtmp, w, stream);
+        // Encoding rounds by at most 2^-8 relative (an 8-bit row stays within
+        // its smallest and largest weight): a bound above the stored value.
         let top = f32::from_bits(self.backend.max_magnitude_bits(wtmp));
         (top * (1.0 + 1.0 / 128.0)).to_bits()
     }

@@ -416,7 +416,11 @@ impl Table {
                 g: &mut decayed,
             };
             if compact {
-                self.apply_compact(&consts, &mut w, &mut st, &acc, &mut wtmp, &mut decay);
+                let stream = RowFormat::stochastic_steps()
+                    .then(|| crate::hash::rounding_stream(self.seed(), key, t));
+                self.apply_compact(
+                    &consts, &mut w, &mut st, &acc, &mut wtmp, &mut decay, stream,
+                );
                 self.read_weights(&w, &mut wtmp);
             } else {
                 let g = decay.of(backend, &acc, &w);
