@@ -228,3 +228,38 @@ def test_device_caches_refuse_int8_tables_by_name() -> None:
 
     with pytest.raises(ValueError, match="table: expected rows of float32"):
         DeviceCache(embstore.Table(8, dtype="int8", optimizer=optim.SGD(lr=0.1)), 10, xp=np)
+
+
+def test_state_dicts_and_dtype_conversions_at_save_and_load(tmp_path) -> None:
+    """A state dict round trip keeps an int8 table's rows and next step;
+    ``Table.load(path, dtype="float32")`` gives an int8 checkpoint's rows
+    as float32 (equal to the int8 table's reads); a float32 trainer's
+    ``save(path, with_optimizer=False, dtype="int8")`` publishes rows within
+    half a code step of its own, served by a mapped reader; an incremental
+    save refuses another dtype by name."""
+    t = trained_int8(seed=6)
+    keys, rows = sorted_export(t)
+    u = embstore.Table(9, dtype="int8", optimizer=optim.Adam(lr=0.01), seed=6)
+    u.load_state_dict(t.state_dict())
+    np.testing.assert_array_equal(u.lookup(keys), rows)
+    g = np.ones((keys.size, 9), np.float32)
+    t.apply_gradients(keys, g)
+    u.apply_gradients(keys, g)
+    np.testing.assert_array_equal(u.lookup(keys), t.lookup(keys))
+    t.save(tmp_path / "i8")
+    f = embstore.Table.load(tmp_path / "i8", dtype="float32")
+    assert (f.dtype, f.step, f.seed) == ("float32", t.step, t.seed)
+    np.testing.assert_array_equal(f.lookup(keys, insert=False), t.lookup(keys))
+    # A float32 trainer publishes int8 rows.
+    f.apply_gradients(keys, g)
+    f.save(tmp_path / "pub", with_optimizer=False, dtype="int8")
+    served = embstore.Table.load(tmp_path / "pub", mmap=True)
+    assert served.dtype == "int8"
+    want = f.lookup(keys, insert=False)
+    got = served.lookup(keys)
+    span = want.max(axis=1) - want.min(axis=1)
+    assert np.all(np.abs(got - want) <= (span / 255 / 2 * 1.001 + 1e-7)[:, None])
+    with pytest.raises(ValueError, match="dtype: an incremental save"):
+        f.save(tmp_path / "pub", incremental=True, dtype="int8")
+    with pytest.raises(ValueError, match="dtype: expected"):
+        embstore.Table.load(tmp_path / "i8", dtype="int4")

@@ -563,6 +563,7 @@ class Table(CheckpointParts):
         incremental: bool = False,
         with_optimizer: bool = True,
         progress: bool | None = None,
+        dtype: str | None = None,
     ) -> dict[str, Any]:
         """Save a consistent snapshot to the checkpoint directory ``path``
         (created if missing; its parent must exist, else CheckpointError).
@@ -583,8 +584,27 @@ class Table(CheckpointParts):
         the snapshot is taken. ``progress``: draw a progress bar on stderr
         for a save that takes more than a moment (None: when stderr is a
         terminal). Returns the new manifest.
+
+        ``dtype`` ("float32", "float16", "bfloat16", "int8") writes rows of
+        that storage whatever the table's: a trainer in float32 publishes
+        8-bit rows with ``save(path, with_optimizer=False, dtype="int8")``
+        (rows rounded to nearest). Such a save is a full one, made from a
+        copy of the table in that dtype (in memory while it saves).
         """
-        width = 4 if self.dtype == "float32" else 2
+        if dtype is not None and dtype != self.dtype:
+            if dtype not in ("float32", "float16", "bfloat16", "int8"):
+                raise ValueError(
+                    f'dtype: expected "float32", "float16", "bfloat16" or "int8", got {dtype!r}'
+                )
+            if check_bool("incremental", incremental):
+                raise ValueError(
+                    f"dtype: an incremental save writes the table's own {self.dtype} rows; "
+                    f"save in full to change them to {dtype}"
+                )
+            copy = Table.from_config(replace(self._config, dtype=dtype))
+            copy.load_state_dict(self.state_dict(with_optimizer=with_optimizer))
+            return copy.save(path, with_optimizer=with_optimizer, progress=progress)
+        width = {"float32": 4, "int8": 1}.get(self.dtype, 2)
         row_bytes = 8 + width * self.dim + 4 * (self.state_len if with_optimizer else 0)
         text, _ = run_with_progress(
             lambda p: self._inner.save(
@@ -634,6 +654,7 @@ class Table(CheckpointParts):
         follow: float | None = None,
         disk: str | os.PathLike[str] | None = None,
         memory_bytes: int | None = None,
+        dtype: str | None = None,
     ) -> Table | MappedTable:
         """Load the checkpoint at ``path`` into a new Table.
 
@@ -660,10 +681,23 @@ class Table(CheckpointParts):
         a checkpoint larger than memory opens at about the disk's
         sequential read rate and writes nothing; at another shard count
         the rows are written to the table's own files instead.
+
+        ``dtype`` ("float32", "float16", "bfloat16", "int8") gives the
+        table rows of that storage, whatever the checkpoint's: an int8
+        checkpoint loads as float32 rows equal to its dequantized rows (and
+        a float32 one as int8 rows rounded to nearest). The checkpoint is
+        loaded as saved first, then copied row by row (with optimizer state,
+        step, seed and settings), so for a while both tables are in memory.
         """
+        if dtype is not None and dtype not in ("float32", "float16", "bfloat16", "int8"):
+            raise ValueError(
+                f'dtype: expected "float32", "float16", "bfloat16" or "int8", got {dtype!r}'
+            )
         if check_bool("mmap", mmap):
             if disk is not None or memory_bytes is not None:
                 raise ValueError("disk: a table loaded with mmap=True is read from its files")
+            if dtype is not None:
+                raise ValueError("dtype: a table loaded with mmap=True serves its files' rows")
             return MappedTable(path, follow=follow)
         if follow is not None:
             raise ValueError("follow: only a table loaded with mmap=True follows its path")
@@ -690,6 +724,12 @@ class Table(CheckpointParts):
         )
         table = cls.__new__(cls)
         table._adopt(inner)
+        if dtype is not None and dtype != table.dtype:
+            if disk is not None:
+                raise ValueError("dtype: a disk table loads with its checkpoint's dtype")
+            converted = cls.from_config(replace(table._config, dtype=dtype))
+            converted.load_state_dict(table.state_dict())
+            return converted
         return table
 
     def _adopt(self, inner: _core.Table) -> None:
