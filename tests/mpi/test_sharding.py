@@ -123,6 +123,25 @@ def test_sharded_training_equals_one_table_on_the_union(
     assert sharded.contains(keys).all()
 
 
+def test_sharded_int8_training_equals_one_int8_table() -> None:
+    """dtype="int8" reaches every rank's table; each row's stochastic
+    rounding is drawn from (seed, key, step) alone, so the sharded rows equal
+    one table's trained on the union: every row within one code step, and
+    nearly all bit for bit (a gradient summed across ranks in another order
+    may round its last bit otherwise and move a code)."""
+    opt = optim.Adam(lr=0.05)
+    sharded = ShardedTable(DIM, optimizer=opt, seed=9, dtype="int8")
+    single = embstore.Table(DIM, optimizer=opt, seed=9, dtype="int8")
+    for step in range(STEPS):
+        sharded.apply_gradients(*batch_of(step, RANK, False))
+        single.apply_gradients(*union(step, False))
+    keys, rows = single.export()
+    got = sharded.lookup(keys, insert=False)
+    code = (rows.max(axis=1) - rows.min(axis=1)) / 255
+    assert np.all(np.abs(got - rows) <= code[:, None] * 1.001 + 1e-7)
+    assert np.mean(np.all(got == rows, axis=1)) > 0.99
+
+
 def test_collection_over_shared_sharded_tables_steps_once() -> None:
     users = ShardedTable(4, optimizer=optim.Adam(lr=0.05), seed=1)
     items = ShardedTable(3, optimizer=optim.Adagrad(lr=0.1), seed=2)

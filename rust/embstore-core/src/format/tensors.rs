@@ -114,6 +114,18 @@ pub(crate) fn rows_f32(fmt: RowFormat, dim: usize, b: &[u8]) -> Cow<'_, [f32]> {
     Cow::Owned(out)
 }
 
+/// The bytes of a file's "rows" tensor: `n` rows of `dim` weights stored
+/// in `fmt` ([`RowFormat::file_cols`] columns of [`rows_dtype`]).
+pub(crate) fn rows_tensor<'d>(
+    st: &SafeTensors<'d>,
+    path: &Path,
+    fmt: RowFormat,
+    n: usize,
+    dim: usize,
+) -> Result<&'d [u8]> {
+    expect_tensor(st, path, "rows", rows_dtype(fmt), &[n, fmt.file_cols(dim)])
+}
+
 pub(crate) fn tensor<'d>(st: &SafeTensors<'d>, path: &Path, name: &str) -> Result<TensorView<'d>> {
     st.tensor(name)
         .map_err(|e| ckpt_err(path, format!("tensor {name:?}: {e}")))
@@ -207,13 +219,7 @@ pub(crate) fn check_rows(
     let n = e.rows as usize;
     let fmt = m.format().map_err(|err| ckpt_err(path, err.to_string()))?;
     expect_tensor(&st, path, "keys", Dtype::I64, &[n])?;
-    let rows = expect_tensor(
-        &st,
-        path,
-        "rows",
-        rows_dtype(fmt),
-        &[n, fmt.file_cols(m.dim)],
-    )?;
+    let rows = rows_tensor(&st, path, fmt, n, m.dim)?;
     finite_in_file(path, "rows", &rows_f32(fmt, m.dim, rows))?;
     if m.with_optimizer && m.state_len > 0 {
         let state = expect_tensor(&st, path, "state", Dtype::F32, &[n, m.state_len])?;
@@ -310,13 +316,7 @@ pub(crate) fn parse_rows<'a>(
     let n = e.rows as usize;
     let fmt = m.format().map_err(|err| ckpt_err(path, err.to_string()))?;
     let keys = i64s(expect_tensor(&st, path, "keys", Dtype::I64, &[n])?);
-    let raw = expect_tensor(
-        &st,
-        path,
-        "rows",
-        rows_dtype(fmt),
-        &[n, fmt.file_cols(m.dim)],
-    )?;
+    let raw = rows_tensor(&st, path, fmt, n, m.dim)?;
     let rows = rows_f32(fmt, m.dim, raw);
     let stored = (fmt == RowFormat::I8).then(|| f32s(raw));
     let state = if m.with_optimizer && m.state_len > 0 {

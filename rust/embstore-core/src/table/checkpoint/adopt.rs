@@ -11,7 +11,7 @@ use safetensors::tensor::{Dtype, SafeTensors};
 use crate::error::{Result, ckpt_err, oom};
 use crate::format::file_index;
 use crate::format::manifest::{FileEntry, Manifest};
-use crate::format::tensors::{expect_tensor, f32s, i64s, rows_dtype, rows_f32};
+use crate::format::tensors::{expect_tensor, f32s, i64s, rows_f32, rows_tensor};
 use crate::table::storage::base::{Columns, row_crc};
 use crate::table::storage::cold::Loc;
 use crate::table::storage::write;
@@ -53,17 +53,7 @@ impl Table {
         // What the rows hold, in the bounds every step's non-finite check
         // starts from (as a load into memory raises them).
         let fmt = self.policy.format;
-        let rows = rows_f32(
-            fmt,
-            self.dim,
-            expect_tensor(
-                &st,
-                &path,
-                "rows",
-                rows_dtype(fmt),
-                &[n, fmt.file_cols(self.dim)],
-            )?,
-        );
+        let rows = rows_f32(fmt, self.dim, rows_tensor(&st, &path, fmt, n, self.dim)?);
         let state = match cols.state {
             Some(_) => f32s(expect_tensor(
                 &st,
@@ -162,13 +152,7 @@ impl Table {
         let n = e.rows as usize;
         let at = |b: &[u8]| (b.as_ptr() as usize - buf.as_ptr() as usize) as u64;
         let fmt = self.policy.format;
-        let w = expect_tensor(
-            &st,
-            path,
-            "rows",
-            rows_dtype(fmt),
-            &[n, fmt.file_cols(self.dim)],
-        )?;
+        let w = rows_tensor(&st, path, fmt, n, self.dim)?;
         let state = if self.state_len > 0 {
             let s = expect_tensor(&st, path, "state", Dtype::F32, &[n, self.state_len])?;
             Some((at(s), 4 * self.state_len))
