@@ -180,6 +180,12 @@ def test_an_int8_row_costs_72_bytes_at_dim_64() -> None:
     sa, sb = a.stats(), b.stats()
     assert sa["row_cost"] - sb["row_cost"] == 256 - 72
     assert sa["bytes"] - sb["bytes"] == n * (256 - 72)
+    # A byte budget counts an int8 row at its own cost (with the 16 bytes of
+    # touch counts a capacity keeps).
+    c8 = embstore.Table(64, dtype="int8", capacity_bytes=1 << 20).stats()
+    c32 = embstore.Table(64, capacity_bytes=1 << 20).stats()
+    assert c32["row_cost"] - c8["row_cost"] == 256 - 72
+    assert c8["capacity_rows"] == (1 << 20) // c8["row_cost"]
 
 
 def trained_int8(seed: int = 3) -> embstore.Table:
