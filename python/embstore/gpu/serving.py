@@ -18,7 +18,7 @@ refresh returns is served a row of the version before. That costs one table
 lookup of the cached keys per publish (``stats()["revalidate_seconds"]``).
 
 On CuPy the find, the hit rows' copy, the access counts and the list of
-misses are one kernel (``find8`` in ``_cuda.py``); on NumPy,
+misses are one kernel (``find8``, ``find4`` or ``find2`` in ``_cuda_tiles.py``); on NumPy,
 array-api-strict and torch the same lookups run with array operations and
 give the same rows, masks and admissions.
 """
@@ -201,7 +201,7 @@ class ServingCache:
 
     @property
     def _fast(self) -> bool:
-        """CuPy with the index's kernels: pinned copies and the find8 kernel."""
+        """CuPy with the index's kernels: pinned copies and the tile find kernels."""
         return bool(self._cupy and self._index.kernels)
 
     def _up(self, parts: list[np.ndarray]) -> list[Array]:
