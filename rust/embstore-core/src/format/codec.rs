@@ -132,16 +132,16 @@ impl RowFormat {
         if self == RowFormat::F32 {
             return Ok(());
         }
-        let mut tmp = [0.0f32; 3];
+        let mut tmp = [0.0f32; 1];
         let most = self.max_finite();
         let bad = src.iter().position(|&v| {
             if self == RowFormat::I8 {
                 // Any value up to half of float32's range: a row's span stays finite.
                 return v.is_nan() || v.abs() > most;
             }
-            self.encode(&[v], &mut tmp[..1]);
+            self.encode(&[v], &mut tmp);
             let mut back = [0.0f32];
-            self.decode(&tmp[..1], &mut back);
+            self.decode(&tmp, &mut back);
             !back[0].is_finite()
         });
         match bad {
@@ -253,9 +253,17 @@ impl RowFormat {
             RowFormat::F16 => x.iter_mut().for_each(|v| *v = f16::from_f32(*v).to_f32()),
             RowFormat::BF16 => x.iter_mut().for_each(|v| *v = bf16::from_f32(*v).to_f32()),
             RowFormat::I8 => {
-                let mut words = vec![0.0f32; self.words(x.len())];
-                self.encode(x, &mut words);
-                self.decode(&words, x);
+                // A read of a missing key's row calls this per key: the
+                // words in a scratch buffer of this thread, not allocated.
+                thread_local! {
+                    static WORDS: std::cell::RefCell<Vec<f32>> =
+                        const { std::cell::RefCell::new(Vec::new()) };
+                }
+                WORDS.with_borrow_mut(|words| {
+                    words.resize(self.words(x.len()), 0.0);
+                    self.encode(x, words);
+                    self.decode(words, x);
+                });
             }
         }
     }
