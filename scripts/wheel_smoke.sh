@@ -61,7 +61,7 @@ wheel_extra_cmd=$(grep -o 'pip install "$(ls dist/embstore-\*.whl)\[torch\]"' RE
   (cd "$work" && python -c "$torch_example")
 
   # Each hint the library prints for a missing optional dependency.
-  for extra in torch mpi plot gpu; do
+  for extra in torch mpi plot metrics gpu; do
     hint=$(python -c "from embstore._deps import EXTRAS; print(EXTRAS['$extra'])")
     # shellcheck disable=SC2086  # the hint is a list of package names
     pip install $hint
@@ -73,6 +73,17 @@ wheel_extra_cmd=$(grep -o 'pip install "$(ls dist/embstore-\*.whl)\[torch\]"' RE
   python -c "import numpy as np; np.save('$work/keys.npy', np.random.default_rng(0).zipf(1.2, 10000) % 3000)"
   python -m embstore cache-curve "$work/keys.npy" --sizes 10 100 1000 --png "$work/curve.png"
   test -s "$work/curve.png"
+  # The metrics extra: an endpoint on loopback, scraped.
+  python - <<'PY'
+import urllib.request, numpy as np, embstore
+from embstore import metrics
+t = embstore.Table(4)
+t.lookup(np.arange(5))
+with metrics.serve(0, tables={"t": t}) as h:
+    text = urllib.request.urlopen(h.url, timeout=10).read().decode()
+assert 'embstore_lookups_total{table="t"} 5.0' in text, text
+print("metrics: scraped", h.url)
+PY
   python - <<'PY'
 import cupy, numpy as np, embstore
 from embstore.gpu import DeviceCache
@@ -116,6 +127,7 @@ fi
   pip install .
   pip install ".[mpi]"
   pip install ".[plot]"
+  pip install ".[metrics]"
   pip install ".[mpi,plot]"
   pip install ".[gpu]"
   pip install ".[torch]"

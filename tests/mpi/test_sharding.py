@@ -388,3 +388,20 @@ def test_found_masks_come_from_each_keys_owner() -> None:
     with pytest.raises(ValueError, match=r"^return_found: needs insert=False"):
         sharded.lookup(keys, return_found=True)
     assert len(sharded) == held.shape[0]  # rows on all ranks
+
+
+def test_metrics_read_this_ranks_shard_without_a_collective() -> None:
+    """A scrape on one rank alone (the others busy elsewhere) reads this
+    rank's shard: it must not wait for the other ranks."""
+    metrics = pytest.importorskip("embstore.metrics")
+    st = ShardedTable(DIM, optimizer=optim.SGD(lr=0.1), seed=5)
+    keys = np.arange(100, dtype=np.int64) + 100 * RANK
+    st.lookup(keys)
+    st.lookup_pooled(keys[:10], np.array([0, 5, 10]))
+    COMM.Barrier()
+    if RANK == 0:
+        f = metrics.read({"t": st})["t"]
+        assert f.rows == len(st.local)
+        assert f.counters["inserts"] == len(st.local)
+        assert sum(f.latency[1]) == 2  # this rank's two calls
+    COMM.Barrier()

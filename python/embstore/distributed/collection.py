@@ -3,6 +3,7 @@ each distinct table makes one exchange per call."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -135,6 +136,15 @@ class ShardedCollection:
     def lookup_pooled(
         self, batch: Mapping[str, tuple[Any, ...]], *, insert: bool = True
     ) -> np.ndarray:
+        t0 = time.perf_counter()
+        out = self._lookup_pooled(batch, insert)
+        # Each table's histogram counts the call that read it.
+        took = time.perf_counter() - t0
+        for t in {id(t): t for t in self._features.values()}.values():
+            t._latency.record(took)
+        return out
+
+    def _lookup_pooled(self, batch: Mapping[str, tuple[Any, ...]], insert: bool) -> np.ndarray:
         first = self._any()
         for t in {id(t): t for t in self._features.values()}.values():
             t._begin()

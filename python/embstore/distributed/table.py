@@ -37,6 +37,7 @@ from embstore._convert import (
     check_name,
     to_numpy,
 )
+from embstore._latency import LatencyHistogram, timed
 from embstore.distributed.agreement import DEFAULT_TIMEOUT, Agreement, check_timeout
 from embstore.distributed.partition import Partition
 from embstore.distributed.transport import Transport, transport_of
@@ -130,6 +131,7 @@ class ShardedTable(Agreement):
         timeout: float | None = None,
         **table_kwargs: Any,
     ) -> None:
+        self._latency = LatencyHistogram()
         self._setup(comm, partition, key_space, timeout)
         given = isinstance(local, LocalTier)
         seed = None if given else table_kwargs.pop("seed", None)
@@ -344,6 +346,7 @@ class ShardedTable(Agreement):
         """The optimizer (every rank's is the same)."""
         return self.local.optimizer
 
+    @timed
     def lookup(self, keys: Any, *, insert: bool = True, return_found: bool = False) -> Any:
         """Rows of this rank's ``keys (n,)``: float32 ``(n, dim)``. Collective.
         ``return_found=True`` (with ``insert=False``, on every rank) returns
@@ -411,6 +414,7 @@ class ShardedTable(Agreement):
         uniq, inv, counts = self._plan(i)
         return i, o, w, c, batch, uniq, inv, counts
 
+    @timed
     def lookup_pooled(
         self,
         ids: Any,

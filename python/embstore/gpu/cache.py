@@ -35,6 +35,7 @@ import numpy as np
 
 from embstore import _convert, _core
 from embstore._convert import to_host
+from embstore._latency import LatencyHistogram, timed
 from embstore.gpu import _optim
 from embstore.gpu import _xp as X
 from embstore.gpu._fork import LIVE
@@ -132,6 +133,7 @@ class DeviceCache:
         self.admit_after = int(admit_after)
         self._fancy = X.supports_fancy_setitem(self.xp)
         self._lock = threading.Lock()
+        self._latency = LatencyHistogram()
         self._dtype = str(table.dtype)
         if self._dtype == "int8":
             raise ValueError(
@@ -530,6 +532,7 @@ class DeviceCache:
 
     # -- batch protocol --------------------------------------------------------------
 
+    @timed
     def lookup(self, keys: Any, *, insert: bool = True, return_found: bool = False) -> Any:
         """Rows of ``keys (n,)``: ``xp`` float32 ``(n, dim)``. Misses are fetched
         from the table and (``insert=True``) enter the cache; ``insert=False``
@@ -676,6 +679,7 @@ class DeviceCache:
             self.table.apply_gradients(r.served_keys, host, step=t)
             self._stats["table_updates"] += int(host.shape[0])
 
+    @timed
     def lookup_pooled(
         self,
         ids: Any,

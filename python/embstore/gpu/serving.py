@@ -34,6 +34,7 @@ import array_api_compat
 import numpy as np
 
 from embstore._convert import Default, as_keys, check_bool, to_host
+from embstore._latency import LatencyHistogram, timed
 from embstore.gpu import _xp as X
 from embstore.gpu._fork import LIVE
 from embstore.gpu.index import BucketIndex
@@ -100,6 +101,7 @@ class ServingCache:
         self._staging: np.ndarray | None = None
         self._copied: Any = None  # a CUDA event: the last copy out of _staging
         self._lock = threading.Lock()
+        self._latency = LatencyHistogram()
         LIVE.add(self)
 
     @property
@@ -148,6 +150,7 @@ class ServingCache:
 
     # -- lookups -------------------------------------------------------------------
 
+    @timed
     def lookup(self, keys: Any, *, default: Default = "init", return_found: bool = False) -> Any:
         """Rows of ``keys (n,)`` (int64, on the host or in ``xp``) as a
         float32 ``(n, dim)`` ``xp`` array; a key the table lacks reads as
@@ -305,7 +308,8 @@ class ServingCache:
 
     def stats(self) -> dict[str, Any]:
         """Counters: ``lookups`` (keys looked up), ``hits``, ``hit_rate``,
-        ``rows_cached``, ``capacity``, ``queued`` (missed keys waiting to be
+        ``rows_cached``, ``capacity``, ``bytes`` (the cache's arrays on
+        the device), ``queued`` (missed keys waiting to be
         admitted), ``admissions`` (calls that admitted the queue),
         ``revalidations`` (publishes the cache
         followed), ``revalidated_rows`` and ``revalidate_seconds`` (their
@@ -317,6 +321,8 @@ class ServingCache:
                 "hit_rate": n["hits"] / n["lookups"] if n["lookups"] else 0.0,
                 "rows_cached": int(self._index.used),
                 "capacity": self.capacity,
+                # The cached rows (float32) and the index's arrays.
+                "bytes": int(self.capacity * self.dim * 4 + self._index.nbytes()),
                 "queued": self._queued,
                 "revalidated_rows": self._n_revalidated,
                 "revalidate_seconds": self._revalidate_s,

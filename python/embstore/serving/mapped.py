@@ -22,6 +22,7 @@ from __future__ import annotations
 import math
 import os
 import threading
+import time
 import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Literal, NoReturn, overload
@@ -180,6 +181,37 @@ class MappedTable:
         publish returns. A cache of this table's rows (:class:`embstore.gpu.ServingCache`)
         reads it at the start of a call: unchanged, its rows are current."""
         return int(self._inner.version)
+
+    def stats(self) -> dict[str, Any]:
+        """The version served and the calls since open: ``rows``, ``dim``,
+        ``dtype``, ``version``, ``lookups`` (keys looked up), ``hits`` (those
+        that had a row), ``misses``, ``mapped_bytes`` (the files mapped,
+        shared by every process that maps them), ``bytes`` (this process's
+        own memory: the deltas' overlay, about 32 bytes a delta key),
+        ``published`` (when the version served was published, seconds
+        since the epoch: its manifest's modification time, or None),
+        ``snapshot_age_seconds`` (now less ``published``: how stale what is
+        served may be), ``refresh_seconds`` (what the last open or refresh
+        that swapped a version in took) and ``follow``."""
+        s = self._inner.stats()
+        published = s["published"]
+        return {
+            "rows": s["rows"],
+            "dim": self.dim,
+            "dtype": self.dtype,
+            "version": self.version,
+            "lookups": s["lookups"],
+            "hits": s["hits"],
+            "misses": s["lookups"] - s["hits"],
+            "mapped_bytes": s["mapped_bytes"],
+            "bytes": s["overlay_bytes"],
+            "published": published,
+            "snapshot_age_seconds": None
+            if published is None
+            else max(time.time() - published, 0.0),
+            "refresh_seconds": s["refresh_seconds"],
+            "follow": self.follow,
+        }
 
     @property
     def follow(self) -> float | None:

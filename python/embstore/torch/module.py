@@ -26,8 +26,8 @@ from torch import nn
 
 from embstore import _core
 from embstore._convert import Default, as_bags, check_combiner, check_default, to_numpy
-from embstore.ops import spread_pooled, unique_inverse
-from embstore.protocol import BatchTier, ReadTier, takes_default
+from embstore.ops import pool_rows, spread_pooled, unique_inverse
+from embstore.protocol import BatchTier, ReadTier, StateTier, takes_default
 from embstore.store import Table
 from embstore.torch._ops import call, register
 
@@ -114,24 +114,48 @@ def _stores(module: nn.Module) -> bool:
 
 def _refuse_unsupported(
     max_norm: Any, norm_type: Any, scale_grad_by_freq: Any, sparse: Any
-) -> None:
-    """torch.nn.Embedding(Bag)'s arguments that embstore does not implement
-    are refused by name where given a value other than torch's default;
-    ``sparse`` is accepted (the tables always step only the rows a batch
-    touches, as torch's sparse gradients with a sparse optimizer do)."""
+) -> tuple[float | None, float]:
+    """Checks torch.nn.Embedding(Bag)'s arguments: ``max_norm`` (a float
+    > 0 or None) and ``norm_type`` (a float > 0, ``inf`` too) are returned;
+    ``scale_grad_by_freq`` is refused where given True; ``sparse`` is
+    accepted (the tables always step only the rows a batch touches, as
+    torch's sparse gradients with a sparse optimizer do)."""
     if max_norm is not None:
-        raise ValueError(
-            "max_norm: not supported (embstore does not renormalize rows on lookup); "
-            "use weight_decay in the optimizer or clip the looked-up rows instead"
-        )
-    if norm_type != 2.0:
-        raise ValueError("norm_type: not supported (it only applies with max_norm)")
+        if isinstance(max_norm, bool) or not isinstance(max_norm, (int, float, np.number)):
+            raise TypeError(
+                f"max_norm: expected a float > 0 or None, got {type(max_norm).__name__}"
+            )
+        if not max_norm > 0:
+            raise ValueError(f"max_norm: expected a float > 0 or None, got {max_norm}")
+        max_norm = float(max_norm)
+    if isinstance(norm_type, bool) or not isinstance(norm_type, (int, float, np.number)):
+        raise TypeError(f"norm_type: expected a float > 0, got {type(norm_type).__name__}")
+    if not norm_type > 0:
+        raise ValueError(f"norm_type: expected a float > 0, got {norm_type}")
     if scale_grad_by_freq is not False:
         raise ValueError(
             "scale_grad_by_freq: not supported (an id's gradients are summed, as torch's default)"
         )
     if not isinstance(sparse, bool):
         raise TypeError(f"sparse: expected a bool, got {type(sparse).__name__}")
+    return max_norm, float(norm_type)
+
+
+def _renormed(rows: np.ndarray, max_norm: float, norm_type: float) -> np.ndarray:
+    """Which rows exceed ``max_norm`` in the ``norm_type`` norm, and those
+    rows scaled by ``max_norm / (norm + 1e-7)``, as torch's
+    ``embedding_renorm_`` scales its weight's rows (norm in float32, the
+    scale in float64 applied in float32): ``rows`` changed in place, the
+    mask returned."""
+    norms = torch.linalg.vector_norm(torch.from_numpy(rows), ord=norm_type, dim=1).double()
+    big = norms > max_norm
+    if bool(big.any()):
+        scale = (max_norm / (norms[big] + 1e-7)).float().numpy()
+        mask: np.ndarray = big.numpy()
+        rows[mask] *= scale[:, None]
+        return mask
+    none: np.ndarray = big.numpy()
+    return none
 
 
 def _check_padding_idx(padding_idx: Any) -> int | None:
@@ -347,8 +371,8 @@ class _TableState(nn.Module):
 
 class _OneTable(_TableState):
     """A module over one table: the arguments torch.nn.Embedding and
-    EmbeddingBag share (``padding_idx``, refused ``max_norm``, ``norm_type``
-    and ``scale_grad_by_freq``, accepted ``sparse``), ``embedding_dim`` and
+    EmbeddingBag share (``padding_idx``, ``max_norm``, ``norm_type``,
+    refused ``scale_grad_by_freq``, accepted ``sparse``), ``embedding_dim`` and
     ``num_embeddings``."""
 
     def __init__(
@@ -377,12 +401,20 @@ class _OneTable(_TableState):
                 f"default: a {type(table).__name__} reads a missing id as its initializer's "
                 'row; expected default="init" over it'
             )
-        _refuse_unsupported(max_norm, norm_type, scale_grad_by_freq, sparse)
+        max_norm, norm_type = _refuse_unsupported(max_norm, norm_type, scale_grad_by_freq, sparse)
+        if max_norm is not None and table.writable and not isinstance(table, StateTier):
+            raise ValueError(
+                f"max_norm: renormalizes the stored rows in place, with their optimizer "
+                f"state kept, which a {type(table).__name__} does not offer "
+                "(lookup_with_state and write_back); use an embstore.Table"
+            )
         padding = _check_padding_idx(padding_idx)
         super().__init__(accumulate)
         self.table = table
         self.default = default
         self.padding_idx = padding
+        self.max_norm = max_norm
+        self.norm_type = norm_type
         self.sparse = sparse
         #: A frozen module reads its table only: no row stored, no step
         #: (always, over a tier that is not writable: a MappedTable).
@@ -436,6 +468,27 @@ class _OneTable(_TableState):
         module.frozen = freeze
         return module
 
+    def _renorm(self, keys: np.ndarray, rows: np.ndarray, store: bool) -> np.ndarray:
+        """``rows`` (of ``keys``, repeats allowed) with ``max_norm`` applied
+        as torch applies it; in a pass that stores, the table's rows of
+        those keys are renormalized in place too (optimizer state kept), as
+        torch's forward renormalizes its weight. Rows that only a pass that
+        stores nothing reads (eval mode, a frozen module) are renormalized
+        in the output alone: what a later forward reads is the same."""
+        if self.max_norm is None or rows.shape[0] == 0:
+            return rows
+        big = _renormed(rows, self.max_norm, self.norm_type)
+        if store and big.any():
+            tier = cast(StateTier, self.table)
+            held = np.unique(keys[big])
+            held = held[to_numpy(tier.contains(held)).astype(bool)]
+            if held.size:
+                r, st = tier.lookup_with_state(held, insert=False)
+                r = np.array(r, np.float32)
+                _renormed(r, self.max_norm, self.norm_type)
+                tier.write_back(held, r, st)
+        return rows
+
     def _tables(self) -> dict[str, ReadTier]:
         return {"table": self.table}
 
@@ -453,10 +506,13 @@ class Embedding(_OneTable):
     ``accumulate`` (see :class:`_TableState`). Use one module per table per
     forward pass (a Collection shares tables between features).
 
-    ``padding_idx``: ids equal to it read as zeros, are not stored and get
-    no gradient (torch.nn.Embedding's padding, without a stored row).
-    ``max_norm``, ``norm_type`` and ``scale_grad_by_freq`` are refused by
-    name; ``sparse`` is accepted (updates are always row-wise).
+    ``padding_idx``: ids equal to it are not stored and get no gradient;
+    they read the row the table holds for the id (a pretrained one, as
+    torch reads its weight's row), else zeros. ``max_norm`` and
+    ``norm_type``: rows read are scaled to norm ``max_norm`` where above
+    it, as torch's, and in a training forward the table's rows too (their
+    optimizer state kept). ``scale_grad_by_freq`` is refused by name;
+    ``sparse`` is accepted (updates are always row-wise).
     ``embedding_dim`` is the table's dim, ``num_embeddings`` the rows it
     holds now (it grows as ids arrive).
     """
@@ -495,13 +551,30 @@ class Embedding(_OneTable):
         kw: dict[str, Any] = (
             {"default": "init" if store else self.default} if self._takes_default else {}
         )
-        if keep is None:
+        if keep is None and self.max_norm is None:
             rows = _as_torch(self.table.lookup(flat, insert=store, **kw))
+            return rows.view(*ids.shape, self.table.dim).to(ids.device)
+        if keep is None:
+            out = np.array(to_numpy(self.table.lookup(flat, insert=store, **kw)), np.float32)
         else:
-            out = np.zeros((flat.shape[0], self.table.dim), np.float32)  # padding: zeros
+            out = np.empty((flat.shape[0], self.table.dim), np.float32)
             out[keep] = to_numpy(self.table.lookup(flat[keep], insert=store, **kw))
-            rows = torch.from_numpy(out)
-        return rows.view(*ids.shape, self.table.dim).to(ids.device)
+            # Padding reads the row the table holds (a pretrained one), as
+            # torch reads its weight's row, or zeros (never stored).
+            out[flat == self.padding_idx] = self._padding_row()
+        out = self._renorm(flat, out, store)
+        return torch.from_numpy(out).view(*ids.shape, self.table.dim).to(ids.device)
+
+    def _padding_row(self) -> np.ndarray:
+        """The padding id's row: the table's, where it holds one (asked
+        every call, so that every rank of a sharded table asks alike), else
+        zeros."""
+        key = np.array([self.padding_idx], np.int64)
+        if bool(to_numpy(self.table.contains(key))[0]):
+            rows = np.asarray(to_numpy(self.table.lookup(key, insert=False)), np.float32)
+            row: np.ndarray = rows[0]
+            return row
+        return np.zeros(self.table.dim, np.float32)
 
     def _empty(self, inputs: list[torch.Tensor | None], spec: str) -> torch.Tensor:
         ids = inputs[0]
@@ -547,8 +620,10 @@ class EmbeddingBag(_OneTable):
 
     ``padding_idx``: ids equal to it pool as nothing (not counted by "mean"
     or "sqrtn"), are not stored and get no gradient, as in
-    torch.nn.EmbeddingBag. ``max_norm``, ``norm_type`` and
-    ``scale_grad_by_freq`` are refused by name; ``sparse`` is accepted.
+    torch.nn.EmbeddingBag. ``max_norm`` and ``norm_type`` as
+    :class:`Embedding`'s (rows renormalized before pooling);
+    ``per_sample_weights`` must be float32, as torch requires;
+    ``scale_grad_by_freq`` is refused by name; ``sparse`` is accepted.
     ``embedding_dim`` and ``num_embeddings`` as :class:`Embedding`'s;
     ``accumulate`` as :class:`_TableState`'s.
     """
@@ -620,6 +695,11 @@ class EmbeddingBag(_OneTable):
                     f"({ids.shape[0]}), got none; offsets without a last entry take "
                     "include_last_offset=False (torch's default)"
                 )
+        if w is not None and w.dtype != torch.float32:
+            raise TypeError(
+                f"per_sample_weights: expected float32, the dtype of the rows (torch "
+                f"requires the weights' type), got {w.dtype}"
+            )
         if w is not None and w.shape != ids.shape:
             raise ValueError(
                 f"per_sample_weights: expected the shape of input {tuple(ids.shape)}, "
@@ -666,9 +746,16 @@ class EmbeddingBag(_OneTable):
         kw: dict[str, Any] = (
             {"default": "init" if store else self.default} if self._takes_default else {}
         )
-        out = self.table.lookup_pooled(
-            ids, off, combiner=self.combiner, weights=w, insert=store, **kw
-        )
+        if self.max_norm is None:
+            out = self.table.lookup_pooled(
+                ids, off, combiner=self.combiner, weights=w, insert=store, **kw
+            )
+        else:
+            # Rows renormalized before pooling, as torch's embedding_bag.
+            keys, inverse = unique_inverse(np.ascontiguousarray(ids, dtype=np.int64))
+            rows = np.array(to_numpy(self.table.lookup(keys, insert=store, **kw)), np.float32)
+            rows = self._renorm(keys, rows, store)
+            out = pool_rows(rows, inverse, off, w, self.combiner)
         given = inputs[0]
         assert given is not None
         return _as_torch(out).to(given.device)

@@ -136,6 +136,7 @@ pub mod error;
 pub mod format;
 pub mod hash;
 pub mod init;
+pub mod latency;
 pub mod mapped;
 pub mod optim;
 pub mod partition;
@@ -153,7 +154,7 @@ pub mod zeroed;
 
 pub use error::{Result, StoreError};
 pub use init::Initializer;
-pub use mapped::MappedTable;
+pub use mapped::{MappedStats, MappedTable};
 pub use optim::Optimizer;
 pub use policy::{Admission, Eviction, Policy, RowFormat};
 pub use rows::Missing;

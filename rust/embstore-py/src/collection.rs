@@ -93,7 +93,16 @@ pub fn collection_lookup_pooled<'py>(
         let mut rw = out.readwrite();
         let dst = rw.as_slice_mut()?;
         let feats = zip(&tables, &bags);
+        let t0 = std::time::Instant::now();
         py.enter_store(|| collection::lookup_pooled_or(&feats, insert, missing, dst))?;
+        // Each table's histogram counts the call that read it, at the
+        // call's latency.
+        let took = t0.elapsed();
+        for (i, t) in tables.iter().enumerate() {
+            if !tables[..i].iter().any(|u| Arc::ptr_eq(t, u)) {
+                t.lookup_latency().record(took);
+            }
+        }
     }
     Ok(out)
 }

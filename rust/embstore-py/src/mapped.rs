@@ -120,7 +120,8 @@ impl PyMappedTable {
                 .map_err(crate::error::PyStoreError)?;
             // A small lookup runs at once, with the GIL held, once every
             // file has passed its checksum check.
-            py.enter_store_now(
+            let t0 = std::time::Instant::now();
+            let found = py.enter_store_now(
                 (dst, found),
                 |(dst, found)| {
                     let flags = with_found.then_some(&mut found[..]);
@@ -132,9 +133,37 @@ impl PyMappedTable {
                     let flags = with_found.then_some(&mut found[..]);
                     table.lookup(k, missing, dst, flags).map(|()| found)
                 },
-            )?
+            )?;
+            table.lookup_latency().record(t0.elapsed());
+            found
         };
         Ok((out, with_found.then(|| found.into_pyarray(py))))
+    }
+
+    /// The lookup latency histogram (see `Table.lookup_latency`).
+    fn lookup_latency(&self) -> (Vec<f64>, Vec<u64>, f64) {
+        crate::store::latency_of(self.inner.lookup_latency())
+    }
+
+    /// Figures of the version served and of the calls since open: rows,
+    /// lookups, hits, mapped_bytes (the files, shared with every process
+    /// that maps them), overlay_bytes (private), published (the version's
+    /// publish time, seconds since the epoch, or None), refresh_seconds.
+    fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, pyo3::types::PyDict>> {
+        let s = self.inner.stats();
+        let d = pyo3::types::PyDict::new(py);
+        d.set_item("rows", s.rows)?;
+        d.set_item("lookups", s.lookups)?;
+        d.set_item("hits", s.hits)?;
+        d.set_item("mapped_bytes", s.mapped_bytes)?;
+        d.set_item("overlay_bytes", s.overlay_bytes)?;
+        let published = s
+            .published
+            .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+            .map(|d| d.as_secs_f64());
+        d.set_item("published", published)?;
+        d.set_item("refresh_seconds", s.refresh_seconds)?;
+        Ok(d)
     }
 
     /// Every row, keys ascending: (keys, rows).

@@ -12,6 +12,7 @@ use std::borrow::Cow;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
 
 use embstore_core::{Backend, Bags, Combiner, DiskConfig, Table, TableConfig};
 use numpy::{
@@ -436,11 +437,13 @@ impl PyTable {
             let dst = rw.as_slice_mut()?;
             // A small lookup runs at once, with the GIL held, when it need
             // not wait for any lock.
+            let t0 = Instant::now();
             py.enter_store_now(
                 dst,
                 |dst| table.try_lookup_now(k, insert, missing, dst),
                 |dst| table.lookup_or(k, insert, missing, dst),
             )?;
+            table.lookup_latency().record(t0.elapsed());
         }
         Ok(out)
     }
@@ -463,12 +466,15 @@ impl PyTable {
         let found = {
             let mut rw = out.readwrite();
             let dst = rw.as_slice_mut()?;
-            py.enter_store(|| {
+            let t0 = Instant::now();
+            let found = py.enter_store(|| {
                 let mut found = zeros::<bool>("keys", k.len())?;
                 table
                     .lookup_found(k, missing, dst, &mut found)
                     .map(|()| found)
-            })?
+            })?;
+            table.lookup_latency().record(t0.elapsed());
+            found
         };
         Ok((out, found.into_pyarray(py)))
     }
@@ -500,7 +506,9 @@ impl PyTable {
         {
             let mut rw = out.readwrite();
             let dst = rw.as_slice_mut()?;
+            let t0 = Instant::now();
             py.enter_store(|| table.lookup_pooled_or(&b, insert, missing, dst))?;
+            table.lookup_latency().record(t0.elapsed());
         }
         Ok(out)
     }
@@ -789,6 +797,12 @@ impl PyTable {
         manifest_json(&m)
     }
 
+    /// The lookup latency histogram: (bucket bounds in seconds, calls per
+    /// bucket with one more above the last bound, total seconds).
+    fn lookup_latency(&self) -> (Vec<f64>, Vec<u64>, f64) {
+        latency_of(self.inner.lookup_latency())
+    }
+
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let table = &self.inner;
         let s = py.enter_store(|| Ok(table.stats()))?;
@@ -848,6 +862,16 @@ impl PyTable {
             .map(drop)
             .map_err(|e| PyValueError::new_err(format!("keys: cannot start a prefetch: {e}")))
     }
+}
+
+/// A latency histogram as Python reads it (see `Table.lookup_latency`).
+pub(crate) fn latency_of(l: &embstore_core::latency::Latency) -> (Vec<f64>, Vec<u64>, f64) {
+    let c = l.counts();
+    let bounds = embstore_core::latency::BOUNDS_NS
+        .iter()
+        .map(|&ns| ns as f64 / 1e9)
+        .collect();
+    (bounds, c.buckets, c.sum_ns as f64 * 1e-9)
 }
 
 /// A lookup's `missing` mode and optional default row as the core's

@@ -33,6 +33,7 @@ use crate::format::dirlock::{self, DirLock};
 use crate::format::files::io_err;
 use crate::format::manifest::manifest_bytes;
 use crate::hash::key_hash;
+use crate::latency::Latency;
 use crate::rows::check_len;
 use crate::rows::{Missing, NewRows};
 use crate::simd::Backend;
@@ -74,6 +75,34 @@ pub struct MappedTable {
     /// that swapped returns, so a cache of this table's rows that reads it
     /// at the start of a call knows whether what it holds may be stale.
     version: AtomicU64,
+    /// Keys looked up since open.
+    lookups: AtomicU64,
+    /// Those of them that had a row.
+    hits: AtomicU64,
+    /// Latencies of lookup calls (recorded by the binding).
+    latency: Latency,
+    /// How long the last open or refresh that swapped in a version took,
+    /// in nanoseconds (the files mapped and checked, the overlay built).
+    refresh_ns: AtomicU64,
+}
+
+/// A mapped table's figures, as `stats()` reports them.
+#[derive(Debug, Clone)]
+pub struct MappedStats {
+    /// Rows of the version served.
+    pub rows: u64,
+    /// Keys looked up since open.
+    pub lookups: u64,
+    /// Those of them that had a row.
+    pub hits: u64,
+    /// Bytes of the files mapped (shared with every process that maps them).
+    pub mapped_bytes: u64,
+    /// Private memory of the deltas' overlay (about 32 bytes a delta key).
+    pub overlay_bytes: u64,
+    /// When the version served was published (see `Snapshot::published`).
+    pub published: Option<std::time::SystemTime>,
+    /// Seconds the last open or refresh that swapped a version in took.
+    pub refresh_seconds: f64,
 }
 
 impl std::fmt::Debug for MappedTable {
@@ -108,6 +137,7 @@ impl MappedTable {
     /// # Errors
     /// As [`MappedTable::open`].
     pub fn open_held(dir: &Path, held: Option<DirLock>) -> Result<MappedTable> {
+        let t0 = std::time::Instant::now();
         let dir = std::path::absolute(dir).map_err(|e| io_err(dir, "cannot resolve", &e))?;
         let seen = manifest_bytes(&dir).ok();
         let (m, snap) = read_snapshot(&dir, None, held)?.expect("a first read maps a snapshot");
@@ -119,6 +149,10 @@ impl MappedTable {
             current: RwLock::new(Arc::new(snap)),
             refreshing: Mutex::new(seen),
             version: AtomicU64::new(0),
+            lookups: AtomicU64::new(0),
+            hits: AtomicU64::new(0),
+            latency: Latency::default(),
+            refresh_ns: AtomicU64::new(elapsed_ns(t0)),
         })
     }
 
@@ -174,6 +208,7 @@ impl MappedTable {
     /// # Errors
     /// As [`MappedTable::refresh`].
     pub fn refresh_held(&self, held: Option<DirLock>) -> Result<bool> {
+        let t0 = std::time::Instant::now();
         let mut seen = self
             .refreshing
             .lock()
@@ -209,6 +244,7 @@ impl MappedTable {
             Arc::new(snap),
         );
         *seen = before;
+        self.refresh_ns.store(elapsed_ns(t0), Ordering::Relaxed);
         self.version.fetch_add(1, Ordering::AcqRel);
         // Unmapped (once no call holds it) outside the lock.
         drop(old);
@@ -236,6 +272,27 @@ impl MappedTable {
     /// rows reads rows of version `v` or later.
     pub fn version(&self) -> u64 {
         self.version.load(Ordering::Acquire)
+    }
+
+    /// Latencies of this table's lookup calls (recorded by the caller that
+    /// times them: the binding).
+    pub fn lookup_latency(&self) -> &Latency {
+        &self.latency
+    }
+
+    /// The table's figures now (see [`MappedStats`]).
+    pub fn stats(&self) -> MappedStats {
+        let snap = self.snapshot();
+        let files = snap.links.iter().flat_map(|l| l.files.iter().flatten());
+        MappedStats {
+            rows: snap.rows,
+            lookups: self.lookups.load(Ordering::Relaxed),
+            hits: self.hits.load(Ordering::Relaxed),
+            mapped_bytes: files.map(|f| f.map.len() as u64).sum(),
+            overlay_bytes: (snap.overlay.allocation_size()) as u64,
+            published: snap.published,
+            refresh_seconds: self.refresh_ns.load(Ordering::Relaxed) as f64 * 1e-9,
+        }
     }
 
     /// Columns per row.
@@ -305,7 +362,7 @@ impl MappedTable {
             }
             None => &mut none[..],
         };
-        let one = |key: i64, dst: &mut [f32], flag: Option<&mut bool>| -> Result<()> {
+        let one = |key: i64, dst: &mut [f32], flag: Option<&mut bool>| -> Result<u64> {
             let hit = match snap.locate(key, key_hash(key))? {
                 Some((f, r)) => {
                     self.decode(f, r, dst);
@@ -325,27 +382,36 @@ impl MappedTable {
             if let Some(flag) = flag {
                 *flag = hit;
             }
-            Ok(())
+            Ok(u64::from(hit))
         };
         let with_flags = !found.is_empty();
-        if keys.len() <= SEQUENTIAL_KEYS {
+        let hits = if keys.len() <= SEQUENTIAL_KEYS {
             // No prefetching: in calls on the calling thread it cost more
             // than it saved (benches/mapped.py: 1,024 keys 35 us with a
             // slot and row prefetch pipeline, 30-31 us without).
+            let mut hits = 0;
             for (i, (&k, dst)) in keys.iter().zip(out.chunks_exact_mut(dim)).enumerate() {
-                one(k, dst, with_flags.then(|| &mut found[i]))?;
+                hits += one(k, dst, with_flags.then(|| &mut found[i]))?;
             }
-            return Ok(());
-        }
-        let rows = keys.par_iter().zip(out.par_chunks_mut(dim));
-        if with_flags {
-            rows.zip(found.par_iter_mut())
-                .with_min_len(SEQUENTIAL_KEYS / 4)
-                .try_for_each(|((&k, dst), f)| one(k, dst, Some(f)))
+            hits
         } else {
-            rows.with_min_len(SEQUENTIAL_KEYS / 4)
-                .try_for_each(|(&k, dst)| one(k, dst, None))
-        }
+            let rows = keys.par_iter().zip(out.par_chunks_mut(dim));
+            let sum = |a: u64, b: u64| Ok(a + b);
+            if with_flags {
+                rows.zip(found.par_iter_mut())
+                    .with_min_len(SEQUENTIAL_KEYS / 4)
+                    .map(|((&k, dst), f)| one(k, dst, Some(f)))
+                    .try_reduce(|| 0, sum)?
+            } else {
+                rows.with_min_len(SEQUENTIAL_KEYS / 4)
+                    .map(|(&k, dst)| one(k, dst, None))
+                    .try_reduce(|| 0, sum)?
+            }
+        };
+        // Counted once a call, when it succeeds.
+        self.lookups.fetch_add(keys.len() as u64, Ordering::Relaxed);
+        self.hits.fetch_add(hits, Ordering::Relaxed);
+        Ok(())
     }
 
     /// Whether each key has a row, into `out`.
@@ -409,6 +475,11 @@ impl MappedTable {
             .for_each(|(dst, &(_, f, r))| self.decode(f, r, dst));
         Ok((refs.iter().map(|&(k, _, _)| k).collect(), rows))
     }
+}
+
+/// Nanoseconds since `t0`.
+fn elapsed_ns(t0: std::time::Instant) -> u64 {
+    u64::try_from(t0.elapsed().as_nanos()).unwrap_or(u64::MAX)
 }
 
 #[cfg(test)]

@@ -5,7 +5,7 @@ use super::file::{MappedFile, map_file};
 use crate::error::{Result, ckpt_err};
 use crate::format::dirlock::{self, DirLock};
 use crate::format::files::with_file;
-use crate::format::manifest::{Manifest, read_manifest};
+use crate::format::manifest::{MANIFEST, Manifest, read_manifest};
 use crate::format::tensors::parse_removed;
 use crate::hash::{key_hash, shard_of};
 use crate::init::Initializer;
@@ -78,6 +78,10 @@ pub(super) struct Snapshot {
     pub(super) step: u64,
     /// Set once every file has passed its checksum check.
     pub(super) all_checked: AtomicBool,
+    /// When the version was published: its manifest's modification time
+    /// (a publish writes the manifest last, replacing it whole), read just
+    /// after the manifest; `None` where the file system gives none.
+    pub(super) published: Option<std::time::SystemTime>,
 }
 
 /// Where a key of the chain's deltas is: `links[link].files[shard][file]`,
@@ -209,6 +213,9 @@ pub(super) fn read_snapshot(
     let mut tries = 0;
     loop {
         let m = Arc::new(read_manifest(dir)?);
+        let published = std::fs::metadata(dir.join(MANIFEST))
+            .and_then(|meta| meta.modified())
+            .ok();
         if prev.is_some_and(|p| p.id == m.id) {
             return Ok(None);
         }
@@ -244,6 +251,7 @@ pub(super) fn read_snapshot(
                     rows: m.rows,
                     step: m.step,
                     all_checked: AtomicBool::new(false),
+                    published,
                 };
                 return Ok(Some((m, snap)));
             }

@@ -98,6 +98,8 @@ pub struct Table {
     bounds: Bounds,
     /// A disk table's disk tier (`cold`); dropped after the shards.
     cold: Option<cold::Cold>,
+    /// Latencies of lookup calls, as the binding records them.
+    latency: crate::latency::Latency,
 }
 
 /// A table's figures, as `stats()` reports them.
@@ -243,7 +245,14 @@ impl Table {
                 cfg.initializer.max_abs(),
             )),
             cold,
+            latency: crate::latency::Latency::default(),
         })
+    }
+
+    /// Latencies of this table's lookup calls (recorded by the caller that
+    /// times them: the binding, around each lookup and pooled lookup).
+    pub fn lookup_latency(&self) -> &crate::latency::Latency {
+        &self.latency
     }
 
     /// The most rows this table keeps (`capacity`, and `capacity_bytes`
