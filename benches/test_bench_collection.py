@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import embstore
-from benches.conftest import DIM, IDS, VOCAB
+from benches.conftest import DIM, IDS, VOCAB, attach
 from embstore import optim
 
 FIELDS = 26
@@ -37,6 +37,7 @@ def test_embstore_collection_step(benchmark, feed) -> None:  # type: ignore[no-u
         coll.apply_pooled_gradients(batch, upstream)
 
     benchmark(step)
+    attach(benchmark, table)
     assert table.step >= 1
 
 

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import embstore
-from benches.conftest import DIM, VOCAB, Workload
+from benches.conftest import DIM, VOCAB, Workload, attach
 from embstore import optim
 from embstore.bench import POLICIES
 from embstore.gpu import DeviceCache
@@ -29,6 +29,7 @@ def full_table(**kwargs: Any) -> embstore.Table:
 def test_lookup_under_policy(benchmark, workload: Workload, name: str) -> None:  # type: ignore[no-untyped-def]
     table = full_table(**POLICIES[name])
     rows = benchmark(table.lookup, workload.ids)
+    attach(benchmark, table)
     assert rows.shape == (workload.ids.size, DIM)
     assert len(table) == VOCAB  # nothing evicted, nothing added
 
@@ -39,6 +40,7 @@ def test_adam_step_under_policy(benchmark, workload: Workload, name: str) -> Non
     table = full_table(**POLICIES[name])
     before = table.step
     benchmark(table.apply_gradients, workload.ids, workload.grads)
+    attach(benchmark, table)
     assert table.step > before
     assert len(table) == VOCAB
 
@@ -53,6 +55,7 @@ def test_table_step_without_a_cache(benchmark, workload: Workload) -> None:  # t
         table.apply_gradients(workload.ids, workload.grads)
 
     benchmark(step)
+    attach(benchmark, table)
     assert table.step >= 1
 
 
@@ -65,5 +68,6 @@ def test_device_cache_step_numpy(benchmark, workload: Workload) -> None:  # type
         cache.apply_gradients(workload.ids, workload.grads)
 
     benchmark(step)
+    attach(benchmark, cache)
     # Full: every slot of its whole buckets (at least the rows asked for).
     assert cache.stats()["rows_cached"] == cache.capacity >= VOCAB // 10

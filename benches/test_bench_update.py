@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from benches.conftest import VOCAB, Workload
+from benches.conftest import VOCAB, Workload, attach
 
 
 @pytest.mark.benchmark(group="adam-step")
@@ -39,12 +39,13 @@ def test_embstore_insert_new_keys(benchmark, workload: Workload) -> None:  # typ
     keys = np.unique(workload.ids) + 10 * VOCAB
     values = np.zeros((keys.size, 64), np.float32)
 
-    def insert() -> None:
+    def insert() -> embstore.Table:
         table = embstore.Table(64)
         table.assign(keys, values)
         assert len(table) == keys.size
+        return table
 
-    benchmark(insert)
+    attach(benchmark, benchmark(insert))
 
 
 @pytest.mark.benchmark(group="insert")

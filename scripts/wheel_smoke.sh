@@ -61,7 +61,7 @@ wheel_extra_cmd=$(grep -o 'pip install "$(ls dist/embstore-\*.whl)\[torch\]"' RE
   (cd "$work" && python -c "$torch_example")
 
   # Each hint the library prints for a missing optional dependency.
-  for extra in torch mpi plot metrics gpu; do
+  for extra in torch mpi plot metrics progress gpu; do
     hint=$(python -c "from embstore._deps import EXTRAS; print(EXTRAS['$extra'])")
     # shellcheck disable=SC2086  # the hint is a list of package names
     pip install $hint
@@ -71,6 +71,8 @@ wheel_extra_cmd=$(grep -o 'pip install "$(ls dist/embstore-\*.whl)\[torch\]"' RE
     timeout 300 mpirun --oversubscribe -n 2 python train.py)
   test -f "$work/ckpt/manifest.json"
   python -c "import numpy as np; np.save('$work/keys.npy', np.random.default_rng(0).zipf(1.2, 10000) % 3000)"
+  # The bench's published schema travels in the wheel.
+  python -m embstore bench --schema | python -c "import json, sys; assert json.load(sys.stdin)[\"title\"]"
   python -m embstore cache-curve "$work/keys.npy" --sizes 10 100 1000 --png "$work/curve.png"
   test -s "$work/curve.png"
   # The metrics extra: an endpoint on loopback, scraped.
@@ -128,6 +130,7 @@ fi
   pip install ".[mpi]"
   pip install ".[plot]"
   pip install ".[metrics]"
+  pip install ".[progress]"
   pip install ".[mpi,plot]"
   pip install ".[gpu]"
   pip install ".[torch]"

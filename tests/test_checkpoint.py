@@ -382,20 +382,43 @@ def test_sigkill_during_save_leaves_the_previous_checkpoint_whole(
     assert sum(outcomes.values()) == 12
 
 
+@pytest.mark.parametrize("drawer", ["tqdm", "own"])
 def test_progress_bar_for_slow_saves_and_loads(
-    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    tmp_path: pathlib.Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    drawer: str,
 ) -> None:
+    """A bar of the bytes saved and loaded, by tqdm where it is installed
+    and by embstore's own line where not; none when asked for none."""
     from embstore import _progress
 
     monkeypatch.setattr(_progress, "DELAY_S", 0.0)
+    if drawer == "own":
+        monkeypatch.setitem(sys.modules, "tqdm", None)  # import tqdm raises ImportError
+    else:
+        pytest.importorskip("tqdm")
     table = embstore.Table(64, optimizer=optim.Adam())
     table.lookup(np.arange(400_000))
     table.save(tmp_path / "ck", progress=True)
     embstore.Table.load(tmp_path / "ck", progress=True)
     err = capsys.readouterr().err
-    assert "save: [" in err
-    assert "load: [" in err
-    assert err.count("done in") == 2
+    if drawer == "own":
+        assert "save: [" in err
+        assert "load: [" in err
+        assert err.count("done in") == 2
+    else:
+        assert "save: 100%" in err
+        assert "load: 100%" in err
+        assert "B/s" in err
+    table.save(tmp_path / "ck2", progress=False)
+    assert capsys.readouterr().err == ""
+    # Unasked, a terminal gets a bar and EMBSTORE_PROGRESS=0 takes it away.
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
+    assert _progress.wanted(None)
+    monkeypatch.setenv("EMBSTORE_PROGRESS", "0")
+    assert not _progress.wanted(None)
+    assert _progress.wanted(True)
 
 
 @pytest.mark.slow

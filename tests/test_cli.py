@@ -288,3 +288,68 @@ def test_demo_publish_dir_without_a_parent_is_refused_before_any_work(flag: str)
 def test_bench_sizes_that_cannot_fit_are_one_line_exit_2() -> None:
     assert_one_line_error(cli("bench", "--dim", "99999999999"), "--dim", "at most")
     assert_one_line_error(cli("bench", "--dim", "1000000"), "GiB", "available")
+
+
+@pytest.mark.timeout(120)
+def test_an_error_found_mid_run_is_one_line_exit_2() -> None:
+    """A checkpoint directory that cannot be made (its parent exists: the
+    early check passes) fails the first save: before, a traceback and exit
+    1; now the error's message on one line, exit 2 (with --quiet, no phase
+    lines beside it), and the traceback on request."""
+    args = ("demo", "--quiet", "--samples", "5000", "--test-samples", "1000")
+    proc = cli(*args, "--checkpoint", "/proc/embstore-x")
+    assert_one_line_error(proc, "demo: error:", "/proc/embstore-x", "EMBSTORE_TRACEBACK=1")
+    env = {**os.environ, "EMBSTORE_TRACEBACK": "1"}
+    shown = subprocess.run(
+        [sys.executable, "-m", "embstore", *args, "--checkpoint", "/proc/embstore-x"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
+    assert shown.returncode == 1
+    assert "Traceback" in shown.stderr
+    assert "CheckpointError" in shown.stderr
+
+
+def test_the_bench_schema_is_a_valid_schema_that_refuses_what_it_should() -> None:
+    """The published schema is valid draft 2020-12; a result without its
+    machine, with a figure misspelt or a time that is not a number, fails it."""
+    jsonschema = pytest.importorskip("jsonschema")
+    from embstore.bench import SCHEMA
+
+    schema = json.loads(SCHEMA.read_text())
+    jsonschema.Draft202012Validator.check_schema(schema)
+    assert json.loads(cli("bench", "--schema").stdout) == schema
+    validator = jsonschema.Draft202012Validator(schema)
+    assert not validator.is_valid({})
+    errors = {e.message for e in validator.iter_errors({"lookup_s": "fast", "lookup_sec": 1.0})}
+    assert "'fast' is not of type 'number'" in errors
+    assert any("'lookup_sec' was unexpected" in e for e in errors)
+    assert "'machine' is a required property" in errors
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_bench_json_validates_against_the_published_schema() -> None:
+    jsonschema = pytest.importorskip("jsonschema")
+    from embstore.bench import SCHEMA
+
+    res = json.loads(
+        subprocess.run(
+            [sys.executable, "-m", "embstore", "bench", "--quick", "--json"],
+            check=True,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        ).stdout
+    )
+    jsonschema.validate(res, json.loads(SCHEMA.read_text()))
+    assert res["machine"]["simd"] == embstore_simd()
+    assert res["machine"]["cores"] == os.cpu_count()
+
+
+def embstore_simd() -> str:
+    import embstore
+
+    return embstore.Table(1).simd

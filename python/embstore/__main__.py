@@ -1,9 +1,14 @@
 """Command line: ``python -m embstore demo`` (the main job), ``bench``,
-``inspect`` and ``cache-curve``; ``--help`` lists them, ``--version``."""
+``inspect`` and ``cache-curve``; ``--help`` lists them, ``--version``.
+Every error a user can cause is one line on stderr with exit code 2
+(``EMBSTORE_TRACEBACK=1`` shows the traceback of one found mid-run)."""
 
 from __future__ import annotations
 
+import os
 import sys
+
+from embstore.exceptions import EmbstoreError
 
 #: Command -> (module with a ``main(argv) -> int``, one line on what it does).
 COMMANDS = {
@@ -57,7 +62,23 @@ def main(argv: list[str] | None = None) -> int:
     import importlib
 
     module = importlib.import_module(COMMANDS[args[0]][0])
-    return int(module.main(args[1:]))
+    try:
+        return int(module.main(args[1:]))
+    except KeyboardInterrupt:
+        print(f"python -m embstore {args[0]}: interrupted", file=sys.stderr)
+        return 130
+    except (EmbstoreError, OSError, ValueError, TypeError, ImportError) as e:
+        # A user's mistake found once the work began (a path that cannot be
+        # written, a damaged file, memory refused): one line, exit 2; the
+        # traceback on request, for a report.
+        if os.environ.get("EMBSTORE_TRACEBACK"):
+            raise
+        message = " ".join(str(e).split()) or type(e).__name__
+        print(
+            f"python -m embstore {args[0]}: error: {message} (EMBSTORE_TRACEBACK=1 shows where)",
+            file=sys.stderr,
+        )
+        return 2
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ EXTRAS = {
     "gpu": "cupy-cuda12x",
     "plot": "matplotlib",
     "metrics": "prometheus-client",
+    "progress": "tqdm",
 }
 
 

@@ -17,7 +17,6 @@ the table's stats.
 from __future__ import annotations
 
 import os
-import sys
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -28,6 +27,7 @@ import numpy.typing as npt
 import embstore
 from embstore import init, optim
 from embstore._cli import Parser, phase, positive_int, require
+from embstore._progress import Bar
 from embstore.serving import Publisher
 
 FIELDS = 26
@@ -106,29 +106,6 @@ def auc(label: npt.NDArray[np.float32], score: npt.NDArray[np.float64]) -> float
 
 def logloss(label: npt.NDArray[np.float32], logit: npt.NDArray[np.float64]) -> float:
     return float(np.mean(np.logaddexp(0.0, logit) - label * logit))
-
-
-class Progress:
-    """A one-line progress bar on stderr, drawn only when stderr is a
-    terminal (a log file gets the phase lines alone, no carriage returns)."""
-
-    def __init__(self, total: int, quiet: bool) -> None:
-        self.total, self.t0 = total, time.perf_counter()
-        self.quiet = quiet or not sys.stderr.isatty()
-
-    def update(self, done: int, samples: int, loss: float) -> None:
-        if self.quiet:
-            return
-        frac = done / self.total
-        bar = "=" * int(30 * frac)
-        rate = samples / max(time.perf_counter() - self.t0, 1e-9)
-        sys.stderr.write(
-            f"\r[{bar:<30}] {100 * frac:5.1f}% step {done}/{self.total} "
-            f"loss {loss:.4f} {rate / 1e3:.1f}k samples/s"
-        )
-        if done == self.total:
-            sys.stderr.write("\n")
-        sys.stderr.flush()
 
 
 def _batch(keys: npt.NDArray[np.int64]) -> dict[str, tuple[Any, Any]]:
@@ -265,7 +242,7 @@ def run(
     model: NumpyFM | TorchFM = (TorchFM if use_torch else NumpyFM)(coll, k, lr=0.01)
     steps = (samples + batch - 1) // batch
     say(f"training: {steps:,} steps of {batch:,} samples ({'torch' if use_torch else 'NumPy'})")
-    bar = Progress(steps, quiet)
+    bar = Bar(steps, "training", unit="step", show=False if quiet else None, delay=0.0)
     losses: list[float] = []
     publishers = []
     if publish is not None:
@@ -279,7 +256,9 @@ def run(
         sl = slice(i * batch, min((i + 1) * batch, samples))
         losses.append(model.step(train.keys[sl], train.dense[sl], train.label[sl]))
         if (i + 1) % 10 == 0 or i + 1 == steps:
-            bar.update(i + 1, sl.stop, float(np.mean(losses[-10:])))
+            rate = sl.stop / max(time.perf_counter() - t1, 1e-9)
+            bar.update_to(i + 1, f"loss {np.mean(losses[-10:]):.4f} {rate / 1e3:.1f}k samples/s")
+    bar.close()
     train_s = time.perf_counter() - t1
     for pub in publishers:
         pub.stop()

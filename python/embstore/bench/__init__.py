@@ -11,12 +11,17 @@ Small calls (1 to 16,384 keys: lookup, Adam step, pooled step; 1 and 4
 serving threads) are measured against np.take and a dict of rows.
 ``--readers``: the p99 of serving lookups next to a writer of the same
 table and of another one.
+
+``--json`` prints the figures; the comparison's validate against the JSON
+Schema at ``embstore/bench/schema.json`` (:data:`SCHEMA`; ``--schema``
+prints it), with the machine they were measured on under ``machine``.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import pathlib
 
 from embstore._cli import Parser, positive_int, require
 from embstore.bench.bags import bag_lengths, report_bags
@@ -26,7 +31,10 @@ from embstore.bench.policy import POLICIES, policy_costs, report_policies
 from embstore.bench.readers import reader_latency, report_readers
 from embstore.bench.table import compare, core, memory, report
 
-__all__ = ["POLICIES", "main"]
+__all__ = ["POLICIES", "SCHEMA", "main"]
+
+#: The JSON Schema (draft 2020-12) of ``python -m embstore bench --json``.
+SCHEMA = pathlib.Path(__file__).with_name("schema.json")
 
 
 def _available_bytes() -> int | None:
@@ -77,7 +85,21 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--mem-rows", type=positive_int, default=10_000_000, help="rows of the memory measure"
     )
-    p.add_argument("--json", action="store_true", help="print the raw figures as JSON")
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help="print the raw figures as JSON (the comparison's: valid against --schema)",
+    )
+    p.add_argument(
+        "--quiet",
+        action="store_true",
+        help="no progress bar (drawn only on a terminal, by tqdm where installed)",
+    )
+    p.add_argument(
+        "--schema",
+        action="store_true",
+        help="print the JSON Schema of the comparison's --json output and exit",
+    )
     p.add_argument(
         "--checkpoint",
         action="store_true",
@@ -116,6 +138,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--child", choices=["core", "memory"], help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    if args.schema:
+        print(SCHEMA.read_text(), end="")
+        return 0
     if not (args.checkpoint or args.policy or args.readers or args.child):
         require(p, "torch", "torch", "the peer comparison")
     if args.quick:

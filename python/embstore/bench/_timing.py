@@ -91,3 +91,35 @@ def _torch_version() -> str:
 
 def args_dim(c: dict[str, Any]) -> int:
     return int(c.get("dim", 64))
+
+
+def machine_facts() -> dict[str, Any]:
+    """What a figure depends on: the CPU model, cores, the SIMD backend
+    embstore picked, the kernel's transparent-huge-page mode, the versions."""
+    import os
+    import platform
+
+    import numpy as np
+
+    import embstore
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    try:
+        with open("/sys/kernel/mm/transparent_hugepage/enabled") as f:
+            thp = f.read().split("[", 1)[1].split("]", 1)[0]
+    except (OSError, IndexError):
+        thp = "unknown"
+    return {
+        "cpu": cpu,
+        "cores": os.cpu_count() or 1,
+        "simd": embstore.Table(1).simd,
+        "thp": thp,
+        "embstore": embstore.__version__,
+        "python": platform.python_version(),
+        "numpy": np.__version__,
+    }

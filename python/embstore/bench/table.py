@@ -8,7 +8,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import subprocess
 import sys
 import time
@@ -18,7 +17,8 @@ import numpy as np
 
 import embstore
 from embstore import optim
-from embstore.bench._timing import _best, _rss, _torch_version
+from embstore._progress import Bar
+from embstore.bench._timing import _best, _rss, _torch_version, machine_facts
 from embstore.bench.collection import collection_compare, report_collection, report_peers
 from embstore.bench.small import report_small, small_calls
 from embstore.bench.targets import cell, judge, sizes_note
@@ -98,6 +98,8 @@ def compare(args: argparse.Namespace) -> dict[str, Any]:
     distinct = int(np.unique(ids).size)
     grads = rng.standard_normal((ids.size, dim), dtype=np.float32)
     res: dict[str, Any] = {"ids": int(ids.size), "distinct": distinct, "vocab": vocab, "dim": dim}
+    bar = Bar(8, "bench", unit="measure", show=False if args.quiet else None)
+    bar.update_to(0, "lookups")
 
     table = embstore.Table(dim, optimizer=optim.Adam(lr=1e-3))
     all_keys = np.arange(vocab)
@@ -122,6 +124,7 @@ def compare(args: argparse.Namespace) -> dict[str, Any]:
         lookup_correct=correct,
     )
 
+    bar.update_to(1, "Adam steps")
     ours_apply = _best(lambda: table.apply_gradients(ids, grads), reps)
     param = torch.nn.Parameter(weight.clone())
     sparse_adam = torch.optim.SparseAdam([param], lr=1e-3)
@@ -136,6 +139,7 @@ def compare(args: argparse.Namespace) -> dict[str, Any]:
     torch_apply = _best(torch_step, reps)
     res.update(apply_adam_s=ours_apply, torch_sparse_adam_s=torch_apply)
 
+    bar.update_to(2, "inserts")
     new_keys = np.arange(vocab, vocab + distinct) * 31 + 7
     t0 = time.perf_counter()
     table.lookup(new_keys)
@@ -157,28 +161,31 @@ def compare(args: argparse.Namespace) -> dict[str, Any]:
     plain.assign(new_keys, values)
     res["assign_new_rows_per_s"] = distinct / (time.perf_counter() - t0)
 
+    bar.update_to(3, "threads")
     one = _child("core", args, threads=1)
     two = _child("core", args, threads=2)
     res.update(threads1=one, threads2=two)
+    bar.update_to(5, "memory")
     res["memory"] = _child("memory", args)
+    bar.update_to(6, "Collection step")
     res["collection"] = collection_compare(args)
     res["collection"]["dim"] = dim
+    bar.update_to(7, "small calls")
     res["small_calls"] = small_calls(dim, args.quick)
+    bar.update_to(8)
+    bar.close()
     res["verdicts"] = judge(res, args)
+    res["machine"] = machine_facts()
     return res
 
 
 def report(res: dict[str, Any], args: argparse.Namespace) -> str:
     t1, t2, mem = res["threads1"], res["threads2"], res["memory"]
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
+    m = res["machine"]
     lines = [
-        f"Machine: {cpu}, {os.cpu_count()} cores, SIMD backend {embstore.Table(1).simd}; "
-        f"embstore {embstore.__version__}, numpy {np.__version__}, torch {_torch_version()}.",
+        f"Machine: {m['cpu']}, {m['cores']} cores, SIMD backend {m['simd']}, transparent "
+        f"huge pages {m['thp']}; embstore {m['embstore']}, numpy {m['numpy']}, "
+        f"torch {_torch_version()}.",
         f"Workload: {res['vocab']:,}-key table, dim {res['dim']}, batch of {res['ids']:,} ids "
         f"({res['distinct']:,} distinct); best of {args.reps} runs after a warm-up.",
         "",
