@@ -4,6 +4,8 @@ torch.optim.SparseAdam."""
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
 import torch
@@ -254,3 +256,25 @@ def test_a_forward_without_gradients_stores_nothing() -> None:
     for module, args in modules:
         module(*args)
     assert len(table) == 6
+
+
+def test_gradient_reduction_is_checked_and_changes_nothing_over_one_process() -> None:
+    """Over tables of one process "mean" and "sum" step alike, with no
+    warning (the choice matters over N ranks: tests/torchrun/gloo_suite.py
+    trains N ranks of batch b as one process of batch N*b)."""
+    with pytest.raises(ValueError, match=r'^gradient_reduction: expected "mean" or "sum"'):
+        et.EmbeddingBag(embstore.Table(4), gradient_reduction="avg")
+    with pytest.raises(ValueError, match=r"^gradient_reduction"):
+        et.EmbeddingBagCollection(
+            embstore.Collection({"a": embstore.Table(4)}), gradient_reduction=1
+        )
+    rows = []
+    for reduction in ("mean", "sum", None):
+        table = embstore.Table(4, optimizer=optim.SGD(lr=0.5), seed=3)
+        bag = et.EmbeddingBag(table, mode="sum", gradient_reduction=reduction)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # no DeprecationWarning over one process
+            bag(torch.tensor([[1, 2], [2, 3]])).sum().backward()
+        rows.append(table.lookup([1, 2, 3], insert=False))
+    np.testing.assert_array_equal(rows[0], rows[1])
+    np.testing.assert_array_equal(rows[0], rows[2])

@@ -41,14 +41,24 @@ class LatencyHistogram:
             return list(BOUNDS_S), list(self._counts), self._sum
 
 
+def histogram(tier: Any) -> LatencyHistogram:
+    """``tier``'s histogram, made at its first use (a tier built without
+    its ``__init__``, as a load builds one, gets one too)."""
+    found = tier.__dict__.get("_latency")
+    if found is None:
+        found = tier.__dict__.setdefault("_latency", LatencyHistogram())
+    assert isinstance(found, LatencyHistogram)
+    return found
+
+
 def timed(method: F) -> F:
-    """``method`` of a tier with a ``_latency`` histogram, its calls timed
-    (those that raise are not counted)."""
+    """``method`` of a tier, its calls timed into the tier's
+    :func:`histogram` (those that raise are not counted)."""
 
     def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
         t0 = time.perf_counter()
         out = method(self, *args, **kwargs)
-        self._latency.record(time.perf_counter() - t0)
+        histogram(self).record(time.perf_counter() - t0)
         return out
 
     wrapper.__name__ = method.__name__

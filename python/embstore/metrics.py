@@ -44,6 +44,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from embstore._deps import require
+from embstore._latency import histogram
 
 __all__ = ["MetricsServer", "TableFigures", "collector", "read", "serve"]
 
@@ -128,7 +129,7 @@ def _figures(name: str, t: Any) -> Iterator[tuple[str, TableFigures]]:
     if module.startswith("embstore.distributed") and kind == "ShardedTable":
         # This rank's shard, read locally: a scrape runs nothing collective.
         f = next(iter(_figures(name, t.local)))[1]
-        f.latency = t._latency.read()
+        f.latency = histogram(t).read()
         yield name, f
         return
     if module.startswith("embstore.distributed") and kind == "ShardedCollection":
@@ -149,7 +150,7 @@ def _figures(name: str, t: Any) -> Iterator[tuple[str, TableFigures]]:
             evictions=(f.counters.get("evictions") or 0) + s["evictions"],
         )
         f.bytes["device"] = int(s["bytes"] - s["table"]["bytes"])
-        f.latency = t._latency.read()
+        f.latency = histogram(t).read()
         yield name, f
         return
     if module.startswith("embstore.gpu") and kind == "ServingCache":
@@ -161,7 +162,7 @@ def _figures(name: str, t: Any) -> Iterator[tuple[str, TableFigures]]:
             "misses": s["lookups"] - s["hits"],
         }
         f.bytes["device"] = int(s["bytes"])
-        f.latency = t._latency.read()
+        f.latency = histogram(t).read()
         yield name, f
         return
     raise TypeError(

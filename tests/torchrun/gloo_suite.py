@@ -149,5 +149,82 @@ assert hashed.partitioning == Partition("hash", N)
 assert len(hashed) == len(dv) == 500
 close(hashed.lookup(np.arange(500), insert=False), dv.lookup(np.arange(500), insert=False))
 
+# 7. DDP on the dense part, the torch modules over sharded tables with
+# gradient_reduction="mean": N ranks of batch b train as one process of batch
+# N*b (the dense parameters and every row equal); without the argument the
+# ranks' gradients are summed, with a DeprecationWarning.
+import warnings  # noqa: E402
+
+from torch import nn  # noqa: E402
+from torch.nn import functional as F  # noqa: E402
+from torch.nn.parallel import DistributedDataParallel  # noqa: E402
+
+
+class Dlrm(nn.Module):
+    def __init__(self, emb: nn.Module) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.emb, self.top = emb, nn.Sequential(nn.Linear(2 * DIM, 4), nn.ReLU(), nn.Linear(4, 1))
+
+    def forward(self, users: torch.Tensor, items: torch.Tensor) -> torch.Tensor:
+        return self.top(self.emb({"user": users, "item": items})).squeeze(1)
+
+
+def adagrad_tables(cls: type, **kw: object) -> dict:
+    """An Adagrad table and an SGD one (SGD's step is linear in the
+    gradient: a reduction off by N shows in every row)."""
+    return {
+        "user": cls(DIM, optimizer=optim.Adagrad(lr=0.1), seed=21, **kw),
+        "item": cls(DIM, optimizer=optim.SGD(lr=0.5), seed=22, **kw),
+    }
+
+
+def dlrm_batch(step: int, rank: int, b: int = 16) -> tuple[np.ndarray, ...]:
+    rng = np.random.default_rng(500 + 10 * step + rank)
+    y = rng.integers(0, 2, b).astype(np.float32)
+    return rng.integers(0, 200, b), rng.integers(0, 200, b), y
+
+
+sharded = adagrad_tables(ShardedTable, comm="torch")
+ours = DistributedDataParallel(
+    Dlrm(et.EmbeddingBagCollection(ShardedCollection(sharded), gradient_reduction="mean"))
+)
+single = adagrad_tables(embstore.Table)
+ref = Dlrm(et.EmbeddingBagCollection(embstore.Collection(single)))
+opt_ours = torch.optim.SGD(ours.parameters(), lr=0.5)
+opt_ref = torch.optim.SGD(ref.parameters(), lr=0.5)
+for step in range(5):
+    u, i, y = (torch.from_numpy(a) for a in dlrm_batch(step, R))
+    opt_ours.zero_grad()
+    F.binary_cross_entropy_with_logits(ours(u, i), y).backward()  # the mean over b
+    opt_ours.step()
+    u, i, y = (
+        torch.from_numpy(np.concatenate(a))
+        for a in zip(*(dlrm_batch(step, r) for r in range(N)), strict=True)
+    )
+    opt_ref.zero_grad()
+    F.binary_cross_entropy_with_logits(ref(u, i), y).backward()  # the mean over N*b
+    opt_ref.step()
+for a, b in zip(ours.module.top.parameters(), ref.top.parameters(), strict=True):
+    close(a.detach().numpy(), b.detach().numpy())
+for name, table in single.items():
+    k_ref, rows_ref = table.export()
+    assert sharded[name].step == table.step == 5
+    close(sharded[name].lookup(k_ref, insert=False), rows_ref)
+
+# The unpooled collection and a single bag over a sharded table take it too.
+ec = et.EmbeddingCollection(
+    ShardedCollection(adagrad_tables(ShardedTable, comm="torch")), gradient_reduction="sum"
+)
+assert ec.gradient_reduction == "sum"
+bag = et.EmbeddingBag(ShardedTable(DIM, comm="torch", optimizer=optim.SGD(lr=0.1)), mode="sum")
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    bag(torch.arange(6).reshape(3, 2)).sum().backward()
+assert any(
+    issubclass(w.category, DeprecationWarning) and "gradient_reduction" in str(w.message)
+    for w in caught
+), [str(w.message) for w in caught]
+
 print(f"rank {R}: gloo suite passed ({N} ranks, {t.stats()['global_rows']} rows)", flush=True)
 dist.destroy_process_group()

@@ -4,6 +4,7 @@ each distinct table makes one exchange per call."""
 from __future__ import annotations
 
 import time
+import types
 from collections.abc import Mapping
 from typing import Any
 
@@ -16,6 +17,7 @@ from embstore._convert import (
     check_bool,
     check_combiner,
 )
+from embstore._latency import histogram
 from embstore.collection import feature_entry
 from embstore.distributed.table import ShardedTable
 
@@ -59,6 +61,16 @@ class ShardedCollection:
     @property
     def features(self) -> list[str]:
         return list(self._features)
+
+    @property
+    def tables(self) -> Mapping[str, ShardedTable]:
+        """Feature name -> sharded table, read-only."""
+        return types.MappingProxyType(self._features)
+
+    @property
+    def dims(self) -> list[int]:
+        """Each feature's width in the output."""
+        return [t.dim for t in self._features.values()]
 
     @property
     def dim(self) -> int:
@@ -134,14 +146,23 @@ class ShardedCollection:
         return ", ".join(f"{n}: table {t._id}" for n, t in self._features.items())
 
     def lookup_pooled(
-        self, batch: Mapping[str, tuple[Any, ...]], *, insert: bool = True
+        self, batch: Mapping[str, tuple[Any, ...]], *, insert: bool = True, default: str = "init"
     ) -> np.ndarray:
+        """Every feature's pooled rows side by side, ``(batch, dim)``: as
+        :meth:`embstore.Collection.lookup_pooled`, a missing id reading as
+        its initial row (``default="init"``, the only default a sharded
+        table takes). Collective."""
+        if default != "init":
+            raise ValueError(
+                f"default: a ShardedCollection reads a missing id as its initial row; "
+                f'expected "init", got {default!r}'
+            )
         t0 = time.perf_counter()
         out = self._lookup_pooled(batch, insert)
         # Each table's histogram counts the call that read it.
         took = time.perf_counter() - t0
         for t in {id(t): t for t in self._features.values()}.values():
-            t._latency.record(took)
+            histogram(t).record(took)
         return out
 
     def _lookup_pooled(self, batch: Mapping[str, tuple[Any, ...]], insert: bool) -> np.ndarray:

@@ -37,7 +37,7 @@ from embstore._convert import (
     check_name,
     to_numpy,
 )
-from embstore._latency import LatencyHistogram, timed
+from embstore._latency import timed
 from embstore.distributed.agreement import DEFAULT_TIMEOUT, Agreement, check_timeout
 from embstore.distributed.partition import Partition
 from embstore.distributed.transport import Transport, transport_of
@@ -131,7 +131,6 @@ class ShardedTable(Agreement):
         timeout: float | None = None,
         **table_kwargs: Any,
     ) -> None:
-        self._latency = LatencyHistogram()
         self._setup(comm, partition, key_space, timeout)
         given = isinstance(local, LocalTier)
         seed = None if given else table_kwargs.pop("seed", None)

@@ -35,7 +35,7 @@ import numpy as np
 
 from embstore import _convert, _core
 from embstore._convert import to_host
-from embstore._latency import LatencyHistogram, timed
+from embstore._latency import timed
 from embstore.gpu import _optim
 from embstore.gpu import _xp as X
 from embstore.gpu._fork import LIVE
@@ -133,7 +133,6 @@ class DeviceCache:
         self.admit_after = int(admit_after)
         self._fancy = X.supports_fancy_setitem(self.xp)
         self._lock = threading.Lock()
-        self._latency = LatencyHistogram()
         self._dtype = str(table.dtype)
         if self._dtype == "int8":
             raise ValueError(

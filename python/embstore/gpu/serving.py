@@ -34,7 +34,7 @@ import array_api_compat
 import numpy as np
 
 from embstore._convert import Default, as_keys, check_bool, to_host
-from embstore._latency import LatencyHistogram, timed
+from embstore._latency import timed
 from embstore.gpu import _xp as X
 from embstore.gpu._fork import LIVE
 from embstore.gpu.index import BucketIndex
@@ -101,7 +101,6 @@ class ServingCache:
         self._staging: np.ndarray | None = None
         self._copied: Any = None  # a CUDA event: the last copy out of _staging
         self._lock = threading.Lock()
-        self._latency = LatencyHistogram()
         LIVE.add(self)
 
     @property

@@ -215,6 +215,14 @@ def _feature_ranges(
     return out
 
 
+def _is_sharded_collection(obj: Any) -> bool:
+    """Whether ``obj`` is an ``embstore.distributed.ShardedCollection``
+    (imported only when one could be: it needs no MPI to import)."""
+    from embstore.distributed.collection import ShardedCollection
+
+    return isinstance(obj, ShardedCollection)
+
+
 class _CollectionModule(_TableState):
     """A module over an :class:`embstore.Collection`, given or built from
     TorchRec table configs."""
@@ -229,19 +237,26 @@ class _CollectionModule(_TableState):
         optimizer: Optimizer | Mapping[str, Optimizer] | None = None,
         default: str = "init",
         accumulate: int = 1,
+        gradient_reduction: str | None = None,
         table_options: Mapping[str, Any] | None = None,
         is_weighted: bool = False,
         device: Any = None,
     ) -> None:
         if collection is not None and tables is not None:
             raise ValueError("tables: give a collection or table configs, not both")
-        if collection is not None and not isinstance(collection, Collection):
+        if collection is not None and _is_sharded_collection(collection):
+            if accumulate != 1:
+                raise ValueError(
+                    "accumulate: a ShardedCollection steps at every backward (its steps are "
+                    f"collective); expected 1, got {accumulate!r}"
+                )
+        elif collection is not None and not isinstance(collection, Collection):
             if isinstance(collection, Sequence) and not isinstance(collection, (str, bytes)):
                 tables, collection = collection, None
             else:
                 raise TypeError(
-                    "collection: expected an embstore.Collection (or tables=[...] configs), "
-                    f"got {type(collection).__name__}"
+                    "collection: expected an embstore.Collection or a ShardedCollection (or "
+                    f"tables=[...] configs), got {type(collection).__name__}"
                 )
         if collection is None:
             if tables is None:
@@ -262,8 +277,11 @@ class _CollectionModule(_TableState):
         if not isinstance(is_weighted, bool):
             raise TypeError("is_weighted: expected a bool")
         check_default(default, None)
-        super().__init__(accumulate)
-        self.collection = collection
+        super().__init__(accumulate, gradient_reduction)
+        # A ShardedCollection offers every call the module makes of a
+        # Collection (features, dims, tables, lookup_pooled,
+        # apply_pooled_gradients); typed as the one it stands in for.
+        self.collection: Collection = cast(Collection, collection)
         self.default = default
         self.is_weighted = is_weighted
         self._keyed_tensor, self._jagged_tensor = _output_types()
@@ -394,7 +412,7 @@ class EmbeddingBagCollection(_CollectionModule):
 
     def _backward(self, inputs: list[torch.Tensor | None], grad: torch.Tensor, spec: str) -> None:
         batch = self._batch(inputs, spec)
-        g = grad_rows(grad, grad.shape[0], self.collection.dim)
+        g = self._reduce(grad_rows(grad, grad.shape[0], self.collection.dim))
 
         def parts() -> Parts:
             ids, offsets, weights, combiners, _ = self.collection._args(batch)
@@ -532,7 +550,7 @@ class EmbeddingCollection(_CollectionModule):
 
     def _backward(self, inputs: list[torch.Tensor | None], grad: torch.Tensor, spec: str) -> None:
         vals, by_table = self._positions(inputs, spec)
-        g = grad_rows(grad, vals.shape[0], self.embedding_dim)
+        g = self._reduce(grad_rows(grad, vals.shape[0], self.embedding_dim))
         calls: Parts = [(t, np.ascontiguousarray(vals[at]), g[at]) for t, at in by_table.values()]
         check_parts(calls)  # every table, before any steps
 

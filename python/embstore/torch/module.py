@@ -17,6 +17,7 @@ op does the rest on the host.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from typing import Any, cast
 
@@ -228,14 +229,30 @@ class _TableState(nn.Module):
     at every backward, as TorchRec's fused tables do. Gradients held between
     steps are not in ``state_dict()``: :meth:`flush_gradients` applies them
     now as one step, :meth:`discard_gradients` drops them.
+
+    ``gradient_reduction``: how the ranks' gradients of a sharded table
+    (a ShardedTable or ShardedCollection over N ranks) make its one step.
+    ``"mean"`` divides each rank's by N: with DDP averaging the dense
+    gradients, N ranks of batch b then train as one process of batch N*b
+    (TorchRec's behaviour: its ``comm_ops.GRADIENT_DIVISION``, on by
+    default). ``"sum"`` adds them as they are (a loss summed, not averaged,
+    over the global batch). Not given: ``"sum"``, with a DeprecationWarning
+    at the first backward over more than one rank; the default becomes
+    ``"mean"`` in the next release. Over one process both are the same.
     """
 
     #: Whether state_dict() includes the tables' optimizer state.
     state_dict_optimizer: bool = True
 
-    def __init__(self, accumulate: int = 1) -> None:
+    def __init__(self, accumulate: int = 1, gradient_reduction: str | None = None) -> None:
         super().__init__()
         self.accumulate = _check_accumulate(accumulate)
+        if gradient_reduction not in (None, "mean", "sum"):
+            raise ValueError(
+                f'gradient_reduction: expected "mean" or "sum", got {gradient_reduction!r}'
+            )
+        self.gradient_reduction = gradient_reduction
+        self._warned_reduction = False
         self._pending: list[Parts] = []
         self._handle = register(self)
 
@@ -257,6 +274,36 @@ class _TableState(nn.Module):
 
     def _backward(self, inputs: list[torch.Tensor | None], grad: torch.Tensor, spec: str) -> None:
         raise NotImplementedError
+
+    def _world_size(self) -> int:
+        """Ranks the module's sharded tables span (1 without one)."""
+        from embstore.distributed.table import ShardedTable
+
+        sizes = [t.size for t in self._tables().values() if isinstance(t, ShardedTable)]
+        return max(sizes, default=1)
+
+    def _reduce(self, grads: np.ndarray) -> np.ndarray:
+        """A backward's gradients as its tables take them (see
+        ``gradient_reduction``)."""
+        n = self._world_size()
+        if n == 1:
+            return grads
+        if self.gradient_reduction is None:
+            if not self._warned_reduction:
+                self._warned_reduction = True
+                warnings.warn(
+                    f"gradient_reduction: not given, so the {n} ranks' gradients of the "
+                    'sharded tables are summed ("sum", this release\'s default) while DDP '
+                    'averages the dense ones; pass gradient_reduction="mean" (TorchRec\'s '
+                    'behaviour) to train as one process of the global batch, or "sum" to '
+                    'keep this; the default becomes "mean" in the next release',
+                    DeprecationWarning,
+                    stacklevel=2,
+                )
+            return grads
+        if self.gradient_reduction == "mean":
+            return np.ascontiguousarray(grads / np.float32(n), dtype=np.float32)
+        return grads
 
     @property
     def pending_backwards(self) -> int:
@@ -385,6 +432,7 @@ class _OneTable(_TableState):
         scale_grad_by_freq: bool,
         sparse: bool,
         accumulate: int,
+        gradient_reduction: str | None = None,
     ) -> None:
         if not isinstance(table, ReadTier):
             raise TypeError(
@@ -409,7 +457,7 @@ class _OneTable(_TableState):
                 "(lookup_with_state and write_back); use an embstore.Table"
             )
         padding = _check_padding_idx(padding_idx)
-        super().__init__(accumulate)
+        super().__init__(accumulate, gradient_reduction)
         self.table = table
         self.default = default
         self.padding_idx = padding
@@ -528,9 +576,18 @@ class Embedding(_OneTable):
         scale_grad_by_freq: bool = False,
         sparse: bool = False,
         accumulate: int = 1,
+        gradient_reduction: str | None = None,
     ) -> None:
         super().__init__(
-            table, default, padding_idx, max_norm, norm_type, scale_grad_by_freq, sparse, accumulate
+            table,
+            default,
+            padding_idx,
+            max_norm,
+            norm_type,
+            scale_grad_by_freq,
+            sparse,
+            accumulate,
+            gradient_reduction,
         )
 
     def forward(self, ids: Any) -> torch.Tensor:
@@ -587,7 +644,7 @@ class Embedding(_OneTable):
         if self.frozen:
             return
         flat, keep = self._kept(ids)
-        g = grad_rows(grad, flat.shape[0], self.table.dim)
+        g = self._reduce(grad_rows(grad, flat.shape[0], self.table.dim))
         if keep is not None:
             flat, g = flat[keep], g[keep]
 
@@ -642,6 +699,7 @@ class EmbeddingBag(_OneTable):
         scale_grad_by_freq: bool = False,
         sparse: bool = False,
         accumulate: int = 1,
+        gradient_reduction: str | None = None,
     ) -> None:
         if mode is not None and combiner is not None and mode != combiner:
             raise ValueError(f"mode: {mode!r} and combiner {combiner!r} disagree; give one")
@@ -654,7 +712,15 @@ class EmbeddingBag(_OneTable):
             raise TypeError("include_last_offset: expected a bool")
         combiner_name = check_combiner(name)
         super().__init__(
-            table, default, padding_idx, max_norm, norm_type, scale_grad_by_freq, sparse, accumulate
+            table,
+            default,
+            padding_idx,
+            max_norm,
+            norm_type,
+            scale_grad_by_freq,
+            sparse,
+            accumulate,
+            gradient_reduction,
         )
         self.combiner = combiner_name
         self.include_last_offset = include_last_offset
@@ -770,7 +836,7 @@ class EmbeddingBag(_OneTable):
         if self.frozen:
             return
         ids, off, w = self._bags(inputs)
-        g = grad_rows(grad, off.shape[0] - 1, self.table.dim)
+        g = self._reduce(grad_rows(grad, off.shape[0] - 1, self.table.dim))
         self._finish(
             lambda: cast(BatchTier, self.table).apply_pooled_gradients(
                 ids, off, g, combiner=self.combiner, weights=w
