@@ -389,7 +389,7 @@ def test_progress_bar_for_slow_saves_and_loads(
     capsys: pytest.CaptureFixture[str],
     drawer: str,
 ) -> None:
-    """A bar of the bytes saved and loaded, by tqdm where it is installed
+    """A bar of the bytes saved, loaded and exported, by tqdm where it is installed
     and by embstore's own line where not; none when asked for none."""
     from embstore import _progress
 
@@ -401,15 +401,22 @@ def test_progress_bar_for_slow_saves_and_loads(
     table = embstore.Table(64, optimizer=optim.Adam())
     table.lookup(np.arange(400_000))
     table.save(tmp_path / "ck", progress=True)
-    embstore.Table.load(tmp_path / "ck", progress=True)
+    loaded = embstore.Table.load(tmp_path / "ck", progress=True)
+    keys, rows, state = loaded.export(with_state=True, progress=True)
+    assert state.shape == (400_000, loaded.state_len)
+    live = loaded.export(consistent=False, progress=True)
+    assert keys.shape == (400_000,)
+    np.testing.assert_array_equal(live[1], rows)
     err = capsys.readouterr().err
     if drawer == "own":
         assert "save: [" in err
         assert "load: [" in err
-        assert err.count("done in") == 2
+        assert "export: [" in err
+        assert err.count("done in") == 4
     else:
         assert "save: 100%" in err
         assert "load: 100%" in err
+        assert err.count("export: 100%") >= 2  # each export draws its end (tqdm may redraw it)
         assert "B/s" in err
     table.save(tmp_path / "ck2", progress=False)
     assert capsys.readouterr().err == ""

@@ -113,7 +113,11 @@ class Table:
     def remove(self, keys: npt.NDArray[np.int64]) -> int: ...
     def apply_gradients(self, keys: Any, grads: Any) -> None: ...
     def export(
-        self, with_state: bool = False, with_meta: bool = False, consistent: bool = True
+        self,
+        with_state: bool = False,
+        with_meta: bool = False,
+        consistent: bool = True,
+        progress: Progress | None = None,
     ) -> tuple[
         npt.NDArray[np.int64],
         npt.NDArray[np.float32],

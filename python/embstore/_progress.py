@@ -1,5 +1,5 @@
-"""Progress bars for long work: saves and loads (native calls that count
-their bytes), the demo's training, the bench's measures.
+"""Progress bars for long work: saves, loads and exports (native calls that
+count their bytes), the demo's training, the bench's measures.
 
 Drawn by tqdm where it is installed (the ``progress`` extra), else by a
 one-line bar of our own; only on a terminal (stderr a TTY), never when

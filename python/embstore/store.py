@@ -530,7 +530,7 @@ class Table(CheckpointParts):
         | tuple[npt.NDArray[np.int64], npt.NDArray[np.float32], npt.NDArray[np.float32]]
     ): ...
     def export(
-        self, *, with_state: bool = False, consistent: bool = True
+        self, *, with_state: bool = False, consistent: bool = True, progress: bool | None = None
     ) -> (
         tuple[npt.NDArray[np.int64], npt.NDArray[np.float32]]
         | tuple[npt.NDArray[np.int64], npt.NDArray[np.float32], npt.NDArray[np.float32]]
@@ -544,11 +544,19 @@ class Table(CheckpointParts):
         snapshot next to training): each row, with its state, is one
         version of it, whole, but rows are of different moments, and a key
         inserted or removed during the call may or may not be in it.
+
+        ``progress``: a bar of the bytes copied, for an export still running
+        after a second (None: when stderr is a terminal; see
+        ``embstore._progress``).
         """
-        keys, rows, state, _, _ = self._inner.export(
-            check_bool("with_state", with_state),
-            False,
-            check_bool("consistent", consistent),
+        with_state = check_bool("with_state", with_state)
+        consistent = check_bool("consistent", consistent)
+        width = 4 * (self.dim + (self.state_len if with_state else 0))
+        keys, rows, state, _, _ = run_with_progress(
+            lambda p: self._inner.export(with_state, False, consistent, p),
+            len(self) * width,
+            "export",
+            progress,
         )
         if with_state:
             return keys, rows, state

@@ -673,7 +673,7 @@ impl PyTable {
     /// no touches) and the call clock, all of one snapshot; or, with
     /// `consistent=False`, read without waiting for writers (each row whole,
     /// rows of different moments, no metadata).
-    #[pyo3(signature = (with_state=false, with_meta=false, consistent=true))]
+    #[pyo3(signature = (with_state=false, with_meta=false, consistent=true, progress=None))]
     #[allow(clippy::type_complexity)]
     fn export<'py>(
         &self,
@@ -681,6 +681,7 @@ impl PyTable {
         with_state: bool,
         with_meta: bool,
         consistent: bool,
+        progress: Option<PyRef<'_, PyProgress>>,
     ) -> PyResult<(
         Bound<'py, PyArray1<i64>>,
         Bound<'py, PyArray2<f32>>,
@@ -689,10 +690,12 @@ impl PyTable {
         u64,
     )> {
         let table = &self.inner;
+        let done = progress.map(|p| p.done.clone());
+        let done = done.as_deref();
         let e = if consistent {
-            py.enter_store(|| table.export_all(with_state, with_meta))?
+            py.enter_store(|| table.export_all_counted(with_state, with_meta, done))?
         } else {
-            py.enter_store(|| table.export_live(with_state))?
+            py.enter_store(|| table.export_live_counted(with_state, done))?
         };
         let n = e.keys.len();
         let sl = if with_state { table.state_len() } else { 0 };

@@ -11,7 +11,11 @@ use crate::table::storage::read;
 use crate::table::storage::view::{copy_racy, racy};
 use crate::zeroed::zeros;
 use rayon::iter::{IndexedParallelIterator, IntoParallelRefIterator, ParallelIterator};
-use rayon::prelude::ParallelSliceMut;
+use rayon::prelude::{ParallelSlice, ParallelSliceMut};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Rows a parallel job of an export copies before it counts them.
+const EXPORT_BLOCK: usize = 4096;
 use std::sync::PoisonError;
 
 /// The shard number that marks a row read from disk in an export's list.
@@ -60,6 +64,20 @@ impl Table {
     /// # Errors
     /// `OutOfMemory` when the copy cannot be allocated.
     pub fn export_all(&self, with_state: bool, with_meta: bool) -> Result<Exported> {
+        self.export_all_counted(with_state, with_meta, None)
+    }
+
+    /// [`Table::export_all`] that adds the bytes of rows and state it has
+    /// copied to `done` as it goes (for a progress bar).
+    ///
+    /// # Errors
+    /// As [`Table::export_all`].
+    pub fn export_all_counted(
+        &self,
+        with_state: bool,
+        with_meta: bool,
+        done: Option<&AtomicU64>,
+    ) -> Result<Exported> {
         // Exclusive gate: no call that changes rows is running or can start,
         // so the shard read locks below wait for nobody, and the parallel
         // copy under them cannot be held up by a job that needs a write lock.
@@ -107,22 +125,38 @@ impl Table {
                     _ => dst.copy_from_slice(&guards[s as usize].meta(r as usize).to_words()),
                 });
         }
-        rows.par_chunks_mut(dim)
-            .zip(refs.par_iter())
-            .for_each(|(dst, &(_, s, r))| match s {
-                DISK => self.read_weights(&disk.1[r as usize * words..], dst),
-                _ => self.read_weights(guards[s as usize].weights(r as usize), dst),
+        // Copied in blocks of rows, each block counted in `done` once.
+        let count = |rows: usize, width: usize| {
+            if let Some(d) = done {
+                d.fetch_add((rows * width * 4) as u64, Ordering::Relaxed);
+            }
+        };
+        rows.par_chunks_mut(dim * EXPORT_BLOCK)
+            .zip(refs.par_chunks(EXPORT_BLOCK))
+            .for_each(|(block, refs)| {
+                for (dst, &(_, s, r)) in block.chunks_exact_mut(dim).zip(refs) {
+                    match s {
+                        DISK => self.read_weights(&disk.1[r as usize * words..], dst),
+                        _ => self.read_weights(guards[s as usize].weights(r as usize), dst),
+                    }
+                }
+                count(refs.len(), dim);
             });
         if with_state && sl > 0 {
             state
-                .par_chunks_mut(sl)
-                .zip(refs.par_iter())
-                .for_each(|(dst, &(_, s, r))| match s {
-                    DISK => {
-                        let at = r as usize * words + self.wwords;
-                        dst.copy_from_slice(&disk.1[at..at + sl]);
+                .par_chunks_mut(sl * EXPORT_BLOCK)
+                .zip(refs.par_chunks(EXPORT_BLOCK))
+                .for_each(|(block, refs)| {
+                    for (dst, &(_, s, r)) in block.chunks_exact_mut(sl).zip(refs) {
+                        match s {
+                            DISK => {
+                                let at = r as usize * words + self.wwords;
+                                dst.copy_from_slice(&disk.1[at..at + sl]);
+                            }
+                            _ => dst.copy_from_slice(guards[s as usize].state(r as usize)),
+                        }
                     }
-                    _ => dst.copy_from_slice(guards[s as usize].state(r as usize)),
+                    count(refs.len(), sl);
                 });
         }
         Ok(Exported {
@@ -145,9 +179,22 @@ impl Table {
     /// # Errors
     /// `OutOfMemory` when the copy cannot be allocated.
     pub fn export_live(&self, with_state: bool) -> Result<Exported> {
+        self.export_live_counted(with_state, None)
+    }
+
+    /// [`Table::export_live`] that adds to `done` the bytes of rows and
+    /// state of each shard it has read (for a progress bar).
+    ///
+    /// # Errors
+    /// As [`Table::export_live`].
+    pub fn export_live_counted(
+        &self,
+        with_state: bool,
+        done: Option<&AtomicU64>,
+    ) -> Result<Exported> {
         if self.cold.is_some() {
             // A disk table's rows on disk are read under its cold gate.
-            return self.export_all(with_state, false);
+            return self.export_all_counted(with_state, false, done);
         }
         let (dim, ww) = (self.dim, self.wwords);
         let sl = if with_state { self.state_len } else { 0 };
@@ -202,6 +249,9 @@ impl Table {
                         state.truncate(s0);
                     }
                 });
+                if let Some(d) = done {
+                    d.fetch_add(4 * (rows.len() + state.len()) as u64, Ordering::Relaxed);
+                }
                 failed.map_or(Ok((keys, rows, state)), Err)
             })
             .collect();
