@@ -95,11 +95,20 @@ def main() -> None:
             for b in order:
                 runs[b].append(child(builds[b], path))
     cases = list(runs["this build"][0])
-    print(f"{'case':<24} {'this build':>14} {'baseline':>14} {'ratio':>7}  (keys/s, medians)")
+    print(
+        f"{'case':<24} {'this build':>14} {'baseline':>14} {'ratio':>7}  "
+        "(keys/s, medians; then the median and range of the rounds' own ratios)"
+    )
     for c in cases:
         a = statistics.median(x[c] for x in runs["this build"])
         b = statistics.median(x[c] for x in runs["baseline"])
-        print(f"{c:<24} {a:>14,.0f} {b:>14,.0f} {a / b:>7.3f}")
+        paired = sorted(
+            x[c] / y[c] for x, y in zip(runs["this build"], runs["baseline"], strict=True)
+        )
+        print(
+            f"{c:<24} {a:>14,.0f} {b:>14,.0f} {a / b:>7.3f}  "
+            f"{statistics.median(paired):.3f} [{paired[0]:.3f}, {paired[-1]:.3f}]"
+        )
 
 
 if __name__ == "__main__":
