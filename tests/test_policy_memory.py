@@ -57,7 +57,12 @@ def test_flood_of_one_off_keys_costs_the_sketch_only() -> None:
 def test_stats_bytes_match_resident_memory(rows: int, dtype: str, capacity: int) -> None:
     r = probe("rows_bytes", rows, 16, dtype, capacity, 1)
     assert r["rows"] == rows
-    assert abs(r["bytes"] - r["rss_growth"]) <= 0.05 * r["rss_growth"], r
+    # Where the kernel gives huge pages, the last one of each shard's
+    # growing column segment and index is resident whole: up to 2 MiB each
+    # past the bytes held (embstore-core's storage::pages::advise_huge).
+    # (Only where huge pages were given: without them the bound is 5%.)
+    huge_ends = min((2 << 20) * r["num_shards"] * (r["columns"] + 1), r["huge_growth"])
+    assert abs(r["bytes"] - r["rss_growth"]) <= 0.05 * r["rss_growth"] + huge_ends, r
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])

@@ -18,6 +18,18 @@ def rss() -> int:
         return int(f.read().split()[1]) * 4096
 
 
+def huge() -> int:
+    """Bytes of anonymous memory in transparent huge pages."""
+    try:
+        with open("/proc/self/smaps_rollup") as f:
+            for line in f:
+                if line.startswith("AnonHugePages:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
 def main(n: int, dim: int, dtype: str, capacity: bool, adagrad: bool) -> None:
     b = 1_000_000
     base = np.arange(b, dtype=np.int64)
@@ -43,11 +55,22 @@ def main(n: int, dim: int, dtype: str, capacity: bool, adagrad: bool) -> None:
     gc.collect()
     t = embstore.Table(dim, **kwargs)  # type: ignore[arg-type]
     before = t.stats()["bytes"]
-    r0 = rss()
+    r0, h0 = rss(), huge()
     fill(t, 0)
     growth = rss() - r0
+    huge_growth = huge() - h0
     s = t.stats()
-    json.dump({"rows": s["rows"], "bytes": s["bytes"] - before, "rss_growth": growth}, sys.stdout)
+    json.dump(
+        {
+            "rows": s["rows"],
+            "bytes": s["bytes"] - before,
+            "rss_growth": growth,
+            "huge_growth": huge_growth,
+            "num_shards": s["num_shards"],
+            "columns": 2 if adagrad else 1,
+        },
+        sys.stdout,
+    )
 
 
 if __name__ == "__main__":

@@ -48,6 +48,7 @@ impl<T: ZeroAtomic> Zeroed<T> {
     fn new(len: usize) -> Result<Self, OutOfMemory> {
         let layout = Layout::array::<T>(len).map_err(|_| OutOfMemory)?;
         let p = PageAlloc.allocate_zeroed(layout).map_err(|_| OutOfMemory)?;
+        crate::table::storage::pages::advise_huge(p.cast::<u8>().as_ptr(), layout.size(), true);
         Ok(Zeroed { ptr: p.cast(), len })
     }
 
