@@ -226,6 +226,8 @@ impl Table {
             // skip: keep loads of both in flight for the pairs a little
             // ahead of the one being updated.
             let mut fetched = 0;
+            // Whether each row's update draws its rounding stream (8-bit rows).
+            let streams = self.policy.format == RowFormat::I8 && RowFormat::stochastic_steps();
             while j < pairs.len() {
                 let r = (pairs[j] >> 32) as usize;
                 let mut end = j + 1;
@@ -234,7 +236,13 @@ impl Table {
                 }
                 let until = (end + 2 * PREFETCH_AHEAD).min(pairs.len());
                 while ahead && fetched < until {
-                    prefetch(grad_of((pairs[fetched] & 0xFFFF_FFFF) as usize).0);
+                    let at = (pairs[fetched] & 0xFFFF_FFFF) as usize;
+                    prefetch(grad_of(at).0);
+                    if streams {
+                        // The key seeds an 8-bit row's rounding stream: a
+                        // random read of the batch's keys, as the gradient's.
+                        prefetch(&keys[at..=at]);
+                    }
                     let ar = (pairs[fetched] >> 32) as usize;
                     prefetch(g.weights(ar));
                     prefetch(g.state(ar));
@@ -263,9 +271,7 @@ impl Table {
                 let mut change = g.row_to_change(r, save_gen);
                 let (w, state) = change.parts();
                 let most = if compact {
-                    let stream = (self.policy.format == RowFormat::I8
-                        && RowFormat::stochastic_steps())
-                    .then(|| {
+                    let stream = streams.then(|| {
                         rounding_stream(self.seed(), keys[(pairs[j] & 0xFFFF_FFFF) as usize], t)
                     });
                     self.apply_compact(&consts, w, state, gsum, &mut wtmp, &mut decay, stream)
