@@ -84,9 +84,13 @@ def test_bench_readers_reports_plain_and_lru_tables_beside_each_writer() -> None
         assert res[f"p99_ratio_same_to_other{s}"] == same["p99_us"] / other["p99_us"]
 
 
-def cli(*args: str) -> subprocess.CompletedProcess[str]:
+def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "embstore", *args], capture_output=True, text=True, timeout=120
+        [sys.executable, "-m", "embstore", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=None if env is None else {**os.environ, **env},
     )
 
 
@@ -299,14 +303,7 @@ def test_an_error_found_mid_run_is_one_line_exit_2() -> None:
     args = ("demo", "--quiet", "--samples", "5000", "--test-samples", "1000")
     proc = cli(*args, "--checkpoint", "/proc/embstore-x")
     assert_one_line_error(proc, "demo: error:", "/proc/embstore-x", "EMBSTORE_TRACEBACK=1")
-    env = {**os.environ, "EMBSTORE_TRACEBACK": "1"}
-    shown = subprocess.run(
-        [sys.executable, "-m", "embstore", *args, "--checkpoint", "/proc/embstore-x"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=env,
-    )
+    shown = cli(*args, "--checkpoint", "/proc/embstore-x", env={"EMBSTORE_TRACEBACK": "1"})
     assert shown.returncode == 1
     assert "Traceback" in shown.stderr
     assert "CheckpointError" in shown.stderr
