@@ -13,6 +13,7 @@ With ``hang``: rank 1 stops calling and rank 0's watchdog must end the job.
 
 from __future__ import annotations
 
+import gc
 import sys
 import tempfile
 import time
@@ -225,6 +226,11 @@ assert any(
     issubclass(w.category, DeprecationWarning) and "gradient_reduction" in str(w.message)
     for w in caught
 ), [str(w.message) for w in caught]
+
+# DDP's reducer holds the process group: it goes first, or its thread is
+# still running when the group is destroyed (a C++ terminate at exit).
+del ours, opt_ours
+gc.collect()
 
 print(f"rank {R}: gloo suite passed ({N} ranks, {t.stats()['global_rows']} rows)", flush=True)
 dist.destroy_process_group()

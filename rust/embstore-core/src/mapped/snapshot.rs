@@ -213,9 +213,12 @@ pub(super) fn read_snapshot(
     let mut tries = 0;
     loop {
         let m = Arc::new(read_manifest(dir)?);
-        let published = std::fs::metadata(dir.join(MANIFEST))
-            .and_then(|meta| meta.modified())
-            .ok();
+        // The link itself, never what it points to (the manifest was just
+        // read as a regular file; a swap meanwhile gives no time).
+        let published = std::fs::symlink_metadata(dir.join(MANIFEST))
+            .ok()
+            .filter(|meta| meta.is_file())
+            .and_then(|meta| meta.modified().ok());
         if prev.is_some_and(|p| p.id == m.id) {
             return Ok(None);
         }
