@@ -28,20 +28,12 @@ CHILD = textwrap.dedent(
     import numpy as np
     import embstore
     from embstore import optim
+    from embstore.bench._timing import _best as best
 
     n = int(sys.argv[1])
     rng = np.random.default_rng(0)
     keys = rng.permutation(np.arange(n, dtype=np.int64) * 7919)
     out = {}
-
-    def best(fn, reps=5):
-        fn()
-        ts = []
-        for _ in range(reps):
-            t0 = time.perf_counter()
-            fn()
-            ts.append(time.perf_counter() - t0)
-        return min(ts)
 
     t = embstore.Table(64, optimizer=optim.Adam(lr=1e-3))
     t0 = time.perf_counter()
@@ -60,10 +52,10 @@ CHILD = textwrap.dedent(
     small = rng.choice(keys, 1024)
     big = rng.choice(keys, 1_000_000)
     out["lookup_1024_us"] = 1e6 * best(lambda: t.lookup(small, insert=False), 200)
-    out["lookup_1m_ms"] = 1e3 * best(lambda: t.lookup(big, insert=False))
+    out["lookup_1m_ms"] = 1e3 * best(lambda: t.lookup(big, insert=False), 5)
     ids = rng.choice(keys, 26 * 65536)
     offsets = np.arange(0, ids.size + 1, 26)
-    out["pooled_26_ms"] = 1e3 * best(lambda: t.lookup_pooled(ids, offsets, insert=False))
+    out["pooled_26_ms"] = 1e3 * best(lambda: t.lookup_pooled(ids, offsets, insert=False), 5)
     with open("/proc/self/smaps_rollup") as f:
         for line in f:
             if line.startswith("AnonHugePages:"):
