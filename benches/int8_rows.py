@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 import time
@@ -26,6 +25,7 @@ import numpy as np
 
 import embstore
 from embstore import optim
+from embstore.bench._timing import machine_facts
 
 DIM = 64
 DTYPES = ("float32", "int8", "float16")
@@ -138,7 +138,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--memory-keys", type=int, default=10_000_000)
     ap.add_argument("--json", help="write the figures to this file")
     args = ap.parse_args(argv)
-    out: dict[str, Any] = {"cpu": os.uname().machine}
+    # The machine the figures are of: CPU model, SIMD backend, THP mode.
+    out: dict[str, Any] = {"machine": machine_facts()}
     if args.memory_keys:
         out["memory"] = memory(args.memory_keys)
     out["speed"] = speed(args.keys, args.rounds)
