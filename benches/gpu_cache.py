@@ -425,8 +425,7 @@ def serving(xp: Any, keys: int, cache_rows: int, calls: int, warm: int) -> dict[
             p50_not_admitting_us=float(np.median(us[~adm])) if (~adm).any() else None,
         )
         # Calls of cached keys alone (no miss): the device path's floor.
-        ix = cache._index
-        held = to_np(ix.keys[ix.slots_in_use()])
+        held = cache.cached_keys()
         rng = np.random.default_rng(9)
         only = []
         for _ in range(500):
@@ -461,8 +460,8 @@ def serving(xp: Any, keys: int, cache_rows: int, calls: int, warm: int) -> dict[
         f"serving: 2,000-key lookups through a {res['cache_rows']:,}-row cache of "
         f"{keys:,} keys: p50 {res['p50_us']:.0f} us, p99 {res['p99_us']:.0f} us, hit rate "
         f"{hits:.3f} (the mapped table alone on the host: p50 {res['host_p50_us']:.0f}, "
-        f"p99 {res['host_p99_us']:.0f} us); {res['calls_admitting']:.1%} of calls admit the "
-        f"queue (p50 {res['p50_admitting_us'] or 0:.0f} us, others "
+        f"p99 {res['host_p99_us']:.0f} us); {res['calls_admitting']:.1%} of calls admit "
+        f"rows (p50 {res['p50_admitting_us'] or 0:.0f} us, others "
         f"{res['p50_not_admitting_us'] or 0:.0f} us); cached keys alone: p50 "
         f"{res['hits_only_p50_us']:.0f}, p99 {res['hits_only_p99_us']:.0f} us; "
         f"refresh after a publish of 1% of the rows "

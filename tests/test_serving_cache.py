@@ -73,7 +73,7 @@ def test_rows_and_masks_equal_the_mapped_tables_and_hits_come_from_the_device(
     equal the mapped table's (default "init" and "zeros"); the cache fills,
     and its hits are most of the keys once it has."""
     _, _, mapped = served(tmp_path)
-    cache = ServingCache(mapped, 400, xp=xp, admit_batch=256)
+    cache = ServingCache(mapped, 400, xp=xp)
     rng = np.random.default_rng(1)
     for i in range(100):
         keys = zipf_keys(rng, 300)
@@ -86,7 +86,12 @@ def test_rows_and_masks_equal_the_mapped_tables_and_hits_come_from_the_device(
     s = cache.stats()
     assert s["lookups"] == 30_000
     assert s["rows_cached"] > 0.9 * cache.capacity
-    assert s["admissions"] >= s["rows_cached"] / 256
+    assert s["admitted"] >= s["rows_cached"]
+    assert s["queued"] == 0
+    # The cached rows on the device are the table's rows of the keys the
+    # slot map says they hold.
+    keys, slots = cache._slots.items()
+    np.testing.assert_array_equal(host(xp, cache._rows)[slots], mapped.lookup(keys))
     late = cache.stats()["hits"]
     for _ in range(20):
         cache.lookup(zipf_keys(rng, 300))
@@ -103,7 +108,7 @@ def test_no_row_is_served_stale_after_a_refresh(
     the published table: no cached row of a version before, a removed key
     not found."""
     t, path, mapped = served(tmp_path, follow=0.05 if how == "follow" else None)
-    cache = ServingCache(mapped, 4_000, xp=xp, admit_batch=64)
+    cache = ServingCache(mapped, 4_000, xp=xp)
     every = np.arange(2_600, dtype=np.int64) * 7 - 3_000
     rng = np.random.default_rng(2)
     for _ in range(3):
@@ -152,25 +157,50 @@ def test_bad_arguments_are_refused_by_name(tmp_path: pathlib.Path) -> None:
     assert cache.stats()["lookups"] == 0
 
 
+def test_admit_batch_is_deprecated_and_still_admits_in_batches(tmp_path: pathlib.Path) -> None:
+    """The deprecated ``admit_batch`` warns, and still queues missed keys
+    and admits them a batch at a time, rows equal to the table's."""
+    _, _, mapped = served(tmp_path)
+    with pytest.warns(DeprecationWarning, match="admit_batch"):
+        cache = ServingCache(mapped, 400, xp=np, admit_batch=500)
+    rng = np.random.default_rng(5)
+    for _ in range(12):
+        keys = zipf_keys(rng, 300)
+        got, found = cache.lookup(keys, return_found=True)
+        want, want_found = mapped.lookup(keys, return_found=True)
+        np.testing.assert_array_equal(got, want)
+        np.testing.assert_array_equal(found, want_found)
+        s = cache.stats()
+        assert 0 <= s["queued"] < 500
+        assert s["rows_cached"] <= s["admitted"]
+    assert 1 <= cache.stats()["admissions"] < 12
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not GPU_OK, reason=f"no GPU for CuPy: {GPU_WHY}")
 def test_the_kernel_path_equals_the_array_path_on_cupy(tmp_path: pathlib.Path) -> None:
-    """The same stream through a cache using the find8 kernel and one using
-    array operations on CuPy (rows of 8 floats: float4 copies): equal rows,
-    masks, admissions and index."""
+    """The same stream through a cache using the serve_rows8 kernel and one
+    using array operations on CuPy (rows of 8 floats: float4 copies; keys
+    on the host and on the device): equal rows, masks, slots and cached
+    rows."""
     import cupy  # type: ignore[import-not-found, unused-ignore]
 
     _, _, mapped = served(tmp_path, dim=8)
-    a = ServingCache(mapped, 300, xp=cupy, admit_batch=100)
-    b = ServingCache(mapped, 300, xp=cupy, admit_batch=100)
-    b._index.kernels = False
+    a = ServingCache(mapped, 300, xp=cupy)
+    b = ServingCache(mapped, 300, xp=cupy)
+    b.kernels = False
     rng = np.random.default_rng(4)
-    for _ in range(60):
+    for i in range(60):
         keys = zipf_keys(rng, 500)
-        ra, fa = a.lookup(keys, return_found=True)
+        arg = cupy.asarray(keys) if i % 4 == 0 else keys
+        ra, fa = a.lookup(arg, return_found=True)
         rb, fb = b.lookup(keys, return_found=True)
         cupy.testing.assert_array_equal(ra, rb)
         cupy.testing.assert_array_equal(fa, fb)
-    for name in ("keys", "digest", "count", "last"):
-        cupy.testing.assert_array_equal(getattr(a._index, name), getattr(b._index, name))
+        np.testing.assert_array_equal(host(cupy, ra), mapped.lookup(keys))
+    ka, sa = a._slots.items()
+    kb, sb = b._slots.items()
+    np.testing.assert_array_equal(ka, kb)
+    np.testing.assert_array_equal(sa, sb)
+    cupy.testing.assert_array_equal(a._rows, b._rows)
     assert a.stats() == b.stats()

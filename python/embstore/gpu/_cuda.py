@@ -370,6 +370,7 @@ class Kernels(TileLaunchers):
         self._upsert_find8 = mod.get_function("upsert_find8")
         self._upsert_plan = mod.get_function("upsert_plan")
         self._put_rows8 = mod.get_function("put_rows8")
+        self._serve_rows8 = mod.get_function("serve_rows8")
         #: Lanes a key for finds: 8 (``find8``), 4 or 2; None: by the rows'
         #: width (:func:`tile_for`); 0: a warp a key (``find_slots``,
         #: ``find_rows``: kept to compare, benches/gpu_cache.py).

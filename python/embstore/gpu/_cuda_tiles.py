@@ -11,6 +11,8 @@ source, whose helpers they use: ``place``, ``empties``, ``load_scores``,
 - ``upsert_find8``, ``upsert_plan``, ``put_rows8``: insert_or_assign in three
   kernels (held keys touched and missing ones linked per bucket; each
   bucket's list planned and installed by one warp; every row copied).
+- ``serve_rows8``: a ServingCache call's output rows (cached or sent),
+  hit mask and admissions in one launch.
 """
 
 from __future__ import annotations
@@ -271,6 +273,33 @@ extern "C" __global__ void put_rows8(const i64* __restrict__ slots,
     if (flag_dst && sub == 0) flag_dst[s] = flag_src[w];
 }
 
+// A serving call's rows in one launch, by tiles of 8 lanes (ServingCache):
+// tile w < n writes output row w, the cached row src[w] (src >= 0) or the
+// sent miss row -1 - src[w], and with found its hit flag (true, or the
+// miss's fm); tile n + t (t < na) copies sent miss row adm_row[t] (t where
+// adm_row is null) into cached slot adm_slot[t]. No admitted slot is one a
+// tile of the same call reads (the host's slot map protects them), so the
+// reads and writes of the cached rows never meet.
+extern "C" __global__ void serve_rows8(const int* __restrict__ src, i64 n, float* cache,
+                                       const float* __restrict__ sent, int dim, int vec,
+                                       float* __restrict__ out, const bool* __restrict__ fm,
+                                       bool* __restrict__ found,
+                                       const int* __restrict__ adm_slot,
+                                       const int* __restrict__ adm_row, i64 na) {
+    i64 w = ((i64)blockIdx.x * blockDim.x + threadIdx.x) >> 3;
+    int sub = threadIdx.x & 7;
+    if (w < n) {
+        int s = src[w];
+        const float* from = s >= 0 ? cache + (i64)s * dim : sent + (i64)(-1 - s) * dim;
+        copy_t<8>(out + w * (i64)dim, from, dim, vec, sub);
+        if (found && sub == 0) found[w] = s >= 0 ? true : fm[-1 - s];
+    } else if (w < n + na) {
+        i64 t = w - n;
+        i64 r = adm_row ? adm_row[t] : t;
+        copy_t<8>(cache + (i64)adm_slot[t] * dim, sent + r * dim, dim, vec, sub);
+    }
+}
+
 """
 
 
@@ -297,6 +326,7 @@ class TileLaunchers:
     _upsert_find8: Any
     _upsert_plan: Any
     _put_rows8: Any
+    _serve_rows8: Any
 
     def _grid(self, threads: int) -> tuple[int]:
         return (max(1, (threads + _THREADS - 1) // _THREADS),)
@@ -430,5 +460,49 @@ class TileLaunchers:
                 dst,
                 fs,
                 fd,
+            ),
+        )
+
+    def serve8(
+        self,
+        cache: Array,
+        src: tuple[int, int],
+        out: Array | None,
+        sent: int,
+        flags: tuple[int, Array] | None,
+        admit: tuple[int, int, int],
+    ) -> None:
+        """The ``serve_rows8`` kernel, on device addresses of a call's sent
+        arrays (``src`` (address, n) of int32; ``sent`` float32 rows of the
+        cache's width, 16-byte aligned): ``out[i]`` = ``cache[src[i]]`` or
+        ``sent[-1 - src[i]]``, with ``flags`` (the misses' found address,
+        the output mask) the hit mask; then, ``admit`` being (slots, rows or
+        0, count), ``cache[slots[t]] = sent[rows[t]]`` (``sent[t]`` where
+        rows is 0)."""
+        cp = self.cp
+        src_p, n = src
+        slot_p, row_p, na = admit
+        if n + na == 0:
+            return
+        u64 = cp.uint64
+        fm, found = flags if flags is not None else (0, None)
+        dim = int(cache.shape[1])
+        vec = self._vec(cache, *([out] if out is not None else [])) if dim % 4 == 0 else 0
+        self._serve_rows8(
+            self._grid(8 * (n + na)),
+            (_THREADS,),
+            (
+                u64(src_p),
+                cp.int64(n),
+                cache,
+                u64(sent),
+                cp.int32(dim),
+                cp.int32(vec),
+                u64(0) if out is None else out,
+                u64(fm),
+                u64(0) if found is None else found,
+                u64(slot_p),
+                u64(row_p),
+                cp.int64(na),
             ),
         )

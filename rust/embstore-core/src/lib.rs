@@ -143,6 +143,7 @@ pub mod partition;
 pub mod policy;
 pub mod rows;
 pub mod simd;
+pub mod slots;
 pub mod strings;
 pub mod table;
 #[cfg(test)]

@@ -9,6 +9,7 @@ mod error;
 mod mapped;
 mod outbuf;
 mod runtime;
+mod slots;
 mod store;
 mod strings;
 
@@ -34,6 +35,8 @@ mod _core {
     use crate::error::{CheckpointError, EmbstoreError};
     #[pymodule_export]
     use crate::mapped::PyMappedTable;
+    #[pymodule_export]
+    use crate::slots::PySlotMap;
     #[pymodule_export]
     use crate::store::{PyProgress, PyTable, checkpoint_report, load_table};
     #[pymodule_export]

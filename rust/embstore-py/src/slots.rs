@@ -1,0 +1,149 @@
+//! `embstore._core.SlotMap`: the host's map of a device cache's slots (see
+//! `embstore_core::slots`), for `embstore.gpu.ServingCache`.
+//!
+//! Its mutex is only taken inside calls that the serving cache makes under
+//! its own lock, which a fork waits for (`embstore.gpu._fork`), so a child
+//! never inherits it held.
+
+use std::sync::{Mutex, MutexGuard, PoisonError};
+
+use embstore_core::slots::SlotMap;
+use embstore_core::zeroed::{with_room, zeros};
+use numpy::{IntoPyArray, PyArray1, PyArrayMethods};
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+
+use crate::error::PyStoreError;
+use crate::store::{keys_arg, slice_or_copy};
+
+/// The native slot map; see `embstore.gpu.serving`.
+#[pyclass(frozen, name = "SlotMap", module = "embstore._core")]
+pub struct PySlotMap {
+    inner: Mutex<SlotMap>,
+}
+
+impl PySlotMap {
+    fn map(&self) -> MutexGuard<'_, SlotMap> {
+        // A panic inside a call leaves the map as whole as its last
+        // completed key: still a map.
+        self.inner.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+type I32s<'py> = Bound<'py, PyArray1<i32>>;
+type I64s<'py> = Bound<'py, PyArray1<i64>>;
+
+#[pymethods]
+impl PySlotMap {
+    /// Slots for at least `rows` keys (whole buckets of 32), evicting by
+    /// `policy` ("lfu" or "lru").
+    #[new]
+    #[pyo3(signature = (rows, policy="lfu"))]
+    fn new(rows: usize, policy: &str) -> PyResult<Self> {
+        let lru = match policy {
+            "lfu" => false,
+            "lru" => true,
+            other => {
+                return Err(PyValueError::new_err(format!(
+                    "policy: expected 'lfu' or 'lru', got {other:?}"
+                )));
+            }
+        };
+        let inner = SlotMap::new(rows, lru).map_err(PyStoreError)?;
+        Ok(PySlotMap {
+            inner: Mutex::new(inner),
+        })
+    }
+
+    /// Slots in all.
+    #[getter]
+    fn capacity(&self) -> usize {
+        self.map().capacity()
+    }
+
+    fn __len__(&self) -> usize {
+        self.map().len()
+    }
+
+    /// Bytes of the map on the host.
+    fn nbytes(&self) -> usize {
+        self.map().nbytes()
+    }
+
+    /// Where each of `keys` is, an access counted in call `tick` for each
+    /// one held: `(src, miss_keys, miss_pos)`, `src[i]` the slot of
+    /// `keys[i]` or, for the j-th key not held, `-1 - j`; `miss_keys` and
+    /// `miss_pos` those keys and their positions.
+    #[allow(clippy::type_complexity)]
+    fn find<'py>(
+        &self,
+        py: Python<'py>,
+        keys: &Bound<'py, PyAny>,
+        tick: u64,
+    ) -> PyResult<(I32s<'py>, I64s<'py>, I64s<'py>)> {
+        let keys = keys_arg(keys, "keys")?.readonly();
+        let k = slice_or_copy(&keys, "keys")?;
+        let k = &k[..];
+        let (src, mk, mp) = py.detach(|| -> Result<_, PyStoreError> {
+            let mut src = zeros::<i32>("keys", k.len())?;
+            let misses = self.map().find(k, tick, &mut src)?;
+            let mut mk = with_room::<i64>("keys", misses)?;
+            let mut mp = with_room::<i64>("keys", misses)?;
+            for (i, s) in src.iter_mut().enumerate() {
+                if *s < 0 {
+                    *s = -1 - mk.len() as i32;
+                    mk.push(k[i]);
+                    mp.push(i as i64);
+                }
+            }
+            Ok((src, mk, mp))
+        })?;
+        Ok((
+            src.into_pyarray(py),
+            mk.into_pyarray(py),
+            mp.into_pyarray(py),
+        ))
+    }
+
+    /// Admits `keys` in call `tick` (no slot read since `protect_from`
+    /// given): `(slots, evicted)`, each key's slot (-1: held already or no
+    /// room in its bucket) and the keys evicted.
+    fn admit<'py>(
+        &self,
+        py: Python<'py>,
+        keys: &Bound<'py, PyAny>,
+        tick: u64,
+        protect_from: u64,
+    ) -> PyResult<(I32s<'py>, I64s<'py>)> {
+        let keys = keys_arg(keys, "keys")?.readonly();
+        let k = slice_or_copy(&keys, "keys")?;
+        let k = &k[..];
+        let (slots, evicted) = py.detach(|| -> Result<_, PyStoreError> {
+            let mut slots = zeros::<i32>("keys", k.len())?;
+            let mut evicted = Vec::new();
+            self.map()
+                .admit(k, tick, protect_from, &mut slots, &mut evicted)?;
+            Ok((slots, evicted))
+        })?;
+        Ok((slots.into_pyarray(py), evicted.into_pyarray(py)))
+    }
+
+    /// Frees the slots of `keys`: each key's freed slot (-1: not held).
+    fn remove<'py>(&self, py: Python<'py>, keys: &Bound<'py, PyAny>) -> PyResult<I32s<'py>> {
+        let keys = keys_arg(keys, "keys")?.readonly();
+        let k = slice_or_copy(&keys, "keys")?;
+        let k = &k[..];
+        let slots = py.detach(|| -> Result<_, PyStoreError> {
+            let mut slots = zeros::<i32>("keys", k.len())?;
+            self.map().remove(k, &mut slots)?;
+            Ok(slots)
+        })?;
+        Ok(slots.into_pyarray(py))
+    }
+
+    /// The keys held and their slots, by slot.
+    fn items<'py>(&self, py: Python<'py>) -> (I64s<'py>, I64s<'py>) {
+        let (k, s) = py.detach(|| self.map().items());
+        (k.into_pyarray(py), s.into_pyarray(py))
+    }
+}
