@@ -47,6 +47,23 @@ class SlotMap:
     def admit(
         self, keys: Any, tick: int, protect_from: int
     ) -> tuple[npt.NDArray[np.int32], npt.NDArray[np.int64]]: ...
+    def serve(
+        self,
+        keys: Any,
+        tick: int,
+        table: MappedTable,
+        missing: str = "init",
+        default_row: npt.NDArray[np.float32] | None = None,
+        admit: bool = True,
+    ) -> tuple[
+        npt.NDArray[np.int32],
+        npt.NDArray[np.int64],
+        npt.NDArray[np.int64],
+        npt.NDArray[np.float32],
+        npt.NDArray[np.bool_],
+        npt.NDArray[np.int32],
+        npt.NDArray[np.int32],
+    ]: ...
     def remove(self, keys: Any) -> npt.NDArray[np.int32]: ...
     def items(self) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]: ...
 

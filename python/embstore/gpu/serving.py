@@ -41,7 +41,8 @@ from typing import Any
 import array_api_compat
 import numpy as np
 
-from embstore._convert import Default, as_keys, check_bool, to_host
+from embstore._convert import Default, as_keys, check_bool, check_default, to_host
+from embstore._core import MappedTable as _NativeMapped
 from embstore._core import SlotMap
 from embstore._latency import timed
 from embstore.gpu import _xp as X
@@ -104,6 +105,10 @@ class ServingCache:
         self.policy = policy
         self.admit_batch = admit_batch
         self._slots = SlotMap(rows, policy)
+        # An embstore.MappedTable's native table: a call's slots, misses'
+        # rows and admissions in one native call (partitions in parallel).
+        native = getattr(table, "_inner", None)
+        self._native = native if isinstance(native, _NativeMapped) else None
         self.dim = int(table.dim)
         self._rows = self.xp.zeros((self._slots.capacity, self.dim), dtype=self.xp.float32)
         self._cupy = bool(array_api_compat.is_cupy_namespace(self.xp))
@@ -209,24 +214,34 @@ class ServingCache:
             self._current()
             self._tick += 1
             tick = self._tick
-            src, mk, mpos = self._slots.find(kh, tick)
-            m = int(mk.shape[0])
-            rows_m = np.empty((0, self.dim), np.float32)
-            found_m = np.zeros((0,), bool)
-            adm_slot = adm_row = np.zeros((0,), np.int32)
-            if m:
-                rows_m, found_m = self._table.lookup(mk, default=default, return_found=True)
-                found_m = np.asarray(found_m, dtype=bool)
-                if self.admit_batch is None:
-                    held = np.flatnonzero(found_m).astype(np.int32)
-                    got, _ = self._slots.admit(mk[held], tick, tick)
-                    ok = got >= 0
-                    adm_slot, adm_row = got[ok], held[ok]
-                    if adm_slot.shape[0]:
-                        self._n["admissions"] += 1
-                        self._n["admitted"] += int(adm_slot.shape[0])
-                else:
-                    self._queue(mk[found_m], rows_m[found_m])
+            if self._native is not None and self.admit_batch is None:
+                mode, row = check_default(default, self.dim)
+                src, mk, mpos, rows_m, found_m, adm_slot, adm_row = self._slots.serve(
+                    kh, tick, self._native, mode, row
+                )
+                m = int(mk.shape[0])
+                if adm_slot.shape[0]:
+                    self._n["admissions"] += 1
+                    self._n["admitted"] += int(adm_slot.shape[0])
+            else:
+                src, mk, mpos = self._slots.find(kh, tick)
+                m = int(mk.shape[0])
+                rows_m = np.empty((0, self.dim), np.float32)
+                found_m = np.zeros((0,), bool)
+                adm_slot = adm_row = np.zeros((0,), np.int32)
+                if m:
+                    rows_m, found_m = self._table.lookup(mk, default=default, return_found=True)
+                    found_m = np.asarray(found_m, dtype=bool)
+                    if self.admit_batch is None:
+                        held = np.flatnonzero(found_m).astype(np.int32)
+                        got, _ = self._slots.admit(mk[held], tick, tick)
+                        ok = got >= 0
+                        adm_slot, adm_row = got[ok], held[ok]
+                        if adm_slot.shape[0]:
+                            self._n["admissions"] += 1
+                            self._n["admitted"] += int(adm_slot.shape[0])
+                    else:
+                        self._queue(mk[found_m], rows_m[found_m])
             out, found = self._serve(src, rows_m, found_m, mpos, adm_slot, adm_row, with_found)
             self._n["lookups"] += int(kh.shape[0])
             self._n["hits"] += int(kh.shape[0]) - m

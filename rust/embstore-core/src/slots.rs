@@ -4,19 +4,32 @@
 //! rows it admits and tells the device where every row is in one pass on the
 //! host, with no read back from the device (`embstore.gpu.ServingCache`).
 //!
-//! Slots are grouped in buckets of `bucket` slots, a key's bucket fixed by
+//! Slots are grouped in buckets of [`BUCKET`] slots, a key's bucket fixed by
 //! its hash (as HierarchicalKV and the device index group theirs): a key
 //! admitted takes a free slot of its bucket, else the slot of its bucket
 //! with the lowest score (accesses for "lfu", the last call for "lru") that
 //! the running call has not read; with none to give it is not admitted.
+//! Buckets are split in up to [`PARTS`] partitions of whole buckets, so that
+//! [`SlotMap::serve`] runs each partition's keys on a thread of its own,
+//! each thread the only one to touch its partition's slots (no atomics, no
+//! lock); a bucket's keys are handled in the order of their positions either
+//! way, so the result is the same on any number of threads.
+
+use rayon::prelude::*;
 
 use crate::error::{Result, invalid};
 use crate::hash::{key_hash, mix64};
 use crate::simd::prefetch_addr;
-use crate::zeroed::{Zeroable, zeros};
+use crate::zeroed::{Zeroable, with_room, zeros};
 
 /// Slots a bucket: 32 digests (half a cache line), compared as 4 words.
 pub const BUCKET: usize = 32;
+
+/// Partitions at most (see the module).
+pub const PARTS: usize = 16;
+
+/// Keys of a call below which [`SlotMap::serve`] runs on the calling thread.
+const PARALLEL_KEYS: usize = 512;
 
 /// Keys whose buckets are asked for ahead of their probe.
 const AHEAD: usize = 8;
@@ -47,19 +60,250 @@ pub struct SlotMap {
     digest: Vec<u8>,
     slots: Vec<Slot>,
     buckets: usize,
+    /// Buckets a partition.
+    per_part: usize,
     lru: bool,
     len: usize,
 }
 
+/// What [`SlotMap::serve`] found and chose for a call's keys.
+#[derive(Debug, Default)]
+pub struct Served {
+    /// Each key's slot, or `-1 - j` for the key of `miss_keys[j]`.
+    pub src: Vec<i32>,
+    /// The keys not held (a key repeated, as often as it is).
+    pub miss_keys: Vec<i64>,
+    /// Their positions among the call's keys.
+    pub miss_pos: Vec<i64>,
+    /// Their rows, `miss_keys.len() * dim` floats, from the fetch.
+    pub rows: Vec<f32>,
+    /// Whether the fetch found each.
+    pub found: Vec<bool>,
+    /// Slots given to misses the fetch found...
+    pub adm_slot: Vec<i32>,
+    /// ...and the index among the misses of the row each takes.
+    pub adm_row: Vec<i32>,
+    /// Keys evicted to make room.
+    pub evicted: usize,
+}
+
+/// The rows of missed keys, as [`crate::mapped::MappedReader::lookup`]
+/// gives them: `(keys, rows out, found out)`.
+pub type Fetch<'a> = dyn Fn(&[i64], &mut [f32], &mut [bool]) -> Result<()> + Sync + 'a;
+
+/// What a serving call asks of each partition.
+#[derive(Clone, Copy)]
+struct Call<'a> {
+    tick: u64,
+    admit: bool,
+    dim: usize,
+    fetch: &'a Fetch<'a>,
+}
+
+/// A partition's slots (whole buckets), for the thread that owns them.
+struct Part<'a> {
+    digest: &'a mut [u8],
+    slots: &'a mut [Slot],
+    /// The global index of its first slot.
+    base: usize,
+    lru: bool,
+}
+
+/// What a partition's thread found for its keys (positions ascending).
+#[derive(Default)]
+struct PartOut {
+    hits: Vec<(u32, i32)>,
+    miss_pos: Vec<u32>,
+    miss_keys: Vec<i64>,
+    rows: Vec<f32>,
+    found: Vec<bool>,
+    /// (global slot, index among this partition's misses).
+    adm: Vec<(i32, u32)>,
+    evicted: usize,
+    added: usize,
+}
+
+/// The slots of word `i` of a bucket's digests whose digest is `d`: bit
+/// 8j + 7 for slot 8i + j (8 digests compared a byte at a time, exactly: no
+/// carry crosses a byte).
+#[inline]
+fn matches(digest: &[u8], at: usize, i: usize, d: u8) -> u64 {
+    const LOW7: u64 = 0x7F7F_7F7F_7F7F_7F7F;
+    let b: [u8; 8] = digest[at + 8 * i..at + 8 * i + 8]
+        .try_into()
+        .unwrap_or_default();
+    let x = u64::from_le_bytes(b) ^ (u64::from(d) * 0x0101_0101_0101_0101);
+    !(((x & LOW7) + LOW7) | x | LOW7)
+}
+
+impl Part<'_> {
+    /// The local slot of `key` in the bucket at local slot `at`, if held.
+    #[inline]
+    fn slot_in(&self, at: usize, d: u8, key: i64) -> Option<usize> {
+        for i in 0..BUCKET / 8 {
+            let mut m = matches(self.digest, at, i, d);
+            while m != 0 {
+                let s = at + 8 * i + (m.trailing_zeros() / 8) as usize;
+                if self.slots[s].key == key {
+                    return Some(s);
+                }
+                m &= m - 1;
+            }
+        }
+        None
+    }
+
+    /// Asks for the bucket at `at` to be in cache: its digests and first
+    /// slots, or (`whole`, for an admission, which reads every slot) all
+    /// of its slots.
+    #[inline]
+    fn prefetch(&self, at: usize, whole: bool) {
+        prefetch_addr(self.digest[at..].as_ptr() as usize);
+        let end = if whole { at + BUCKET } else { at + 1 };
+        for s in (at..end).step_by(4) {
+            prefetch_addr(&self.slots[s] as *const Slot as usize);
+        }
+    }
+
+    /// An access of local slot `s` in call `tick`.
+    #[inline]
+    fn touch(&mut self, s: usize, tick: u64) {
+        let e = &mut self.slots[s];
+        e.count = e.count.saturating_add(1);
+        e.last = tick as u32;
+    }
+
+    /// A local slot of the bucket at `at` to give: the first free one, else
+    /// the lowest-scoring one not read since `protect_from` (the first of
+    /// equals).
+    fn room(&self, at: usize, protect_from: u64) -> Option<usize> {
+        for i in 0..BUCKET / 8 {
+            let free = matches(self.digest, at, i, 0);
+            if free != 0 {
+                return Some(at + 8 * i + (free.trailing_zeros() / 8) as usize);
+            }
+        }
+        // Calls from each slot's last read to `protect_from` (mod 2^32).
+        let now = protect_from as u32;
+        let mut best: Option<(u32, usize)> = None;
+        for (j, e) in self.slots[at..at + BUCKET].iter().enumerate() {
+            let age = now.wrapping_sub(e.last);
+            if age == 0 || age > u32::MAX / 2 {
+                continue; // read by a call from protect_from on
+            }
+            // The lowest count (lfu) or the oldest (lru) slot, the first of
+            // equals: minimize count, or maximize age.
+            let score = if self.lru { u32::MAX - age } else { e.count };
+            if best.is_none_or(|(b, _)| score < b) {
+                best = Some((score, at + j));
+            }
+        }
+        best.map(|(_, s)| s)
+    }
+
+    /// Admits `key` (digest `d`, bucket at `at`) in call `tick`: its local
+    /// slot and the key it evicted, or None (held already, or no room).
+    fn admit(
+        &mut self,
+        key: i64,
+        at: usize,
+        d: u8,
+        tick: u64,
+        protect_from: u64,
+    ) -> Option<(usize, Option<i64>)> {
+        if self.slot_in(at, d, key).is_some() {
+            return None;
+        }
+        let s = self.room(at, protect_from)?;
+        let old = (self.digest[s] != 0).then_some(self.slots[s].key);
+        self.digest[s] = d;
+        self.slots[s] = Slot {
+            key,
+            last: tick as u32,
+            count: 1,
+        };
+        Some((s, old))
+    }
+
+    /// The call's keys of this partition (`pos`, ascending, with their
+    /// places): probed, hits touched, misses fetched and (with `admit`)
+    /// admitted.
+    fn serve(
+        &mut self,
+        keys: &[i64],
+        pos: &[u32],
+        places: &[(u32, u8)],
+        call: &Call<'_>,
+    ) -> Result<PartOut> {
+        let Call {
+            tick,
+            admit,
+            dim,
+            fetch,
+        } = *call;
+        let mut out = PartOut {
+            hits: with_room("keys", pos.len())?,
+            ..PartOut::default()
+        };
+        let mut miss_place = Vec::new();
+        for &(at, _) in places.iter().take(AHEAD) {
+            self.prefetch(at as usize, false);
+        }
+        for (i, (&p, &(at, d))) in pos.iter().zip(places).enumerate() {
+            if let Some(&(next, _)) = places.get(i + AHEAD) {
+                self.prefetch(next as usize, false);
+            }
+            let k = keys[p as usize];
+            match self.slot_in(at as usize, d, k) {
+                Some(s) => {
+                    self.touch(s, tick);
+                    out.hits.push((p, (self.base + s) as i32));
+                }
+                None => {
+                    out.miss_pos.push(p);
+                    out.miss_keys.push(k);
+                    miss_place.push((at, d));
+                }
+            }
+        }
+        let m = out.miss_keys.len();
+        if m == 0 {
+            return Ok(out);
+        }
+        out.rows = zeros("keys", m * dim)?;
+        out.found = zeros("keys", m)?;
+        fetch(&out.miss_keys, &mut out.rows, &mut out.found)?;
+        if admit {
+            for (j, &(at, d)) in miss_place.iter().enumerate() {
+                if !out.found[j] {
+                    continue;
+                }
+                if let Some((s, old)) = self.admit(out.miss_keys[j], at as usize, d, tick, tick) {
+                    out.adm.push(((self.base + s) as i32, j as u32));
+                    match old {
+                        Some(_) => out.evicted += 1,
+                        None => out.added += 1,
+                    }
+                }
+            }
+        }
+        Ok(out)
+    }
+}
+
 impl SlotMap {
     /// Slots for at least `rows` keys (rounded up to whole buckets of
-    /// [`BUCKET`] slots), evicting by accesses (`lru = false`) or last use.
+    /// [`BUCKET`] slots, and to whole partitions), evicting by accesses
+    /// (`lru = false`) or last use.
     ///
     /// # Errors
     /// `InvalidArgument` naming `rows` (over 2^31 - 1 slots);
     /// `OutOfMemory` naming `rows`.
     pub fn new(rows: usize, lru: bool) -> Result<Self> {
         let buckets = rows.div_ceil(BUCKET).max(1);
+        let parts = buckets.min(PARTS);
+        let per_part = buckets.div_ceil(parts);
+        let buckets = per_part * parts;
         let cap = buckets
             .checked_mul(BUCKET)
             .filter(|&c| c <= i32::MAX as usize)
@@ -69,12 +313,11 @@ impl SlotMap {
                     format!("expected at most 2^31 - 1 slots, got {rows}"),
                 )
             })?;
-        let digest = zeros("rows", cap)?;
-        let slots = zeros("rows", cap)?;
         Ok(SlotMap {
-            digest,
-            slots,
+            digest: zeros("rows", cap)?,
+            slots: zeros("rows", cap)?,
             buckets,
+            per_part,
             lru,
             len: 0,
         })
@@ -95,38 +338,31 @@ impl SlotMap {
         self.len == 0
     }
 
-    /// The first slot of `key`'s bucket and the key's digest.
+    /// The global bucket of `key` and its digest.
     #[inline]
     fn place(&self, key: i64) -> (usize, u8) {
         let h = mix64(key_hash(key) ^ 0x3C6E_F372_FE94_F82B);
         let b = (((h >> 32) * self.buckets as u64) >> 32) as usize;
         let d = (h & 0xFF) as u8;
-        (b * BUCKET, if d == 0 { 1 } else { d })
+        (b, if d == 0 { 1 } else { d })
     }
 
-    /// The slots of word `i` of the bucket at `at` (slots `8i..8i + 8`)
-    /// whose digest is `d`: bit 8j + 7 for slot 8i + j (8 digests compared a
-    /// byte at a time, exactly: no carry crosses a byte).
-    #[inline]
-    fn matches(&self, at: usize, i: usize, d: u8) -> u64 {
-        const LOW7: u64 = 0x7F7F_7F7F_7F7F_7F7F;
-        let b: [u8; 8] = self.digest[at + 8 * i..at + 8 * i + 8]
-            .try_into()
-            .unwrap_or_default();
-        let x = u64::from_le_bytes(b) ^ (u64::from(d) * 0x0101_0101_0101_0101);
-        !(((x & LOW7) + LOW7) | x | LOW7)
+    /// Every slot as one partition.
+    fn whole(&mut self) -> Part<'_> {
+        Part {
+            digest: &mut self.digest,
+            slots: &mut self.slots,
+            base: 0,
+            lru: self.lru,
+        }
     }
 
     /// The slot of `key`, if held.
     pub fn get(&self, key: i64) -> Option<u32> {
-        let (at, d) = self.place(key);
-        self.slot_in(at, d, key)
-    }
-
-    #[inline]
-    fn slot_in(&self, at: usize, d: u8, key: i64) -> Option<u32> {
+        let (b, d) = self.place(key);
+        let at = b * BUCKET;
         for i in 0..BUCKET / 8 {
-            let mut m = self.matches(at, i, d);
+            let mut m = matches(&self.digest, at, i, d);
             while m != 0 {
                 let s = at + 8 * i + (m.trailing_zeros() / 8) as usize;
                 if self.slots[s].key == key {
@@ -138,25 +374,132 @@ impl SlotMap {
         None
     }
 
-    /// Asks for `key`'s bucket (digests and slots) to be in cache; its
-    /// place.
-    #[inline]
-    fn prefetch(&self, key: i64) -> (usize, u8) {
-        let (at, d) = self.place(key);
-        prefetch_addr(self.digest[at..].as_ptr() as usize);
-        prefetch_addr(self.slots[at..].as_ptr() as usize);
-        (at, d)
+    /// A serving call's keys in call `tick`: each key's slot (an access
+    /// counted for each held one), the misses' rows from `fetch` (one
+    /// call a partition, on that partition's thread), and with `admit` the
+    /// misses `fetch` found admitted, never into a slot the call reads (see
+    /// [`Served`]). A call of [`PARALLEL_KEYS`] keys or more runs its
+    /// partitions in parallel.
+    ///
+    /// # Errors
+    /// What `fetch` returns (nothing of the call applied but the accesses
+    /// and admissions of partitions already done: the map stays whole);
+    /// `OutOfMemory` naming `keys`; `InvalidArgument` for more than 2^31 - 1
+    /// keys.
+    pub fn serve(
+        &mut self,
+        keys: &[i64],
+        tick: u64,
+        admit: bool,
+        dim: usize,
+        fetch: &Fetch<'_>,
+    ) -> Result<Served> {
+        let n = keys.len();
+        if n > i32::MAX as usize {
+            return Err(invalid(
+                "keys",
+                format!("expected at most 2^31 - 1 keys, got {n}"),
+            ));
+        }
+        // Each key's partition and place; positions grouped by partition
+        // (a counting sort: ascending within each).
+        let parts = self.buckets / self.per_part;
+        let mut part_of = with_room::<u32>("keys", n)?;
+        let mut places = with_room::<(u32, u8)>("keys", n)?;
+        let mut counts = vec![0usize; parts + 1];
+        for &k in keys {
+            let (b, d) = self.place(k);
+            let p = b / self.per_part;
+            part_of.push(p as u32);
+            places.push((((b - p * self.per_part) * BUCKET) as u32, d));
+            counts[p + 1] += 1;
+        }
+        for p in 0..parts {
+            counts[p + 1] += counts[p];
+        }
+        let mut next = counts.clone();
+        let mut pos = zeros::<u32>("keys", n)?;
+        let mut grouped = with_room::<(u32, u8)>("keys", n)?;
+        grouped.resize(n, (0, 0));
+        for i in 0..n {
+            let p = part_of[i] as usize;
+            pos[next[p]] = i as u32;
+            grouped[next[p]] = places[i];
+            next[p] += 1;
+        }
+        let span = self.per_part * BUCKET;
+        let lru = self.lru;
+        let work: Vec<_> = self
+            .digest
+            .chunks_mut(span)
+            .zip(self.slots.chunks_mut(span))
+            .enumerate()
+            .map(|(p, (digest, slots))| {
+                let part = Part {
+                    digest,
+                    slots,
+                    base: p * span,
+                    lru,
+                };
+                let r = counts[p]..counts[p + 1];
+                (part, &pos[r.clone()], &grouped[r])
+            })
+            .filter(|(_, pos, _)| !pos.is_empty())
+            .collect();
+        let call = Call {
+            tick,
+            admit,
+            dim,
+            fetch,
+        };
+        let run = |(mut part, pos, places): (Part<'_>, &[u32], &[(u32, u8)])| {
+            part.serve(keys, pos, places, &call)
+        };
+        let outs: Vec<PartOut> = if n >= PARALLEL_KEYS && work.len() > 1 {
+            work.into_par_iter().map(run).collect::<Vec<_>>()
+        } else {
+            work.into_iter().map(run).collect::<Vec<_>>()
+        }
+        .into_iter()
+        .collect::<Result<_>>()?;
+        self.merge(n, dim, outs)
     }
 
-    /// [`SlotMap::prefetch`] for an admission, which reads every slot of
-    /// the bucket (8 cache lines).
-    #[inline]
-    fn prefetch_bucket(&self, key: i64) -> (usize, u8) {
-        let (at, d) = self.prefetch(key);
-        for s in (at + 4..at + BUCKET).step_by(4) {
-            prefetch_addr(&self.slots[s] as *const Slot as usize);
+    /// The partitions' outputs as one [`Served`] (misses numbered by
+    /// partition, then position).
+    fn merge(&mut self, n: usize, dim: usize, outs: Vec<PartOut>) -> Result<Served> {
+        let m: usize = outs.iter().map(|o| o.miss_keys.len()).sum();
+        let a: usize = outs.iter().map(|o| o.adm.len()).sum();
+        let mut s = Served {
+            src: zeros("keys", n)?,
+            miss_keys: with_room("keys", m)?,
+            miss_pos: with_room("keys", m)?,
+            rows: with_room("keys", m * dim)?,
+            found: with_room("keys", m)?,
+            adm_slot: with_room("keys", a)?,
+            adm_row: with_room("keys", a)?,
+            evicted: 0,
+        };
+        for o in outs {
+            let j0 = s.miss_keys.len();
+            for &(p, slot) in &o.hits {
+                s.src[p as usize] = slot;
+            }
+            for (j, &p) in o.miss_pos.iter().enumerate() {
+                s.src[p as usize] = -1 - (j0 + j) as i32;
+                s.miss_pos.push(i64::from(p));
+            }
+            s.miss_keys.extend_from_slice(&o.miss_keys);
+            s.rows.extend_from_slice(&o.rows);
+            s.found.extend_from_slice(&o.found);
+            for &(slot, j) in &o.adm {
+                s.adm_slot.push(slot);
+                s.adm_row.push((j0 + j as usize) as i32);
+            }
+            s.evicted += o.evicted;
+            self.len += o.added;
         }
-        (at, d)
+        Ok(s)
     }
 
     /// Each key's slot into `slots` (-1 where not held), an access counted
@@ -166,29 +509,14 @@ impl SlotMap {
     /// # Errors
     /// `InvalidArgument` naming `slots` if its length differs from `keys`'.
     pub fn find(&mut self, keys: &[i64], tick: u64, slots: &mut [i32]) -> Result<usize> {
-        if slots.len() != keys.len() {
-            return Err(invalid(
-                "slots",
-                format!("expected {} slots, got {}", keys.len(), slots.len()),
-            ));
-        }
-        // Each key's place is computed once, AHEAD keys before its probe,
-        // when its bucket is asked for.
-        let mut ring = [(0usize, 0u8); AHEAD];
-        for (i, &k) in keys.iter().take(AHEAD).enumerate() {
-            ring[i] = self.prefetch(k);
-        }
+        check_slots(keys, slots)?;
         let mut misses = 0;
-        for (i, (&k, out)) in keys.iter().zip(slots.iter_mut()).enumerate() {
-            let (at, d) = ring[i % AHEAD];
-            if let Some(&next) = keys.get(i + AHEAD) {
-                ring[i % AHEAD] = self.prefetch(next);
-            }
-            match self.slot_in(at, d, k) {
+        for (&k, out) in keys.iter().zip(slots.iter_mut()) {
+            let (b, d) = self.place(k);
+            let mut w = self.whole();
+            match w.slot_in(b * BUCKET, d, k) {
                 Some(s) => {
-                    let e = &mut self.slots[s as usize];
-                    e.count = e.count.saturating_add(1);
-                    e.last = tick as u32;
+                    w.touch(s, tick);
                     *out = s as i32;
                 }
                 None => {
@@ -216,69 +544,21 @@ impl SlotMap {
         slots: &mut [i32],
         evicted: &mut Vec<i64>,
     ) -> Result<()> {
-        if slots.len() != keys.len() {
-            return Err(invalid(
-                "slots",
-                format!("expected {} slots, got {}", keys.len(), slots.len()),
-            ));
-        }
-        let mut ring = [(0usize, 0u8); AHEAD];
-        for (i, &k) in keys.iter().take(AHEAD).enumerate() {
-            ring[i] = self.prefetch_bucket(k);
-        }
-        for (i, (&k, out)) in keys.iter().zip(slots.iter_mut()).enumerate() {
-            let (at, d) = ring[i % AHEAD];
-            if let Some(&next) = keys.get(i + AHEAD) {
-                ring[i % AHEAD] = self.prefetch_bucket(next);
-            }
+        check_slots(keys, slots)?;
+        for (&k, out) in keys.iter().zip(slots.iter_mut()) {
             *out = -1;
-            if self.slot_in(at, d, k).is_some() {
-                continue;
+            let (b, d) = self.place(k);
+            let mut w = self.whole();
+            w.prefetch(b * BUCKET, true);
+            if let Some((s, old)) = w.admit(k, b * BUCKET, d, tick, protect_from) {
+                match old {
+                    Some(old) => evicted.push(old),
+                    None => self.len += 1,
+                }
+                *out = s as i32;
             }
-            let Some(s) = self.room(at, protect_from) else {
-                continue;
-            };
-            if self.digest[s] != 0 {
-                evicted.push(self.slots[s].key);
-            } else {
-                self.len += 1;
-            }
-            self.digest[s] = d;
-            self.slots[s] = Slot {
-                key: k,
-                last: tick as u32,
-                count: 1,
-            };
-            *out = s as i32;
         }
         Ok(())
-    }
-
-    /// A slot of the bucket at `at` to give: the first free one, else the
-    /// lowest-scoring one not read since `protect_from` (the first of equals).
-    fn room(&self, at: usize, protect_from: u64) -> Option<usize> {
-        for i in 0..BUCKET / 8 {
-            let free = self.matches(at, i, 0);
-            if free != 0 {
-                return Some(at + 8 * i + (free.trailing_zeros() / 8) as usize);
-            }
-        }
-        // Calls from each slot's last read to `protect_from` (mod 2^32).
-        let now = protect_from as u32;
-        let mut best: Option<(u32, usize)> = None;
-        for (j, e) in self.slots[at..at + BUCKET].iter().enumerate() {
-            let age = now.wrapping_sub(e.last);
-            if age == 0 || age > u32::MAX / 2 {
-                continue; // read by a call from protect_from on
-            }
-            // The lowest count (lfu) or the oldest (lru) slot, the first of
-            // equals: minimize count, or maximize age.
-            let score = if self.lru { u32::MAX - age } else { e.count };
-            if best.is_none_or(|(b, _)| score < b) {
-                best = Some((score, at + j));
-            }
-        }
-        best.map(|(_, s)| s)
     }
 
     /// Frees the slots of `keys` that are held; each key's freed slot into
@@ -287,12 +567,7 @@ impl SlotMap {
     /// # Errors
     /// `InvalidArgument` naming `slots` if its length differs from `keys`'.
     pub fn remove(&mut self, keys: &[i64], slots: &mut [i32]) -> Result<()> {
-        if slots.len() != keys.len() {
-            return Err(invalid(
-                "slots",
-                format!("expected {} slots, got {}", keys.len(), slots.len()),
-            ));
-        }
+        check_slots(keys, slots)?;
         for (&k, out) in keys.iter().zip(slots.iter_mut()) {
             *out = -1;
             if let Some(s) = self.get(k) {
@@ -323,6 +598,16 @@ impl SlotMap {
     pub fn nbytes(&self) -> usize {
         self.capacity() * (1 + size_of::<Slot>())
     }
+}
+
+fn check_slots(keys: &[i64], slots: &[i32]) -> Result<()> {
+    if slots.len() != keys.len() {
+        return Err(invalid(
+            "slots",
+            format!("expected {} slots, got {}", keys.len(), slots.len()),
+        ));
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -388,8 +673,8 @@ mod tests {
                         assert_eq!(s, -1, "a key repeated is admitted once");
                         continue;
                     }
-                    let (at, _) = m.place(k);
-                    let span = at..at + model.bucket;
+                    let (b, _) = m.place(k);
+                    let span = b * BUCKET..b * BUCKET + model.bucket;
                     let pick = span.clone().find(|&s| model.at[s].is_none()).or_else(|| {
                         span.clone()
                             .filter(|&s| model.at[s].unwrap().2 < tick)
@@ -433,6 +718,81 @@ mod tests {
             for (k, s) in keys.iter().zip(&slots) {
                 assert_eq!(model.slot[k], *s as usize);
             }
+        }
+    }
+
+    #[test]
+    fn serve_on_many_threads_equals_find_then_admit_in_order() {
+        // The fetch's rows: each key's value in every column; keys that are
+        // multiples of 3 not found.
+        let dim = 3;
+        let fetch = |keys: &[i64], rows: &mut [f32], found: &mut [bool]| -> Result<()> {
+            for (j, &k) in keys.iter().enumerate() {
+                rows[j * dim..j * dim + dim].fill(k as f32);
+                found[j] = k % 3 != 0;
+            }
+            Ok(())
+        };
+        for lru in [false, true] {
+            let mut a = SlotMap::new(3_000, lru).unwrap();
+            let mut b = SlotMap::new(3_000, lru).unwrap();
+            assert_eq!(a.buckets / a.per_part, PARTS);
+            let mut state = 11u64;
+            for tick in 1..40u64 {
+                let n = if tick % 2 == 0 { 2_000 } else { 100 }; // parallel, then not
+                let keys: Vec<i64> = (0..n)
+                    .map(|_| {
+                        state = mix64(state);
+                        (state % 9_000) as i64
+                    })
+                    .collect();
+                let got = a.serve(&keys, tick, true, dim, &fetch).unwrap();
+                let mut slots = vec![0i32; n];
+                b.find(&keys, tick, &mut slots).unwrap();
+                let miss: Vec<i64> = keys
+                    .iter()
+                    .zip(&slots)
+                    .filter(|(_, s)| **s < 0)
+                    .map(|(k, _)| *k)
+                    .collect();
+                let held: Vec<i64> = miss.iter().copied().filter(|k| k % 3 != 0).collect();
+                let mut adm = vec![0i32; held.len()];
+                let mut evicted = Vec::new();
+                b.admit(&held, tick, tick, &mut adm, &mut evicted).unwrap();
+                assert_eq!(got.miss_keys.len(), miss.len());
+                assert_eq!(got.evicted, evicted.len());
+                for (i, (&k, &s)) in keys.iter().zip(&slots).enumerate() {
+                    let src = got.src[i];
+                    if s >= 0 {
+                        assert_eq!(src, s, "a hit's slot");
+                    } else {
+                        let j = (-1 - src) as usize;
+                        assert_eq!(got.miss_keys[j], k);
+                        assert_eq!(got.miss_pos[j], i as i64);
+                        assert_eq!(got.found[j], k % 3 != 0);
+                        assert_eq!(got.rows[j * dim], k as f32);
+                    }
+                }
+                // The same admissions: each admitted slot takes its miss's key.
+                let mut want: Vec<(i32, i64)> = held
+                    .iter()
+                    .zip(&adm)
+                    .filter(|(_, s)| **s >= 0)
+                    .map(|(k, s)| (*s, *k))
+                    .collect();
+                let mut have: Vec<(i32, i64)> = got
+                    .adm_slot
+                    .iter()
+                    .zip(&got.adm_row)
+                    .map(|(&s, &j)| (s, got.miss_keys[j as usize]))
+                    .collect();
+                want.sort_unstable();
+                have.sort_unstable();
+                assert_eq!(have, want);
+                assert_eq!(a.items(), b.items());
+                assert_eq!(a.len(), b.len());
+            }
+            assert!(a.len() > 2_500, "the map fills: {}", a.len());
         }
     }
 

@@ -20,6 +20,13 @@ pub struct PyMappedTable {
     inner: Arc<MappedTable>,
 }
 
+impl PyMappedTable {
+    /// The core table.
+    pub(crate) fn inner(&self) -> &MappedTable {
+        &self.inner
+    }
+}
+
 #[pymethods]
 impl PyMappedTable {
     /// Maps the checkpoint at `path` (manifest and file headers read, no

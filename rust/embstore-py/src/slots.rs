@@ -9,12 +9,14 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use embstore_core::slots::SlotMap;
 use embstore_core::zeroed::{with_room, zeros};
-use numpy::{IntoPyArray, PyArray1, PyArrayMethods};
+use numpy::{IntoPyArray, PyArray1, PyArray2, PyArrayMethods, PyReadonlyArray1};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
 use crate::error::PyStoreError;
-use crate::store::{keys_arg, slice_or_copy};
+use crate::mapped::PyMappedTable;
+use crate::runtime::EnterStore;
+use crate::store::{keys_arg, missing_of, slice_or_copy};
 
 /// The native slot map; see `embstore.gpu.serving`.
 #[pyclass(frozen, name = "SlotMap", module = "embstore._core")]
@@ -32,6 +34,17 @@ impl PySlotMap {
 
 type I32s<'py> = Bound<'py, PyArray1<i32>>;
 type I64s<'py> = Bound<'py, PyArray1<i64>>;
+/// `SlotMap.serve`'s answer: src, miss_keys, miss_pos, rows, found,
+/// adm_slot, adm_row.
+type ServeOut<'py> = (
+    I32s<'py>,
+    I64s<'py>,
+    I64s<'py>,
+    Bound<'py, PyArray2<f32>>,
+    Bound<'py, PyArray1<bool>>,
+    I32s<'py>,
+    I32s<'py>,
+);
 
 #[pymethods]
 impl PySlotMap {
@@ -68,6 +81,51 @@ impl PySlotMap {
     /// Bytes of the map on the host.
     fn nbytes(&self) -> usize {
         self.map().nbytes()
+    }
+
+    /// A serving call's keys in call `tick` against `table` (its misses'
+    /// rows, a missing key read as `missing` / `default_row`, one version
+    /// throughout), the misses the table holds admitted where `admit`:
+    /// `(src, miss_keys, miss_pos, rows, found, adm_slot, adm_row)` (see
+    /// `embstore_core::slots::Served`). Partitions run in parallel for
+    /// large calls.
+    #[pyo3(signature = (keys, tick, table, missing="init", default_row=None, admit=true))]
+    #[allow(clippy::too_many_arguments)]
+    fn serve<'py>(
+        &self,
+        py: Python<'py>,
+        keys: &Bound<'py, PyAny>,
+        tick: u64,
+        table: PyRef<'py, PyMappedTable>,
+        missing: &str,
+        default_row: Option<PyReadonlyArray1<'py, f32>>,
+        admit: bool,
+    ) -> PyResult<ServeOut<'py>> {
+        let keys = keys_arg(keys, "keys")?.readonly();
+        let k = slice_or_copy(&keys, "keys")?;
+        let k = &k[..];
+        let missing = missing_of(missing, default_row.as_ref())?;
+        let reader = table.inner().reader();
+        let dim = reader.dim();
+        let fetch = |keys: &[i64], rows: &mut [f32], found: &mut [bool]| {
+            reader.lookup(keys, missing, rows, Some(found))
+        };
+        let s = py.enter_store(|| self.map().serve(k, tick, admit, dim, &fetch))?;
+        let m = s.miss_keys.len();
+        let rows = s
+            .rows
+            .into_pyarray(py)
+            .reshape([m, dim])
+            .map_err(|e| PyValueError::new_err(e.to_string()))?;
+        Ok((
+            s.src.into_pyarray(py),
+            s.miss_keys.into_pyarray(py),
+            s.miss_pos.into_pyarray(py),
+            rows,
+            s.found.into_pyarray(py),
+            s.adm_slot.into_pyarray(py),
+            s.adm_row.into_pyarray(py),
+        ))
     }
 
     /// Where each of `keys` is, an access counted in call `tick` for each

@@ -342,6 +342,16 @@ impl MappedTable {
         self.lookup_in(&self.snapshot(), keys, missing, out, found)
     }
 
+    /// A reader of the version served now: its lookups all read that
+    /// version, whatever a refresh swaps in meanwhile (a call split over
+    /// threads reads one version).
+    pub fn reader(&self) -> MappedReader<'_> {
+        MappedReader {
+            table: self,
+            snap: self.snapshot(),
+        }
+    }
+
     /// [`MappedTable::lookup`] of version `snap`.
     fn lookup_in(
         &self,
@@ -480,6 +490,33 @@ impl MappedTable {
 /// Nanoseconds since `t0`.
 fn elapsed_ns(t0: std::time::Instant) -> u64 {
     u64::try_from(t0.elapsed().as_nanos()).unwrap_or(u64::MAX)
+}
+
+/// One version of a [`MappedTable`], read by [`MappedReader::lookup`].
+pub struct MappedReader<'a> {
+    table: &'a MappedTable,
+    snap: Arc<Snapshot>,
+}
+
+impl MappedReader<'_> {
+    /// [`MappedTable::lookup`] of this reader's version.
+    ///
+    /// # Errors
+    /// As [`MappedTable::lookup`].
+    pub fn lookup(
+        &self,
+        keys: &[i64],
+        missing: Missing<'_>,
+        out: &mut [f32],
+        found: Option<&mut [bool]>,
+    ) -> Result<()> {
+        self.table.lookup_in(&self.snap, keys, missing, out, found)
+    }
+
+    /// Columns per row.
+    pub fn dim(&self) -> usize {
+        self.table.dim
+    }
 }
 
 #[cfg(test)]
