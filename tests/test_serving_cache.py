@@ -157,6 +157,42 @@ def test_bad_arguments_are_refused_by_name(tmp_path: pathlib.Path) -> None:
     assert cache.stats()["lookups"] == 0
 
 
+def test_serve_into_writes_what_serve_returns_into_the_staging_bytes(
+    tmp_path: pathlib.Path,
+) -> None:
+    """The native call of the CuPy path (``SlotMap.serve_into``) writes into
+    a byte buffer exactly what ``SlotMap.serve`` returns for the same calls
+    (slots, admissions, the misses' rows and found flags), at the offsets
+    it names; a buffer too small is refused by name, the map unchanged."""
+    from embstore._core import SlotMap, staging_bytes
+
+    _, _, mapped = served(tmp_path)
+    a, b = SlotMap(300), SlotMap(300)
+    rng = np.random.default_rng(6)
+    for tick in range(1, 30):
+        keys = zipf_keys(rng, 700 if tick % 2 else 100)  # partitions in parallel, then not
+        src, _, _, rows, found, slot, row = a.serve(keys, tick, mapped._inner, "zeros")
+        buf = np.zeros(staging_bytes(keys.size, DIM), np.uint8)
+        m, n_adm, slot_at, row_at, rows_at, found_at, total = b.serve_into(
+            keys, tick, mapped._inner, buf, "zeros", None, True
+        )
+        assert (m, n_adm) == (rows.shape[0], slot.size)
+        assert total <= buf.size
+        np.testing.assert_array_equal(buf[: src.nbytes].view(np.int32), src)
+        np.testing.assert_array_equal(buf[slot_at : slot_at + slot.nbytes].view(np.int32), slot)
+        np.testing.assert_array_equal(buf[row_at : row_at + row.nbytes].view(np.int32), row)
+        np.testing.assert_array_equal(
+            buf[rows_at : rows_at + rows.nbytes].view(np.float32).reshape(rows.shape), rows
+        )
+        np.testing.assert_array_equal(buf[found_at : found_at + m].view(bool), found)
+    assert len(a) == len(b) > 250
+    keys = np.arange(100, dtype=np.int64)
+    before = b.items()
+    with pytest.raises(ValueError, match="staging: expected at least"):
+        b.serve_into(keys, 99, mapped._inner, np.zeros(10, np.uint8))
+    np.testing.assert_array_equal(b.items()[0], before[0])
+
+
 def test_admit_batch_is_deprecated_and_still_admits_in_batches(tmp_path: pathlib.Path) -> None:
     """The deprecated ``admit_batch`` warns, and still queues missed keys
     and admits them a batch at a time, rows equal to the table's."""

@@ -43,7 +43,7 @@ import numpy as np
 
 from embstore._convert import Default, as_keys, check_bool, check_default, to_host
 from embstore._core import MappedTable as _NativeMapped
-from embstore._core import SlotMap
+from embstore._core import SlotMap, staging_bytes
 from embstore._latency import timed
 from embstore.gpu import _xp as X
 from embstore.gpu._fork import LIVE
@@ -214,6 +214,8 @@ class ServingCache:
             self._current()
             self._tick += 1
             tick = self._tick
+            if self._fast and self._native is not None and self.admit_batch is None:
+                return self._lookup_staged(kh, tick, default, with_found)
             if self._native is not None and self.admit_batch is None:
                 mode, row = check_default(default, self.dim)
                 src, mk, mpos, rows_m, found_m, adm_slot, adm_row = self._slots.serve(
@@ -298,16 +300,13 @@ class ServingCache:
             self._put(adm_slot, rows_m[adm_row])
         return out, found
 
-    def _up(self, parts: list[np.ndarray]) -> list[int]:
-        """Host arrays on the device in one asynchronous copy, from one of
-        two pinned staging buffers into one of two device buffers (used in
-        turn: a pair is written again only once the call that last used it
-        is done, :meth:`_sent`); the device address of each (16-byte
-        aligned)."""
+    def _stage(self, nbytes: int) -> tuple[np.ndarray, int, Any]:
+        """One of two pinned staging buffers and the address of its device
+        buffer, each of at least ``nbytes`` (used in turn: a pair is
+        written again only once the call that last used it is done,
+        :meth:`_sent`), and the current stream."""
         import cupy  # type: ignore[import-not-found, unused-ignore]
 
-        sizes = [(int(a.nbytes) + 15) & ~15 for a in parts]
-        total = max(sum(sizes), 16)
         stream = cupy.cuda.get_current_stream()
         if not self._copied:
             self._copied = [cupy.cuda.Event(block=False, disable_timing=True) for _ in range(2)]
@@ -320,22 +319,59 @@ class ServingCache:
         self._stream = stream.ptr
         turn = self._turn
         self._copied[turn].synchronize()
-        if self._staging[turn].shape[0] < total:
-            size = max(total, 1 << 16) * 2
+        if self._staging[turn].shape[0] < nbytes:
+            size = max(nbytes, 1 << 16) * 2
             self._staging[turn] = X.host_buffer(self.xp, (size,), np.uint8)
             self._device[turn] = cupy.empty((size,), dtype=cupy.uint8)
-        host = self._staging[turn]
+        return self._staging[turn], int(self._device[turn].data.ptr), stream
+
+    def _up(self, parts: list[np.ndarray]) -> list[int]:
+        """Host arrays on the device in one asynchronous copy through
+        :meth:`_stage`; the device address of each (16-byte aligned)."""
+        import cupy  # type: ignore[import-not-found, unused-ignore]
+
+        sizes = [(int(a.nbytes) + 15) & ~15 for a in parts]
+        total = max(sum(sizes), 16)
+        host, base, stream = self._stage(total)
         at = 0
         for a, size in zip(parts, sizes, strict=True):
             host[at : at + a.nbytes] = np.ascontiguousarray(a).reshape(-1).view(np.uint8)
             at += size
-        base = int(self._device[turn].data.ptr)
         cupy.cuda.runtime.memcpyAsync(base, host.ctypes.data, total, 1, stream.ptr)
         out, at = [], 0
         for size in sizes:
             out.append(base + at)
             at += size
         return out
+
+    def _lookup_staged(self, kh: np.ndarray, tick: int, default: Default, with_found: bool) -> Any:
+        """Under the lock, on CuPy in front of an embstore.MappedTable: the
+        native call writes the slots, misses' rows and admissions straight
+        into the pinned staging buffer; one copy in, one kernel."""
+        import cupy  # type: ignore[import-not-found, unused-ignore]
+
+        assert self._native is not None  # the caller's condition
+        mode, row = check_default(default, self.dim)
+        n = int(kh.shape[0])
+        host, base, stream = self._stage(staging_bytes(n, self.dim))
+        m, a, slot_at, row_at, rows_at, found_at, total = self._slots.serve_into(
+            kh, tick, self._native, host, mode, row, with_found
+        )
+        cupy.cuda.runtime.memcpyAsync(base, host.ctypes.data, max(total, 16), 1, stream.ptr)
+        k = self._kernels()
+        out = cupy.empty((n, self.dim), dtype=cupy.float32)
+        found = cupy.empty((n,), dtype=cupy.bool_) if with_found else None
+        flags = (base + found_at, found) if with_found else None
+        k.serve8(
+            self._rows, (base, n), out, base + rows_at, flags, (base + slot_at, base + row_at, a)
+        )
+        self._sent()
+        if a:
+            self._n["admissions"] += 1
+            self._n["admitted"] += a
+        self._n["lookups"] += n
+        self._n["hits"] += n - m
+        return (out, found) if with_found else out
 
     def _sent(self) -> None:
         """After a call's launches: its staging pair free once they are done."""

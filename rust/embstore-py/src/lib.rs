@@ -36,7 +36,7 @@ mod _core {
     #[pymodule_export]
     use crate::mapped::PyMappedTable;
     #[pymodule_export]
-    use crate::slots::PySlotMap;
+    use crate::slots::{PySlotMap, staging_bytes};
     #[pymodule_export]
     use crate::store::{PyProgress, PyTable, checkpoint_report, load_table};
     #[pymodule_export]

@@ -9,7 +9,7 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use embstore_core::slots::SlotMap;
 use embstore_core::zeroed::{with_room, zeros};
-use numpy::{IntoPyArray, PyArray1, PyArray2, PyArrayMethods, PyReadonlyArray1};
+use numpy::{IntoPyArray, PyArray1, PyArray2, PyArrayMethods, PyReadonlyArray1, PyReadwriteArray1};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
@@ -45,6 +45,30 @@ type ServeOut<'py> = (
     I32s<'py>,
     I32s<'py>,
 );
+
+/// Bytes rounded up to a multiple of 16.
+fn pad16(n: usize) -> usize {
+    (n + 15) & !15
+}
+
+/// Types whose values are bytes without padding, every byte initialized.
+trait Plain: Copy {}
+impl Plain for i32 {}
+impl Plain for f32 {}
+impl Plain for bool {}
+
+/// The bytes of a slice of plain numbers (or bools).
+fn as_bytes<T: Plain>(v: &[T]) -> &[u8] {
+    // SAFETY: `T: Plain` has no padding and every byte of a value is
+    // initialized; the bytes are read only while `v` is borrowed.
+    unsafe { std::slice::from_raw_parts(v.as_ptr().cast::<u8>(), std::mem::size_of_val(v)) }
+}
+
+/// Staging bytes a `serve_into` of `n` keys of `dim` floats may write.
+#[pyfunction]
+pub fn staging_bytes(n: usize, dim: usize) -> usize {
+    3 * pad16(4 * n) + pad16(4 * n * dim) + pad16(n)
+}
 
 #[pymethods]
 impl PySlotMap {
@@ -126,6 +150,68 @@ impl PySlotMap {
             s.adm_slot.into_pyarray(py),
             s.adm_row.into_pyarray(py),
         ))
+    }
+
+    /// [`PySlotMap::serve`] written into `staging` (bytes, e.g. a pinned
+    /// buffer, at least `staging_bytes(n, dim)` long) for one copy to the
+    /// device: src (int32), adm_slot, adm_row (int32), rows (float32) and,
+    /// `with_found`, found (bool), each at a 16-byte aligned offset.
+    /// Returns `(misses, admitted, adm_slot_at, adm_row_at, rows_at,
+    /// found_at, total)`.
+    #[pyo3(signature = (keys, tick, table, staging, missing="init", default_row=None, with_found=false))]
+    #[allow(clippy::too_many_arguments)]
+    fn serve_into<'py>(
+        &self,
+        py: Python<'py>,
+        keys: &Bound<'py, PyAny>,
+        tick: u64,
+        table: PyRef<'py, PyMappedTable>,
+        mut staging: PyReadwriteArray1<'py, u8>,
+        missing: &str,
+        default_row: Option<PyReadonlyArray1<'py, f32>>,
+        with_found: bool,
+    ) -> PyResult<(usize, usize, usize, usize, usize, usize, usize)> {
+        let keys = keys_arg(keys, "keys")?.readonly();
+        let k = slice_or_copy(&keys, "keys")?;
+        let k = &k[..];
+        let missing = missing_of(missing, default_row.as_ref())?;
+        let reader = table.inner().reader();
+        let dim = reader.dim();
+        let need = staging_bytes(k.len(), dim);
+        let out = staging
+            .as_slice_mut()
+            .map_err(|_| PyValueError::new_err("staging: expected a C-contiguous uint8 array"))?;
+        if out.len() < need {
+            return Err(PyValueError::new_err(format!(
+                "staging: expected at least {need} bytes for {} keys, got {}",
+                k.len(),
+                out.len()
+            )));
+        }
+        let fetch = |keys: &[i64], rows: &mut [f32], found: &mut [bool]| {
+            reader.lookup(keys, missing, rows, Some(found))
+        };
+        py.enter_store(|| {
+            let s = self.map().serve(k, tick, true, dim, &fetch)?;
+            let (m, a) = (s.miss_keys.len(), s.adm_slot.len());
+            let mut at = 0;
+            let mut put = |bytes: &[u8]| {
+                let start = at;
+                out[start..start + bytes.len()].copy_from_slice(bytes);
+                at = start + pad16(bytes.len());
+                start
+            };
+            put(as_bytes(&s.src));
+            let slot_at = put(as_bytes(&s.adm_slot));
+            let row_at = put(as_bytes(&s.adm_row));
+            let rows_at = put(as_bytes(&s.rows));
+            let found_at = if with_found {
+                put(as_bytes(&s.found))
+            } else {
+                at
+            };
+            Ok((m, a, slot_at, row_at, rows_at, found_at, at))
+        })
     }
 
     /// Where each of `keys` is, an access counted in call `tick` for each
