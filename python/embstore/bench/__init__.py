@@ -10,7 +10,9 @@ memory are measured in child processes (a fresh pool size, a fresh RSS).
 Small calls (1 to 16,384 keys: lookup, Adam step, pooled step; 1 and 4
 serving threads) are measured against np.take and a dict of rows.
 ``--readers``: the p99 of serving lookups next to a writer of the same
-table and of another one.
+table and of another one. ``--serving``: many readers of one mapped table
+(processes and threads) and the freshness of followers under large deltas
+(:mod:`embstore.bench.serving`).
 
 ``--json`` prints the figures; the comparison's validate against the JSON
 Schema at ``embstore/bench/schema.json`` (:data:`SCHEMA`; ``--schema``
@@ -29,6 +31,7 @@ from embstore.bench.checkpoint import checkpoint_compare, report_checkpoint
 from embstore.bench.collection import batch_sizes, report_batch_sizes
 from embstore.bench.policy import POLICIES, policy_costs, report_policies
 from embstore.bench.readers import reader_latency, report_readers
+from embstore.bench.serving import report_serving, serving_bench
 from embstore.bench.table import compare, core, memory, report
 
 __all__ = ["POLICIES", "SCHEMA", "main"]
@@ -134,14 +137,29 @@ def main(argv: list[str] | None = None) -> int:
         "table and of another one",
     )
     p.add_argument(
-        "--dir", default=None, help="where the checkpoint benchmark writes (default: a temp dir)"
+        "--serving",
+        action="store_true",
+        help="measure only the standalone cache at load: many readers of a mapped table, "
+        "and followers' freshness under 1M-row deltas of a 10M-row table (needs ~6 GB of "
+        "disk and ~8 GB of memory; --quick: small)",
+    )
+    p.add_argument(
+        "--serving-readers",
+        type=positive_int,
+        default=16,
+        help="reader processes (and threads) of the --serving measure",
+    )
+    p.add_argument(
+        "--dir",
+        default=None,
+        help="where the checkpoint and serving benchmarks write (default: a temp dir)",
     )
     p.add_argument("--child", choices=["core", "memory"], help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.schema:
         print(SCHEMA.read_text(), end="")
         return 0
-    if not (args.checkpoint or args.policy or args.readers or args.child):
+    if not (args.checkpoint or args.policy or args.readers or args.serving or args.child):
         require(p, "torch", "torch", "the peer comparison")
     if args.quick:
         args.vocab, args.batch, args.mem_rows, args.reps = 50_000, 2_048, 200_000, 2
@@ -158,6 +176,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.bags:
         res = bag_lengths(args)
         print(json.dumps(res) if args.json else report_bags(res))
+        return 0
+    if args.serving:
+        res = serving_bench(args)
+        print(json.dumps(res) if args.json else report_serving(res))
         return 0
     if args.readers:
         res = reader_latency(args)

@@ -76,7 +76,12 @@
 //!    A call on several tables (a [`collection`] call) takes their gates in
 //!    ascending [`Table::id`], on the calling thread.
 //! 6. A mapped table's refresh lock (`mapped`: one refresh at a time),
-//!    taken inside the call lock, with the readers' lock already held.
+//!    taken inside the call lock, with the readers' lock already held. A
+//!    serving cache's slot map lock (the binding's `SlotMap`, over
+//!    [`slots::SlotMap`]), inside the call lock, held for a serving call's
+//!    whole native part, its partitions' parallel jobs included: they take
+//!    no lock of their own but the leaf locks of the mapped table they read
+//!    (its version, its files' checks), and nothing else takes it.
 //! 7. Shard locks, by shard index, taken by writers and by the reads that
 //!    must see no writer (snapshots, training lookups); serving reads take
 //!    none, only trying a write lock to count touches (see "Consistency");
@@ -104,7 +109,8 @@
 //!    prefetched keys, its last error and its finished compaction jobs,
 //!    the chunks of a disk read, the
 //!    binding's output buffer pool, a mapped table's version (held to
-//!    clone or swap an `Arc`; the old version is dropped after), and a
+//!    clone or swap an `Arc`; the old version is dropped after), its
+//!    retired versions (held to push or take the list; dropped after), and a
 //!    mapped file's checksum check
 //!    (`mapped`: a `OnceLock` whose one checker computes a CRC and runs the
 //!    loader's checks of the file, with no pool work and no lock, so a pool

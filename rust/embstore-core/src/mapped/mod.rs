@@ -42,6 +42,7 @@ use file::MappedFile;
 use rayon::prelude::*;
 use snapshot::{Snapshot, read_snapshot};
 use std::collections::HashSet;
+use std::mem::ManuallyDrop;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
@@ -84,6 +85,12 @@ pub struct MappedTable {
     /// How long the last open or refresh that swapped in a version took,
     /// in nanoseconds (the files mapped and checked, the overlay built).
     refresh_ns: AtomicU64,
+    /// Versions swapped out whose last reader was a call: handed here
+    /// ([`MappedTable::release`]) instead of unmapped on the serving thread
+    /// (an unmap and an overlay's free take milliseconds: a lookup's p99.9
+    /// during refreshes), and dropped by the next [`MappedTable::unchanged`]
+    /// (a follow thread's poll) or refresh, or with the table. A leaf lock.
+    retired: Mutex<Vec<Snapshot>>,
 }
 
 /// A mapped table's figures, as `stats()` reports them.
@@ -153,10 +160,38 @@ impl MappedTable {
             hits: AtomicU64::new(0),
             latency: Latency::default(),
             refresh_ns: AtomicU64::new(elapsed_ns(t0)),
+            retired: Mutex::new(Vec::new()),
         })
     }
 
     /// The version served now.
+    /// A call's end with version `snap`: if the call was its last reader
+    /// (a refresh swapped it out meanwhile), it is handed to the retired
+    /// list, not dropped here (see the `retired` field).
+    fn release(&self, snap: Arc<Snapshot>) {
+        if let Some(last) = Arc::into_inner(snap) {
+            self.retired
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .push(last);
+        }
+    }
+
+    /// Drops the retired versions (outside the lock).
+    fn drop_retired(&self) {
+        let old = std::mem::take(&mut *self.retired.lock().unwrap_or_else(PoisonError::into_inner));
+        drop(old);
+    }
+
+    /// Versions retired and not yet dropped (for tests).
+    #[cfg(test)]
+    fn retired_count(&self) -> usize {
+        self.retired
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .len()
+    }
+
     fn snapshot(&self) -> Arc<Snapshot> {
         self.current
             .read()
@@ -191,6 +226,7 @@ impl MappedTable {
     /// keeps out of the way of a publish's clean-up (which needs the
     /// readers' lock to itself); `false` where it cannot tell.
     pub fn unchanged(&self) -> bool {
+        self.drop_retired();
         let Ok(now) = manifest_bytes(&self.dir) else {
             return false;
         };
@@ -209,6 +245,7 @@ impl MappedTable {
     /// As [`MappedTable::refresh`].
     pub fn refresh_held(&self, held: Option<DirLock>) -> Result<bool> {
         let t0 = std::time::Instant::now();
+        self.drop_retired();
         let mut seen = self
             .refreshing
             .lock()
@@ -263,8 +300,10 @@ impl MappedTable {
         found: Option<&mut [bool]>,
     ) -> Option<Result<()>> {
         let snap = self.snapshot();
-        (keys.len() <= NOW_KEYS && snap.checked())
-            .then(|| self.lookup_in(&snap, keys, missing, out, found))
+        let r = (keys.len() <= NOW_KEYS && snap.checked())
+            .then(|| self.lookup_in(&snap, keys, missing, out, found));
+        self.release(snap);
+        r
     }
 
     /// Versions swapped in by refreshes since open (0 at open; see
@@ -284,7 +323,7 @@ impl MappedTable {
     pub fn stats(&self) -> MappedStats {
         let snap = self.snapshot();
         let files = snap.links.iter().flat_map(|l| l.files.iter().flatten());
-        MappedStats {
+        let stats = MappedStats {
             rows: snap.rows,
             lookups: self.lookups.load(Ordering::Relaxed),
             hits: self.hits.load(Ordering::Relaxed),
@@ -292,7 +331,9 @@ impl MappedTable {
             overlay_bytes: (snap.overlay.allocation_size()) as u64,
             published: snap.published,
             refresh_seconds: self.refresh_ns.load(Ordering::Relaxed) as f64 * 1e-9,
-        }
+        };
+        self.release(snap);
+        stats
     }
 
     /// Columns per row.
@@ -301,7 +342,10 @@ impl MappedTable {
     }
     /// Rows held (in the version served now).
     pub fn len(&self) -> u64 {
-        self.snapshot().rows
+        let snap = self.snapshot();
+        let rows = snap.rows;
+        self.release(snap);
+        rows
     }
     /// Whether it holds no row.
     pub fn is_empty(&self) -> bool {
@@ -313,7 +357,10 @@ impl MappedTable {
     }
     /// Optimizer steps the saving table had taken.
     pub fn step(&self) -> u64 {
-        self.snapshot().step
+        let snap = self.snapshot();
+        let step = snap.step;
+        self.release(snap);
+        step
     }
     /// The checkpoint directory.
     pub fn dir(&self) -> &Path {
@@ -339,7 +386,10 @@ impl MappedTable {
         out: &mut [f32],
         found: Option<&mut [bool]>,
     ) -> Result<()> {
-        self.lookup_in(&self.snapshot(), keys, missing, out, found)
+        let snap = self.snapshot();
+        let r = self.lookup_in(&snap, keys, missing, out, found);
+        self.release(snap);
+        r
     }
 
     /// A reader of the version served now: its lookups all read that
@@ -348,7 +398,7 @@ impl MappedTable {
     pub fn reader(&self) -> MappedReader<'_> {
         MappedReader {
             table: self,
-            snap: self.snapshot(),
+            snap: ManuallyDrop::new(self.snapshot()),
         }
     }
 
@@ -432,13 +482,16 @@ impl MappedTable {
     pub fn contains(&self, keys: &[i64], out: &mut [bool]) -> Result<()> {
         check_len("out", keys.len(), out.len())?;
         let snap = self.snapshot();
-        keys.par_iter()
+        let r = keys
+            .par_iter()
             .zip(out.par_iter_mut())
             .with_min_len(SEQUENTIAL_KEYS)
             .try_for_each(|(&k, o)| {
                 *o = snap.locate(k, key_hash(k))?.is_some();
                 Ok(())
-            })
+            });
+        self.release(snap);
+        r
     }
 
     /// Every row, keys ascending: `(keys, rows)` (`n * dim` floats).
@@ -495,7 +548,16 @@ fn elapsed_ns(t0: std::time::Instant) -> u64 {
 /// One version of a [`MappedTable`], read by [`MappedReader::lookup`].
 pub struct MappedReader<'a> {
     table: &'a MappedTable,
-    snap: Arc<Snapshot>,
+    /// Released to the table when the reader is dropped.
+    snap: ManuallyDrop<Arc<Snapshot>>,
+}
+
+impl Drop for MappedReader<'_> {
+    fn drop(&mut self) {
+        // SAFETY: `snap` is taken once, here, and never used after.
+        let snap = unsafe { ManuallyDrop::take(&mut self.snap) };
+        self.table.release(snap);
+    }
 }
 
 impl MappedReader<'_> {
@@ -564,6 +626,31 @@ mod tests {
         assert_eq!(out, [5.0, 5.0]);
         assert!(!m.refresh().unwrap());
         assert_eq!(m.version(), 1);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_version_whose_last_reader_is_a_call_is_dropped_by_the_next_poll() {
+        let dir = temp_dir("mapped-retired");
+        let t = table(2, 2, sgd(0.1));
+        t.assign(&[1], &[1.0, 1.0]).unwrap();
+        t.save(&dir, false, false, None).unwrap();
+        let m = MappedTable::open(&dir).unwrap();
+        let reader = m.reader(); // a call in flight on version 0
+        t.assign(&[1], &[3.0, 3.0]).unwrap();
+        t.save(&dir, true, false, None).unwrap();
+        assert!(m.refresh().unwrap());
+        assert_eq!(m.retired_count(), 0, "a call still reads version 0");
+        let mut out = [0.0; 2];
+        reader.lookup(&[1], Missing::Zeros, &mut out, None).unwrap();
+        assert_eq!(out, [1.0, 1.0], "the call reads its version to the end");
+        drop(reader);
+        assert_eq!(m.retired_count(), 1, "handed over, not dropped by the call");
+        assert!(m.unchanged());
+        assert_eq!(m.retired_count(), 0, "dropped by the poll");
+        m.lookup(&[1], Missing::Zeros, &mut out, None).unwrap();
+        assert_eq!(out, [3.0, 3.0]);
+        assert_eq!(m.retired_count(), 0, "the current version is never retired");
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

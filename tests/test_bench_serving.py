@@ -1,0 +1,77 @@
+"""`python -m embstore bench --serving` (embstore.bench.serving): the
+freshness bookkeeping against hand-made records, and a small real run of
+both parts (reader processes and threads; a trainer publishing deltas to
+follower processes) whose figures hold together."""
+
+from __future__ import annotations
+
+import math
+import pathlib
+
+import numpy as np
+import pytest
+
+from embstore.bench import serving as S
+
+
+def test_freshness_is_the_last_follower_to_serve_each_publish() -> None:
+    """Publish 1 returned at 10.0, seen at 10.2 and 10.5: served by all
+    0.5 s after; publish 2 seen by one follower only through publish 3's
+    row (a later publish serves it too), by the other never: missed, and
+    the verdict fails. Calls before the first publish are steady; calls
+    from a save's return to the last follower serving it are during a
+    refresh; calls during a save are apart; others are neither."""
+    marks = [
+        {"publish": 1, "start": 9.5, "returned": 10.0},
+        {"publish": 2, "start": 11.0, "returned": 11.2},
+    ]
+    f1 = (
+        [(1.0, 1e-4), (9.6, 5e-4), (10.9, 9e-4), (10.1, 6e-4)],
+        [(1, 10.2, 0.01, 100), (3, 11.4, 0.02, 200)],
+    )
+    f2 = ([(2.0, 2e-4), (10.4, 7e-4)], [(1, 10.5, 0.03, 300)])
+    res = S._freshness(marks, [f1, f2], 0.0, 5.0, 1000, 10, 1.0)
+    p1, p2 = res["publishes"]
+    assert p1["served_by_all_s"] == pytest.approx(0.5)
+    assert p1["save_s"] == pytest.approx(0.5)
+    assert math.isinf(p2["served_by_all_s"])
+    assert res["missed_publishes"] == 1
+    assert res["verdicts"]["freshness_p99_at_most_1s"] is False
+    assert res["steady"]["calls"] == 2  # the calls at 1.0 and 2.0
+    assert res["during_refresh"]["calls"] == 2  # 10.1 and 10.4; 10.9 is between windows
+    assert res["during_save"]["calls"] == 1  # 9.6
+    assert res["refresh_s_max"] == pytest.approx(0.03)
+    assert res["overlay_bytes_max"] == 300
+    # Both followers serve publish 2 in time: met.
+    f2[1].append((2, 11.9, 0.01, 300))
+    res = S._freshness(marks, [f1, f2], 0.0, 5.0, 1000, 10, 1.0)
+    assert res["publishes"][1]["served_by_all_s"] == pytest.approx(0.7)
+    assert res["verdicts"]["freshness_p99_at_most_1s"] is True
+
+
+@pytest.mark.slow
+def test_a_small_serving_run_holds_together(tmp_path: pathlib.Path) -> None:
+    """Both parts at small sizes: every reader configuration made calls at
+    positive rates with ordered percentiles; every publish was served by
+    both followers, each later than the save returned, with a refresh
+    time and an overlay recorded; the report names the targets."""
+    readers = S.many_readers(5_000, [16], 2, 0.3, str(tmp_path))
+    d = readers["dims"]["16"]
+    for name in ("one", "cores", "processes", "threads"):
+        x = d[name]
+        assert x["calls"] > 0
+        assert x["rows_per_s"] > 0
+        assert x["p50_us"] <= x["p99_us"] <= x["p999_us"]
+    assert d["processes"]["readers"] == 2
+    assert d["threads"]["threads"] is True
+    fresh = S.large_deltas(20_000, 2_000, 2, 0.3, str(tmp_path))
+    assert fresh["missed_publishes"] == 0
+    for p in fresh["publishes"]:
+        assert 0 <= p["served_by_all_s"] < 30
+    assert fresh["refresh_s_max"] is not None
+    assert fresh["overlay_bytes_max"] > 0
+    assert fresh["steady"]["calls"] > 0
+    text = S.report_serving({"readers": readers, "deltas": fresh, "hps": S.HPS})
+    assert "target p99 <= 1 s" in text
+    assert "HugeCTR HPS" in text
+    assert np.isfinite(fresh["freshness_max_s"])
