@@ -84,8 +84,10 @@ pub(super) struct Snapshot {
     pub(super) published: Option<std::time::SystemTime>,
 }
 
-/// Where a key of the chain's deltas is: `links[link].files[shard][file]`,
-/// row `row`, or removed (`link == REMOVED`).
+/// Where a key of the chain's deltas is: the link `link` places after the
+/// full one (1: the first delta; the link is `links[links.len() - 1 -
+/// link]`, newest first, so a publish that adds links changes no place),
+/// `.files[shard][file]`, row `row`; or removed (`link == REMOVED`).
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Placed {
     pub(super) key: i64,
@@ -101,26 +103,81 @@ pub(super) const REMOVED: u32 = u32::MAX;
 /// The overlay of `links` (newest first): their deltas replayed oldest
 /// first, each link's removals before its files, as a load replays them.
 pub(super) fn overlay_of(links: &[Arc<Link>]) -> Result<HashTable<Placed>> {
-    let deltas = links.len().saturating_sub(1);
-    let held: usize = links[..deltas]
+    placed_of(links, None).map(|(table, _)| table)
+}
+
+/// The overlay and replayed row count of `links` (newest first) where a
+/// publish only added deltas to `prev`'s chain (every link of `prev`, in
+/// order, ends `links`): `prev`'s overlay with the new deltas' keys put on
+/// it, and `prev`'s rows counted forward by each key they change; `None`
+/// for any other chain (a full publish, a compaction: built anew). The
+/// work is the new deltas', not the chain's.
+pub(super) fn overlay_after(
+    prev: &Snapshot,
+    links: &[Arc<Link>],
+) -> Option<Result<(HashTable<Placed>, u64)>> {
+    let kept = prev.links.len();
+    let new = links.len().checked_sub(kept).filter(|&n| n > 0)?;
+    let same = links[new..]
         .iter()
-        .map(|l| l.removed.len() + l.files.iter().flatten().map(|f| f.n).sum::<usize>())
-        .sum();
+        .zip(&prev.links)
+        .all(|(a, b)| Arc::ptr_eq(a, b));
+    same.then(|| placed_of(links, Some((&prev.overlay, prev.rows, new))))
+}
+
+/// [`overlay_of`], or with `from` (an overlay, its chain's replayed rows
+/// and how many links are new) [`overlay_after`]'s: the overlay, and the
+/// rows counted forward (0 without `from`).
+fn placed_of(
+    links: &[Arc<Link>],
+    from: Option<(&HashTable<Placed>, u64, usize)>,
+) -> Result<(HashTable<Placed>, u64)> {
+    let deltas = links.len().saturating_sub(1);
+    let (prior, mut rows, todo) = match from {
+        Some((o, rows, new)) => (Some(o), rows, new),
+        None => (None, 0, deltas),
+    };
+    let held: usize = prior.map_or(0, HashTable::len)
+        + links[..todo]
+            .iter()
+            .map(|l| l.removed.len() + l.files.iter().flatten().map(|f| f.n).sum::<usize>())
+            .sum::<usize>();
     let mut table: HashTable<Placed> = HashTable::new();
     table
         .try_reserve(held, |p| key_hash(p.key))
         .map_err(|_| crate::error::oom("rows", held.saturating_mul(32)))?;
-    let mut put = |p: Placed| {
+    for &p in prior.into_iter().flatten() {
+        table.insert_unique(key_hash(p.key), p, |q| key_hash(q.key));
+    }
+    let base = links.last();
+    let mut put = |p: Placed| -> Result<()> {
         let hash = key_hash(p.key);
-        match table.entry(hash, |q| q.key == p.key, |q| key_hash(q.key)) {
-            Entry::Occupied(mut e) => *e.get_mut() = p,
+        let was = match table.entry(hash, |q| q.key == p.key, |q| key_hash(q.key)) {
+            Entry::Occupied(mut e) => Some(std::mem::replace(e.get_mut(), p).link != REMOVED),
             Entry::Vacant(e) => {
                 e.insert(p);
+                None
+            }
+        };
+        if prior.is_some() {
+            // Held before this key's new place: by its last place in the
+            // overlay, else by the full link.
+            let before = match (was, base) {
+                (Some(held), _) => held,
+                (None, Some(b)) => b.find(p.key, hash)?.is_some(),
+                (None, None) => false,
+            };
+            match (before, p.link != REMOVED) {
+                (false, true) => rows += 1,
+                (true, false) => rows = rows.saturating_sub(1),
+                _ => {}
             }
         }
+        Ok(())
     };
-    for li in (0..deltas).rev() {
+    for li in (0..todo).rev() {
         let link = &links[li];
+        let place = (links.len() - 1 - li) as u32;
         for &key in &link.removed {
             put(Placed {
                 key,
@@ -128,23 +185,23 @@ pub(super) fn overlay_of(links: &[Arc<Link>]) -> Result<HashTable<Placed>> {
                 shard: 0,
                 file: 0,
                 row: 0,
-            });
+            })?;
         }
         for (s, files) in link.files.iter().enumerate() {
             for (fi, f) in files.iter().enumerate() {
                 for r in 0..f.n {
                     put(Placed {
                         key: f.key(r),
-                        link: li as u32,
+                        link: place,
                         shard: s as u32,
                         file: fi as u32,
                         row: r as u32,
-                    });
+                    })?;
                 }
             }
         }
     }
-    Ok(table)
+    Ok((table, rows))
 }
 
 /// Maps the links of manifest `m` at `dir` (newest first), taking those
@@ -227,8 +284,14 @@ pub(super) fn read_snapshot(
                 drop(held);
                 let deltas = links.len().saturating_sub(1);
                 links[..deltas].iter().try_for_each(|l| l.check())?;
-                let overlay = overlay_of(&links)?;
-                let replayed = replayed_rows(&links, &overlay)?;
+                let (overlay, replayed) = match prev.and_then(|p| overlay_after(p, &links)) {
+                    Some(built) => built?,
+                    None => {
+                        let overlay = overlay_of(&links)?;
+                        let replayed = replayed_rows(&links, &overlay)?;
+                        (overlay, replayed)
+                    }
+                };
                 if replayed != m.rows {
                     // A damaged base reads as damage, not as a count.
                     if let Some(base) = links.last() {
@@ -322,7 +385,8 @@ impl Snapshot {
             if p.link == REMOVED {
                 return Ok(None);
             }
-            let f = &self.links[p.link as usize].files[p.shard as usize][p.file as usize];
+            let li = self.links.len() - 1 - p.link as usize;
+            let f = &self.links[li].files[p.shard as usize][p.file as usize];
             f.check()?;
             return Ok(Some((f, p.row as usize)));
         }
