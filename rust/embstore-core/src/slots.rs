@@ -615,6 +615,15 @@ mod tests {
     use super::*;
     use std::collections::HashMap;
 
+    /// The keys whose slot is -1, in order.
+    fn not_held(keys: &[i64], slots: &[i32]) -> Vec<i64> {
+        keys.iter()
+            .zip(slots)
+            .filter(|(_, s)| **s < 0)
+            .map(|(k, _)| *k)
+            .collect()
+    }
+
     /// A model of the map: key -> slot, and per slot (key, count, last).
     struct Model {
         slot: HashMap<i64, usize>,
@@ -658,12 +667,7 @@ mod tests {
                     }
                 }
                 assert_eq!(misses, want_misses);
-                let miss: Vec<i64> = keys
-                    .iter()
-                    .zip(&slots)
-                    .filter(|(_, s)| **s < 0)
-                    .map(|(k, _)| *k)
-                    .collect();
+                let miss = not_held(&keys, &slots);
                 let mut got = vec![0i32; miss.len()];
                 let mut evicted = Vec::new();
                 m.admit(&miss, tick, tick, &mut got, &mut evicted).unwrap();
@@ -749,12 +753,7 @@ mod tests {
                 let got = a.serve(&keys, tick, true, dim, &fetch).unwrap();
                 let mut slots = vec![0i32; n];
                 b.find(&keys, tick, &mut slots).unwrap();
-                let miss: Vec<i64> = keys
-                    .iter()
-                    .zip(&slots)
-                    .filter(|(_, s)| **s < 0)
-                    .map(|(k, _)| *k)
-                    .collect();
+                let miss = not_held(&keys, &slots);
                 let held: Vec<i64> = miss.iter().copied().filter(|k| k % 3 != 0).collect();
                 let mut adm = vec![0i32; held.len()];
                 let mut evicted = Vec::new();

@@ -7,7 +7,7 @@
 
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
-use embstore_core::slots::SlotMap;
+use embstore_core::slots::{Served, SlotMap};
 use embstore_core::zeroed::{with_room, zeros};
 use numpy::{IntoPyArray, PyArray1, PyArray2, PyArrayMethods, PyReadonlyArray1, PyReadwriteArray1};
 use pyo3::exceptions::PyValueError;
@@ -25,6 +25,32 @@ pub struct PySlotMap {
 }
 
 impl PySlotMap {
+    /// A serving call's native part (see [`PySlotMap::serve`]): what the
+    /// core served, and the table's row width.
+    #[allow(clippy::too_many_arguments)]
+    fn served(
+        &self,
+        py: Python<'_>,
+        keys: &Bound<'_, PyAny>,
+        tick: u64,
+        table: &PyMappedTable,
+        missing: &str,
+        default_row: Option<PyReadonlyArray1<'_, f32>>,
+        admit: bool,
+    ) -> PyResult<(Served, usize)> {
+        let keys = keys_arg(keys, "keys")?.readonly();
+        let k = slice_or_copy(&keys, "keys")?;
+        let k = &k[..];
+        let missing = missing_of(missing, default_row.as_ref())?;
+        let reader = table.inner().reader();
+        let dim = reader.dim();
+        let fetch = |keys: &[i64], rows: &mut [f32], found: &mut [bool]| {
+            reader.lookup(keys, missing, rows, Some(found))
+        };
+        let s = py.enter_store(|| self.map().serve(k, tick, admit, dim, &fetch))?;
+        Ok((s, dim))
+    }
+
     fn map(&self) -> MutexGuard<'_, SlotMap> {
         // A panic inside a call leaves the map as whole as its last
         // completed key: still a map.
@@ -125,16 +151,7 @@ impl PySlotMap {
         default_row: Option<PyReadonlyArray1<'py, f32>>,
         admit: bool,
     ) -> PyResult<ServeOut<'py>> {
-        let keys = keys_arg(keys, "keys")?.readonly();
-        let k = slice_or_copy(&keys, "keys")?;
-        let k = &k[..];
-        let missing = missing_of(missing, default_row.as_ref())?;
-        let reader = table.inner().reader();
-        let dim = reader.dim();
-        let fetch = |keys: &[i64], rows: &mut [f32], found: &mut [bool]| {
-            reader.lookup(keys, missing, rows, Some(found))
-        };
-        let s = py.enter_store(|| self.map().serve(k, tick, admit, dim, &fetch))?;
+        let (s, dim) = self.served(py, keys, tick, &table, missing, default_row, admit)?;
         let m = s.miss_keys.len();
         let rows = s
             .rows
@@ -171,47 +188,36 @@ impl PySlotMap {
         default_row: Option<PyReadonlyArray1<'py, f32>>,
         with_found: bool,
     ) -> PyResult<(usize, usize, usize, usize, usize, usize, usize)> {
-        let keys = keys_arg(keys, "keys")?.readonly();
-        let k = slice_or_copy(&keys, "keys")?;
-        let k = &k[..];
-        let missing = missing_of(missing, default_row.as_ref())?;
-        let reader = table.inner().reader();
-        let dim = reader.dim();
-        let need = staging_bytes(k.len(), dim);
+        let n = keys.len()?;
+        let need = staging_bytes(n, table.inner().dim());
         let out = staging
             .as_slice_mut()
             .map_err(|_| PyValueError::new_err("staging: expected a C-contiguous uint8 array"))?;
         if out.len() < need {
             return Err(PyValueError::new_err(format!(
-                "staging: expected at least {need} bytes for {} keys, got {}",
-                k.len(),
+                "staging: expected at least {need} bytes for {n} keys, got {}",
                 out.len()
             )));
         }
-        let fetch = |keys: &[i64], rows: &mut [f32], found: &mut [bool]| {
-            reader.lookup(keys, missing, rows, Some(found))
+        let (s, _) = self.served(py, keys, tick, &table, missing, default_row, true)?;
+        let (m, a) = (s.miss_keys.len(), s.adm_slot.len());
+        let mut at = 0;
+        let mut put = |bytes: &[u8]| {
+            let start = at;
+            out[start..start + bytes.len()].copy_from_slice(bytes);
+            at = start + pad16(bytes.len());
+            start
         };
-        py.enter_store(|| {
-            let s = self.map().serve(k, tick, true, dim, &fetch)?;
-            let (m, a) = (s.miss_keys.len(), s.adm_slot.len());
-            let mut at = 0;
-            let mut put = |bytes: &[u8]| {
-                let start = at;
-                out[start..start + bytes.len()].copy_from_slice(bytes);
-                at = start + pad16(bytes.len());
-                start
-            };
-            put(as_bytes(&s.src));
-            let slot_at = put(as_bytes(&s.adm_slot));
-            let row_at = put(as_bytes(&s.adm_row));
-            let rows_at = put(as_bytes(&s.rows));
-            let found_at = if with_found {
-                put(as_bytes(&s.found))
-            } else {
-                at
-            };
-            Ok((m, a, slot_at, row_at, rows_at, found_at, at))
-        })
+        put(as_bytes(&s.src));
+        let slot_at = put(as_bytes(&s.adm_slot));
+        let row_at = put(as_bytes(&s.adm_row));
+        let rows_at = put(as_bytes(&s.rows));
+        let found_at = if with_found {
+            put(as_bytes(&s.found))
+        } else {
+            at
+        };
+        Ok((m, a, slot_at, row_at, rows_at, found_at, at))
     }
 
     /// Where each of `keys` is, an access counted in call `tick` for each
