@@ -241,11 +241,16 @@ impl Part<'_> {
             dim,
             fetch,
         } = *call;
+        // Every list taken fallibly at the most it can hold (this
+        // partition's keys), so no push below allocates.
+        let n = pos.len();
         let mut out = PartOut {
-            hits: with_room("keys", pos.len())?,
+            hits: with_room("keys", n)?,
+            miss_pos: with_room("keys", n)?,
+            miss_keys: with_room("keys", n)?,
             ..PartOut::default()
         };
-        let mut miss_place = Vec::new();
+        let mut miss_place = with_room::<(u32, u8)>("keys", n)?;
         for &(at, _) in places.iter().take(AHEAD) {
             self.prefetch(at as usize, false);
         }
@@ -274,6 +279,7 @@ impl Part<'_> {
         out.found = zeros("keys", m)?;
         fetch(&out.miss_keys, &mut out.rows, &mut out.found)?;
         if admit {
+            out.adm = with_room("keys", m)?;
             for (j, &(at, d)) in miss_place.iter().enumerate() {
                 if !out.found[j] {
                     continue;

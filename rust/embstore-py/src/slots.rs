@@ -270,7 +270,7 @@ impl PySlotMap {
         let k = &k[..];
         let (slots, evicted) = py.detach(|| -> Result<_, PyStoreError> {
             let mut slots = zeros::<i32>("keys", k.len())?;
-            let mut evicted = Vec::new();
+            let mut evicted = with_room::<i64>("keys", k.len())?;
             self.map()
                 .admit(k, tick, protect_from, &mut slots, &mut evicted)?;
             Ok((slots, evicted))
