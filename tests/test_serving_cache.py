@@ -137,6 +137,34 @@ def test_no_row_is_served_stale_after_a_refresh(
     mapped.close()
 
 
+def test_a_refresh_reads_the_cached_rows_again_in_blocks(
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With revalidation blocks of 64 rows (2,000 cached): after publishes
+    that change, remove and add rows, every lookup equals the table, and a
+    removed key leaves the cache."""
+    from embstore.gpu import serving
+
+    monkeypatch.setattr(serving, "REVALIDATE_BLOCK", 64)
+    t, path, mapped = served(tmp_path)
+    cache = ServingCache(mapped, 4_000, xp=np)
+    every = np.arange(2_600, dtype=np.int64) * 7 - 3_000
+    cache.lookup(every)
+    cache.lookup(every)
+    rng = np.random.default_rng(7)
+    for r in range(3):
+        churn(t, rng)
+        gone = every[r * 50 : r * 50 + 50]
+        t.remove(gone)
+        publish(t, path)
+        assert cache.refresh() is True
+        assert not np.isin(gone, cache.cached_keys()).any()
+        want, want_found = t.lookup(every, insert=False, default="zeros", return_found=True)
+        got, found = cache.lookup(every, default="zeros", return_found=True)
+        np.testing.assert_array_equal(found, want_found)
+        np.testing.assert_array_equal(got, want)
+
+
 def test_bad_arguments_are_refused_by_name(tmp_path: pathlib.Path) -> None:
     t, _, mapped = served(tmp_path)
     with pytest.raises(TypeError, match="table: expected a read-only table"):

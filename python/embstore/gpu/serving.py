@@ -50,6 +50,9 @@ from embstore.gpu._fork import LIVE
 
 Array = Any
 
+#: Cached rows a revalidation reads and sends at a time.
+REVALIDATE_BLOCK = 1 << 14
+
 
 class ServingCache:
     """A device cache of ``rows`` rows of the read-only ``table`` (see the
@@ -167,11 +170,14 @@ class ServingCache:
         t0 = time.perf_counter()
         self._queue_keys, self._queue_rows, self._queued = [], [], 0
         keys, slots = self._slots.items()
-        if keys.shape[0]:
-            rows, found = self._table.lookup(keys, default="zeros", return_found=True)
+        # In blocks, so that the staging buffers stay the size of a call's
+        # (a whole cache's rows at once would keep that much pinned).
+        for at in range(0, int(keys.shape[0]), REVALIDATE_BLOCK):
+            k, sl = keys[at : at + REVALIDATE_BLOCK], slots[at : at + REVALIDATE_BLOCK]
+            rows, found = self._table.lookup(k, default="zeros", return_found=True)
             found = np.asarray(found, dtype=bool)
-            self._put(slots[found], rows[found])
-            self._slots.remove(keys[~found])
+            self._put(sl[found], rows[found])
+            self._slots.remove(k[~found])
         self._version = v
         self._n["revalidations"] += 1
         self._n_revalidated += int(keys.shape[0])
