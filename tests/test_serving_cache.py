@@ -165,6 +165,48 @@ def test_a_refresh_reads_the_cached_rows_again_in_blocks(
         np.testing.assert_array_equal(got, want)
 
 
+class ReadOnlyTier:
+    """A read-only tier of the user's own (not an embstore.MappedTable):
+    its lookups are the mapped table's, through Python."""
+
+    writable = False
+
+    def __init__(self, mapped: embstore.MappedTable) -> None:
+        self._m = mapped
+        self.dim = mapped.dim
+
+    @property
+    def version(self) -> int:
+        return int(self._m.version)
+
+    def refresh(self) -> bool:
+        return bool(self._m.refresh())
+
+    def lookup(self, keys: np.ndarray, *, default: object = "init", return_found: bool = False):
+        return self._m.lookup(keys, default=default, return_found=return_found)
+
+
+def test_a_tier_of_the_users_own_is_served_through_python(tmp_path: pathlib.Path) -> None:
+    """A read-only tier that is not an embstore.MappedTable (the slots and
+    admissions chosen by separate native calls, the misses from its own
+    lookup): rows and masks equal the table's, misses admitted, hits
+    served from the cache."""
+    _, _, mapped = served(tmp_path)
+    cache = ServingCache(ReadOnlyTier(mapped), 400, xp=np)
+    assert cache._native is None
+    rng = np.random.default_rng(8)
+    for i in range(40):
+        keys = zipf_keys(rng, 300)
+        default = "zeros" if i % 2 else "init"
+        want, want_found = mapped.lookup(keys, default=default, return_found=True)
+        got, found = cache.lookup(keys, default=default, return_found=True)
+        np.testing.assert_array_equal(got, want)
+        np.testing.assert_array_equal(found, want_found)
+    s = cache.stats()
+    assert s["admitted"] >= s["rows_cached"] > 0.9 * cache.capacity
+    assert s["hit_rate"] > 0.4
+
+
 def test_bad_arguments_are_refused_by_name(tmp_path: pathlib.Path) -> None:
     t, _, mapped = served(tmp_path)
     with pytest.raises(TypeError, match="table: expected a read-only table"):

@@ -228,9 +228,7 @@ class ServingCache:
                     kh, tick, self._native, mode, row
                 )
                 m = int(mk.shape[0])
-                if adm_slot.shape[0]:
-                    self._n["admissions"] += 1
-                    self._n["admitted"] += int(adm_slot.shape[0])
+                self._admitted(int(adm_slot.shape[0]))
             else:
                 src, mk, mpos = self._slots.find(kh, tick)
                 m = int(mk.shape[0])
@@ -245,9 +243,7 @@ class ServingCache:
                         got, _ = self._slots.admit(mk[held], tick, tick)
                         ok = got >= 0
                         adm_slot, adm_row = got[ok], held[ok]
-                        if adm_slot.shape[0]:
-                            self._n["admissions"] += 1
-                            self._n["admitted"] += int(adm_slot.shape[0])
+                        self._admitted(int(adm_slot.shape[0]))
                     else:
                         self._queue(mk[found_m], rows_m[found_m])
             out, found = self._serve(src, rows_m, found_m, mpos, adm_slot, adm_row, with_found)
@@ -256,6 +252,12 @@ class ServingCache:
             if self.admit_batch is not None and self._queued >= self.admit_batch:
                 self._admit_queue(tick)
         return (out, found) if with_found else out
+
+    def _admitted(self, rows: int) -> None:
+        """Counts a call that admitted ``rows`` rows (none: not counted)."""
+        if rows:
+            self._n["admissions"] += 1
+            self._n["admitted"] += rows
 
     @property
     def _fast(self) -> bool:
@@ -372,9 +374,7 @@ class ServingCache:
             self._rows, (base, n), out, base + rows_at, flags, (base + slot_at, base + row_at, a)
         )
         self._sent()
-        if a:
-            self._n["admissions"] += 1
-            self._n["admitted"] += a
+        self._admitted(a)
         self._n["lookups"] += n
         self._n["hits"] += n - m
         return (out, found) if with_found else out
@@ -403,7 +403,7 @@ class ServingCache:
         got, _ = self._slots.admit(rk, tick, tick)
         ok = got >= 0
         self._put(got[ok], rows[pick[ok]])
-        self._n["admissions"] += 1
+        self._n["admissions"] += 1  # a call that admitted the queue, as before
         self._n["admitted"] += int(ok.sum())
 
     def stats(self) -> dict[str, Any]:
