@@ -136,21 +136,28 @@ fn matches(digest: &[u8], at: usize, i: usize, d: u8) -> u64 {
     !(((x & LOW7) + LOW7) | x | LOW7)
 }
 
+/// The slot of `key` in the bucket at `at` of `digest` and `slots`, if
+/// held: the slots whose digest is `d`, their keys compared.
+#[inline]
+fn slot_in(digest: &[u8], slots: &[Slot], at: usize, d: u8, key: i64) -> Option<usize> {
+    for i in 0..BUCKET / 8 {
+        let mut m = matches(digest, at, i, d);
+        while m != 0 {
+            let s = at + 8 * i + (m.trailing_zeros() / 8) as usize;
+            if slots[s].key == key {
+                return Some(s);
+            }
+            m &= m - 1;
+        }
+    }
+    None
+}
+
 impl Part<'_> {
     /// The local slot of `key` in the bucket at local slot `at`, if held.
     #[inline]
     fn slot_in(&self, at: usize, d: u8, key: i64) -> Option<usize> {
-        for i in 0..BUCKET / 8 {
-            let mut m = matches(self.digest, at, i, d);
-            while m != 0 {
-                let s = at + 8 * i + (m.trailing_zeros() / 8) as usize;
-                if self.slots[s].key == key {
-                    return Some(s);
-                }
-                m &= m - 1;
-            }
-        }
-        None
+        slot_in(self.digest, self.slots, at, d, key)
     }
 
     /// Asks for the bucket at `at` to be in cache: its digests and first
@@ -366,18 +373,7 @@ impl SlotMap {
     /// The slot of `key`, if held.
     pub fn get(&self, key: i64) -> Option<u32> {
         let (b, d) = self.place(key);
-        let at = b * BUCKET;
-        for i in 0..BUCKET / 8 {
-            let mut m = matches(&self.digest, at, i, d);
-            while m != 0 {
-                let s = at + 8 * i + (m.trailing_zeros() / 8) as usize;
-                if self.slots[s].key == key {
-                    return Some(s as u32);
-                }
-                m &= m - 1;
-            }
-        }
-        None
+        slot_in(&self.digest, &self.slots, b * BUCKET, d, key).map(|s| s as u32)
     }
 
     /// A serving call's keys in call `tick`: each key's slot (an access
