@@ -170,29 +170,28 @@ extern "C" __global__ void upsert_find8(const i64* __restrict__ keys, i64 n,
 // keys as buckets or more, where nearly every bucket has a list) or per key
 // (the warps of keys that head no list return at once). A bucket of more
 // than 64 misses gets slot -2 for them (the caller plans them by sorting)
-// and sets counters[2]; counters[0] and [1] count the keys admitted and the
-// admissions that evicted a key.
-extern "C" __global__ void upsert_plan(const i64* __restrict__ bucket,
+// and sets counters[2]. Returns (in every lane) the keys the warp admitted
+// and the admissions that evicted a key, packed: admitted | evicted << 32.
+__device__ __forceinline__ u64 upsert_plan_warp(const i64* __restrict__ bucket,
                                        const i64* __restrict__ head,
                                        const i64* __restrict__ next, i64 m, int B,
                                        const i64* __restrict__ keys, i64 nb, i64 tick, int lru,
                                        i64* __restrict__ tkeys, unsigned char* __restrict__ dig,
                                        i64* __restrict__ cnt, i64* __restrict__ last,
                                        i64* __restrict__ out_slot, bool* __restrict__ out_evict,
-                                       unsigned long long* __restrict__ counters, int by_bucket) {
-    i64 w = ((i64)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
-    int lane = threadIdx.x & 31;
+                                       unsigned long long* __restrict__ counters, int by_bucket,
+                                       i64 w, int lane) {
     i64 me, b;
     if (by_bucket) {
-        if (w >= nb) return;
+        if (w >= nb) return 0;
         b = w;
         me = head[b];
-        if (me < 0) return;
+        if (me < 0) return 0;
     } else {
-        if (w >= m) return;
+        if (w >= m) return 0;
         me = w;
         b = bucket[me];
-        if (b < 0 || head[b] != me) return;
+        if (b < 0 || head[b] != me) return 0;
     }
     i64 pa = -1, pb = -1;
     int k = 0;
@@ -205,7 +204,7 @@ extern "C" __global__ void upsert_plan(const i64* __restrict__ bucket,
         for (i64 j = me; j >= 0; j = next[j])
             if (lane == 0) out_slot[j] = -2;
         if (lane == 0) counters[2] = 1;
-        return;
+        return 0;
     }
     // Each item's rank by position (the order the misses are served in).
     int ra = 0, rb = 0;
@@ -252,10 +251,31 @@ extern "C" __global__ void upsert_plan(const i64* __restrict__ bucket,
     }
     unsigned ga = __ballot_sync(FULL, sa >= 0), gb = __ballot_sync(FULL, sb >= 0);
     unsigned va = __ballot_sync(FULL, ea), vb = __ballot_sync(FULL, eb);
-    if (lane == 0) {
-        atomicAdd(&counters[0], (unsigned long long)(__popc(ga) + __popc(gb)));
-        atomicAdd(&counters[1], (unsigned long long)(__popc(va) + __popc(vb)));
-    }
+    return (u64)(__popc(ga) + __popc(gb)) | ((u64)(__popc(va) + __popc(vb)) << 32);
+}
+
+// The plan by warps (above), counted per block: each warp's admissions
+// and evictions (packed: admitted | evicted << 32) summed in shared memory,
+// then one atomic a block into counters[0] (an atomic a warp on one
+// address serialized the kernel: 2 x 262,144 of them at 1M keys).
+extern "C" __global__ void upsert_plan(const i64* __restrict__ bucket,
+                                       const i64* __restrict__ head,
+                                       const i64* __restrict__ next, i64 m, int B,
+                                       const i64* __restrict__ keys, i64 nb, i64 tick, int lru,
+                                       i64* __restrict__ tkeys, unsigned char* __restrict__ dig,
+                                       i64* __restrict__ cnt, i64* __restrict__ last,
+                                       i64* __restrict__ out_slot, bool* __restrict__ out_evict,
+                                       unsigned long long* __restrict__ counters, int by_bucket) {
+    __shared__ unsigned long long acc;
+    if (threadIdx.x == 0) acc = 0;
+    __syncthreads();
+    i64 w = ((i64)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    int lane = threadIdx.x & 31;
+    u64 mine = upsert_plan_warp(bucket, head, next, m, B, keys, nb, tick, lru, tkeys, dig, cnt,
+                                last, out_slot, out_evict, counters, by_bucket, w, lane);
+    if (lane == 0 && mine) atomicAdd(&acc, (unsigned long long)mine);
+    __syncthreads();
+    if (threadIdx.x == 0 && acc) atomicAdd(&counters[0], acc);
 }
 
 // dst[slots[i], :] = src[i, :] for slots[i] >= 0, by tiles of 8 lanes
@@ -411,6 +431,8 @@ class TileLaunchers:
         keys = cp.ascontiguousarray(keys, dtype=cp.int64)
         values = cp.ascontiguousarray(values, dtype=cp.float32)
         n = int(keys.shape[0])
+        if n >= 2**31:  # the counts of admissions and evictions are 32 bits
+            raise ValueError(f"keys: at most 2**31 - 1 keys a call, got {n}")
         slot = cp.empty((n,), dtype=cp.int64)
         evict = cp.empty((n,), dtype=cp.bool_)
         bucket = cp.empty((n,), dtype=cp.int64)
@@ -433,7 +455,8 @@ class TileLaunchers:
             (bucket, head, nxt, cp.int64(n), w, keys, nb, t, lru_, *index, *out),
         )
         self.put8(rows, slot, values)
-        got, ev, left = (int(v) for v in counters.get())
+        packed, _, left = (int(v) for v in counters.get())
+        got, ev = packed & 0xFFFFFFFF, packed >> 32
         return slot, evict, got, ev, bool(left)
 
     def put8(
