@@ -186,7 +186,7 @@ impl Table {
         let failed = self
             .shards
             .par_iter()
-            .map(|lock| write(lock).try_reserve_index(per).is_err())
+            .map(|lock| write(lock).try_reserve_index_exact(per).is_err())
             .reduce(|| false, |a, b| a || b);
         if failed {
             return Err(oom("rows", (per as u128) * (n as u128) * 8));

@@ -22,6 +22,18 @@ const LOAD_DEN: usize = 4;
 /// The fewest slots an index has.
 const MIN_SLOTS: usize = 16;
 
+/// An index that grows as keys arrive grows to twice the keys it must hold
+/// (half full), and to at least this many times its slots (as a fraction):
+/// between rebuilds it is then 1/2 to 3/4 full (3/8 to 3/4 when it grew to
+/// powers of two), for half again the rebuilding work of doubling. An
+/// index sized for a count known ahead (a load, a `reserve`) gets the
+/// slots that count needs at 3/4, no more.
+const GROW_NUM: usize = 3;
+const GROW_DEN: usize = 2;
+
+/// Slot counts past this are multiples of it (a 1 KiB block of slots).
+const SLOT_STEP: usize = 64;
+
 /// `len` zeroed values of an atomic integer type, from [`PageAlloc`]: large
 /// arrays come from the OS already zero and unmapped until written, so an
 /// index's empty slots cost address space, not memory.
@@ -86,7 +98,10 @@ impl std::fmt::Debug for Slots {
 
 impl Slots {
     fn new(n: usize) -> Result<Self, OutOfMemory> {
-        debug_assert!(n.is_power_of_two());
+        // Slots are named by u32 in the rows' tags.
+        if n == 0 || n > u32::MAX as usize {
+            return Err(OutOfMemory);
+        }
         Ok(Slots {
             cells: Zeroed::new(n)?,
         })
@@ -98,10 +113,12 @@ impl Slots {
         self.cells.len
     }
 
-    /// The first slot a probe for a key of hash `hash` reads.
+    /// The first slot a probe for a key of hash `hash` reads: the hash's
+    /// low 32 bits scaled to the slots (a multiply, so any number of slots
+    /// works; the shard was chosen by the high 32, [`crate::hash::shard_of`]).
     #[inline(always)]
     pub(crate) fn home(&self, hash: u64) -> usize {
-        (hash as u32 as usize) & (self.len() - 1)
+        ((u64::from(hash as u32) * self.len() as u64) >> 32) as usize
     }
 
     /// The slot of `key` (hash `hash`) and its word, if held.
@@ -130,10 +147,12 @@ impl Slots {
     /// rebuild no reader sees yet.
     fn insert(&self, key: i64, hash: u64, word: u64, publish: bool) -> usize {
         let cells = self.cells.get();
-        let mask = self.len() - 1;
         let mut i = self.home(hash);
         while seqlock::row_of(cells[i].word.load(Ordering::Relaxed)) != EMPTY {
-            i = (i + 1) & mask;
+            i += 1;
+            if i == cells.len() {
+                i = 0;
+            }
         }
         if publish {
             seqlock::publish(cells, i, key, word as usize - 1);
@@ -268,10 +287,11 @@ impl Writer {
     }
 
     /// Makes room for `additional` more keys: when they would not fit, a
-    /// new table sized for the live keys and them (a removal-heavy table
-    /// gets a clean one of the same size), published for readers; the old
-    /// one is freed when no reader holds it. `moved(row, slot)` is told the
-    /// new slot of each key's row.
+    /// new table (sized by [`slots_for`]: `exact`, for a count known ahead,
+    /// or growing as keys arrive; a removal-heavy table gets a clean one of
+    /// the same size), published for readers; the old one is freed when no
+    /// reader holds it. `moved(row, slot)` is told the new slot of each
+    /// key's row.
     ///
     /// # Errors
     /// When the new table cannot be allocated; the index is unchanged.
@@ -279,18 +299,14 @@ impl Writer {
         &mut self,
         ix: &Index,
         additional: usize,
+        exact: bool,
         mut moved: impl FnMut(usize, usize),
     ) -> Result<(), OutOfMemory> {
         if self.room(ix) >= additional {
             return Ok(());
         }
         let want = self.live.checked_add(additional).ok_or(OutOfMemory)?;
-        let n = want
-            .checked_mul(LOAD_DEN)
-            .map(|x| x.div_ceil(LOAD_NUM))
-            .and_then(usize::checked_next_power_of_two)
-            .ok_or(OutOfMemory)?
-            .max(MIN_SLOTS);
+        let n = slots_for(want, self.slots(ix), exact).ok_or(OutOfMemory)?;
         let new = Slots::new(n)?;
         if let Some(old) = ix.mine() {
             for (k, w) in old.live() {
@@ -360,9 +376,65 @@ impl Writer {
     }
 }
 
+/// The slots of a new table for `want` keys replacing one of `current`
+/// slots: where `want` does not fit `current` at 3/4, `want` at 3/4
+/// (`exact`) or at 1/2 and at least [`GROW_NUM`]/[`GROW_DEN`] of `current`
+/// (growing); else `current` (a clean copy). Past [`SLOT_STEP`], a multiple
+/// of it; None: too many to count.
+fn slots_for(want: usize, current: usize, exact: bool) -> Option<usize> {
+    let need = want
+        .checked_mul(LOAD_DEN)?
+        .div_ceil(LOAD_NUM)
+        .max(MIN_SLOTS);
+    let n = if need <= current {
+        current
+    } else if exact {
+        need
+    } else {
+        want.checked_mul(2)?
+            .max(need)
+            .max(current.checked_mul(GROW_NUM)? / GROW_DEN)
+    };
+    if n <= SLOT_STEP {
+        Some(n.next_power_of_two())
+    } else {
+        n.checked_next_multiple_of(SLOT_STEP)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Table sizes: a count known ahead at 3/4; a growing index at 1/2
+    /// after each growth and half again its slots at least, so between
+    /// rebuilds it is 1/2 to 3/4 full whatever the batches; a clean copy of
+    /// a removal-heavy one the same size.
+    #[test]
+    fn tables_are_sized_at_three_quarters_or_grow_to_half_full() {
+        assert_eq!(slots_for(0, 0, true), Some(16));
+        assert_eq!(slots_for(7_500_000, 0, true), Some(10_000_000));
+        assert_eq!(slots_for(7_500_000, 0, false), Some(15_000_000));
+        assert_eq!(slots_for(1_000, 1_024, false), Some(2_048));
+        assert_eq!(slots_for(800, 1_024, false), Some(1_600));
+        assert_eq!(slots_for(800, 1_024, true), Some(1_088));
+        assert_eq!(slots_for(100, 1_024, false), Some(1_024));
+        assert_eq!(slots_for(usize::MAX / 2, 16, false), None);
+        for batch in [1usize, 100, 10_000, 300_000] {
+            let (mut n, mut keys, mut low) = (0usize, 0usize, 1.0f64);
+            while keys < 5_000_000 {
+                if (keys + batch) * 4 > n * 3 {
+                    n = slots_for(keys + batch, n, false).unwrap();
+                }
+                keys += batch;
+                assert!(keys * 4 <= n * 3);
+                if keys > 10_000 {
+                    low = low.min(keys as f64 / n as f64);
+                }
+            }
+            assert!(low >= 0.49, "batches of {batch}: lowest load {low}");
+        }
+    }
 
     /// A dict model of the index under inserts, removals and moves: every
     /// live key is found at its row, removed keys are not, growth and
@@ -385,7 +457,7 @@ mod tests {
             let h = key_hash(key);
             match (w.find(&ix, key, h), model.get(&key).copied()) {
                 (None, None) => {
-                    w.reserve(&ix, 1, |r, slot| {
+                    w.reserve(&ix, 1, step % 3 == 0, |r, slot| {
                         slot_of.insert(r, slot);
                     })
                     .unwrap();
@@ -419,6 +491,6 @@ mod tests {
         let mut want: Vec<_> = model.into_iter().collect();
         want.sort_unstable();
         assert_eq!(live, want);
-        assert!(w.slots(&ix) <= 4 * MIN_SLOTS.max(4 * w.len() / 3).next_power_of_two());
+        assert!(w.slots(&ix) <= 4 * MIN_SLOTS.max(2 * w.len()).next_multiple_of(SLOT_STEP));
     }
 }

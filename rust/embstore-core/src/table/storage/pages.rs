@@ -2,7 +2,7 @@
 //! from the OS (anonymous `mmap`) and go straight back (`munmap`); and the
 //! advice for huge pages that large blocks (index and row columns) ask for.
 //!
-//! An index grows by doubling and frees its old allocation. From the C heap,
+//! An index grows by half again and frees its old allocation. From the C heap,
 //! those freed blocks often stay resident (glibc raises its mmap threshold
 //! after large frees, and later blocks of that size come from the heap and
 //! stay there when freed), so a table's resident memory would exceed what it
@@ -98,6 +98,11 @@ unsafe impl Allocator for PageAlloc {
 /// written when its last huge page is touched.
 pub(crate) const HUGE_FROM: usize = 32 << 20;
 
+/// Indexes at least this large ask for huge pages too: keys hash all over
+/// an index, so every page of one is touched (nothing is left resident
+/// that would not be), and a probe is a random read that the TLB misses.
+pub(crate) const HUGE_INDEX_FROM: usize = 4 << 20;
+
 /// A transparent huge page on x86-64 and most ARM64 kernels.
 const HUGE_PAGE: usize = 2 << 20;
 
@@ -115,7 +120,8 @@ fn huge_pages_for(index: bool) -> bool {
 }
 
 /// Asks the kernel to back the 2 MiB-aligned part of the block at `ptr`
-/// (`len` bytes, at least [`HUGE_FROM`]) with transparent huge pages
+/// (`len` bytes, at least [`HUGE_FROM`], or [`HUGE_INDEX_FROM`] for an
+/// index) with transparent huge pages
 /// (`MADV_HUGEPAGE`), as NumPy and torch ask for their large arrays: a
 /// kernel in THP mode `madvise` (Debian's and Ubuntu's default) gives them
 /// only to memory that asks. Random row reads then miss the TLB far less,
@@ -124,7 +130,7 @@ fn huge_pages_for(index: bool) -> bool {
 /// `index`: the block is an index (else a row column).
 pub(crate) fn advise_huge(ptr: *const u8, len: usize, index: bool) {
     #[cfg(target_os = "linux")]
-    if len >= HUGE_FROM && huge_pages_for(index) {
+    if len >= (if index { HUGE_INDEX_FROM } else { HUGE_FROM }) && huge_pages_for(index) {
         let start = (ptr as usize).next_multiple_of(HUGE_PAGE);
         let end = (ptr as usize).saturating_add(len) / HUGE_PAGE * HUGE_PAGE;
         if end > start {

@@ -82,13 +82,13 @@ macro_rules! protocol {
         }
 
         /// The slot holding `key` and its word, probing from slot `home`
-        /// (linear probing over `cells.len()` slots, a power of two), or
+        /// (linear probing over `cells.len()` slots, any number), or
         /// `None` when the key has no row. For the writer and readers
         /// alike; a reader keeps a copy only if [`read_end`] passes.
         #[inline(always)]
         pub(crate) fn probe(cells: &[Cell], key: i64, home: usize) -> Option<(usize, u64)> {
-            let mask = cells.len() - 1;
-            let mut i = home & mask;
+            let n = cells.len();
+            let mut i = if home < n { home } else { home % n };
             loop {
                 let c = &cells[i];
                 let k = c.key.load(Ordering::Relaxed);
@@ -104,7 +104,10 @@ macro_rules! protocol {
                 } else if k == 0 && row_of(c.word.load(Ordering::Acquire)) == EMPTY {
                     return None;
                 }
-                i = (i + 1) & mask;
+                i += 1;
+                if i == n {
+                    i = 0;
+                }
             }
         }
 

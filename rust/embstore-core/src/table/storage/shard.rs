@@ -208,10 +208,25 @@ impl Shard {
     /// # Errors
     /// When the index cannot be allocated; it is unchanged then.
     pub(crate) fn try_reserve_index(&mut self, additional: usize) -> Result<(), OutOfMemory> {
+        self.reserve_index_sized(additional, false)
+    }
+
+    /// Makes room in the index for `additional` more keys, a count known
+    /// ahead (a load, a `reserve`): a table that must be rebuilt gets the
+    /// slots they need at 3/4, not the growing index's half-empty one.
+    ///
+    /// # Errors
+    /// When the index cannot be allocated; it is unchanged then.
+    pub(crate) fn try_reserve_index_exact(&mut self, additional: usize) -> Result<(), OutOfMemory> {
+        self.reserve_index_sized(additional, true)
+    }
+
+    fn reserve_index_sized(&mut self, additional: usize, exact: bool) -> Result<(), OutOfMemory> {
         let arena = &mut self.arena;
-        self.ix.reserve(&self.view.index, additional, |r, slot| {
-            arena.set_slot(r, slot)
-        })
+        self.ix
+            .reserve(&self.view.index, additional, exact, |r, slot| {
+                arena.set_slot(r, slot)
+            })
     }
 
     /// Makes room in the index for `additional` more keys and allocates and
@@ -220,7 +235,7 @@ impl Shard {
     /// # Errors
     /// When the memory cannot be allocated.
     pub(crate) fn reserve_rows(&mut self, additional: usize) -> Result<(), OutOfMemory> {
-        self.try_reserve_index(additional)?;
+        self.try_reserve_index_exact(additional)?;
         self.arena.reserve(additional)
     }
 
