@@ -107,7 +107,8 @@
 //!    the memo, the save marks (with the removal-log pins of saves in
 //!    flight), the per-shard slots of `FoundRows`, a disk table's
 //!    prefetched keys, its last error and its finished compaction jobs,
-//!    the chunks of a disk read, the
+//!    the chunks of a disk read, the read buffers kept between a
+//!    checkpoint's files (`format::files`), the
 //!    binding's output buffer pool, a mapped table's version (held to
 //!    clone or swap an `Arc`; the old version is dropped after), its
 //!    retired versions (held to push or take the list; dropped after), and a

@@ -124,9 +124,50 @@ thread_local! {
     /// fault in for every file).
     pub(crate) static WRITE_BUFS: std::cell::RefCell<Gathered> =
         const { std::cell::RefCell::new(Gathered::new()) };
-    /// A read buffer per thread, kept between files so that loading does
-    /// not fault in fresh memory for every file.
-    pub(crate) static READ_BUF: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Read buffers kept between the files of the reads in progress (loads,
+/// checks, a mapped table's opening or refresh), so that a read does not
+/// fault in fresh memory for every file (files are up to 256 MiB), and
+/// dropped when the last such read ends, so that nothing stays resident
+/// after it (buffers kept per thread for good held a file's size on every
+/// pool thread: 28 bytes a key after loading 10M keys of dim 16). With the
+/// number of reads in progress. A leaf lock (`lib.rs`, "Locks"): held to
+/// take or put back a buffer, or to count a read in or out.
+static READ_BUFS: std::sync::Mutex<(usize, Vec<Vec<u8>>)> = std::sync::Mutex::new((0, Vec::new()));
+
+fn read_bufs() -> std::sync::MutexGuard<'static, (usize, Vec<Vec<u8>>)> {
+    READ_BUFS
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// A read of several files in progress: while one is alive, the buffers
+/// that [`with_file`] reads into are kept for the next file; when the last
+/// one ends they are dropped.
+#[derive(Debug)]
+pub(crate) struct ReadScope(());
+
+impl ReadScope {
+    pub(crate) fn new() -> Self {
+        read_bufs().0 += 1;
+        ReadScope(())
+    }
+}
+
+impl Drop for ReadScope {
+    fn drop(&mut self) {
+        let freed = {
+            let mut g = read_bufs();
+            g.0 -= 1;
+            if g.0 == 0 {
+                std::mem::take(&mut g.1)
+            } else {
+                Vec::new()
+            }
+        };
+        drop(freed); // outside the lock
+    }
 }
 
 /// The bytes of the regular file at `path`, refused (without blocking or
@@ -254,18 +295,22 @@ pub(crate) fn with_file<T>(
     progress: Option<&AtomicU64>,
     f: impl FnOnce(&[u8]) -> Result<T>,
 ) -> Result<T> {
-    // The buffer is taken out of the thread's slot, not borrowed across `f`:
+    // A kept buffer (the largest) is taken out, not borrowed across `f`:
     // `f` may run rayon jobs, and a worker waiting in one may steal another
-    // job of this kind on the same thread (which then finds the slot empty
-    // and allocates a buffer of its own).
-    let mut buf = READ_BUF.with(|cell| std::mem::take(&mut *cell.borrow_mut()));
+    // job of this kind (which then takes another buffer or allocates one).
+    let mut buf = {
+        let mut g = read_bufs();
+        let big = (0..g.1.len()).max_by_key(|&i| g.1[i].capacity());
+        big.map(|i| g.1.swap_remove(i)).unwrap_or_default()
+    };
     let out = read_checked_into(dir, e, progress, &mut buf).and_then(|()| f(&buf));
-    READ_BUF.with(|cell| {
-        let mut slot = cell.borrow_mut();
-        if slot.capacity() < buf.capacity() {
-            *slot = buf;
-        }
-    });
+    let mut g = read_bufs();
+    if g.0 > 0 {
+        g.1.push(buf);
+    } else {
+        drop(g);
+        drop(buf); // no read in progress keeps it (outside the lock)
+    }
     out
 }
 

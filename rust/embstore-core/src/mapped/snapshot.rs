@@ -4,7 +4,7 @@
 use super::file::{MappedFile, map_file};
 use crate::error::{Result, ckpt_err};
 use crate::format::dirlock::{self, DirLock};
-use crate::format::files::with_file;
+use crate::format::files::{ReadScope, with_file};
 use crate::format::manifest::{MANIFEST, Manifest, read_manifest};
 use crate::format::tensors::parse_removed;
 use crate::hash::{key_hash, shard_of};
@@ -211,6 +211,7 @@ pub(super) fn map_links(
     m: &Arc<Manifest>,
     prev: Option<&Snapshot>,
 ) -> Result<Vec<Arc<Link>>> {
+    let _scope = ReadScope::new(); // buffers kept from file to file
     let format = m.format()?;
     let mut links = Vec::with_capacity(m.chain.len());
     for link in m.chain.iter().rev() {

@@ -3,7 +3,7 @@
 
 use crate::error::{Result, StoreError, ckpt_err};
 use crate::format::dirlock::{self, DirLock};
-use crate::format::files::{io_err, with_file};
+use crate::format::files::{ReadScope, io_err, with_file};
 use crate::format::manifest::{FileEntry, Manifest, SaveMark, parse_manifest, read_manifest};
 use crate::format::tensors::{
     check_rows, expect_tensor, i64s, parse_removed, parse_rows, same_shard_count,
@@ -138,6 +138,8 @@ impl Table {
         progress: Option<&AtomicU64>,
         keep: Option<&(dyn Fn(i64) -> bool + Sync)>,
     ) -> Result<(Table, Manifest)> {
+        // Read buffers are kept from file to file until the load ends.
+        let _scope = ReadScope::new();
         // Check pass: sizes, checksums, headers, dtypes and shapes.
         let files: Vec<(usize, &FileEntry, bool)> = m
             .chain
@@ -360,6 +362,7 @@ pub type FileCheck = (FileEntry, Option<String>);
 /// `Checkpoint` when the manifest itself cannot be read.
 pub fn verify(dir: &Path) -> Result<(Manifest, Vec<FileCheck>)> {
     let _reader = dirlock::reader(dir)?;
+    let _scope = ReadScope::new();
     let m = read_manifest(dir)?;
     let results: Vec<FileCheck> = m
         .files()
@@ -395,6 +398,7 @@ pub fn verify(dir: &Path) -> Result<(Manifest, Vec<FileCheck>)> {
 
 /// The number of rows replaying the chain of `m` gives (keys only).
 pub(crate) fn replay_count(dir: &Path, m: &Manifest) -> Result<u64> {
+    let _scope = ReadScope::new();
     let mut keys: std::collections::HashSet<i64> = std::collections::HashSet::new();
     for link in &m.chain {
         if let Some(e) = &link.removed {
