@@ -675,8 +675,9 @@ class Table(CheckpointParts):
 
         The table gets the saved dim, dtype, optimizer and its configuration,
         initializer, seed and step; ``num_shards`` may differ from the saving
-        table's. Every file's size and checksum and every tensor's shape are
-        checked before any row is loaded: a damaged, unknown or newer
+        table's. Each file is read once; its size and checksum and every
+        tensor's shape are checked before its rows are loaded, and the table
+        is returned only when every file holds: a damaged, unknown or newer
         checkpoint raises :class:`embstore.CheckpointError`. Nothing is
         unpickled or executed.
 
@@ -713,10 +714,8 @@ class Table(CheckpointParts):
             num_shards = check_int("num_shards", num_shards, 1, _U64_MAX)
         try:
             # Read natively, with the loader's checks and size limit; the load
-            # reads every file twice (a checking pass, then a loading pass),
-            # a disk table's once (each file checked, then loaded).
-            passes = 1 if disk is not None else 2
-            total = passes * _core.checkpoint_size(os.fspath(path))[0]
+            # reads every file once (each file checked, then loaded).
+            total = _core.checkpoint_size(os.fspath(path))[0]
         except Exception:  # the load itself reports what is wrong
             total = 0
         # Checked as a config checks them (the core checks the pair).

@@ -19,9 +19,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 impl Table {
     /// Loads the checkpoint at `dir` into a new table (with `num_shards`
-    /// shards, or the default). Every file is checked before any row is
-    /// inserted. `progress`, if given, counts bytes read (twice the
-    /// checkpoint's size: a checking pass, then a loading pass).
+    /// shards, or the default). Each file is read once and checked whole
+    /// before its rows are inserted; the table is returned only when every
+    /// file held. `progress`, if given, counts bytes read (the checkpoint's
+    /// size).
     ///
     /// # Errors
     /// `Checkpoint` for a damaged, unknown, newer or inconsistent checkpoint.
@@ -140,48 +141,9 @@ impl Table {
     ) -> Result<(Table, Manifest)> {
         // Read buffers are kept from file to file until the load ends.
         let _scope = ReadScope::new();
-        // Check pass: sizes, checksums, headers, dtypes and shapes.
-        let files: Vec<(usize, &FileEntry, bool)> = m
-            .chain
-            .iter()
-            .enumerate()
-            .flat_map(|(i, l)| {
-                l.removed
-                    .iter()
-                    .map(move |f| (i, f, true))
-                    .chain(l.files.iter().map(move |f| (i, f, false)))
-            })
-            .collect();
-        let check = |&(_, e, removed): &(usize, &FileEntry, bool)| -> Result<Option<usize>> {
-            let path = dir.join(&e.name);
-            with_file(dir, e, progress, |buf| {
-                if removed {
-                    parse_removed(&path, e, buf).map(|_| None)
-                } else {
-                    check_rows(&m, &path, e, buf)
-                }
-            })
-        };
-        // A disk table's load reads each file once, checking it whole before
-        // it loads it (the table, not yet returned, is dropped with its
-        // files if a later file fails), and holds one file at a time; a
-        // table in memory checks every file, in parallel, first.
-        let one_pass = disk.is_some();
-        if !one_pass {
-            let counts = files.par_iter().map(check).collect::<Result<Vec<_>>>()?;
-            let paths: Vec<std::path::PathBuf> =
-                files.iter().map(|(_, e, _)| dir.join(&e.name)).collect();
-            for link in 0..m.chain.len() {
-                same_shard_count(
-                    files
-                        .iter()
-                        .zip(&paths)
-                        .zip(&counts)
-                        .filter(|(((i, _, _), _), _)| *i == link)
-                        .map(|((_, p), &n)| (p.as_path(), n)),
-                )?;
-            }
-        }
+        // Each file is read once, checked whole before its rows load (the
+        // table, not yet returned, is dropped if a later file fails); a
+        // disk table holds one file at a time.
 
         let mut cfg = TableConfig::new(m.dim);
         cfg.optimizer = m
@@ -201,10 +163,18 @@ impl Table {
         cfg.disk = disk.cloned();
         let table = Table::new(cfg)?;
         let on_disk = table.disk().is_some();
-        // `m.rows` is bounded by the rows of the files checked above.
+        // Room for the manifest's rows, but no more than the files could
+        // hold (a key is 8 bytes, and each file's size is checked when it
+        // is read): a manifest cannot make the load reserve memory its
+        // files do not back.
+        let file_bytes: u64 = m
+            .chain
+            .iter()
+            .flat_map(|l| &l.files)
+            .fold(0u64, |a, e| a.saturating_add(e.bytes));
         if !on_disk {
             table
-                .try_reserve_index(m.rows as usize)
+                .try_reserve_index(m.rows.min(file_bytes / 8) as usize)
                 .map_err(|_| ckpt_err(dir, format!("not enough memory for {} rows", m.rows)))?;
         }
         // Load pass: replay the chain; in each link the removals first, then
@@ -249,17 +219,15 @@ impl Table {
             let load_file = |e: &FileEntry| -> Result<()> {
                 with_file(dir, e, progress, |buf| {
                     let path = dir.join(&e.name);
-                    if one_pass {
-                        let n = check_rows(&m, &path, e, buf)?;
-                        checked
-                            .lock()
-                            .unwrap_or_else(std::sync::PoisonError::into_inner)
-                            .push((path.clone(), n));
-                        // A disk table takes the file itself as a segment
-                        // where it can (no row rewritten).
-                        if keep.is_none() && table.adopt_file(&m, dir, e, buf)? {
-                            return Ok(());
-                        }
+                    let n = check_rows(&m, &path, e, buf)?;
+                    checked
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner)
+                        .push((path.clone(), n));
+                    // A disk table takes the file itself as a segment where
+                    // it can (no row rewritten).
+                    if on_disk && keep.is_none() && table.adopt_file(&m, dir, e, buf)? {
+                        return Ok(());
                     }
                     let r = parse_rows(&m, &path, e, buf)?;
                     match keep {
@@ -316,13 +284,13 @@ impl Table {
                     .par_iter()
                     .with_max_len(1)
                     .try_for_each(load_file)?;
-                let checked = checked
-                    .into_inner()
-                    .unwrap_or_else(std::sync::PoisonError::into_inner);
-                same_shard_count(checked.iter().map(|(p, n)| (p.as_path(), *n)))?;
             } else {
                 link.files.par_iter().try_for_each(load_file)?;
             }
+            let checked = checked
+                .into_inner()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            same_shard_count(checked.iter().map(|(p, n)| (p.as_path(), *n)))?;
         }
         let loaded = table.len() as u64;
         if keep.is_none() && loaded != m.rows {
@@ -472,7 +440,7 @@ mod tests {
     }
 
     #[test]
-    fn a_damaged_file_is_found_before_any_row_is_loaded() {
+    fn a_damaged_file_fails_the_load_and_verify_names_it() {
         let dir = temp_dir("load-bad");
         let t = table(3, 2, adam());
         t.apply_gradients(&[1, 2], &[0.1; 6]).unwrap();
