@@ -476,9 +476,16 @@ def test_a_refused_step_leaves_the_cache_and_table_as_they_were() -> None:
     assert after[-1][0] == before[0][-1][0]
 
 
-def test_a_failed_write_back_loses_no_evicted_row() -> None:
+@pytest.mark.parametrize("thread", [False, True], ids=["in-line", "on-a-thread"])
+def test_a_failed_write_back_loses_no_evicted_row(
+    thread: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The write-back in line, and on a thread of its own beside the fetch
+    of misses: its error reaches the caller before any slot changes."""
     from embstore.gpu import DeviceCache
+    from embstore.gpu import cache as cache_mod
 
+    monkeypatch.setattr(cache_mod, "WRITE_BACK_THREAD_MIN", 1 if thread else 1 << 30)
     t = embstore.Table(4, optimizer=optim.SGD(lr=0.5), num_shards=2)
     cache = DeviceCache(t, rows=2, xp=np)
     cache.apply_gradients([1, 2], np.ones((2, 4)))
@@ -510,6 +517,36 @@ class _Proxy:
         if name in self._replace:
             return self._replace[name]
         return getattr(self.inner, name)
+
+
+@pytest.mark.parametrize("opt", [optim.Adam(lr=0.05), optim.Ftrl(lr=0.1, l1=0.01)], ids=str)
+def test_a_write_back_on_a_thread_trains_as_one_in_line(
+    opt: optim.Optimizer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Evicted rows written back on a thread of their own while the misses
+    are fetched (every call here, the threshold set to 1) leave the cache,
+    the table and every output as the in-line write-back does, bit for
+    bit (both against one table trained directly, as in the test above)."""
+    from embstore.gpu import cache as cache_mod
+
+    outs: dict[int, list[np.ndarray]] = {}
+    for least in (1 << 30, 1):
+        monkeypatch.setattr(cache_mod, "WRITE_BACK_THREAD_MIN", least)
+        behind = embstore.Table(DIM, optimizer=opt, seed=3)
+        cache = DeviceCache(behind, 8, xp=np)
+        rng = np.random.default_rng(5)
+        got = []
+        for _ in range(20):
+            keys = rng.integers(-30, 30, 16) * 7919
+            got.append(np.asarray(cache.lookup(keys)).copy())
+            cache.apply_gradients(keys, rng.standard_normal((16, DIM)).astype(np.float32))
+        assert cache.stats()["write_backs"] > 0
+        cache.flush()
+        k, rows, state = behind.export(with_state=True)
+        order = np.argsort(k)
+        outs[least] = [*got, k[order], rows[order], state[order]]
+    for a, b in zip(outs[1 << 30], outs[1], strict=True):
+        np.testing.assert_array_equal(a, b)
 
 
 def test_the_cache_takes_its_step_number_from_the_table() -> None:

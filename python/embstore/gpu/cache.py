@@ -62,6 +62,40 @@ class _Resolved:
     served_found: np.ndarray | None = None  # whether the table had each (found lookups)
 
 
+#: Evicted rows at least this many go back to the table on a thread of their
+#: own while the call's misses are fetched (fewer: in line, a thread costs
+#: more than it saves).
+WRITE_BACK_THREAD_MIN = 4096
+
+
+class _WriteBack(threading.Thread):
+    """A write-back of evicted rows running beside the fetch of misses;
+    :meth:`join` waits for it and raises its error, once."""
+
+    def __init__(self, run: Any) -> None:
+        super().__init__(name="embstore-write-back", daemon=True)
+        self._run = run
+        self._error: BaseException | None = None
+        self._joined = False
+
+    def run(self) -> None:
+        try:
+            self._run()
+        except BaseException as e:  # handed to the caller by join()
+            self._error = e
+
+    def wait(self) -> None:
+        """Waits for the write-back to end, raising nothing."""
+        super().join()
+
+    def join(self, timeout: float | None = None) -> None:
+        super().join(timeout)
+        if not self._joined:
+            self._joined = True
+            if self._error is not None:
+                raise self._error
+
+
 class DeviceCache:
     """A cache of ``rows`` rows of ``table`` (and their optimizer state) on a device.
 
@@ -463,12 +497,61 @@ class DeviceCache:
             served_keys=keys_h[n_adm : n_adm + n_served],
             served_grads=blocks[2] if grads is not None else None,
         )
-        if n_ev:
-            # Rows and state of the evicted slots go back to the table before
-            # anything else changes: a call that fails after this point has
-            # lost nothing (the table holds them; the slots still do too).
-            self._write_back(keys_h[n_adm + n_served :], blocks[0], blocks[1])
+        # Rows and state of the evicted slots go back to the table before
+        # any slot changes: a call that fails before the install below has
+        # lost nothing (the table holds them; the slots still do too). A
+        # large write-back runs on a thread of its own while the misses are
+        # fetched (native calls, the GIL released; the keys of the two are
+        # disjoint: an evicted key was cached, a missed one was not), and
+        # is waited for before the install.
+        ev_keys = keys_h[n_adm + n_served :]
+        writing = (
+            self._write_back_started(ev_keys, blocks[0], blocks[1])
+            if n_ev >= WRITE_BACK_THREAD_MIN
+            else None
+        )
+        if n_ev and writing is None:
+            self._write_back(ev_keys, blocks[0], blocks[1])
+        try:
+            self._fetch_misses(
+                res,
+                uniq,
+                counts,
+                (adm_pos, adm_keys, adm_h, new_slots),
+                tick,
+                (n_adm, n_ev),
+                (lookup, admit, found),
+                writing,
+            )
+        except BaseException:
+            if writing is not None:
+                writing.wait()  # the call's own error is the one raised
+            raise
+        if writing is not None:
+            writing.join()  # its error, where no admission waited for it
+        return res
 
+    def _fetch_misses(
+        self,
+        res: _Resolved,
+        uniq: Array,
+        counts: Array,
+        admitted: tuple[Array, Array, np.ndarray, Array],
+        tick: int,
+        sizes: tuple[int, int],
+        how: tuple[bool, bool, bool],
+        writing: _WriteBack | None,
+    ) -> None:
+        """:meth:`_resolve`'s second half: the misses' rows fetched from the
+        table and copied in, the admitted ones (positions, keys on the
+        device and the host, slots) installed after the write-back
+        ``writing``, if any, has ended well. ``sizes``: admitted and
+        evicted counts; ``how``: lookup, admit, found as given to it."""
+        xp = self.xp
+        adm_pos, adm_keys, adm_h, new_slots = admitted
+        n_adm, n_ev = sizes
+        lookup, admit, found = how
+        n_served = len(res.served_keys)
         # One native fetch and one host-to-device copy for every miss.
         want = lookup and n_served > 0
         fetch = np.concatenate([adm_h, res.served_keys]) if want else adm_h
@@ -491,6 +574,8 @@ class DeviceCache:
                 state_d = None
             if n_adm:
                 assert state_d is not None
+                if writing is not None:
+                    writing.join()  # raises the write-back's error: no slot changed
                 self._install(
                     new_slots,
                     adm_keys,
@@ -505,7 +590,14 @@ class DeviceCache:
                 self._stats["evictions"] += n_ev
             if want:
                 res.served_rows = rows_d[n_adm:, :]
-        return res
+
+    def _write_back_started(
+        self, keys: np.ndarray, rows: np.ndarray, state: np.ndarray
+    ) -> _WriteBack:
+        """:meth:`_write_back` on a thread of its own, started."""
+        w = _WriteBack(lambda: self._write_back(keys, rows, state))
+        w.start()
+        return w
 
     def _install(
         self,
