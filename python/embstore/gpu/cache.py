@@ -26,7 +26,6 @@ import os
 import threading
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
@@ -38,7 +37,9 @@ from embstore._convert import to_host
 from embstore._latency import timed
 from embstore.gpu import _optim
 from embstore.gpu import _xp as X
+from embstore.gpu._bags import bags_on_device
 from embstore.gpu._fork import LIVE
+from embstore.gpu._resolved import WRITE_BACK_THREAD_MIN, Resolved, WriteBack
 from embstore.gpu.index import BucketIndex
 from embstore.protocol import StateTier
 
@@ -46,54 +47,6 @@ Array = Any
 
 # The most a key's summed gradient may reach (the table's MAX_GRAD_SUM).
 _MAX_GRAD_SUM = 1e18
-
-
-@dataclass
-class _Resolved:
-    """Where a call's distinct keys are, after admissions."""
-
-    uniq: Array  # the call's distinct keys
-    inv: Array  # position in ``uniq`` of each key of the call
-    slot: Array  # cache slot of each distinct key; -1: served by the table
-    served_pos: Array  # positions in ``uniq`` of the table-served keys
-    served_keys: np.ndarray  # those keys, on the host
-    served_rows: Array | None = None  # rows of the table-served keys (lookups)
-    served_grads: np.ndarray | None = None  # their summed gradients, on the host
-    served_found: np.ndarray | None = None  # whether the table had each (found lookups)
-
-
-#: Evicted rows at least this many go back to the table on a thread of their
-#: own while the call's misses are fetched (fewer: in line, a thread costs
-#: more than it saves).
-WRITE_BACK_THREAD_MIN = 4096
-
-
-class _WriteBack(threading.Thread):
-    """A write-back of evicted rows running beside the fetch of misses;
-    :meth:`join` waits for it and raises its error, once."""
-
-    def __init__(self, run: Any) -> None:
-        super().__init__(name="embstore-write-back", daemon=True)
-        self._run = run
-        self._error: BaseException | None = None
-        self._joined = False
-
-    def run(self) -> None:
-        try:
-            self._run()
-        except BaseException as e:  # handed to the caller by join()
-            self._error = e
-
-    def wait(self) -> None:
-        """Waits for the write-back to end, raising nothing."""
-        super().join()
-
-    def join(self, timeout: float | None = None) -> None:
-        super().join(timeout)
-        if not self._joined:
-            self._joined = True
-            if self._error is not None:
-                raise self._error
 
 
 class DeviceCache:
@@ -423,7 +376,7 @@ class DeviceCache:
         prefetch: bool = False,
         unique: tuple[Array, Array, Array] | None = None,
         found: bool = False,
-    ) -> _Resolved:
+    ) -> Resolved:
         """Brings the call's keys into the cache as far as it can.
 
         ``admit``: misses may enter the cache (and the table creates rows
@@ -489,7 +442,7 @@ class DeviceCache:
         ints = xp.concat([adm_keys, xp.take(uniq, served_pos), xp.take(self._index.keys, evicted)])
         keys_h, blocks = self._d2h(ints, floats)
         adm_h = keys_h[:n_adm]
-        res = _Resolved(
+        res = Resolved(
             uniq=uniq,
             inv=inv,
             slot=slot,
@@ -533,14 +486,14 @@ class DeviceCache:
 
     def _fetch_misses(
         self,
-        res: _Resolved,
+        res: Resolved,
         uniq: Array,
         counts: Array,
         admitted: tuple[Array, Array, np.ndarray, Array],
         tick: int,
         sizes: tuple[int, int],
         how: tuple[bool, bool, bool],
-        writing: _WriteBack | None,
+        writing: WriteBack | None,
     ) -> None:
         """:meth:`_resolve`'s second half: the misses' rows fetched from the
         table and copied in, the admitted ones (positions, keys on the
@@ -593,9 +546,9 @@ class DeviceCache:
 
     def _write_back_started(
         self, keys: np.ndarray, rows: np.ndarray, state: np.ndarray
-    ) -> _WriteBack:
+    ) -> WriteBack:
         """:meth:`_write_back` on a thread of its own, started."""
-        w = _WriteBack(lambda: self._write_back(keys, rows, state))
+        w = WriteBack(lambda: self._write_back(keys, rows, state))
         w.start()
         return w
 
@@ -829,58 +782,16 @@ class DeviceCache:
         w_a = None if weights is None else self._adopt(weights, "weights")[0]
         host = all(a is None or isinstance(a, np.ndarray) for a in (i_a, o_a, w_a))
         if not host:
-            ids_d, bag_of, coef, batch = self._bags_on_device(i_a, o_a, w_a, combiner)
-            return ids_d, bag_of, coef, batch, ns
+            c = _convert.check_combiner(combiner)
+            ids_d, _ = self._keys(i_a, "ids")
+            off, _ = self._keys(o_a, "offsets")
+            return (*bags_on_device(self.xp, ids_d, off, w_a, c), ns)
         i, o, w, c = _convert.as_bags(i_a, o_a, w_a, combiner)
         # Each id's bag and coefficient w_i / d_bag: the core's own (checked
         # there), so the cache pools with the table's coefficients exactly.
         bag_of_h, coef_h = _core.bag_coefficients(i, o, w, c)
         batch = max(0, int(o.shape[0]) - 1)
         return xp.asarray(i), xp.asarray(bag_of_h), xp.asarray(coef_h), batch, ns
-
-    def _bags_on_device(
-        self, ids: Any, offsets: Any, weights: Any, combiner: str
-    ) -> tuple[Array, Array, Array, int]:
-        """:meth:`_bags` for ids and offsets on the device: checked there, and
-        coefficients w_i / d_bag computed there (equal to the core's to float
-        rounding)."""
-        xp = self.xp
-        combiner = _convert.check_combiner(combiner)
-        ids_d, _ = self._keys(ids, "ids")
-        off, _ = self._keys(offsets, "offsets")
-        n, nb = int(ids_d.shape[0]), int(off.shape[0])
-        if nb == 0:
-            raise ValueError(
-                "offsets: expected batch + 1 >= 1 offsets (include_last_offset=True), "
-                "got an empty array"
-            )
-        if int(off[0]) != 0 or int(off[-1]) != n or (nb > 1 and bool(xp.any(off[1:] < off[:-1]))):
-            raise ValueError(f"offsets: expected non-decreasing offsets from 0 to len(ids) = {n}")
-        w = None if weights is None else self._weights_on_device(weights, n)
-        batch = nb - 1
-        bag_of = xp.searchsorted(off[1:], xp.arange(n, dtype=xp.int64), side="right")
-        one = xp.ones((n,), dtype=xp.float32)
-        wv = one if w is None else w
-        if combiner == "sum":
-            coef = wv
-        else:
-            sq = wv if combiner == "mean" else wv * wv
-            denom = X.segment_sum(xp, bag_of, xp.reshape(sq, (-1, 1)), batch)[:, 0]
-            if combiner == "sqrtn":
-                denom = xp.sqrt(denom)
-            d = xp.take(denom, bag_of)
-            coef = xp.where(d == 0, xp.zeros_like(wv), wv / xp.where(d == 0, one, d))
-        return ids_d, xp.astype(bag_of, xp.int64), coef, batch
-
-    def _weights_on_device(self, weights: Any, n: int) -> Array:
-        xp = self.xp
-        w = weights if not isinstance(weights, np.ndarray) else xp.asarray(weights)
-        if tuple(w.shape) != (n,) or not xp.isdtype(w.dtype, "real floating"):
-            raise ValueError(f"weights: expected a float array of shape ({n},)")
-        w = xp.astype(w, xp.float32)
-        if not bool(xp.all(xp.isfinite(w))):
-            raise ValueError("weights: expected finite values")
-        return w
 
     # -- write-back and checkpoints -----------------------------------------------------
 
