@@ -27,7 +27,8 @@ const MIN_SLOTS: usize = 16;
 /// between rebuilds it is then 1/2 to 3/4 full (3/8 to 3/4 when it grew to
 /// powers of two), for half again the rebuilding work of doubling. An
 /// index sized for a count known ahead (a load, a `reserve`) gets the
-/// slots that count needs at 3/4, no more.
+/// slots that count needs at 3/4, or half again its slots where that is
+/// more ([`slots_for`]).
 const GROW_NUM: usize = 3;
 const GROW_DEN: usize = 2;
 
