@@ -490,7 +490,14 @@ def main(argv: list[str] | None = None) -> int:
         "--cache-fractions", default="0.10,0.15", help="DLRM cache sizes, fractions of the keys"
     )
     args = ap.parse_args(argv)
+    import faulthandler
     import importlib
+    import signal
+
+    # A run stopped by `timeout` (SIGTERM) says where every thread was, and a
+    # native crash where it happened (scripts/gpu_check.sh reads both).
+    faulthandler.enable()
+    faulthandler.register(signal.SIGTERM, all_threads=True, chain=True)
 
     gpu, why = X.gpu_usable()
     xp = X.namespace(importlib.import_module(args.xp) if args.xp else None)
@@ -514,6 +521,7 @@ def main(argv: list[str] | None = None) -> int:
             (0.5, 0.75, 1.0),
         )
     if "serving" in parts:
+        print("serving: starting", flush=True)
         out["serving"] = (
             serving(xp, 200_000, 20_000, 200, 50)
             if q

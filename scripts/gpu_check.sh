@@ -32,7 +32,10 @@ timeout 150 python3 -m pytest -q -p no:cacheprovider -m "gpu or not slow" -o add
     tests/test_serving_cache.py 2>&1 | tee "$OUT/tests.log" | tail -25 || status=1
 timeout 90 python3 -m pytest -q -p no:cacheprovider -o addopts="" \
     tests/test_mpi.py -k "one_gpu" 2>&1 | tee "$OUT/mpi.log" | tail -15 || status=1
-timeout ${BENCH_TIMEOUT:-270} python3 benches/gpu_cache.py --json "$OUT/gpu_cache.json" "$@" 2>&1 | tee "$OUT/bench.log" || status=1
+timeout -k 10 ${BENCH_TIMEOUT:-270} python3 benches/gpu_cache.py --json "$OUT/gpu_cache.json" "$@" 2>&1 | tee "$OUT/bench.log"
+rc=${PIPESTATUS[0]}  # 124: stopped by the timeout (the stacks are in the log); >128: a signal
+echo "benches/gpu_cache.py exit status $rc" | tee -a "$OUT/bench.log"
+[ "$rc" = 0 ] || status=1
 NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -1)
 if [ -n "$NCU" ]; then  # bytes each kernel moved and its time (not part of the status)
     timeout 75 "$NCU" --clock-control none -k 'regex:find[842]|find_rows|upsert|put_rows8' \
