@@ -62,7 +62,10 @@ def test_stats_bytes_match_resident_memory(rows: int, dtype: str, capacity: int)
     # past the bytes held (embstore-core's storage::pages::advise_huge).
     # (Only where huge pages were given: without them the bound is 5%.)
     huge_ends = min((2 << 20) * r["num_shards"] * (r["columns"] + 1), r["huge_growth"])
-    assert abs(r["bytes"] - r["rss_growth"]) <= 0.05 * r["rss_growth"] + huge_ends, r
+    # A growing shard maps up to 4 MiB of its next rows ahead of them
+    # (embstore-core's storage::arena::AHEAD_MOST_BYTES), uncounted.
+    ahead = (4 << 20) * r["num_shards"]
+    assert abs(r["bytes"] - r["rss_growth"]) <= 0.05 * r["rss_growth"] + huge_ends + ahead, r
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])

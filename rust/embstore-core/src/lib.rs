@@ -108,7 +108,10 @@
 //!    flight), the per-shard slots of `FoundRows`, a disk table's
 //!    prefetched keys, its last error and its finished compaction jobs,
 //!    the chunks of a disk read, the read buffers kept between a
-//!    checkpoint's files (`format::files`), the
+//!    checkpoint's files (`format::files`), an arena's pages asked for
+//!    ahead (`table::storage::ahead`: held by the populate thread for one
+//!    `madvise`, inside the binding's call lock, and by the arena to give
+//!    memory back) and the populate thread's queue (held to send), the
 //!    binding's output buffer pool, a mapped table's version (held to
 //!    clone or swap an `Arc`; the old version is dropped after), its
 //!    retired versions (held to push or take the list; dropped after), and a

@@ -49,6 +49,15 @@ pub fn set_background_runner(run: fn(Work)) {
     let _ = RUNNER.set(run);
 }
 
+/// Runs `work`, on a thread of the crate's own, inside the runner if one is
+/// set.
+pub(crate) fn run_background(work: Work) {
+    match RUNNER.get() {
+        Some(run) => run(work),
+        None => work(),
+    }
+}
+
 /// Runs `work` on a thread of its own (inside the runner, if one is set);
 /// where no thread can be started, now, on the calling thread (which is in
 /// a call already).
@@ -59,10 +68,7 @@ fn background(work: Work) {
         .name("embstore-compact".into())
         .spawn(move || {
             if let Some(w) = lock(&theirs).take() {
-                match RUNNER.get() {
-                    Some(run) => run(w),
-                    None => w(),
-                }
+                run_background(w);
             }
         });
     if spawned.is_err()

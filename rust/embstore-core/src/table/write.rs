@@ -4,6 +4,7 @@
 use crate::error::{Result, invalid, oom};
 use crate::hash::shard_of;
 use crate::policy::Meta;
+use crate::table::batch::plan::sequential_writes;
 use crate::table::checks::{check_finite, check_len};
 use crate::table::counters::Counters;
 use crate::table::step::bounds::Magnitudes;
@@ -128,7 +129,8 @@ impl Table {
         } else {
             (0, 0)
         };
-        self.par_shards_mut(&plan, |g, pos| {
+        let sequential = sequential_writes(4 * (ww + sl));
+        self.par_shards_mut_below(&plan, sequential, |g, pos| {
             let len0 = g.len();
             for &i in pos {
                 let i = i as usize;

@@ -41,6 +41,18 @@ impl Plan {
 /// calls run them in parallel.
 pub(crate) const SEQUENTIAL_KEYS: usize = 1024;
 
+/// Bytes of rows written at which a write pass (an `assign`) moves to the
+/// pool whatever its keys: [`SEQUENTIAL_KEYS`] rows of dim 64 with an Adam
+/// state, so that wide rows (text embeddings of dim 768: 3 KiB a row,
+/// most of it a fresh page's first write) spread from fewer keys.
+pub(crate) const SEQUENTIAL_WRITE_BYTES: usize = SEQUENTIAL_KEYS * 768;
+
+/// The keys at most which a pass writing `row_bytes` a key runs on the
+/// calling thread.
+pub(crate) fn sequential_writes(row_bytes: usize) -> usize {
+    SEQUENTIAL_KEYS.min(SEQUENTIAL_WRITE_BYTES / row_bytes.max(1))
+}
+
 /// [`SEQUENTIAL_KEYS`] for the pass of an optimizer step, which does more
 /// work per key, so that spreading it pays from fewer keys.
 pub(crate) const SEQUENTIAL_STEP_KEYS: usize = 256;

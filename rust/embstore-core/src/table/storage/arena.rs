@@ -8,12 +8,23 @@
 //! stored.
 
 use crate::policy::Meta;
+use crate::table::storage::ahead::Ahead;
 use crate::table::storage::seqlock;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicPtr, AtomicU64, Ordering};
 
 /// Most segments an arena has: segment 26 holds row 2^32 - 1.
 pub(super) const MAX_SEGS: usize = 32;
+
+/// The least an arena asks to map ahead ([`Arena::map_ahead`]), in bytes.
+const AHEAD_LEAST_BYTES: usize = 1 << 20;
+
+/// The most an arena asks to map ahead, in bytes: what it maps ahead and
+/// never writes (a table that stops growing) is at most this a shard.
+pub(crate) const AHEAD_MOST_BYTES: usize = 4 << 20;
+
+/// What an arena maps ahead is at most its rows over this.
+const AHEAD_SHARE: usize = 8;
 
 /// Rows in the first segment (a power of two); segment `k` holds `FIRST << k`.
 const FIRST_SHIFT: u32 = 6;
@@ -41,6 +52,12 @@ pub(crate) struct Tag {
 /// shard's index only; each row keeps its key's slot there.
 #[derive(Debug)]
 pub(crate) struct Arena {
+    /// The pages asked for ahead of the rows. First, so that it is dropped
+    /// (its work marked stale) before the columns free their memory.
+    ahead: Ahead,
+    /// Rows whose pages were asked for ahead (or reserved): rows below it
+    /// are mapped, or being mapped, before they arrive.
+    populated: usize,
     /// Floats of a row's weights.
     ww: usize,
     /// Floats of a row's optimizer state.
@@ -179,6 +196,8 @@ impl Arena {
     /// optimizer state, with per-row [`Meta`] when `track`.
     pub(crate) fn new(ww: usize, sl: usize, track: bool) -> Self {
         Arena {
+            ahead: Ahead::default(),
+            populated: 0,
             ww,
             sl,
             len: 0,
@@ -287,6 +306,7 @@ impl Arena {
             }
         }
         self.reserved = target;
+        self.populated = self.populated.max(target);
         Ok(())
     }
 
@@ -314,7 +334,50 @@ impl Arena {
         while self.tags.len() <= last {
             self.add_segment()?;
         }
+        self.map_ahead(target);
         Ok(())
+    }
+
+    /// Asks for the pages of the rows after `target` (the rows up to which
+    /// a call may insert) to be mapped on the populate thread
+    /// ([`Ahead`]), so that the next calls' new rows find their memory
+    /// mapped: as many rows as this call may add, from 1 to 4 MiB of them
+    /// ([`AHEAD_MOST_BYTES`]: what is mapped ahead and never written is at
+    /// most that) and never more than an eighth of the rows stored,
+    /// within the segments allocated. Nothing for rows that
+    /// [`Arena::reserve`] mapped, or while the arena is too small for an
+    /// eighth to be 1 MiB.
+    fn map_ahead(&mut self, target: usize) {
+        let row = 4 * (self.ww + self.sl);
+        if target <= self.reserved || row == 0 {
+            return;
+        }
+        let least = AHEAD_LEAST_BYTES.div_ceil(row);
+        let ahead = (target - self.len)
+            .clamp(least, (AHEAD_MOST_BYTES / row).max(least))
+            .min(self.len / AHEAD_SHARE);
+        if ahead < least || self.populated >= target + ahead / 2 {
+            return;
+        }
+        let from = self.populated.max(target);
+        let to = (target + ahead).min(self.room());
+        if to <= from {
+            return;
+        }
+        let mut ranges = Vec::new();
+        let (first, _) = locate(from);
+        let (last, _) = locate(to - 1);
+        for k in first..=last {
+            let base = segment_start(k);
+            let o0 = from.max(base) - base;
+            let o1 = to.min(segment_start(k + 1)) - base;
+            ranges.push(self.weights.addresses(k, o0, o1));
+            if self.sl > 0 {
+                ranges.push(self.state.addresses(k, o0, o1));
+            }
+        }
+        self.ahead.request(ranges);
+        self.populated = to;
     }
 
     /// Appends the next (empty) segment at its full capacity.
@@ -491,7 +554,9 @@ impl Arena {
         self.weights.pop(lk);
         self.state.pop(lk);
         if self.tags[lk].is_empty() && lk + 1 == self.tags.len() && lk > 0 {
-            // Give back an emptied top segment (but keep the first one).
+            // Give back an emptied top segment (but keep the first one);
+            // no page request made before touches it from now on.
+            self.ahead.forget();
             self.tags.pop();
             self.view.unpublish(lk);
             let memory = (self.weights.pop_segment(), self.state.pop_segment());
@@ -502,6 +567,7 @@ impl Arena {
                 self.meta.pop();
             }
             self.reserved = self.reserved.min(segment_start(self.tags.len()));
+            self.populated = self.populated.min(segment_start(self.tags.len()));
         }
         self.len = last;
         moved
@@ -646,5 +712,63 @@ mod tests {
         a.swap_remove(3, |s| &w[s]);
         assert_eq!(a.weights(3), &[4_999.0; 16]);
         assert_eq!(a.weights(3).as_ptr() as usize % 64, 0);
+    }
+
+    /// Of the whole pages of rows `o0..o1` of segment `k`'s weights: how
+    /// many are resident, and how many there are.
+    #[cfg(target_os = "linux")]
+    fn resident_rows(a: &Arena, k: usize, o0: usize, o1: usize) -> (usize, usize) {
+        let (s, e) = a.weights.addresses(k, o0, o1);
+        let (s, e) = (s.next_multiple_of(4096), e / 4096 * 4096);
+        (
+            crate::table::storage::ahead::resident(s, e - s),
+            (e - s) / 4096,
+        )
+    }
+
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn a_growing_arena_maps_the_pages_of_its_next_rows_ahead() {
+        if !crate::table::storage::ahead::populate_supported() {
+            eprintln!("MADV_POPULATE_WRITE not supported here: skipped");
+            return;
+        }
+        // Rows of 1 KiB: 1 MiB ahead is 1,024 rows, and needs 8,192 stored.
+        let mut a = Arena::new(256, 0, false);
+        let fill = |a: &mut Arena, n: usize| {
+            a.ensure_segments(a.len() + n).unwrap();
+            for _ in 0..n {
+                let key = a.len() as u32;
+                push_key(a, key);
+            }
+        };
+        fill(&mut a, 6_000);
+        crate::table::storage::ahead::settle();
+        // Too small to map ahead: the rows past the last are untouched.
+        let (k, o) = locate(a.len());
+        assert_eq!(k, 6);
+        assert_eq!(resident_rows(&a, k, o + 8, o + 1_000).0, 0);
+        assert_eq!(a.populated, 0);
+        while a.len() < 8_256 {
+            fill(&mut a, 64);
+        }
+        // 64 rows a call: once 8,192 were stored, the 1,024 rows after the
+        // last call's (the larger of the call and 1 MiB, within an eighth
+        // of the rows) were asked for.
+        assert_eq!(a.len(), 8_304);
+        crate::table::storage::ahead::settle();
+        assert_eq!(a.populated, 8_304 + 1_024);
+        let (k, o) = locate(a.len());
+        let (resident, pages) = resident_rows(&a, k, o + 8, o + 1_000);
+        assert_eq!((resident, pages > 200), (pages, true));
+        // Nothing past what was asked for.
+        let (k2, o2) = locate(a.populated);
+        assert_eq!(k2, k);
+        assert_eq!(resident_rows(&a, k, o2 + 8, o2 + 2_000).0, 0);
+        // The rows written on mapped pages hold what was written.
+        fill(&mut a, 2_000);
+        for r in (0..a.len()).step_by(97) {
+            assert_eq!(a.weights(r), &[r as f32; 256][..], "row {r}");
+        }
     }
 }

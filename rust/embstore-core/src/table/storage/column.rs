@@ -86,6 +86,13 @@ impl Column {
         &mut seg[start..]
     }
 
+    /// The byte addresses of rows `o0..o1` of segment `k` (within its
+    /// capacity; not necessarily written yet).
+    pub(super) fn addresses(&self, k: usize, o0: usize, o1: usize) -> (usize, usize) {
+        let base = self.segs[k].as_ptr() as usize + 4 * self.pads[k];
+        (base + 4 * o0 * self.stride, base + 4 * o1 * self.stride)
+    }
+
     /// Removes the last row of segment `k`.
     #[inline]
     pub(super) fn pop(&mut self, k: usize) {

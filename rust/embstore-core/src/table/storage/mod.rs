@@ -1,6 +1,7 @@
 //! Where rows live: shards (an index of keys to row numbers and an arena of
 //! rows each), the arena's segments and pages, and the shard locks.
 
+pub(crate) mod ahead;
 pub(crate) mod arena;
 pub(crate) mod base;
 pub(crate) mod cold;

@@ -146,6 +146,28 @@ pub(crate) fn advise_huge(ptr: *const u8, len: usize, index: bool) {
     let _ = (ptr, len, index);
 }
 
+/// Asks the kernel to map the whole pages inside the byte addresses
+/// `start..end` for writing now (`MADV_POPULATE_WRITE`: each page faulted
+/// in as a write would fault it, its contents unchanged). Best effort: a
+/// kernel before 5.14 refuses, and the pages fault in when first written.
+pub(crate) fn populate(start: usize, end: usize) {
+    #[cfg(target_os = "linux")]
+    {
+        let page = 4096;
+        let (s, e) = (start.next_multiple_of(page), end / page * page);
+        if e > s {
+            // SAFETY: populating changes neither the contents nor the
+            // mapping of the range; the caller passes addresses of memory
+            // it holds (an arena's live segment), and a failure is ignored.
+            unsafe {
+                libc::madvise(s as *mut libc::c_void, e - s, libc::MADV_POPULATE_WRITE);
+            }
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = (start, end);
+}
+
 /// Memory the OS could still give this process without swapping
 /// (`MemAvailable` of `/proc/meminfo`), and no more than the address space
 /// its `RLIMIT_AS` leaves, where known.

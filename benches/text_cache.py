@@ -1,0 +1,139 @@
+"""Inserts into a cache of text embeddings (dim 768, ``capacity_bytes`` and
+``ttl_seconds`` set, no ``reserve()``: every row lands on fresh memory)
+against a dict of NumPy rows and NumPy writing the same bytes into a fresh
+array, each case in a fresh process, the cases in turn:
+
+    python benches/text_cache.py [--rows 400000] [--batches 1,64,1024] [--rounds 3]
+        [--baseline DIR]
+
+A case inserts ``--rows`` new keys in calls of ``batch`` rows: embstore by
+``Table.assign``, the dict by ``d[key] = row.copy()`` for each row, NumPy by
+``a[i:i + batch] = rows`` into ``np.empty((rows, 768))`` (the memory
+speed: what the kernel's fresh pages and a copy cost). Prints the median
+rows/s of each and embstore's ratio to the dict's (each case after a
+process that touched and freed 1.25x its bytes: see ``prime``); ``--baseline DIR`` adds
+another embstore install (its directory on ``PYTHONPATH``) in the same turns.
+OpenBLAS threads are held to one (NumPy's idle BLAS thread otherwise spins on
+a core of two).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import textwrap
+
+from embstore.bench._timing import machine_facts
+
+CHILD = textwrap.dedent(
+    """
+    import json, sys, time
+    import numpy as np
+
+    mode, rows, batch = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+    dim = 768
+    rng = np.random.default_rng(0)
+    keys = rng.integers(0, 2**62, rows, dtype=np.int64)
+    src = rng.standard_normal((batch, dim), dtype=np.float32)
+    if mode == "embstore":
+        import embstore
+
+        t = embstore.Table(dim, capacity_bytes=64 << 30, ttl_seconds=3600)
+        t0 = time.perf_counter()
+        for s in range(0, rows, batch):
+            t.assign(keys[s : s + batch], src[: len(keys[s : s + batch])])
+        dt = time.perf_counter() - t0
+        assert len(t) == rows, len(t)
+        facts = {}
+    elif mode == "dict":
+        d = {}
+        t0 = time.perf_counter()
+        for s in range(0, rows, batch):
+            for k, r in zip(keys[s : s + batch].tolist(), src):
+                d[k] = r.copy()
+        dt = time.perf_counter() - t0
+        facts = {}
+    else:
+        t0 = time.perf_counter()
+        a = np.empty((rows, dim), np.float32)
+        for s in range(0, rows, batch):
+            n = min(batch, rows - s)
+            a[s : s + n] = src[:n]
+        dt = time.perf_counter() - t0
+        facts = {}
+    print(json.dumps({"rows_per_s": rows / dt, **facts}))
+    """
+)
+
+
+def child(mode: str, rows: int, batch: int, pythonpath: str | None) -> dict[str, float]:
+    env = dict(os.environ, OPENBLAS_NUM_THREADS="1")
+    if pythonpath:
+        env["PYTHONPATH"] = pythonpath
+    out = subprocess.run(
+        [sys.executable, "-c", CHILD, mode, str(rows), str(batch)],
+        capture_output=True,
+        text=True,
+        check=True,
+        env=env,
+        timeout=600,
+    )
+    return json.loads(out.stdout)
+
+
+def prime(nbytes: int) -> None:
+    """Touches and frees ``nbytes`` in a process of its own, so that the
+    next case's fresh pages are ones the guest kernel has used before: on a
+    VM, a first touch of memory the host has not backed yet costs the host's
+    fault too, and which case met such memory depended on the order of the
+    cases (NumPy's fill ran at 0.6M or 2.1M rows/s by its place in a round)."""
+    subprocess.run(
+        [sys.executable, "-c", f"import numpy as np; np.ones({nbytes}, np.uint8)"],
+        check=True,
+        timeout=600,
+        env=dict(os.environ, OPENBLAS_NUM_THREADS="1"),
+    )
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rows", type=int, default=400_000)
+    ap.add_argument("--batches", default="1,64,1024")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--baseline", help="directory holding another embstore")
+    args = ap.parse_args()
+    cases: dict[str, str | None] = {"embstore": None}
+    if args.baseline:
+        cases["baseline"] = args.baseline
+    cases.update({"dict": None, "numpy": None})
+    m = machine_facts()
+    print(
+        f"{m['cpu']}, {m['cores']} cores, SIMD {m['simd']}, THP {m['thp']}; "
+        f"{args.rows:,} new rows of dim 768 a case, {args.rounds} rounds",
+        flush=True,
+    )
+    for batch in (int(b) for b in args.batches.split(",")):
+        got: dict[str, list[float]] = {c: [] for c in cases}
+        for r in range(args.rounds):
+            order = list(cases) if r % 2 == 0 else list(reversed(cases))
+            for c in order:
+                mode = "embstore" if c == "baseline" else c
+                prime(args.rows * 768 * 4 * 5 // 4)
+                got[c].append(child(mode, args.rows, batch, cases[c])["rows_per_s"])
+        med = {c: statistics.median(v) for c, v in got.items()}
+        line = ", ".join(
+            f"{c} {med[c] / 1e6:.3f}M ({' / '.join(f'{x / 1e6:.2f}' for x in got[c])})"
+            for c in cases
+        )
+        ratios = ", ".join(
+            f"{c}/dict {med[c] / med['dict']:.2f}x" for c in cases if c not in ("dict",)
+        )
+        print(f"batch {batch}: rows/s {line}; {ratios}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
