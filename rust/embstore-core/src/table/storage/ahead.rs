@@ -86,7 +86,7 @@ fn send(work: Work) {
     };
     let (tx, rx) = channel::<Work>();
     let started = std::thread::Builder::new()
-        .name("embstore-populate".into())
+        .name("embstore-pages".into())
         .spawn(move || {
             for w in rx {
                 crate::table::compaction::run_background(Box::new(move || w.run()));
