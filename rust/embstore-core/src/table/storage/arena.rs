@@ -345,11 +345,18 @@ impl Arena {
     /// ([`AHEAD_MOST_BYTES`]: what is mapped ahead and never written is at
     /// most that) and never more than an eighth of the rows stored,
     /// within the segments allocated. Nothing for rows that
-    /// [`Arena::reserve`] mapped, or while the arena is too small for an
-    /// eighth to be 1 MiB.
+    /// [`Arena::reserve`] mapped, for a call that adds 4 MiB or more, or
+    /// while the arena is too small for an eighth to be 1 MiB.
     fn map_ahead(&mut self, target: usize) {
         let row = 4 * (self.ww + self.sl);
         if target <= self.reserved || row == 0 {
+            return;
+        }
+        // A call that adds as much as the most mapped ahead runs its
+        // writes on the pool's threads, which fault its pages on every
+        // core: a populate thread would only compete with them (fresh
+        // inserts of 65,536 keys into an Adam table ran 15% slower).
+        if (target - self.len).saturating_mul(row) >= AHEAD_MOST_BYTES {
             return;
         }
         let least = AHEAD_LEAST_BYTES.div_ceil(row);
