@@ -52,6 +52,13 @@ def assert_reads_equal(
     np.testing.assert_array_equal(rows, want_rows)
     np.testing.assert_array_equal(found, want_found)
     np.testing.assert_array_equal(mapped.contains(keys), live.contains(keys))
+    # Calls about the lookup pipeline's depths (a row copied 8 keys after
+    # it is located, slots prefetched 16 ahead, from 33 keys a call).
+    for n in (0, 1, 7, 8, 9, 16, 17, 24, 25, 32, 33, 41, 100):
+        got = mapped.lookup(keys[-n:] if n else keys[:0], return_found=True)
+        want = live.lookup(keys[-n:] if n else keys[:0], insert=False, return_found=True)
+        for g, w in zip(got, want, strict=True):
+            np.testing.assert_array_equal(g, w)
     # A call spread over the pool (more than 4,096 keys), with repeats.
     many = np.tile(keys, 20)
     np.testing.assert_array_equal(mapped.lookup(many), live.lookup(many, insert=False))

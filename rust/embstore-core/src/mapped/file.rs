@@ -87,6 +87,20 @@ impl MappedFile {
         )
     }
 
+    /// Asks the CPU to load the index slot where the probe for a key of
+    /// hash `hash` starts ([`MappedFile::find`]): a hint, reading nothing.
+    #[inline(always)]
+    pub(super) fn prefetch_slot(&self, hash: u64) {
+        let i = hash as usize & (self.slots - 1);
+        crate::simd::prefetch_addr(self.map.as_ptr() as usize + self.index + 16 * i);
+    }
+
+    /// Asks the CPU to load row `r`'s bytes.
+    #[inline(always)]
+    pub(super) fn prefetch_row(&self, r: usize) {
+        crate::simd::prefetch(self.row(r));
+    }
+
     /// The row of `key` in this file, if any.
     #[inline]
     pub(super) fn find(&self, key: i64) -> Result<Option<usize>> {

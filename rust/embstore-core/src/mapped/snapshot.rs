@@ -379,6 +379,18 @@ impl Snapshot {
     /// it (or nowhere, removed), else in the full link. The chain so reads
     /// as a load replays it, newest link first, each link's removals
     /// before its files.
+    /// Asks the CPU to load the index slot of the base link's file where
+    /// [`Snapshot::locate`] will start probing for a key of hash `hash`.
+    #[inline(always)]
+    pub(super) fn prefetch(&self, hash: u64) {
+        if let Some(base) = self.links.last()
+            && base.shards > 0
+            && let Some(f) = base.files[shard_of(hash, base.shards)].first()
+        {
+            f.prefetch_slot(hash);
+        }
+    }
+
     pub(super) fn locate(&self, key: i64, hash: u64) -> Result<Option<(&MappedFile, usize)>> {
         if !self.overlay.is_empty()
             && let Some(p) = self.overlay.find(hash, |p| p.key == key)
