@@ -77,7 +77,7 @@ def test_pooled_and_collection_outputs_are_fully_written_over_old_values() -> No
     np.testing.assert_allclose(pooled, expect, rtol=1e-5, atol=1e-7)
     del pooled
     gc.collect()
-    # A wide output past 8 MiB (written with streaming stores), with two
+    # A wide output past 8 MiB (larger than the caches), with two
     # features sharing table t (served in one pass) and one-id bags.
     u = embstore.Table(DIM // 2, seed=6)
     coll = embstore.Collection({"a": t, "b": u, "c": t})

@@ -161,15 +161,15 @@ def test_pooled_matches_numpy_reference(
 
 @pytest.mark.parametrize("combiner", ["sqrtn", "mean", "sum"])
 @pytest.mark.parametrize("weighted", [False, True])
-def test_pooled_output_past_the_streaming_size_matches_numpy(
+def test_a_pooled_output_past_8_mib_matches_numpy(
     rng: np.random.Generator, combiner: str, weighted: bool
 ) -> None:
-    """An output of more than 8 MiB is written with non-temporal stores: a
-    bag of several ids is summed in a scratch row and then streamed out.
+    """An output larger than the caches (more than 8 MiB: until 2026-11-27
+    written with non-temporal stores, each bag summed in a scratch row).
     Every bag (empty, one id, several, repeats) must equal NumPy's pooling
     of the same rows, with weights and every combiner."""
     dim, batch = 64, 40_000
-    assert batch * dim * 4 > 8 << 20, "the output streams"
+    assert batch * dim * 4 > 8 << 20, "the output is past 8 MiB"
     pool = key_pool(rng, 3_000)
     table = embstore.Table(dim, seed=3)
     sizes = rng.integers(0, 6, batch)

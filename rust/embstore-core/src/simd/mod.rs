@@ -226,43 +226,6 @@ pub fn prefetch_addr(addr: usize) {
     let _ = addr;
 }
 
-/// Copies `src` to `dst` (same length) with non-temporal stores where the
-/// CPU has them and `dst` allows (x86-64: 16-byte aligned, whole 16-byte
-/// chunks): the written lines go to memory without first being read into
-/// cache, which halves the memory traffic of filling a large output that
-/// is not read again soon. Call [`stream_fence`] before the data is handed
-/// to another thread. Elsewhere a plain copy.
-#[inline(always)]
-pub fn copy_streaming(dst: &mut [f32], src: &[f32]) {
-    assert_eq!(dst.len(), src.len(), "copy_streaming: lengths differ");
-    #[cfg(all(target_arch = "x86_64", not(miri)))]
-    if (dst.as_ptr() as usize).is_multiple_of(16) && dst.len().is_multiple_of(4) {
-        use std::arch::x86_64::{_mm_loadu_ps, _mm_stream_ps};
-        for i in (0..dst.len()).step_by(4) {
-            // SAFETY: SSE is part of x86-64; `i + 4 <= len` for both slices
-            // (len is a multiple of 4 and equal), and `dst + i` is 16-byte
-            // aligned (dst is, and i * 4 is a multiple of 16).
-            unsafe {
-                let v = _mm_loadu_ps(src.as_ptr().add(i));
-                _mm_stream_ps(dst.as_mut_ptr().add(i), v);
-            }
-        }
-        return;
-    }
-    dst.copy_from_slice(src);
-}
-
-/// Orders earlier [`copy_streaming`] stores before later stores (a store
-/// fence on x86-64; nothing elsewhere).
-#[inline(always)]
-pub fn stream_fence() {
-    #[cfg(all(target_arch = "x86_64", not(miri)))]
-    // SAFETY: SSE is part of x86-64; a fence has no preconditions.
-    unsafe {
-        std::arch::x86_64::_mm_sfence();
-    }
-}
-
 /// Dispatches `$f(args)` to the backend's instantiation.
 macro_rules! dispatch {
     ($self:expr, $f:ident($($arg:expr),*)) => {
@@ -640,21 +603,6 @@ mod tests {
                     assert_eq!(w1, w2);
                     assert_eq!(s1, s2);
                 }
-            }
-        }
-    }
-
-    #[test]
-    fn copy_streaming_equals_a_plain_copy_at_any_alignment_and_length() {
-        let src = values(9, 300);
-        for offset in 0..8 {
-            for len in [0, 1, 3, 4, 5, 16, 64, 67, 256] {
-                let mut a = vec![-1.0f32; 300];
-                let mut b = a.clone();
-                copy_streaming(&mut a[offset..offset + len], &src[..len]);
-                stream_fence();
-                b[offset..offset + len].copy_from_slice(&src[..len]);
-                assert_eq!(a, b, "offset {offset}, len {len}");
             }
         }
     }

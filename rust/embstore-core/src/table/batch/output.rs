@@ -3,10 +3,6 @@
 
 use std::marker::PhantomData;
 
-/// Outputs at least this large are written with non-temporal stores
-/// ([`SharedOut::streams`]).
-pub(crate) const STREAM_MIN_BYTES: usize = 8 << 20;
-
 /// A raw pointer to an output buffer that shards fill in parallel, each
 /// writing only the rows of its own batch positions. Row `i` starts at
 /// `i * stride + col` (a Collection writes each feature into its columns of
@@ -52,14 +48,6 @@ impl<'a> SharedOut<'a> {
     /// The same buffer, writing from column `col`.
     pub(crate) fn with_col(self, col: usize) -> Self {
         SharedOut { col, ..self }
-    }
-
-    /// Whether rows should be written with non-temporal stores: the output
-    /// is larger than the caches ([`STREAM_MIN_BYTES`]), so its lines would
-    /// be evicted before anyone reads them, and streaming them saves reading
-    /// each line into cache before it is overwritten.
-    pub(crate) fn streams(&self) -> bool {
-        self.len * 4 >= STREAM_MIN_BYTES
     }
 
     /// The `dim` floats of output row `i`.
@@ -132,7 +120,6 @@ mod tests {
                 out.row(0, 2).copy_from_slice(&[1.0, 2.0]);
                 out.row(2, 3).copy_from_slice(&[7.0, 8.0, 9.0]);
             }
-            assert!(!out.streams());
         }
         assert_eq!(buf, [0., 1., 2., 0., 0., 0., 0., 0., 0., 7., 8., 9.]);
     }
@@ -156,11 +143,5 @@ mod tests {
             shared.set(4, true);
         }
         assert_eq!(flags, [false, true, false, false, true]);
-    }
-
-    #[test]
-    fn large_outputs_stream() {
-        let mut buf = vec![0.0f32; STREAM_MIN_BYTES / 4];
-        assert!(SharedOut::new(&mut buf, 64).streams());
     }
 }

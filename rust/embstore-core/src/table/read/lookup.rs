@@ -4,7 +4,7 @@
 use crate::error::Result;
 use crate::hash::shard_of;
 use crate::policy::RowFormat;
-use crate::simd::{copy_streaming, prefetch, stream_fence};
+use crate::simd::prefetch;
 use crate::table::batch::Reserved;
 use crate::table::batch::found::FoundRows;
 use crate::table::batch::output::{SharedBools, SharedOut};
@@ -386,21 +386,21 @@ impl Table {
         // keys) the prefetches cost more than they saved
         // (`benches/ab_compare.py`, serve_512/1024_us).
         let spread = prefetches(keys.len(), SEQUENTIAL_KEYS);
-        let streams = out.streams();
         let format = self.policy.format;
         self.par_views(plan, |view, guard, pos| {
             let hit = |j: usize, w: *const f32, st: *const f32| {
                 let i = pos[j] as usize;
                 // SAFETY: position i belongs to this shard only (plan).
                 let dst = unsafe { out.row(i, dim) };
+                // Plain stores, whatever the output's size: non-temporal
+                // ones (for outputs past 8 MiB until 2026-11-27) made
+                // lookups of 100,000 ids and more 1.5-2.6x slower on an
+                // Intel Xeon VM (80 against 31 ns a key), where an older
+                // Cascade Lake VM had measured 4% faster.
                 match format {
-                    RowFormat::F32 if streams => {
-                        // SAFETY: w holds the row's `ww` floats (the view's
-                        // segment, pinned); a racing write is caught by the
-                        // seqlock check after the copy (`copy_racy`).
-                        copy_streaming(dst, unsafe { racy(w, dim) })
-                    }
-                    // SAFETY: as above.
+                    // SAFETY: w holds the row's `ww` floats (the view's
+                    // segment, pinned); a racing write is caught by the
+                    // seqlock check after the copy (`copy_racy`).
                     RowFormat::F32 => unsafe { copy_racy(dst, w) },
                     // SAFETY: as above.
                     f => f.decode_on(self.backend, unsafe { racy(w, ww) }, dst),
@@ -418,9 +418,6 @@ impl Table {
             let hits = PROBES.with_borrow_mut(|probes| {
                 view.read_many(guard, keys, &plan.hashes, pos, spread, probes, hit, miss)
             });
-            if streams {
-                stream_fence();
-            }
             let c = &view.counters;
             Counters::add(&c.lookups, pos.len());
             Counters::add(&c.hits, hits);
@@ -478,11 +475,8 @@ impl Table {
                 }
             }};
         }
+        // Plain stores at any output size (see `serve_into`).
         match self.policy.format {
-            RowFormat::F32 if out.streams() => {
-                copy!(|row: &[f32], dst: &mut [f32]| copy_streaming(dst, &row[..dim]));
-                stream_fence();
-            }
             // A row of one float (a bias): a move, not a call to memcpy
             // (which a loop over a row of unknown length compiles to).
             RowFormat::F32 if dim == 1 => copy!(|row: &[f32], dst: &mut [f32]| dst[0] = row[0]),
