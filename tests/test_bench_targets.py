@@ -32,6 +32,7 @@ def _figures(scale: float) -> dict[str, Any]:
         "numpy_fill_s": 1.0 * scale,
         "reserve_s": 1.0,
         "assign_new_rows_per_s": 1e7 * scale,
+        "numpy_fill_plain_rows_per_s": 4.5e7,
         "threads1": {"lookup_s": 1.7 * scale, "apply_adam_s": 1.7 * scale},
         "threads2": {"lookup_s": 1.0, "apply_adam_s": 1.0},
         "memory": {"stats_overhead_per_key": 32.0 / scale, "rss_overhead_per_key": 32.0 / scale},
@@ -70,3 +71,8 @@ def test_the_insert_bound_is_the_lower_of_10m_and_a_numpy_fill() -> None:
     assert targets.judge(slow_faults, _args())["insert_rows_per_s"] == "not met"
     fast = {**_figures(1.05), "numpy_fill_rows_per_s": 1e9, "insert_new_rows_per_s": 9.9e6}
     assert targets.judge(fast, _args())["insert_rows_per_s"] == "not met"
+    # An assign (rows without state) against NumPy's fill of its own bytes.
+    plain = {**_figures(1.05), "numpy_fill_plain_rows_per_s": 6e6, "assign_new_rows_per_s": 4.1e6}
+    assert targets.judge(plain, _args())["assign_rows_per_s"] == "met"
+    plain["assign_new_rows_per_s"] = 3.9e6
+    assert targets.judge(plain, _args())["assign_rows_per_s"] == "not met"
