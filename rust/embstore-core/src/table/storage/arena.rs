@@ -55,8 +55,9 @@ pub(crate) struct Arena {
     /// The pages asked for ahead of the rows. First, so that it is dropped
     /// (its work marked stale) before the columns free their memory.
     ahead: Ahead,
-    /// Rows whose pages were asked for ahead (or reserved): rows below it
-    /// are mapped, or being mapped, before they arrive.
+    /// Rows whose pages need no asking: rows below it were reserved, asked
+    /// for ahead (mapped or being mapped), or are the rows of the call
+    /// that asked (written by that call).
     populated: usize,
     /// Floats of a row's weights.
     ww: usize,
