@@ -5,7 +5,10 @@
 # sharing the GPU, benches/gpu_cache.py (every GPU row of benches/RESULTS.md)
 # and a kernel profile of the index's find and insert (ncu, where present).
 # Wheels in .whl/ (packages the machine lacks) are installed to /tmp/site
-# first. Logs, the bench's JSON and the GPU's name go to $OUT; about 5 minutes.
+# first. Logs, the bench's JSON (a file a part) and the GPU's name go to
+# $OUT; about 5 minutes. PARTS="serving dlrm" runs those parts alone,
+# BENCH_TIMEOUT (seconds, 180) bounds each, NO_NCU=1 skips the profile,
+# TESTS names the test files to run, NO_MPI=1 skips the 2-rank test.
 #
 #     OUT=/tmp/gpu bash scripts/gpu_check.sh [bench args...]
 set -u -o pipefail
@@ -28,16 +31,22 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT
 python3 -c "import embstore, cupy; from embstore.gpu import _xp; print(embstore.__file__, cupy.__version__, _xp.gpu_usable())"
 status=0
 timeout 150 python3 -m pytest -q -p no:cacheprovider -m "gpu or not slow" -o addopts="" \
-    tests/test_device_index.py tests/test_device_cache.py tests/test_device_optim.py \
-    tests/test_serving_cache.py 2>&1 | tee "$OUT/tests.log" | tail -25 || status=1
-timeout 90 python3 -m pytest -q -p no:cacheprovider -o addopts="" \
+    ${TESTS:-tests/test_device_index.py tests/test_device_cache.py tests/test_device_optim.py \
+    tests/test_serving_cache.py} 2>&1 | tee "$OUT/tests.log" | tail -25 || status=1
+[ -n "${NO_MPI:-}" ] || timeout 90 python3 -m pytest -q -p no:cacheprovider -o addopts="" \
     tests/test_mpi.py -k "one_gpu" 2>&1 | tee "$OUT/mpi.log" | tail -15 || status=1
-timeout -k 10 ${BENCH_TIMEOUT:-270} python3 benches/gpu_cache.py --json "$OUT/gpu_cache.json" "$@" 2>&1 | tee "$OUT/bench.log"
-rc=${PIPESTATUS[0]}  # 124: stopped by the timeout (the stacks are in the log); >128: a signal
-echo "benches/gpu_cache.py exit status $rc" | tee -a "$OUT/bench.log"
-[ "$rc" = 0 ] || status=1
+# Each part of the bench in a process and under a timeout of its own, so
+# that one part stopped leaves the others' figures (PARTS picks them).
+for part in ${PARTS:-serving dlrm scaling index}; do
+    t0=$SECONDS
+    timeout -k 10 ${BENCH_TIMEOUT:-180} python3 benches/gpu_cache.py --parts "$part" \
+        --json "$OUT/gpu_cache_$part.json" "$@" 2>&1 | tee -a "$OUT/bench.log"
+    rc=${PIPESTATUS[0]}  # 124: stopped by the timeout (the stacks are in the log); >128: a signal
+    echo "benches/gpu_cache.py --parts $part: exit status $rc after $((SECONDS - t0)) s" | tee -a "$OUT/bench.log"
+    [ "$rc" = 0 ] || status=1
+done
 NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -1)
-if [ -n "$NCU" ]; then  # bytes each kernel moved and its time (not part of the status)
+if [ -n "$NCU" ] && [ -z "${NO_NCU:-}" ]; then  # bytes each kernel moved and its time (not part of the status)
     timeout 75 "$NCU" --clock-control none -k 'regex:find[842]|find_rows|upsert|put_rows8' \
         --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum \
         python3 benches/probes/gpu_index_profile.py 2>&1 | tee "$OUT/ncu.log" | grep -E "^  [a-z_0-9]+ \(|duration|bytes"

@@ -110,11 +110,28 @@ pub fn check_finite(arg: &'static str, data: &[f32]) -> Result<()> {
 
 /// [`check_finite`] that also returns the largest magnitude in `data`.
 pub fn check_finite_max(arg: &'static str, data: &[f32]) -> Result<f32> {
+    check_finite_max_on(arg, data, Scan::Parallel)
+}
+
+/// Where a check's scan runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Scan {
+    /// In blocks on rayon's pool.
+    Parallel,
+    /// On the calling thread alone: for a check run while its thread holds
+    /// something other calls wait for (a `OnceLock` being initialized),
+    /// where a pool thread waiting for a block it handed out could run
+    /// another job meanwhile, one that waits for what it holds.
+    Here,
+}
+
+/// [`check_finite_max`], its scan run as `scan` says.
+pub fn check_finite_max_on(arg: &'static str, data: &[f32], scan: Scan) -> Result<f32> {
     const CHUNK: usize = 1 << 16;
     // A branch-free scan in the CPU's widest vectors: the largest
     // magnitude's bits; an exponent of all ones is NaN/inf.
     let backend = crate::simd::Backend::best();
-    let top = if data.len() <= CHUNK {
+    let top = if data.len() <= CHUNK || scan == Scan::Here {
         backend.max_magnitude_bits(data)
     } else {
         data.par_chunks(CHUNK)
@@ -125,7 +142,10 @@ pub fn check_finite_max(arg: &'static str, data: &[f32]) -> Result<f32> {
         return Ok(f32::from_bits(top));
     }
     let bad = |c: &[f32]| c.iter().any(|v| !v.is_finite());
-    let first_bad_chunk = data.par_chunks(CHUNK).position_first(bad);
+    let first_bad_chunk = match scan {
+        Scan::Parallel => data.par_chunks(CHUNK).position_first(bad),
+        Scan::Here => data.chunks(CHUNK).position(bad),
+    };
     match first_bad_chunk {
         None => Ok(f32::from_bits(top)),
         Some(c) => {

@@ -8,7 +8,7 @@ use crate::format::files::io_err;
 use crate::format::manifest::{FileEntry, Manifest};
 use crate::format::untrusted;
 use crate::optim::Optimizer;
-use crate::rows::check_finite;
+use crate::rows::{Scan, check_finite_max_on};
 use safetensors::tensor::{Dtype, Metadata, SafeTensors, TensorInfo, TensorView};
 use std::borrow::Cow;
 use std::io::Write;
@@ -203,16 +203,16 @@ pub(crate) fn i64s(b: &[u8]) -> Cow<'_, [i64]> {
     i64::view(b)
 }
 
-/// Checks the tensors of one rows file without converting them.
-/// Checks a rows file whole (tensors, finite rows and state, its index and
-/// shard); returns the shard count its header names (`None`: a file
-/// without an index), which every file of one link must share
-/// ([`same_shard_count`]).
+/// Checks a rows file whole without converting it (tensors, finite rows
+/// and state, its index and shard), its scans run as `scan` says; returns
+/// the shard count its header names (`None`: a file without an index),
+/// which every file of one link must share ([`same_shard_count`]).
 pub(crate) fn check_rows(
     m: &Manifest,
     path: &Path,
     e: &FileEntry,
     buf: &[u8],
+    scan: Scan,
 ) -> Result<Option<usize>> {
     let st = SafeTensors::deserialize(buf)
         .map_err(|err| ckpt_err(path, format!("not a safetensors file: {err}")))?;
@@ -220,17 +220,17 @@ pub(crate) fn check_rows(
     let fmt = m.format().map_err(|err| ckpt_err(path, err.to_string()))?;
     expect_tensor(&st, path, "keys", Dtype::I64, &[n])?;
     let rows = rows_tensor(&st, path, fmt, n, m.dim)?;
-    finite_in_file(path, "rows", &rows_f32(fmt, m.dim, rows))?;
+    finite_in_file(path, "rows", &rows_f32(fmt, m.dim, rows), scan)?;
     if m.with_optimizer && m.state_len > 0 {
         let state = expect_tensor(&st, path, "state", Dtype::F32, &[n, m.state_len])?;
         let state = f32s(state);
-        finite_in_file(path, "state", &state)?;
+        finite_in_file(path, "state", &state, scan)?;
         // State no step can produce (a negative accumulator) is damage too:
         // the next step would make the row NaN.
         if let Some(opt) = &m.optimizer {
             let opt = Optimizer::from_named(&opt.name, &opt.params)
                 .map_err(|err| ckpt_err(path, err.to_string()))?;
-            opt.check_state("state", m.dim, &state)
+            opt.check_state_on("state", m.dim, &state, scan)
                 .map_err(|err| ckpt_err(path, format!("tensor \"state\": {err} (damaged)")))?;
         }
     }
@@ -293,15 +293,17 @@ pub(crate) fn same_shard_count<'p>(
 }
 
 /// Refuses a tensor holding NaN or inf (a row or state that no call could
-/// have written).
-pub(crate) fn finite_in_file(path: &Path, name: &str, v: &[f32]) -> Result<()> {
-    check_finite("values", v).map_err(|e| match e {
-        StoreError::NonFinite { index, .. } => ckpt_err(
-            path,
-            format!("tensor {name:?} holds NaN or inf at flat index {index} (damaged)"),
-        ),
-        other => other,
-    })
+/// have written), its scan run as `scan` says.
+pub(crate) fn finite_in_file(path: &Path, name: &str, v: &[f32], scan: Scan) -> Result<()> {
+    check_finite_max_on("values", v, scan)
+        .map(|_| ())
+        .map_err(|e| match e {
+            StoreError::NonFinite { index, .. } => ckpt_err(
+                path,
+                format!("tensor {name:?} holds NaN or inf at flat index {index} (damaged)"),
+            ),
+            other => other,
+        })
 }
 
 /// Parses and checks one rows file of the manifest.

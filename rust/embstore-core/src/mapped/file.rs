@@ -7,6 +7,7 @@ use crate::format::file_index::{self, INDEX_FORMAT};
 use crate::format::files::{io_err, open_named};
 use crate::format::manifest::{FileEntry, Manifest};
 use crate::format::tensors::{check_rows, rows_dtype};
+use crate::rows::Scan;
 use memmap2::Mmap;
 use safetensors::SafeTensors;
 use safetensors::tensor::Dtype;
@@ -59,12 +60,23 @@ impl MappedFile {
                     self.entry.crc32c
                 ));
             }
-            check_rows(&self.manifest, &self.path, &self.entry, &self.map)
-                .map(|_| ())
-                .map_err(|e| match e {
-                    crate::error::StoreError::Checkpoint { msg, .. } => msg,
-                    other => other.to_string(),
-                })
+            // On this thread alone: a pool thread that initializes the
+            // lock and hands part of a scan to the pool would, while it
+            // waits for that part, run other jobs, one of which may read
+            // this file and wait on this lock, held by its own thread (the
+            // first large call of a fresh table would hang).
+            check_rows(
+                &self.manifest,
+                &self.path,
+                &self.entry,
+                &self.map,
+                Scan::Here,
+            )
+            .map(|_| ())
+            .map_err(|e| match e {
+                crate::error::StoreError::Checkpoint { msg, .. } => msg,
+                other => other.to_string(),
+            })
         });
         res.clone().map_err(|m| ckpt_err(&self.path, m))
     }

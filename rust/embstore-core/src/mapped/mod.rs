@@ -708,4 +708,64 @@ mod tests {
         assert_eq!(m.retired_count(), 0, "the current version is never retired");
         std::fs::remove_dir_all(&dir).unwrap();
     }
+
+    /// A file's first check ran its scans on the pool: its thread, waiting
+    /// for a block another thread took, ran queued jobs meanwhile, and a
+    /// job that read the same file waited on the check its own thread was
+    /// running (a `OnceLock` initialized on itself: the first 2,000-key
+    /// `SlotMap` serve of a fresh 4M-row table hung on a 16-core machine).
+    /// Here two pool threads: the first read of a large file; a job that
+    /// frees the other thread after a time that each round makes longer,
+    /// so that in some round it is free to take part of the check's scan;
+    /// then reads of the file queued, under a watchdog.
+    #[test]
+    fn a_first_read_never_waits_on_its_own_threads_check() {
+        let dir = temp_dir("mapped-first-check");
+        let (dim, n) = (16, 400_000i64);
+        let t = table(dim, 1, sgd(0.1));
+        let keys: Vec<i64> = (0..n).collect();
+        let rows: Vec<f32> = (0..n as usize * dim).map(|i| (i % 7) as f32).collect();
+        t.assign(&keys, &rows).unwrap();
+        t.save(&dir, false, false, None).unwrap();
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(2)
+            .build()
+            .unwrap();
+        // How long a first read takes (its check), the other thread idle.
+        let first_read = || {
+            let m = MappedTable::open(&dir).unwrap();
+            let t0 = Instant::now();
+            pool.install(|| m.lookup(&[0], Missing::Zeros, &mut [0.0; 16], None))
+                .unwrap();
+            t0.elapsed()
+        };
+        let check = first_read().min(first_read());
+        for round in 0..40u32 {
+            // From a quarter of the check to all of it: the scan lies between.
+            let busy = check / 4 + check * 3 / 4 * round / 40;
+            let m = Arc::new(MappedTable::open(&dir).unwrap());
+            let (tx, rx) = std::sync::mpsc::channel();
+            let jobs = 24usize;
+            for j in 0..jobs {
+                let (m, tx) = (Arc::clone(&m), tx.clone());
+                pool.spawn(move || {
+                    if j == 1 {
+                        let t0 = Instant::now();
+                        while t0.elapsed() < busy {}
+                        tx.send(-1.0).unwrap();
+                    } else {
+                        let mut out = vec![0.0; dim];
+                        m.lookup(&[j as i64], Missing::Zeros, &mut out, None)
+                            .unwrap();
+                        tx.send(out[0]).unwrap();
+                    }
+                });
+            }
+            for _ in 0..jobs {
+                rx.recv_timeout(Duration::from_secs(60))
+                    .unwrap_or_else(|_| panic!("round {round}: a lookup hung on a file's check"));
+            }
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }

@@ -5,6 +5,7 @@
 
 use crate::error::{Result, invalid};
 use crate::optim::Optimizer;
+use crate::rows::Scan;
 use crate::table::step::bounds::COMFORT;
 use rayon::prelude::*;
 
@@ -157,6 +158,20 @@ impl Optimizer {
     /// # Errors
     /// `InvalidArgument` naming `arg`, the row and the block.
     pub fn check_state(&self, arg: &'static str, dim: usize, state: &[f32]) -> Result<()> {
+        self.check_state_on(arg, dim, state, Scan::Parallel)
+    }
+
+    /// [`Optimizer::check_state`], its scan run as `scan` says.
+    ///
+    /// # Errors
+    /// As [`Optimizer::check_state`].
+    pub fn check_state_on(
+        &self,
+        arg: &'static str,
+        dim: usize,
+        state: &[f32],
+        scan: Scan,
+    ) -> Result<()> {
         let sl = self.state_len(dim);
         let Some((off, len)) = self.nonnegative_state(dim) else {
             return Ok(());
@@ -167,17 +182,19 @@ impl Optimizer {
         // Blocks of rows on every core; the first bad row of the first bad block.
         const ROWS: usize = 4096;
         let negative = |row: &[f32]| row[off..off + len].iter().any(|&x| x < 0.0);
-        let bad = state
-            .par_chunks(sl * ROWS)
-            .position_first(|block| block.chunks_exact(sl).any(negative))
-            .map(|b| {
-                let block = &state[b * sl * ROWS..];
-                b * ROWS
-                    + block
-                        .chunks_exact(sl)
-                        .position(negative)
-                        .expect("the block holds a negative state")
-            });
+        let bad_block = |block: &[f32]| block.chunks_exact(sl).any(negative);
+        let bad = match scan {
+            Scan::Parallel => state.par_chunks(sl * ROWS).position_first(bad_block),
+            Scan::Here => state.chunks(sl * ROWS).position(bad_block),
+        }
+        .map(|b| {
+            let block = &state[b * sl * ROWS..];
+            b * ROWS
+                + block
+                    .chunks_exact(sl)
+                    .position(negative)
+                    .expect("the block holds a negative state")
+        });
         match bad {
             None => Ok(()),
             Some(r) => {

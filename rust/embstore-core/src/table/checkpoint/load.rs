@@ -10,6 +10,7 @@ use crate::format::tensors::{
 };
 use crate::init::Initializer;
 use crate::optim::Optimizer;
+use crate::rows::Scan;
 use crate::table::{DiskConfig, Table, TableConfig};
 use rayon::iter::{IndexedParallelIterator, IntoParallelRefIterator, ParallelIterator};
 use safetensors::tensor::{Dtype, SafeTensors};
@@ -219,7 +220,7 @@ impl Table {
             let load_file = |e: &FileEntry| -> Result<()> {
                 with_file(dir, e, progress, |buf| {
                     let path = dir.join(&e.name);
-                    let n = check_rows(&m, &path, e, buf)?;
+                    let n = check_rows(&m, &path, e, buf, Scan::Parallel)?;
                     checked
                         .lock()
                         .unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -342,7 +343,7 @@ pub fn verify(dir: &Path) -> Result<(Manifest, Vec<FileCheck>)> {
                 if e.name.ends_with("-removed.safetensors") {
                     parse_removed(&path, e, buf).map(|_| ())
                 } else {
-                    check_rows(&m, &path, e, buf).map(|_| ())
+                    check_rows(&m, &path, e, buf, Scan::Parallel).map(|_| ())
                 }
             });
             ((*e).clone(), r.err().map(|x| x.to_string()))
