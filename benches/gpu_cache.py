@@ -487,6 +487,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--warm", type=int, default=20, help="DLRM steps before the timed ones")
     ap.add_argument("--profile", action="store_true", help="profile 3 DLRM steps (cProfile)")
     ap.add_argument(
+        "--write-back-thread-min",
+        type=int,
+        default=None,
+        help="DLRM: evicted rows from which a call writes them back on a thread of its own "
+        "(default: the cache's, off)",
+    )
+    ap.add_argument(
         "--cache-fractions", default="0.10,0.15", help="DLRM cache sizes, fractions of the keys"
     )
     args = ap.parse_args(argv)
@@ -499,6 +506,10 @@ def main(argv: list[str] | None = None) -> int:
     faulthandler.enable()
     faulthandler.register(signal.SIGTERM, all_threads=True, chain=True)
 
+    if args.write_back_thread_min is not None:
+        import embstore.gpu.cache as gpu_cache
+
+        gpu_cache.WRITE_BACK_THREAD_MIN = args.write_back_thread_min
     gpu, why = X.gpu_usable()
     xp = X.namespace(importlib.import_module(args.xp) if args.xp else None)
     parts = set(args.parts.split(","))

@@ -28,9 +28,12 @@ class Resolved:
 
 
 #: Evicted rows at least this many go back to the table on a thread of their
-#: own while the call's misses are fetched (fewer: in line, a thread costs
-#: more than it saves).
-WRITE_BACK_THREAD_MIN = 4096
+#: own while the call's misses are fetched. Off (no call evicts this many):
+#: on an H200 the DLRM step through a cache was 2-6 ms slower with the
+#: thread from 4,096 rows than with every write-back in line (two rounds,
+#: benches/RESULTS.md, 2026-11-27); the mechanism stays for a host where
+#: the table's writes and the fetch overlap better.
+WRITE_BACK_THREAD_MIN = 1 << 62
 
 
 class WriteBack(threading.Thread):

@@ -452,11 +452,11 @@ class DeviceCache:
         )
         # Rows and state of the evicted slots go back to the table before
         # any slot changes: a call that fails before the install below has
-        # lost nothing (the table holds them; the slots still do too). A
-        # large write-back runs on a thread of its own while the misses are
-        # fetched (native calls, the GIL released; the keys of the two are
-        # disjoint: an evicted key was cached, a missed one was not), and
-        # is waited for before the install.
+        # lost nothing (the table holds them; the slots still do too). From
+        # WRITE_BACK_THREAD_MIN rows (off by default) a write-back runs on a
+        # thread of its own while the misses are fetched (native calls, the
+        # GIL released; the keys of the two are disjoint: an evicted key was
+        # cached, a missed one was not), waited for before the install.
         ev_keys = keys_h[n_adm + n_served :]
         writing = (
             self._write_back_started(ev_keys, blocks[0], blocks[1])
