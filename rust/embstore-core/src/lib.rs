@@ -117,8 +117,15 @@
 //!    retired versions (held to push or take the list; dropped after), and a
 //!    mapped file's checksum check
 //!    (`mapped`: a `OnceLock` whose one checker computes a CRC and runs the
-//!    loader's checks of the file, with no pool work and no lock, so a pool
-//!    job that waits for it waits for neither).
+//!    loader's checks of the file on its own thread, with no pool work and
+//!    no lock, so a pool job that waits for it waits for neither: its scans
+//!    once ran on the pool, and the checker, waiting for a block another
+//!    thread took, ran a job that waited for its own check).
+//!
+//! A load's reader thread (`format::files::for_each_file`) holds no lock
+//! while it reads a file (it takes a read buffer under its leaf lock), and
+//! the pool threads that wait for its next file on the channel between
+//! them hold none either.
 //!
 //! The rule behind the order: no thread waits for pool work while holding a
 //! lock that a pool job might wait for. Gates are never taken inside a job,

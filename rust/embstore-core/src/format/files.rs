@@ -2,6 +2,7 @@
 //! (with their size and CRC-32C checked).
 
 use crate::error::{Result, StoreError, ckpt_err};
+use crate::format::direct::{ReadBuf, read_into};
 use crate::format::untrusted;
 use crate::hash::mix64;
 use serde::{Deserialize, Serialize};
@@ -134,9 +135,9 @@ thread_local! {
 /// pool thread: 28 bytes a key after loading 10M keys of dim 16). With the
 /// number of reads in progress. A leaf lock (`lib.rs`, "Locks"): held to
 /// take or put back a buffer, or to count a read in or out.
-static READ_BUFS: std::sync::Mutex<(usize, Vec<Vec<u8>>)> = std::sync::Mutex::new((0, Vec::new()));
+static READ_BUFS: std::sync::Mutex<(usize, Vec<ReadBuf>)> = std::sync::Mutex::new((0, Vec::new()));
 
-fn read_bufs() -> std::sync::MutexGuard<'static, (usize, Vec<Vec<u8>>)> {
+fn read_bufs() -> std::sync::MutexGuard<'static, (usize, Vec<ReadBuf>)> {
     READ_BUFS
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -254,24 +255,41 @@ fn read_open_into(
     Ok(())
 }
 
-/// Reads a file named by the manifest and checks its size and CRC-32C.
+/// Reads a file named by the manifest and checks its size and CRC-32C (a
+/// cold file straight from the disk: [`read_into`]).
 pub(crate) fn read_checked_into(
     dir: &Path,
     e: &FileEntry,
     progress: Option<&AtomicU64>,
-    buf: &mut Vec<u8>,
+    buf: &mut ReadBuf,
 ) -> Result<()> {
     let f = open_named(dir, &e.name, "missing or unreadable")?;
     let path = dir.join(&e.name);
-    let size_err = |len: u64| {
-        (len != e.bytes).then(|| {
+    let len = f
+        .metadata()
+        .map_err(|err| io_err(&path, "missing or unreadable", &err))?
+        .len();
+    if len != e.bytes {
+        return Err(ckpt_err(
+            &path,
             format!(
                 "expected {} bytes, found {len} (truncated or replaced)",
                 e.bytes
-            )
-        })
-    };
-    read_open_into(f, &path, e.bytes, "missing or unreadable", buf, size_err)?;
+            ),
+        ));
+    }
+    let (n, _) =
+        read_into(&f, len, e.bytes, buf)?.map_err(|err| io_err(&path, "cannot read", &err))?;
+    if n as u64 > e.bytes {
+        return Err(ckpt_err(
+            &path,
+            format!(
+                "more than the {} bytes expected (the file grew while read)",
+                e.bytes
+            ),
+        ));
+    }
+    let buf = buf.filled();
     let crc = crc32c::crc32c(buf);
     if crc != e.crc32c {
         return Err(ckpt_err(
@@ -295,15 +313,72 @@ pub(crate) fn with_file<T>(
     progress: Option<&AtomicU64>,
     f: impl FnOnce(&[u8]) -> Result<T>,
 ) -> Result<T> {
-    // A kept buffer (the largest) is taken out, not borrowed across `f`:
-    // `f` may run rayon jobs, and a worker waiting in one may steal another
-    // job of this kind (which then takes another buffer or allocates one).
-    let mut buf = {
-        let mut g = read_bufs();
-        let big = (0..g.1.len()).max_by_key(|&i| g.1[i].capacity());
-        big.map(|i| g.1.swap_remove(i)).unwrap_or_default()
-    };
-    let out = read_checked_into(dir, e, progress, &mut buf).and_then(|()| f(&buf));
+    let mut buf = take_buf();
+    let out = read_checked_into(dir, e, progress, &mut buf).and_then(|()| f(buf.filled()));
+    put_buf(buf);
+    out
+}
+
+/// Runs `f` on the checked bytes of each of `files`, on rayon's pool in
+/// the order they arrive, while a thread of its own reads them in order,
+/// at most one file ahead of the pool: the disk reads the next file while
+/// the cores check and load the last ones (a direct read, which a cold
+/// file gets, has no kernel read-ahead to do that). Stops at the first
+/// error; the reader stops at its next file. Where the thread cannot start,
+/// each pool thread reads its own files ([`with_file`]).
+///
+/// # Errors
+/// The first error of a read or of `f`.
+pub(crate) fn for_each_file(
+    dir: &Path,
+    files: &[FileEntry],
+    progress: Option<&AtomicU64>,
+    f: impl Fn(&FileEntry, &[u8]) -> Result<()> + Sync,
+) -> Result<()> {
+    use rayon::prelude::*;
+    let each = |e: &FileEntry| with_file(dir, e, progress, |buf| f(e, buf));
+    if files.len() < 2 {
+        return files.iter().try_for_each(each);
+    }
+    let (tx, rx) = std::sync::mpsc::sync_channel::<(usize, Result<ReadBuf>)>(1);
+    std::thread::scope(|s| {
+        let reader = std::thread::Builder::new()
+            .name("embstore-read".into())
+            .spawn_scoped(s, move || {
+                for (i, e) in files.iter().enumerate() {
+                    let mut buf = take_buf();
+                    let read = read_checked_into(dir, e, progress, &mut buf).map(|()| buf);
+                    let failed = read.is_err();
+                    // A receiver gone (the loads stopped at an error) ends it.
+                    if tx.send((i, read)).is_err() || failed {
+                        break;
+                    }
+                }
+            });
+        if reader.is_err() {
+            return files.par_iter().try_for_each(each);
+        }
+        rx.into_iter().par_bridge().try_for_each(|(i, read)| {
+            let buf = read?;
+            let out = f(&files[i], buf.filled());
+            put_buf(buf);
+            out
+        })
+    })
+}
+
+/// A kept read buffer (the largest), or a new one: taken out, not borrowed
+/// across the work on its bytes, which may run rayon jobs (a worker waiting
+/// in one may steal another job of this kind, which then takes another
+/// buffer or allocates one).
+fn take_buf() -> ReadBuf {
+    let mut g = read_bufs();
+    let big = (0..g.1.len()).max_by_key(|&i| g.1[i].capacity());
+    big.map(|i| g.1.swap_remove(i)).unwrap_or_default()
+}
+
+/// Gives a read buffer back: kept while a read is in progress, else freed.
+fn put_buf(buf: ReadBuf) {
     let mut g = read_bufs();
     if g.0 > 0 {
         g.1.push(buf);
@@ -311,13 +386,71 @@ pub(crate) fn with_file<T>(
         drop(g);
         drop(buf); // no read in progress keeps it (outside the lock)
     }
-    out
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::error::invalid;
     use crate::testing::temp_dir;
+
+    /// Files read ahead by the reader thread reach `f` each once with
+    /// their bytes; an error of `f`, or a damaged file, ends the run with
+    /// that error while the reader has files left (it stops; nothing
+    /// hangs).
+    #[test]
+    fn files_read_ahead_each_reach_f_once_and_an_error_stops_the_reader() {
+        let dir = temp_dir("files-ahead");
+        let entries: Vec<FileEntry> = (0..12usize)
+            .map(|i| {
+                let name = format!("f{i}.bin");
+                let bytes: Vec<u8> = (0..(i * 50_000 + 3)).map(|j| (i + j) as u8).collect();
+                write_synced(&dir.join(&name), &bytes).unwrap();
+                FileEntry {
+                    name,
+                    rows: 0,
+                    bytes: bytes.len() as u64,
+                    crc32c: crc32c::crc32c(&bytes),
+                }
+            })
+            .collect();
+        let seen = std::sync::Mutex::new(Vec::new());
+        for_each_file(&dir, &entries, None, |e, buf| {
+            assert_eq!(buf.len() as u64, e.bytes);
+            assert_eq!(crc32c::crc32c(buf), e.crc32c);
+            seen.lock().unwrap().push(e.name.clone());
+            Ok(())
+        })
+        .unwrap();
+        let mut seen = seen.into_inner().unwrap();
+        seen.sort();
+        let mut want: Vec<String> = entries.iter().map(|e| e.name.clone()).collect();
+        want.sort();
+        assert_eq!(seen, want, "every file once");
+        let e = for_each_file(&dir, &entries, None, |e, _| {
+            if e.name == "f2.bin" {
+                Err(invalid("rows", "refused by the test".to_string()))
+            } else {
+                Ok(())
+            }
+        })
+        .unwrap_err();
+        assert!(e.to_string().contains("refused by the test"), "{e}");
+        let mut damaged = entries.clone();
+        damaged[3].crc32c ^= 1;
+        let e = for_each_file(&dir, &damaged, None, |_, _| Ok(()))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("f3.bin") && e.contains("checksum mismatch"),
+            "{e}"
+        );
+        assert!(
+            read_bufs().1.is_empty(),
+            "no read in progress keeps a buffer"
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 
     #[test]
     fn synced_writes_read_back_and_limits_hold() {

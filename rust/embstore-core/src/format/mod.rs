@@ -12,6 +12,7 @@
 //! mapped reader (`mapped`) both stand on this module; it names neither.
 
 pub mod codec;
+pub(crate) mod direct;
 pub(crate) mod dirlock;
 pub(crate) mod file_index;
 pub(crate) mod files;

@@ -3,7 +3,7 @@
 
 use crate::error::{Result, StoreError, ckpt_err};
 use crate::format::dirlock::{self, DirLock};
-use crate::format::files::{ReadScope, io_err, with_file};
+use crate::format::files::{ReadScope, for_each_file, io_err, with_file};
 use crate::format::manifest::{FileEntry, Manifest, SaveMark, parse_manifest, read_manifest};
 use crate::format::tensors::{
     check_rows, expect_tensor, i64s, parse_removed, parse_rows, same_shard_count,
@@ -12,7 +12,7 @@ use crate::init::Initializer;
 use crate::optim::Optimizer;
 use crate::rows::Scan;
 use crate::table::{DiskConfig, Table, TableConfig};
-use rayon::iter::{IndexedParallelIterator, IntoParallelRefIterator, ParallelIterator};
+use rayon::iter::{IntoParallelRefIterator, ParallelIterator};
 use safetensors::tensor::{Dtype, SafeTensors};
 use std::fs;
 use std::path::Path;
@@ -217,8 +217,8 @@ impl Table {
                 })?;
             }
             let checked = std::sync::Mutex::new(Vec::new());
-            let load_file = |e: &FileEntry| -> Result<()> {
-                with_file(dir, e, progress, |buf| {
+            let load_file = |e: &FileEntry, buf: &[u8]| -> Result<()> {
+                {
                     let path = dir.join(&e.name);
                     let n = check_rows(&m, &path, e, buf, Scan::Parallel)?;
                     checked
@@ -276,18 +276,12 @@ impl Table {
                         }
                     }
                     Ok(())
-                })
+                }
             };
-            if on_disk {
-                // A file at a time on each thread (each adopted, or loaded
-                // and moved to disk as far as memory needs).
-                link.files
-                    .par_iter()
-                    .with_max_len(1)
-                    .try_for_each(load_file)?;
-            } else {
-                link.files.par_iter().try_for_each(load_file)?;
-            }
+            // A file at a time on each pool thread as the reader brings it
+            // (a disk table adopts each, or loads it and moves it to disk as
+            // far as memory needs).
+            for_each_file(dir, &link.files, progress, load_file)?;
             let checked = checked
                 .into_inner()
                 .unwrap_or_else(std::sync::PoisonError::into_inner);
