@@ -45,7 +45,7 @@ impl PySlotMap {
         let reader = table.inner().reader();
         let dim = reader.dim();
         let fetch = |keys: &[i64], rows: &mut [f32], found: &mut [bool]| {
-            reader.lookup(keys, missing, rows, Some(found))
+            reader.lookup_cold(keys, missing, rows, Some(found))
         };
         let s = py.enter_store(|| self.map().serve(k, tick, admit, dim, &fetch))?;
         Ok((s, dim))
