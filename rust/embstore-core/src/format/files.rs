@@ -324,8 +324,10 @@ pub(crate) fn with_file<T>(
 /// at most one file ahead of the pool: the disk reads the next file while
 /// the cores check and load the last ones (a direct read, which a cold
 /// file gets, has no kernel read-ahead to do that). Stops at the first
-/// error; the reader stops at its next file. Where the thread cannot start,
-/// each pool thread reads its own files ([`with_file`]).
+/// error; the reader stops at its next file. Without `ahead` (a disk
+/// table, whose memory is tight: the reader's file is one buffer more), or
+/// where the thread cannot start, each pool thread reads its own files, one
+/// at a time ([`with_file`]).
 ///
 /// # Errors
 /// The first error of a read or of `f`.
@@ -333,12 +335,14 @@ pub(crate) fn for_each_file(
     dir: &Path,
     files: &[FileEntry],
     progress: Option<&AtomicU64>,
+    ahead: bool,
     f: impl Fn(&FileEntry, &[u8]) -> Result<()> + Sync,
 ) -> Result<()> {
     use rayon::prelude::*;
     let each = |e: &FileEntry| with_file(dir, e, progress, |buf| f(e, buf));
-    if files.len() < 2 {
-        return files.iter().try_for_each(each);
+    let by_pool = || files.par_iter().with_max_len(1).try_for_each(each);
+    if files.len() < 2 || !ahead {
+        return by_pool();
     }
     let (tx, rx) = std::sync::mpsc::sync_channel::<(usize, Result<ReadBuf>)>(1);
     std::thread::scope(|s| {
@@ -356,7 +360,7 @@ pub(crate) fn for_each_file(
                 }
             });
         if reader.is_err() {
-            return files.par_iter().try_for_each(each);
+            return by_pool();
         }
         rx.into_iter().par_bridge().try_for_each(|(i, read)| {
             let buf = read?;
@@ -394,7 +398,7 @@ mod tests {
     use crate::error::invalid;
     use crate::testing::temp_dir;
 
-    /// Files read ahead by the reader thread reach `f` each once with
+    /// Files read ahead by the reader thread (or by the pool threads) reach `f` each once with
     /// their bytes; an error of `f`, or a damaged file, ends the run with
     /// that error while the reader has files left (it stops; nothing
     /// hangs).
@@ -414,41 +418,44 @@ mod tests {
                 }
             })
             .collect();
-        let seen = std::sync::Mutex::new(Vec::new());
-        for_each_file(&dir, &entries, None, |e, buf| {
-            assert_eq!(buf.len() as u64, e.bytes);
-            assert_eq!(crc32c::crc32c(buf), e.crc32c);
-            seen.lock().unwrap().push(e.name.clone());
-            Ok(())
-        })
-        .unwrap();
-        let mut seen = seen.into_inner().unwrap();
-        seen.sort();
-        let mut want: Vec<String> = entries.iter().map(|e| e.name.clone()).collect();
-        want.sort();
-        assert_eq!(seen, want, "every file once");
-        let e = for_each_file(&dir, &entries, None, |e, _| {
-            if e.name == "f2.bin" {
-                Err(invalid("rows", "refused by the test".to_string()))
-            } else {
+        // With the reader thread, and each pool thread reading its own.
+        for ahead in [true, false] {
+            let seen = std::sync::Mutex::new(Vec::new());
+            for_each_file(&dir, &entries, None, ahead, |e, buf| {
+                assert_eq!(buf.len() as u64, e.bytes);
+                assert_eq!(crc32c::crc32c(buf), e.crc32c);
+                seen.lock().unwrap().push(e.name.clone());
                 Ok(())
-            }
-        })
-        .unwrap_err();
-        assert!(e.to_string().contains("refused by the test"), "{e}");
-        let mut damaged = entries.clone();
-        damaged[3].crc32c ^= 1;
-        let e = for_each_file(&dir, &damaged, None, |_, _| Ok(()))
-            .unwrap_err()
-            .to_string();
-        assert!(
-            e.contains("f3.bin") && e.contains("checksum mismatch"),
-            "{e}"
-        );
-        assert!(
-            read_bufs().1.is_empty(),
-            "no read in progress keeps a buffer"
-        );
+            })
+            .unwrap();
+            let mut seen = seen.into_inner().unwrap();
+            seen.sort();
+            let mut want: Vec<String> = entries.iter().map(|e| e.name.clone()).collect();
+            want.sort();
+            assert_eq!(seen, want, "every file once");
+            let e = for_each_file(&dir, &entries, None, ahead, |e, _| {
+                if e.name == "f2.bin" {
+                    Err(invalid("rows", "refused by the test".to_string()))
+                } else {
+                    Ok(())
+                }
+            })
+            .unwrap_err();
+            assert!(e.to_string().contains("refused by the test"), "{e}");
+            let mut damaged = entries.clone();
+            damaged[3].crc32c ^= 1;
+            let e = for_each_file(&dir, &damaged, None, ahead, |_, _| Ok(()))
+                .unwrap_err()
+                .to_string();
+            assert!(
+                e.contains("f3.bin") && e.contains("checksum mismatch"),
+                "{e}"
+            );
+            assert!(
+                read_bufs().1.is_empty(),
+                "no read in progress keeps a buffer"
+            );
+        }
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

@@ -218,70 +218,69 @@ impl Table {
             }
             let checked = std::sync::Mutex::new(Vec::new());
             let load_file = |e: &FileEntry, buf: &[u8]| -> Result<()> {
-                {
-                    let path = dir.join(&e.name);
-                    let n = check_rows(&m, &path, e, buf, Scan::Parallel)?;
-                    checked
-                        .lock()
-                        .unwrap_or_else(std::sync::PoisonError::into_inner)
-                        .push((path.clone(), n));
-                    // A disk table takes the file itself as a segment where
-                    // it can (no row rewritten).
-                    if on_disk && keep.is_none() && table.adopt_file(&m, dir, e, buf)? {
-                        return Ok(());
-                    }
-                    let r = parse_rows(&m, &path, e, buf)?;
-                    match keep {
-                        None => assign(
-                            &r.keys,
-                            &r.rows,
-                            r.stored.as_deref(),
-                            r.state.as_deref(),
-                            r.meta.as_deref(),
-                            1,
-                        )?,
-                        Some(keep) => {
-                            let (dim, sl) = (m.dim, m.state_len);
-                            let pick: Vec<usize> =
-                                (0..r.keys.len()).filter(|&i| keep(r.keys[i])).collect();
-                            let keys: Vec<i64> = pick.iter().map(|&i| r.keys[i]).collect();
-                            let rows: Vec<f32> = pick
-                                .iter()
-                                .flat_map(|&i| r.rows[i * dim..(i + 1) * dim].iter().copied())
-                                .collect();
-                            let state: Option<Vec<f32>> = r.state.as_ref().map(|st| {
-                                pick.iter()
-                                    .flat_map(|&i| st[i * sl..(i + 1) * sl].iter().copied())
-                                    .collect()
-                            });
-                            let ww = m.format()?.words(dim);
-                            let stored: Option<Vec<f32>> = r.stored.as_ref().map(|sw| {
-                                pick.iter()
-                                    .flat_map(|&i| sw[i * ww..(i + 1) * ww].iter().copied())
-                                    .collect()
-                            });
-                            let meta: Option<Vec<u32>> = r.meta.as_ref().map(|mt| {
-                                pick.iter()
-                                    .flat_map(|&i| mt[i * 4..(i + 1) * 4].iter().copied())
-                                    .collect()
-                            });
-                            assign(
-                                &keys,
-                                &rows,
-                                stored.as_deref(),
-                                state.as_deref(),
-                                meta.as_deref(),
-                                1,
-                            )?;
-                        }
-                    }
-                    Ok(())
+                let path = dir.join(&e.name);
+                let n = check_rows(&m, &path, e, buf, Scan::Parallel)?;
+                checked
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .push((path.clone(), n));
+                // A disk table takes the file itself as a segment where
+                // it can (no row rewritten).
+                if on_disk && keep.is_none() && table.adopt_file(&m, dir, e, buf)? {
+                    return Ok(());
                 }
+                let r = parse_rows(&m, &path, e, buf)?;
+                match keep {
+                    None => assign(
+                        &r.keys,
+                        &r.rows,
+                        r.stored.as_deref(),
+                        r.state.as_deref(),
+                        r.meta.as_deref(),
+                        1,
+                    )?,
+                    Some(keep) => {
+                        let (dim, sl) = (m.dim, m.state_len);
+                        let pick: Vec<usize> =
+                            (0..r.keys.len()).filter(|&i| keep(r.keys[i])).collect();
+                        let keys: Vec<i64> = pick.iter().map(|&i| r.keys[i]).collect();
+                        let rows: Vec<f32> = pick
+                            .iter()
+                            .flat_map(|&i| r.rows[i * dim..(i + 1) * dim].iter().copied())
+                            .collect();
+                        let state: Option<Vec<f32>> = r.state.as_ref().map(|st| {
+                            pick.iter()
+                                .flat_map(|&i| st[i * sl..(i + 1) * sl].iter().copied())
+                                .collect()
+                        });
+                        let ww = m.format()?.words(dim);
+                        let stored: Option<Vec<f32>> = r.stored.as_ref().map(|sw| {
+                            pick.iter()
+                                .flat_map(|&i| sw[i * ww..(i + 1) * ww].iter().copied())
+                                .collect()
+                        });
+                        let meta: Option<Vec<u32>> = r.meta.as_ref().map(|mt| {
+                            pick.iter()
+                                .flat_map(|&i| mt[i * 4..(i + 1) * 4].iter().copied())
+                                .collect()
+                        });
+                        assign(
+                            &keys,
+                            &rows,
+                            stored.as_deref(),
+                            state.as_deref(),
+                            meta.as_deref(),
+                            1,
+                        )?;
+                    }
+                }
+                Ok(())
             };
-            // A file at a time on each pool thread as the reader brings it
-            // (a disk table adopts each, or loads it and moves it to disk as
-            // far as memory needs).
-            for_each_file(dir, &link.files, progress, load_file)?;
+            // A file at a time on each pool thread, as the reader thread
+            // brings it; a disk table (each file adopted, or loaded and moved
+            // to disk as far as memory needs) reads without the reader's
+            // extra buffer.
+            for_each_file(dir, &link.files, progress, !on_disk, load_file)?;
             let checked = checked
                 .into_inner()
                 .unwrap_or_else(std::sync::PoisonError::into_inner);
