@@ -263,6 +263,13 @@ pub(crate) fn read_checked_into(
     progress: Option<&AtomicU64>,
     buf: &mut ReadBuf,
 ) -> Result<()> {
+    read_sized_into(dir, e, buf)?;
+    check_crc(dir, e, progress, buf.filled())
+}
+
+/// [`read_checked_into`] without the CRC-32C: the file opened by its plain
+/// name, its size checked against the manifest's before and after the read.
+fn read_sized_into(dir: &Path, e: &FileEntry, buf: &mut ReadBuf) -> Result<()> {
     let f = open_named(dir, &e.name, "missing or unreadable")?;
     let path = dir.join(&e.name);
     let len = f
@@ -289,11 +296,16 @@ pub(crate) fn read_checked_into(
             ),
         ));
     }
-    let buf = buf.filled();
-    let crc = crc32c::crc32c(buf);
+    Ok(())
+}
+
+/// Checks a file's bytes against the manifest's CRC-32C, then counts them
+/// into `progress`.
+fn check_crc(dir: &Path, e: &FileEntry, progress: Option<&AtomicU64>, bytes: &[u8]) -> Result<()> {
+    let crc = crc32c::crc32c(bytes);
     if crc != e.crc32c {
         return Err(ckpt_err(
-            &path,
+            dir.join(&e.name),
             format!(
                 "checksum mismatch: expected crc32c {:08x}, found {crc:08x} (damaged)",
                 e.crc32c
@@ -350,8 +362,10 @@ pub(crate) fn for_each_file(
             .name("embstore-read".into())
             .spawn_scoped(s, move || {
                 for (i, e) in files.iter().enumerate() {
+                    // Reads alone: the checksum is taken by the pool thread
+                    // that loads the file, so the disk is kept busy.
                     let mut buf = take_buf();
-                    let read = read_checked_into(dir, e, progress, &mut buf).map(|()| buf);
+                    let read = read_sized_into(dir, e, &mut buf).map(|()| buf);
                     let failed = read.is_err();
                     // A receiver gone (the loads stopped at an error) ends it.
                     if tx.send((i, read)).is_err() || failed {
@@ -364,7 +378,8 @@ pub(crate) fn for_each_file(
         }
         rx.into_iter().par_bridge().try_for_each(|(i, read)| {
             let buf = read?;
-            let out = f(&files[i], buf.filled());
+            let out = check_crc(dir, &files[i], progress, buf.filled())
+                .and_then(|()| f(&files[i], buf.filled()));
             put_buf(buf);
             out
         })
