@@ -89,7 +89,10 @@ fn mostly_cached(f: &File, len: u64) -> bool {
         return true;
     };
     let pages = (len as usize).div_ceil(BLOCK);
-    let mut resident = vec![0u8; pages];
+    // A byte a page, taken fallibly (a file's length sizes it).
+    let Some(mut resident) = try_zeroed::<u8>(pages) else {
+        return true;
+    };
     // SAFETY: `map` is a live mapping of `len` bytes at a page-aligned
     // address, and `resident` holds one byte for each of its pages.
     let rc = unsafe {
