@@ -25,6 +25,25 @@ from embstore.bench.small import report_small, small_calls
 from embstore.bench.targets import cell, judge, sizes_note
 
 
+def _numpy_fill_s(nbytes: int) -> float:
+    """Seconds NumPy takes to write ``nbytes`` into fresh memory, page
+    faults included, as NumPy's own large arrays get it: a private
+    anonymous mapping of its own (never memory an allocator kept from an
+    earlier free) that asks for huge pages. (Until 2026-11-27 the mapping
+    was ``mmap.mmap(-1, n)``'s default, shared: shmem, which a kernel in THP
+    mode ``madvise`` backs with 4 KiB pages whatever it is asked; NumPy's
+    own arrays filled the same bytes 4-7x faster on machine E.)"""
+    flags = getattr(mmap, "MAP_PRIVATE", 0) | getattr(mmap, "MAP_ANONYMOUS", 0)
+    fresh = mmap.mmap(-1, nbytes, flags=flags) if flags else mmap.mmap(-1, nbytes)
+    if hasattr(mmap, "MADV_HUGEPAGE"):
+        fresh.madvise(mmap.MADV_HUGEPAGE)
+    t0 = time.perf_counter()
+    np.frombuffer(fresh, np.float32).fill(1.0)
+    took = time.perf_counter() - t0
+    fresh.close()
+    return took
+
+
 def core(vocab: int, batch: int, fields: int, dim: int, reps: int) -> dict[str, float]:
     """embstore's own timings: lookup and Adam apply on a full table."""
     rng = np.random.default_rng(0)
@@ -157,16 +176,8 @@ def compare(args: argparse.Namespace) -> dict[str, Any]:
     table.lookup(new_keys)
     res["insert_reserved_rows_per_s"] = distinct / (time.perf_counter() - t0)
     # The peer of both: NumPy writing the same bytes (rows and Adam state)
-    # into fresh memory (an anonymous mapping of its own, never memory an
-    # allocator kept from an earlier free), page faults included, asking
-    # for huge pages as NumPy's own large arrays do.
-    fresh = mmap.mmap(-1, distinct * (dim + table.state_len) * 4)
-    if hasattr(mmap, "MADV_HUGEPAGE"):
-        fresh.madvise(mmap.MADV_HUGEPAGE)
-    t0 = time.perf_counter()
-    np.frombuffer(fresh, np.float32).fill(1.0)
-    res["numpy_fill_s"] = time.perf_counter() - t0
-    fresh.close()
+    # into fresh memory (_numpy_fill_s).
+    res["numpy_fill_s"] = _numpy_fill_s(distinct * (dim + table.state_len) * 4)
     res["numpy_fill_rows_per_s"] = distinct / res["numpy_fill_s"]
     plain = embstore.Table(dim)
     values = np.zeros((distinct, dim), np.float32)
@@ -175,13 +186,7 @@ def compare(args: argparse.Namespace) -> dict[str, Any]:
     res["assign_new_rows_per_s"] = distinct / (time.perf_counter() - t0)
     # The assign's peer: NumPy writing its rows' bytes (no state) into fresh
     # memory, as above.
-    fresh = mmap.mmap(-1, distinct * dim * 4)
-    if hasattr(mmap, "MADV_HUGEPAGE"):
-        fresh.madvise(mmap.MADV_HUGEPAGE)
-    t0 = time.perf_counter()
-    np.frombuffer(fresh, np.float32).fill(1.0)
-    res["numpy_fill_plain_rows_per_s"] = distinct / (time.perf_counter() - t0)
-    fresh.close()
+    res["numpy_fill_plain_rows_per_s"] = distinct / _numpy_fill_s(distinct * dim * 4)
 
     bar.update_to(3, "threads")
     one = _child("core", args, threads=1)

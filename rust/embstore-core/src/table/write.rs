@@ -132,7 +132,8 @@ impl Table {
         let sequential = sequential_writes(4 * (ww + sl));
         self.par_shards_mut_below(&plan, sequential, |g, pos| {
             let len0 = g.len();
-            for &i in pos {
+            for (j, &i) in pos.iter().enumerate() {
+                g.prefetch_ahead(&plan.hashes, pos, j);
                 let i = i as usize;
                 // A new key's row is written before its key is published, so
                 // a serving read never sees it with any other floats.

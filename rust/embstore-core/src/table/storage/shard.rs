@@ -365,12 +365,28 @@ impl Shard {
             return;
         }
         self.reserve_index(missing);
-        for (r, &i) in rows.iter_mut().zip(pos) {
+        for (j, &i) in pos.iter().enumerate() {
+            self.prefetch_ahead(hashes, pos, j);
+            let r = &mut rows[j];
             if *r == NO_ROW {
                 let (key, hash) = (keys[i as usize], hashes[i as usize]);
                 let (row, _) = self.find_or_insert(key, hash, generation, |w, st| fill(key, w, st));
                 *r = row as u32;
             }
+        }
+    }
+
+    /// In a loop that probes the keys at `pos` in turn (`j` the one probed
+    /// now), starts loading the index line of the key [`PROBE_AHEAD`]
+    /// positions on, from [`PROBE_PREFETCH_MIN`] keys: each probe of a
+    /// large index is a cache miss, and the misses of keys ahead overlap.
+    #[inline(always)]
+    pub(crate) fn prefetch_ahead(&self, hashes: &[u64], pos: &[u32], j: usize) {
+        if pos.len() >= PROBE_PREFETCH_MIN
+            && let Some(&a) = pos.get(j + PROBE_AHEAD)
+            && let Some(slots) = self.ix.slots_ref(&self.view.index)
+        {
+            slots.prefetch(hashes[a as usize]);
         }
     }
 
