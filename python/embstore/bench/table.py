@@ -160,6 +160,12 @@ def compare(args: argparse.Namespace) -> dict[str, Any]:
     res.update(apply_adam_s=ours_apply, torch_sparse_adam_s=torch_apply)
 
     bar.update_to(2, "inserts")
+    # On a VM, the first touch of memory the guest has never used costs the
+    # host's fault too (machine E: NumPy's fill below ran at 0.6M or 12.6M
+    # rows/s by whether the memory was new to the guest): touched and
+    # freed first, the memory these inserts and their peers map costs the
+    # same to each, whichever comes first.
+    _numpy_fill_s(4 * distinct * (dim + table.state_len) * 4)
     new_keys = np.arange(vocab, vocab + distinct) * 31 + 7
     t0 = time.perf_counter()
     table.lookup(new_keys)
