@@ -35,7 +35,8 @@ def huge_mib():
     return 0
 
 before = huge_mib()
-# One shard: its last row segment (131,072 rows of 256 bytes) is 32 MiB.
+# One shard of 300,000 rows of 256 bytes: segments of 64 rows doubling,
+# those of 16,384 rows (4 MiB) and more ask for huge pages.
 t = embstore.Table(64, num_shards=1)
 keys = np.arange(300_000)
 t.assign(keys, np.ones((keys.size, 64), np.float32))
@@ -59,8 +60,8 @@ def huge_growth(advice: str) -> int:
 )
 def test_large_row_columns_get_huge_pages_where_the_kernel_gives_them() -> None:
     grown = huge_growth("1")
-    # The rows' 83 MiB include a 32 MiB and a 64 MiB segment (partly
-    # written); at least half a segment's worth is in huge pages.
+    # The rows' 83 MiB include segments of 4 MiB and more (the last partly
+    # written); at least 16 MiB of them are in huge pages.
     assert grown >= 16, grown
     if thp_mode() == "madvise":
         # Off, nothing asks: the kernel gives none (in "always" it would).
