@@ -176,18 +176,32 @@ impl Table {
         progress: Option<&AtomicU64>,
     ) -> Result<FileEntry> {
         let n = got.keys.len();
+        // The file's own hash index, for readers that map it
+        // (`checkpoint::file_index`). It comes first, then the rows: the
+        // two tensors a mapped reader reads at random start on 64-byte
+        // boundaries (the header is padded to one; the index's bytes are
+        // a multiple of 128).
+        let index = file_index::build(&got.keys);
+        let mut ib = Vec::with_capacity(index.len() * 16);
+        i64::extend_le(index.as_flattened(), &mut ib);
         let mut tensors = vec![
             TensorOut {
-                name: "keys",
+                name: "index",
                 dtype: Dtype::I64,
-                shape: vec![n],
-                bytes: &got.kb,
+                shape: vec![index.len(), 2],
+                bytes: &ib,
             },
             TensorOut {
                 name: "rows",
                 dtype: rows_dtype(self.policy.format),
                 shape: vec![n, self.policy.format.file_cols(self.dim)],
                 bytes: &got.w,
+            },
+            TensorOut {
+                name: "keys",
+                dtype: Dtype::I64,
+                shape: vec![n],
+                bytes: &got.kb,
             },
         ];
         if self.policy.tracks() {
@@ -206,17 +220,6 @@ impl Table {
                 bytes: &got.st,
             });
         }
-        // The file's own hash index, for readers that map it
-        // (`checkpoint::file_index`).
-        let index = file_index::build(&got.keys);
-        let mut ib = Vec::with_capacity(index.len() * 16);
-        i64::extend_le(index.as_flattened(), &mut ib);
-        tensors.push(TensorOut {
-            name: "index",
-            dtype: Dtype::I64,
-            shape: vec![index.len(), 2],
-            bytes: &ib,
-        });
         let header = [
             ("index", file_index::INDEX_FORMAT.to_string()),
             ("num_shards", self.shards.len().to_string()),
