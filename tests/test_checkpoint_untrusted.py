@@ -131,6 +131,40 @@ def test_a_crafted_row_count_is_refused_before_anything_is_allocated(
     assert "more than its files hold" in load_refusal(path, 512 << 20)
 
 
+def test_rows_a_manifest_claims_and_its_files_lack_commit_no_memory(
+    tmp_path: pathlib.Path,
+) -> None:
+    """A load sizes its index from the manifest before any file is read;
+    that index must not be mapped in before the files confirm the count (a
+    lie of 50M rows would make 1 GiB of it resident, then be refused)."""
+    path = tmp_path / "ck"
+    saved_sgd_table(path)
+    per = 25_000_000
+
+    def lie(m: dict) -> None:
+        m["rows"] = 2 * per
+        for e in m["chain"][0]["files"]:
+            e["rows"], e["bytes"] = per, per * 64
+
+    rewrite_manifest(path, lie)
+    out = _child.ok(
+        f"""
+        import resource
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        try:
+            embstore.Table.load({str(path)!r})
+        except embstore.CheckpointError as e:
+            print("refused:", e)
+        print("grew", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before)
+        """,
+        timeout=60,
+    )
+    assert "refused:" in out, out
+    assert "truncated or replaced" in out, out
+    grew_kib = int(out.split("grew")[-1])
+    assert grew_kib < 100 << 10, out
+
+
 @pytest.mark.slow
 def test_a_manifest_that_is_a_link_to_dev_zero_is_refused_at_once(
     tmp_path: pathlib.Path,

@@ -177,8 +177,10 @@ impl Table {
 
     /// Makes room in the index for about `additional` more rows in total
     /// (spread over the shards), so that a bulk insert does not grow the
-    /// index step by step. Row memory is left to grow as rows arrive (see
-    /// [`Table::reserve_rows`] for both).
+    /// index step by step. Row memory, and the index's pages, are left to
+    /// be mapped as rows arrive (a load calls this with its manifest's
+    /// count, which its files have not confirmed yet; see
+    /// [`Table::reserve_rows`] for both now).
     ///
     /// # Errors
     /// `OutOfMemory` naming `rows` when the index cannot be allocated.
@@ -189,7 +191,7 @@ impl Table {
         let failed = self
             .shards
             .par_iter()
-            .map(|lock| write(lock).try_reserve_index_exact(per).is_err())
+            .map(|lock| write(lock).try_reserve_index_exact(per, false).is_err())
             .reduce(|| false, |a, b| a || b);
         if failed {
             return Err(oom("rows", (per as u128) * (n as u128) * 8));

@@ -58,18 +58,15 @@ unsafe trait ZeroAtomic {}
 unsafe impl ZeroAtomic for Cell {}
 
 impl<T: ZeroAtomic> Zeroed<T> {
-    fn new(len: usize) -> Result<Self, OutOfMemory> {
+    /// `populate`: map every page now, for writing (see [`Slots::new`]).
+    fn new(len: usize, populate: bool) -> Result<Self, OutOfMemory> {
         let layout = Layout::array::<T>(len).map_err(|_| OutOfMemory)?;
         let p = PageAlloc.allocate_zeroed(layout).map_err(|_| OutOfMemory)?;
         let start = p.cast::<u8>().as_ptr();
         crate::table::storage::pages::advise_huge(start, layout.size(), true);
-        // Every page of a new index is written (a growth moves the keys in,
-        // a reserve's keys follow), and a probe reads its slot before an
-        // insert writes it: left unmapped, a page's first read maps the
-        // zero page and its first write then faults again and flushes the
-        // other cores' TLBs (fresh inserts into an 8-shard table spent 10%
-        // of their time there). Mapped now, for writing, in one call.
-        crate::table::storage::pages::populate(start as usize, start as usize + layout.size());
+        if populate {
+            crate::table::storage::pages::populate(start as usize, start as usize + layout.size());
+        }
         Ok(Zeroed { ptr: p.cast(), len })
     }
 
@@ -106,13 +103,21 @@ impl std::fmt::Debug for Slots {
 }
 
 impl Slots {
-    fn new(n: usize) -> Result<Self, OutOfMemory> {
+    /// `n` empty slots. `populate`: every page mapped for writing now, for
+    /// a table about to be filled (a growth moves the keys in, a call's
+    /// new keys or a `reserve`'s follow): a probe reads a slot before an
+    /// insert writes it, so a page left unmapped took a read fault (the
+    /// zero page), then a write fault and a flush of the other cores' TLBs
+    /// (fresh inserts into an 8-shard table spent 10% of their time
+    /// there). Not for a count that nothing backs yet (a load's manifest,
+    /// untrusted): that table's pages map as keys arrive.
+    fn new(n: usize, populate: bool) -> Result<Self, OutOfMemory> {
         // Slots are named by u32 in the rows' tags.
         if n == 0 || n > u32::MAX as usize {
             return Err(OutOfMemory);
         }
         Ok(Slots {
-            cells: Zeroed::new(n)?,
+            cells: Zeroed::new(n, populate)?,
         })
     }
 
@@ -309,6 +314,7 @@ impl Writer {
         ix: &Index,
         additional: usize,
         exact: bool,
+        populate: bool,
         mut moved: impl FnMut(usize, usize),
     ) -> Result<(), OutOfMemory> {
         if self.room(ix) >= additional {
@@ -316,7 +322,7 @@ impl Writer {
         }
         let want = self.live.checked_add(additional).ok_or(OutOfMemory)?;
         let n = slots_for(want, self.slots(ix), exact).ok_or(OutOfMemory)?;
-        let new = Slots::new(n)?;
+        let new = Slots::new(n, populate)?;
         if let Some(old) = ix.mine() {
             for (k, w) in old.live() {
                 // Versions carry over: a key keeps counting its writes.
@@ -419,9 +425,10 @@ fn slots_for(want: usize, current: usize, exact: bool) -> Option<usize> {
 mod tests {
     use super::*;
 
-    /// A new index is mapped for writing when it is made (a probe reads
-    /// each slot before an insert writes it: left unmapped, each page took
-    /// a read fault, then a write fault and a flush of every core's TLB).
+    /// A new index about to be filled is mapped for writing when it is made
+    /// (a probe reads each slot before an insert writes it: left unmapped,
+    /// each page took a read fault, then a write fault and a flush of every
+    /// core's TLB); one sized by a count nothing backs yet is not.
     #[cfg(target_os = "linux")]
     #[test]
     fn a_new_index_is_mapped_when_made() {
@@ -431,10 +438,14 @@ mod tests {
             return;
         }
         // 4 MiB of slots: a mapping of its own (PageAlloc), page-aligned.
-        let s = Slots::new(1 << 18).unwrap();
+        let s = Slots::new(1 << 18, true).unwrap();
         let (start, len) = (s.cells.ptr.as_ptr() as usize, s.cells.bytes());
         assert_eq!(start % 4096, 0);
         assert_eq!(resident(start, len), len / 4096);
+        // Not for a count nothing backs yet (a load's manifest): untouched.
+        let s = Slots::new(1 << 18, false).unwrap();
+        let (start, len) = (s.cells.ptr.as_ptr() as usize, s.cells.bytes());
+        assert_eq!(resident(start, len), 0);
     }
 
     /// Table sizes: a count known ahead at 3/4; a growing index at 1/2
@@ -500,7 +511,7 @@ mod tests {
             let h = key_hash(key);
             match (w.find(&ix, key, h), model.get(&key).copied()) {
                 (None, None) => {
-                    w.reserve(&ix, 1, step % 3 == 0, |r, slot| {
+                    w.reserve(&ix, 1, step % 3 == 0, step % 2 == 0, |r, slot| {
                         slot_of.insert(r, slot);
                     })
                     .unwrap();

@@ -208,23 +208,34 @@ impl Shard {
     /// # Errors
     /// When the index cannot be allocated; it is unchanged then.
     pub(crate) fn try_reserve_index(&mut self, additional: usize) -> Result<(), OutOfMemory> {
-        self.reserve_index_sized(additional, false)
+        self.reserve_index_sized(additional, false, true)
     }
 
     /// Makes room in the index for `additional` more keys, a count known
     /// ahead (a load, a `reserve`): a table that must be rebuilt gets the
     /// slots they need at 3/4, not the growing index's half-empty one.
+    /// `populate`: its pages mapped now (a `reserve`), not as keys arrive
+    /// (a load, whose count comes from a manifest that nothing checked yet).
     ///
     /// # Errors
     /// When the index cannot be allocated; it is unchanged then.
-    pub(crate) fn try_reserve_index_exact(&mut self, additional: usize) -> Result<(), OutOfMemory> {
-        self.reserve_index_sized(additional, true)
+    pub(crate) fn try_reserve_index_exact(
+        &mut self,
+        additional: usize,
+        populate: bool,
+    ) -> Result<(), OutOfMemory> {
+        self.reserve_index_sized(additional, true, populate)
     }
 
-    fn reserve_index_sized(&mut self, additional: usize, exact: bool) -> Result<(), OutOfMemory> {
+    fn reserve_index_sized(
+        &mut self,
+        additional: usize,
+        exact: bool,
+        populate: bool,
+    ) -> Result<(), OutOfMemory> {
         let arena = &mut self.arena;
         self.ix
-            .reserve(&self.view.index, additional, exact, |r, slot| {
+            .reserve(&self.view.index, additional, exact, populate, |r, slot| {
                 arena.set_slot(r, slot)
             })
     }
@@ -235,7 +246,7 @@ impl Shard {
     /// # Errors
     /// When the memory cannot be allocated.
     pub(crate) fn reserve_rows(&mut self, additional: usize) -> Result<(), OutOfMemory> {
-        self.try_reserve_index_exact(additional)?;
+        self.try_reserve_index_exact(additional, true)?;
         self.arena.reserve(additional)
     }
 
