@@ -310,11 +310,8 @@ impl Shard {
             return;
         };
         let row = |(_, w)| seqlock::row_named(w) as u32;
-        let ahead = pos.len() >= PROBE_PREFETCH_MIN;
         rows.extend(pos.iter().enumerate().map(|(j, &i)| {
-            if ahead && let Some(&a) = pos.get(j + PROBE_AHEAD) {
-                slots.prefetch(hashes[a as usize]);
-            }
+            prefetch_probe_ahead(slots, hashes, pos, j);
             let i = i as usize;
             slots.find(keys[i], hashes[i]).map_or(NO_ROW, row)
         }));
@@ -393,11 +390,8 @@ impl Shard {
     /// large index is a cache miss, and the misses of keys ahead overlap.
     #[inline(always)]
     pub(crate) fn prefetch_ahead(&self, hashes: &[u64], pos: &[u32], j: usize) {
-        if pos.len() >= PROBE_PREFETCH_MIN
-            && let Some(&a) = pos.get(j + PROBE_AHEAD)
-            && let Some(slots) = self.ix.slots_ref(&self.view.index)
-        {
-            slots.prefetch(hashes[a as usize]);
+        if let Some(slots) = self.ix.slots_ref(&self.view.index) {
+            prefetch_probe_ahead(slots, hashes, pos, j);
         }
     }
 
@@ -561,6 +555,18 @@ impl Shard {
         if self.arena.tracks() {
             *self.arena.meta_mut(r) = Meta::from_words(meta);
         }
+    }
+}
+
+/// [`Shard::prefetch_ahead`] in `slots`: the index line of the key
+/// [`PROBE_AHEAD`] positions after `j` in `pos`, from
+/// [`PROBE_PREFETCH_MIN`] keys.
+#[inline(always)]
+fn prefetch_probe_ahead(slots: &index::Slots, hashes: &[u64], pos: &[u32], j: usize) {
+    if pos.len() >= PROBE_PREFETCH_MIN
+        && let Some(&a) = pos.get(j + PROBE_AHEAD)
+    {
+        slots.prefetch(hashes[a as usize]);
     }
 }
 
