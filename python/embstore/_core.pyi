@@ -141,8 +141,8 @@ class Table:
     def contains(self, keys: npt.NDArray[np.int64]) -> npt.NDArray[np.bool_]: ...
     def assign(
         self,
-        keys: npt.NDArray[np.int64],
-        values: npt.NDArray[np.float32],
+        keys: Any,
+        values: Any,
         state: npt.NDArray[np.float32] | None = None,
     ) -> None: ...
     def lookup_with_state(

@@ -318,9 +318,9 @@ class Table(CheckpointParts):
         Optimizer state of the assigned rows is reset; for a repeated key the
         last value wins.
         """
-        k = as_keys(keys)
-        v = as_rows(values, k.shape[0], self.dim, "values")
-        self._inner.assign(k, v)
+        # As in lookup: the native call takes int64 (n,) keys and float32
+        # (n, dim) values as given and has anything else converted.
+        self._inner.assign(keys, values)
 
     def reserve(self, rows: int) -> None:
         """Make room for ``rows`` more rows now: index space, and row memory

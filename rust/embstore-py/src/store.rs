@@ -550,17 +550,24 @@ impl PyTable {
         Ok(out.into_pyarray(py))
     }
 
+    /// Keys and values as the wrapper got them (converted by [`keys_arg`]
+    /// and [`rows_arg`] unless they are int64 `(n,)` and float32 `(n, dim)`
+    /// arrays): a one-row call pays for no check made twice.
     #[pyo3(signature = (keys, values, state=None))]
     fn assign(
         &self,
         py: Python<'_>,
-        keys: PyReadonlyArray1<'_, i64>,
-        values: PyReadonlyArray2<'_, f32>,
+        keys: &Bound<'_, PyAny>,
+        values: &Bound<'_, PyAny>,
         state: Option<PyReadonlyArray2<'_, f32>>,
     ) -> PyResult<()> {
-        let (k, v) = (slice(&keys, "keys")?, slice2(&values, "values")?);
-        let st = state.as_ref().map(|s| slice2(s, "state")).transpose()?;
         let table = &self.inner;
+        let keys = keys_arg(keys, "keys")?.readonly();
+        let k = slice_or_copy(&keys, "keys")?;
+        let values = rows_arg(values, k.len(), table.dim(), "values")?.readonly();
+        let v = rows_of(&values, k.len(), table.dim(), "values")?;
+        let (k, v) = (&k[..], &v[..]);
+        let st = state.as_ref().map(|s| slice2(s, "state")).transpose()?;
         py.enter_store(|| match st {
             Some(st) => table.assign_state(k, v, st),
             None => table.assign(k, v),

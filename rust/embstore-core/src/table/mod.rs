@@ -441,18 +441,22 @@ impl Table {
         self.len() == 0
     }
 
-    /// Bytes held: as [`Table::stats`]'s `bytes`, without the counters.
-    pub(crate) fn bytes_held(&self) -> usize {
+    /// [`Table::len`] and the bytes held (as [`Table::stats`]'s `bytes`,
+    /// without the counters), each shard read once.
+    pub(crate) fn len_and_bytes(&self) -> (usize, usize) {
         let fixed = std::mem::size_of::<Self>()
             + self.shards.len() * std::mem::size_of::<CachePadded<RwLock<Shard>>>();
-        let shards: usize = self.shards.iter().map(|s| read(s).bytes()).sum();
+        let (len, shards) = self.shards.iter().fold((0, 0), |(n, b), s| {
+            let g = read(s);
+            (n + g.len() + g.cold_len(), b + g.bytes())
+        });
         let memo = self
             .memo
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .as_ref()
             .map_or(0, Memo::bytes);
-        fixed + shards + memo
+        (len, fixed + shards + memo)
     }
 
     /// Rows, bytes and per-shard rows.

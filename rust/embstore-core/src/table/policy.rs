@@ -13,12 +13,15 @@ impl Table {
         let Some(cap) = self.capacity else {
             return;
         };
-        let len = self.len();
+        // One pass over the shards finds both counts: a one-row insert into
+        // a cache with `capacity_bytes` spent a seventh of its time in three.
+        let (len, held) = self.len_and_bytes();
         if len > cap {
             self.evict_lowest(len - cap, false);
         }
         if let Some(budget) = self.policy.capacity_bytes {
-            self.enforce_bytes(budget);
+            let known = (len <= cap).then_some((len, held));
+            self.enforce_bytes(budget, known);
         }
     }
 
@@ -27,12 +30,14 @@ impl Table {
     /// shard's index at its lowest load; an index grown by a call's inserts
     /// (made before that call's evictions) stays larger, so the rows make
     /// room for it. Rows reserved beyond those held (`reserve`) are not
-    /// given back by evicting: past two rounds it stops.
-    fn enforce_bytes(&self, budget: u64) {
+    /// given back by evicting: past two rounds it stops. `known`: the
+    /// table's rows and bytes as the caller just counted them (with
+    /// nothing evicted since).
+    fn enforce_bytes(&self, budget: u64, mut known: Option<(usize, usize)>) {
         let row = read(&self.shards[0]).row_bytes() as u64;
         for _ in 0..2 {
-            let held = self.bytes_held() as u64;
-            let len = self.len();
+            let (len, held) = known.take().unwrap_or_else(|| self.len_and_bytes());
+            let held = held as u64;
             if held <= budget || len == 0 {
                 return;
             }
