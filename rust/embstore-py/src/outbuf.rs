@@ -67,7 +67,7 @@ fn give(v: Vec<f32>) {
 /// (`embstore_core::zeroed::try_zeroed`: zeroed pages from the OS, mapped
 /// on first write).
 fn zeroed(n: usize) -> Option<Vec<f32>> {
-    embstore_core::zeroed::try_zeroed(n)
+    embstore_core::zeroed::try_zeroed_huge(n)
 }
 
 /// (buffers kept, bytes kept, most buffers kept, most bytes kept).
