@@ -3,7 +3,8 @@ the same formula gives them (codes to nearest when assigned, stochastic
 rounding by a stream of (seed, key, step) when trained), on every SIMD
 backend; the same results whatever the shard and thread counts; pooled
 lookups against torch's EmbeddingBag over the rows; the row bytes; and what
-is refused (checkpoints, device caches)."""
+is refused (checkpoints). Device caches over 8-bit rows:
+tests/test_device_cache_int8.py."""
 
 from __future__ import annotations
 
@@ -227,13 +228,6 @@ def test_checkpoints_keep_int8_rows_and_state_bit_for_bit(tmp_path) -> None:
     again = embstore.Table.load(path)
     for a, b in zip(sorted_export(t), sorted_export(again), strict=True):
         np.testing.assert_array_equal(a, b)
-
-
-def test_device_caches_refuse_int8_tables_by_name() -> None:
-    from embstore.gpu import DeviceCache
-
-    with pytest.raises(ValueError, match="table: expected rows of float32"):
-        DeviceCache(embstore.Table(8, dtype="int8", optimizer=optim.SGD(lr=0.1)), 10, xp=np)
 
 
 def test_state_dicts_and_dtype_conversions_at_save_and_load(tmp_path) -> None:

@@ -369,8 +369,13 @@ class Table(CheckpointParts):
         return int(self._inner.advance_step())
 
     def lookup_with_state(
-        self, keys: Any, *, insert: bool = True, out: npt.NDArray[np.float32] | None = None
-    ) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.float32]]:
+        self,
+        keys: Any,
+        *,
+        insert: bool = True,
+        out: npt.NDArray[np.float32] | None = None,
+        stored: bool = False,
+    ) -> tuple[npt.NDArray[Any], npt.NDArray[np.float32]]:
         """Rows and optimizer state of ``keys (n,)``: ``(n, dim)`` and
         ``(n, state_len)`` float32 (a missing key reads its initial row and
         fresh state; with ``insert`` it gets them), for a tier that trains
@@ -378,32 +383,56 @@ class Table(CheckpointParts):
         :meth:`write_back`. With ``out`` (a writeable C-contiguous float32
         array of at least ``n * (dim + state_len)`` values, such as a pinned
         transfer buffer) both are written there, rows first, and returned as
-        views of it."""
+        views of it. ``stored=True``: each row as the table stores it, its
+        bytes (uint8 ``(n, row_bytes)``; an int8 row's codes, then its
+        float32 scale and offset), or in ``out`` its ``row_bytes / 4``
+        float32 words; :meth:`write_back` with ``stored=True`` takes them
+        back bit for bit."""
         k = as_keys(keys)
         insert = check_bool("insert", insert)
+        stored = check_bool("stored", stored)
+        width = self._inner.weight_words() if stored else self.dim
         if out is None:
-            pair = self._inner.lookup_with_state(k, insert)
+            pair = self._inner.lookup_with_state(k, insert, None, stored)
             assert pair is not None
-            return pair
+            return (pair[0].view(np.uint8), pair[1]) if stored else pair
         if not isinstance(out, np.ndarray) or out.dtype != np.float32:
             raise TypeError("out: expected a float32 NumPy array")
         if not out.flags.c_contiguous:
             raise ValueError("out: expected a C-contiguous array")
         flat = out.reshape(-1)
-        self._inner.lookup_with_state(k, insert, flat)
-        n, dim, sl = k.shape[0], self.dim, self.state_len
+        self._inner.lookup_with_state(k, insert, flat, stored)
+        n, sl = k.shape[0], self.state_len
         return (
-            flat[: n * dim].reshape(n, dim),
-            flat[n * dim : n * (dim + sl)].reshape(n, sl),
+            flat[: n * width].reshape(n, width),
+            flat[n * width : n * (width + sl)].reshape(n, sl),
         )
 
-    def write_back(self, keys: Any, rows: Any, state: Any) -> None:
+    def write_back(self, keys: Any, rows: Any, state: Any, *, stored: bool = False) -> None:
         """Insert or overwrite rows together with their optimizer state
         (``keys (n,)``, ``rows (n, dim)``, ``state (n, state_len)``): what a
-        tier that trained them elsewhere returns to the table."""
+        tier that trained them elsewhere returns to the table.
+        ``stored=True``: ``rows`` as :meth:`lookup_with_state` with
+        ``stored=True`` gives them (uint8 ``(n, row_bytes)``, or float32
+        words ``(n, row_bytes / 4)``), kept exactly; checked as rows are
+        (the weights they decode to, an int8 row's scale and offset)."""
         k = as_keys(keys)
-        r = as_rows(rows, k.shape[0], self.dim, "rows")
         st = as_rows(state, k.shape[0], self.state_len, "state")
+        if check_bool("stored", stored):
+            words = self._inner.weight_words()
+            r = np.asarray(rows)
+            if r.dtype == np.uint8 and r.ndim == 2 and r.shape[1] == 4 * words:
+                r = np.ascontiguousarray(r).view(np.float32)
+            elif r.dtype != np.float32 or r.shape[1:] != (words,):
+                raise ValueError(
+                    f"rows: expected stored rows, uint8 ({k.shape[0]}, {4 * words}) or float32 "
+                    f"({k.shape[0]}, {words}), got {r.dtype} {r.shape}"
+                )
+            if r.shape[0] != k.shape[0]:
+                raise ValueError(f"rows: expected {k.shape[0]} rows, got {r.shape[0]}")
+            self._inner.assign_stored(k, np.ascontiguousarray(r), st)
+            return
+        r = as_rows(rows, k.shape[0], self.dim, "rows")
         self._inner.assign(k, r, st)
 
     @overload

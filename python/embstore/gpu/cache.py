@@ -27,7 +27,7 @@ import threading
 import time
 from collections.abc import Mapping
 from types import ModuleType
-from typing import Any
+from typing import Any, cast
 
 import array_api_compat
 import numpy as np
@@ -39,6 +39,7 @@ from embstore.gpu import _optim
 from embstore.gpu import _xp as X
 from embstore.gpu._bags import bags_on_device
 from embstore.gpu._fork import LIVE
+from embstore.gpu._int8 import Int8Rows
 from embstore.gpu._resolved import WRITE_BACK_THREAD_MIN, Resolved, WriteBack
 from embstore.gpu.index import BucketIndex
 from embstore.protocol import StateTier
@@ -60,7 +61,8 @@ class DeviceCache:
         (it must not drop rows the cache owns). The cache reaches it only
         through that protocol. Its admission
         filter keeps its meaning: the cache only takes keys the table has
-        admitted, and the table trains (and counts) the others.
+        admitted, and the table trains (and counts) the others. 8-bit rows (an
+        embstore.Table's) are held as stored and stepped as the table would.
     rows:
         Rows the cache holds (>= 1), rounded up to whole buckets of the
         index (by fewer than ``rows / 128``; ``capacity`` says how many).
@@ -121,18 +123,17 @@ class DeviceCache:
         self._fancy = X.supports_fancy_setitem(self.xp)
         self._lock = threading.Lock()
         self._dtype = str(table.dtype)
-        if self._dtype == "int8":
-            raise ValueError(
-                "table: expected rows of float32, float16 or bfloat16; a DeviceCache does "
-                "not cache int8 rows yet"
-            )
+        #: 8-bit rows are held as the table stores them (see _int8).
+        self._int8 = Int8Rows.of(self.xp, table)
         LIVE.add(self)
         xp_ = self.xp
         #: Key -> slot; a cached key's row and state sit at its slot.
         self._index = BucketIndex(xp_, int(rows))
         self.capacity = self._index.capacity
         m, dim, sl = self.capacity, table.dim, table.state_len
-        self._rows = xp_.zeros((m, dim), dtype=xp_.float32)
+        self._width = dim if self._int8 is None else self._int8.width
+        self._as_stored = {} if self._int8 is None else {"stored": True}
+        self._rows = xp_.zeros((m, self._width), dtype=xp_.float32)
         self._state = xp_.zeros((m, sl), dtype=xp_.float32)
         # Calls seen so far of keys not yet admitted (admit_after > 1).
         self._pend_keys = xp_.zeros((0,), dtype=xp_.int64)
@@ -509,16 +510,15 @@ class DeviceCache:
         want = lookup and n_served > 0
         fetch = np.concatenate([adm_h, res.served_keys]) if want else adm_h
         if fetch.size:
-            dim, sl, nf = self.table.dim, self.table.state_len, int(fetch.shape[0])
+            sl, nf, rw = self.table.state_len, int(fetch.shape[0]), self._width
             if admit:
-                # Rows, then state, written by the table straight into the
-                # transfer buffer; one copy of both to the device.
-                width = nf * (dim + sl)
-                buf = self._buffer("h2d", 4 * width).view(np.float32)[:width]
-                self.table.lookup_with_state(fetch, insert=True, out=buf)
+                # Rows (8-bit ones as stored), then state, written by the table
+                # straight into the transfer buffer; one copy of both to the device.
+                buf = self._buffer("h2d", 4 * nf * (rw + sl)).view(np.float32)[: nf * (rw + sl)]
+                self.table.lookup_with_state(fetch, insert=True, out=buf, **self._as_stored)
                 flat = self._h2d(buf)
-                rows_d = xp.reshape(flat[: nf * dim], (nf, dim))
-                state_d = xp.reshape(flat[nf * dim :], (nf, sl))
+                rows_d = xp.reshape(flat[: nf * rw], (nf, rw))
+                state_d = xp.reshape(flat[nf * rw :], (nf, sl))
             elif found:
                 rows_h, res.served_found = self.table.lookup(fetch, insert=False, return_found=True)
                 rows_d, state_d = self._h2d(np.asarray(rows_h)), None
@@ -542,7 +542,11 @@ class DeviceCache:
                 self._stats["admissions"] += n_adm
                 self._stats["evictions"] += n_ev
             if want:
-                res.served_rows = rows_d[n_adm:, :]
+                res.served_rows = self._decoded(rows_d[n_adm:, :]) if admit else rows_d[n_adm:, :]
+
+    def _decoded(self, rows: Array) -> Array:
+        """Cached rows as float32 weights (8-bit rows decoded)."""
+        return rows if self._int8 is None else self._int8.decode(rows)
 
     def _write_back_started(
         self, keys: np.ndarray, rows: np.ndarray, state: np.ndarray
@@ -571,7 +575,7 @@ class DeviceCache:
     def _write_back(self, keys: np.ndarray, rows: np.ndarray, state: np.ndarray) -> None:
         """Writes cached rows and state (on the host) of ``keys`` back to the
         table."""
-        self.table.write_back(keys, rows, state)
+        cast(Any, self.table).write_back(keys, rows, state, **self._as_stored)
         self._stats["write_backs"] += len(keys)
 
     # -- batch protocol --------------------------------------------------------------
@@ -594,7 +598,7 @@ class DeviceCache:
             with self._lock:
                 xp = self.xp
                 r = self._resolve(keys_d, admit=False, lookup=True, found=True)
-                rows_u = xp.take(self._rows, xp.maximum(r.slot, 0), axis=0)
+                rows_u = self._decoded(xp.take(self._rows, xp.maximum(r.slot, 0), axis=0))
                 found_u = r.slot >= 0
                 if r.served_rows is not None:
                     rows_u = X.scatter_rows(xp, self._fancy, rows_u, r.served_pos, r.served_rows)
@@ -612,7 +616,7 @@ class DeviceCache:
         """Rows of the call's distinct keys and the inverse map."""
         xp = self.xp
         r = self._resolve(keys_d, admit=insert, lookup=True)
-        rows_u = xp.take(self._rows, xp.maximum(r.slot, 0), axis=0)
+        rows_u = self._decoded(xp.take(self._rows, xp.maximum(r.slot, 0), axis=0))
         if r.served_rows is not None:
             rows_u = X.scatter_rows(xp, self._fancy, rows_u, r.served_pos, r.served_rows)
         return rows_u, r.inv
@@ -694,7 +698,7 @@ class DeviceCache:
                 w, st = _optim.step(
                     xp,
                     opt,
-                    xp.take(self._rows, cs, axis=0),
+                    self._decoded(xp.take(self._rows, cs, axis=0)),
                     xp.take(self._state, cs, axis=0),
                     xp.take(gsum, cached, axis=0),
                     t,
@@ -706,6 +710,10 @@ class DeviceCache:
                 raise ValueError(
                     "grads: this step would make a cached row non-finite; nothing changed"
                 )
+            if self._int8 is not None:
+                # Encoded by the table's formula, rounded by each key's stream.
+                keys_c = self._keys_host(xp.take(r.uniq, cached))
+                w = self._int8.encode_step(w, keys_c, t)
             return w, st
 
         has_cached = int(cached.shape[0]) > 0
@@ -870,7 +878,7 @@ class DeviceCache:
             s["table"] = table
             s["rows"] = table["rows"]
             # Rows and state (float32), and the index's key, digest and scores.
-            per_slot = 4 * (self.table.dim + self.table.state_len)
+            per_slot = 4 * (self._width + self.table.state_len)
             s["bytes"] = table["bytes"] + self.capacity * per_slot + self._index.nbytes()
             s["capacity"] = self.capacity
             s["policy"] = self.policy

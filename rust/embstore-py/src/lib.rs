@@ -51,6 +51,15 @@ mod _core {
             .collect()
     }
 
+    /// Whether optimizer steps round 8-bit rows stochastically (the
+    /// default) or to nearest (`EMBSTORE_INT8_ROUNDING=nearest`), as this
+    /// process's tables do: a tier that trains 8-bit rows itself rounds
+    /// them the same way.
+    #[pyfunction]
+    fn int8_stochastic_steps() -> bool {
+        embstore_core::policy::RowFormat::stochastic_steps()
+    }
+
     /// Validates an optimizer's parameters (ValueError naming the bad one).
     #[pyfunction]
     fn check_optimizer(name: &str, params: HashMap<String, f64>) -> PyResult<()> {

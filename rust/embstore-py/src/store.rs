@@ -578,19 +578,33 @@ impl PyTable {
     /// takes both over). With `out` (a writeable C-contiguous float32
     /// array of at least `n * (dim + state_len)` values, a transfer buffer)
     /// the rows go to its first `n * dim` values and the state right after
-    /// them, and nothing is returned.
+    /// them, and nothing is returned. With `stored`, each row is its
+    /// stored words (`weight_words` a row) instead of `dim` floats.
     #[allow(clippy::type_complexity)]
-    #[pyo3(signature = (keys, insert, out=None))]
+    #[pyo3(signature = (keys, insert, out=None, stored=false))]
     fn lookup_with_state<'py>(
         &self,
         py: Python<'py>,
         keys: PyReadonlyArray1<'py, i64>,
         insert: bool,
         out: Option<Bound<'py, PyArray1<f32>>>,
+        stored: bool,
     ) -> PyResult<Option<(Bound<'py, PyArray2<f32>>, Bound<'py, PyArray2<f32>>)>> {
         let k = slice(&keys, "keys")?;
         let table = &self.inner;
-        let (dim, sl) = (table.dim(), table.state_len());
+        let sl = table.state_len();
+        let dim = if stored {
+            table.weight_words()
+        } else {
+            table.dim()
+        };
+        let run = |dst: &mut [f32], sdst: &mut [f32]| {
+            if stored {
+                table.lookup_stored_with_state(k, insert, dst, sdst)
+            } else {
+                table.lookup_with_state(k, insert, dst, sdst)
+            }
+        };
         if let Some(buf) = out {
             let mut rw = buf
                 .try_readwrite()
@@ -606,7 +620,7 @@ impl PyTable {
                 )));
             }
             let (dst, sdst) = all[..need].split_at_mut(k.len() * dim);
-            py.enter_store(|| table.lookup_with_state(k, insert, dst, sdst))?;
+            py.enter_store(|| run(dst, sdst))?;
             return Ok(None);
         }
         let out = crate::outbuf::array2(py, k.len(), dim, "keys")?;
@@ -615,9 +629,32 @@ impl PyTable {
             let mut rw = out.readwrite();
             let mut sw = st.readwrite();
             let (dst, sdst) = (rw.as_slice_mut()?, sw.as_slice_mut()?);
-            py.enter_store(|| table.lookup_with_state(k, insert, dst, sdst))?;
+            py.enter_store(|| run(dst, sdst))?;
         }
         Ok(Some((out, st)))
+    }
+
+    /// Float words of a row as the table stores it.
+    fn weight_words(&self) -> usize {
+        self.inner.weight_words()
+    }
+
+    /// Inserts or overwrites rows given as stored (`words`, float32
+    /// `(n, weight_words)`) with their optimizer state, kept bit for bit.
+    fn assign_stored(
+        &self,
+        py: Python<'_>,
+        keys: PyReadonlyArray1<'_, i64>,
+        words: PyReadonlyArray2<'_, f32>,
+        state: PyReadonlyArray2<'_, f32>,
+    ) -> PyResult<()> {
+        let (k, w, st) = (
+            slice(&keys, "keys")?,
+            slice2(&words, "words")?,
+            slice2(&state, "state")?,
+        );
+        let table = &self.inner;
+        py.enter_store(|| table.assign_stored(k, w, st))
     }
 
     /// Sets the optimizer step counter (a tier in front of the table that

@@ -26,6 +26,7 @@ mod policy;
 pub(crate) mod read;
 pub(crate) mod step;
 pub(crate) mod storage;
+mod stored;
 mod write;
 
 use crate::error::{Result, invalid, oom};
@@ -420,8 +421,8 @@ impl Table {
     fn next_tick(&self) -> u64 {
         self.tick.fetch_add(1, Ordering::AcqRel) + 1
     }
-    /// Float words of a row's weights.
-    pub(crate) fn weight_words(&self) -> usize {
+    /// Float words of a row's stored weights ([`RowFormat::words`]).
+    pub fn weight_words(&self) -> usize {
         self.wwords
     }
 

@@ -19,7 +19,7 @@ impl Table {
     /// # Errors
     /// `ShapeMismatch`, `NonFinite`; nothing changed.
     pub fn assign_state(&self, keys: &[i64], values: &[f32], state: &[f32]) -> Result<()> {
-        self.assign_checked(keys, values, Some(state), None, None, None)
+        self.assign_checked(keys, values, None, Some(state), None, None, None)
     }
 
     /// Inserts or overwrites the rows of `keys` with `values` (`keys.len() *
@@ -29,7 +29,7 @@ impl Table {
     /// # Errors
     /// `ShapeMismatch` for a wrong `values` length; `NonFinite` for NaN/inf.
     pub fn assign(&self, keys: &[i64], values: &[f32]) -> Result<()> {
-        self.assign_checked(keys, values, None, None, None, None)
+        self.assign_checked(keys, values, None, None, None, None, None)
     }
 
     /// Inserts or overwrites rows with their optimizer state (if given) and
@@ -53,7 +53,7 @@ impl Table {
         if let Some(m) = meta {
             check_len("meta", keys.len() * 4, m.len())?;
         }
-        self.assign_checked(keys, values, state, meta, None, Some(clock))
+        self.assign_checked(keys, values, None, state, meta, None, Some(clock))
     }
 
     /// Checks `values` and `state` (finite, of the row format, state an
@@ -64,11 +64,15 @@ impl Table {
     /// (`None`) the one current once the gate is held: read before it, a
     /// save's snapshot in between would move the generation on and the
     /// rows, marked with the older one, would be left out of every later
-    /// incremental save (the replayed chain then lost them).
-    fn assign_checked(
+    /// incremental save (the replayed chain then lost them). `stored`: the
+    /// rows' words as the table keeps them, `values` their decoded weights
+    /// ([`Table::assign_stored`]).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn assign_checked(
         &self,
         keys: &[i64],
         values: &[f32],
+        stored: Option<&[f32]>,
         state: Option<&[f32]>,
         meta: Option<&[u32]>,
         save_gen: Option<u32>,
@@ -89,7 +93,7 @@ impl Table {
         let _cold = self.cold_enter(keys)?;
         let _gate = self.enter();
         let save_gen = save_gen.unwrap_or_else(|| self.generation());
-        self.assign_in(keys, values, None, state, meta, save_gen)?;
+        self.assign_in(keys, values, stored, state, meta, save_gen)?;
         if let Some(c) = clock {
             self.set_clock(self.clock().max(c));
         }
