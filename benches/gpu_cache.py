@@ -15,9 +15,11 @@
    rate passes 90%: 10% of the rows hold 90.6% of the ids at best), against
    torch.nn.EmbeddingBag
    on CUDA with SparseAdam holding the whole table on the GPU; the hit rate,
-   and the misses' transfer rate against a pinned copy's peak.
+   and the misses' transfer rate against a pinned copy's peak; with
+   ``--dtypes float32,int8`` each cache size with the table's rows in each
+   dtype (8-bit rows held on the device as stored: 18 words a row, not 64).
 
-    python benches/gpu_cache.py [--json out.json] [--quick]
+    python benches/gpu_cache.py [--json out.json] [--quick] [--dtypes float32,int8]
 
 ``--quick`` runs small sizes (seconds, any machine; with ``--xp numpy`` no
 GPU is needed). Without CuPy and a GPU the index and DLRM parts say so.
@@ -255,12 +257,20 @@ def pinned_peak(nbytes: int) -> tuple[float, float]:
 
 
 def cached_steps(
-    xp: Any, ids: list[Any], grads: Any, rows: int, warm: int, profile: bool
+    xp: Any,
+    ids: list[Any],
+    grads: Any,
+    rows: int,
+    warm: int,
+    profile: bool,
+    dtype: str = "float32",
 ) -> dict[str, Any]:
     """Median seconds of ``lookup`` + ``apply_gradients`` through a cache of
-    ``rows`` rows (after ``warm`` steps), and the cache's figures."""
+    ``rows`` rows (after ``warm`` steps) over a table of ``dtype`` rows,
+    and the cache's figures."""
     dim = int(grads.shape[1])
-    cache = DeviceCache(embstore.Table(dim, optimizer=optim.Adam(lr=1e-3)), rows, xp=xp)
+    table = embstore.Table(dim, optimizer=optim.Adam(lr=1e-3), dtype=dtype)
+    cache = DeviceCache(table, rows, xp=xp)
 
     def step(i: int) -> None:
         cache.lookup(ids[i])
@@ -290,7 +300,9 @@ def cached_steps(
     d = {k: s1[k] - s0[k] for k in s1 if isinstance(s1[k], (int, float))}
     steps = len(times)
     return {
+        "dtype": dtype,
         "cache_rows": cache.capacity,
+        "cache_bytes": s1["bytes"] - s1["table"]["bytes"],
         "step_s": float(np.median(times)),
         "hit_rate": d["hits"] / d["lookups"],
         "misses_h2d_gb_s": d["h2d_bytes"] / max(d["h2d_seconds"], 1e-12) / 1e9,
@@ -311,6 +323,7 @@ def dlrm(
     steps: int,
     fractions: list[float],
     profile: bool = False,
+    dtypes: tuple[str, ...] = ("float32",),
 ) -> list[dict[str, Any]]:
     import torch
 
@@ -348,16 +361,17 @@ def dlrm(
     torch_s = float(np.median(t_torch))
     peak = pinned_peak(256 << 20) if dev == "cuda" else None
     out = []
-    for frac in fractions:
+    for frac, dtype in ((f, d) for f in fractions for d in dtypes):
         res = {"keys": keys, "ids_per_step": n, "cache_fraction": frac}
-        res.update(cached_steps(xp, ids_dev, grads, int(frac * keys), warm, profile))
+        res.update(cached_steps(xp, ids_dev, grads, int(frac * keys), warm, profile, dtype))
         res["torch_step_s"] = torch_s
         res["ratio_to_torch"] = res["step_s"] / torch_s
         if peak is not None:
             res["pinned_peak_h2d_gb_s"], res["pinned_peak_d2h_gb_s"] = peak
         print(
             f"DLRM step ({features} x {batch}, dim {dim}, Adam, Zipf 1.05 over {keys:,} keys, "
-            f"cache {res['cache_rows']:,} rows): {res['step_s'] * 1e3:.1f} ms vs torch "
+            f"cache {res['cache_rows']:,} {dtype} rows, {res['cache_bytes'] / 2**30:.2f} GiB): "
+            f"{res['step_s'] * 1e3:.1f} ms vs torch "
             f"EmbeddingBag+SparseAdam {torch_s * 1e3:.1f} ms "
             f"({res['ratio_to_torch']:.2f}x); hit rate {res['hit_rate']:.3f}; misses "
             f"{res['h2d_mb_per_step']:.0f} MB in at {res['misses_h2d_gb_s']:.1f} GB/s, "
@@ -496,6 +510,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--cache-fractions", default="0.10,0.15", help="DLRM cache sizes, fractions of the keys"
     )
+    ap.add_argument("--dtypes", default="float32", help="DLRM: the table's row dtypes, in turn")
     args = ap.parse_args(argv)
     import faulthandler
     import importlib
@@ -541,10 +556,11 @@ def main(argv: list[str] | None = None) -> int:
     if "scaling" in parts:
         out["scaling"] = scaling(xp, 20_000, 200_000 if q else 2_000_000, 10 if q else 30)
     if "dlrm" in parts:
+        dtypes = tuple(args.dtypes.split(","))
         out["dlrm"] = (
-            dlrm(xp, 100_000, 1024, 26, 3, 3, fractions, args.profile)
+            dlrm(xp, 100_000, 1024, 26, 3, 3, fractions, args.profile, dtypes)
             if q
-            else dlrm(xp, 10_000_000, 65_536, 26, args.warm, 8, fractions, args.profile)
+            else dlrm(xp, 10_000_000, 65_536, 26, args.warm, 8, fractions, args.profile, dtypes)
         )
     if args.json:
         with open(args.json, "w") as f:

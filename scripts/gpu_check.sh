@@ -32,7 +32,7 @@ python3 -c "import embstore, cupy; from embstore.gpu import _xp; print(embstore.
 status=0
 timeout 150 python3 -m pytest -q -p no:cacheprovider -m "gpu or not slow" -o addopts="" \
     ${TESTS:-tests/test_device_index.py tests/test_device_cache.py tests/test_device_optim.py \
-    tests/test_serving_cache.py} 2>&1 | tee "$OUT/tests.log" | tail -25 || status=1
+    tests/test_device_cache_int8.py tests/test_serving_cache.py} 2>&1 | tee "$OUT/tests.log" | tail -25 || status=1
 [ -n "${NO_MPI:-}" ] || timeout 90 python3 -m pytest -q -p no:cacheprovider -o addopts="" \
     tests/test_mpi.py -k "one_gpu" 2>&1 | tee "$OUT/mpi.log" | tail -15 || status=1
 # Each part of the bench in a process and under a timeout of its own, so
