@@ -5,7 +5,8 @@ the two as stored. Training through a cache far smaller than the key set
 leaves the table's stored rows equal to training on the table alone, on
 every array backend here; ``Table.lookup_with_state(stored=True)`` and
 ``write_back(stored=True)`` round-trip rows bit for bit and refuse bad
-rows without changing anything."""
+rows without changing anything; a ServingCache over a mapped 8-bit
+checkpoint (the other form: rows decoded on the device) serves its rows."""
 
 from __future__ import annotations
 
@@ -217,3 +218,29 @@ def test_bad_stored_rows_are_refused_and_change_nothing() -> None:
     with pytest.raises(ValueError, match=r"^rows: expected 3 rows"):
         t.write_back(keys, rows[:2], state, stored=True)
     assert_same(before, snapshot(t))
+
+
+def test_a_serving_cache_over_an_int8_mapped_table_serves_its_decoded_rows(
+    xp: ModuleType, tmp_path: object
+) -> None:
+    """The serving form: a ServingCache in front of a mapped checkpoint of
+    8-bit rows holds them decoded (float32 on the device) and serves what
+    the mapped table reads, bit for bit, repeats and unknown keys
+    included, from its own rows once they are cached."""
+    import pathlib
+
+    from embstore.gpu import ServingCache
+
+    path = pathlib.Path(str(tmp_path)) / "int8"
+    t = embstore.Table(DIM, dtype="int8", optimizer=optim.Adam(lr=0.05), seed=4)
+    keys = np.arange(500, dtype=np.int64) * 3
+    rng = np.random.default_rng(2)
+    t.apply_gradients(keys, rng.standard_normal((500, DIM)).astype(np.float32))
+    t.save(path, with_optimizer=False)
+    mapped = embstore.MappedTable(path)
+    cache = ServingCache(mapped, 128, xp=X.namespace(xp))
+    for _ in range(20):
+        k = np.concatenate([rng.choice(keys, 60), [7, 7, -1]]).astype(np.int64)
+        np.testing.assert_array_equal(X.to_host(cache.xp, cache.lookup(k)), mapped.lookup(k))
+    np.testing.assert_array_equal(mapped.lookup(keys), t.lookup(keys))
+    assert cache.stats()["hits"] > 0
