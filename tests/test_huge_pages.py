@@ -104,3 +104,62 @@ def test_large_outputs_get_huge_pages_where_the_kernel_gives_them() -> None:
     assert grown >= 48, grown
     if thp_mode() == "madvise":
         assert huge_growth("0", OUTPUT_CHILD) < 8
+
+
+MAPPED_CHILD = """
+import sys
+import numpy as np
+import embstore
+
+path = sys.argv[1]
+m = embstore.MappedTable(path)
+m.lookup(np.arange(10, dtype=np.int64))
+# Per mapped shard file: whether a part of its map (the advice covers the
+# 2 MiB-aligned part, which the kernel splits off) has VmFlags "hg".
+advised = {}
+with open("/proc/self/smaps") as f:
+    name = None
+    for line in f:
+        parts = line.split()
+        if "-" in parts[0] and len(parts) >= 5:
+            name = parts[-1] if len(parts) >= 6 else None
+        elif parts[0] == "VmFlags:" and name is not None and name.endswith(".safetensors"):
+            advised[name] = advised.get(name, False) or "hg" in parts[1:]
+print(sum(advised.values()), len(advised))
+"""
+
+
+@pytest.mark.skipif(
+    thp_mode() not in ("madvise", "always"),
+    reason=f"the kernel gives no transparent huge pages here (mode {thp_mode()})",
+)
+def test_mapped_files_ask_for_huge_pages(tmp_path: pathlib.Path) -> None:
+    """A mapped table's shard files of 4 MiB and more are mapped with
+    MADV_HUGEPAGE (VmFlags ``hg``), so that a file read cold is read ahead in
+    2 MiB folios and mapped whole (a file cached in small folios from an
+    earlier read is not); ``EMBSTORE_HUGE_PAGES=0`` asks nothing."""
+    import numpy as np
+
+    import embstore
+
+    t = embstore.Table(64, num_shards=2, seed=1)
+    t.lookup(np.arange(60_000, dtype=np.int64))  # two files of 7.7 MB
+    t.save(tmp_path / "ck", with_optimizer=False)
+
+    def advised(mode: str) -> tuple[int, int]:
+        env = {**os.environ, "EMBSTORE_HUGE_PAGES": mode}
+        out = subprocess.run(
+            [sys.executable, "-c", MAPPED_CHILD, str(tmp_path / "ck")],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=120,
+        )
+        assert out.returncode == 0, out.stderr[-2000:]
+        hg, total = out.stdout.split()
+        return int(hg), int(total)
+
+    hg, total = advised("1")
+    assert total >= 2, total
+    assert hg == total, (hg, total)
+    assert advised("0") == (0, total)
