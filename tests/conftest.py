@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import os
+from types import ModuleType
 
 import numpy as np
 import pytest
 
 import embstore
+from embstore.gpu import _xp as X
 
 I64 = np.iinfo(np.int64)
 
@@ -69,3 +71,38 @@ def simd(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str
     """Each SIMD backend this CPU supports, forced through EMBSTORE_SIMD."""
     monkeypatch.setenv("EMBSTORE_SIMD", request.param)
     return str(request.param)
+
+
+GPU_OK, GPU_WHY = X.gpu_usable()
+
+
+@pytest.fixture(
+    params=[
+        "numpy",
+        "array_api_strict",
+        "torch",
+        pytest.param(
+            "cupy",
+            marks=[
+                pytest.mark.gpu,
+                pytest.mark.skipif(not GPU_OK, reason=f"no GPU for CuPy: {GPU_WHY}"),
+            ],
+        ),
+    ]
+)
+def xp(request: pytest.FixtureRequest) -> ModuleType:
+    """The array namespaces a DeviceCache runs on here, as modules (CuPy
+    where a GPU is usable); a test module may define its own ``xp``."""
+    if request.param == "numpy":
+        return np
+    if request.param == "array_api_strict":
+        import array_api_strict
+
+        return array_api_strict
+    if request.param == "torch":
+        import torch
+
+        return torch
+    import cupy  # type: ignore[import-not-found, unused-ignore]
+
+    return cupy  # type: ignore[no-any-return, unused-ignore]

@@ -15,44 +15,7 @@ import embstore
 from embstore import optim
 from embstore.gpu import DeviceCache
 from embstore.gpu import _xp as X
-from tests.conftest import assert_same, snapshot
-
-GPU_OK, GPU_WHY = X.gpu_usable()
-
-
-def _cupy() -> ModuleType:
-    import cupy  # type: ignore[import-not-found, unused-ignore]
-
-    return cupy  # type: ignore[no-any-return, unused-ignore]
-
-
-@pytest.fixture(
-    params=[
-        "numpy",
-        "array_api_strict",
-        "torch",
-        pytest.param(
-            "cupy",
-            marks=[
-                pytest.mark.gpu,
-                pytest.mark.skipif(not GPU_OK, reason=f"no GPU for CuPy: {GPU_WHY}"),
-            ],
-        ),
-    ]
-)
-def xp(request: pytest.FixtureRequest) -> ModuleType:
-    if request.param == "numpy":
-        return np
-    if request.param == "array_api_strict":
-        import array_api_strict
-
-        return array_api_strict
-    if request.param == "torch":
-        import torch
-
-        return torch
-    return _cupy()
-
+from tests.conftest import GPU_OK, assert_same, snapshot
 
 OPTIMIZERS = [
     optim.SGD(lr=0.1),

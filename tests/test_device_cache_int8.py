@@ -26,38 +26,7 @@ from embstore.gpu import _xp as X
 from embstore.gpu._int8 import words
 from tests.conftest import assert_same, snapshot
 
-GPU_OK, GPU_WHY = X.gpu_usable()
 DIM = 10  # three words of codes (two bytes of padding), then scale and offset
-
-
-@pytest.fixture(
-    params=[
-        "numpy",
-        "array_api_strict",
-        "torch",
-        pytest.param(
-            "cupy",
-            marks=[
-                pytest.mark.gpu,
-                pytest.mark.skipif(not GPU_OK, reason=f"no GPU for CuPy: {GPU_WHY}"),
-            ],
-        ),
-    ]
-)
-def xp(request: pytest.FixtureRequest) -> ModuleType:
-    if request.param == "numpy":
-        return np
-    if request.param == "array_api_strict":
-        import array_api_strict
-
-        return array_api_strict
-    if request.param == "torch":
-        import torch
-
-        return torch
-    import cupy  # type: ignore[import-not-found, unused-ignore]
-
-    return cupy  # type: ignore[no-any-return, unused-ignore]
 
 
 def stored(t: embstore.Table, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

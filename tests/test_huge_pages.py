@@ -25,7 +25,7 @@ def thp_mode() -> str | None:
         return None
 
 
-CHILD = """
+HUGE_MIB = """
 import numpy as np
 import embstore
 
@@ -35,7 +35,11 @@ def huge_mib():
             if line.startswith("AnonHugePages:"):
                 return int(line.split()[1]) // 1024
     return 0
+"""
 
+CHILD = (
+    HUGE_MIB
+    + """
 before = huge_mib()
 # One shard of 300,000 rows of 256 bytes: segments of 64 rows doubling,
 # those of 16,384 rows (4 MiB) and more ask for huge pages.
@@ -45,19 +49,12 @@ t.assign(keys, np.ones((keys.size, 64), np.float32))
 assert float(t.lookup(keys[::997], insert=False).sum()) == 64 * keys[::997].size
 print(huge_mib() - before)
 """
+)
 
 
-OUTPUT_CHILD = """
-import numpy as np
-import embstore
-
-def huge_mib():
-    with open("/proc/self/smaps_rollup") as f:
-        for line in f:
-            if line.startswith("AnonHugePages:"):
-                return int(line.split()[1]) // 1024
-    return 0
-
+OUTPUT_CHILD = (
+    HUGE_MIB
+    + """
 # A table of small rows (its own memory well under the output's), then a
 # pooled lookup whose output is 64 MiB: 4 features x 65,536 bags x dim 64.
 t = embstore.Table(64, num_shards=1)
@@ -69,6 +66,7 @@ out = coll.lookup_pooled({f"f{i}": ids for i in range(4)}, insert=False)
 assert out.shape == (65_536, 256) and float(out[:, ::64].sum()) == 4 * 65_536
 print(huge_mib() - before)
 """
+)
 
 
 def huge_growth(advice: str, child: str = CHILD) -> int:

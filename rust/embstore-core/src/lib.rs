@@ -152,6 +152,7 @@ pub mod curve;
 pub mod error;
 pub mod format;
 pub mod hash;
+pub(crate) mod huge;
 pub mod init;
 pub mod latency;
 pub mod mapped;

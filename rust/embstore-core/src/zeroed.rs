@@ -66,12 +66,12 @@ pub fn try_zeroed<T: Zeroable>(n: usize) -> Option<Vec<T>> {
 
 /// [`try_zeroed`] for a large array written out of order (a batch call's
 /// output, filled feature by feature): its memory asks for transparent
-/// huge pages ([`advise_huge`](crate::table::storage::pages::advise_huge)),
+/// huge pages ([`advise_huge`](crate::huge::advise_huge)),
 /// so that writes to rows far apart do not each miss the TLB on 4 KiB
 /// pages, and a first write faults once per 2 MiB.
 pub fn try_zeroed_huge<T: Zeroable>(n: usize) -> Option<Vec<T>> {
     let v: Vec<T> = try_zeroed(n)?;
-    crate::table::storage::pages::advise_huge(v.as_ptr().cast(), v.len() * size_of::<T>(), false);
+    crate::huge::advise_huge(v.as_ptr().cast(), v.len() * size_of::<T>(), false);
     Some(v)
 }
 

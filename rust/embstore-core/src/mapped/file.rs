@@ -159,7 +159,7 @@ pub(super) fn map_file(
     // Before the first read: a fault of a map that asks for huge pages reads
     // ahead in 2 MiB folios and maps them whole where the file system caches
     // large folios, so random reads of rows miss the TLB far less.
-    crate::table::storage::pages::advise_huge(map.as_ptr(), map.len(), false);
+    crate::huge::advise_huge(map.as_ptr(), map.len(), false);
     let bad = |what: String| ckpt_err(&path, what);
     let st = SafeTensors::deserialize(&map)
         .map_err(|err| bad(format!("not a safetensors file: {err}")))?;

@@ -34,7 +34,7 @@ impl Column {
         let mut pad = 0;
         if self.stride > 0 {
             v.try_reserve_exact(cap * self.stride + LINE_FLOATS - 1)?;
-            super::pages::advise_huge(v.as_ptr().cast(), 4 * v.capacity(), false);
+            crate::huge::advise_huge(v.as_ptr().cast(), 4 * v.capacity(), false);
             // Floats from the allocation's start to the next line boundary
             // (the address is a multiple of 4: it holds f32s).
             let misalign = v.as_ptr() as usize % (4 * LINE_FLOATS);

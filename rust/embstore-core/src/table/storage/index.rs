@@ -63,7 +63,7 @@ impl<T: ZeroAtomic> Zeroed<T> {
         let layout = Layout::array::<T>(len).map_err(|_| OutOfMemory)?;
         let p = PageAlloc.allocate_zeroed(layout).map_err(|_| OutOfMemory)?;
         let start = p.cast::<u8>().as_ptr();
-        crate::table::storage::pages::advise_huge(start, layout.size(), true);
+        crate::huge::advise_huge(start, layout.size(), true);
         if populate {
             crate::table::storage::pages::populate(start as usize, start as usize + layout.size());
         }
