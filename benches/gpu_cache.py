@@ -17,7 +17,9 @@
    on CUDA with SparseAdam holding the whole table on the GPU; the hit rate,
    and the misses' transfer rate against a pinned copy's peak; with
    ``--dtypes float32,int8`` each cache size with the table's rows in each
-   dtype (8-bit rows held on the device as stored: 18 words a row, not 64).
+   dtype (8-bit rows held on the device as stored: 18 words a row, not 64;
+   the serving part then also serves an 8-bit checkpoint, its rows held on
+   the device decoded).
 
     python benches/gpu_cache.py [--json out.json] [--quick] [--dtypes float32,int8]
 
@@ -278,24 +280,27 @@ def cached_steps(
 
     for i in range(warm):
         step(i)
-    if profile:
-        import cProfile
-        import pstats
+    import cProfile
+    import pstats
 
-        prof = cProfile.Profile()
-        prof.enable()
-        for i in range(warm - 3, warm):
-            step(i)
-        prof.disable()
-        pstats.Stats(prof).sort_stats("tottime").print_stats(22)
+    # The timed steps profiled (fresh batches, each ended by a sync: time
+    # the device takes lands in the sync).
+    prof = cProfile.Profile() if profile else None
     s0 = cache.stats()
     times = []
     for i in range(warm, len(ids)):
         sync(xp)
+        if prof is not None:
+            prof.enable()
         t0 = time.perf_counter()
         step(i)
         sync(xp)
         times.append(time.perf_counter() - t0)
+        if prof is not None:
+            prof.disable()
+    if prof is not None:
+        print(f"DLRM, {dtype} rows: {len(times)} timed steps profiled (cProfile, by own time)")
+        pstats.Stats(prof).sort_stats("tottime").print_stats(26)
     s1 = cache.stats()
     d = {k: s1[k] - s0[k] for k in s1 if isinstance(s1[k], (int, float))}
     steps = len(times)
@@ -380,29 +385,32 @@ def dlrm(
             flush=True,
         )
         out.append(res)
-        profile = False
     return out
 
 
-def serving(xp: Any, keys: int, cache_rows: int, calls: int, warm: int) -> dict[str, Any]:
+def serving(
+    xp: Any, keys: int, cache_rows: int, calls: int, warm: int, dtype: str = "float32"
+) -> dict[str, Any]:
     """2,000-key lookups (host keys, Zipf 1.05 over ``keys``) through a
-    ServingCache of ``cache_rows`` in front of a mapped table of dim 64:
-    per-call latency (output ready on the device) p50 / p99 and hit rate,
-    against the mapped table's own host lookups of the same calls; then a
-    publish of 1% of the rows and the refresh that follows it."""
+    ServingCache of ``cache_rows`` in front of a mapped table of dim 64
+    saved in ``dtype`` (an 8-bit checkpoint's rows are held on the device
+    decoded, as float32): per-call latency (output ready on the device)
+    p50 / p99 and hit rate, against the mapped table's own host lookups of
+    the same calls; then a publish of 1% of the rows and the refresh that
+    follows it."""
     import tempfile
 
     from embstore.gpu import ServingCache
 
     dim, n = 64, 2_000
-    t = embstore.Table(dim, seed=5)
+    t = embstore.Table(dim, seed=5, dtype=dtype)
     every = np.arange(keys, dtype=np.int64)
     for a in range(0, keys, 1 << 20):
         t.lookup(every[a : a + (1 << 20)])
     batches = zipf_batches(keys, n, warm + calls + 300, 1.05, 3)
     profiled = batches[warm + calls :]  # fresh calls, for the profile
     batches = batches[: warm + calls]
-    res: dict[str, Any] = {"keys": keys, "dim": dim, "batch": n}
+    res: dict[str, Any] = {"keys": keys, "dim": dim, "batch": n, "dtype": dtype}
     with tempfile.TemporaryDirectory() as d:
         t.save(d, with_optimizer=False)
         mapped = embstore.MappedTable(d)
@@ -474,7 +482,7 @@ def serving(xp: Any, keys: int, cache_rows: int, calls: int, warm: int) -> dict[
         res["fresh_after_refresh"] = bool((got == 0.5).all())
     print(
         f"serving: 2,000-key lookups through a {res['cache_rows']:,}-row cache of "
-        f"{keys:,} keys: p50 {res['p50_us']:.0f} us, p99 {res['p99_us']:.0f} us, hit rate "
+        f"{keys:,} {dtype} keys: p50 {res['p50_us']:.0f} us, p99 {res['p99_us']:.0f} us, hit rate "
         f"{hits:.3f} (the mapped table alone on the host: p50 {res['host_p50_us']:.0f}, "
         f"p99 {res['host_p99_us']:.0f} us); {res['calls_admitting']:.1%} of calls admit "
         f"rows (p50 {res['p50_admitting_us'] or 0:.0f} us, others "
@@ -499,7 +507,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--xp", default=None, help="array namespace (default: cupy on a GPU)")
     ap.add_argument("--parts", default="index,serving,scaling,dlrm")
     ap.add_argument("--warm", type=int, default=20, help="DLRM steps before the timed ones")
-    ap.add_argument("--profile", action="store_true", help="profile 3 DLRM steps (cProfile)")
+    ap.add_argument("--profile", action="store_true", help="profile the DLRM timed steps")
     ap.add_argument(
         "--write-back-thread-min",
         type=int,
@@ -510,7 +518,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--cache-fractions", default="0.10,0.15", help="DLRM cache sizes, fractions of the keys"
     )
-    ap.add_argument("--dtypes", default="float32", help="DLRM: the table's row dtypes, in turn")
+    ap.add_argument(
+        "--dtypes",
+        default="float32",
+        help="DLRM and serving: the table's (the checkpoint's) row dtypes, in turn",
+    )
     args = ap.parse_args(argv)
     import faulthandler
     import importlib
@@ -547,12 +559,13 @@ def main(argv: list[str] | None = None) -> int:
             (0.5, 0.75, 1.0),
         )
     if "serving" in parts:
-        print("serving: starting", flush=True)
-        out["serving"] = (
-            serving(xp, 200_000, 20_000, 200, 50)
-            if q
-            else serving(xp, 4_000_000, 400_000, 3_000, 500)
-        )
+        for dtype in args.dtypes.split(","):
+            print(f"serving: starting ({dtype} rows)", flush=True)
+            out["serving" if dtype == "float32" else f"serving_{dtype}"] = (
+                serving(xp, 200_000, 20_000, 200, 50, dtype)
+                if q
+                else serving(xp, 4_000_000, 400_000, 3_000, 500, dtype)
+            )
     if "scaling" in parts:
         out["scaling"] = scaling(xp, 20_000, 200_000 if q else 2_000_000, 10 if q else 30)
     if "dlrm" in parts:

@@ -24,7 +24,7 @@ from embstore import optim
 from embstore.gpu import DeviceCache
 from embstore.gpu import _xp as X
 from embstore.gpu._int8 import words
-from tests.conftest import assert_same, snapshot
+from tests.conftest import GPU_OK, GPU_WHY, assert_same, snapshot
 
 DIM = 10  # three words of codes (two bytes of padding), then scale and offset
 
@@ -45,20 +45,33 @@ def test_training_int8_rows_through_the_cache_equals_the_table(
     """60 keys through an 8-row cache (evictions every step), 20 steps: each
     lookup equals the table trained alone (a pooled one to float rounding:
     the device sums in its own order), and after a flush every stored
-    row (codes, scale, offset) and its state are the same bytes. On torch
-    the Adam family's float32 step may differ from the core's by an ulp
-    (its vectorized division), so there the rows are compared to 1e-6."""
+    row (codes, scale, offset) and its state are the same bytes.
+
+    On the host namespaces (NumPy, array-api-strict) the arithmetic is the
+    core's, so the bytes are equal. torch's and CuPy's float32 steps may
+    differ from the core's by an ulp (torch's vectorized division, the
+    GPU's fused multiply-adds, a pooled gradient summed in another order),
+    and where an ulp crosses a stochastic rounding point a code moves by
+    one step of its row: there rows agree within 3 steps of their row's
+    scale and at most 2% of the codes differ (rounding to nearest instead
+    of the table's stream moves about half of them)."""
     behind = embstore.Table(DIM, dtype="int8", optimizer=opt, seed=3)
     direct = embstore.Table(DIM, dtype="int8", optimizer=opt, seed=3)
     cache = DeviceCache(behind, 8, xp=xp)
-    exact = xp is not _torch() or isinstance(opt, optim.SGD)
+    name = getattr(cache.xp, "__name__", "")
+    exact = "numpy" in name or "array_api_strict" in name
     rng = np.random.default_rng(5)
 
-    def same(got: np.ndarray, want: np.ndarray) -> None:
+    def steps(keys: np.ndarray) -> np.ndarray:
+        """Each key's row's quantization step (its scale), as a column."""
+        w, _ = stored(direct, keys)
+        return np.ascontiguousarray(w[:, -8:-4]).view(np.float32)
+
+    def same(got: np.ndarray, want: np.ndarray, keys: np.ndarray) -> None:
         if exact:
             np.testing.assert_array_equal(got, want)
         else:
-            np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
+            assert (np.abs(got - want) <= 3 * steps(keys) + 1e-6).all(), (got, want)
 
     for _ in range(20):
         if pooled:
@@ -68,15 +81,18 @@ def test_training_int8_rows_through_the_cache_equals_the_table(
             got = X.to_host(cache.xp, cache.lookup_pooled(ids, offsets))
             # Summed on the device in another order than the core's: to float
             # rounding (the rows summed are the same, as the end checks).
-            np.testing.assert_allclose(
-                got, direct.lookup_pooled(ids, offsets), rtol=1e-6, atol=1e-7
-            )
+            want = direct.lookup_pooled(ids, offsets)
+            if exact:
+                np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
+            else:  # each bag within 3 steps of each of its rows
+                bag = np.add.reduceat(3 * steps(ids)[:, 0], offsets[:-1])[:, None]
+                assert (np.abs(got - want) <= bag + 1e-5).all(), (got, want)
             cache.apply_pooled_gradients(ids, offsets, grads)
             direct.apply_pooled_gradients(ids, offsets, grads)
         else:
             keys = rng.integers(-30, 30, 16) * 7919
             grads = rng.standard_normal((16, DIM)).astype(np.float32)
-            same(X.to_host(cache.xp, cache.lookup(keys)), direct.lookup(keys))
+            same(X.to_host(cache.xp, cache.lookup(keys)), direct.lookup(keys), keys)
             cache.apply_gradients(keys, grads)
             direct.apply_gradients(keys, grads)
     assert cache.stats()["evictions"] > 0
@@ -88,17 +104,11 @@ def test_training_int8_rows_through_the_cache_equals_the_table(
         np.testing.assert_array_equal(wa, wb)
         np.testing.assert_array_equal(sa, sb)
     else:
-        same(behind.lookup(keys, insert=False), direct.lookup(keys, insert=False))
+        same(behind.lookup(keys, insert=False), direct.lookup(keys, insert=False), keys)
+        moved = (wa[:, :DIM] != wb[:, :DIM]).mean()
+        assert moved <= 0.02, f"{moved:.1%} of the codes differ"
+        np.testing.assert_allclose(sa, sb, rtol=1e-5, atol=1e-6)
     assert behind.step == direct.step == 20
-
-
-def _torch() -> ModuleType | None:
-    try:
-        import torch
-
-        return torch
-    except ImportError:
-        return None
 
 
 def test_the_cache_holds_int8_rows_in_their_stored_bytes() -> None:
@@ -213,3 +223,41 @@ def test_a_serving_cache_over_an_int8_mapped_table_serves_its_decoded_rows(
         np.testing.assert_array_equal(X.to_host(cache.xp, cache.lookup(k)), mapped.lookup(k))
     np.testing.assert_array_equal(mapped.lookup(keys), t.lookup(keys))
     assert cache.stats()["hits"] > 0
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not GPU_OK, reason=f"no GPU for CuPy: {GPU_WHY}")
+@pytest.mark.parametrize("dim", [1, 10, 64, 129])
+@pytest.mark.parametrize("stochastic", [True, False], ids=["stochastic", "nearest"])
+def test_the_cuda_kernels_equal_the_array_code_bit_for_bit(dim: int, stochastic: bool) -> None:
+    """On CuPy the cache decodes and encodes 8-bit rows with the kernels of
+    gpu/_cuda_int8.py: their bytes equal the array code's (which equals the
+    table's), for rows of every sign and scale, a constant row, a row with
+    one weight, codes padded to whole words, both rounding modes."""
+    import cupy  # type: ignore[import-not-found, unused-ignore]
+
+    from embstore.gpu._int8 import Int8Rows
+
+    xp = X.namespace(cupy)
+    fast, ref = Int8Rows(xp, dim, 11), Int8Rows(xp, dim, 11, kernels=False)
+    assert fast.kernels is not None
+    assert ref.kernels is None
+    fast.stochastic = ref.stochastic = stochastic
+    rng = np.random.default_rng(dim)
+    w = rng.standard_normal((3000, dim)).astype(np.float32)
+    w *= np.float32(10.0) ** rng.integers(-6, 6, (3000, 1)).astype(np.float32)
+    w[7] = 0.25  # a constant row
+    keys = rng.integers(-(2**62), 2**62, 3000)
+    wd, kd = cupy.asarray(w), cupy.asarray(keys)
+    for step in (1, 2, 977):
+        a = cupy.asnumpy(fast.encode_step(wd, kd, step))
+        b = cupy.asnumpy(ref.encode_step(wd, keys, step))
+        np.testing.assert_array_equal(a.view(np.uint32), b.view(np.uint32))
+    stored_d = cupy.asarray(a)
+    slots = cupy.asarray(rng.integers(0, 3000, 5000))
+    np.testing.assert_array_equal(
+        cupy.asnumpy(fast.decode_at(stored_d, slots)), cupy.asnumpy(ref.decode_at(stored_d, slots))
+    )
+    np.testing.assert_array_equal(
+        cupy.asnumpy(fast.decode(stored_d)), cupy.asnumpy(ref.decode(stored_d))
+    )

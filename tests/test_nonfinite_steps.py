@@ -213,3 +213,29 @@ def test_a_16_bit_table_refuses_values_it_cannot_hold() -> None:
     # Training saturates a 16-bit row at its largest value instead of inf.
     t.apply_gradients([1], np.full((1, 4), -1e6, np.float32))
     assert np.isfinite(t.lookup([1])).all()
+
+
+@pytest.mark.parametrize(
+    ("dtype", "fits", "beyond"),
+    [
+        ("float16", 65519.0, 65520.0),  # 65519 rounds to 65504, 65520 to inf
+        ("bfloat16", 3.3895e38, np.finfo(np.float32).max),
+        ("int8", np.finfo(np.float32).max / 2, np.finfo(np.float32).max),
+    ],
+)
+def test_the_largest_value_a_format_holds_is_found_in_large_batches(
+    dtype: str, fits: float, beyond: float
+) -> None:
+    """A batch of more than 64 Ki values (scanned in blocks on the pool)
+    holding the largest value a format stores finitely is taken; one
+    value beyond it, anywhere, refuses the whole batch naming it."""
+    t = embstore.Table(64, dtype=dtype)
+    keys = np.arange(2048)
+    rows = np.random.default_rng(0).standard_normal((2048, 64)).astype(np.float32)
+    rows[1500, 7] = fits
+    t.assign(keys, rows)
+    before = table_snapshot(t)
+    rows[1700, 3] = -beyond
+    with pytest.raises(ValueError, match=rf"^values: expected values that {dtype} rows hold"):
+        t.assign(keys, rows)
+    assert_same(before, table_snapshot(t))

@@ -13,6 +13,7 @@ bit."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
@@ -46,13 +47,20 @@ def _mix64(z: np.ndarray) -> np.ndarray:
     return out
 
 
+def _stream_mixes(seed: int, step: int) -> tuple[np.uint64, np.uint64]:
+    """The seed's mix and the step's term of the core's ``rounding_stream``."""
+    with np.errstate(over="ignore"):
+        s = _mix64(np.array([(seed ^ 0xB7E151628AED2A6B) ^ 0x6A09E667F3BCC909], dtype=_U64))
+        return s[0], _U64(step) * _GOLDEN
+
+
 def rounding_bases(seed: int, keys: np.ndarray, step: int) -> np.ndarray:
     """Per key, the 32-bit base of its rounding draws at ``step``: the
     core's ``rounding_stream(seed, key, step)``, its two halves xored."""
+    s, t = _stream_mixes(seed, step)
     with np.errstate(over="ignore"):
-        s = _mix64(np.array([(seed ^ 0xB7E151628AED2A6B) ^ 0x6A09E667F3BCC909], dtype=_U64))
         row = _mix64(s ^ keys.astype(np.int64).view(_U64))
-        stream = _mix64(row ^ (_U64(step) * _GOLDEN))
+        stream = _mix64(row ^ t)
     return ((stream >> _U64(32)) ^ (stream & _U64(0xFFFFFFFF))).astype(np.uint32)
 
 
@@ -112,26 +120,51 @@ class Int8Rows:
             )
         return cls(xp, table.dim, table.seed)
 
-    def __init__(self, xp: ModuleType, dim: int, seed: int) -> None:
+    def __init__(self, xp: ModuleType, dim: int, seed: int, kernels: bool = True) -> None:
         self.xp, self.dim, self.seed = xp, int(dim), int(seed)
         self.cw = -(-self.dim // 4)
         self.width = self.cw + 2
         self.stochastic = bool(_core.int8_stochastic_steps())
+        #: On CuPy the CUDA kernels of _cuda_int8 (equal to the array code
+        #: below bit for bit), else None.
+        self.kernels = None
+        if kernels and array_api_compat.is_cupy_namespace(xp):
+            from embstore.gpu._cuda_int8 import Int8Kernels
+
+            self.kernels = Int8Kernels()
+
+    def decode_at(self, rows: Array, slots: Array) -> Array:
+        """The stored rows at ``slots`` of ``rows`` as float32 weights."""
+        if self.kernels is not None:
+            return self.kernels.decode(rows, slots, self.dim)
+        return self.decode(self.xp.take(rows, slots, axis=0))
 
     def decode(self, w: Array) -> Array:
         """Stored rows ``(n, width)`` as float32 weights ``(n, dim)``."""
         xp, dim, cw = self.xp, self.dim, self.cw
+        if self.kernels is not None:
+            return self.kernels.decode(w, None, dim)
         codes = _as_bytes(xp, w)[:, :dim]
         if _native(xp) is None and not _is_torch(xp):
             codes = xp.asarray(np.ascontiguousarray(codes))
         q = xp.astype(codes, xp.float32)
         return w[:, cw + 1 : cw + 2] + w[:, cw : cw + 1] * q
 
-    def encode_step(self, w: Array, keys: np.ndarray, step: int) -> Array:
+    def encode_step(
+        self, w: Array, keys: Array, step: int, host: Callable[[Array], np.ndarray] | None = None
+    ) -> Array:
         """Updated weights ``w`` (float32 ``(n, dim)``, finite, within
-        :data:`MOST`) of ``keys`` (host) at optimizer step ``step`` as
-        stored rows ``(n, width)``."""
+        :data:`MOST`) of ``keys`` (the cache's namespace, or NumPy) at
+        optimizer step ``step`` as stored rows ``(n, width)``; ``host``
+        brings the keys to the host where the draws are made there."""
         xp, dim, cw = self.xp, self.dim, self.cw
+        if self.kernels is not None:
+            seedmix, stepmix = _stream_mixes(self.seed, step)
+            return self.kernels.encode(
+                w, xp.asarray(keys), self.width, int(seedmix), int(stepmix), self.stochastic
+            )
+        if not isinstance(keys, np.ndarray):
+            keys = host(keys) if host is not None else np.asarray(to_host(xp, keys))
         n = int(w.shape[0])
         lo = xp.min(w, axis=1, keepdims=True)
         hi = xp.max(w, axis=1, keepdims=True)
@@ -173,6 +206,16 @@ class Int8Rows:
             return codes.contiguous().view(torch.float32)
         host = np.ascontiguousarray(to_host(xp, codes)).view(np.float32)
         return xp.asarray(host)
+
+
+def decoded(codec: Int8Rows | None, rows: Array) -> Array:
+    """A cache's stored rows as float32 weights (decoded where 8-bit)."""
+    return rows if codec is None else codec.decode(rows)
+
+
+def rows_at(codec: Int8Rows | None, xp: ModuleType, rows: Array, slots: Array) -> Array:
+    """A cache's rows at ``slots`` as float32 weights (decoded where 8-bit)."""
+    return xp.take(rows, slots, axis=0) if codec is None else codec.decode_at(rows, slots)
 
 
 def _is_torch(xp: ModuleType) -> bool:

@@ -39,7 +39,7 @@ from embstore.gpu import _optim
 from embstore.gpu import _xp as X
 from embstore.gpu._bags import bags_on_device
 from embstore.gpu._fork import LIVE
-from embstore.gpu._int8 import Int8Rows
+from embstore.gpu._int8 import Int8Rows, decoded, rows_at
 from embstore.gpu._resolved import WRITE_BACK_THREAD_MIN, Resolved, WriteBack
 from embstore.gpu.index import BucketIndex
 from embstore.protocol import StateTier
@@ -542,11 +542,8 @@ class DeviceCache:
                 self._stats["admissions"] += n_adm
                 self._stats["evictions"] += n_ev
             if want:
-                res.served_rows = self._decoded(rows_d[n_adm:, :]) if admit else rows_d[n_adm:, :]
-
-    def _decoded(self, rows: Array) -> Array:
-        """Cached rows as float32 weights (8-bit rows decoded)."""
-        return rows if self._int8 is None else self._int8.decode(rows)
+                rest = rows_d[n_adm:, :]
+                res.served_rows = decoded(self._int8, rest) if admit else rest
 
     def _write_back_started(
         self, keys: np.ndarray, rows: np.ndarray, state: np.ndarray
@@ -598,7 +595,7 @@ class DeviceCache:
             with self._lock:
                 xp = self.xp
                 r = self._resolve(keys_d, admit=False, lookup=True, found=True)
-                rows_u = self._decoded(xp.take(self._rows, xp.maximum(r.slot, 0), axis=0))
+                rows_u = rows_at(self._int8, xp, self._rows, xp.maximum(r.slot, 0))
                 found_u = r.slot >= 0
                 if r.served_rows is not None:
                     rows_u = X.scatter_rows(xp, self._fancy, rows_u, r.served_pos, r.served_rows)
@@ -616,7 +613,7 @@ class DeviceCache:
         """Rows of the call's distinct keys and the inverse map."""
         xp = self.xp
         r = self._resolve(keys_d, admit=insert, lookup=True)
-        rows_u = self._decoded(xp.take(self._rows, xp.maximum(r.slot, 0), axis=0))
+        rows_u = rows_at(self._int8, xp, self._rows, xp.maximum(r.slot, 0))
         if r.served_rows is not None:
             rows_u = X.scatter_rows(xp, self._fancy, rows_u, r.served_pos, r.served_rows)
         return rows_u, r.inv
@@ -698,7 +695,7 @@ class DeviceCache:
                 w, st = _optim.step(
                     xp,
                     opt,
-                    self._decoded(xp.take(self._rows, cs, axis=0)),
+                    rows_at(self._int8, xp, self._rows, cs),
                     xp.take(self._state, cs, axis=0),
                     xp.take(gsum, cached, axis=0),
                     t,
@@ -712,8 +709,8 @@ class DeviceCache:
                 )
             if self._int8 is not None:
                 # Encoded by the table's formula, rounded by each key's stream.
-                keys_c = self._keys_host(xp.take(r.uniq, cached))
-                w = self._int8.encode_step(w, keys_c, t)
+                keys_c = xp.take(r.uniq, cached)
+                w = self._int8.encode_step(w, keys_c, t, self._keys_host)
             return w, st
 
         has_cached = int(cached.shape[0]) > 0

@@ -8,7 +8,7 @@ use crate::error::{Result, StoreError, invalid};
 use crate::format::codec::RowFormat;
 use crate::init::Initializer;
 use crate::simd::Backend;
-use rayon::iter::{IndexedParallelIterator, ParallelIterator};
+use rayon::iter::IndexedParallelIterator;
 use rayon::prelude::ParallelSlice;
 
 /// What a lookup returns for a key that has no row and gets none.
@@ -131,12 +131,9 @@ pub fn check_finite_max_on(arg: &'static str, data: &[f32], scan: Scan) -> Resul
     // A branch-free scan in the CPU's widest vectors: the largest
     // magnitude's bits; an exponent of all ones is NaN/inf.
     let backend = crate::simd::Backend::best();
-    let top = if data.len() <= CHUNK || scan == Scan::Here {
-        backend.max_magnitude_bits(data)
-    } else {
-        data.par_chunks(CHUNK)
-            .map(|c| backend.max_magnitude_bits(c))
-            .reduce(|| 0, std::cmp::Ord::max)
+    let top = match scan {
+        Scan::Parallel => backend.max_magnitude_bits_pooled(data),
+        Scan::Here => backend.max_magnitude_bits(data),
     };
     if top < 0x7F80_0000 {
         return Ok(f32::from_bits(top));

@@ -132,8 +132,14 @@ impl RowFormat {
         if self == RowFormat::F32 {
             return Ok(());
         }
-        let mut tmp = [0.0f32; 1];
         let most = self.max_finite();
+        // Every value within the format's largest finite one fits (one
+        // vector scan, on the pool where large); else the first that does
+        // not is found value by value below.
+        if Backend::best().max_magnitude_bits_pooled(src) <= most.to_bits() {
+            return Ok(());
+        }
+        let mut tmp = [0.0f32; 1];
         let bad = src.iter().position(|&v| {
             if self == RowFormat::I8 {
                 // Any value up to half of float32's range: a row's span stays finite.

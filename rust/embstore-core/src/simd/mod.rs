@@ -278,6 +278,18 @@ impl Backend {
     pub fn max_magnitude_bits(self, data: &[f32]) -> u32 {
         dispatch!(self, max_magnitude_bits(data))
     }
+    /// [`Backend::max_magnitude_bits`] in blocks of 64 Ki values on rayon's
+    /// pool where `data` holds more than one.
+    pub fn max_magnitude_bits_pooled(self, data: &[f32]) -> u32 {
+        use rayon::prelude::*;
+        const BLOCK: usize = 1 << 16;
+        if data.len() <= BLOCK {
+            return self.max_magnitude_bits(data);
+        }
+        data.par_chunks(BLOCK)
+            .map(|c| self.max_magnitude_bits(c))
+            .reduce(|| 0, std::cmp::Ord::max)
+    }
     /// `x *= a`.
     #[inline]
     pub fn scale(self, x: &mut [f32], a: f32) {

@@ -6,6 +6,8 @@
 //! 8-bit row's scale recomputed from its decoded weights can move by an
 //! ulp, and its codes with it).
 
+use rayon::prelude::*;
+
 use crate::error::{Result, invalid};
 use crate::policy::RowFormat;
 use crate::rows::{check_finite, check_len};
@@ -94,12 +96,14 @@ impl Table {
             }
         }
         let mut values: Vec<f32> = zeros("rows", keys.len() * dim)?;
-        for (w, v) in words
-            .chunks_exact(ww.max(1))
-            .zip(values.chunks_exact_mut(dim.max(1)))
-        {
-            format.decode_on(self.backend, w, v);
-        }
+        // Decoded on the pool (a write-back of a device cache's misses is
+        // 10^5 rows and more); no lock is held here.
+        let backend = self.backend;
+        values
+            .par_chunks_exact_mut(dim.max(1))
+            .zip(words.par_chunks_exact(ww.max(1)))
+            .with_min_len(1024)
+            .for_each(|(v, w)| format.decode_on(backend, w, v));
         check_finite("rows", &values)?;
         format.check_fits("rows", &values)?;
         self.assign_checked(keys, &values, Some(words), Some(state), None, None, None)
