@@ -8,7 +8,8 @@
 # first. Logs, the bench's JSON (a file a part) and the GPU's name go to
 # $OUT; about 5 minutes. PARTS="serving dlrm" runs those parts alone,
 # BENCH_TIMEOUT (seconds, 180) bounds each, NO_NCU=1 skips the profile,
-# TESTS names the test files to run, NO_MPI=1 skips the 2-rank test.
+# TESTS names the test files to run, NO_MPI=1 skips the 2-rank test,
+# DTYPES the row dtypes of the DLRM and serving parts (float32,int8).
 #
 #     OUT=/tmp/gpu bash scripts/gpu_check.sh [bench args...]
 set -u -o pipefail
@@ -40,11 +41,14 @@ timeout 150 python3 -m pytest -q -p no:cacheprovider -m "gpu or not slow" -o add
 for part in ${PARTS:-serving dlrm scaling index}; do
     t0=$SECONDS
     timeout -k 10 ${BENCH_TIMEOUT:-180} python3 benches/gpu_cache.py --parts "$part" \
-        --json "$OUT/gpu_cache_$part.json" "$@" 2>&1 | tee -a "$OUT/bench.log"
+        --dtypes "${DTYPES:-float32,int8}" --json "$OUT/gpu_cache_$part.json" "$@" 2>&1 \
+        | tee -a "$OUT/bench.log"
     rc=${PIPESTATUS[0]}  # 124: stopped by the timeout (the stacks are in the log); >128: a signal
     echo "benches/gpu_cache.py --parts $part: exit status $rc after $((SECONDS - t0)) s" | tee -a "$OUT/bench.log"
     [ "$rc" = 0 ] || status=1
 done
+# The 8-bit rows' codec kernels against the array code they equal (timings).
+timeout 60 python3 benches/probes/int8_codec_gpu.py 2>&1 | tee "$OUT/int8_codec.log" || status=1
 NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -1)
 if [ -n "$NCU" ] && [ -z "${NO_NCU:-}" ]; then  # bytes each kernel moved and its time (not part of the status)
     timeout 75 "$NCU" --clock-control none -k 'regex:find[842]|find_rows|upsert|put_rows8' \
