@@ -161,3 +161,34 @@ def test_mapped_files_ask_for_huge_pages(tmp_path: pathlib.Path) -> None:
     assert total >= 2, total
     assert hg == total, (hg, total)
     assert advised("0") == (0, total)
+
+
+SLOTS_CHILD = (
+    HUGE_MIB
+    + """
+from embstore import _core
+# A serving cache's slot map of 1M rows: 16 MiB of slots (key, last use,
+# count), probed all over by every call.
+keys = np.arange(1 << 20, dtype=np.int64) * 7919 + 3  # NumPy's own: counted before
+before = huge_mib()
+sm = _core.SlotMap(1 << 20)
+for a in range(0, keys.size, 65_536):
+    sm.admit(keys[a : a + 65_536], 1, 0)
+assert len(sm) > 900_000
+print(huge_mib() - before)
+"""
+)
+
+
+@pytest.mark.skipif(
+    thp_mode() not in ("madvise", "always"),
+    reason=f"the kernel gives no transparent huge pages here (mode {thp_mode()})",
+)
+def test_a_slot_maps_slots_get_huge_pages_where_the_kernel_gives_them() -> None:
+    """The slots of a ServingCache's slot map (written all over as keys are
+    admitted, then probed at random by every lookup) ask for huge pages as
+    an index does; off with ``EMBSTORE_HUGE_PAGES=0``."""
+    grown = huge_growth("1", SLOTS_CHILD)
+    assert grown >= 12, grown
+    if thp_mode() == "madvise":
+        assert huge_growth("0", SLOTS_CHILD) < 4

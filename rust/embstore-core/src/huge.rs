@@ -1,6 +1,7 @@
 //! Transparent huge pages: the advice (`MADV_HUGEPAGE`) that large blocks
-//! ask for (a table's row columns and indexes, large outputs, mapped
-//! checkpoint files), and its switch (`EMBSTORE_HUGE_PAGES`).
+//! ask for (a table's row columns and indexes, a serving cache's slot map,
+//! large outputs, mapped checkpoint files), and its switch
+//! (`EMBSTORE_HUGE_PAGES`).
 
 /// Row columns at least this large ask for transparent huge pages
 /// ([`advise_huge`]): a segment being filled leaves at most one huge page
