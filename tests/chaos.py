@@ -3,8 +3,9 @@ Collection (two Collections sharing tables in opposite orders) and
 DeviceCache, with save/load/export/reserve/evict, at random, for a bounded
 time, under a watchdog. Then the exact totals: every trained table uses SGD
 (lr=1) from zero rows with gradients of ones, so a key's row must be exactly
-minus the number of gradients it received, whatever the interleaving. And
-every table's checkpoint must load and equal it.
+minus the number of gradients it received, whatever the interleaving (on
+the table of 8-bit rows too: a row of equal weights is stored exactly, as
+its offset). And every table's checkpoint must load and equal it.
 
 ``python -m tests.chaos --seconds 600 --threads 8 [--seed N]`` runs it from
 the command line (prints the figures); tests/test_chaos.py runs it for a
@@ -67,8 +68,12 @@ class World:
         self.ba = embstore.Collection({"y": self.b, "x": self.a})
         self.cache = DeviceCache(self.c, rows=512, xp=np)
         self.cache_lock = threading.Lock()  # one cache thread at a time keeps its keys its own
+        # The same over a table of 8-bit rows (held in the cache as stored).
+        self.e = sgd_table(dtype="int8")
+        self.cache8 = DeviceCache(self.e, rows=256, xp=np)
+        self.cache8_lock = threading.Lock()
         # Expected gradient counts per table and key.
-        self.counts = {name: collections.Counter[int]() for name in "abc"}
+        self.counts = {name: collections.Counter[int]() for name in "abce"}
         self.count_lock = threading.Lock()
 
     def credit(self, name: str, keys: np.ndarray) -> None:
@@ -139,28 +144,35 @@ class World:
         )
         return "serve"
 
+    def _cached(self, rng: random.Random) -> tuple[str, DeviceCache, threading.Lock]:
+        if rng.random() < 0.5:
+            return "c", self.cache, self.cache_lock
+        return "e", self.cache8, self.cache8_lock
+
     def train_cache(self, rng: random.Random) -> str:
-        with self.cache_lock:
+        name, cache, lock = self._cached(rng)
+        with lock:
             keys = self._keys(rng, *CACHE_KEYS, rng.choice([1, 64, 1024]))
             if rng.random() < 0.3:
-                self.cache.lookup(keys)
+                cache.lookup(keys)
             if rng.random() < 0.3:
                 offsets = np.arange(len(keys) + 1)
-                self.cache.apply_pooled_gradients(keys, offsets, np.ones((len(keys), DIM)))
+                cache.apply_pooled_gradients(keys, offsets, np.ones((len(keys), DIM)))
             else:
-                self.cache.apply_gradients(keys, np.ones((len(keys), DIM), np.float32))
-            self.credit("c", keys)
+                cache.apply_gradients(keys, np.ones((len(keys), DIM), np.float32))
+            self.credit(name, keys)
             if rng.random() < 0.1:
-                self.cache.flush()
-            self.cache.contains(keys[:10])
-            self.cache.stats()
+                cache.flush()
+            cache.contains(keys[:10])
+            cache.stats()
         return "DeviceCache.step"
 
     def train_direct_c(self, rng: random.Random) -> str:
+        name, cache, _ = self._cached(rng)
         keys = self._keys(rng, *DIRECT_KEYS, rng.choice([1, 256]))
-        self.c.apply_gradients(keys, np.ones((len(keys), DIM), np.float32))
-        self.credit("c", keys)
-        self.c.lookup(keys, insert=False)
+        cache.table.apply_gradients(keys, np.ones((len(keys), DIM), np.float32))
+        self.credit(name, keys)
+        cache.table.lookup(keys, insert=False)
         return "Table(cache's).apply_gradients"
 
     def scratch(self, rng: random.Random) -> str:
@@ -196,6 +208,8 @@ class World:
         assert np.isfinite(loaded.export()[1]).all()
         if rng.random() < 0.2:
             self.cache.save(self.root / "c")  # flushes under the cache's own lock
+        if rng.random() < 0.2:
+            self.cache8.save(self.root / "e")
         return "save/load"
 
     def reserve_evict(self, rng: random.Random) -> str:
@@ -215,8 +229,9 @@ class World:
     def check(self) -> int:
         """Exact totals and loadable checkpoints; returns the rows checked."""
         self.cache.flush()
+        self.cache8.flush()
         checked = 0
-        for name, t in (("a", self.a), ("b", self.b), ("c", self.c)):
+        for name, t in (("a", self.a), ("b", self.b), ("c", self.c), ("e", self.e)):
             counts = self.counts[name]
             keys = np.array(sorted(counts), np.int64)
             got = t.lookup(keys, insert=False)
