@@ -53,8 +53,10 @@ def test_freshness_is_the_last_follower_to_serve_each_publish() -> None:
 def test_a_small_serving_run_holds_together(tmp_path: pathlib.Path) -> None:
     """Both parts at small sizes: every reader configuration made calls at
     positive rates with ordered percentiles; every publish was served by
-    both followers, each later than the save returned, with a refresh
-    time and an overlay recorded; the report names the targets."""
+    both followers, none before its save began (a follower may serve one
+    just before the save returns: the manifest's rename commits it, the
+    directory's sync comes after), with a refresh time and an overlay
+    recorded; the report names the targets."""
     readers = S.many_readers(5_000, [16], 2, 0.3, str(tmp_path))
     d = readers["dims"]["16"]
     for name in ("one", "cores", "processes", "threads"):
@@ -67,7 +69,7 @@ def test_a_small_serving_run_holds_together(tmp_path: pathlib.Path) -> None:
     fresh = S.large_deltas(20_000, 2_000, 2, 0.3, str(tmp_path))
     assert fresh["missed_publishes"] == 0
     for p in fresh["publishes"]:
-        assert 0 <= p["served_by_all_s"] < 30
+        assert -p["save_s"] <= p["served_by_all_s"] < 30
     assert fresh["refresh_s_max"] is not None
     assert fresh["overlay_bytes_max"] > 0
     assert fresh["steady"]["calls"] > 0
