@@ -19,7 +19,9 @@
    ``--dtypes float32,int8`` each cache size with the table's rows in each
    dtype (8-bit rows held on the device as stored: 18 words a row, not 64;
    the serving part then also serves an 8-bit checkpoint, its rows held on
-   the device decoded).
+   the device decoded); with ``--dense-ms M``, the step with a model's
+   dense part of M ms between lookup and gradients, the next batch's
+   misses fetched during it (``DeviceCache.prefetch``) or not.
 
     python benches/gpu_cache.py [--json out.json] [--quick] [--dtypes float32,int8]
 
@@ -258,6 +260,34 @@ def pinned_peak(nbytes: int) -> tuple[float, float]:
     return nbytes / h2d / 1e9, nbytes / d2h / 1e9
 
 
+_SPIN: Any = None
+
+
+def dense_work(xp: Any, ms: float) -> None:
+    """Stands for a model's dense part of ``ms`` milliseconds: on CuPy a
+    kernel that spins for that long on the current stream (queued, as a
+    model's kernels are: the host goes on); elsewhere a sleep of the
+    calling thread (the GIL released, as native dense work would)."""
+    global _SPIN
+    if ms <= 0:
+        return
+    if "cupy" not in xp.__name__:
+        time.sleep(ms / 1e3)
+        return
+    import cupy  # type: ignore[import-not-found, unused-ignore]
+
+    if _SPIN is None:
+        _SPIN = cupy.RawKernel(
+            r"""extern "C" __global__ void spin(long long cycles) {
+                long long t0 = clock64();
+                while (clock64() - t0 < cycles) {}
+            }""",
+            "spin",
+        )
+    khz = cupy.cuda.Device().attributes["ClockRate"]
+    _SPIN((1,), (1,), (np.int64(int(ms * khz)),))
+
+
 def cached_steps(
     xp: Any,
     ids: list[Any],
@@ -266,17 +296,27 @@ def cached_steps(
     warm: int,
     profile: bool,
     dtype: str = "float32",
+    dense_ms: float = 0.0,
+    prefetch: bool = False,
 ) -> dict[str, Any]:
     """Median seconds of ``lookup`` + ``apply_gradients`` through a cache of
     ``rows`` rows (after ``warm`` steps) over a table of ``dtype`` rows,
-    and the cache's figures."""
+    and the cache's figures. With ``dense_ms``, a model's dense part of
+    that many milliseconds runs between the two (:func:`dense_work`); with
+    ``prefetch``, the next batch's misses are fetched meanwhile
+    (``DeviceCache.prefetch``: the host half of the next step overlapped
+    with the dense part of this one)."""
     dim = int(grads.shape[1])
     table = embstore.Table(dim, optimizer=optim.Adam(lr=1e-3), dtype=dtype)
     cache = DeviceCache(table, rows, xp=xp)
 
     def step(i: int) -> None:
         cache.lookup(ids[i])
+        ahead = cache.prefetch(ids[i + 1]) if prefetch and i + 1 < len(ids) else None
+        dense_work(xp, dense_ms)
         cache.apply_gradients(ids[i], grads)
+        if ahead is not None:
+            ahead.result()  # its error, if any
 
     for i in range(warm):
         step(i)
@@ -288,7 +328,8 @@ def cached_steps(
     prof = cProfile.Profile() if profile else None
     s0 = cache.stats()
     times = []
-    for i in range(warm, len(ids)):
+    # With a dense part, the last batch only serves as the one fetched ahead.
+    for i in range(warm, len(ids) - (1 if dense_ms > 0 else 0)):
         sync(xp)
         if prof is not None:
             prof.enable()
@@ -306,6 +347,8 @@ def cached_steps(
     steps = len(times)
     return {
         "dtype": dtype,
+        "dense_ms": dense_ms,
+        "prefetch": prefetch,
         "cache_rows": cache.capacity,
         "cache_bytes": s1["bytes"] - s1["table"]["bytes"],
         "step_s": float(np.median(times)),
@@ -329,6 +372,7 @@ def dlrm(
     fractions: list[float],
     profile: bool = False,
     dtypes: tuple[str, ...] = ("float32",),
+    dense_ms: float = 0.0,
 ) -> list[dict[str, Any]]:
     import torch
 
@@ -385,6 +429,43 @@ def dlrm(
             flush=True,
         )
         out.append(res)
+    if dense_ms > 0:
+        out += overlapped(xp, ids_dev, grads, [int(f * keys) for f in fractions], warm, dense_ms)
+    return out
+
+
+def overlapped(
+    xp: Any, ids: list[Any], grads: Any, caches: list[int], warm: int, dense_ms: float
+) -> list[dict[str, Any]]:
+    """The step with a model's dense part of ``dense_ms`` between lookup
+    and gradients, the next batch's misses fetched during it
+    (``prefetch``) or not, in turn, through each cache size."""
+    alone = []
+    for _ in range(5):
+        sync(xp)
+        t0 = time.perf_counter()
+        dense_work(xp, dense_ms)
+        sync(xp)
+        alone.append(time.perf_counter() - t0)
+    dense_s = float(np.median(alone))
+    out = []
+    for rows in caches:
+        got = {
+            ahead: cached_steps(xp, ids, grads, rows, warm, False, "float32", dense_ms, ahead)
+            for ahead in (False, True)
+        }
+        for r in got.values():
+            r["dense_s"] = dense_s
+            out.append(r)
+        a, b = got[False]["step_s"], got[True]["step_s"]
+        print(
+            f"DLRM step with a dense part of {dense_s * 1e3:.1f} ms (cache {rows:,} rows, hit "
+            f"rate {got[True]['hit_rate']:.3f}): {a * 1e3:.1f} ms, {b * 1e3:.1f} ms with the "
+            f"next batch's misses fetched during the dense part ({(a - b) * 1e3:.1f} ms "
+            f"overlapped; the step beyond the dense part {(a - dense_s) * 1e3:.1f} -> "
+            f"{(b - dense_s) * 1e3:.1f} ms)",
+            flush=True,
+        )
     return out
 
 
@@ -519,6 +600,13 @@ def main(argv: list[str] | None = None) -> int:
         "--cache-fractions", default="0.10,0.15", help="DLRM cache sizes, fractions of the keys"
     )
     ap.add_argument(
+        "--dense-ms",
+        type=float,
+        default=0.0,
+        help="DLRM: also steps with a dense part of this many ms, the next batch prefetched "
+        "during it or not",
+    )
+    ap.add_argument(
         "--dtypes",
         default="float32",
         help="DLRM and serving: the table's (the checkpoint's) row dtypes, in turn",
@@ -571,9 +659,20 @@ def main(argv: list[str] | None = None) -> int:
     if "dlrm" in parts:
         dtypes = tuple(args.dtypes.split(","))
         out["dlrm"] = (
-            dlrm(xp, 100_000, 1024, 26, 3, 3, fractions, args.profile, dtypes)
+            dlrm(xp, 100_000, 1024, 26, 3, 3, fractions, args.profile, dtypes, args.dense_ms)
             if q
-            else dlrm(xp, 10_000_000, 65_536, 26, args.warm, 8, fractions, args.profile, dtypes)
+            else dlrm(
+                xp,
+                10_000_000,
+                65_536,
+                26,
+                args.warm,
+                8,
+                fractions,
+                args.profile,
+                dtypes,
+                args.dense_ms,
+            )
         )
     if args.json:
         with open(args.json, "w") as f:

@@ -9,7 +9,8 @@
 # $OUT; about 5 minutes. PARTS="serving dlrm" runs those parts alone,
 # BENCH_TIMEOUT (seconds, 180) bounds each, NO_NCU=1 skips the profile,
 # TESTS names the test files to run, NO_MPI=1 skips the 2-rank test,
-# DTYPES the row dtypes of the DLRM and serving parts (float32,int8).
+# DTYPES the row dtypes of the DLRM and serving parts (float32,int8),
+# DENSE_MS the dense part of the DLRM step prefetched across (30; 0: none).
 #
 #     OUT=/tmp/gpu bash scripts/gpu_check.sh [bench args...]
 set -u -o pipefail
@@ -41,7 +42,8 @@ timeout 150 python3 -m pytest -q -p no:cacheprovider -m "gpu or not slow" -o add
 for part in ${PARTS:-serving dlrm scaling index}; do
     t0=$SECONDS
     timeout -k 10 ${BENCH_TIMEOUT:-180} python3 benches/gpu_cache.py --parts "$part" \
-        --dtypes "${DTYPES:-float32,int8}" --json "$OUT/gpu_cache_$part.json" "$@" 2>&1 \
+        --dtypes "${DTYPES:-float32,int8}" --dense-ms "${DENSE_MS:-30}" \
+        --json "$OUT/gpu_cache_$part.json" "$@" 2>&1 \
         | tee -a "$OUT/bench.log"
     rc=${PIPESTATUS[0]}  # 124: stopped by the timeout (the stacks are in the log); >128: a signal
     echo "benches/gpu_cache.py --parts $part: exit status $rc after $((SECONDS - t0)) s" | tee -a "$OUT/bench.log"
