@@ -294,6 +294,13 @@ impl Writer {
         &ix.mine().expect("a key's slot").cell(slot).word
     }
 
+    /// Slot `slot` (writer): its key, and its word for a write of the
+    /// key's floats.
+    #[inline(always)]
+    pub(crate) fn cell<'a>(&self, ix: &'a Index, slot: usize) -> &'a Cell {
+        ix.mine().expect("a key's slot").cell(slot)
+    }
+
     /// The current slots (writer), for batch probes.
     #[inline(always)]
     pub(crate) fn slots_ref<'a>(&self, ix: &'a Index) -> Option<&'a Slots> {

@@ -446,6 +446,24 @@ impl Shard {
         self.arena.row_to_change(r, g, |slot| ix.word(index, slot))
     }
 
+    /// [`Shard::row_to_change`] with the row's key, read from its index
+    /// slot (the line the write's version word is on: an 8-bit row's
+    /// rounding stream needs the key, and the batch's copy of it is a
+    /// random read of the caller's keys).
+    #[inline]
+    pub(crate) fn row_to_change_keyed(&mut self, r: usize, g: u32) -> (RowWrite<'_>, i64) {
+        let (ix, index) = (&self.ix, &self.view.index);
+        let mut key = 0;
+        let w = self.arena.row_to_change(r, g, |slot| {
+            let c = ix.cell(index, slot);
+            // The writer holds the shard: a published slot's key never
+            // changes (a removed key's slot is not reused).
+            key = c.key.load(Ordering::Relaxed);
+            &c.word
+        });
+        (w, key)
+    }
+
     /// Removes `key` (in memory or, for a disk table, on disk); `true`
     /// when it was present.
     pub(crate) fn remove(&mut self, key: i64, hash: u64) -> bool {
