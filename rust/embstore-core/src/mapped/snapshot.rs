@@ -43,6 +43,17 @@ impl Link {
         self.files.iter().flatten().try_for_each(MappedFile::check)
     }
 
+    /// Asks the CPU to load the index slot where [`Link::find`] starts
+    /// probing its first file of a key of hash `hash`.
+    #[inline(always)]
+    pub(super) fn prefetch(&self, hash: u64) {
+        if self.shards > 0
+            && let Some(f) = self.files[shard_of(hash, self.shards)].first()
+        {
+            f.prefetch_slot(hash);
+        }
+    }
+
     /// The file and row of `key` (of hash `hash`) among this link's files,
     /// not checked first: for counting only (answers come from
     /// [`Snapshot::locate`], which checks each file before it reads it).
@@ -97,6 +108,10 @@ pub(super) struct Placed {
     pub(super) row: u32,
 }
 
+/// How many keys ahead a refresh loads the full link's index line of a
+/// delta's key.
+const BASE_AHEAD: usize = 16;
+
 /// [`Placed::link`] of a key the chain removed.
 pub(super) const REMOVED: u32 = u32::MAX;
 
@@ -137,19 +152,47 @@ fn placed_of(
         Some((o, rows, new)) => (Some(o), rows, new),
         None => (None, 0, deltas),
     };
-    let held: usize = prior.map_or(0, HashTable::len)
-        + links[..todo]
-            .iter()
-            .map(|l| l.removed.len() + l.files.iter().flatten().map(|f| f.n).sum::<usize>())
-            .sum::<usize>();
-    let mut table: HashTable<Placed> = HashTable::new();
-    table
-        .try_reserve(held, |p| key_hash(p.key))
-        .map_err(|_| crate::error::oom("rows", held.saturating_mul(32)))?;
-    for &p in prior.into_iter().flatten() {
-        table.insert_unique(key_hash(p.key), p, |q| key_hash(q.key));
-    }
+    let adding: usize = links[..todo]
+        .iter()
+        .map(|l| l.removed.len() + l.files.iter().flatten().map(|f| f.n).sum::<usize>())
+        .sum();
+    let oom = |n: usize| crate::error::oom("rows", n.saturating_mul(32));
+    let table = match prior {
+        // The prior overlay copied as it lies (no key hashed or placed
+        // again) where it has room for the new keys: it was built with
+        // room for a delta like the one that made it (reserved first: the
+        // copy then allocates nothing, and a failed allocation is an error).
+        Some(o) if o.capacity() - o.len() >= adding => {
+            let mut t = HashTable::new();
+            t.try_reserve(o.capacity(), |p: &Placed| key_hash(p.key))
+                .map_err(|_| oom(o.capacity()))?;
+            if t.capacity() == o.capacity() {
+                t.clone_from(o);
+            } else {
+                for &p in o {
+                    t.insert_unique(key_hash(p.key), p, |q| key_hash(q.key));
+                }
+            }
+            t
+        }
+        _ => {
+            let held = prior.map_or(0, HashTable::len).saturating_add(adding);
+            // Room for as many keys again as these deltas add, so that the
+            // next publish's refresh copies this overlay instead of
+            // placing each of its keys again.
+            let room = held.saturating_add(adding);
+            let mut t: HashTable<Placed> = HashTable::new();
+            t.try_reserve(room, |p| key_hash(p.key))
+                .map_err(|_| oom(room))?;
+            for &p in prior.into_iter().flatten() {
+                t.insert_unique(key_hash(p.key), p, |q| key_hash(q.key));
+            }
+            t
+        }
+    };
+    let mut table = table;
     let base = links.last();
+    let counting = prior.is_some();
     let mut put = |p: Placed| -> Result<()> {
         let hash = key_hash(p.key);
         let was = match table.entry(hash, |q| q.key == p.key, |q| key_hash(q.key)) {
@@ -190,6 +233,14 @@ fn placed_of(
         for (s, files) in link.files.iter().enumerate() {
             for (fi, f) in files.iter().enumerate() {
                 for r in 0..f.n {
+                    if counting
+                        && let Some(b) = base
+                        && r + BASE_AHEAD < f.n
+                    {
+                        // A key the overlay lacks is looked for in the
+                        // full link: its index line, loaded ahead.
+                        b.prefetch(key_hash(f.key(r + BASE_AHEAD)));
+                    }
                     put(Placed {
                         key: f.key(r),
                         link: place,
@@ -383,11 +434,8 @@ impl Snapshot {
     /// [`Snapshot::locate`] will start probing for a key of hash `hash`.
     #[inline(always)]
     pub(super) fn prefetch(&self, hash: u64) {
-        if let Some(base) = self.links.last()
-            && base.shards > 0
-            && let Some(f) = base.files[shard_of(hash, base.shards)].first()
-        {
-            f.prefetch_slot(hash);
+        if let Some(base) = self.links.last() {
+            base.prefetch(hash);
         }
     }
 
