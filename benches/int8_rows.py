@@ -56,6 +56,8 @@ def memory_child(dtype: str, keys: int) -> dict[str, Any]:
         "dtype": dtype,
         "keys": keys,
         "stats_bytes": int(s["bytes"]),
+        "weights_bytes": int(s["weights_bytes"]),
+        "index_bytes": int(s["index_bytes"]),
         "row_cost": int(s["row_cost"]),
         "rss_growth": rss_bytes() - before,
     }
@@ -77,7 +79,10 @@ def memory(keys: int) -> list[dict[str, Any]]:
         f"({f['stats_bytes'] / i['stats_bytes']:.2f}x; a row {f['row_cost']} vs {i['row_cost']} "
         f"bytes with the per-key index, {4 * DIM} vs {DIM + 8} without); resident growth "
         f"{f['rss_growth'] / 1e9:.2f} vs {i['rss_growth'] / 1e9:.2f} GB "
-        f"({f['rss_growth'] / max(i['rss_growth'], 1):.2f}x)",
+        f"({f['rss_growth'] / max(i['rss_growth'], 1):.2f}x); of the stats bytes, the rows' "
+        f"weights {f['weights_bytes'] / 1e9:.2f} vs {i['weights_bytes'] / 1e9:.2f} GB "
+        f"({f['weights_bytes'] / i['weights_bytes']:.2f}x), the index {f['index_bytes'] / 1e9:.2f} "
+        f"GB in both",
         flush=True,
     )
     return out

@@ -173,7 +173,7 @@ def test_pooled_lookups_equal_torch_embedding_bag_over_the_rows() -> None:
 def test_an_int8_row_costs_72_bytes_at_dim_64() -> None:
     """64 codes, a float32 scale and offset: 3.6x fewer row bytes than
     float32's 256; the table's bytes count them (and the same per-key
-    overhead as a float32 table's)."""
+    overhead as a float32 table's), and `stats()` gives its parts."""
     n = 50_000
     a, b = embstore.Table(64), embstore.Table(64, dtype="int8")
     for t in (a, b):
@@ -181,6 +181,17 @@ def test_an_int8_row_costs_72_bytes_at_dim_64() -> None:
     sa, sb = a.stats(), b.stats()
     assert sa["row_cost"] - sb["row_cost"] == 256 - 72
     assert sa["bytes"] - sb["bytes"] == n * (256 - 72)
+    # The parts of `bytes`: the rows' weights as stored differ, the index
+    # and the rest (an 8-byte tag a row, the last lookup's kept rows) not.
+    assert (sa["weights_bytes"], sb["weights_bytes"]) == (n * 256, n * 72)
+    assert sa["index_bytes"] == sb["index_bytes"] >= n * 16
+    assert sa["state_bytes"] == sb["state_bytes"] == 0
+    for s in (sa, sb):
+        rest = s["bytes"] - s["index_bytes"] - s["weights_bytes"] - s["state_bytes"]
+        assert rest >= n * 8, s
+    adam = embstore.Table(64, dtype="int8", optimizer=optim.Adam(lr=0.01))
+    adam.lookup(np.arange(n))
+    assert adam.stats()["state_bytes"] == n * 2 * 64 * 4
     # A byte budget counts an int8 row at its own cost (with the 16 bytes of
     # touch counts a capacity keeps).
     c8 = embstore.Table(64, dtype="int8", capacity_bytes=1 << 20).stats()

@@ -854,7 +854,11 @@ class Table(CheckpointParts):
         ``inserts`` (rows created by any call), ``admitted`` (keys given a row
         by a gradient call), ``rejected`` (keys whose gradients the admission
         filter dropped, once per call), ``evicted`` (rows removed by TTL or
-        capacity); ``sketch_bytes``; ``capacity``; ``capacity_bytes``;
+        capacity); ``sketch_bytes``; of ``bytes``, ``index_bytes`` (the key
+        indexes), ``weights_bytes`` (the rows' weights as stored: for 8-bit
+        rows their codes, scale and offset) and ``state_bytes`` (optimizer
+        state), the rest each row's 8-byte tag, per-row metadata, the sketch
+        and the kept rows; ``capacity``; ``capacity_bytes``;
         ``capacity_rows`` (the most rows kept under both, None: no bound);
         ``row_cost`` (the bytes a row counts for under ``capacity_bytes``);
         ``dtype``. A disk table adds ``memory_rows``, ``disk_rows``,

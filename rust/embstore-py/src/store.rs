@@ -867,6 +867,9 @@ impl PyTable {
             d.set_item(name, v)?;
         }
         d.set_item("sketch_bytes", s.sketch_bytes)?;
+        d.set_item("index_bytes", s.index_bytes)?;
+        d.set_item("weights_bytes", s.weights_bytes)?;
+        d.set_item("state_bytes", s.state_bytes)?;
         d.set_item("capacity", table.policy().capacity)?;
         d.set_item("capacity_bytes", table.policy().capacity_bytes)?;
         d.set_item("capacity_rows", table.capacity_rows())?;

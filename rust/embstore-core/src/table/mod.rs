@@ -119,6 +119,15 @@ pub struct Stats {
     pub counters: NamedCounts,
     /// Bytes of the admission sketch (included in `bytes`).
     pub sketch_bytes: usize,
+    /// Of `bytes`, the key indexes' allocations (the rest besides the
+    /// next two: each row's tag, policy metadata, the sketch, the last
+    /// lookup's plan kept for its backward, the table itself).
+    pub index_bytes: usize,
+    /// Of `bytes`, the rows' weights as stored (for 16- and 8-bit rows,
+    /// their bytes, scale and offset included).
+    pub weights_bytes: usize,
+    /// Of `bytes`, the rows' optimizer state.
+    pub state_bytes: usize,
 }
 
 impl Table {
@@ -467,10 +476,13 @@ impl Table {
             + self.shards.len() * std::mem::size_of::<CachePadded<RwLock<Shard>>>();
         let mut counters = Counters::default().named();
         let mut sketch_bytes = 0;
+        let mut parts = (0, 0, 0);
         for s in self.shards.iter() {
             let g = read(s);
             shard_rows.push(g.len() + g.cold_len());
             bytes += g.bytes();
+            let (ix, w, st) = g.bytes_by_part();
+            parts = (parts.0 + ix, parts.1 + w, parts.2 + st);
             sketch_bytes += g.sketch.as_ref().map_or(0, Sketch::bytes);
             Counters::sum_into(&mut counters, &g.counters().named());
         }
@@ -487,6 +499,9 @@ impl Table {
             step: self.step(),
             counters,
             sketch_bytes,
+            index_bytes: parts.0,
+            weights_bytes: parts.1,
+            state_bytes: parts.2,
         }
     }
 

@@ -278,6 +278,12 @@ impl Arena {
         self.len.max(self.reserved) * self.row_bytes()
     }
 
+    /// Of [`Arena::bytes`], the weights' and the optimizer state's.
+    pub(crate) fn weight_and_state_bytes(&self) -> (usize, usize) {
+        let rows = self.len.max(self.reserved);
+        (rows * 4 * self.ww, rows * 4 * self.sl)
+    }
+
     /// Allocates the segments for `additional` more rows and touches their
     /// memory, so that pushing that many rows later maps no fresh page (a
     /// first write to fresh memory, a page fault and a page clear, is most

@@ -197,6 +197,13 @@ impl Shard {
             + self.sketch.as_ref().map_or(0, Sketch::bytes)
     }
 
+    /// Of [`Shard::bytes`]: the index's allocation, the rows' weights and
+    /// their optimizer state.
+    pub(crate) fn bytes_by_part(&self) -> (usize, usize, usize) {
+        let (w, st) = self.arena.weight_and_state_bytes();
+        (self.ix.bytes(&self.view.index), w, st)
+    }
+
     /// Makes room in the index for `additional` more keys.
     pub(crate) fn reserve_index(&mut self, additional: usize) {
         self.try_reserve_index(additional)
