@@ -152,10 +152,9 @@ fn placed_of(
         Some((o, rows, new)) => (Some(o), rows, new),
         None => (None, 0, deltas),
     };
-    let adding: usize = links[..todo]
-        .iter()
-        .map(|l| l.removed.len() + l.files.iter().flatten().map(|f| f.n).sum::<usize>())
-        .sum();
+    let keys_of =
+        |l: &Arc<Link>| l.removed.len() + l.files.iter().flatten().map(|f| f.n).sum::<usize>();
+    let adding: usize = links[..todo].iter().map(keys_of).sum();
     let oom = |n: usize| crate::error::oom("rows", n.saturating_mul(32));
     let table = match prior {
         // The prior overlay copied as it lies (no key hashed or placed
@@ -177,10 +176,10 @@ fn placed_of(
         }
         _ => {
             let held = prior.map_or(0, HashTable::len).saturating_add(adding);
-            // Room for as many keys again as these deltas add, so that the
-            // next publish's refresh copies this overlay instead of
-            // placing each of its keys again.
-            let room = held.saturating_add(adding);
+            // Room for another delta like the newest, so that the next
+            // publish's refresh copies this overlay instead of placing
+            // each of its keys again.
+            let room = held.saturating_add(links[..todo].first().map_or(0, keys_of));
             let mut t: HashTable<Placed> = HashTable::new();
             t.try_reserve(room, |p| key_hash(p.key))
                 .map_err(|_| oom(room))?;
