@@ -156,7 +156,7 @@ fn placed_of(
         |l: &Arc<Link>| l.removed.len() + l.files.iter().flatten().map(|f| f.n).sum::<usize>();
     let adding: usize = links[..todo].iter().map(keys_of).sum();
     let oom = |n: usize| crate::error::oom("rows", n.saturating_mul(32));
-    let table = match prior {
+    let mut table = match prior {
         // The prior overlay copied as it lies (no key hashed or placed
         // again) where it has room for the new keys: it was built with
         // room for a delta like the one that made it (reserved first: the
@@ -189,7 +189,6 @@ fn placed_of(
             t
         }
     };
-    let mut table = table;
     let base = links.last();
     let counting = prior.is_some();
     let mut put = |p: Placed| -> Result<()> {
