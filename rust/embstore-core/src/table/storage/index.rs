@@ -291,7 +291,7 @@ impl Writer {
     /// The word of slot `slot` (writer), for a write of its key's floats.
     #[inline(always)]
     pub(crate) fn word<'a>(&self, ix: &'a Index, slot: usize) -> &'a AtomicU64 {
-        &ix.mine().expect("a key's slot").cell(slot).word
+        &self.cell(ix, slot).word
     }
 
     /// Slot `slot` (writer): its key, and its word for a write of the
