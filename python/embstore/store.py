@@ -679,6 +679,7 @@ class Table(CheckpointParts):
         progress: bool | None = None,
         mmap: Literal[True],
         follow: float | None = None,
+        warm: bool = False,
     ) -> MappedTable: ...
     @classmethod
     def load(
@@ -689,6 +690,7 @@ class Table(CheckpointParts):
         progress: bool | None = None,
         mmap: bool = False,
         follow: float | None = None,
+        warm: bool = False,
         disk: str | os.PathLike[str] | None = None,
         memory_bytes: int | None = None,
         dtype: str | None = None,
@@ -700,7 +702,9 @@ class Table(CheckpointParts):
         lookup needs it, so processes that open one checkpoint share one
         copy of the rows (``num_shards`` and ``progress`` do not apply).
         Its ``refresh()`` serves what a trainer published at ``path`` since;
-        ``follow=seconds`` refreshes in the background every so often.
+        ``follow=seconds`` refreshes in the background every so often;
+        ``warm=True`` reads its files into memory at open, in 2 MiB pages
+        where the kernel can give them (:meth:`embstore.MappedTable.warm`).
 
         The table gets the saved dim, dtype, optimizer and its configuration,
         initializer, seed and step; ``num_shards`` may differ from the saving
@@ -736,9 +740,11 @@ class Table(CheckpointParts):
                 raise ValueError("disk: a table loaded with mmap=True is read from its files")
             if dtype is not None:
                 raise ValueError("dtype: a table loaded with mmap=True serves its files' rows")
-            return MappedTable(path, follow=follow)
+            return MappedTable(path, follow=follow, warm=warm)
         if follow is not None:
             raise ValueError("follow: only a table loaded with mmap=True follows its path")
+        if check_bool("warm", warm):
+            raise ValueError("warm: only a table loaded with mmap=True maps its files")
         if num_shards is not None:
             num_shards = check_int("num_shards", num_shards, 1, _U64_MAX)
         try:

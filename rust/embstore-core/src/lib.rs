@@ -173,7 +173,7 @@ pub mod zeroed;
 
 pub use error::{Result, StoreError};
 pub use init::Initializer;
-pub use mapped::{MappedStats, MappedTable};
+pub use mapped::{MappedStats, MappedTable, WarmReport};
 pub use optim::Optimizer;
 pub use policy::{Admission, Eviction, Policy, RowFormat};
 pub use rows::Missing;

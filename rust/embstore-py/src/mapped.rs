@@ -65,6 +65,25 @@ impl PyMappedTable {
         py.enter_store(|| table.refresh_held(held))
     }
 
+    /// Reads every file of the version served in now, in 2 MiB pages where
+    /// the kernel can give them (see `MappedTable::warm`): what it did.
+    fn warm<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, pyo3::types::PyDict>> {
+        let table = &self.inner;
+        let r = py.detach(|| table.warm());
+        let d = pyo3::types::PyDict::new(py);
+        d.set_item("files", r.files)?;
+        d.set_item("bytes", r.bytes)?;
+        d.set_item("recached_files", r.recached_files)?;
+        d.set_item("recached_bytes", r.recached_bytes)?;
+        d.set_item("huge_page_bytes", r.huge_page_bytes)?;
+        Ok(d)
+    }
+
+    /// Whether each refresh from now on warms the files it maps.
+    fn set_warm(&self, on: bool) {
+        self.inner.set_warm(on);
+    }
+
     /// The checkpoint directory, absolute (resolved once, at open).
     #[getter]
     fn path(&self) -> std::ffi::OsString {

@@ -12,6 +12,7 @@ use memmap2::Mmap;
 use safetensors::SafeTensors;
 use safetensors::tensor::Dtype;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, OnceLock};
 
 /// One mapped shard file: where its keys, rows and index lie in the map.
@@ -33,6 +34,11 @@ pub(super) struct MappedFile {
     pub(super) row_bytes: usize,
     pub(super) index: usize,
     pub(super) slots: usize,
+    /// The mapped file's device and inode: a warm that reopens it by name
+    /// acts only on this file ([`super::warm`]).
+    pub(super) file_id: (u64, u64),
+    /// Whether it was warmed ([`super::warm`]): once is enough.
+    pub(super) warmed: AtomicBool,
 }
 
 impl MappedFile {
@@ -137,10 +143,14 @@ pub(super) fn map_file(
 ) -> Result<(MappedFile, usize, usize)> {
     let path = dir.join(&e.name);
     let file = open_named(dir, &e.name, "cannot open")?;
-    let size = file
+    let meta = file
         .metadata()
-        .map_err(|err| io_err(&path, "cannot stat", &err))?
-        .len();
+        .map_err(|err| io_err(&path, "cannot stat", &err))?;
+    let size = meta.len();
+    let file_id = {
+        use std::os::unix::fs::MetadataExt;
+        (meta.dev(), meta.ino())
+    };
     if size != e.bytes {
         return Err(ckpt_err(
             &path,
@@ -208,6 +218,8 @@ pub(super) fn map_file(
         row_bytes,
         index,
         slots,
+        file_id,
+        warmed: AtomicBool::new(false),
     };
     Ok((f, shards, shard))
 }

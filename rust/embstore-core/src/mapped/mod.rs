@@ -26,6 +26,7 @@
 
 mod file;
 mod snapshot;
+mod warm;
 
 use crate::error::{Result, ckpt_err};
 use crate::format::codec::RowFormat;
@@ -40,12 +41,13 @@ use crate::simd::Backend;
 use crate::zeroed::{with_room, zeros};
 use file::MappedFile;
 use rayon::prelude::*;
-use snapshot::{Snapshot, read_snapshot};
+use snapshot::{Link, Snapshot, read_snapshot};
 use std::collections::HashSet;
 use std::mem::ManuallyDrop;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
+pub use warm::WarmReport;
 
 /// Keys a call handles on the calling thread; larger calls spread over
 /// rayon's pool.
@@ -103,6 +105,9 @@ pub struct MappedTable {
     /// during refreshes), and dropped by the next [`MappedTable::unchanged`]
     /// (a follow thread's poll) or refresh, or with the table. A leaf lock.
     retired: Mutex<Vec<Snapshot>>,
+    /// Whether a refresh warms the files it maps before it checks and
+    /// serves them ([`MappedTable::set_warm`]).
+    warm_new: AtomicBool,
 }
 
 /// A mapped table's figures, as `stats()` reports them.
@@ -173,6 +178,7 @@ impl MappedTable {
             latency: Latency::default(),
             refresh_ns: AtomicU64::new(elapsed_ns(t0)),
             retired: Mutex::new(Vec::new()),
+            warm_new: AtomicBool::new(false),
         })
     }
 
@@ -282,11 +288,16 @@ impl MappedTable {
             ));
         }
         // New files are checked before anything of them is served (the
-        // links kept were checked when first read).
-        for link in &snap.links {
-            if !prev.links.iter().any(|l| Arc::ptr_eq(l, link)) {
-                link.check()?;
-            }
+        // links kept were checked when first read); warmed first where
+        // asked, so that the check reads them from 2 MiB folios once.
+        let new: Vec<&Arc<Link>> = (snap.links.iter())
+            .filter(|link| !prev.links.iter().any(|l| Arc::ptr_eq(l, link)))
+            .collect();
+        if self.warm_new.load(Ordering::Acquire) {
+            warm::warm(new.iter().flat_map(|l| l.files.iter().flatten()));
+        }
+        for link in new {
+            link.check()?;
         }
         let old = std::mem::replace(
             &mut *self.current.write().unwrap_or_else(PoisonError::into_inner),
@@ -298,6 +309,25 @@ impl MappedTable {
         // Unmapped (once no call holds it) outside the lock.
         drop(old);
         Ok(true)
+    }
+
+    /// Reads every file of the version served into memory now, in 2 MiB
+    /// pages where the kernel can give them (a file it finds cached in
+    /// small pages, as a copy by `cp` leaves it, is dropped from the page
+    /// cache where no other process maps it and read again: see
+    /// [`warm`](self::warm)). Files warmed before are skipped. For a table
+    /// that fits in memory: it reads the whole table.
+    pub fn warm(&self) -> WarmReport {
+        let snap = self.snapshot();
+        let report = warm::warm(snap.links.iter().flat_map(|l| l.files.iter().flatten()));
+        self.release(snap);
+        report
+    }
+
+    /// Whether each refresh from now on warms the files it maps
+    /// ([`MappedTable::warm`]) before it checks and serves them.
+    pub fn set_warm(&self, on: bool) {
+        self.warm_new.store(on, Ordering::Release);
     }
 
     /// A small [`MappedTable::lookup`] (at most 1,024 keys) that runs only
