@@ -262,6 +262,34 @@ def test_non_finite_rows_are_refused_by_the_mapped_reader(
     assert_refused(map_err, "NaN or inf")
 
 
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+@pytest.mark.parametrize("tensor", ["rows", "state"])
+def test_a_non_finite_value_deep_in_a_large_file_is_refused_by_a_load_naming_it(
+    tmp_path: pathlib.Path, bad: float, tensor: str
+) -> None:
+    """A load finds rows and state finite in the pass that measures their
+    magnitudes, block by block on every core: a NaN or inf past the first
+    blocks, in the rows or in Adagrad's accumulator, is refused, the tensor
+    and the value's flat index named."""
+    ckpt = tmp_path / "ckpt"
+    t = embstore.Table(DIM, optimizer=optim.Adagrad(lr=0.1), num_shards=1, seed=3)
+    t.lookup(np.arange(20_000))
+    t.save(ckpt)
+    (name,) = row_files(ckpt)
+    row, col = 17_321, 2
+    width = DIM
+
+    def poison(ts: dict[str, np.ndarray], meta: dict[str, str]) -> None:
+        a = ts[tensor].copy()
+        a[row, col] = bad
+        ts[tensor] = a
+
+    rewrite_file(ckpt, name, poison)
+    with pytest.raises(embstore.CheckpointError) as e:
+        embstore.Table.load(ckpt)
+    assert f'tensor "{tensor}" holds NaN or inf at flat index {row * width + col}' in str(e.value)
+
+
 def test_bit_rot_in_an_index_is_damage_for_hits_and_misses_alike(tmp_path: pathlib.Path) -> None:
     ckpt = tmp_path / "ckpt"
     saved(ckpt, num_shards=1)

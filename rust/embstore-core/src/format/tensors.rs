@@ -219,24 +219,37 @@ pub(crate) fn check_rows(
     buf: &[u8],
     scan: Scan,
 ) -> Result<Option<usize>> {
+    check_rows_with(m, path, e, buf, scan, true)
+}
+
+/// [`check_rows`], with the checks of the rows' and state's values (finite,
+/// and state a step can produce) left to the caller where `finite` is
+/// false: a load measures their magnitudes before it inserts them, a scan
+/// that finds a NaN or inf too (then named by [`finite_in_file`]), so the
+/// bytes are read once for both; it then runs [`state_possible`].
+pub(crate) fn check_rows_with(
+    m: &Manifest,
+    path: &Path,
+    e: &FileEntry,
+    buf: &[u8],
+    scan: Scan,
+    finite: bool,
+) -> Result<Option<usize>> {
     let st = SafeTensors::deserialize(buf)
         .map_err(|err| ckpt_err(path, format!("not a safetensors file: {err}")))?;
     let n = e.rows as usize;
     let fmt = m.format().map_err(|err| ckpt_err(path, err.to_string()))?;
     expect_tensor(&st, path, "keys", Dtype::I64, &[n])?;
     let rows = rows_tensor(&st, path, fmt, n, m.dim)?;
-    finite_in_file(path, "rows", &rows_f32(fmt, m.dim, rows), scan)?;
+    if finite {
+        finite_in_file(path, "rows", &rows_f32(fmt, m.dim, rows), scan)?;
+    }
     if m.with_optimizer && m.state_len > 0 {
         let state = expect_tensor(&st, path, "state", Dtype::F32, &[n, m.state_len])?;
         let state = f32s(state);
-        finite_in_file(path, "state", &state, scan)?;
-        // State no step can produce (a negative accumulator) is damage too:
-        // the next step would make the row NaN.
-        if let Some(opt) = &m.optimizer {
-            let opt = Optimizer::from_named(&opt.name, &opt.params)
-                .map_err(|err| ckpt_err(path, err.to_string()))?;
-            opt.check_state_on("state", m.dim, &state, scan)
-                .map_err(|err| ckpt_err(path, format!("tensor \"state\": {err} (damaged)")))?;
+        if finite {
+            finite_in_file(path, "state", &state, scan)?;
+            state_possible(m, path, &state, scan)?;
         }
     }
     if m.has_meta() {
@@ -299,6 +312,18 @@ pub(crate) fn same_shard_count<'p>(
 
 /// Refuses a tensor holding NaN or inf (a row or state that no call could
 /// have written), its scan run as `scan` says.
+/// Refuses a file's state (found finite) that no step can produce (a
+/// negative accumulator), damage too: the next step would make the row NaN.
+pub(crate) fn state_possible(m: &Manifest, path: &Path, state: &[f32], scan: Scan) -> Result<()> {
+    if let Some(opt) = &m.optimizer {
+        let opt = Optimizer::from_named(&opt.name, &opt.params)
+            .map_err(|err| ckpt_err(path, err.to_string()))?;
+        opt.check_state_on("state", m.dim, state, scan)
+            .map_err(|err| ckpt_err(path, format!("tensor \"state\": {err} (damaged)")))?;
+    }
+    Ok(())
+}
+
 pub(crate) fn finite_in_file(path: &Path, name: &str, v: &[f32], scan: Scan) -> Result<()> {
     check_finite_max_on("values", v, scan)
         .map(|_| ())

@@ -93,7 +93,7 @@ impl Table {
         let _cold = self.cold_enter(keys)?;
         let _gate = self.enter();
         let save_gen = save_gen.unwrap_or_else(|| self.generation());
-        self.assign_in(keys, values, stored, state, meta, save_gen)?;
+        self.assign_in(keys, values, stored, state, meta, save_gen, None)?;
         if let Some(c) = clock {
             self.set_clock(self.clock().max(c));
         }
@@ -104,7 +104,10 @@ impl Table {
     /// [`Table::assign_with_state`] on checked input, with the gate held
     /// (or the table not yet shared). With `meta` (4 words per key, see
     /// [`Meta::to_words`]) the rows get that metadata (a load); without,
-    /// each occurrence of a key counts as a touch.
+    /// each occurrence of a key counts as a touch. `known`: the magnitudes
+    /// of `values` and `state` (or bounds above them), where the caller
+    /// measured them already (a load, [`Table::load_magnitudes`]).
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn assign_in(
         &self,
         keys: &[i64],
@@ -113,6 +116,7 @@ impl Table {
         state: Option<&[f32]>,
         meta: Option<&[u32]>,
         save_gen: u32,
+        known: Option<Magnitudes>,
     ) -> Result<()> {
         let (dim, sl, ww) = (self.dim, self.state_len, self.wwords);
         if let Some(sw) = stored {
@@ -123,7 +127,9 @@ impl Table {
         // What this writes, in the bounds every step's non-finite check
         // starts from (raised before the rows change: a bound may only be
         // too high, never too low). 16-bit rows round by at most 2^-8.
-        let mut m = Magnitudes::of(self.optimizer.as_ref(), dim, values, state.unwrap_or(&[]));
+        let mut m = known.unwrap_or_else(|| {
+            Magnitudes::of(self.optimizer.as_ref(), dim, values, state.unwrap_or(&[]))
+        });
         m.w *= 1.0 + 1.0 / 128.0;
         self.bounds.raise(&m);
         let n = self.shards.len();

@@ -6,11 +6,13 @@ use crate::format::dirlock::{self, DirLock};
 use crate::format::files::{ReadScope, for_each_file, io_err, with_file};
 use crate::format::manifest::{FileEntry, Manifest, SaveMark, parse_manifest, read_manifest};
 use crate::format::tensors::{
-    check_rows, expect_tensor, i64s, parse_removed, parse_rows, same_shard_count,
+    check_rows, check_rows_with, expect_tensor, finite_in_file, i64s, parse_removed, parse_rows,
+    same_shard_count, state_possible,
 };
 use crate::init::Initializer;
 use crate::optim::Optimizer;
 use crate::rows::Scan;
+use crate::table::step::bounds::Magnitudes;
 use crate::table::{DiskConfig, Table, TableConfig};
 use rayon::iter::{IntoParallelRefIterator, ParallelIterator};
 use safetensors::tensor::{Dtype, SafeTensors};
@@ -185,14 +187,17 @@ impl Table {
         // to disk after each file.
         // `stored`: 8-bit rows as the table holds them (their bytes kept),
         // beside `rows` decoded (for the bounds).
+        // `known`: the file's magnitudes ([`magnitudes_of_file`]), a bound
+        // on any part of it.
         let assign = |keys: &[i64],
                       rows: &[f32],
                       stored: Option<&[f32]>,
                       st: Option<&[f32]>,
                       meta: Option<&[u32]>,
-                      g| {
+                      g,
+                      known: Magnitudes| {
             if !on_disk {
-                return table.assign_in(keys, rows, stored, st, meta, g);
+                return table.assign_in(keys, rows, stored, st, meta, g, Some(known));
             }
             // In parts, each moved out as far as memory needs before the
             // next comes in: memory holds `memory_bytes` and one part.
@@ -205,7 +210,7 @@ impl Table {
                 let s = st.map(|s| &s[from * sl..][..n * sl]);
                 let mt = meta.map(|mt| &mt[from * 4..][..n * 4]);
                 table.forget_on_disk(k)?;
-                table.assign_in(k, r, sw, s, mt, g)?;
+                table.assign_in(k, r, sw, s, mt, g, Some(known))?;
                 table.spill_over();
             }
             Ok::<(), StoreError>(())
@@ -219,7 +224,9 @@ impl Table {
             let checked = std::sync::Mutex::new(Vec::new());
             let load_file = |e: &FileEntry, buf: &[u8]| -> Result<()> {
                 let path = dir.join(&e.name);
-                let n = check_rows(&m, &path, e, buf, Scan::Parallel)?;
+                // Rows and state are found finite as their magnitudes are
+                // measured, below: one pass over them for both.
+                let n = check_rows_with(&m, &path, e, buf, Scan::Parallel, false)?;
                 checked
                     .lock()
                     .unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -230,6 +237,7 @@ impl Table {
                     return Ok(());
                 }
                 let r = parse_rows(&m, &path, e, buf)?;
+                let known = magnitudes_of_file(&table, &m, &path, &r.rows, r.state.as_deref())?;
                 match keep {
                     None => assign(
                         &r.keys,
@@ -238,6 +246,7 @@ impl Table {
                         r.state.as_deref(),
                         r.meta.as_deref(),
                         1,
+                        known,
                     )?,
                     Some(keep) => {
                         let (dim, sl) = (m.dim, m.state_len);
@@ -271,6 +280,7 @@ impl Table {
                             state.as_deref(),
                             meta.as_deref(),
                             1,
+                            known,
                         )?;
                     }
                 }
@@ -312,6 +322,46 @@ impl Table {
         });
         Ok((table, m))
     }
+}
+
+/// The magnitudes of a loaded file's rows and state (what inserting them
+/// raises the table's bounds by: [`Magnitudes::of`]), measured in one
+/// parallel pass that also finds a NaN or inf, since a non-finite value
+/// makes its block's magnitude, and so the file's, non-finite: the file is
+/// then refused, the tensor and the value's index named
+/// ([`finite_in_file`]); then the state a step can produce
+/// ([`state_possible`]), as [`check_rows`] checks a file it reads whole.
+///
+/// # Errors
+/// `Checkpoint` for a non-finite row or state value, or impossible state.
+fn magnitudes_of_file(
+    table: &Table,
+    m: &Manifest,
+    path: &Path,
+    rows: &[f32],
+    state: Option<&[f32]>,
+) -> Result<Magnitudes> {
+    let (dim, opt) = (table.dim(), table.optimizer.as_ref());
+    let mags = Magnitudes::of(opt, dim, rows, state.unwrap_or(&[]));
+    if !mags.w.is_finite() {
+        finite_in_file(path, "rows", rows, Scan::Parallel)?;
+    }
+    if let Some(st) = state {
+        // State the magnitudes do not cover whole (no optimizer to lay it
+        // out, or not its layout) is checked on its own.
+        let n = rows.len() / dim.max(1);
+        let covered = opt.is_some_and(|o| st.len() == n * o.state_len(dim));
+        if !covered || !mags.s.iter().all(|v| v.is_finite()) {
+            finite_in_file(path, "state", st, Scan::Parallel)?;
+        }
+    }
+    if !mags.w.is_finite() || !mags.s.iter().all(|v| v.is_finite()) {
+        return Err(ckpt_err(path, "holds NaN or inf (damaged)"));
+    }
+    if let Some(st) = state {
+        state_possible(m, path, st, Scan::Parallel)?;
+    }
+    Ok(mags)
 }
 
 /// A file of a checkpoint and what is wrong with it (`None`: nothing).

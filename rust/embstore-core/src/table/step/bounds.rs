@@ -127,11 +127,20 @@ impl Magnitudes {
         m
     }
 
-    /// The larger of each bound (the smaller accumulator minimum).
+    /// The larger of each bound (the smaller accumulator minimum). A NaN
+    /// bound (rows holding a NaN: measured from a file not yet found
+    /// finite) stays NaN, where `f64::max` would drop it.
     pub(crate) fn max(self, o: Magnitudes) -> Magnitudes {
+        let top = |a: f64, b: f64| {
+            if a.is_nan() || b.is_nan() {
+                f64::NAN
+            } else {
+                a.max(b)
+            }
+        };
         Magnitudes {
-            w: self.w.max(o.w),
-            s: [self.s[0].max(o.s[0]), self.s[1].max(o.s[1])],
+            w: top(self.w, o.w),
+            s: [top(self.s[0], o.s[0]), top(self.s[1], o.s[1])],
             acc_min: self.acc_min.min(o.acc_min),
         }
     }
