@@ -310,8 +310,6 @@ pub(crate) fn same_shard_count<'p>(
     Ok(())
 }
 
-/// Refuses a tensor holding NaN or inf (a row or state that no call could
-/// have written), its scan run as `scan` says.
 /// Refuses a file's state (found finite) that no step can produce (a
 /// negative accumulator), damage too: the next step would make the row NaN.
 pub(crate) fn state_possible(m: &Manifest, path: &Path, state: &[f32], scan: Scan) -> Result<()> {
@@ -324,6 +322,8 @@ pub(crate) fn state_possible(m: &Manifest, path: &Path, state: &[f32], scan: Sca
     Ok(())
 }
 
+/// Refuses a tensor holding NaN or inf (a row or state that no call could
+/// have written), its scan run as `scan` says.
 pub(crate) fn finite_in_file(path: &Path, name: &str, v: &[f32], scan: Scan) -> Result<()> {
     check_finite_max_on("values", v, scan)
         .map(|_| ())

@@ -25,6 +25,7 @@ use super::file::MappedFile;
 use std::sync::atomic::Ordering;
 
 /// A transparent huge page.
+#[cfg(target_os = "linux")]
 const HUGE: usize = 2 << 20;
 
 /// What warming did (see [`super::MappedTable::warm`]).
@@ -92,6 +93,7 @@ fn smaps() -> Option<String> {
 }
 
 /// Bytes of `f`'s map that 2 MiB pages could back: its whole huge pages.
+#[cfg(target_os = "linux")]
 fn eligible(f: &MappedFile) -> usize {
     let start = f.map.as_ptr() as usize;
     let first = start.next_multiple_of(HUGE);
