@@ -3,7 +3,7 @@
 
 use crate::error::{Result, invalid, oom};
 use crate::hash::shard_of;
-use crate::policy::Meta;
+use crate::policy::{Meta, RowFormat};
 use crate::table::batch::plan::sequential_writes;
 use crate::table::checks::{check_finite, check_len};
 use crate::table::counters::Counters;
@@ -140,6 +140,8 @@ impl Table {
             (0, 0)
         };
         let sequential = sequential_writes(4 * (ww + sl));
+        // Float32 rows are stored as given.
+        let copy_rows = self.policy.format == RowFormat::F32 && ww == dim;
         self.par_shards_mut_below(&plan, sequential, |g, pos| {
             let len0 = g.len();
             for (j, &i) in pos.iter().enumerate() {
@@ -147,23 +149,38 @@ impl Table {
                 let i = i as usize;
                 // A new key's row is written before its key is published, so
                 // a serving read never sees it with any other floats.
+                let write_state = |st: &mut [f32]| match (state, &self.optimizer) {
+                    (Some(src), _) => st.copy_from_slice(&src[i * sl..(i + 1) * sl]),
+                    (None, Some(o)) => o.init_state(st),
+                    (None, None) => {}
+                };
                 let write = |w: &mut [f32], st: &mut [f32]| {
                     match stored {
                         // The row's words as a file kept them (8-bit rows).
                         Some(sw) => w[..ww].copy_from_slice(&sw[i * ww..(i + 1) * ww]),
                         None => self.write_weights(w, &values[i * dim..(i + 1) * dim]),
                     }
-                    match (state, &self.optimizer) {
-                        (Some(src), _) => st.copy_from_slice(&src[i * sl..(i + 1) * sl]),
-                        (None, Some(o)) => o.init_state(st),
-                        (None, None) => {}
-                    }
+                    write_state(st);
                 };
                 let mut written = false;
-                let (r, _) = g.find_or_insert(keys[i], plan.hashes[i], save_gen, |w, st| {
-                    write(w, st);
-                    written = true;
-                });
+                // Weights kept as given (stored words, or float32 rows)
+                // are copied into a new row, not written over zeros.
+                let kept = match stored {
+                    Some(sw) => Some(&sw[i * ww..(i + 1) * ww]),
+                    None => copy_rows.then(|| &values[i * dim..(i + 1) * dim]),
+                };
+                let (r, _) = match kept {
+                    Some(src) => {
+                        g.find_or_insert_weights(keys[i], plan.hashes[i], save_gen, src, |st| {
+                            write_state(st);
+                            written = true;
+                        })
+                    }
+                    None => g.find_or_insert(keys[i], plan.hashes[i], save_gen, |w, st| {
+                        write(w, st);
+                        written = true;
+                    }),
+                };
                 if track {
                     match meta {
                         Some(m) => *g.meta_mut(r) = Meta::from_words(&m[i * 4..i * 4 + 4]),

@@ -507,6 +507,31 @@ impl Arena {
         generation: u32,
         fill: impl FnOnce(&mut [f32], &mut [f32]),
     ) -> usize {
+        let (r, k) = self.push_tag(generation);
+        fill(self.weights.push(k), self.state.push(k));
+        self.len += 1;
+        r
+    }
+
+    /// [`Arena::push`] of a row whose weights are `weights` as stored
+    /// (`ww` floats), copied in (a new row is not zeroed first only to be
+    /// written over), and whose state `state` writes.
+    pub(crate) fn push_weights(
+        &mut self,
+        generation: u32,
+        weights: &[f32],
+        state: impl FnOnce(&mut [f32]),
+    ) -> usize {
+        let (r, k) = self.push_tag(generation);
+        self.weights.push_copy(k, weights);
+        state(self.state.push(k));
+        self.len += 1;
+        r
+    }
+
+    /// The next row's number and segment, its tag (and metadata) pushed,
+    /// ready for its floats.
+    fn push_tag(&mut self, generation: u32) -> (usize, usize) {
         let r = self.len;
         let (k, _) = locate(r);
         if k == self.tags.len() {
@@ -524,9 +549,7 @@ impl Arena {
         // A reader that found this row number for a key removed or moved
         // earlier must not keep a copy of the new row's fill.
         seqlock::fill_begin();
-        fill(self.weights.push(k), self.state.push(k));
-        self.len += 1;
-        r
+        (r, k)
     }
 
     /// Removes row `r` by moving the last row into its place. When one
@@ -621,6 +644,28 @@ mod tests {
         });
         a.set_slot(r, key as usize);
         r
+    }
+
+    /// A row pushed with its weights copied in holds what a row pushed by
+    /// a fill that writes the same floats holds, tag and state included,
+    /// across segments.
+    #[test]
+    fn a_row_pushed_with_its_weights_equals_one_filled_with_them() {
+        let (mut a, mut b) = (Arena::new(3, 2, true), Arena::new(3, 2, true));
+        for i in 0..300u32 {
+            let w = [i as f32, -(i as f32), 0.5];
+            let ra = a.push(i, |dst, st| {
+                dst.copy_from_slice(&w);
+                st.fill(i as f32 * 2.0);
+            });
+            let rb = b.push_weights(i, &w, |st| st.fill(i as f32 * 2.0));
+            assert_eq!(ra, rb);
+            assert_eq!(b.weights(rb), w);
+            assert_eq!(a.state(ra), b.state(rb));
+            assert_eq!(a.generation(ra), b.generation(rb));
+        }
+        assert_eq!(a.len(), b.len());
+        assert_eq!(a.bytes(), b.bytes());
     }
 
     #[test]

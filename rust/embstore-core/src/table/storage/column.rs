@@ -86,6 +86,14 @@ impl Column {
         &mut seg[start..]
     }
 
+    /// Appends row `src` (`stride` floats) to segment `k`: copied in, where
+    /// [`Column::push`] zeroes a row for its caller to write.
+    #[inline]
+    pub(super) fn push_copy(&mut self, k: usize, src: &[f32]) {
+        assert_eq!(src.len(), self.stride, "a row is `stride` floats");
+        self.segs[k].extend_from_slice(src);
+    }
+
     /// The byte addresses of rows `o0..o1` of segment `k` (within its
     /// capacity; not necessarily written yet).
     pub(super) fn addresses(&self, k: usize, o0: usize, o1: usize) -> (usize, usize) {

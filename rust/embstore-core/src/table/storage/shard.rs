@@ -417,13 +417,40 @@ impl Shard {
         generation: u32,
         fill: impl FnOnce(&mut [f32], &mut [f32]),
     ) -> (usize, bool) {
+        self.find_or_push(key, hash, |a| a.push(generation, fill))
+    }
+
+    /// [`Shard::find_or_insert`] of a row whose weights, when it is
+    /// created, are `weights` as stored (copied in: [`Arena::push_weights`])
+    /// and whose state `state` writes.
+    #[inline]
+    pub(crate) fn find_or_insert_weights(
+        &mut self,
+        key: i64,
+        hash: u64,
+        generation: u32,
+        weights: &[f32],
+        state: impl FnOnce(&mut [f32]),
+    ) -> (usize, bool) {
+        self.find_or_push(key, hash, |a| a.push_weights(generation, weights, state))
+    }
+
+    /// The row of `key`, pushed by `push` when missing, and its key then
+    /// put in the index.
+    #[inline]
+    fn find_or_push(
+        &mut self,
+        key: i64,
+        hash: u64,
+        push: impl FnOnce(&mut Arena) -> usize,
+    ) -> (usize, bool) {
         if let Some((_, r)) = self.ix.find(&self.view.index, key, hash) {
             return (r, false);
         }
         if self.ix.room(&self.view.index) == 0 {
             self.reserve_index(1);
         }
-        let r = self.arena.push(generation, fill);
+        let r = push(&mut self.arena);
         assert!(
             r < (u32::MAX - 1) as usize,
             "a shard holds under 2^32 - 1 rows"
