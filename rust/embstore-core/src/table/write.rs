@@ -106,7 +106,7 @@ impl Table {
     /// [`Meta::to_words`]) the rows get that metadata (a load); without,
     /// each occurrence of a key counts as a touch. `known`: the magnitudes
     /// of `values` and `state` (or bounds above them), where the caller
-    /// measured them already (a load, [`Table::load_magnitudes`]).
+    /// measured them already (a load measures each file's once).
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn assign_in(
         &self,
@@ -154,21 +154,21 @@ impl Table {
                     (None, Some(o)) => o.init_state(st),
                     (None, None) => {}
                 };
+                // Weights kept as given: the row's words as a file kept
+                // them (8-bit rows), or float32 rows; copied into a new row,
+                // not written over zeros.
+                let kept = match stored {
+                    Some(sw) => Some(&sw[i * ww..(i + 1) * ww]),
+                    None => copy_rows.then(|| &values[i * dim..(i + 1) * dim]),
+                };
                 let write = |w: &mut [f32], st: &mut [f32]| {
-                    match stored {
-                        // The row's words as a file kept them (8-bit rows).
-                        Some(sw) => w[..ww].copy_from_slice(&sw[i * ww..(i + 1) * ww]),
+                    match kept {
+                        Some(src) => w[..ww].copy_from_slice(src),
                         None => self.write_weights(w, &values[i * dim..(i + 1) * dim]),
                     }
                     write_state(st);
                 };
                 let mut written = false;
-                // Weights kept as given (stored words, or float32 rows)
-                // are copied into a new row, not written over zeros.
-                let kept = match stored {
-                    Some(sw) => Some(&sw[i * ww..(i + 1) * ww]),
-                    None => copy_rows.then(|| &values[i * dim..(i + 1) * dim]),
-                };
                 let (r, _) = match kept {
                     Some(src) => {
                         g.find_or_insert_weights(keys[i], plan.hashes[i], save_gen, src, |st| {

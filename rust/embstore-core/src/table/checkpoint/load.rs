@@ -343,7 +343,8 @@ fn magnitudes_of_file(
 ) -> Result<Magnitudes> {
     let (dim, opt) = (table.dim(), table.optimizer.as_ref());
     let mags = Magnitudes::of(opt, dim, rows, state.unwrap_or(&[]));
-    if !mags.w.is_finite() {
+    let (rows_ok, state_ok) = (mags.w.is_finite(), mags.s.iter().all(|v| v.is_finite()));
+    if !rows_ok {
         finite_in_file(path, "rows", rows, Scan::Parallel)?;
     }
     if let Some(st) = state {
@@ -351,11 +352,11 @@ fn magnitudes_of_file(
         // out, or not its layout) is checked on its own.
         let n = rows.len() / dim.max(1);
         let covered = opt.is_some_and(|o| st.len() == n * o.state_len(dim));
-        if !covered || !mags.s.iter().all(|v| v.is_finite()) {
+        if !covered || !state_ok {
             finite_in_file(path, "state", st, Scan::Parallel)?;
         }
     }
-    if !mags.w.is_finite() || !mags.s.iter().all(|v| v.is_finite()) {
+    if !(rows_ok && state_ok) {
         return Err(ckpt_err(path, "holds NaN or inf (damaged)"));
     }
     if let Some(st) = state {
