@@ -112,7 +112,13 @@ impl Table {
                     .fold(0.0f32, |a, v| a.max(v.abs())),
             )
         })?;
-        self.step_whole(keys, gs, at, |i| (&grads[i * dim..(i + 1) * dim], 1.0))
+        self.step_whole(
+            keys,
+            gs,
+            at,
+            |i| (&grads[i * dim..(i + 1) * dim], 1.0),
+            |_| (),
+        )
     }
 
     /// One whole step on checked input whose summed gradients are at most
@@ -120,15 +126,17 @@ impl Table {
     /// ([`Table::step_gate`]), makes room, passes a dry run where the bounds
     /// cannot rule out a non-finite result, steps, and enforces capacity.
     /// A step refused on the way changes nothing.
-    pub(crate) fn step_whole<'g, G>(
+    pub(crate) fn step_whole<'g, G, P>(
         &self,
         keys: &[i64],
         gs: f64,
         at: Option<u64>,
         grad_of: G,
+        ask: P,
     ) -> Result<()>
     where
         G: Fn(usize) -> (&'g [f32], f32) + Sync,
+        P: Fn(usize) + Sync,
     {
         let _cold = self.cold_enter_step(keys)?;
         let t = at.unwrap_or_else(|| self.step() + 1);
@@ -145,7 +153,7 @@ impl Table {
         } else {
             None
         };
-        let written = self.run_apply(keys, prepared, at, grad_of);
+        let written = self.run_apply(keys, prepared, at, grad_of, ask);
         self.enforce_capacity();
         self.end_step(gate, measured, written);
         Ok(())
@@ -161,15 +169,25 @@ impl Table {
     /// weights](Optimizer::measures_weights), the largest `|weight|` the
     /// step wrote (folded into the kernel's loop: the bound the next step's
     /// check starts from).
-    pub(crate) fn run_apply<'g, G>(
+    ///
+    /// `ask(i)` prefetches what `grad_of(i)` reads before the gradient row
+    /// (a caller's position-to-row map: a pooled backward's bag and
+    /// coefficient of each id); it runs further ahead than the rows'
+    /// prefetch, so that finding a gradient row a few pairs ahead does not
+    /// wait on a random read of that map (a Collection step spent a third
+    /// of its update loop there). `|_| ()` where `grad_of` reads nothing
+    /// first.
+    pub(crate) fn run_apply<'g, G, P>(
         &self,
         keys: &[i64],
         prepared: PreparedApply,
         at: Option<u64>,
         grad_of: G,
+        ask: P,
     ) -> Option<f64>
     where
         G: Fn(usize) -> (&'g [f32], f32) + Sync,
+        P: Fn(usize) + Sync,
     {
         let opt = self.optimizer?;
         let measure = opt.measures_weights();
@@ -226,6 +244,7 @@ impl Table {
             // skip: keep loads of both in flight for the pairs a little
             // ahead of the one being updated.
             let mut fetched = 0;
+            let mut asked = 0;
             // Whether each row's update draws its rounding stream (8-bit rows).
             let streams = self.policy.format == RowFormat::I8 && RowFormat::stochastic_steps();
             while j < pairs.len() {
@@ -235,6 +254,10 @@ impl Table {
                     end += 1;
                 }
                 let until = (end + 2 * PREFETCH_AHEAD).min(pairs.len());
+                while ahead && asked < (end + 4 * PREFETCH_AHEAD).min(pairs.len()) {
+                    ask((pairs[asked] & 0xFFFF_FFFF) as usize);
+                    asked += 1;
+                }
                 while ahead && fetched < until {
                     let at = (pairs[fetched] & 0xFFFF_FFFF) as usize;
                     prefetch(grad_of(at).0);

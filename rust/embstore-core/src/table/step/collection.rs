@@ -5,6 +5,7 @@
 
 use crate::Bags;
 use crate::error::{Result, StoreError, invalid};
+use crate::simd::prefetch;
 use crate::table::batch::output::SharedOut;
 use crate::table::batch::plan::SEQUENTIAL_KEYS;
 use crate::table::checks::{check_finite_max, check_grad_sums, check_len};
@@ -286,7 +287,16 @@ pub fn apply_pooled_gradients(features: &[Feature<'_>], grads: &[f32]) -> Result
         .with_min_len(min_len)
         .map(|(((table, _), (keys, src, coef)), p)| {
             let dim = table.dim();
-            table.run_apply(keys, p, None, |i| (&grads[src[i]..src[i] + dim], coef[i]))
+            table.run_apply(
+                keys,
+                p,
+                None,
+                |i| (&grads[src[i]..src[i] + dim], coef[i]),
+                |i| {
+                    prefetch(&src[i..=i]);
+                    prefetch(&coef[i..=i]);
+                },
+            )
         })
         .collect();
     for ((((t, _), gate), m), w) in groups.iter().zip(gates).zip(measured).zip(written) {

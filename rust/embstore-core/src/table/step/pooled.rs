@@ -4,6 +4,7 @@
 
 use crate::Bags;
 use crate::error::Result;
+use crate::simd::prefetch;
 use crate::table::Table;
 use crate::table::batch::bags::{Coefs, check_columns, check_idx};
 use crate::table::checks::{check_finite, check_finite_max, check_grad_sums, check_len};
@@ -30,10 +31,19 @@ impl Table {
         let Coefs { bag_of, coef } = bags.coefs()?;
         let dim = self.dim;
         let gs = check_pooled_sums(bags.ids, &bag_of, &coef, grads, dim, 0, dim, most)?;
-        self.step_whole(bags.ids, gs, None, |i| {
-            let b = bag_of[i] as usize;
-            (&grads[b * dim..(b + 1) * dim], coef[i])
-        })
+        self.step_whole(
+            bags.ids,
+            gs,
+            None,
+            |i| {
+                let b = bag_of[i] as usize;
+                (&grads[b * dim..(b + 1) * dim], coef[i])
+            },
+            |i| {
+                prefetch(&bag_of[i..=i]);
+                prefetch(&coef[i..=i]);
+            },
+        )
     }
 }
 
