@@ -100,6 +100,33 @@ def test_mapped_reads_equal_the_live_table_through_a_chain(tmp_path, dtype: str)
     assert_reads_equal(u, embstore.Table.load(path, mmap=True))
 
 
+def test_contains_equals_a_set_of_the_saved_keys_at_every_call_size(tmp_path) -> None:
+    """contains() of a live table and of its mapped chain (a full save and a
+    delta with removals: answers from the base files and the overlay)
+    against a Python set, for calls below, at and past the probe
+    pipeline's depths (index lines prefetched 16 keys ahead, from 33 keys a
+    call; 64 keys a shard for a live table) and past a call's pool split
+    (1,024 keys), keys present and absent interleaved."""
+    t = embstore.Table(DIM, num_shards=2)
+    held = set(range(0, 40_000, 3))
+    t.assign(np.array(sorted(held)), np.ones((len(held), DIM), np.float32))
+    path = tmp_path / "c"
+    t.save(path)
+    gone = np.arange(0, 6_000, 3)
+    t.remove(gone)
+    held -= set(gone.tolist())
+    t.assign(np.array([1, 40_001]), np.ones((2, DIM), np.float32))
+    held |= {1, 40_001}
+    t.save(path, incremental=True)
+    mapped = embstore.MappedTable(path)
+    rng = np.random.default_rng(5)
+    for n in (1, 15, 16, 17, 32, 33, 34, 63, 64, 65, 200, 1_023, 1_024, 1_025, 5_000, 30_000):
+        keys = rng.integers(-100, 41_000, n)
+        want = np.array([k in held for k in keys.tolist()])
+        np.testing.assert_array_equal(t.contains(keys), want, err_msg=f"live, {n} keys")
+        np.testing.assert_array_equal(mapped.contains(keys), want, err_msg=f"mapped, {n} keys")
+
+
 def test_an_empty_checkpoint_maps_to_an_empty_table(tmp_path) -> None:
     t = embstore.Table(DIM)
     t.save(tmp_path / "c")

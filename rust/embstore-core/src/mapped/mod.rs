@@ -577,16 +577,38 @@ impl MappedTable {
     pub fn contains(&self, keys: &[i64], out: &mut [bool]) -> Result<()> {
         check_len("out", keys.len(), out.len())?;
         let snap = self.snapshot();
+        let prefetch = keys.len() > PREFETCH_FROM;
         let r = keys
-            .par_iter()
-            .zip(out.par_iter_mut())
-            .with_min_len(SEQUENTIAL_KEYS)
-            .try_for_each(|(&k, o)| {
-                *o = snap.locate(k, key_hash(k))?.is_some();
-                Ok(())
-            });
+            .par_chunks(SEQUENTIAL_KEYS)
+            .zip(out.par_chunks_mut(SEQUENTIAL_KEYS))
+            .try_for_each(|(k, o)| Self::contains_run(&snap, k, o, prefetch));
         self.release(snap);
         r
+    }
+
+    /// Whether each of `keys` has a row, into `out`: the index slot of the
+    /// key [`SLOT_AHEAD`] keys on prefetched (with `prefetch`), so that the
+    /// probes of a call wait for several index reads at once instead of one
+    /// at a time (2,000 keys of a 1M-row table: 120 us a call before).
+    fn contains_run(snap: &Snapshot, keys: &[i64], out: &mut [bool], prefetch: bool) -> Result<()> {
+        let mut hashes = [0u64; SLOT_AHEAD];
+        for (h, &k) in hashes.iter_mut().zip(keys) {
+            *h = key_hash(k);
+            if prefetch {
+                snap.prefetch(*h);
+            }
+        }
+        for (i, (&k, o)) in keys.iter().zip(out.iter_mut()).enumerate() {
+            *o = snap.locate(k, hashes[i % SLOT_AHEAD])?.is_some();
+            if let Some(&next) = keys.get(i + SLOT_AHEAD) {
+                let h = key_hash(next);
+                hashes[i % SLOT_AHEAD] = h;
+                if prefetch {
+                    snap.prefetch(h);
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Every row, keys ascending: `(keys, rows)` (`n * dim` floats).

@@ -519,13 +519,11 @@ impl Table {
         // Without a lock (`storage::seqlock`).
         self.par_views(&plan, |view, guard, pos| {
             let shared = &shared;
-            for &i in pos {
-                let i = i as usize;
-                let hit = view.contains(guard, keys[i], plan.hashes[i]);
+            view.contains_many(guard, keys, &plan.hashes, pos, |i, hit| {
                 // SAFETY: i < keys.len() == out.len(), and position i belongs
                 // to this shard only, so no other thread writes it.
                 unsafe { shared.set(i, hit) };
-            }
+            });
         });
         Ok(())
     }

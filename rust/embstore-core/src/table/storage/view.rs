@@ -274,6 +274,33 @@ impl View {
         self.read(guard, key, hash, |_, _| {})
     }
 
+    /// [`View::contains`] for the keys at positions `pos` of `keys` (hashes
+    /// `hashes`), each answer through `found(i, held)` (`i` a position):
+    /// from [`PROBE_PREFETCH_MIN`] keys on, the index lines of the key
+    /// [`PROBE_AHEAD`] on are prefetched, so that the probes overlap their
+    /// cache misses.
+    pub(crate) fn contains_many(
+        &self,
+        guard: &Guard,
+        keys: &[i64],
+        hashes: &[u64],
+        pos: &[u32],
+        mut found: impl FnMut(usize, bool),
+    ) {
+        let slots = (pos.len() >= PROBE_PREFETCH_MIN)
+            .then(|| self.index.load(guard))
+            .flatten();
+        for (j, &i) in pos.iter().enumerate() {
+            if let Some(s) = slots
+                && let Some(&a) = pos.get(j + PROBE_AHEAD)
+            {
+                s.prefetch(hashes[a as usize]);
+            }
+            let i = i as usize;
+            found(i, self.contains(guard, keys[i], hashes[i]));
+        }
+    }
+
     /// The current slots, for a batch's prefetches.
     #[inline(always)]
     pub(crate) fn slots<'g>(&self, guard: &'g Guard) -> Option<&'g Slots> {
