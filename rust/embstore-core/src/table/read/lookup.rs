@@ -381,11 +381,15 @@ impl Table {
         T: Fn(usize, bool, Option<*const f32>) + Sync,
     {
         let (dim, ww) = (self.dim, self.wwords);
-        // Index lines and rows are prefetched only in calls spread over the
-        // pool: in a call on the calling thread (at most SEQUENTIAL_KEYS
-        // keys) the prefetches cost more than they saved
-        // (`benches/ab_compare.py`, serve_512/1024_us).
-        let spread = prefetches(keys.len(), SEQUENTIAL_KEYS);
+        // Index lines and rows are prefetched in calls of more than
+        // COPY_PREFETCH_KEYS keys, as the training lookup's rows are: a
+        // serving call's keys vary, and its rows are out of cache. 1,024
+        // varied keys of a 100k-row table: 43 us against 65-74 without;
+        // the same 1,024 keys called again and again (rows in cache): 22-24
+        // against 18 (benches/RESULTS.md, 2026-11-28). Until then only calls
+        // spread over the pool (past SEQUENTIAL_KEYS) prefetched, judged on
+        // repeated keys.
+        let spread = prefetches(keys.len(), COPY_PREFETCH_KEYS);
         let format = self.policy.format;
         self.par_views(plan, |view, guard, pos| {
             let hit = |j: usize, w: *const f32, st: *const f32| {
