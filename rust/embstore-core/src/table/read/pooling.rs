@@ -7,7 +7,7 @@ use crate::hash::shard_of;
 use crate::policy::RowFormat;
 use crate::simd::prefetch_addr;
 use crate::table::batch::output::SharedOut;
-use crate::table::batch::plan::{SEQUENTIAL_KEYS, prefetches};
+use crate::table::batch::plan::{COPY_PREFETCH_KEYS, SEQUENTIAL_KEYS, prefetches};
 use crate::table::counters::Counters;
 use crate::table::storage::shard::Shard;
 use crate::table::storage::view::{Probed, View, copy_racy, racy};
@@ -141,7 +141,12 @@ impl Table {
                 (r != NO_ROW).then(|| g.weights(r as usize))
             })
             .collect();
-        let ahead = prefetches(pool.ids.len(), SEQUENTIAL_KEYS);
+        // From as few ids as a lookup's copy prefetches (COPY_PREFETCH_KEYS):
+        // a call's ids vary, and their rows are out of cache. Training
+        // pooled lookups of 1,024 varied ids in bags of 4, 100k-row table:
+        // 57-61 us against 98 when only calls past SEQUENTIAL_KEYS
+        // prefetched (benches/RESULTS.md, 2026-11-28).
+        let ahead = prefetches(pool.ids.len(), COPY_PREFETCH_KEYS);
         self.sum_bags(bags, base, range, pool, out, |i, tmp| {
             if ahead && let Some(Some(r)) = rows.get(i + POOL_PREFETCH_AHEAD - start) {
                 prefetch_addr(r.as_ptr() as usize);
@@ -262,8 +267,9 @@ impl Table {
             slots[s] = view.slots(&guard);
         }
         // First each id's (slot, row), the index lines of ids ahead
-        // prefetched; then the sums.
-        let ahead = prefetches(pool.ids.len(), SEQUENTIAL_KEYS);
+        // prefetched (from COPY_PREFETCH_KEYS ids, as in `pool_chunk`); then
+        // the sums.
+        let ahead = prefetches(pool.ids.len(), COPY_PREFETCH_KEYS);
         let probes: Vec<Probed> = (start..end)
             .map(|i| {
                 if ahead
