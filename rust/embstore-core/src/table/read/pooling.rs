@@ -291,7 +291,11 @@ impl Table {
                 && p.row() != NO_ROW
                 && let Some(h) = pool.hashes.get(i + POOL_PREFETCH_AHEAD)
             {
-                self.views[shard_of(*h, ns)].prefetch_row(p.row(), &guard);
+                // Every line of the row: the copy below reads them at once
+                // (a seqlock copy, not a running sum). The first line alone,
+                // as `pool_chunk` asks for, made 1,024 varied ids of a
+                // 1M-row table 1.4-1.7x slower (138-172 against 88-100 us).
+                self.views[shard_of(*h, ns)].prefetch_row_whole(p.row() as usize, &guard);
             }
             let s = shard_of(pool.hashes[i], ns);
             let held = match slots[s] {

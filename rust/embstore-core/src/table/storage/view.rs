@@ -231,19 +231,11 @@ impl View {
 
     /// Starts loading every line of row `r`'s weights.
     #[inline(always)]
-    fn prefetch_row_whole(&self, r: usize, guard: &Guard) {
+    pub(crate) fn prefetch_row_whole(&self, r: usize, guard: &Guard) {
         if let Some(at) = self.segs.row(r, guard) {
             // SAFETY: the row's weights in a segment kept alive by `guard`;
             // only their addresses are used (a prefetch).
             crate::simd::prefetch(unsafe { racy(at.weights, self.segs.ww()) });
-        }
-    }
-
-    /// Starts loading row `r`'s first line of weights.
-    #[inline(always)]
-    pub(crate) fn prefetch_row(&self, r: u32, guard: &Guard) {
-        if let Some(at) = self.segs.row(r as usize, guard) {
-            crate::simd::prefetch_addr(at.weights as usize);
         }
     }
 
