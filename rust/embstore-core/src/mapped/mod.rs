@@ -589,7 +589,8 @@ impl MappedTable {
     /// Whether each of `keys` has a row, into `out`: the index slot of the
     /// key [`SLOT_AHEAD`] keys on prefetched (with `prefetch`), so that the
     /// probes of a call wait for several index reads at once instead of one
-    /// at a time (2,000 keys of a 1M-row table: 120 us a call before).
+    /// at a time (2,000 keys of a 1M-row table on machine E: 56 us a call,
+    /// 160 when each key was probed in turn; benches/RESULTS.md).
     fn contains_run(snap: &Snapshot, keys: &[i64], out: &mut [bool], prefetch: bool) -> Result<()> {
         let mut hashes = [0u64; SLOT_AHEAD];
         for (h, &k) in hashes.iter_mut().zip(keys) {
