@@ -260,6 +260,38 @@ def test_a_crafted_shard_count_is_refused_on_open(tmp_path, num_shards: str) -> 
         embstore.Table.load(path, mmap=True)
 
 
+def test_an_index_tensor_whose_header_does_not_name_it_is_refused_by_load_and_map(
+    tmp_path,
+) -> None:
+    """A file holding its index tensor but whose header metadata lost the
+    key naming the index's format (checksums valid) is damaged, not an
+    older file (those hold neither): Table.load refuses it as a mapped
+    read does, where it loaded it as an older file while the mapped read
+    refused it (a fuzz case)."""
+    t = embstore.Table(DIM, num_shards=1)
+    t.assign(np.arange(50), np.ones((50, DIM), np.float32))
+    path = tmp_path / "c"
+    t.save(path)
+    (f,) = row_files(path)
+    data = f.read_bytes()
+    n, h = header(data)
+    h["__metadata__"]["inZex"] = h["__metadata__"].pop("index")
+    assert "index" in h  # the tensor stays
+    text = json.dumps(h, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)
+    crafted = struct.pack("<Q", len(text)) + text + data[8 + n :]
+    f.write_bytes(crafted)
+
+    def fix(m: dict) -> None:
+        m["chain"][0]["files"][0]["bytes"] = len(crafted)
+        m["chain"][0]["files"][0]["crc32c"] = crc32c(crafted)
+
+    rewrite_manifest(path, fix)
+    for mmap in (False, True):
+        with pytest.raises(embstore.CheckpointError, match="index tensor"):
+            embstore.Table.load(path, mmap=mmap)
+
+
 def test_a_checkpoint_without_file_indexes_is_refused_with_the_way_to_convert_it(
     tmp_path,
 ) -> None:

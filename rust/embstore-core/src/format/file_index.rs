@@ -75,15 +75,27 @@ pub(crate) fn find(
 
 /// A file's place in its table (header metadata `num_shards` and `shard`)
 /// when it carries an index of [`INDEX_FORMAT`]; `Ok(None)` when it has
-/// none (written by an older embstore).
+/// none (written by an older embstore, which wrote neither the metadata
+/// nor a tensor named `index`: `has_index` says whether the file holds
+/// that tensor).
 ///
 /// # Errors
 /// What is wrong with the metadata (another index format, a count that
-/// is not one, a shard outside the table's).
+/// is not one, a shard outside the table's), or an `index` tensor without
+/// the metadata naming its format: a damaged file, not an older one (a
+/// load took it for one and loaded it, where a mapped read refused it as
+/// one to convert: a fuzz case).
 pub(crate) fn placement(
     info: &HashMap<String, String>,
+    has_index: bool,
 ) -> std::result::Result<Option<(usize, usize)>, String> {
     match info.get("index").map(String::as_str) {
+        None if has_index => {
+            return Err(format!(
+                "it holds an index tensor, but its header metadata does not name the \
+                 index's format ({INDEX_FORMAT})"
+            ));
+        }
         None => return Ok(None),
         Some(INDEX_FORMAT) => {}
         Some(other) => {
@@ -391,14 +403,17 @@ mod tests {
     #[test]
     fn placement_reads_the_header_or_says_what_is_wrong() {
         let mut info = HashMap::new();
-        assert_eq!(placement(&info), Ok(None));
+        // An older file: neither the metadata nor the tensor.
+        assert_eq!(placement(&info, false), Ok(None));
+        // The tensor without the metadata: damaged, not older.
+        assert!(placement(&info, true).unwrap_err().contains("index tensor"));
         info.insert("index".to_string(), INDEX_FORMAT.to_string());
         info.insert("num_shards".to_string(), "4".to_string());
         info.insert("shard".to_string(), "3".to_string());
-        assert_eq!(placement(&info), Ok(Some((3, 4))));
+        assert_eq!(placement(&info, true), Ok(Some((3, 4))));
         info.insert("shard".to_string(), "4".to_string());
-        assert!(placement(&info).is_err());
+        assert!(placement(&info, true).is_err());
         info.insert("index".to_string(), "other".to_string());
-        assert!(placement(&info).is_err());
+        assert!(placement(&info, true).is_err());
     }
 }

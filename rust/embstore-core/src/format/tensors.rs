@@ -266,7 +266,8 @@ fn check_index(st: &SafeTensors<'_>, path: &Path, buf: &[u8], n: usize) -> Resul
         .map_err(|err| ckpt_err(path, format!("not a safetensors file: {err}")))?;
     let info = header.metadata().clone().unwrap_or_default();
     let bad = |m: String| ckpt_err(path, format!("{m} (damaged)"));
-    let Some(place) = file_index::placement(&info).map_err(bad)? else {
+    let Some(place) = file_index::placement(&info, header.info("index").is_some()).map_err(bad)?
+    else {
         return Ok(None);
     };
     let slots = file_index::slots_for(n);

@@ -176,7 +176,9 @@ pub(super) fn map_file(
     let (_, header) = SafeTensors::read_metadata(&map)
         .map_err(|err| bad(format!("not a safetensors file: {err}")))?;
     let info = header.metadata().clone().unwrap_or_default();
-    let Some((shard, shards)) = file_index::placement(&info).map_err(bad)? else {
+    let Some((shard, shards)) =
+        file_index::placement(&info, header.info("index").is_some()).map_err(bad)?
+    else {
         return Err(bad(format!(
             "has no hash index ({INDEX_FORMAT}): it was saved by an older embstore. Load it \
              with Table.load and save it again to serve it with mmap=True"

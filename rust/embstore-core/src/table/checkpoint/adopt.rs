@@ -134,7 +134,9 @@ impl Table {
         let (_, header) = SafeTensors::read_metadata(buf)
             .map_err(|err| ckpt_err(path, format!("not a safetensors file: {err}")))?;
         let info = header.metadata().clone().unwrap_or_default();
-        let Ok(Some((shard, shards))) = file_index::placement(&info) else {
+        let Ok(Some((shard, shards))) =
+            file_index::placement(&info, header.info("index").is_some())
+        else {
             return Ok(None);
         };
         let with_state = m.with_optimizer && m.state_len == self.state_len;
