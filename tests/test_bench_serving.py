@@ -49,6 +49,20 @@ def test_freshness_is_the_last_follower_to_serve_each_publish() -> None:
     assert res["verdicts"]["freshness_p99_at_most_1s"] is True
 
 
+def test_the_np_take_peer_reads_the_rows_the_mapped_reader_reads(tmp_path: pathlib.Path) -> None:
+    """The many-readers peer (np.take from a mapped .npy) answers each key
+    with the row the mapped table serves for it."""
+    import embstore
+
+    t = embstore.Table(8, seed=3)
+    t.lookup(np.arange(1_000, dtype=np.int64))
+    path = str(tmp_path / "r")
+    t.save(path, with_optimizer=False)
+    peer = S._NpyTake(S._write_peer(t, 1_000, path))
+    keys = np.random.default_rng(0).integers(0, 1_000, 500)
+    np.testing.assert_array_equal(peer.lookup(keys), embstore.MappedTable(path).lookup(keys))
+
+
 @pytest.mark.slow
 def test_a_small_serving_run_holds_together(tmp_path: pathlib.Path) -> None:
     """Both parts at small sizes: every reader configuration made calls at
@@ -59,7 +73,7 @@ def test_a_small_serving_run_holds_together(tmp_path: pathlib.Path) -> None:
     recorded; the report names the targets."""
     readers = S.many_readers(5_000, [16], 2, 0.3, str(tmp_path))
     d = readers["dims"]["16"]
-    for name in ("one", "cores", "processes", "threads"):
+    for name in ("one", "cores", "np_take_cores", "processes", "threads"):
         x = d[name]
         assert x["calls"] > 0
         assert x["rows_per_s"] > 0
@@ -76,4 +90,5 @@ def test_a_small_serving_run_holds_together(tmp_path: pathlib.Path) -> None:
     text = S.report_serving({"readers": readers, "deltas": fresh, "hps": S.HPS})
     assert "target p99 <= 1 s" in text
     assert "HugeCTR HPS" in text
+    assert "np.take from a mapped .npy" in text
     assert np.isfinite(fresh["freshness_max_s"])
