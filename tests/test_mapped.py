@@ -236,16 +236,17 @@ def test_a_crafted_index_with_a_valid_checksum_cannot_hang_or_misdirect(tmp_path
             m.lookup(np.array([10_000]))
 
 
-@pytest.mark.parametrize("num_shards", ["1000000000000000000", "0", "x"])
-def test_a_crafted_shard_count_is_refused_on_open(tmp_path, num_shards: str) -> None:
+def one_file_with_its_header_edited(path: pathlib.Path, edit: object) -> None:
+    """Saves a one-shard table of 50 rows at ``path``, has ``edit`` change
+    its shard file's header (a dict, in place), and writes the file and the
+    manifest back with valid sizes and checksums."""
     t = embstore.Table(DIM, num_shards=1)
     t.assign(np.arange(50), np.ones((50, DIM), np.float32))
-    path = tmp_path / "c"
     t.save(path)
     (f,) = row_files(path)
     data = f.read_bytes()
     n, h = header(data)
-    h["__metadata__"]["num_shards"] = num_shards
+    edit(h)  # type: ignore[operator]
     text = json.dumps(h, separators=(",", ":")).encode()
     text += b" " * (-len(text) % 8)
     crafted = struct.pack("<Q", len(text)) + text + data[8 + n :]
@@ -256,6 +257,14 @@ def test_a_crafted_shard_count_is_refused_on_open(tmp_path, num_shards: str) -> 
         m["chain"][0]["files"][0]["crc32c"] = crc32c(crafted)
 
     rewrite_manifest(path, fix)
+
+
+@pytest.mark.parametrize("num_shards", ["1000000000000000000", "0", "x"])
+def test_a_crafted_shard_count_is_refused_on_open(tmp_path, num_shards: str) -> None:
+    path = tmp_path / "c"
+    one_file_with_its_header_edited(
+        path, lambda h: h["__metadata__"].__setitem__("num_shards", num_shards)
+    )
     with pytest.raises(embstore.CheckpointError, match=r"shard|num_shards"):
         embstore.Table.load(path, mmap=True)
 
@@ -268,25 +277,13 @@ def test_an_index_tensor_whose_header_does_not_name_it_is_refused_by_load_and_ma
     older file (those hold neither): Table.load refuses it as a mapped
     read does, where it loaded it as an older file while the mapped read
     refused it (a fuzz case)."""
-    t = embstore.Table(DIM, num_shards=1)
-    t.assign(np.arange(50), np.ones((50, DIM), np.float32))
+
+    def rename_the_format_key(h: dict) -> None:
+        h["__metadata__"]["inZex"] = h["__metadata__"].pop("index")
+        assert "index" in h  # the tensor stays
+
     path = tmp_path / "c"
-    t.save(path)
-    (f,) = row_files(path)
-    data = f.read_bytes()
-    n, h = header(data)
-    h["__metadata__"]["inZex"] = h["__metadata__"].pop("index")
-    assert "index" in h  # the tensor stays
-    text = json.dumps(h, separators=(",", ":")).encode()
-    text += b" " * (-len(text) % 8)
-    crafted = struct.pack("<Q", len(text)) + text + data[8 + n :]
-    f.write_bytes(crafted)
-
-    def fix(m: dict) -> None:
-        m["chain"][0]["files"][0]["bytes"] = len(crafted)
-        m["chain"][0]["files"][0]["crc32c"] = crc32c(crafted)
-
-    rewrite_manifest(path, fix)
+    one_file_with_its_header_edited(path, rename_the_format_key)
     for mmap in (False, True):
         with pytest.raises(embstore.CheckpointError, match="index tensor"):
             embstore.Table.load(path, mmap=mmap)
