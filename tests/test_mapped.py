@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import pathlib
 import struct
+from collections.abc import Callable
 
 import numpy as np
 import pytest
@@ -236,7 +237,7 @@ def test_a_crafted_index_with_a_valid_checksum_cannot_hang_or_misdirect(tmp_path
             m.lookup(np.array([10_000]))
 
 
-def one_file_with_its_header_edited(path: pathlib.Path, edit: object) -> None:
+def one_file_with_its_header_edited(path: pathlib.Path, edit: Callable[[dict], None]) -> None:
     """Saves a one-shard table of 50 rows at ``path``, has ``edit`` change
     its shard file's header (a dict, in place), and writes the file and the
     manifest back with valid sizes and checksums."""
@@ -246,7 +247,7 @@ def one_file_with_its_header_edited(path: pathlib.Path, edit: object) -> None:
     (f,) = row_files(path)
     data = f.read_bytes()
     n, h = header(data)
-    edit(h)  # type: ignore[operator]
+    edit(h)
     text = json.dumps(h, separators=(",", ":")).encode()
     text += b" " * (-len(text) % 8)
     crafted = struct.pack("<Q", len(text)) + text + data[8 + n :]
