@@ -17,7 +17,7 @@ pub(crate) const HUGE_FROM: usize = 4 << 20;
 pub(crate) const HUGE_INDEX_FROM: usize = 4 << 20;
 
 /// A transparent huge page on x86-64 and most ARM64 kernels.
-const HUGE_PAGE: usize = 2 << 20;
+pub(crate) const HUGE_PAGE: usize = 2 << 20;
 
 /// What [`advise_huge`] asks for: `EMBSTORE_HUGE_PAGES=0` nothing (for
 /// comparing against the kernel's default), `rows` the row columns only,

@@ -1,5 +1,6 @@
-//! The allocator of the shard index: blocks of 64 KiB and more come straight
-//! from the OS (anonymous `mmap`) and go straight back (`munmap`); and the
+//! The allocator of the shard index and the row columns: blocks of 64 KiB
+//! and more come straight from the OS (anonymous `mmap`, from 4 MiB on a
+//! huge page's boundary) and go straight back (`munmap`); and the
 //! mapping ahead of pages a writer is about to fill (the advice for huge
 //! pages is in [`crate::huge`]).
 //!
@@ -16,6 +17,18 @@ use std::ptr::NonNull;
 /// Blocks at least this large are mapped.
 #[cfg(unix)]
 const MAPPED: usize = 1 << 16;
+
+/// Mapped blocks at least this large start on a huge page's boundary
+/// (the least size that asks for huge pages: [`crate::huge::HUGE_FROM`]).
+#[cfg(unix)]
+const ALIGN_FROM: usize = crate::huge::HUGE_FROM;
+
+#[cfg(unix)]
+use crate::huge::HUGE_PAGE;
+
+/// A page.
+#[cfg(unix)]
+const PAGE: usize = 4096;
 
 /// See the module docs.
 #[derive(Debug, Clone, Copy, Default)]
@@ -45,13 +58,25 @@ unsafe impl Allocator for PageAlloc {
         }
         #[cfg(unix)]
         {
-            // SAFETY: an anonymous private mapping of `size` bytes at an
+            let size = layout.size();
+            // A block that asks for huge pages starts on a huge page's
+            // boundary: mapped with a huge page's room to spare, whose
+            // unaligned head and tail are then unmapped (the kernel gives
+            // huge pages only to aligned 2 MiB ranges: a block at a page
+            // boundary keeps up to 4 MiB of it on small pages).
+            let spare = if size >= ALIGN_FROM {
+                HUGE_PAGE - PAGE
+            } else {
+                0
+            };
+            let mapped = size.checked_add(spare).ok_or(AllocError)?;
+            // SAFETY: an anonymous private mapping of `mapped` bytes at an
             // address of the kernel's choice touches no existing memory; the
             // result is checked against MAP_FAILED.
             let p = unsafe {
                 libc::mmap(
                     std::ptr::null_mut(),
-                    layout.size(),
+                    mapped,
                     libc::PROT_READ | libc::PROT_WRITE,
                     libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
                     -1,
@@ -61,8 +86,28 @@ unsafe impl Allocator for PageAlloc {
             if p == libc::MAP_FAILED {
                 return Err(AllocError);
             }
-            let p = NonNull::new(p.cast::<u8>()).ok_or(AllocError)?;
-            Ok(NonNull::slice_from_raw_parts(p, layout.size()))
+            let (start, end) = (p as usize, p as usize + mapped);
+            let block = if spare == 0 {
+                start
+            } else {
+                let block = start.next_multiple_of(HUGE_PAGE);
+                let tail = (block + size).next_multiple_of(PAGE);
+                // SAFETY: `start..block` and `tail..end` lie inside the
+                // mapping just made (`block - start <= spare` and `tail <=
+                // end`, both page-aligned), which nothing else uses; the
+                // block `block..block + size` stays mapped.
+                unsafe {
+                    if block > start {
+                        libc::munmap(start as *mut libc::c_void, block - start);
+                    }
+                    if end > tail {
+                        libc::munmap(tail as *mut libc::c_void, end - tail);
+                    }
+                }
+                block
+            };
+            let p = NonNull::new(block as *mut u8).ok_or(AllocError)?;
+            Ok(NonNull::slice_from_raw_parts(p, size))
         }
         #[cfg(not(unix))]
         unreachable!("nothing is mapped off unix")
@@ -166,7 +211,7 @@ mod tests {
 
     #[test]
     fn small_and_large_blocks_round_trip() {
-        for size in [8usize, 4096, 1 << 16, 3 << 20] {
+        for size in [8usize, 4096, 1 << 16, 3 << 20, (4 << 20) + 100, 9 << 20] {
             let layout = Layout::from_size_align(size, 8).unwrap();
             let p = PageAlloc.allocate(layout).unwrap();
             // SAFETY: `p` is a fresh block of at least `size` bytes.
@@ -176,6 +221,34 @@ mod tests {
                 assert!(bytes.iter().all(|&b| b == 0xA5));
                 PageAlloc.deallocate(p.cast(), layout);
             }
+        }
+    }
+
+    /// A block large enough to ask for huge pages starts on a huge page's
+    /// boundary (else up to 4 MiB of it would stay on small pages), reads
+    /// as zeros when asked zeroed, and its whole length is usable; blocks
+    /// in a row do not overlap.
+    #[cfg(unix)]
+    #[test]
+    fn blocks_that_ask_for_huge_pages_are_aligned_to_one() {
+        let layouts = [(4usize << 20) + 4097, 6 << 20, 16 << 20]
+            .map(|size| Layout::from_size_align(size, 64).unwrap());
+        let blocks: Vec<_> = layouts
+            .iter()
+            .map(|&l| PageAlloc.allocate_zeroed(l).unwrap())
+            .collect();
+        for (p, l) in blocks.iter().zip(&layouts) {
+            let start = p.cast::<u8>().as_ptr() as usize;
+            assert_eq!(start % HUGE_PAGE, 0, "{start:#x} for {} bytes", l.size());
+            // SAFETY: a live block of `l.size()` zeroed bytes.
+            let bytes = unsafe { std::slice::from_raw_parts_mut(start as *mut u8, l.size()) };
+            assert!(bytes.iter().step_by(4096).all(|&b| b == 0));
+            bytes[l.size() - 1] = 1;
+            bytes[0] = 1;
+        }
+        for (p, l) in blocks.into_iter().zip(layouts) {
+            // SAFETY: allocated above with `l`, freed once.
+            unsafe { PageAlloc.deallocate(p.cast(), l) };
         }
     }
 }
