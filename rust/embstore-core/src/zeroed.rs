@@ -36,6 +36,16 @@ pub fn zeros<T: Zeroable>(arg: &'static str, n: usize) -> crate::error::Result<V
     try_zeroed(n).ok_or_else(|| crate::error::oom(arg, n.saturating_mul(size_of::<T>())))
 }
 
+/// [`zeros`] asking for transparent huge pages ([`try_zeroed_huge`]): a
+/// large work array written once per call (a batch's hashes and its
+/// positions by shard) then faults once per 2 MiB, not per 4 KiB.
+///
+/// # Errors
+/// `OutOfMemory` naming `arg` and the bytes asked for.
+pub fn zeros_huge<T: Zeroable>(arg: &'static str, n: usize) -> crate::error::Result<Vec<T>> {
+    try_zeroed_huge(n).ok_or_else(|| crate::error::oom(arg, n.saturating_mul(size_of::<T>())))
+}
+
 /// An empty vector with room for `n` values, or `OutOfMemory` naming `arg`.
 ///
 /// # Errors

@@ -9,10 +9,10 @@ use crate::table::storage::shard::Shard;
 use crate::table::storage::view::View;
 use crate::table::storage::write;
 use crate::table::{Table, read};
-use crate::zeroed::zeros;
+use crate::zeroed::zeros_huge;
 use rayon::iter::{
-    IndexedParallelIterator, IntoParallelIterator, IntoParallelRefIterator, ParallelExtend,
-    ParallelIterator,
+    IndexedParallelIterator, IntoParallelIterator, IntoParallelRefIterator,
+    IntoParallelRefMutIterator, ParallelIterator,
 };
 use rayon::prelude::ParallelSlice;
 
@@ -95,7 +95,7 @@ fn group_by_shard(hashes: &[u64], n_shards: usize) -> Result<(Vec<u32>, Vec<usiz
     }
     let starts = counts.clone();
     let mut next = counts;
-    let mut order = zeros::<u32>("keys", hashes.len())?;
+    let mut order = zeros_huge::<u32>("keys", hashes.len())?;
     for (i, &h) in hashes.iter().enumerate() {
         let slot = &mut next[shard_of(h, n_shards)];
         order[*slot] = i as u32;
@@ -123,7 +123,7 @@ fn par_group_by_shard(hashes: &[u64], n_shards: usize) -> Result<(Vec<u32>, Vec<
     for s in 0..n_shards {
         starts[s + 1] = starts[s] + counts.iter().map(|n| n[s]).sum::<usize>();
     }
-    let mut order = zeros::<u32>("keys", hashes.len())?;
+    let mut order = zeros_huge::<u32>("keys", hashes.len())?;
     // parts[c][s]: chunk c's part of shard s's range.
     let mut parts: Vec<Vec<&mut [u32]>> = counts.iter().map(|_| Vec::new()).collect();
     let mut rest: &mut [u32] = &mut order;
@@ -157,12 +157,17 @@ impl Table {
     /// `OutOfMemory` naming `keys` when its work arrays cannot be had.
     pub(crate) fn plan(&self, keys: &[i64]) -> Result<Plan> {
         let n_shards = self.shards.len();
-        let mut hashes = crate::zeroed::with_room::<u64>("keys", keys.len())?;
+        let mut hashes = zeros_huge::<u64>("keys", keys.len())?;
         if keys.len() < 1 << 14 {
-            hashes.extend(keys.iter().map(|&k| key_hash(k)));
+            for (h, &k) in hashes.iter_mut().zip(keys) {
+                *h = key_hash(k);
+            }
         } else {
-            // Room is made: collecting in parallel does not reallocate.
-            hashes.par_extend(keys.par_iter().with_min_len(1 << 14).map(|&k| key_hash(k)));
+            hashes
+                .par_iter_mut()
+                .zip(keys.par_iter())
+                .with_min_len(1 << 14)
+                .for_each(|(h, &k)| *h = key_hash(k));
         }
         let (order, starts) = if keys.len() < PARALLEL_PLAN_KEYS {
             group_by_shard(&hashes, n_shards)?
