@@ -58,6 +58,14 @@ const INV_2_24: f64 = 1.0 / (1u64 << 24) as f64;
 
 /// The largest float32 below `high`, and no lower than `low` rounded
 /// (`low < high`): the top of a uniform draw in `[low, high)`.
+/// The least float32 whose value is at least `high`.
+fn least_at(high: f64) -> f32 {
+    let h = high as f32;
+    // `h` is the nearest: when it is not below `high`, the float before it
+    // is (else that one would be nearer).
+    if f64::from(h) >= high { h } else { h.next_up() }
+}
+
 fn below(high: f64, low: f64) -> f32 {
     let h = high as f32;
     let top = if f64::from(h) >= high {
@@ -196,11 +204,12 @@ impl Initializer {
                 // it: such values become the largest float32 below `high`,
                 // so that the interval stays half-open.
                 if high > low {
-                    let top = below(high, low);
+                    let (top, from) = (below(high, low), least_at(high));
+                    // A compare of f32s (`*o >= from` exactly when `*o`
+                    // as f64 is at least `high`) and a select: the loop
+                    // vectorizes, where a compare in f64 did not.
                     for o in out.iter_mut() {
-                        if f64::from(*o) >= high {
-                            *o = top;
-                        }
+                        *o = if *o >= from { top } else { *o };
                     }
                 }
             }
@@ -236,6 +245,25 @@ impl Initializer {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A float32 is at least `least_at(high)` exactly when its value is at
+    /// least `high`, for bounds on, between and beside float32 values.
+    #[test]
+    fn least_at_splits_float32s_where_high_does() {
+        let mut highs = vec![0.05, 1.0, 3.0, -0.3, 1e-30, 1e39, -1e39];
+        for h in [0.05f32, 3.0, -0.3, 7.25e-3] {
+            let (lo, hi) = (f64::from(h.next_down()), f64::from(h.next_up()));
+            let x = f64::from(h);
+            highs.extend([x, (x + hi) / 2.0, (x + lo) / 2.0, x + (hi - x) / 1e6]);
+        }
+        for high in highs {
+            let from = least_at(high);
+            let probe = [from.next_down(), from, from.next_up()];
+            for o in probe.into_iter().filter(|o| o.is_finite()) {
+                assert_eq!(o >= from, f64::from(o) >= high, "{o} against {high}");
+            }
+        }
+    }
 
     #[test]
     fn uniform_draws_stay_below_high() {
