@@ -398,6 +398,22 @@ impl Optimizer {
         }
     }
 
+    /// Whether a new row's state is all zeros ([`Optimizer::init_state`]
+    /// writes only zeros): a row that is zero already needs no write.
+    pub(crate) fn state_starts_zero(&self) -> bool {
+        match *self {
+            Optimizer::Adagrad {
+                initial_accumulator_value: v,
+                ..
+            }
+            | Optimizer::Ftrl {
+                initial_accumulator_value: v,
+                ..
+            } => (v as f32).to_bits() == 0,
+            _ => true,
+        }
+    }
+
     /// Writes the state of a new (or newly assigned) row.
     pub fn init_state(&self, state: &mut [f32]) {
         match *self {

@@ -526,6 +526,21 @@ impl Table {
         }
     }
 
+    /// [`Table::fill_new`] of a row the arena has just pushed, whose
+    /// weights and state are zeros ([`Shard::find_or_insert`]): a state
+    /// that starts at zero is left as it is, so that a new row's state
+    /// pages are not touched (nor, when the row is at the arena's fresh
+    /// end, even mapped) until a step writes them.
+    #[inline]
+    fn fill_pushed(&self, key: i64, w: &mut [f32], state: &mut [f32]) {
+        self.new_rows().store(key, self.dim, w);
+        if let Some(o) = &self.optimizer
+            && !o.state_starts_zero()
+        {
+            o.init_state(state);
+        }
+    }
+
     /// What a lookup returns for a key without a row, into `dst` (`dim`
     /// floats): its new row (rounded to the row format), zeros or the
     /// caller's default row.

@@ -161,23 +161,28 @@ impl Table {
                     Some(sw) => Some(&sw[i * ww..(i + 1) * ww]),
                     None => copy_rows.then(|| &values[i * dim..(i + 1) * dim]),
                 };
-                let write = |w: &mut [f32], st: &mut [f32]| {
-                    match kept {
-                        Some(src) => w[..ww].copy_from_slice(src),
-                        None => self.write_weights(w, &values[i * dim..(i + 1) * dim]),
-                    }
-                    write_state(st);
+                let write_weights = |w: &mut [f32]| match kept {
+                    Some(src) => w[..ww].copy_from_slice(src),
+                    None => self.write_weights(w, &values[i * dim..(i + 1) * dim]),
+                };
+                // A pushed row's state is zeros already
+                // ([`Shard::find_or_insert`]): an initial state of zeros
+                // is not written again.
+                let new_state = |st: &mut [f32]| match (state, &self.optimizer) {
+                    (None, Some(o)) if o.state_starts_zero() => {}
+                    _ => write_state(st),
                 };
                 let mut written = false;
                 let (r, _) = match kept {
                     Some(src) => {
                         g.find_or_insert_weights(keys[i], plan.hashes[i], save_gen, src, |st| {
-                            write_state(st);
+                            new_state(st);
                             written = true;
                         })
                     }
                     None => g.find_or_insert(keys[i], plan.hashes[i], save_gen, |w, st| {
-                        write(w, st);
+                        write_weights(w);
+                        new_state(st);
                         written = true;
                     }),
                 };
@@ -190,7 +195,8 @@ impl Table {
                 if !written {
                     let mut change = g.row_to_change(r, save_gen);
                     let (w, st) = change.parts();
-                    write(w, st);
+                    write_weights(w);
+                    write_state(st);
                 }
             }
             if meta.is_none() {

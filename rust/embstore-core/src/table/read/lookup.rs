@@ -192,7 +192,7 @@ impl Table {
             found_rows.push((rows, absent));
         }
         let save_gen = self.generation();
-        let fill = |key, w: &mut [f32], st: &mut [f32]| self.fill_new(key, w, st);
+        let fill = |key, w: &mut [f32], st: &mut [f32]| self.fill_pushed(key, w, st);
         let shared = SharedOut::new(out, self.dim);
         let found = FoundRows::new(self.shards.len());
         for ((s, g), (mut rows, absent)) in held.iter_mut().zip(found_rows) {

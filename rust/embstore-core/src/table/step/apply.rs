@@ -419,7 +419,7 @@ impl Table {
                 created += 1;
                 let first = missing[j].1 as usize;
                 let (r, _) = g.find_or_insert(key, hashes[first], save_gen, |w, st| {
-                    self.fill_new(key, w, st)
+                    self.fill_pushed(key, w, st)
                 });
                 pairs.extend(
                     missing[j..end]

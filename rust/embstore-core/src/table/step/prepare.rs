@@ -122,7 +122,7 @@ impl Table {
         found: &FoundRows,
         save_gen: u32,
     ) -> Vec<u32> {
-        let fill = |key, w: &mut [f32], st: &mut [f32]| self.fill_new(key, w, st);
+        let fill = |key, w: &mut [f32], st: &mut [f32]| self.fill_pushed(key, w, st);
         match found.take(s, g, pos.len()) {
             Some(mut rows) => {
                 g.insert_missing(keys, &plan.hashes, pos, save_gen, fill, &mut rows);

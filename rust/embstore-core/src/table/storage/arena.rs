@@ -498,7 +498,8 @@ impl Arena {
         }
     }
 
-    /// Appends a row filled by `fill(weights, state)`, for a key whose slot
+    /// Appends a row filled by `fill(weights, state)` (zeros when it gets
+    /// them: [`Column::push`]), for a key whose slot
     /// is set after ([`Arena::set_slot`]: the row is filled before its key
     /// is published), and returns its index.
     #[inline]

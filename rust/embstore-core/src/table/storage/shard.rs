@@ -408,7 +408,9 @@ impl Shard {
         self.ix.find(&self.view.index, key, hash).map(|(_, r)| r)
     }
 
-    /// The row of `key`, created by `fill(weights, state)` when missing; `true` when created.
+    /// The row of `key`, created by `fill(weights, state)` when missing
+    /// (the row's weights and state are zeros when `fill` gets them);
+    /// `true` when created.
     #[inline]
     pub(crate) fn find_or_insert(
         &mut self,
