@@ -1,8 +1,7 @@
 """New rows come from zeroed memory: a row created where the arena's
 memory was never written needs no write of zeros (an optimizer state
-that starts at zero is left unwritten and its pages unmapped until a step
-writes them, as ``calloc`` leaves an array of zeros), and a row created
-where removed rows lay is zeroed first. Checked against a table that never
+that starts at zero is not written; a large insert maps its pages for
+writing), and a row created where removed rows lay is zeroed first. Checked against a table that never
 removed a row (the same seed gives a key the same first row), and by the
 resident memory of a child process."""
 
@@ -93,24 +92,22 @@ def rss():
 n, dim = 400_000, 64
 t = embstore.Table(dim, optimizer=optim.Adam(lr=0.01), num_shards=4)
 keys = np.arange(n, dtype=np.int64)
-before = rss()
 t.lookup(keys[:1000])
-out = t.lookup(keys)
+before = rss()
+out = t.lookup(keys[1000:])
 del out
 embstore.free_output_buffers()
-looked_up = rss() - before
-t.apply_gradients(keys, np.ones((n, dim), np.float32))
-stepped = rss() - before
-print(json.dumps({"looked_up": looked_up, "stepped": stepped, "weights": n * dim * 4,
-                  "state": n * 2 * dim * 4}))
+print(json.dumps({"looked_up": rss() - before, "weights": n * dim * 4, "state": n * 2 * dim * 4}))
 """
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/statm")
-def test_an_adam_tables_new_rows_leave_their_state_unmapped_until_a_step() -> None:
-    """Inserting 400,000 rows of dim 64 into an Adam table maps their
-    weights (102 MB) but not their zero state (205 MB); the first step
-    writes the state and maps it."""
+def test_an_inserts_unwritten_zero_state_is_mapped_for_writing() -> None:
+    """A large insert into an Adam table writes its rows' weights and not
+    their zero state, whose pages it maps for writing all the same (so that
+    a step's first read of the state does not map the shared zero page and
+    pay a copy on its write): resident memory grows by the weights and the
+    state (400,000 rows of dim 64: 102 and 205 MB)."""
     import json
 
     env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "131072"}
@@ -119,9 +116,4 @@ def test_an_adam_tables_new_rows_leave_their_state_unmapped_until_a_step() -> No
     )
     assert out.returncode == 0, out.stderr[-2000:]
     r = json.loads(out.stdout)
-    w, st = r["weights"], r["state"]
-    # Weights, tags and index (about 40 B a key), and nothing of the state.
-    assert r["looked_up"] < w + 0.5 * st, r
-    assert r["looked_up"] >= 0.9 * w, r
-    # The step maps the state.
-    assert r["stepped"] >= w + 0.9 * st, r
+    assert r["looked_up"] >= 0.95 * (r["weights"] + r["state"]), r

@@ -1,6 +1,5 @@
-"""Resident-memory growth of a table of N rows against its stats()["bytes"]
-(with an optimizer, each batch of new rows also takes a step, which writes
-their state). Prints JSON. Run as its own process (tests/test_policy_memory.py)."""
+"""Resident-memory growth of a table of N rows against its stats()["bytes"].
+Prints JSON. Run as its own process (tests/test_policy_memory.py)."""
 
 from __future__ import annotations
 
@@ -36,17 +35,10 @@ def main(n: int, dim: int, dtype: str, capacity: bool, adagrad: bool) -> None:
     base = np.arange(b, dtype=np.int64)
     keys = np.empty(b, np.int64)  # one key buffer, so that no batch allocates
 
-    grads = np.zeros((b, dim), np.float32) if adagrad else None
-
     def fill(t: embstore.Table, start: int) -> None:
         for i in range(start, start + n, b):
             np.add(base, i, out=keys)
-            m = min(b, start + n - i)
-            t.lookup(keys[:m])
-            if grads is not None:
-                # A step writes the new rows' state: an insert leaves a
-                # state that starts at zero unwritten (and unmapped).
-                t.apply_gradients(keys[:m], grads[:m])
+            t.lookup(keys[: min(b, start + n - i)])
 
     kwargs = dict(
         optimizer=optim.Adagrad(lr=0.1) if adagrad else None,
@@ -60,8 +52,6 @@ def main(n: int, dim: int, dtype: str, capacity: bool, adagrad: bool) -> None:
     np.remainder(base, 1000, out=keys)
     for _ in range(2):
         warm.lookup(keys)
-        if grads is not None:
-            warm.apply_gradients(keys, grads)
     gc.collect()
     t = embstore.Table(dim, **kwargs)  # type: ignore[arg-type]
     before = t.stats()["bytes"]

@@ -528,9 +528,8 @@ impl Table {
 
     /// [`Table::fill_new`] of a row the arena has just pushed, whose
     /// weights and state are zeros ([`Shard::find_or_insert`]): a state
-    /// that starts at zero is left as it is, so that a new row's state
-    /// pages are not touched (nor, when the row is at the arena's fresh
-    /// end, even mapped) until a step writes them.
+    /// that starts at zero is left as it is (an Adam row's 512 bytes of
+    /// state at dim 64 are not written again).
     #[inline]
     fn fill_pushed(&self, key: i64, w: &mut [f32], state: &mut [f32]) {
         self.new_rows().store(key, self.dim, w);

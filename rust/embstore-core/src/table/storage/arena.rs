@@ -23,6 +23,10 @@ const AHEAD_LEAST_BYTES: usize = 1 << 20;
 /// never writes (a table that stops growing) is at most this a shard.
 pub(crate) const AHEAD_MOST_BYTES: usize = 4 << 20;
 
+/// The least state an insert maps before its rows are created
+/// ([`Arena::map_state`]).
+const MAP_STATE_LEAST_BYTES: usize = 64 << 10;
+
 /// What an arena maps ahead is at most its rows over this.
 const AHEAD_SHARE: usize = 8;
 
@@ -341,8 +345,32 @@ impl Arena {
         while self.tags.len() <= last {
             self.add_segment()?;
         }
+        self.map_state(target);
         self.map_ahead(target);
         Ok(())
+    }
+
+    /// Maps for writing, now, the pages of the optimizer state of the rows
+    /// up to `target` that no earlier request mapped (from
+    /// [`MAP_STATE_LEAST_BYTES`] of them): a new row whose state starts at
+    /// zero is not written when it is created ([`Column::push`]), and a
+    /// step's first access to its state is a read, which would map the
+    /// shared zero page, whose copy on the step's write then costs a page
+    /// fault and a TLB flush on every core (a state page written first
+    /// costs a fault only). The weights are written as rows are created.
+    fn map_state(&mut self, target: usize) {
+        let from = self.populated.max(self.len);
+        if self.sl == 0 || target <= from || (target - from) * 4 * self.sl < MAP_STATE_LEAST_BYTES {
+            return;
+        }
+        let (first, _) = locate(from);
+        let (last, _) = locate(target - 1);
+        for k in first..=last {
+            let base = segment_start(k);
+            let o0 = from.max(base) - base;
+            let o1 = target.min(segment_start(k + 1)) - base;
+            self.state.populate_unwritten(k, o0, o1);
+        }
     }
 
     /// Asks for the pages of the rows after `target` (the rows up to which

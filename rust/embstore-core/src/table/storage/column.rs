@@ -14,10 +14,9 @@ use allocator_api2::boxed::Box;
 /// A segment is one zeroed block at its full size (from the OS, mapped on
 /// first touch, for 64 KiB and more: [`PageAlloc`]), and the column knows
 /// from where on its floats were never written: a row pushed there is
-/// zero without a write. A new row whose every float a caller writes, or
-/// whose state starts at zero, then maps only the pages its writes touch
-/// (an Adam table's new rows leave their state's pages unmapped until a
-/// step writes them, as `calloc` leaves an array of zeros).
+/// zero without a write, so a new row's optimizer state that starts at
+/// zero is not written at all (its pages are mapped for writing by the
+/// arena before a large insert: `Arena::map_state`).
 #[derive(Debug)]
 pub(crate) struct Column {
     stride: usize,
@@ -195,6 +194,20 @@ impl Column {
         }
         if upto >= seg.clean {
             seg.clean = seg.len;
+        }
+    }
+
+    /// Maps for writing the pages of rows `o0..o1` of segment `k` past
+    /// where it was ever written ([`populate`]: the contents stay zero).
+    ///
+    /// [`populate`]: crate::table::storage::pages::populate
+    pub(super) fn populate_unwritten(&mut self, k: usize, o0: usize, o1: usize) {
+        let seg = &self.segs[k];
+        let start = (seg.pad + o0 * self.stride).max(seg.clean);
+        let end = (seg.pad + o1 * self.stride).min(seg.floats.len());
+        if end > start {
+            let p = seg.floats[start..end].as_ptr() as usize;
+            crate::table::storage::pages::populate(p, p + 4 * (end - start));
         }
     }
 
