@@ -1,9 +1,10 @@
 """New rows come from zeroed memory: a row created where the arena's
 memory was never written needs no write of zeros (an optimizer state
 that starts at zero is not written; a large insert maps its pages for
-writing), and a row created where removed rows lay is zeroed first. Checked against a table that never
-removed a row (the same seed gives a key the same first row), and by the
-resident memory of a child process."""
+writing), and a row created where removed rows lay is zeroed first.
+Checked against a table that never removed a row (the same seed gives a
+key the same first row), and by the resident memory of a child
+process."""
 
 from __future__ import annotations
 

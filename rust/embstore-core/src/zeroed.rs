@@ -46,6 +46,18 @@ pub fn zeros_huge<T: Zeroable>(arg: &'static str, n: usize) -> crate::error::Res
     try_zeroed_huge(n).ok_or_else(|| crate::error::oom(arg, n.saturating_mul(size_of::<T>())))
 }
 
+/// [`with_room`] whose room asks for transparent huge pages (from 4 MiB:
+/// [`advise_huge`](crate::huge::advise_huge)), for a large work array
+/// written whole once per call, with nothing zeroed first.
+///
+/// # Errors
+/// `OutOfMemory` naming `arg` and the bytes asked for.
+pub fn with_room_huge<T>(arg: &'static str, n: usize) -> crate::error::Result<Vec<T>> {
+    let v = with_room::<T>(arg, n)?;
+    crate::huge::advise_huge(v.as_ptr().cast(), v.capacity() * size_of::<T>(), false);
+    Ok(v)
+}
+
 /// An empty vector with room for `n` values, or `OutOfMemory` naming `arg`.
 ///
 /// # Errors

@@ -11,8 +11,8 @@ use crate::table::storage::write;
 use crate::table::{Table, read};
 use crate::zeroed::zeros_huge;
 use rayon::iter::{
-    IndexedParallelIterator, IntoParallelIterator, IntoParallelRefIterator,
-    IntoParallelRefMutIterator, ParallelIterator,
+    IndexedParallelIterator, IntoParallelIterator, IntoParallelRefIterator, ParallelExtend,
+    ParallelIterator,
 };
 use rayon::prelude::ParallelSlice;
 
@@ -157,17 +157,12 @@ impl Table {
     /// `OutOfMemory` naming `keys` when its work arrays cannot be had.
     pub(crate) fn plan(&self, keys: &[i64]) -> Result<Plan> {
         let n_shards = self.shards.len();
-        let mut hashes = zeros_huge::<u64>("keys", keys.len())?;
+        let mut hashes = crate::zeroed::with_room_huge::<u64>("keys", keys.len())?;
         if keys.len() < 1 << 14 {
-            for (h, &k) in hashes.iter_mut().zip(keys) {
-                *h = key_hash(k);
-            }
+            hashes.extend(keys.iter().map(|&k| key_hash(k)));
         } else {
-            hashes
-                .par_iter_mut()
-                .zip(keys.par_iter())
-                .with_min_len(1 << 14)
-                .for_each(|(h, &k)| *h = key_hash(k));
+            // Room is made: collecting in parallel does not reallocate.
+            hashes.par_extend(keys.par_iter().with_min_len(1 << 14).map(|&k| key_hash(k)));
         }
         let (order, starts) = if keys.len() < PARALLEL_PLAN_KEYS {
             group_by_shard(&hashes, n_shards)?
