@@ -27,6 +27,16 @@ OPTIMIZERS = [
 ]
 
 
+def _create(t: embstore.Table, new: np.ndarray, create: str) -> None:
+    """Rows for keys ``new``, by a lookup, a step or an assign."""
+    if create == "lookup":
+        t.lookup(new)
+    elif create == "step":
+        t.apply_gradients(new, np.zeros((new.size, 8), np.float32))
+    else:
+        t.assign(new, np.full((new.size, 8), 0.5, np.float32))
+
+
 def _churned(opt: optim.Optimizer, create: str) -> tuple[embstore.Table, np.ndarray]:
     """A one-shard table whose rows were trained, then mostly removed (the
     removals move rows into the holes and leave written memory past the
@@ -39,12 +49,7 @@ def _churned(opt: optim.Optimizer, create: str) -> tuple[embstore.Table, np.ndar
         t.apply_gradients(old, rng.standard_normal((old.size, 8), dtype=np.float32))
     assert t.remove(old[rng.permutation(old.size)[:4_500]]) == 4_500
     new = np.arange(4_000, dtype=np.int64) * 7 + 100_000
-    if create == "lookup":
-        t.lookup(new)
-    elif create == "step":
-        t.apply_gradients(new, np.zeros((new.size, 8), np.float32))
-    else:
-        t.assign(new, np.full((new.size, 8), 0.5, np.float32))
+    _create(t, new, create)
     return t, new
 
 
@@ -59,12 +64,7 @@ def test_rows_created_over_removed_rows_hold_what_a_fresh_tables_rows_hold(
     # correction counts them), on a key of its own.
     for _ in range(3):
         fresh.apply_gradients([-1], np.zeros((1, 8), np.float32))
-    if create == "lookup":
-        fresh.lookup(new)
-    elif create == "step":
-        fresh.apply_gradients(new, np.zeros((new.size, 8), np.float32))
-    else:
-        fresh.assign(new, np.full((new.size, 8), 0.5, np.float32))
+    _create(fresh, new, create)
     rows, state = t.lookup_with_state(new, insert=False)
     want_rows, want_state = fresh.lookup_with_state(new, insert=False)
     np.testing.assert_array_equal(rows, want_rows)

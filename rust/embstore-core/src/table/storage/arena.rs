@@ -194,6 +194,21 @@ pub(super) fn segment_start(k: usize) -> usize {
     FIRST * ((1 << k) - 1)
 }
 
+/// Rows `from..to` (`from < to`) by segment: (segment, first offset,
+/// offset past the last) for each segment they lie in.
+fn spans(from: usize, to: usize) -> impl Iterator<Item = (usize, usize, usize)> {
+    let (first, _) = locate(from);
+    let (last, _) = locate(to - 1);
+    (first..=last).map(move |k| {
+        let base = segment_start(k);
+        (
+            k,
+            from.max(base) - base,
+            to.min(segment_start(k + 1)) - base,
+        )
+    })
+}
+
 use crate::table::storage::column::{Column, touch_spare};
 
 impl Arena {
@@ -363,12 +378,7 @@ impl Arena {
         if self.sl == 0 || target <= from || (target - from) * 4 * self.sl < MAP_STATE_LEAST_BYTES {
             return;
         }
-        let (first, _) = locate(from);
-        let (last, _) = locate(target - 1);
-        for k in first..=last {
-            let base = segment_start(k);
-            let o0 = from.max(base) - base;
-            let o1 = target.min(segment_start(k + 1)) - base;
+        for (k, o0, o1) in spans(from, target) {
             self.state.populate_unwritten(k, o0, o1);
         }
     }
@@ -407,12 +417,7 @@ impl Arena {
             return;
         }
         let mut ranges = Vec::new();
-        let (first, _) = locate(from);
-        let (last, _) = locate(to - 1);
-        for k in first..=last {
-            let base = segment_start(k);
-            let o0 = from.max(base) - base;
-            let o1 = to.min(segment_start(k + 1)) - base;
+        for (k, o0, o1) in spans(from, to) {
             ranges.push(self.weights.addresses(k, o0, o1));
             if self.sl > 0 {
                 ranges.push(self.state.addresses(k, o0, o1));
