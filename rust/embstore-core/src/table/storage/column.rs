@@ -36,6 +36,17 @@ pub(crate) struct Segment {
     clean: usize,
 }
 
+impl Segment {
+    /// Maps for writing the pages of floats `from..to` (within the block).
+    fn populate(&self, from: usize, to: usize) {
+        let to = to.min(self.floats.len());
+        if to > from {
+            let p = self.floats[from..to].as_ptr() as usize;
+            crate::table::storage::pages::populate(p, p + 4 * (to - from));
+        }
+    }
+}
+
 /// Floats in a cache line.
 const LINE_FLOATS: usize = 16;
 
@@ -185,13 +196,7 @@ impl Column {
         if written > seg.len {
             seg.floats[seg.len..written].fill(0.0);
         }
-        if upto > written {
-            let (start, end) = (
-                seg.floats[written..upto].as_ptr_range().start,
-                4 * (upto - written),
-            );
-            crate::table::storage::pages::populate(start as usize, start as usize + end);
-        }
+        seg.populate(written, upto);
         if upto >= seg.clean {
             seg.clean = seg.len;
         }
@@ -201,14 +206,12 @@ impl Column {
     /// where it was ever written ([`populate`]: the contents stay zero).
     ///
     /// [`populate`]: crate::table::storage::pages::populate
-    pub(super) fn populate_unwritten(&mut self, k: usize, o0: usize, o1: usize) {
+    pub(super) fn populate_unwritten(&self, k: usize, o0: usize, o1: usize) {
         let seg = &self.segs[k];
-        let start = (seg.pad + o0 * self.stride).max(seg.clean);
-        let end = (seg.pad + o1 * self.stride).min(seg.floats.len());
-        if end > start {
-            let p = seg.floats[start..end].as_ptr() as usize;
-            crate::table::storage::pages::populate(p, p + 4 * (end - start));
-        }
+        seg.populate(
+            (seg.pad + o0 * self.stride).max(seg.clean),
+            seg.pad + o1 * self.stride,
+        );
     }
 
     /// Copies row `from` (segment, offset) over row `to`, which comes
