@@ -56,8 +56,6 @@ impl Default for Initializer {
 
 const INV_2_24: f64 = 1.0 / (1u64 << 24) as f64;
 
-/// The largest float32 below `high`, and no lower than `low` rounded
-/// (`low < high`): the top of a uniform draw in `[low, high)`.
 /// The least float32 whose value is at least `high`.
 fn least_at(high: f64) -> f32 {
     let h = high as f32;
@@ -66,6 +64,8 @@ fn least_at(high: f64) -> f32 {
     if f64::from(h) >= high { h } else { h.next_up() }
 }
 
+/// The largest float32 below `high`, and no lower than `low` rounded
+/// (`low < high`): the top of a uniform draw in `[low, high)`.
 fn below(high: f64, low: f64) -> f32 {
     let h = high as f32;
     let top = if f64::from(h) >= high {
