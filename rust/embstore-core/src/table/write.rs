@@ -81,10 +81,18 @@ impl Table {
         Self::check_batch(keys)?;
         let (dim, sl) = (self.dim, self.state_len);
         check_len("values", keys.len() * dim, values.len())?;
-        check_finite("values", values)?;
-        self.policy.format.check_fits("values", values)?;
         if let Some(st) = state {
             check_len("state", keys.len() * sl, st.len())?;
+        }
+        // One scan of the values finds both the magnitudes the insert
+        // raises the bounds by and any NaN or inf (a non-finite largest
+        // magnitude; `check_finite` then names the first).
+        let m = Magnitudes::of(self.optimizer.as_ref(), dim, values, state.unwrap_or(&[]));
+        if !m.w.is_finite() {
+            check_finite("values", values)?;
+        }
+        self.policy.format.check_fits("values", values)?;
+        if let Some(st) = state {
             check_finite("state", st)?;
             if let Some(opt) = &self.optimizer {
                 opt.check_state("state", dim, st)?;
@@ -93,7 +101,7 @@ impl Table {
         let _cold = self.cold_enter(keys)?;
         let _gate = self.enter();
         let save_gen = save_gen.unwrap_or_else(|| self.generation());
-        self.assign_in(keys, values, stored, state, meta, save_gen, None)?;
+        self.assign_in(keys, values, stored, state, meta, save_gen, Some(m))?;
         if let Some(c) = clock {
             self.set_clock(self.clock().max(c));
         }

@@ -67,6 +67,7 @@ impl Table {
                 return Some(0);
             }
             let mut g = write(lock);
+            g.prefetch_homes(&plan.hashes, pos);
             let n = if g.has_room(pos.len()) {
                 pos.len()
             } else if let Some(n) = found.and_then(|f| f.absent(s, &g, pos.len())) {
