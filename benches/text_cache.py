@@ -4,7 +4,7 @@ against a dict of NumPy rows and NumPy writing the same bytes into a fresh
 array, each case in a fresh process, the cases in turn:
 
     python benches/text_cache.py [--rows 400000] [--batches 1,64,1024] [--rounds 3]
-        [--baseline DIR]
+        [--baseline DIR] [--no-full]
 
 A case inserts ``--rows`` new keys in calls of ``batch`` rows: embstore by
 ``Table.assign``, the dict by ``d[key] = row.copy()`` for each row, NumPy by
@@ -13,6 +13,11 @@ speed: what the kernel's fresh pages and a copy cost). Prints the median
 rows/s of each and embstore's ratio to the dict's (each case after a
 process that touched and freed 1.25x its bytes: see ``prime``); ``--baseline DIR`` adds
 another embstore install (its directory on ``PYTHONPATH``) in the same turns.
+Then the same inserts into a full cache (``--no-full`` leaves them out): a
+quarter of the rows fit (embstore's ``capacity_bytes`` of that many rows'
+cost, LRU), so three inserts in four evict the least recently used row;
+the peer an ``OrderedDict`` used as an LRU cache (``popitem(last=False)``
+past the same count).
 OpenBLAS threads are held to one (NumPy's idle BLAS thread otherwise spins on
 a core of two).
 """
@@ -39,22 +44,32 @@ CHILD = textwrap.dedent(
     rng = np.random.default_rng(0)
     keys = rng.integers(0, 2**62, rows, dtype=np.int64)
     src = rng.standard_normal((batch, dim), dtype=np.float32)
-    if mode == "embstore":
+    full = mode.endswith("-full")
+    fits = rows // 4 if full else rows
+    if mode.startswith("embstore"):
         import embstore
 
-        t = embstore.Table(dim, capacity_bytes=64 << 30, ttl_seconds=3600)
+        kw = {"capacity_bytes": 64 << 30}
+        if full:
+            cost = embstore.Table(dim, ttl_seconds=3600, eviction="lru").stats()["row_cost"]
+            kw = {"capacity_bytes": fits * cost, "eviction": "lru"}
+        t = embstore.Table(dim, ttl_seconds=3600, **kw)
         t0 = time.perf_counter()
         for s in range(0, rows, batch):
             k = keys[s : s + batch]
             t.assign(k, src[: len(k)])
         dt = time.perf_counter() - t0
-        assert len(t) == rows, len(t)
-    elif mode == "dict":
-        d = {}
+        assert len(t) <= fits and len(t) >= fits * 0.99, (len(t), fits)
+    elif mode.startswith("dict"):
+        from collections import OrderedDict
+
+        d = OrderedDict() if full else {}
         t0 = time.perf_counter()
         for s in range(0, rows, batch):
             for k, r in zip(keys[s : s + batch].tolist(), src):
                 d[k] = r.copy()
+                if full and len(d) > fits:
+                    d.popitem(last=False)
         dt = time.perf_counter() - t0
     else:
         t0 = time.perf_counter()
@@ -104,34 +119,50 @@ def main() -> None:
     ap.add_argument("--batches", default="1,64,1024")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--baseline", help="directory holding another embstore")
+    ap.add_argument("--no-full", action="store_true", help="leave out the full caches")
     args = ap.parse_args()
     cases: dict[str, str | None] = {"embstore": None}
     if args.baseline:
         cases["baseline"] = args.baseline
     cases.update({"dict": None, "numpy": None})
+    full: dict[str, str | None] = {"embstore-full": None}
+    if args.baseline:
+        full["baseline-full"] = args.baseline
+    full["dict-full"] = None
     m = machine_facts()
     print(
         f"{m['cpu']}, {m['cores']} cores, SIMD {m['simd']}, THP {m['thp']}; "
         f"{args.rows:,} new rows of dim 768 a case, {args.rounds} rounds",
         flush=True,
     )
-    for batch in (int(b) for b in args.batches.split(",")):
-        got: dict[str, list[float]] = {c: [] for c in cases}
-        for r in range(args.rounds):
-            order = list(cases) if r % 2 == 0 else list(reversed(cases))
-            for c in order:
-                mode = "embstore" if c == "baseline" else c
-                prime(args.rows * 768 * 4 * 5 // 4)
-                got[c].append(child(mode, args.rows, batch, cases[c]))
-        med = {c: statistics.median(v) for c, v in got.items()}
-        line = ", ".join(
-            f"{c} {med[c] / 1e6:.3f}M ({' / '.join(f'{x / 1e6:.2f}' for x in got[c])})"
-            for c in cases
-        )
-        ratios = ", ".join(
-            f"{c}/dict {med[c] / med['dict']:.2f}x" for c in cases if c not in ("dict",)
-        )
-        print(f"batch {batch}: rows/s {line}; {ratios}", flush=True)
+    batches = [int(b) for b in args.batches.split(",")]
+    for kind, group in [("", cases)] + ([] if args.no_full else [("full cache, ", full)]):
+        peer = "dict-full" if kind else "dict"
+        for batch in batches:
+            got = run_cases(group, args.rows, batch, args.rounds)
+            med = {c: statistics.median(v) for c, v in got.items()}
+            line = ", ".join(
+                f"{c} {med[c] / 1e6:.3f}M ({' / '.join(f'{x / 1e6:.2f}' for x in got[c])})"
+                for c in group
+            )
+            ratios = ", ".join(f"{c}/{peer} {med[c] / med[peer]:.2f}x" for c in group if c != peer)
+            print(f"{kind}batch {batch}: rows/s {line}; {ratios}", flush=True)
+
+
+def run_cases(
+    group: dict[str, str | None], rows: int, batch: int, rounds: int
+) -> dict[str, list[float]]:
+    """Rows/s of each case in ``group`` (name: its PYTHONPATH), ``rounds``
+    fresh processes each, the cases in turn (the order reversed every other
+    round)."""
+    got: dict[str, list[float]] = {c: [] for c in group}
+    for r in range(rounds):
+        order = list(group) if r % 2 == 0 else list(reversed(group))
+        for c in order:
+            mode = c.replace("baseline", "embstore")
+            prime(rows * 768 * 4 * 5 // 4)
+            got[c].append(child(mode, rows, batch, group[c]))
+    return got
 
 
 if __name__ == "__main__":

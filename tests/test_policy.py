@@ -217,6 +217,63 @@ def test_policies_match_a_dict_model(
         check(table, model)
 
 
+@pytest.mark.parametrize("eviction", ["lfu", "lru"])
+@pytest.mark.parametrize("num_shards", [1, 4])
+def test_evictions_from_the_rows_a_scan_kept_match_the_dict_model(
+    eviction: str, num_shards: int
+) -> None:
+    """A full table evicts from the lowest rows its last scan kept (a 16th
+    of the table) until they run out: with inserts of one new key a call,
+    touches that raise kept rows' scores (repeated keys, lookups of held
+    keys), and phases where every row is touched twice (under LFU, new rows
+    then score below the rows kept), each call evicts what the model's
+    sort of every row does."""
+    capacity = 640
+    kwargs = dict(optimizer=optim.SGD(lr=LR), initializer=init.Normal(0.0, 1.0), seed=3)
+    table = embstore.Table(
+        DIM, num_shards=num_shards, capacity=capacity, eviction=eviction, **kwargs  # type: ignore[arg-type]
+    )
+    model = Model(embstore.Table(DIM, **kwargs), None, None, capacity, eviction)  # type: ignore[arg-type]
+    rng = np.random.default_rng(11)
+    next_key = 0
+
+    def new_keys(n: int) -> list[int]:
+        nonlocal next_key
+        next_key += n
+        return list(range(next_key - n, next_key))
+
+    def held(n: int) -> list[int]:
+        return [int(k) for k in rng.choice(sorted(model.rows), n)]
+
+    fill = new_keys(capacity)
+    v = np.ones((capacity, DIM), np.float32)
+    table.assign(fill, v)
+    model.assign(fill, v)
+    for i in range(1500):
+        r = rng.random()
+        if i % 500 == 250:
+            # Every row touched twice.
+            ks = sorted(model.rows) * 2
+            table.lookup(ks, insert=False)
+            model.lookup(ks, False)
+        elif r < 0.6:
+            ks = new_keys(1)
+            v = rng.integers(-4, 5, (1, DIM)).astype(np.float32)
+            table.assign(ks, v)
+            model.assign(ks, v)
+        elif r < 0.8:
+            ks = held(3) + new_keys(1)
+            table.lookup(ks, insert=True)
+            model.lookup(ks, True)
+        else:
+            ks = held(2) * 2 + new_keys(2)
+            g = rng.integers(-4, 5, (len(ks), DIM)).astype(np.float32) / 4
+            table.apply_gradients(ks, g)
+            model.apply(ks, g)
+        assert table.export()[0].tolist() == sorted(model.rows), f"after call {i}"
+    check(table, model)
+
+
 def test_evict_returns_rows_for_archiving() -> None:
     t = embstore.Table(4, optimizer=optim.SGD(lr=1.0), ttl_steps=2)
     t.apply_gradients([1, 2, 3], np.ones((3, 4), np.float32))

@@ -168,6 +168,38 @@ def test_policies_under_concurrent_calls_keep_their_bounds(tmp_path) -> None:  #
     assert len(loaded) <= cap
 
 
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("eviction", ["lfu", "lru"])
+def test_a_full_cache_evicting_a_row_a_call_from_many_threads(eviction: str) -> None:
+    """One- and few-row inserts from 4 threads into a full cache, which
+    evicts from the rows its last scan kept (`table::lowest`) while other
+    threads touch, remove and evict: no error, no deadlock, capacity held,
+    and every insert either held or counted evicted."""
+    cap = 2_000
+    table = embstore.Table(8, capacity=cap, eviction=eviction)
+    table.assign(np.arange(cap), np.ones((cap, 8), np.float32))
+    removed: list[int] = []
+
+    def worker(seed: int) -> None:
+        rng = np.random.default_rng(seed)
+        for i in range(1_500):
+            key = 1_000_000 * (seed + 1) + i
+            table.assign([key], np.full((1, 8), seed, np.float32))
+            table.lookup(rng.integers(0, 1_000_000 * 5, 3), insert=i % 2 == 0)
+            if i % 100 == seed:
+                removed.append(table.remove(rng.integers(0, cap, 20)))
+            if i % 250 == seed:
+                table.evict()
+
+    errors = run_concurrently(*(functools.partial(worker, s) for s in range(4)))
+    assert not errors, errors
+    assert len(table) <= cap
+    s = table.stats()
+    assert s["rows"] == len(table)
+    assert s["inserts"] - s["evicted"] - sum(removed) == len(table)
+    assert s["evicted"] > 4_000
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_export_while_reserve_runs_does_not_hang() -> None:

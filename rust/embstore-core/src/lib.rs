@@ -104,7 +104,9 @@
 //!    only tried each (in index order, after trying its gate): it never
 //!    waits.
 //! 8. Leaf locks, never held while taking another or running parallel work:
-//!    the memo, the save marks (with the removal-log pins of saves in
+//!    the memo, the rows a capacity eviction takes next (`table::lowest`:
+//!    held to take or put them back, not while it reads the shards), the
+//!    save marks (with the removal-log pins of saves in
 //!    flight), the per-shard slots of `FoundRows`, a disk table's
 //!    prefetched keys, its last error and its finished compaction jobs,
 //!    the chunks of a disk read, the read buffers kept between a

@@ -22,6 +22,7 @@ pub(crate) mod cold;
 pub(crate) mod compaction;
 mod config;
 pub(crate) mod counters;
+mod lowest;
 mod policy;
 pub(crate) mod read;
 pub(crate) mod step;
@@ -95,6 +96,8 @@ pub struct Table {
     last_save: crate::format::manifest::LastSave,
     /// The last lookup's rows, for the gradient call that follows it.
     memo: std::sync::Mutex<Option<Memo>>,
+    /// The rows a capacity eviction takes next (`lowest`).
+    lowest: std::sync::Mutex<Option<lowest::Lowest>>,
     /// Bounds on the magnitudes the rows hold (see `bounds`).
     bounds: Bounds,
     /// A disk table's disk tier (`cold`); dropped after the shards.
@@ -121,7 +124,8 @@ pub struct Stats {
     pub sketch_bytes: usize,
     /// Of `bytes`, the key indexes' allocations (the rest besides the
     /// next two: each row's tag, policy metadata, the sketch, the last
-    /// lookup's plan kept for its backward, the table itself).
+    /// lookup's plan kept for its backward, the rows a capacity eviction
+    /// takes next, the table itself).
     pub index_bytes: usize,
     /// Of `bytes`, the rows' weights as stored (for 16- and 8-bit rows,
     /// their bytes, scale and offset included).
@@ -250,6 +254,7 @@ impl Table {
             generation: AtomicU32::new(1),
             last_save: std::sync::Mutex::default(),
             memo: std::sync::Mutex::new(None),
+            lowest: std::sync::Mutex::new(None),
             bounds: Bounds::new(Magnitudes::initial(
                 cfg.optimizer.as_ref(),
                 cfg.initializer.max_abs(),
@@ -466,7 +471,7 @@ impl Table {
             .unwrap_or_else(PoisonError::into_inner)
             .as_ref()
             .map_or(0, Memo::bytes);
-        (len, fixed + shards + memo)
+        (len, fixed + shards + memo + self.lowest_bytes())
     }
 
     /// Rows, bytes and per-shard rows.
@@ -492,6 +497,7 @@ impl Table {
             .unwrap_or_else(PoisonError::into_inner)
             .as_ref()
             .map_or(0, Memo::bytes);
+        bytes += self.lowest_bytes();
         Stats {
             rows: shard_rows.iter().sum(),
             bytes,

@@ -3,6 +3,7 @@
 use crate::policy::Meta;
 use crate::table::batch::output::{SharedBools, SharedOut};
 use crate::table::counters::Counters;
+use crate::table::lowest::Score;
 use crate::table::{Table, read};
 use rayon::iter::{IntoParallelRefIterator, ParallelIterator};
 
@@ -50,14 +51,20 @@ impl Table {
     /// and, with `with_rows`, their weights (in no particular order).
     pub(crate) fn evict_lowest(&self, k: usize, with_rows: bool) -> (Vec<i64>, Vec<f32>) {
         let ev = self.policy.eviction;
-        let smallest = |v: &mut Vec<(u64, u64, i64)>| {
-            if v.len() > k {
-                v.select_nth_unstable(k);
-                v.truncate(k);
+        self.count_queued_reads();
+        if let Some(keys) = self.lowest_kept(k) {
+            return self.remove_evicted(&keys, with_rows);
+        }
+        // The scan keeps the next lowest rows past the `k` it evicts, for
+        // the evictions after it (`table::lowest`).
+        let keep = k.saturating_add(self.lowest_to_keep(self.len(), k));
+        let smallest = |v: &mut Vec<Score>| {
+            if v.len() > keep {
+                v.select_nth_unstable(keep);
+                v.truncate(keep);
             }
         };
-        self.count_queued_reads();
-        let mut cands: Vec<(u64, u64, i64)> = self
+        let mut cands: Vec<Score> = self
             .shards
             .par_iter()
             .flat_map_iter(|lock| {
@@ -75,7 +82,11 @@ impl Table {
             })
             .collect();
         smallest(&mut cands);
-        let keys: Vec<i64> = cands.iter().map(|c| c.2).collect();
+        if keep > k {
+            cands.sort_unstable();
+            self.keep_lowest(cands.get(k..).unwrap_or_default());
+        }
+        let keys: Vec<i64> = cands.iter().take(k).map(|c| c.2).collect();
         self.remove_evicted(&keys, with_rows)
     }
 

@@ -132,6 +132,11 @@ impl Table {
         }
         let plan = self.plan(keys)?;
         let reserved = self.reserve_plan(&plan, keys, None, false, "keys")?;
+        if meta.is_some() {
+            // Metadata set directly may score below the rows kept for
+            // eviction (`table::lowest`).
+            self.forget_lowest();
+        }
         // What this writes, in the bounds every step's non-finite check
         // starts from (raised before the rows change: a bound may only be
         // too high, never too low). 16-bit rows round by at most 2^-8.
