@@ -231,7 +231,11 @@ def test_evictions_from_the_rows_a_scan_kept_match_the_dict_model(
     capacity = 640
     kwargs = dict(optimizer=optim.SGD(lr=LR), initializer=init.Normal(0.0, 1.0), seed=3)
     table = embstore.Table(
-        DIM, num_shards=num_shards, capacity=capacity, eviction=eviction, **kwargs  # type: ignore[arg-type]
+        DIM,
+        num_shards=num_shards,
+        capacity=capacity,
+        eviction=eviction,
+        **kwargs,  # type: ignore[arg-type]
     )
     model = Model(embstore.Table(DIM, **kwargs), None, None, capacity, eviction)  # type: ignore[arg-type]
     rng = np.random.default_rng(11)
