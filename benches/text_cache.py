@@ -4,7 +4,7 @@ against a dict of NumPy rows and NumPy writing the same bytes into a fresh
 array, each case in a fresh process, the cases in turn:
 
     python benches/text_cache.py [--rows 400000] [--batches 1,64,1024] [--rounds 3]
-        [--baseline DIR] [--no-full]
+        [--baseline DIR] [--no-full | --full-only]
 
 A case inserts ``--rows`` new keys in calls of ``batch`` rows: embstore by
 ``Table.assign``, the dict by ``d[key] = row.copy()`` for each row, NumPy by
@@ -17,7 +17,7 @@ Then the same inserts into a full cache (``--no-full`` leaves them out): a
 quarter of the rows fit (embstore's ``capacity_bytes`` of that many rows'
 cost, LRU), so three inserts in four evict the least recently used row;
 the peer an ``OrderedDict`` used as an LRU cache (``popitem(last=False)``
-past the same count).
+past the same count); ``--full-only`` runs these alone.
 OpenBLAS threads are held to one (NumPy's idle BLAS thread otherwise spins on
 a core of two).
 """
@@ -120,6 +120,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--baseline", help="directory holding another embstore")
     ap.add_argument("--no-full", action="store_true", help="leave out the full caches")
+    ap.add_argument("--full-only", action="store_true", help="the full caches alone")
     args = ap.parse_args()
     cases: dict[str, str | None] = {"embstore": None}
     if args.baseline:
@@ -136,7 +137,10 @@ def main() -> None:
         flush=True,
     )
     batches = [int(b) for b in args.batches.split(",")]
-    for kind, group in [("", cases)] + ([] if args.no_full else [("full cache, ", full)]):
+    groups = [] if args.full_only else [("", cases)]
+    if not args.no_full:
+        groups.append(("full cache, ", full))
+    for kind, group in groups:
         peer = "dict-full" if kind else "dict"
         for batch in batches:
             got = run_cases(group, args.rows, batch, args.rounds)

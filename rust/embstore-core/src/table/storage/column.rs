@@ -157,12 +157,15 @@ impl Column {
         row
     }
 
-    /// Appends row `src` (`stride` floats) to segment `k`: copied in, where
+    /// Appends row `src` (`stride` floats) to segment `k`: copied in
+    /// (streamed past the cache where large: [`copy_streaming`]), where
     /// [`Column::push`] zeroes a row for its caller to write.
+    ///
+    /// [`copy_streaming`]: crate::simd::copy_streaming
     #[inline]
     pub(super) fn push_copy(&mut self, k: usize, src: &[f32]) {
         assert_eq!(src.len(), self.stride, "a row is `stride` floats");
-        self.take_row(k).0.copy_from_slice(src);
+        crate::simd::copy_streaming(self.take_row(k).0, src);
     }
 
     /// The byte addresses of rows `o0..o1` of segment `k` (within its
