@@ -8,7 +8,7 @@ use crate::table::batch::plan::sequential_writes;
 use crate::table::checks::{check_finite, check_len};
 use crate::table::counters::Counters;
 use crate::table::step::bounds::Magnitudes;
-use crate::table::storage::{pages, write};
+use crate::table::storage::{Shard, pages, write};
 use crate::table::{Table, read};
 use rayon::iter::{IntoParallelRefIterator, ParallelIterator};
 
@@ -131,7 +131,23 @@ impl Table {
             check_len("rows", keys.len() * ww, sw.len())?;
         }
         let plan = self.plan(keys)?;
-        let reserved = self.reserve_plan(&plan, keys, None, false, "keys")?;
+        let sequential = sequential_writes(4 * (ww + sl));
+        // A call that runs here on one shard (a one-row call) holds its
+        // write lock once, for the reservation and the writes.
+        let mut held = None;
+        let reserved = match plan.one_shard().filter(|_| keys.len() <= sequential) {
+            Some(s) => {
+                let mut g = write(&self.shards[s]);
+                let n = self
+                    .reserve_shard(&mut g, s, &plan, keys, None, false)
+                    .ok_or_else(|| self.refuse_rows("keys", keys.len()))?;
+                held = Some((s, g));
+                let mut r = vec![0; self.shards.len()];
+                r[s] = n;
+                r
+            }
+            None => self.reserve_plan(&plan, keys, None, false, "keys")?,
+        };
         if meta.is_some() {
             // Metadata set directly may score below the rows kept for
             // eviction (`table::lowest`).
@@ -152,10 +168,9 @@ impl Table {
         } else {
             (0, 0)
         };
-        let sequential = sequential_writes(4 * (ww + sl));
         // Float32 rows are stored as given.
         let copy_rows = self.policy.format == RowFormat::F32 && ww == dim;
-        self.par_shards_mut_below(&plan, sequential, |g, pos| {
+        let write_shard = |g: &mut Shard, pos: &[u32]| {
             let len0 = g.len();
             for (j, &i) in pos.iter().enumerate() {
                 g.prefetch_ahead(&plan.hashes, pos, j);
@@ -217,7 +232,15 @@ impl Table {
             }
             g.release_pending(reserved[shard_of(plan.hashes[pos[0] as usize], n)]);
             0
-        });
+        };
+        match held {
+            Some((s, mut g)) => {
+                write_shard(&mut g, plan.positions(s));
+            }
+            None => {
+                self.par_shards_mut_below(&plan, sequential, write_shard);
+            }
+        }
         Ok(())
     }
 

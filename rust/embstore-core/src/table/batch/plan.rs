@@ -30,6 +30,13 @@ impl Plan {
     pub(crate) fn positions(&self, s: usize) -> &[u32] {
         &self.order[self.starts[s]..self.starts[s + 1]]
     }
+
+    /// The shard that owns every key, where one does (and there are keys).
+    pub(crate) fn one_shard(&self) -> Option<usize> {
+        let h = *self.hashes.first()?;
+        let s = shard_of(h, self.starts.len() - 1);
+        (self.positions(s).len() == self.hashes.len()).then_some(s)
+    }
 }
 
 /// Batches of at most this many keys run their shard passes (lookups,

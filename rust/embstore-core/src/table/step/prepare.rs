@@ -66,27 +66,7 @@ impl Table {
             if pos.is_empty() {
                 return Some(0);
             }
-            let mut g = write(lock);
-            g.prefetch_homes(&plan.hashes, pos);
-            let n = if g.has_room(pos.len()) {
-                pos.len()
-            } else if let Some(n) = found.and_then(|f| f.absent(s, &g, pos.len())) {
-                n
-            } else {
-                let mut rows = Vec::new();
-                g.find_many(keys, &plan.hashes, pos, &mut rows);
-                let missing = if admits {
-                    self.admissible(&g, keys, pos, &rows)
-                } else {
-                    rows.iter().filter(|&&x| x == NO_ROW).count()
-                };
-                if let Some(f) = found {
-                    f.put(s, &g, rows);
-                }
-                missing
-            };
-            g.reserve_pending(n).ok()?;
-            Some(n)
+            self.reserve_shard(&mut write(lock), s, plan, keys, found, admits)
         };
         let done: Vec<Option<usize>> = if plan.hashes.len() < SMALL_BATCH {
             self.shards.iter().enumerate().map(one).collect()
@@ -100,6 +80,41 @@ impl Table {
         let counts: Reserved = done.into_iter().map(Option::unwrap_or_default).collect();
         self.release_plan(&counts);
         Err(self.refuse_rows(arg, plan.hashes.len()))
+    }
+
+    /// [`Table::reserve_plan`]'s work in shard `s` (`g`, write-locked, the
+    /// plan's positions there not empty): the rows reserved, or `None`
+    /// when the memory for them is not there (nothing reserved then).
+    pub(crate) fn reserve_shard(
+        &self,
+        g: &mut Shard,
+        s: usize,
+        plan: &Plan,
+        keys: &[i64],
+        found: Option<&FoundRows>,
+        admits: bool,
+    ) -> Option<usize> {
+        let pos = plan.positions(s);
+        g.prefetch_homes(&plan.hashes, pos);
+        let n = if g.has_room(pos.len()) {
+            pos.len()
+        } else if let Some(n) = found.and_then(|f| f.absent(s, g, pos.len())) {
+            n
+        } else {
+            let mut rows = Vec::new();
+            g.find_many(keys, &plan.hashes, pos, &mut rows);
+            let missing = if admits {
+                self.admissible(g, keys, pos, &rows)
+            } else {
+                rows.iter().filter(|&&x| x == NO_ROW).count()
+            };
+            if let Some(f) = found {
+                f.put(s, g, rows);
+            }
+            missing
+        };
+        g.reserve_pending(n).ok()?;
+        Some(n)
     }
 
     /// The error of a call of `n` keys (`arg`) refused for want of memory
