@@ -223,6 +223,48 @@ mod tests {
         Table::new(cfg).unwrap()
     }
 
+    /// The counts a capacity check reads without locks, as each shard's
+    /// last writer published them, equal `stats()`'s (taken under the
+    /// locks) after every kind of call that changes rows or memory.
+    #[test]
+    fn published_counts_follow_every_write() {
+        let t = table(Some(300), None);
+        let same = |what: &str| {
+            let s = t.stats();
+            assert_eq!(t.len_and_bytes(), (s.rows, s.bytes), "after {what}");
+        };
+        same("nothing");
+        let keys: Vec<i64> = (0..200).collect();
+        t.assign(&keys, &vec![1.0; 400]).unwrap();
+        same("assign");
+        t.assign(&[7], &[2.0, 2.0]).unwrap();
+        same("a one-row assign");
+        let mut out = vec![0.0; 2 * 150];
+        let more: Vec<i64> = (150..300).collect();
+        t.lookup(&more, true, &mut out).unwrap();
+        same("a lookup that inserts");
+        t.lookup(&[1000, 1001], true, &mut out[..4]).unwrap();
+        same("a small lookup that inserts");
+        let grads = vec![0.5; 2 * 100];
+        let new: Vec<i64> = (400..500).collect();
+        t.apply_gradients(&new, &grads).unwrap();
+        same("a step that creates rows and evicts");
+        t.remove(&[400, 401, 5]).unwrap();
+        same("remove");
+        t.reserve_rows(1000).unwrap();
+        same("reserve");
+        t.evict(false);
+        same("evict");
+        // A small insert that only tries the locks (a table that tracks
+        // no touches).
+        let u = table(None, None);
+        let mut out = [0.0; 4];
+        let got = u.try_lookup_now(&[1, 2], true, crate::table::Missing::Init, &mut out);
+        assert!(matches!(got, Some(Ok(()))));
+        let s = u.stats();
+        assert_eq!((s.rows, u.len_and_bytes()), (2, (s.rows, s.bytes)));
+    }
+
     #[test]
     fn stats_bytes_never_exceed_capacity_bytes() {
         // At 7e7142d a 64 MiB budget of 768-wide Adagrad rows held 0.2% more

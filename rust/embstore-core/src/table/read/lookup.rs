@@ -14,8 +14,8 @@ use crate::table::batch::plan::{
 use crate::table::checks::check_len;
 use crate::table::counters::Counters;
 use crate::table::storage::shard::Shard;
-use crate::table::storage::try_lock;
 use crate::table::storage::view::{Probed, copy_racy, racy};
+use crate::table::storage::{try_lock, try_write};
 use crate::table::{Missing, NO_ROW, Table};
 
 thread_local! {
@@ -173,7 +173,7 @@ impl Table {
         let mut held = Vec::with_capacity(self.shards.len().min(keys.len()));
         for (s, lock) in self.shards.iter().enumerate() {
             if !plan.positions(s).is_empty() {
-                held.push((s, try_lock(lock.try_write())?));
+                held.push((s, try_write(lock)?));
             }
         }
         // Every shard's rows, and room for the absent ones, before any row

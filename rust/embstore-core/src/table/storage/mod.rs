@@ -39,8 +39,40 @@ pub(crate) fn try_lock<G>(r: std::sync::TryLockResult<G>) -> Option<G> {
 /// A shard's write lock (a poisoned lock is taken as the others are), with
 /// the serving reads queued while it was taken counted first
 /// ([`Shard::count_reads`]), so that whoever holds it sees every touch.
-pub(crate) fn write(lock: &RwLock<Shard>) -> RwLockWriteGuard<'_, Shard> {
+pub(crate) fn write(lock: &RwLock<Shard>) -> ShardWrite<'_> {
     let mut g = lock.write().unwrap_or_else(PoisonError::into_inner);
     g.count_reads();
-    g
+    ShardWrite(g)
+}
+
+/// A shard's write lock if it was free (`None` instead of waiting; a
+/// poisoned lock is taken as the others are).
+pub(crate) fn try_write(lock: &RwLock<Shard>) -> Option<ShardWrite<'_>> {
+    try_lock(lock.try_write()).map(ShardWrite)
+}
+
+/// A shard's write lock, held: every write to a shard is made through
+/// one, and its release publishes the shard's rows and bytes for the
+/// capacity check ([`Shard::publish_counts`]).
+pub(crate) struct ShardWrite<'a>(RwLockWriteGuard<'a, Shard>);
+
+impl std::ops::Deref for ShardWrite<'_> {
+    type Target = Shard;
+    #[inline(always)]
+    fn deref(&self) -> &Shard {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for ShardWrite<'_> {
+    #[inline(always)]
+    fn deref_mut(&mut self) -> &mut Shard {
+        &mut self.0
+    }
+}
+
+impl Drop for ShardWrite<'_> {
+    fn drop(&mut self) {
+        self.0.publish_counts();
+    }
 }

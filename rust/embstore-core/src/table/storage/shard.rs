@@ -131,13 +131,14 @@ impl Shard {
     /// admission sketch if given.
     pub(crate) fn new(ww: usize, sl: usize, track: bool, sketch: Option<Sketch>) -> Self {
         let arena = Arena::new(ww, sl, track);
-        Shard {
+        let s = Shard {
             view: Arc::new(View {
                 index: Index::default(),
                 segs: arena.view(),
                 counters: Counters::default(),
                 reads: SegQueue::new(),
                 queued: AtomicUsize::new(0),
+                counted: Default::default(),
             }),
             ix: index::Writer::default(),
             removed: RemovalLog::default(),
@@ -147,7 +148,17 @@ impl Shard {
             removals: 0,
             pending: 0,
             cold: None,
-        }
+        };
+        s.publish_counts();
+        s
+    }
+
+    /// Publishes the shard's rows and bytes for lock-free readers
+    /// ([`View::counted`]); the holder of the write lock calls it.
+    pub(crate) fn publish_counts(&self) {
+        let c = &self.view.counted;
+        c[0].store(self.len() + self.cold_len(), Ordering::Release);
+        c[1].store(self.bytes(), Ordering::Release);
     }
 
     /// Counts the serving reads queued on this shard ([`View::reads`]) as

@@ -72,6 +72,11 @@ pub(crate) struct View {
     pub(crate) reads: SegQueue<Reads>,
     /// Keys in `reads`, kept at most [`MAX_QUEUED_READS`].
     pub(crate) queued: AtomicUsize,
+    /// The shard's rows and bytes ([`super::Shard::bytes`]) as the last
+    /// holder of its write lock left them ([`super::ShardWrite`]): what a
+    /// capacity check after every insert reads without taking each
+    /// shard's lock.
+    pub(crate) counted: [AtomicUsize; 2],
 }
 
 /// The most keys a shard queues for touch counting ([`View::reads`]):
