@@ -568,6 +568,23 @@ impl PyTable {
         let v = rows_of(&values, k.len(), table.dim(), "values")?;
         let (k, v) = (&k[..], &v[..]);
         let st = state.as_ref().map(|s| slice2(s, "state")).transpose()?;
+        if st.is_none() {
+            // A small assign runs at once, with the GIL held, when it need
+            // not wait for any lock nor allocate; evictions it calls for
+            // run as any call does.
+            let over = py.enter_store_now(
+                (),
+                |()| table.try_assign_now(k, v),
+                |()| table.assign(k, v).map(|()| false),
+            )?;
+            if over {
+                py.enter_store(|| {
+                    table.enforce_capacity_now();
+                    Ok(())
+                })?;
+            }
+            return Ok(());
+        }
         py.enter_store(|| match st {
             Some(st) => table.assign_state(k, v, st),
             None => table.assign(k, v),

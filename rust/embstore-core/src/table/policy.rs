@@ -26,6 +26,29 @@ impl Table {
         }
     }
 
+    /// Whether the table holds more rows than its capacity, or more bytes
+    /// than `capacity_bytes` (as the shards' last writers published them:
+    /// no lock taken).
+    pub(crate) fn over_capacity(&self) -> bool {
+        let Some(cap) = self.capacity else {
+            return false;
+        };
+        let (len, held) = self.len_and_bytes();
+        len > cap || self.policy.capacity_bytes.is_some_and(|b| held as u64 > b)
+    }
+
+    /// Whether `n` new rows may take the table past its capacity (in rows,
+    /// or in bytes at [`Table::row_cost`] a row), as the shards' last
+    /// writers published them.
+    pub(crate) fn may_pass_capacity(&self, n: usize) -> bool {
+        let Some(cap) = self.capacity else {
+            return false;
+        };
+        let (len, held) = self.len_and_bytes();
+        let bytes = (held as u64).saturating_add((n * self.row_cost()) as u64);
+        len + n > cap || self.policy.capacity_bytes.is_some_and(|b| bytes > b)
+    }
+
     /// Evicts rows until every byte the table counts (`stats().bytes`)
     /// fits in `budget`. The row bound of `capacity_bytes` assumes each
     /// shard's index at its lowest load; an index grown by a call's inserts

@@ -4,13 +4,17 @@
 use crate::error::{Result, invalid, oom};
 use crate::hash::shard_of;
 use crate::policy::{Meta, RowFormat};
+use crate::table::batch::plan::Plan;
 use crate::table::batch::plan::sequential_writes;
 use crate::table::checks::{check_finite, check_len};
 use crate::table::counters::Counters;
 use crate::table::step::bounds::Magnitudes;
-use crate::table::storage::{Shard, pages, write};
+use crate::table::storage::{Shard, ShardWrite, pages, try_lock, try_write, write};
 use crate::table::{Table, read};
 use rayon::iter::{IntoParallelRefIterator, ParallelIterator};
+
+/// The most keys [`Table::try_assign_now`] takes.
+pub(crate) const NOW_KEYS: usize = 16;
 
 impl Table {
     /// Inserts or overwrites rows with their optimizer state (`keys.len() *
@@ -78,6 +82,27 @@ impl Table {
         save_gen: Option<u32>,
         clock: Option<u64>,
     ) -> Result<()> {
+        let m = self.check_assign(keys, values, state)?;
+        let _cold = self.cold_enter(keys)?;
+        let _gate = self.enter();
+        let save_gen = save_gen.unwrap_or_else(|| self.generation());
+        self.assign_in(keys, values, stored, state, meta, save_gen, Some(m), None)?;
+        if let Some(c) = clock {
+            self.set_clock(self.clock().max(c));
+        }
+        self.enforce_capacity();
+        Ok(())
+    }
+
+    /// The checks of an assign's `values` and `state` (lengths, finite, of
+    /// the row format, a state the optimizer can produce): their
+    /// magnitudes, for the bounds the call raises.
+    fn check_assign(
+        &self,
+        keys: &[i64],
+        values: &[f32],
+        state: Option<&[f32]>,
+    ) -> Result<Magnitudes> {
         Self::check_batch(keys)?;
         let (dim, sl) = (self.dim, self.state_len);
         check_len("values", keys.len() * dim, values.len())?;
@@ -98,15 +123,61 @@ impl Table {
                 opt.check_state("state", dim, st)?;
             }
         }
-        let _cold = self.cold_enter(keys)?;
-        let _gate = self.enter();
-        let save_gen = save_gen.unwrap_or_else(|| self.generation());
-        self.assign_in(keys, values, stored, state, meta, save_gen, Some(m))?;
-        if let Some(c) = clock {
-            self.set_clock(self.clock().max(c));
+        Ok(m)
+    }
+
+    /// [`Table::assign`] of a few keys of one shard, made only if it need
+    /// not wait: for the binding to make with the GIL held (handing the GIL
+    /// over and back cost a one-row insert into a cache 6% of its time).
+    /// `None`, having changed nothing, where it would wait (the gate or the
+    /// shard's lock taken), allocate (no room for the keys' rows in the
+    /// shard) or is not such a call (more than [`NOW_KEYS`] keys, several
+    /// shards, a disk table, a table its new rows may take past its
+    /// capacity: that call evicts, with the GIL released); the caller then
+    /// makes the ordinary call. `Some(Ok(true))`: the rows are written and
+    /// the table is past its capacity (calls in other threads filled it
+    /// meanwhile): the caller then runs [`Table::enforce_capacity_now`].
+    ///
+    /// # Errors
+    /// As [`Table::assign`]; nothing changed.
+    pub fn try_assign_now(&self, keys: &[i64], values: &[f32]) -> Option<Result<bool>> {
+        if self.cold.is_some()
+            || keys.is_empty()
+            || keys.len() > NOW_KEYS
+            || self.may_pass_capacity(keys.len())
+        {
+            return None;
         }
+        let m = match self.check_assign(keys, values, None) {
+            Ok(m) => m,
+            Err(e) => return Some(Err(e)),
+        };
+        let _gate = try_lock(self.gate.try_read())?;
+        let plan = self.plan(keys).ok()?;
+        let s = plan.one_shard()?;
+        let g = try_write(&self.shards[s])?;
+        if !g.has_room(keys.len()) {
+            return None;
+        }
+        let save_gen = self.generation();
+        let done = self.assign_in(
+            keys,
+            values,
+            None,
+            None,
+            None,
+            save_gen,
+            Some(m),
+            Some((plan, s, g)),
+        );
+        Some(done.map(|()| self.over_capacity()))
+    }
+
+    /// [`Table::enforce_capacity`] for a caller that does not hold the
+    /// gate (after [`Table::try_assign_now`]).
+    pub fn enforce_capacity_now(&self) {
+        let _gate = self.enter();
         self.enforce_capacity();
-        Ok(())
     }
 
     /// [`Table::assign_with_state`] on checked input, with the gate held
@@ -114,7 +185,9 @@ impl Table {
     /// [`Meta::to_words`]) the rows get that metadata (a load); without,
     /// each occurrence of a key counts as a touch. `known`: the magnitudes
     /// of `values` and `state` (or bounds above them), where the caller
-    /// measured them already (a load measures each file's once).
+    /// measured them already (a load measures each file's once). `taken`:
+    /// the keys' plan, and the write lock of the one shard that owns them
+    /// all, taken by the caller ([`Table::try_assign_now`]).
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn assign_in(
         &self,
@@ -125,19 +198,29 @@ impl Table {
         meta: Option<&[u32]>,
         save_gen: u32,
         known: Option<Magnitudes>,
+        taken: Option<(Plan, usize, ShardWrite<'_>)>,
     ) -> Result<()> {
         let (dim, sl, ww) = (self.dim, self.state_len, self.wwords);
         if let Some(sw) = stored {
             check_len("rows", keys.len() * ww, sw.len())?;
         }
-        let plan = self.plan(keys)?;
         let sequential = sequential_writes(4 * (ww + sl));
+        let (plan, taken) = match taken {
+            Some((plan, s, g)) => (plan, Some((s, g))),
+            None => (self.plan(keys)?, None),
+        };
         // A call that runs here on one shard (a one-row call) holds its
         // write lock once, for the reservation and the writes.
+        let one = match taken {
+            Some((s, g)) => Some((s, g)),
+            None => plan
+                .one_shard()
+                .filter(|_| keys.len() <= sequential)
+                .map(|s| (s, write(&self.shards[s]))),
+        };
         let mut held = None;
-        let reserved = match plan.one_shard().filter(|_| keys.len() <= sequential) {
-            Some(s) => {
-                let mut g = write(&self.shards[s]);
+        let reserved = match one {
+            Some((s, mut g)) => {
                 let n = self
                     .reserve_shard(&mut g, s, &plan, keys, None, false)
                     .ok_or_else(|| self.refuse_rows("keys", keys.len()))?;
@@ -377,5 +460,75 @@ mod tests {
         t.reserve_rows(100).unwrap();
         t.try_reserve_index(100).unwrap();
         assert_eq!(t.len(), 0);
+    }
+}
+
+#[cfg(test)]
+mod now_tests {
+    use crate::hash::{key_hash, shard_of};
+    use crate::table::storage::write;
+    use crate::table::{Table, TableConfig};
+
+    fn export(t: &Table) -> (Vec<i64>, Vec<f32>) {
+        let (k, r, _) = t.export(false).unwrap();
+        (k, r)
+    }
+
+    /// A one-shard assign made only where it need not wait: refused (and
+    /// nothing changed) while the gate or its shard's lock is taken, or
+    /// where its rows need memory; made, with the same result as
+    /// `assign`, otherwise; bad values refused whole.
+    #[test]
+    fn try_assign_now_waits_for_nothing_and_changes_nothing_when_it_cannot() {
+        let mut cfg = TableConfig::new(2);
+        cfg.num_shards = Some(2);
+        cfg.policy.capacity = Some(100);
+        let t = Table::new(cfg).unwrap();
+        // A fresh shard has no room for rows yet: the ordinary call.
+        assert!(t.try_assign_now(&[1], &[1.0, 1.0]).is_none());
+        t.assign(&(0..50).collect::<Vec<_>>(), &[0.5; 100]).unwrap();
+        let before = export(&t);
+        // Keys of both shards: not such a call.
+        let in_shard = |s: usize| (1000..).find(|&k| shard_of(key_hash(k), 2) == s).unwrap();
+        let (a, b) = (in_shard(0), in_shard(1));
+        assert!(t.try_assign_now(&[a, b], &[1.0; 4]).is_none());
+        {
+            let _g = write(&t.shards[shard_of(key_hash(a), 2)]);
+            assert!(
+                t.try_assign_now(&[a], &[1.0, 1.0]).is_none(),
+                "shard locked"
+            );
+        }
+        {
+            let _g = t.gate.write().unwrap();
+            assert!(t.try_assign_now(&[a], &[1.0, 1.0]).is_none(), "gate locked");
+        }
+        let bad = t.try_assign_now(&[a], &[f32::NAN, 1.0]);
+        assert!(matches!(bad, Some(Err(_))), "{bad:?}");
+        assert_eq!(export(&t), before, "nothing changed");
+        // Made: the same as an assign.
+        assert!(matches!(
+            t.try_assign_now(&[a, a], &[1.0, 2.0, 3.0, 4.0]),
+            Some(Ok(false))
+        ));
+        let mut out = [0.0; 2];
+        t.lookup(&[a], false, &mut out).unwrap();
+        assert_eq!(out, [3.0, 4.0], "the last value of a repeated key wins");
+        assert_eq!(t.len(), 51);
+        // Up to the capacity it is made; a call that may pass it is the
+        // ordinary call's (which evicts).
+        let more: Vec<i64> = (2000..2400)
+            .filter(|&k| shard_of(key_hash(k), 2) == 0)
+            .collect();
+        t.assign(&more[..48], &[0.0; 96]).unwrap();
+        assert_eq!(t.len(), 99);
+        assert!(matches!(
+            t.try_assign_now(&[more[48]], &[0.0, 0.0]),
+            Some(Ok(false))
+        ));
+        assert!(t.try_assign_now(&[more[49]], &[0.0, 0.0]).is_none());
+        assert_eq!(t.len(), 100);
+        assert!(!t.over_capacity());
+        assert_eq!(t.len(), 100);
     }
 }

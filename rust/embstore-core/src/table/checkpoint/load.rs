@@ -197,7 +197,7 @@ impl Table {
                       g,
                       known: Magnitudes| {
             if !on_disk {
-                return table.assign_in(keys, rows, stored, st, meta, g, Some(known));
+                return table.assign_in(keys, rows, stored, st, meta, g, Some(known), None);
             }
             // In parts, each moved out as far as memory needs before the
             // next comes in: memory holds `memory_bytes` and one part.
@@ -210,7 +210,7 @@ impl Table {
                 let s = st.map(|s| &s[from * sl..][..n * sl]);
                 let mt = meta.map(|mt| &mt[from * 4..][..n * 4]);
                 table.forget_on_disk(k)?;
-                table.assign_in(k, r, sw, s, mt, g, Some(known))?;
+                table.assign_in(k, r, sw, s, mt, g, Some(known), None)?;
                 table.spill_over();
             }
             Ok::<(), StoreError>(())
