@@ -229,37 +229,67 @@ pub fn prefetch_addr(addr: usize) {
 const STREAM_LEAST: usize = 256;
 
 /// Copies `src` into `dst` (the same length), memory that is not read
-/// again soon (a new row): on x86-64, where `dst` starts on a cache line
-/// and is whole lines of at least 1 KiB, with streaming stores (SSE2, on
-/// every x86-64 CPU), which write the lines without first reading them
-/// from memory as an ordinary store must, then a store fence, so that the
-/// row is visible before any later store (the one that publishes its key);
-/// otherwise an ordinary copy. One-row inserts of dim-768 rows into fresh
-/// memory ran 5-10% faster, 1,024-row ones 1.1-4.7x (the ordinary copy's
-/// reads competed with the kernel clearing the next pages on the other
-/// core). The same result whatever the CPU, so `EMBSTORE_SIMD` does not
-/// choose it.
+/// again soon (a new row): on an AMD x86-64 CPU, where `dst` starts on a
+/// cache line and is whole lines of at least 1 KiB, with streaming stores
+/// (SSE2, on every x86-64 CPU), which write the lines without first
+/// reading them from memory as an ordinary store must, then a store fence,
+/// so that the row is visible before any later store (the one that
+/// publishes its key); otherwise an ordinary copy. On an AMD EPYC VM
+/// (machine E) one-row inserts of dim-768 rows into fresh memory ran 5-10%
+/// faster, 1,024-row ones 1.1-4.7x (the ordinary copy's reads competed
+/// with the kernel clearing the next pages on the other core). Not on
+/// other CPUs: on an Intel Xeon VM (machine X) streaming stores into
+/// lookup outputs had made lookups of 100,000 ids 1.5-2.6x slower (taken
+/// out 2026-11-27), and no Intel machine measured these. The same result
+/// whatever the CPU, so `EMBSTORE_SIMD` does not choose it.
 #[inline]
 pub fn copy_streaming(dst: &mut [f32], src: &[f32]) {
     assert_eq!(dst.len(), src.len(), "copy_streaming: equal lengths");
     #[cfg(all(target_arch = "x86_64", not(miri)))]
-    if dst.len() >= STREAM_LEAST
-        && dst.len().is_multiple_of(16)
-        && (dst.as_ptr() as usize).is_multiple_of(64)
-    {
-        use std::arch::x86_64::{_mm_loadu_ps, _mm_sfence, _mm_stream_ps};
-        for (d, s) in dst.chunks_exact_mut(4).zip(src.chunks_exact(4)) {
-            // SAFETY: SSE2 is part of x86-64; `s` holds 4 floats to read
-            // (unaligned load), `d` 4 floats to write, 16-byte aligned (the
-            // row starts on a 64-byte line and steps by 16 bytes).
-            unsafe { _mm_stream_ps(d.as_mut_ptr(), _mm_loadu_ps(s.as_ptr())) };
-        }
-        // SAFETY: a fence has no operands; it orders the streaming stores
-        // above before every later store.
-        unsafe { _mm_sfence() };
+    if streams() && stream_copy(dst, src) {
         return;
     }
     dst.copy_from_slice(src);
+}
+
+/// [`copy_streaming`]'s streamed copy, on any x86-64 CPU: `false` (nothing
+/// written) where `dst` is not whole lines of at least 1 KiB starting on
+/// a line.
+#[cfg(all(target_arch = "x86_64", not(miri)))]
+fn stream_copy(dst: &mut [f32], src: &[f32]) -> bool {
+    if dst.len() < STREAM_LEAST
+        || !dst.len().is_multiple_of(16)
+        || !(dst.as_ptr() as usize).is_multiple_of(64)
+    {
+        return false;
+    }
+    use std::arch::x86_64::{_mm_loadu_ps, _mm_sfence, _mm_stream_ps};
+    for (d, s) in dst.chunks_exact_mut(4).zip(src.chunks_exact(4)) {
+        // SAFETY: SSE2 is part of x86-64; `s` holds 4 floats to read
+        // (unaligned load), `d` 4 floats to write, 16-byte aligned (the
+        // row starts on a 64-byte line and steps by 16 bytes).
+        unsafe { _mm_stream_ps(d.as_mut_ptr(), _mm_loadu_ps(s.as_ptr())) };
+    }
+    // SAFETY: a fence has no operands; it orders the streaming stores
+    // above before every later store.
+    unsafe { _mm_sfence() };
+    true
+}
+
+/// Whether [`copy_streaming`] streams: on an AMD CPU (its `cpuid` vendor),
+/// asked once per process.
+#[cfg(all(target_arch = "x86_64", not(miri)))]
+fn streams() -> bool {
+    static AMD: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *AMD.get_or_init(|| {
+        // `cpuid` leaf 0 (on every x86-64 CPU): the vendor string.
+        let r = std::arch::x86_64::__cpuid(0);
+        let mut vendor = [0u8; 12];
+        vendor[..4].copy_from_slice(&r.ebx.to_le_bytes());
+        vendor[4..8].copy_from_slice(&r.edx.to_le_bytes());
+        vendor[8..].copy_from_slice(&r.ecx.to_le_bytes());
+        &vendor == b"AuthenticAMD"
+    })
 }
 
 /// Dispatches `$f(args)` to the backend's instantiation.
@@ -487,6 +517,18 @@ mod tests {
                 assert_eq!(&buf[start..start + len], &src[..], "off {off} len {len}");
                 assert!(buf[..start].iter().all(|&v| v == -1.0));
                 assert!(buf[start + len..].iter().all(|&v| v == -1.0));
+                // The streamed copy itself, on any x86-64 CPU.
+                #[cfg(all(target_arch = "x86_64", not(miri)))]
+                {
+                    buf.fill(-1.0);
+                    let streamed = stream_copy(&mut buf[start..start + len], &src);
+                    assert_eq!(streamed, off == 0 && len >= 256 && len % 16 == 0);
+                    if streamed {
+                        assert_eq!(&buf[start..start + len], &src[..]);
+                        assert!(buf[..start].iter().all(|&v| v == -1.0));
+                        assert!(buf[start + len..].iter().all(|&v| v == -1.0));
+                    }
+                }
             }
         }
     }
