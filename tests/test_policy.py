@@ -159,6 +159,26 @@ def check(table: embstore.Table, model: Model) -> None:
     assert s["step"] == model.step
 
 
+def table_and_model(
+    num_shards: int, min_count: int | None, ttl: int | None, capacity: int | None, eviction: str
+) -> tuple[embstore.Table, Model]:
+    """A table with these policies (SGD, a seeded normal initializer) and
+    its dict model."""
+    admission = None if min_count is None else policy.CountFilter(min_count, width=1 << 20)
+    kwargs = dict(optimizer=optim.SGD(lr=LR), initializer=init.Normal(0.0, 1.0), seed=3)
+    table = embstore.Table(
+        DIM,
+        num_shards=num_shards,
+        admission=admission,
+        ttl_steps=ttl,
+        capacity=capacity,
+        eviction=eviction,
+        **kwargs,  # type: ignore[arg-type]
+    )
+    model = Model(embstore.Table(DIM, **kwargs), min_count, ttl, capacity, eviction)  # type: ignore[arg-type]
+    return table, model
+
+
 keys_st = st.lists(st.integers(-6, 24), min_size=1, max_size=8)
 op_st = st.one_of(
     st.tuples(st.just("lookup"), keys_st, st.booleans()),
@@ -185,18 +205,7 @@ def test_policies_match_a_dict_model(
     num_shards: int,
     ops: list[tuple],
 ) -> None:
-    admission = None if min_count is None else policy.CountFilter(min_count, width=1 << 20)
-    kwargs = dict(optimizer=optim.SGD(lr=LR), initializer=init.Normal(0.0, 1.0), seed=3)
-    table = embstore.Table(
-        DIM,
-        num_shards=num_shards,
-        admission=admission,
-        ttl_steps=ttl,
-        capacity=capacity,
-        eviction=eviction,
-        **kwargs,  # type: ignore[arg-type]
-    )
-    model = Model(embstore.Table(DIM, **kwargs), min_count, ttl, capacity, eviction)  # type: ignore[arg-type]
+    table, model = table_and_model(num_shards, min_count, ttl, capacity, eviction)
     for op in ops:
         if op[0] == "lookup":
             got = table.lookup(op[1], insert=op[2])
@@ -229,15 +238,7 @@ def test_evictions_from_the_rows_a_scan_kept_match_the_dict_model(
     then score below the rows kept), each call evicts what the model's
     sort of every row does."""
     capacity = 640
-    kwargs = dict(optimizer=optim.SGD(lr=LR), initializer=init.Normal(0.0, 1.0), seed=3)
-    table = embstore.Table(
-        DIM,
-        num_shards=num_shards,
-        capacity=capacity,
-        eviction=eviction,
-        **kwargs,  # type: ignore[arg-type]
-    )
-    model = Model(embstore.Table(DIM, **kwargs), None, None, capacity, eviction)  # type: ignore[arg-type]
+    table, model = table_and_model(num_shards, None, None, capacity, eviction)
     rng = np.random.default_rng(11)
     next_key = 0
 
