@@ -13,7 +13,9 @@
 //! ([`Meta::touch`](crate::policy::Meta::touch)), so every row not kept
 //! scores above the bar for good, and a kept row whose score rose is
 //! scored again when it comes up (kept at its new score while below the
-//! bar, dropped above it). A row created after the scan records a later
+//! bar, dropped above it). A scan holds, per shard, at most about twice
+//! what it keeps of the shard (never every row's score at once), and
+//! without the memory for that evicts nothing rather than abort. A row created after the scan records a later
 //! call's tick: under LRU (tick first) it scores above the bar; under LFU
 //! (count first) it does when the bar's count is at most one, so an LFU
 //! scan keeps only rows touched at most once. Whatever sets a row's
@@ -68,6 +70,75 @@ impl Lowest {
     pub(crate) fn bytes(&self) -> usize {
         self.heap.capacity() * size_of::<Reverse<Score>>()
     }
+}
+
+/// The scores of a scan go through a buffer of this many at least, cut
+/// down to the lowest `keep` whenever it fills.
+const SCAN_CHUNK: usize = 1 << 16;
+
+/// The `keep` lowest of `scores` (about `total` of them; in no order),
+/// holding at most about twice `keep` (or [`SCAN_CHUNK`]) of them at a
+/// time rather than every score (a scan of 100M rows would take 2.4 GB at
+/// once); `None` when the memory for that is not there.
+pub(crate) fn lowest_of(
+    scores: impl Iterator<Item = Score>,
+    total: usize,
+    keep: usize,
+) -> Option<Vec<Score>> {
+    lowest_in_chunks(scores, total, keep, SCAN_CHUNK)
+}
+
+/// [`lowest_of`] with a buffer of at least `chunk` scores.
+fn lowest_in_chunks(
+    scores: impl Iterator<Item = Score>,
+    total: usize,
+    keep: usize,
+    chunk: usize,
+) -> Option<Vec<Score>> {
+    let room = keep.saturating_mul(2).max(chunk).min(total);
+    let mut v: Vec<Score> = Vec::new();
+    v.try_reserve_exact(room).ok()?;
+    let cut = |v: &mut Vec<Score>| {
+        if v.len() > keep {
+            v.select_nth_unstable(keep);
+            v.truncate(keep);
+        }
+    };
+    for s in scores {
+        if v.len() == v.capacity() {
+            cut(&mut v);
+            if v.len() == v.capacity() {
+                // Every score kept so far is among the lowest (`keep` at
+                // least the room): more room, fallibly.
+                v.try_reserve(v.len().max(1)).ok()?;
+            }
+        }
+        v.push(s);
+    }
+    cut(&mut v);
+    Some(v)
+}
+
+/// The lowest rows of the table from each shard's lowest (`(scores,
+/// all)`: `all` when they are every row of the shard): those at or below
+/// the bar, the lowest of the highest score each shard kept without
+/// keeping all its rows, so that every row left out scores above it. Each
+/// shard kept at least the `k` a scan evicts (or all its rows), so the
+/// table's lowest `k` are among them. `None` without the memory.
+pub(crate) fn merge_lowest(per_shard: Vec<(Vec<Score>, bool)>) -> Option<Vec<Score>> {
+    let bar = per_shard
+        .iter()
+        .filter(|(v, all)| !all && !v.is_empty())
+        .filter_map(|(v, _)| v.iter().max())
+        .min()
+        .copied();
+    let total: usize = per_shard.iter().map(|(v, _)| v.len()).sum();
+    let mut out = Vec::new();
+    out.try_reserve_exact(total).ok()?;
+    for (v, _) in per_shard {
+        out.extend(v.into_iter().filter(|s| bar.is_none_or(|b| *s <= b)));
+    }
+    Some(out)
 }
 
 impl Table {
@@ -146,8 +217,45 @@ impl Table {
 
 #[cfg(test)]
 mod tests {
+    use super::{Score, lowest_in_chunks, merge_lowest};
     use crate::policy::{Eviction, Meta};
     use crate::table::{Table, TableConfig};
+
+    #[test]
+    fn merged_lowest_stop_where_a_shard_left_lower_rows_out() {
+        let shard = |from: i64, to: i64| -> Vec<Score> { (from..to).map(|i| (0, 0, i)).collect() };
+        let kept = |v: &[Score], keep: usize| v[..keep.min(v.len())].to_vec();
+        // Shard a holds every lower score: its rows past the ten it kept
+        // score below all of shard b's, so none of b's may be kept.
+        let (a, b) = (shard(0, 100), shard(100, 200));
+        let mut got = merge_lowest(vec![(kept(&a, 10), false), (kept(&b, 10), false)]).unwrap();
+        got.sort_unstable();
+        assert_eq!(got, shard(0, 10));
+        // A shard that kept all its rows sets no bar.
+        let c = shard(500, 503);
+        let mut got = merge_lowest(vec![(kept(&a, 10), false), (c.clone(), true)]).unwrap();
+        got.sort_unstable();
+        assert_eq!(got, shard(0, 10));
+        let mut got = merge_lowest(vec![(c.clone(), true), (shard(600, 601), true)]).unwrap();
+        got.sort_unstable();
+        assert_eq!(got, [c, shard(600, 601)].concat());
+    }
+
+    #[test]
+    fn the_lowest_in_chunks_are_a_full_sorts_first() {
+        let scores: Vec<Score> = (0..1000u64)
+            .map(|i| (crate::hash::draw(3, i) % 50, i % 7, i as i64))
+            .collect();
+        let mut sorted = scores.clone();
+        sorted.sort_unstable();
+        for keep in [0, 1, 5, 64, 999, 1000, 2000] {
+            for chunk in [1, 7, 100, 1 << 16] {
+                let mut got = lowest_in_chunks(scores.iter().copied(), 1000, keep, chunk).unwrap();
+                got.sort_unstable();
+                assert_eq!(got, sorted[..keep.min(1000)], "keep {keep} chunk {chunk}");
+            }
+        }
+    }
 
     fn present(t: &Table, key: i64) -> bool {
         let mut out = [false];

@@ -3,7 +3,7 @@
 use crate::policy::Meta;
 use crate::table::batch::output::{SharedBools, SharedOut};
 use crate::table::counters::Counters;
-use crate::table::lowest::Score;
+use crate::table::lowest::{Score, lowest_of, merge_lowest};
 use crate::table::{Table, read};
 use rayon::iter::{IntoParallelRefIterator, ParallelIterator};
 
@@ -79,35 +79,38 @@ impl Table {
             return self.remove_evicted(&keys, with_rows);
         }
         // The scan keeps the next lowest rows past the `k` it evicts, for
-        // the evictions after it (`table::lowest`).
-        let keep = k.saturating_add(self.lowest_to_keep(self.len(), k));
-        let smallest = |v: &mut Vec<Score>| {
-            if v.len() > keep {
-                v.select_nth_unstable(keep);
-                v.truncate(keep);
-            }
-        };
-        let mut cands: Vec<Score> = self
+        // the evictions after it (`table::lowest`): each shard its own
+        // lowest `k` and twice its share of those.
+        let n = self.shards.len();
+        let spare = self.lowest_to_keep(self.len(), k);
+        let keep = k.saturating_add(spare.div_ceil(n).saturating_mul(2));
+        let per_shard: Option<Vec<(Vec<Score>, bool)>> = self
             .shards
             .par_iter()
-            .flat_map_iter(|lock| {
+            .map(|lock| {
                 let g = read(lock);
                 // A disk table's rows on disk are scored by the metadata
                 // its cold shard keeps for them.
                 let on_disk = g.cold.iter().flat_map(|c| c.metas());
-                let mut v: Vec<_> = g
+                let scores = g
                     .keys_and_rows()
                     .map(|(key, r)| ev.score(&g.meta(r), key))
-                    .chain(on_disk.map(|(key, w)| ev.score(&Meta::from_words(w), key)))
-                    .collect();
-                smallest(&mut v);
-                v
+                    .chain(on_disk.map(|(key, w)| ev.score(&Meta::from_words(w), key)));
+                let total = g.len() + g.cold_len();
+                lowest_of(scores, total, keep).map(|v| (v, total <= keep))
             })
             .collect();
-        smallest(&mut cands);
-        if keep > k {
-            cands.sort_unstable();
-            self.keep_lowest(cands.get(k..).unwrap_or_default());
+        // Without the memory for the scan's work arrays nothing is evicted
+        // (the next call that inserts, or `evict`, tries again): an
+        // eviction is never worth an abort.
+        let Some(mut cands) = per_shard.and_then(merge_lowest) else {
+            return (Vec::new(), Vec::new());
+        };
+        cands.sort_unstable();
+        if spare > 0 {
+            // At most `spare` of them (the rest score above those kept).
+            let end = k.saturating_add(spare).min(cands.len());
+            self.keep_lowest(cands.get(k..end).unwrap_or_default());
         }
         let keys: Vec<i64> = cands.iter().take(k).map(|c| c.2).collect();
         self.remove_evicted(&keys, with_rows)
