@@ -106,11 +106,16 @@ impl Table {
         let Some(mut cands) = per_shard.and_then(merge_lowest) else {
             return (Vec::new(), Vec::new());
         };
-        cands.sort_unstable();
+        // The lowest `k` to evict and, past them, at most `spare` to keep
+        // (the rest score above those kept), in order.
+        let end = k.saturating_add(spare);
+        if cands.len() > end {
+            cands.select_nth_unstable(end);
+            cands.truncate(end);
+        }
         if spare > 0 {
-            // At most `spare` of them (the rest score above those kept).
-            let end = k.saturating_add(spare).min(cands.len());
-            self.keep_lowest(cands.get(k..end).unwrap_or_default());
+            cands.sort_unstable();
+            self.keep_lowest(cands.get(k..).unwrap_or_default());
         }
         let keys: Vec<i64> = cands.iter().take(k).map(|c| c.2).collect();
         self.remove_evicted(&keys, with_rows)

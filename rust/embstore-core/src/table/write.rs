@@ -205,18 +205,19 @@ impl Table {
             check_len("rows", keys.len() * ww, sw.len())?;
         }
         let sequential = sequential_writes(4 * (ww + sl));
-        let (plan, taken) = match taken {
+        let (plan, one) = match taken {
             Some((plan, s, g)) => (plan, Some((s, g))),
-            None => (self.plan(keys)?, None),
-        };
-        // A call that runs here on one shard (a one-row call) holds its
-        // write lock once, for the reservation and the writes.
-        let one = match taken {
-            Some((s, g)) => Some((s, g)),
-            None => plan
-                .one_shard()
-                .filter(|_| keys.len() <= sequential)
-                .map(|s| (s, write(&self.shards[s]))),
+            None => {
+                let plan = self.plan(keys)?;
+                // A call that runs here on one shard (a one-row call)
+                // holds its write lock once, for the reservation and the
+                // writes.
+                let one = plan
+                    .one_shard()
+                    .filter(|_| keys.len() <= sequential)
+                    .map(|s| (s, write(&self.shards[s])));
+                (plan, one)
+            }
         };
         let mut held = None;
         let reserved = match one {
