@@ -17,7 +17,9 @@ Then the same inserts into a full cache (``--no-full`` leaves them out): a
 quarter of the rows fit (embstore's ``capacity_bytes`` of that many rows'
 cost, LRU), so three inserts in four evict the least recently used row;
 the peer an ``OrderedDict`` used as an LRU cache (``popitem(last=False)``
-past the same count); ``--full-only`` runs these alone.
+past the same count); ``--full-only`` runs these alone. A baseline built
+before 9612e0e scores every row for each eviction (hours a case at the
+default size): compare it with ``--no-full``, or with ``--rows 40000``.
 OpenBLAS threads are held to one (NumPy's idle BLAS thread otherwise spins on
 a core of two).
 """
