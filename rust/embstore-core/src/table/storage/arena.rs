@@ -44,13 +44,21 @@ pub(super) fn locate(r: usize) -> (usize, usize) {
 
 /// Per row: the index slot of its key (so that the writer finds the key's
 /// word, [`seqlock`], from the row) and the save generation in which the
-/// row last changed (for incremental checkpoints); side by side, since a
-/// write of the row updates the one and reads the other.
+/// row last changed (for incremental checkpoints), as its distance above
+/// the arena's `gen_base` in 16 bits; side by side, since a write of the
+/// row updates the one and reads the other. Six bytes a row (packed to
+/// two-byte alignment: a tag straddles two cache lines for one row in 16).
 #[derive(Debug, Clone, Copy, Default)]
+#[repr(C, packed(2))]
 pub(crate) struct Tag {
-    pub slot: u32,
-    pub generation: u32,
+    slot: u32,
+    generation: u16,
 }
+
+/// How many save generations below the newest one written a rebase
+/// ([`Arena::stored_generation`]) keeps exact: a row last changed earlier
+/// reads as changed at the new base.
+const GEN_KEPT: u32 = 1 << 15;
 
 /// Rows of one shard, indexed densely from 0 to `len`. The keys live in the
 /// shard's index only; each row keeps its key's slot there.
@@ -70,6 +78,10 @@ pub(crate) struct Arena {
     len: usize,
     /// Per row: its [`Tag`].
     tags: Vec<Vec<Tag>>,
+    /// The save generation a tag's stored 0 stands for: a row's generation
+    /// is `gen_base` plus its tag's. A row whose generation is `gen_base`
+    /// may have last changed at any generation up to it.
+    gen_base: u32,
     /// Weights, `ww` floats a row. Kept apart from the state so that a
     /// lookup reads memory of weights only: an Adam table's lookups touch a
     /// third of the memory (and of the pages) an interleaved row would make
@@ -222,6 +234,7 @@ impl Arena {
             sl,
             len: 0,
             tags: Vec::new(),
+            gen_base: 0,
             weights: Column::new(ww),
             state: Column::new(sl),
             meta: Vec::new(),
@@ -459,11 +472,42 @@ impl Arena {
         Ok(())
     }
 
-    /// The save generation in which row `r` last changed.
+    /// The save generation in which row `r` last changed, or a later one:
+    /// exact for rows changed at most [`GEN_KEPT`] generations before the
+    /// newest generation a row was written in; an older row reads as
+    /// changed at the arena's base (a delta since an older save then
+    /// writes rows that did not change, which is never wrong).
     #[inline]
     pub(crate) fn generation(&self, r: usize) -> u32 {
         let (k, o) = locate(r);
-        self.tags[k][o].generation
+        self.gen_base + u32::from(self.tags[k][o].generation)
+    }
+
+    /// Generation `g` as a tag stores it: its distance above the base,
+    /// 0 for a generation at or below it. A generation more than 16 bits
+    /// above the base first moves the base up to [`GEN_KEPT`] below `g`,
+    /// lowering every row's stored distance by as much (0 at least): one
+    /// pass over the tags every 2^15 saves or more.
+    #[inline]
+    fn stored_generation(&mut self, g: u32) -> u16 {
+        let Some(d) = g.checked_sub(self.gen_base) else {
+            return 0;
+        };
+        if let Ok(d) = u16::try_from(d) {
+            return d;
+        }
+        self.rebase(g - GEN_KEPT);
+        (g - self.gen_base) as u16
+    }
+
+    /// Moves the generations' base up to `base` ([`Arena::stored_generation`]).
+    #[cold]
+    fn rebase(&mut self, base: u32) {
+        let shift = u16::try_from(base - self.gen_base).unwrap_or(u16::MAX);
+        for tag in self.tags.iter_mut().flatten() {
+            tag.generation = tag.generation.saturating_sub(shift);
+        }
+        self.gen_base = base;
     }
 
     /// The index slot of row `r`'s key.
@@ -518,9 +562,10 @@ impl Arena {
         g: u32,
         word: impl FnOnce(usize) -> &'a AtomicU64,
     ) -> RowWrite<'a> {
+        let stored = self.stored_generation(g);
         let (k, o) = locate(r);
         let tag = &mut self.tags[k][o];
-        tag.generation = g;
+        tag.generation = stored;
         let word = word(tag.slot as usize);
         seqlock::write_begin(word);
         RowWrite {
@@ -566,6 +611,7 @@ impl Arena {
     /// The next row's number and segment, its tag (and metadata) pushed,
     /// ready for its floats.
     fn push_tag(&mut self, generation: u32) -> (usize, usize) {
+        let generation = self.stored_generation(generation);
         let r = self.len;
         let (k, _) = locate(r);
         if k == self.tags.len() {
@@ -702,10 +748,67 @@ mod tests {
         assert_eq!(a.bytes(), b.bytes());
     }
 
+    /// Save generations far apart (a table saved more than 2^16 times):
+    /// a row reads as changed no earlier than it was, so `generation >
+    /// since` (what a delta writes) misses no change; and exactly for rows
+    /// and `since` within [`GEN_KEPT`] of the newest generation written.
+    #[test]
+    fn generations_far_apart_never_hide_a_change() {
+        let mut a = Arena::new(2, 0, false);
+        let w = words(64);
+        let mut real = Vec::new();
+        for key in 0..64u32 {
+            let r = a.push(1, |wt, _| wt.fill(0.0));
+            a.set_slot(r, key as usize);
+            real.push(1u32);
+        }
+        let writes = [7u32, 70_000, 70_001, 140_000, 200_000, 4_000_000_000];
+        for (i, &g) in writes.iter().enumerate() {
+            for r in (i..64).step_by(i + 2) {
+                drop(a.row_to_change(r, g, |s| &w[s]));
+                real[r] = g;
+            }
+            for (r, &got) in real.iter().enumerate() {
+                assert!(a.generation(r) >= got, "row {r} reads older at {g}");
+                if got >= g - GEN_KEPT.min(g) {
+                    assert_eq!(a.generation(r), got, "row {r} at {g}");
+                }
+            }
+            for since in [
+                0,
+                1,
+                6,
+                7,
+                g / 2,
+                g - 40_000.min(g),
+                g - GEN_KEPT.min(g),
+                g - 1,
+                g,
+            ] {
+                let changed = |r: &usize| real[*r] > since;
+                let read = |r: &usize| a.generation(*r) > since;
+                assert!(
+                    (0..64).filter(changed).all(|r| read(&r)),
+                    "a change hidden since {since}"
+                );
+                if since >= g - GEN_KEPT.min(g) {
+                    assert!(
+                        (0..64).all(|r| changed(&r) == read(&r)),
+                        "not exact since {since}"
+                    );
+                }
+            }
+        }
+        // A row created at a generation below the base (moved back from
+        // disk with its old generation) reads as the base.
+        let r = a.push(5, |wt, _| wt.fill(0.0));
+        assert_eq!(a.generation(r), 4_000_000_000 - GEN_KEPT);
+    }
+
     #[test]
     fn reserve_touches_segments_and_counts_reserved_rows() {
         let mut a = Arena::new(4, 2, true);
-        let per_row = 8 + 24 + size_of::<Meta>();
+        let per_row = size_of::<Tag>() + 24 + size_of::<Meta>();
         push_key(&mut a, 1);
         a.reserve(1000).unwrap();
         assert_eq!(a.bytes(), 1001 * per_row, "reserved rows count as resident");
