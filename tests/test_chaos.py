@@ -3,7 +3,8 @@ mixing every public method of Table, Collection (tables shared in opposite
 orders), DeviceCache, save/load/export/reserve/evict, under a watchdog; then
 exact SGD totals and loadable checkpoints. ``--chaos-seed N`` fixes the
 seed (CI does), ``--chaos-seconds S`` sets the length; the seed is printed
-first, so a failure replays with the same choices."""
+first (not shown from an xdist worker) and named in every failure's
+message, so a failure replays with the same choices."""
 
 from __future__ import annotations
 
@@ -25,8 +26,9 @@ def test_chaos_mixing_every_method_loses_nothing_and_never_hangs(
     seconds = float(request.config.getoption("--chaos-seconds"))
     with capsys.disabled():
         result = chaos.run(seconds, threads=8, seed=seed, root=tmp_path)
-    assert result["hangs"] == 0
-    assert result["lost_updates"] == 0
-    assert result["rows_checked"] > 1000
+    replay = f"--chaos-seed {seed} --chaos-seconds {seconds:g}: {result}"
+    assert result["hangs"] == 0, replay
+    assert result["lost_updates"] == 0, replay
+    assert result["rows_checked"] > 1000, replay
     # Every kind of operation ran.
-    assert len(result["by_op"]) == len(chaos.World(tmp_path / "x").ops()), result["by_op"]
+    assert len(result["by_op"]) == len(chaos.World(tmp_path / "x").ops()), replay
