@@ -210,6 +210,12 @@ def test_a_damaged_file_is_refused_when_first_read_and_the_others_serve(tmp_path
     for _ in range(2):  # refused every time, never served
         with pytest.raises(embstore.CheckpointError, match="checksum mismatch"):
             m.lookup(bad_keys[:1])
+    # A first call large enough for the pipelined lookup (which skips the
+    # per-key check once every file has passed) checks the files too.
+    fresh = embstore.Table.load(path, mmap=True)
+    for _ in range(2):
+        with pytest.raises(embstore.CheckpointError, match="checksum mismatch"):
+            fresh.lookup(np.concatenate([good_keys, bad_keys]))
 
 
 def test_a_crafted_index_with_a_valid_checksum_cannot_hang_or_misdirect(tmp_path) -> None:

@@ -55,8 +55,20 @@ pub(crate) fn find(
     slots: usize,
     slot: impl Fn(usize) -> (i64, i64),
 ) -> Result<Option<usize>, &'static str> {
+    find_hashed(key, key_hash(key), n, slots, slot)
+}
+
+/// [`find`] of a key whose hash (`key_hash(key)`) the caller has.
+#[inline]
+pub(crate) fn find_hashed(
+    key: i64,
+    hash: u64,
+    n: usize,
+    slots: usize,
+    slot: impl Fn(usize) -> (i64, i64),
+) -> Result<Option<usize>, &'static str> {
     let mask = slots - 1;
-    let mut i = key_hash(key) as usize & mask;
+    let mut i = hash as usize & mask;
     for _ in 0..slots {
         match slot(i) {
             (_, 0) => return Ok(None),

@@ -126,6 +126,13 @@ impl MappedFile {
             .map_err(|m| ckpt_err(&self.path, m))
     }
 
+    /// [`MappedFile::find`] of a key of hash `hash` (`key_hash(key)`).
+    #[inline]
+    pub(super) fn find_hashed(&self, key: i64, hash: u64) -> Result<Option<usize>> {
+        file_index::find_hashed(key, hash, self.n, self.slots, |i| self.slot(i))
+            .map_err(|m| ckpt_err(&self.path, m))
+    }
+
     /// The stored bytes of row `r`.
     #[inline]
     pub(super) fn row(&self, r: usize) -> &[u8] {

@@ -25,6 +25,7 @@
 //! the bookkeeping of their files, not by their rows (those are mapped).
 
 mod file;
+mod pipeline;
 mod snapshot;
 mod warm;
 
@@ -35,8 +36,8 @@ use crate::format::files::io_err;
 use crate::format::manifest::manifest_bytes;
 use crate::hash::key_hash;
 use crate::latency::Latency;
+use crate::rows::Missing;
 use crate::rows::check_len;
-use crate::rows::{Missing, NewRows};
 use crate::simd::Backend;
 use crate::zeroed::{with_room, zeros};
 use file::MappedFile;
@@ -495,78 +496,6 @@ impl MappedTable {
         self.lookups.fetch_add(keys.len() as u64, Ordering::Relaxed);
         self.hits.fetch_add(hits, Ordering::Relaxed);
         Ok(())
-    }
-
-    /// The rows of `keys` into `out` (a key without one read as
-    /// `missing`), each key's hit into `found` if given; returns the hits.
-    /// A pipeline: the index slot of the key [`SLOT_AHEAD`] keys on is
-    /// prefetched, each key located is its row prefetched, and a row is
-    /// copied [`ROW_AHEAD`] keys after it was located, so that a call of
-    /// keys spread over a table larger than the caches waits for several
-    /// of its memory reads at once instead of two in turn a key (1.7M ids
-    /// of a 1M-row dim-64 table: 61-66 ms, was 129-138). Without
-    /// `prefetch` nothing is prefetched.
-    fn lookup_run(
-        &self,
-        snap: &Snapshot,
-        keys: &[i64],
-        missing: &Missing<'_>,
-        out: &mut [f32],
-        mut found: Option<&mut [bool]>,
-        prefetch: bool,
-    ) -> Result<u64> {
-        let dim = self.dim;
-        let n = keys.len();
-        let mut ring: [Option<(&MappedFile, usize)>; ROW_AHEAD] = [None; ROW_AHEAD];
-        let mut hits = 0;
-        // Keys `i..i + SLOT_AHEAD`'s hashes, key `i`'s at `i % SLOT_AHEAD`.
-        let mut hashes = [0u64; SLOT_AHEAD];
-        for (h, &k) in hashes.iter_mut().zip(keys) {
-            *h = key_hash(k);
-            if prefetch {
-                snap.prefetch(*h);
-            }
-        }
-        for i in 0..n + ROW_AHEAD {
-            if let Some(j) = i.checked_sub(ROW_AHEAD) {
-                let dst = &mut out[j * dim..(j + 1) * dim];
-                let hit = match ring[j % ROW_AHEAD] {
-                    Some((f, r)) => {
-                        self.decode(f, r, dst);
-                        true
-                    }
-                    None => {
-                        let new = NewRows {
-                            initializer: &snap.initializer,
-                            backend: self.backend,
-                            seed: snap.seed,
-                            format: self.format,
-                        };
-                        missing.fill(&new, keys[j], dst);
-                        false
-                    }
-                };
-                if let Some(f) = found.as_deref_mut() {
-                    f[j] = hit;
-                }
-                hits += u64::from(hit);
-            }
-            if let Some(&k) = keys.get(i) {
-                let at = snap.locate(k, hashes[i % SLOT_AHEAD])?;
-                if prefetch && let Some((f, r)) = at {
-                    f.prefetch_row(r);
-                }
-                ring[i % ROW_AHEAD] = at;
-                if let Some(&next) = keys.get(i + SLOT_AHEAD) {
-                    let h = key_hash(next);
-                    hashes[i % SLOT_AHEAD] = h;
-                    if prefetch {
-                        snap.prefetch(h);
-                    }
-                }
-            }
-        }
-        Ok(hits)
     }
 
     /// Whether each key has a row, into `out`.

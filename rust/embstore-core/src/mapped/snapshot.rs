@@ -437,6 +437,29 @@ impl Snapshot {
         }
     }
 
+    /// Where a lookup of this version may find each key from its hash
+    /// alone, as [`Snapshot::locate`] would: when no delta names a key
+    /// (an empty overlay: every key is in the full link or nowhere), every
+    /// file has passed its check, and the full link has at most one file
+    /// a shard; then that file of each shard (`None` for a shard without).
+    pub(super) fn single_files(&self) -> Option<Vec<Option<&MappedFile>>> {
+        if !self.overlay.is_empty() || !self.checked() {
+            return None;
+        }
+        let base = self.links.last()?;
+        if base.shards == 0 {
+            return None;
+        }
+        base.files
+            .iter()
+            .map(|fs| match fs.len() {
+                0 => Some(None),
+                1 => Some(Some(&fs[0])),
+                _ => None,
+            })
+            .collect()
+    }
+
     pub(super) fn locate(&self, key: i64, hash: u64) -> Result<Option<(&MappedFile, usize)>> {
         if !self.overlay.is_empty()
             && let Some(p) = self.overlay.find(hash, |p| p.key == key)
