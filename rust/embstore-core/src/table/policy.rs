@@ -30,11 +30,7 @@ impl Table {
     /// than `capacity_bytes` (as the shards' last writers published them:
     /// no lock taken).
     pub(crate) fn over_capacity(&self) -> bool {
-        let Some(cap) = self.capacity else {
-            return false;
-        };
-        let (len, held) = self.len_and_bytes();
-        len > cap || self.policy.capacity_bytes.is_some_and(|b| held as u64 > b)
+        self.may_pass_capacity(0)
     }
 
     /// Whether `n` new rows may take the table past its capacity (in rows,
