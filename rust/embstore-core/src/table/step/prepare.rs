@@ -100,6 +100,12 @@ impl Table {
             pos.len()
         } else if let Some(n) = found.and_then(|f| f.absent(s, g, pos.len())) {
             n
+        } else if !admits && g.sampled_all_absent(keys, &plan.hashes, pos) {
+            // Room for every position without probing them all: the call's
+            // pass then probes each key once, in the grown index
+            // ([`Shard::find_or_insert_many`]), instead of once here and
+            // again there.
+            pos.len()
         } else {
             let mut rows = Vec::new();
             g.find_many(keys, &plan.hashes, pos, &mut rows);

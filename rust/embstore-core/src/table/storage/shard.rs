@@ -14,6 +14,13 @@ use crossbeam_queue::SegQueue;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
+/// Batches of at least this many keys in a shard may skip the probe of a
+/// call's reservation ([`Shard::sampled_all_absent`]).
+const SAMPLE_FROM: usize = 1024;
+
+/// Keys that sample probes.
+const SAMPLE_KEYS: usize = 32;
+
 /// The keys a shard removed, from absolute position `base` on (position
 /// `p` is `keys[p - base]`); save marks name positions in it.
 #[derive(Debug, Default)]
@@ -357,9 +364,32 @@ impl Shard {
         self.ix.live(&self.view.index)
     }
 
+    /// Whether a sample of the keys at `pos` (every one of a few, spread
+    /// over the batch) finds none of them here, for a batch of at least
+    /// [`SAMPLE_FROM`] keys: a call inserting that many new keys (a fill, an
+    /// ingest) then makes room for all of them without probing them all
+    /// first. A batch of mostly new keys with a few held gets room for
+    /// those few too, which the call gives back when it ends.
+    pub(crate) fn sampled_all_absent(&self, keys: &[i64], hashes: &[u64], pos: &[u32]) -> bool {
+        if pos.len() < SAMPLE_FROM {
+            return false;
+        }
+        let step = pos.len() / SAMPLE_KEYS;
+        (0..SAMPLE_KEYS).all(|j| {
+            let i = pos[j * step] as usize;
+            self.find(keys[i], hashes[i]).is_none()
+        })
+    }
+
     /// As [`Shard::find_many`], creating the rows of absent keys (filled by
     /// `fill(key, weights, state)`) in batch order, after making room in the index for
     /// all of them at once.
+    ///
+    /// Where the index has room for every position already (a call that
+    /// reserved room for all of them: [`Shard::reserve_pending`]), one pass
+    /// probes each key and creates its row if absent, so that an absent
+    /// key's index line is read once; otherwise the keys are probed first
+    /// and room made for the absent ones.
     pub(crate) fn find_or_insert_many(
         &mut self,
         keys: &[i64],
@@ -369,8 +399,27 @@ impl Shard {
         fill: impl Fn(i64, &mut [f32], &mut [f32]),
         rows: &mut Vec<u32>,
     ) {
-        self.find_many(keys, hashes, pos, rows);
-        self.insert_missing(keys, hashes, pos, generation, fill, rows);
+        if pos.is_empty() || self.ix.room(&self.view.index) < pos.len() {
+            self.find_many(keys, hashes, pos, rows);
+            self.insert_missing(keys, hashes, pos, generation, fill, rows);
+            return;
+        }
+        rows.clear();
+        rows.reserve(pos.len());
+        let row = |(_, w)| seqlock::row_named(w) as u32;
+        for (j, &i) in pos.iter().enumerate() {
+            let (key, hash) = (keys[i as usize], hashes[i as usize]);
+            // A held key by the probe `find_many` makes; an absent one
+            // created while its index line is in cache.
+            let held = self.ix.slots_ref(&self.view.index).and_then(|slots| {
+                prefetch_probe_ahead(slots, hashes, pos, j);
+                slots.find(key, hash).map(row)
+            });
+            rows.push(held.unwrap_or_else(|| {
+                let (r, _) = self.find_or_insert(key, hash, generation, |w, st| fill(key, w, st));
+                r as u32
+            }));
+        }
     }
 
     /// Creates the rows of the positions whose entry in `rows` is
@@ -655,6 +704,72 @@ fn prefetch_probe_ahead(slots: &index::Slots, hashes: &[u64], pos: &[u32], j: us
 mod tests {
     use super::*;
     use crate::hash::key_hash;
+
+    /// A batch of held keys, new keys and repeats: the one-pass creation
+    /// (room made for every position first) and the two-pass one (probe,
+    /// then room for the absent keys) give the same rows, each absent key
+    /// created once, in batch order, held keys' rows untouched; and the
+    /// reservation's sample tells a batch of new keys from one with held
+    /// keys among those it samples.
+    #[test]
+    fn one_pass_and_two_pass_creation_give_the_same_rows() {
+        let fill = |key: i64, w: &mut [f32], st: &mut [f32]| {
+            w.fill(key as f32);
+            st.fill(1.0);
+        };
+        let held: Vec<i64> = (0..3_000).map(|k| k * 7).collect();
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        let batch: Vec<i64> = (0..6_000)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                // Held keys (multiples of 7 below 21,000), new ones, repeats.
+                (x % 30_000) as i64
+            })
+            .collect();
+        let hashes: Vec<u64> = batch.iter().map(|&k| key_hash(k)).collect();
+        let pos: Vec<u32> = (0..batch.len() as u32).collect();
+        let mut out = Vec::new();
+        for one_pass in [true, false] {
+            let mut s = Shard::new(2, 1, false, None);
+            for &k in &held {
+                s.find_or_insert(k, key_hash(k), 0, |w, st| fill(k, w, st));
+            }
+            if one_pass {
+                s.reserve_index(batch.len());
+            }
+            assert_eq!(s.ix.room(&s.view.index) >= batch.len(), one_pass);
+            let mut rows = Vec::new();
+            s.find_or_insert_many(&batch, &hashes, &pos, 0, fill, &mut rows);
+            let mut seen = std::collections::HashSet::new();
+            let mut next = held.len();
+            for (&k, &r) in batch.iter().zip(&rows) {
+                let r = r as usize;
+                assert_eq!(s.find(k, key_hash(k)), Some(r));
+                assert_eq!(s.arena.weights(r), &[k as f32; 2]);
+                if k % 7 == 0 && k < 21_000 {
+                    assert_eq!(r, (k / 7) as usize, "a held key keeps its row");
+                } else if seen.insert(k) {
+                    assert_eq!(r, next, "new rows in batch order");
+                    next += 1;
+                }
+            }
+            assert_eq!(s.len(), next);
+            out.push(rows);
+        }
+        assert_eq!(out[0], out[1]);
+        let s = Shard::new(2, 1, false, None);
+        let fresh: Vec<i64> = (100_000..102_048).collect();
+        let fh: Vec<u64> = fresh.iter().map(|&k| key_hash(k)).collect();
+        let fp: Vec<u32> = (0..fresh.len() as u32).collect();
+        assert!(s.sampled_all_absent(&fresh, &fh, &fp));
+        assert!(!s.sampled_all_absent(&fresh, &fh, &fp[..SAMPLE_FROM - 1]));
+        let mut s = s;
+        // One sampled key held (the sample's first: position 0).
+        s.find_or_insert(fresh[0], fh[0], 0, |w, st| fill(fresh[0], w, st));
+        assert!(!s.sampled_all_absent(&fresh, &fh, &fp));
+    }
 
     /// A dict model of a shard under inserts and removals in random order:
     /// every key held is found at a row holding its weights, and
