@@ -6,7 +6,10 @@ follower processes) whose figures hold together."""
 from __future__ import annotations
 
 import math
+import multiprocessing as mp
+import os
 import pathlib
+import time
 
 import numpy as np
 import pytest
@@ -61,6 +64,29 @@ def test_the_np_take_peer_reads_the_rows_the_mapped_reader_reads(tmp_path: pathl
     peer = S._NpyTake(S._write_peer(t, 1_000, path))
     keys = np.random.default_rng(0).integers(0, 1_000, 500)
     np.testing.assert_array_equal(peer.lookup(keys), embstore.MappedTable(path).lookup(keys))
+
+
+def test_a_bench_process_that_dies_fails_the_bench_at_once() -> None:
+    """A reader process that ends with exit code 3 before sending its
+    results fails the collection within seconds, naming the code, instead
+    of waiting out the timeout; one that sends them is collected."""
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    dies = ctx.Process(target=os._exit, args=(3,))
+    sends = ctx.Process(target=q.put, args=("rows",))
+    for p in (dies, sends):
+        p.start()
+    t0 = time.monotonic()
+    with pytest.raises(RuntimeError, match="exit code 3"):
+        S._results(q, [dies, sends], timeout=60)
+    assert time.monotonic() - t0 < 30
+    for p in (dies, sends):
+        p.join(timeout=30)
+    q2 = ctx.Queue()
+    ok = ctx.Process(target=q2.put, args=("rows",))
+    ok.start()
+    assert S._results(q2, [ok], timeout=60) == ["rows"]
+    ok.join(timeout=30)
 
 
 @pytest.mark.slow

@@ -36,6 +36,7 @@ from __future__ import annotations
 import argparse
 import multiprocessing as mp
 import os
+import queue
 import tempfile
 import threading
 import time
@@ -127,6 +128,31 @@ def _reader_process(path: str, rows: int, seed: int, start: float, seconds: floa
     q.put(_read_loop(t, rows, seed, start, seconds))
 
 
+def _results(q: Any, procs: list[Any], timeout: float) -> list[Any]:
+    """One result from each of ``procs`` off ``q``. Fails at once when one
+    of them has ended with a non-zero exit code and nothing is left to
+    read (a reader that crashed sends nothing: the bench names its exit
+    code instead of waiting out ``timeout``), or after ``timeout`` seconds."""
+    got: list[Any] = []
+    end = time.monotonic() + timeout
+    while len(got) < len(procs):
+        try:
+            got.append(q.get(timeout=0.5))
+            continue
+        except queue.Empty:
+            pass
+        dead = [p.exitcode for p in procs if p.exitcode not in (None, 0)]
+        if dead:
+            raise RuntimeError(
+                f"a bench process ended with exit code {dead[0]} before sending its results"
+            )
+        if time.monotonic() > end:
+            raise RuntimeError(
+                f"{len(procs) - len(got)} bench processes sent no results within {timeout:.0f} s"
+            )
+    return got
+
+
 def _readers(path: str, rows: int, n: int, seconds: float, threads: bool) -> dict[str, Any]:
     """``n`` readers (processes, or threads of this process) at once."""
     start = time.time() + (0.5 if threads else 2.0 + 0.1 * n)
@@ -152,7 +178,7 @@ def _readers(path: str, rows: int, n: int, seconds: float, threads: bool) -> dic
         ]
         for p in procs:
             p.start()
-        lats = [q.get(timeout=120 + seconds) for _ in procs]
+        lats = _results(q, procs, 120 + seconds)
         for p in procs:
             p.join(timeout=30)
     calls = sum(a.size for a in lats)
@@ -278,7 +304,7 @@ def large_deltas(
         time.sleep(every)
     time.sleep(2.0)
     stop.set()
-    got = [q.get(timeout=120) for _ in procs]
+    got = _results(q, procs, 120)
     for p in procs:
         p.join(timeout=30)
     return _freshness(marks, got, steady_from, steady_to, rows, delta_rows, full_save_s)
