@@ -160,3 +160,49 @@ def test_a_child_forked_during_calls_can_use_its_tables() -> None:
         timeout=240,
     )
     assert "children ok 10" in out, out
+
+
+@pytest.mark.slow
+def test_a_child_forked_beside_serving_calls_serves_from_its_cache() -> None:
+    """Another thread serves 2,000-key calls through a ServingCache (whose
+    native call hands partitions to the thread pool) while the process
+    forks, ten times: each child serves 2,000-key calls of its own (the
+    partitions on its own pool) whose rows equal the mapped table's."""
+    out = _child.ok(
+        "import os, tempfile, threading, time\nfrom embstore.gpu import ServingCache\n"
+        + WAIT_CHILD
+        + textwrap.dedent("""
+        t = embstore.Table(16, seed=4)
+        t.lookup(np.arange(50_000))
+        d = tempfile.mkdtemp()
+        t.save(d, with_optimizer=False)
+        mapped = embstore.MappedTable(d)
+        cache = ServingCache(mapped, 8_000, xp=np)
+        stop = False
+        def serve():
+            rng = np.random.default_rng(1)
+            while not stop:
+                cache.lookup(np.minimum(rng.zipf(1.1, 2_000), 60_000) - 1)
+        th = threading.Thread(target=serve)
+        th.start()
+        codes = []
+        for i in range(10):
+            time.sleep(0.03)
+            pid = os.fork()
+            if pid == 0:
+                rng = np.random.default_rng(100 + i)
+                for _ in range(5):
+                    k = np.minimum(rng.zipf(1.1, 2_000), 60_000) - 1
+                    rows, found = cache.lookup(k, default="zeros", return_found=True)
+                    want, want_found = mapped.lookup(k, default="zeros", return_found=True)
+                    if not (np.array_equal(rows, want) and np.array_equal(found, want_found)):
+                        os._exit(3)
+                os._exit(0)
+            codes.append(wait_child(pid, 30))
+        stop = True
+        th.join()
+        print("children", codes)
+        """),
+        timeout=240,
+    )
+    assert "children [0, 0, 0, 0, 0, 0, 0, 0, 0, 0]" in out, out

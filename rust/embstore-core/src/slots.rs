@@ -10,12 +10,23 @@
 //! with the lowest score (accesses for "lfu", the last call for "lru") that
 //! the running call has not read; with none to give it is not admitted.
 //! Buckets are split in up to [`PARTS`] partitions of whole buckets, so that
-//! [`SlotMap::serve`] runs each partition's keys on a thread of its own,
-//! each thread the only one to touch its partition's slots (no atomics, no
-//! lock); a bucket's keys are handled in the order of their positions either
-//! way, so the result is the same on any number of threads.
+//! [`SlotMap::serve`] runs each partition's keys on one thread, the only one
+//! to touch its partition's slots (no atomics, no lock): the calling thread
+//! takes partitions one at a time and pool threads take the rest as they
+//! wake (a serving call of 2,000 keys is done in about the time two
+//! wake-ups take, so it never waits for one before it starts). A bucket's
+//! keys are handled in the order of their positions either way, so the
+//! result is the same on any number of threads.
+//!
+//! A probe reads two lines that its key alone does not name: the bucket's
+//! digests, then the slot whose digest matches (a 32-slot bucket spans 8
+//! lines). Both are asked for ahead, the digests [`AHEAD`] keys before the
+//! probe and the matching slot [`NEAR`] keys before it, once its digests
+//! are in cache; an admission's whole bucket a few misses before it.
 
-use rayon::prelude::*;
+use std::sync::OnceLock;
+
+use crossbeam_queue::ArrayQueue;
 
 use crate::error::{Result, invalid};
 use crate::hash::{key_hash, mix64};
@@ -31,8 +42,15 @@ pub const PARTS: usize = 16;
 /// Keys of a call below which [`SlotMap::serve`] runs on the calling thread.
 const PARALLEL_KEYS: usize = 512;
 
-/// Keys whose buckets are asked for ahead of their probe.
-const AHEAD: usize = 8;
+/// Keys whose buckets' digests are asked for ahead of their probe.
+const AHEAD: usize = 16;
+
+/// Keys whose matching slot is asked for ahead of their probe (its
+/// digests, asked for `AHEAD - NEAR` keys earlier, read to find it).
+const NEAR: usize = 8;
+
+/// Misses whose buckets are asked for whole ahead of their admission.
+const ADMIT_AHEAD: usize = 4;
 
 /// A slot: its key, the low 32 bits of the last call (tick) that read or
 /// admitted it, and its accesses since it was admitted (meaningful where its
@@ -160,14 +178,28 @@ impl Part<'_> {
         slot_in(self.digest, self.slots, at, d, key)
     }
 
-    /// Asks for the bucket at `at` to be in cache: its digests and first
-    /// slots, or (`whole`, for an admission, which reads every slot) all
-    /// of its slots.
+    /// Asks for the slot of the first digest of the bucket at `at` equal
+    /// to `d` to be in cache (the slot a held key is in, but for a digest
+    /// shared by chance): its key is the probe's one read that the
+    /// bucket's digests do not tell.
     #[inline]
-    fn prefetch(&self, at: usize, whole: bool) {
+    fn prefetch_match(&self, at: usize, d: u8) {
+        for i in 0..BUCKET / 8 {
+            let m = matches(self.digest, at, i, d);
+            if m != 0 {
+                let s = at + 8 * i + (m.trailing_zeros() / 8) as usize;
+                prefetch_addr(&self.slots[s] as *const Slot as usize);
+                return;
+            }
+        }
+    }
+
+    /// Asks for the whole bucket at `at` to be in cache, its digests and
+    /// every slot (an admission into a full bucket reads every score).
+    #[inline]
+    fn prefetch_bucket(&self, at: usize) {
         prefetch_addr(self.digest[at..].as_ptr() as usize);
-        let end = if whole { at + BUCKET } else { at + 1 };
-        for s in (at..end).step_by(4) {
+        for s in (at..at + BUCKET).step_by(4) {
             prefetch_addr(&self.slots[s] as *const Slot as usize);
         }
     }
@@ -258,12 +290,21 @@ impl Part<'_> {
             ..PartOut::default()
         };
         let mut miss_place = with_room::<(u32, u8)>("keys", n)?;
+        // Two stages ahead of each probe: the bucket's digests AHEAD keys
+        // before it, then (in cache by then) the slot they name NEAR keys
+        // before it, so that the key compared is in cache too.
         for &(at, _) in places.iter().take(AHEAD) {
-            self.prefetch(at as usize, false);
+            prefetch_addr(self.digest[at as usize..].as_ptr() as usize);
+        }
+        for &(at, d) in places.iter().take(NEAR) {
+            self.prefetch_match(at as usize, d);
         }
         for (i, (&p, &(at, d))) in pos.iter().zip(places).enumerate() {
             if let Some(&(next, _)) = places.get(i + AHEAD) {
-                self.prefetch(next as usize, false);
+                prefetch_addr(self.digest[next as usize..].as_ptr() as usize);
+            }
+            if let Some(&(near, nd)) = places.get(i + NEAR) {
+                self.prefetch_match(near as usize, nd);
             }
             let k = keys[p as usize];
             match self.slot_in(at as usize, d, k) {
@@ -287,7 +328,15 @@ impl Part<'_> {
         fetch(&out.miss_keys, &mut out.rows, &mut out.found)?;
         if admit {
             out.adm = with_room("keys", m)?;
+            // An admission reads every slot of a full bucket (the scores):
+            // the buckets of the misses a few ahead are asked for whole.
+            for &(at, _) in miss_place.iter().take(ADMIT_AHEAD) {
+                self.prefetch_bucket(at as usize);
+            }
             for (j, &(at, d)) in miss_place.iter().enumerate() {
+                if let Some(&(next, _)) = miss_place.get(j + ADMIT_AHEAD) {
+                    self.prefetch_bucket(next as usize);
+                }
                 if !out.found[j] {
                     continue;
                 }
@@ -461,13 +510,17 @@ impl SlotMap {
         let run = |(mut part, pos, places): (Part<'_>, &[u32], &[(u32, u8)])| {
             part.serve(keys, pos, places, &call)
         };
-        let outs: Vec<PartOut> = if n >= PARALLEL_KEYS && work.len() > 1 {
-            work.into_par_iter().map(run).collect::<Vec<_>>()
+        // The calling thread serves partitions itself, pool threads
+        // helping as they wake (with one pool thread, none: handing a call
+        // over costs two wake-ups and runs nothing beside it).
+        let helpers = (rayon::current_num_threads() - 1).min(work.len() - 1);
+        let outs: Vec<Result<PartOut>> = if n >= PARALLEL_KEYS && helpers > 0 {
+            run_shared(work, helpers, &run)
+                .ok_or_else(|| invalid("keys", "a partition of the call did not run"))?
         } else {
-            work.into_iter().map(run).collect::<Vec<_>>()
-        }
-        .into_iter()
-        .collect::<Result<_>>()?;
+            work.into_iter().map(run).collect()
+        };
+        let outs = outs.into_iter().collect::<Result<Vec<PartOut>>>()?;
         self.merge(n, dim, outs)
     }
 
@@ -555,7 +608,7 @@ impl SlotMap {
             *out = -1;
             let (b, d) = self.place(k);
             let mut w = self.whole();
-            w.prefetch(b * BUCKET, true);
+            w.prefetch_bucket(b * BUCKET);
             if let Some((s, old)) = w.admit(k, b * BUCKET, d, tick, protect_from) {
                 match old {
                     Some(old) => evicted.push(old),
@@ -604,6 +657,38 @@ impl SlotMap {
     pub fn nbytes(&self) -> usize {
         self.capacity() * (1 + size_of::<Slot>())
     }
+}
+
+/// `run` of every item of `work`, in the order of `work`: the calling
+/// thread takes items one at a time with up to `helpers` jobs on rayon's
+/// pool (each item taken once, by whoever comes first), so a call starts
+/// at once instead of waiting for a pool thread to wake and never waits
+/// for one that has nothing left to take but to return. None only if an
+/// item did not run (it cannot: a panic in `run` is raised here instead).
+fn run_shared<W: Send, R: Send + Sync>(
+    work: Vec<W>,
+    helpers: usize,
+    run: &(dyn Fn(W) -> R + Sync),
+) -> Option<Vec<R>> {
+    let n = work.len();
+    let queue = ArrayQueue::new(n.max(1));
+    for item in work.into_iter().enumerate() {
+        // The queue holds `n` items: no push is refused.
+        let _ = queue.push(item);
+    }
+    let done: Vec<OnceLock<R>> = (0..n).map(|_| OnceLock::new()).collect();
+    let drain = || {
+        while let Some((i, w)) = queue.pop() {
+            let _ = done[i].set(run(w));
+        }
+    };
+    rayon::in_place_scope(|s| {
+        for _ in 0..helpers {
+            s.spawn(|_| drain());
+        }
+        drain();
+    });
+    done.into_iter().map(OnceLock::into_inner).collect()
 }
 
 fn check_slots(keys: &[i64], slots: &[i32]) -> Result<()> {
@@ -743,7 +828,19 @@ mod tests {
             }
             Ok(())
         };
-        for lru in [false, true] {
+        // Pools of 1 (the call on its own thread), 2 and 8 threads (the
+        // calling thread and up to 7 helpers taking partitions).
+        for (lru, threads) in [(false, 1), (true, 1), (false, 2), (true, 8), (false, 8)] {
+            let pool = rayon::ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .build()
+                .unwrap();
+            pool.install(|| serve_equals_find_then_admit(lru, dim, &fetch));
+        }
+    }
+
+    fn serve_equals_find_then_admit(lru: bool, dim: usize, fetch: &Fetch<'_>) {
+        {
             let mut a = SlotMap::new(3_000, lru).unwrap();
             let mut b = SlotMap::new(3_000, lru).unwrap();
             assert_eq!(a.buckets / a.per_part, PARTS);
@@ -756,7 +853,7 @@ mod tests {
                         (state % 9_000) as i64
                     })
                     .collect();
-                let got = a.serve(&keys, tick, true, dim, &fetch).unwrap();
+                let got = a.serve(&keys, tick, true, dim, fetch).unwrap();
                 let mut slots = vec![0i32; n];
                 b.find(&keys, tick, &mut slots).unwrap();
                 let miss = not_held(&keys, &slots);
@@ -799,6 +896,63 @@ mod tests {
             }
             assert!(a.len() > 2_500, "the map fills: {}", a.len());
         }
+    }
+
+    #[test]
+    fn run_shared_runs_every_item_once_in_order_on_any_pool() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        for threads in [1, 2, 3, 8] {
+            let pool = rayon::ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .build()
+                .unwrap();
+            for (items, helpers) in [(0, 0), (1, 0), (1, 3), (16, 1), (16, 7), (200, 15)] {
+                let runs = AtomicUsize::new(0);
+                let run = |i: usize| {
+                    runs.fetch_add(1, Ordering::Relaxed);
+                    // Uneven work, so that helpers and the caller interleave.
+                    (0..(i % 7) * 500).fold(i as u64, |a, x| mix64(a ^ x as u64))
+                };
+                let want: Vec<u64> = (0..items).map(run).collect();
+                runs.store(0, Ordering::Relaxed);
+                // From outside the pool (as the binding calls) and from a
+                // thread of it (a forked child's calls).
+                let outside = run_shared((0..items).collect(), helpers, &run);
+                let inside = pool.install(|| run_shared((0..items).collect(), helpers, &run));
+                assert_eq!(
+                    outside.as_deref(),
+                    Some(&want[..]),
+                    "{threads} {items} {helpers}"
+                );
+                assert_eq!(
+                    inside.as_deref(),
+                    Some(&want[..]),
+                    "{threads} {items} {helpers}"
+                );
+                assert_eq!(runs.load(Ordering::Relaxed), 2 * items, "each item once");
+            }
+        }
+    }
+
+    #[test]
+    fn a_panic_in_run_shared_is_raised_to_the_caller_and_hangs_nothing() {
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(4)
+            .build()
+            .unwrap();
+        for bad in [0usize, 7, 15] {
+            let run = |i: usize| {
+                assert!(i != bad, "item {i} fails");
+                i
+            };
+            let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                pool.install(|| run_shared((0..16).collect(), 3, &run))
+            }));
+            assert!(r.is_err(), "the panic of item {bad} reached the caller");
+        }
+        // The pool serves the next call whole.
+        let ok = pool.install(|| run_shared((0..16).collect(), 3, &|i: usize| i * 2));
+        assert_eq!(ok, Some((0..16).map(|i| i * 2).collect()));
     }
 
     #[test]
