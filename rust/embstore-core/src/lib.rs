@@ -79,9 +79,10 @@
 //!    taken inside the call lock, with the readers' lock already held. A
 //!    serving cache's slot map lock (the binding's `SlotMap`, over
 //!    [`slots::SlotMap`]), inside the call lock, held for a serving call's
-//!    whole native part, its partitions' parallel jobs included: they take
-//!    no lock of their own but the leaf locks of the mapped table they read
-//!    (its version, its files' checks), and nothing else takes it.
+//!    whole native part, its partitions' jobs included (the calling thread
+//!    runs some, pool jobs the rest, [`par`]): they take no lock of their
+//!    own but the leaf locks of the mapped table they read (its version,
+//!    its files' checks), and nothing else takes it.
 //! 7. Shard locks, by shard index, taken by writers and by the reads that
 //!    must see no writer (snapshots, training lookups); serving reads take
 //!    none, only trying a write lock to count touches (see "Consistency");
@@ -159,6 +160,7 @@ pub mod init;
 pub mod latency;
 pub mod mapped;
 pub mod optim;
+pub(crate) mod par;
 pub mod partition;
 pub mod policy;
 pub mod rows;
