@@ -21,10 +21,11 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 from typing import Any
 
 CHILD = r"""
-import json, sys, tempfile, time
+import json, sys, time
 import numpy as np
 import embstore
 from embstore._core import SlotMap, staging_bytes
@@ -34,7 +35,7 @@ t = embstore.Table(dim, seed=5)
 every = np.arange(keys, dtype=np.int64)
 for a in range(0, keys, 1 << 20):
     t.lookup(every[a : a + (1 << 20)])
-d = tempfile.mkdtemp()
+d = sys.argv[2]  # the parent's temporary directory
 t.save(d, with_optimizer=False)
 del t
 mapped = embstore.MappedTable(d)
@@ -83,14 +84,17 @@ def child(pythonpath: str | None, threads: int, keys: int) -> dict[str, Any]:
     env = dict(os.environ, RAYON_NUM_THREADS=str(threads))
     if pythonpath:
         env["PYTHONPATH"] = pythonpath
-    out = subprocess.run(
-        [sys.executable, "-c", CHILD, str(keys)],
-        capture_output=True,
-        text=True,
-        check=True,
-        env=env,
-        timeout=600,
-    )
+    # The run's 1 GB checkpoint, removed however the run ends.
+    with tempfile.TemporaryDirectory() as d:
+        out = subprocess.run(
+            [sys.executable, "-c", CHILD, str(keys), d],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=600,
+        )
+    if out.returncode != 0:
+        raise SystemExit(f"slot_serve: a run exited with {out.returncode}:\n{out.stderr}")
     return dict(json.loads(out.stdout))
 
 
