@@ -511,7 +511,7 @@ impl SlotMap {
         // The calling thread serves partitions itself, pool threads
         // helping as they wake (with one pool thread, none: handing a call
         // over costs two wake-ups and runs nothing beside it).
-        let helpers = (rayon::current_num_threads() - 1).min(work.len() - 1);
+        let helpers = (rayon::current_num_threads() - 1).min(work.len().saturating_sub(1));
         let outs: Vec<Result<PartOut>> = if n >= PARALLEL_KEYS && helpers > 0 {
             run_shared(work, helpers, &run)
                 .ok_or_else(|| invalid("keys", "a partition of the call did not run"))?
@@ -881,6 +881,21 @@ mod tests {
         m.admit(&[100], 6, 6, &mut one, &mut ev).unwrap();
         assert_eq!(ev, [3], "the lowest count, first of equals");
         assert_eq!(m.get(100), Some(3));
+    }
+
+    #[test]
+    fn a_call_of_no_keys_serves_nothing_on_any_pool() {
+        let fetch = |_: &[i64], _: &mut [f32], _: &mut [bool]| -> Result<()> { Ok(()) };
+        for threads in [1, 4] {
+            let pool = rayon::ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .build()
+                .unwrap();
+            let mut m = SlotMap::new(100, false).unwrap();
+            let got = pool.install(|| m.serve(&[], 1, true, 4, &fetch)).unwrap();
+            assert!(got.src.is_empty() && got.miss_keys.is_empty() && got.adm_slot.is_empty());
+            assert!(m.is_empty());
+        }
     }
 
     #[test]
