@@ -37,7 +37,8 @@ pub const BUCKET: usize = 32;
 /// Partitions at most (see the module).
 pub const PARTS: usize = 16;
 
-/// Keys of a call below which [`SlotMap::serve`] runs on the calling thread.
+/// Keys of a call below which [`SlotMap::serve`] runs on the calling thread
+/// alone (from it, pool threads help).
 const PARALLEL_KEYS: usize = 512;
 
 /// Keys whose buckets' digests are asked for ahead of their probe.
@@ -192,11 +193,17 @@ impl Part<'_> {
         }
     }
 
+    /// Asks for the digests of the bucket at `at` to be in cache.
+    #[inline]
+    fn prefetch_digests(&self, at: usize) {
+        prefetch_addr(self.digest[at..].as_ptr() as usize);
+    }
+
     /// Asks for the whole bucket at `at` to be in cache, its digests and
     /// every slot (an admission into a full bucket reads every score).
     #[inline]
     fn prefetch_bucket(&self, at: usize) {
-        prefetch_addr(self.digest[at..].as_ptr() as usize);
+        self.prefetch_digests(at);
         for s in (at..at + BUCKET).step_by(4) {
             prefetch_addr(&self.slots[s] as *const Slot as usize);
         }
@@ -292,14 +299,14 @@ impl Part<'_> {
         // before it, then (in cache by then) the slot they name NEAR keys
         // before it, so that the key compared is in cache too.
         for &(at, _) in places.iter().take(AHEAD) {
-            prefetch_addr(self.digest[at as usize..].as_ptr() as usize);
+            self.prefetch_digests(at as usize);
         }
         for &(at, d) in places.iter().take(NEAR) {
             self.prefetch_match(at as usize, d);
         }
         for (i, (&p, &(at, d))) in pos.iter().zip(places).enumerate() {
             if let Some(&(next, _)) = places.get(i + AHEAD) {
-                prefetch_addr(self.digest[next as usize..].as_ptr() as usize);
+                self.prefetch_digests(next as usize);
             }
             if let Some(&(near, nd)) = places.get(i + NEAR) {
                 self.prefetch_match(near as usize, nd);
@@ -806,62 +813,60 @@ mod tests {
     }
 
     fn serve_equals_find_then_admit(lru: bool, dim: usize, fetch: &Fetch<'_>) {
-        {
-            let mut a = SlotMap::new(3_000, lru).unwrap();
-            let mut b = SlotMap::new(3_000, lru).unwrap();
-            assert_eq!(a.buckets / a.per_part, PARTS);
-            let mut state = 11u64;
-            for tick in 1..40u64 {
-                let n = if tick % 2 == 0 { 2_000 } else { 100 }; // parallel, then not
-                let keys: Vec<i64> = (0..n)
-                    .map(|_| {
-                        state = mix64(state);
-                        (state % 9_000) as i64
-                    })
-                    .collect();
-                let got = a.serve(&keys, tick, true, dim, fetch).unwrap();
-                let mut slots = vec![0i32; n];
-                b.find(&keys, tick, &mut slots).unwrap();
-                let miss = not_held(&keys, &slots);
-                let held: Vec<i64> = miss.iter().copied().filter(|k| k % 3 != 0).collect();
-                let mut adm = vec![0i32; held.len()];
-                let mut evicted = Vec::new();
-                b.admit(&held, tick, tick, &mut adm, &mut evicted).unwrap();
-                assert_eq!(got.miss_keys.len(), miss.len());
-                assert_eq!(got.evicted, evicted.len());
-                for (i, (&k, &s)) in keys.iter().zip(&slots).enumerate() {
-                    let src = got.src[i];
-                    if s >= 0 {
-                        assert_eq!(src, s, "a hit's slot");
-                    } else {
-                        let j = (-1 - src) as usize;
-                        assert_eq!(got.miss_keys[j], k);
-                        assert_eq!(got.miss_pos[j], i as i64);
-                        assert_eq!(got.found[j], k % 3 != 0);
-                        assert_eq!(got.rows[j * dim], k as f32);
-                    }
+        let mut a = SlotMap::new(3_000, lru).unwrap();
+        let mut b = SlotMap::new(3_000, lru).unwrap();
+        assert_eq!(a.buckets / a.per_part, PARTS);
+        let mut state = 11u64;
+        for tick in 1..40u64 {
+            let n = if tick % 2 == 0 { 2_000 } else { 100 }; // parallel, then not
+            let keys: Vec<i64> = (0..n)
+                .map(|_| {
+                    state = mix64(state);
+                    (state % 9_000) as i64
+                })
+                .collect();
+            let got = a.serve(&keys, tick, true, dim, fetch).unwrap();
+            let mut slots = vec![0i32; n];
+            b.find(&keys, tick, &mut slots).unwrap();
+            let miss = not_held(&keys, &slots);
+            let held: Vec<i64> = miss.iter().copied().filter(|k| k % 3 != 0).collect();
+            let mut adm = vec![0i32; held.len()];
+            let mut evicted = Vec::new();
+            b.admit(&held, tick, tick, &mut adm, &mut evicted).unwrap();
+            assert_eq!(got.miss_keys.len(), miss.len());
+            assert_eq!(got.evicted, evicted.len());
+            for (i, (&k, &s)) in keys.iter().zip(&slots).enumerate() {
+                let src = got.src[i];
+                if s >= 0 {
+                    assert_eq!(src, s, "a hit's slot");
+                } else {
+                    let j = (-1 - src) as usize;
+                    assert_eq!(got.miss_keys[j], k);
+                    assert_eq!(got.miss_pos[j], i as i64);
+                    assert_eq!(got.found[j], k % 3 != 0);
+                    assert_eq!(got.rows[j * dim], k as f32);
                 }
-                // The same admissions: each admitted slot takes its miss's key.
-                let mut want: Vec<(i32, i64)> = held
-                    .iter()
-                    .zip(&adm)
-                    .filter(|(_, s)| **s >= 0)
-                    .map(|(k, s)| (*s, *k))
-                    .collect();
-                let mut have: Vec<(i32, i64)> = got
-                    .adm_slot
-                    .iter()
-                    .zip(&got.adm_row)
-                    .map(|(&s, &j)| (s, got.miss_keys[j as usize]))
-                    .collect();
-                want.sort_unstable();
-                have.sort_unstable();
-                assert_eq!(have, want);
-                assert_eq!(a.items(), b.items());
-                assert_eq!(a.len(), b.len());
             }
-            assert!(a.len() > 2_500, "the map fills: {}", a.len());
+            // The same admissions: each admitted slot takes its miss's key.
+            let mut want: Vec<(i32, i64)> = held
+                .iter()
+                .zip(&adm)
+                .filter(|(_, s)| **s >= 0)
+                .map(|(k, s)| (*s, *k))
+                .collect();
+            let mut have: Vec<(i32, i64)> = got
+                .adm_slot
+                .iter()
+                .zip(&got.adm_row)
+                .map(|(&s, &j)| (s, got.miss_keys[j as usize]))
+                .collect();
+            want.sort_unstable();
+            have.sort_unstable();
+            assert_eq!(have, want);
+            assert_eq!(a.items(), b.items());
+            assert_eq!(a.len(), b.len());
         }
+        assert!(a.len() > 2_500, "the map fills: {}", a.len());
     }
 
     #[test]
