@@ -12,6 +12,7 @@ import gc
 import json
 import os
 import pickle
+import time
 from pathlib import Path
 from typing import Any
 
@@ -248,8 +249,14 @@ def test_bad_disk_settings_are_refused_by_name(tmp_path: Path) -> None:
     with pytest.raises(TypeError, match="disk: expected a path"):
         embstore.Table(4, disk=3, memory_bytes=1 << 20)  # type: ignore[arg-type]
     (tmp_path / "file").write_text("x")
-    with pytest.raises(ValueError, match="disk: cannot make a directory"):
+    with pytest.raises(ValueError, match=r"disk: expected a directory, .*file is a file"):
         embstore.Table(4, disk=tmp_path / "file", memory_bytes=1 << 20)
+    assert (tmp_path / "file").read_text() == "x"
+    # "" would be the current directory: refused, nothing made there.
+    before = sorted(os.listdir("."))
+    with pytest.raises(ValueError, match="disk: expected the path of a directory, got an empty"):
+        embstore.Table(4, disk="", memory_bytes=1 << 20)
+    assert sorted(os.listdir(".")) == before
     with pytest.raises(ValueError, match="mmap=True"):
         embstore.Table.load(tmp_path, mmap=True, disk=tmp_path, memory_bytes=1)
 
@@ -361,3 +368,91 @@ def test_a_damaged_checkpoint_opened_as_a_disk_table_is_refused_and_leaves_nothi
     # The same directory loads into memory only when whole, too.
     with pytest.raises(embstore.CheckpointError):
         embstore.Table.load(tmp_path / "ck")
+
+
+_SAME_PID_CHILD = r"""
+import os, sys, time, pathlib
+import numpy as np
+import embstore
+from embstore import optim
+spill, name, role = pathlib.Path(sys.argv[1]), sys.argv[2], sys.argv[3]
+assert os.getpid() == 1, os.getpid()  # pid 1 in a namespace of its own
+settings = dict(optimizer=optim.Adam(lr=0.1), seed=1, num_shards=2)
+cost = embstore.Table(8, disk=spill.parent / name, memory_bytes=1 << 20, **settings)
+cost = cost.stats()["row_cost"]
+t = embstore.Table(8, disk=spill, memory_bytes=2_000 * cost, **settings)
+for at in range(0, 6_000, 2_000):
+    t.lookup(np.arange(at, at + 2_000))
+mine = [p for p in spill.iterdir() if p.name.startswith("embstore-disk-")]
+if role == "first":
+    (dir_,) = mine
+    files = {p.name: p.stat().st_ino for p in dir_.iterdir()}
+    assert len(files) > 1, files  # its lock and segments
+(spill.parent / f"{name}.ready").touch()
+if role == "first":
+    while not (spill.parent / "second.ready").exists():
+        time.sleep(0.01)
+    # Its directory and files are where they were, the second's elsewhere.
+    assert {p.name: p.stat().st_ino for p in dir_.iterdir()} == files
+    assert len([p for p in spill.iterdir() if p.name.startswith("embstore-disk-")]) == 2
+    for r in range(12):
+        keys = np.arange(r * 1_000, r * 1_000 + 2_000) % 12_000
+        t.lookup(keys)
+        t.apply_gradients(keys, np.ones((len(keys), 8), np.float32))
+    st = t.stats()
+    assert st["disk_error"] is None, st["disk_error"]
+    assert st["memory_rows"] <= 2_000 + 2 * 2_000, st["memory_rows"]
+    assert st["rows"] == 12_000, st["rows"]
+    print("ok", st["memory_rows"], st["disk_rows"])
+else:
+    while not (spill.parent / "done").exists():
+        time.sleep(0.01)
+"""
+
+
+@pytest.mark.slow
+def test_two_processes_of_the_same_pid_share_a_spill_directory(tmp_path: Path) -> None:
+    """Two trainers in containers of their own (each pid 1, in a pid
+    namespace of its own: ``unshare --pid``) spill into one directory: the
+    second's table never removes the first's live files (before 0306b22's
+    fix it did, and the first kept every row in memory with only
+    ``stats()["disk_error"]`` to say so)."""
+    import subprocess
+    import sys
+
+    spill = tmp_path / "spill"
+    spill.mkdir()
+    code = tmp_path / "child.py"
+    code.write_text(_SAME_PID_CHILD)
+
+    def start(name: str, role: str) -> subprocess.Popen[str]:
+        cmd = ["unshare", "--pid", "--fork", "--kill-child", sys.executable, str(code)]
+        return subprocess.Popen(
+            [*cmd, str(spill), name, role],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+
+    probe = subprocess.run(["unshare", "--pid", "--fork", "true"], capture_output=True)
+    if probe.returncode != 0:
+        pytest.skip("no pid namespaces here (unshare --pid needs root)")
+    first = start("first", "first")
+    try:
+        deadline = time.monotonic() + 60
+        while not (tmp_path / "first.ready").exists():
+            assert first.poll() is None, first.communicate()
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        second = start("second", "second")
+        try:
+            out, err = first.communicate(timeout=120)
+            assert first.returncode == 0, err
+            assert out.startswith("ok"), (out, err)
+        finally:
+            (tmp_path / "done").touch()
+            second.communicate(timeout=60)
+        assert second.returncode == 0
+    finally:
+        first.kill()
+    assert not [p for p in spill.iterdir() if p.name.startswith("embstore-disk-")]

@@ -9,8 +9,10 @@ from __future__ import annotations
 import os
 import pathlib
 import socket
+import threading
 import time
 import urllib.request
+from typing import Any
 
 import numpy as np
 import pytest
@@ -252,3 +254,55 @@ def test_bad_arguments_are_refused_by_name() -> None:
         metrics.collector({"x": {}})
     with pytest.raises(ValueError, match="port: expected an int"):
         metrics.serve(70_000, tables={})
+
+
+class _Growing(embstore.Table):
+    """A table whose every read adds another table to the mapping being
+    scraped: what an application's thread does while a scrape runs."""
+
+    def __init__(self, dim: int, tables: dict[str, Any]) -> None:
+        super().__init__(dim)
+        self._mapping = tables
+
+    def stats(self) -> dict[str, Any]:
+        self._mapping[f"t{len(self._mapping)}"] = embstore.Table(DIM)
+        return super().stats()
+
+
+def test_a_scrape_reads_a_snapshot_of_a_mapping_that_grows_meanwhile() -> None:
+    tables: dict[str, Any] = {}
+    tables["grows"] = _Growing(DIM, tables)
+    registry = prometheus_client.CollectorRegistry()
+    registry.register(metrics.collector(tables))  # its first read adds "t1"
+    for scrape in range(3):
+        text = prometheus_client.generate_latest(registry).decode()
+        # Each scrape exported every table the mapping held when it began.
+        for name in [n for n in tables if n != f"t{len(tables) - 1}"]:
+            assert f'embstore_rows{{table="{name}"}}' in text, (scrape, name)
+
+
+def test_scrapes_beside_a_thread_adding_and_removing_tables_all_succeed() -> None:
+    tables: dict[str, Any] = {"a": embstore.Table(DIM)}
+    registry = prometheus_client.CollectorRegistry()
+    registry.register(metrics.collector(tables))
+    stop = threading.Event()
+
+    def churn() -> None:
+        spare = [embstore.Table(DIM) for _ in range(4)]
+        i = 0
+        while not stop.is_set():
+            tables[f"x{i % 64}"] = spare[i % 4]
+            tables.pop(f"x{(i + 32) % 64}", None)
+            i += 1
+
+    thread = threading.Thread(target=churn, daemon=True)
+    thread.start()
+    try:
+        for _ in range(150):
+            assert (
+                'embstore_rows{table="a"}' in prometheus_client.generate_latest(registry).decode()
+            )
+    finally:
+        stop.set()
+        thread.join(timeout=10)
+    assert not thread.is_alive()

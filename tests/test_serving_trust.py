@@ -74,13 +74,18 @@ def rewrite_file(path: pathlib.Path, name: str, edit: object) -> None:
 def both(path: pathlib.Path) -> tuple[str | None, str | None]:
     """What a load and a mapped open plus a full read say: each the
     CheckpointError's message, or None where it served; where both served,
-    they served the same rows. One refusing where the other serves fails."""
+    they served the same rows. One refusing where the other serves fails.
+    The third loader, a load as a disk table (its files adopted as its
+    segments, almost every row on disk), must refuse or serve as the load
+    does too."""
     loaded: embstore.Table | None = None
     try:
         loaded = embstore.Table.load(path)
         load_err = None
     except embstore.CheckpointError as e:
         load_err = str(e)
+    disk_err = _disk_load_agrees(path, loaded)
+    assert (load_err is None) == (disk_err is None), (load_err, disk_err)
     try:
         mapped = embstore.Table.load(path, mmap=True)
         keys, rows = mapped.export()
@@ -99,6 +104,44 @@ def both(path: pathlib.Path) -> tuple[str | None, str | None]:
         assert len(mapped) == len(loaded)
     assert (load_err is None) == (map_err is None), (load_err, map_err)
     return load_err, map_err
+
+
+def _disk_load_agrees(path: pathlib.Path, loaded: embstore.Table | None) -> str | None:
+    """A load of ``path`` as a disk table with memory for about a row a
+    shard: its CheckpointError's message, or None where it served, then
+    every row and its state as ``loaded`` holds them (and a training step
+    on both leaves them equal)."""
+    import uuid
+
+    spill = path.parent / f"spill-{uuid.uuid4().hex}"
+    try:
+        disk = embstore.Table.load(path, disk=spill, memory_bytes=4096)
+    except embstore.CheckpointError as e:
+        return str(e)
+    try:
+        assert loaded is not None
+        assert disk.stats()["disk_rows"] > 0 or len(disk) <= 2
+        want_keys, want_rows = loaded.export()
+        keys, rows = disk.export()
+        np.testing.assert_array_equal(keys, want_keys)
+        np.testing.assert_array_equal(rows, want_rows)
+        step = np.sort(want_keys)[:8]
+        if len(step):
+            # A step from what each holds (on a second load: ``loaded`` is
+            # the callers' to compare) leaves the same finite rows.
+            again = embstore.Table.load(path)
+            g = np.ones((len(step), again.dim), np.float32)
+            again.apply_gradients(step, g)
+            disk.apply_gradients(step, g)
+            got = disk.lookup(step, insert=False)
+            np.testing.assert_array_equal(got, again.lookup(step, insert=False))
+            assert np.isfinite(got).all()
+    finally:
+        del disk
+        import shutil
+
+        shutil.rmtree(spill, ignore_errors=True)
+    return None
 
 
 def assert_refused(err: str | None, says: str) -> None:
@@ -560,3 +603,74 @@ def test_a_load_and_a_mapped_read_agree_on_crafted_files(
         rewrite_file(ckpt, names[fi % len(names)], _craft(what, at, value))
     both(ckpt)  # asserts: both refuse, or both serve the same rows
     shutil.rmtree(ckpt)
+
+
+# -- values: every loader runs the same check ---------------------------------
+
+
+def patch_bytes(path: pathlib.Path, name: str, tensor: str, at: int, value: bytes) -> None:
+    """Writes ``value`` at byte ``at`` of tensor ``tensor`` of the shard file
+    ``name`` (any dtype: the header read as safetensors lays it out), with a
+    valid size and checksum in the manifest: a crafted file."""
+    f = path / name
+    data = bytearray(f.read_bytes())
+    n = int.from_bytes(data[:8], "little")
+    start = 8 + n + json.loads(data[8 : 8 + n])[tensor]["data_offsets"][0]
+    data[start + at : start + at + len(value)] = value
+    f.unlink()
+    f.write_bytes(bytes(data))
+
+    def fix(m: dict[str, object]) -> None:
+        for link in m["chain"]:  # type: ignore[attr-defined]
+            for e in link["files"]:
+                if e["name"] == name:
+                    e["bytes"] = len(data)
+                    e["crc32c"] = crc32c(bytes(data))
+
+    rewrite_manifest(path, fix)
+
+
+_VALUES = {
+    "float32 row NaN": ("float32", "rows", np.nan),
+    "float32 row inf": ("float32", "rows", np.inf),
+    "bfloat16 row NaN": ("bfloat16", "rows", np.nan),
+    "bfloat16 row inf": ("bfloat16", "rows", -np.inf),
+    "int8 scale NaN": ("int8", "scale", np.nan),
+    "int8 scale to inf": ("int8", "scale", 3e38),
+    "int8 offset inf": ("int8", "offset", np.inf),
+    "adagrad state -5": ("float32", "state", -5.0),
+    "adagrad state NaN": ("float32", "state", np.nan),
+}
+
+
+@pytest.mark.parametrize("case", list(_VALUES))
+def test_every_loader_refuses_values_no_step_could_write(tmp_path: pathlib.Path, case: str) -> None:
+    """Rows that are NaN or inf (float32, bfloat16, int8 whose scale or
+    offset decode to them) and Adagrad state below zero or NaN, in files
+    with valid checksums: a load, a mapped read and a load as a disk table
+    (whose files would be adopted as its segments) all refuse them; before
+    0306b22's fix the disk load served them and its next step wrote a
+    non-finite row."""
+    dtype, where, bad = _VALUES[case]
+    ckpt = tmp_path / "ckpt"
+    t = embstore.Table(DIM, optimizer=optim.Adagrad(lr=0.1), dtype=dtype, num_shards=2, seed=3)
+    t.lookup(np.arange(300))
+    t.apply_gradients(np.arange(300), np.ones((300, DIM), np.float32))
+    t.save(ckpt)
+    name = row_files(ckpt)[0]
+    codes = -(-DIM // 4) * 4  # an int8 row's codes fill whole words
+    if where == "rows" and dtype == "bfloat16":
+        bits = np.float32(bad).view(np.uint32) >> 16  # a bfloat16's bits
+        patch_bytes(ckpt, name, "rows", 2, np.uint16(bits).tobytes())
+    elif where in ("scale", "offset"):
+        at = codes + (4 if where == "offset" else 0)
+        patch_bytes(ckpt, name, "rows", at, np.float32(bad).tobytes())
+    else:  # float32 rows, Adagrad's state: row 0, column 1
+        patch_bytes(ckpt, name, where, 4, np.float32(bad).tobytes())
+    load_err, map_err = both(ckpt)  # the disk load must refuse as the load does
+    assert_refused(load_err, "damaged")
+    assert_refused(map_err, "damaged")
+    with pytest.raises(embstore.CheckpointError, match="damaged"):
+        embstore.Table.load(ckpt, disk=tmp_path / "spill", memory_bytes=4096)
+    # Nothing of the refused load stays on disk.
+    assert not [p for p in (tmp_path / "spill").iterdir() if p.name.startswith("embstore-disk")]

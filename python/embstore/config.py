@@ -68,7 +68,11 @@ def _path(name: str, value: Any) -> str | None:
         return None
     if not isinstance(value, (str, os.PathLike)):
         raise TypeError(f"{name}: expected a path or None, got {type(value).__name__}")
-    return os.fspath(value)
+    path = os.fspath(value)
+    if not path:
+        # "" would name the current directory: a mistake, never a choice.
+        raise ValueError(f"{name}: expected the path of a directory, got an empty string")
+    return path
 
 
 def _initializer(name: str, value: Any) -> Initializer:
@@ -134,8 +138,9 @@ class TableConfig:
         or "int8": 8-bit codes with a float32 scale and offset per row (72
         bytes at dim 64, 3.6x fewer than float32), rounded to nearest when
         assigned or created and stochastically, by a stream of (seed, key,
-        step), by every optimizer step. Int8 tables are not saved to
-        checkpoints yet (``save`` raises ValueError naming dtype).
+        step), by every optimizer step. Checkpoints keep an int8 table's
+        codes, scales and offsets as they are (a load, a mapped table and a
+        disk table read them without re-quantizing).
     admission:
         An :mod:`embstore.policy` filter (CountFilter, ProbabilityFilter)
         deciding which keys a gradient may give a row; None admits all.

@@ -23,7 +23,7 @@ with the label ``table="name"``:
 
 A tier that has no such figure leaves the series out (a mapped table has no
 inserts). ``prometheus_client`` is an optional dependency:
-``pip install "embstore[metrics]"``.
+``pip install prometheus-client`` (from a clone, ``pip install ".[metrics]"``).
 
 Serving the endpoint::
 
@@ -171,20 +171,43 @@ def _figures(name: str, t: Any) -> Iterator[tuple[str, TableFigures]]:
     )
 
 
-def _check_tables(tables: Any) -> Mapping[str, Any]:
+def _check_tables(tables: Any) -> list[tuple[str, Any]]:
+    """The mapping's items now (:func:`_snapshot`), their names checked."""
     if not isinstance(tables, Mapping):
         raise TypeError(f"tables: expected a mapping of name -> table, got {type(tables).__name__}")
-    for name in tables:
+    items = _snapshot(tables)
+    for name, _ in items:
         if not isinstance(name, str) or not name:
             raise TypeError(f"tables: expected non-empty str names, got {name!r}")
-    return tables
+    return items
+
+
+def _snapshot(tables: Mapping[str, Any]) -> list[tuple[str, Any]]:
+    """The mapping's items as they are now. A scrape reads this copy, never
+    the caller's mapping itself, which the application may change while
+    the scrape runs (a table added: "dictionary changed size during
+    iteration"). A ``dict``'s copy is one step under the GIL; another
+    mapping's iteration that meets a change is taken again, from the start."""
+    if type(tables) is dict:
+        return list(tables.copy().items())
+    for _ in range(_SNAPSHOT_TRIES - 1):
+        try:
+            return list(tables.items())
+        except RuntimeError:
+            continue
+    return list(tables.items())
+
+
+# A mapping changed under a scrape's copy this many times in a row is
+# copied once more, and that copy's error goes to the scrape.
+_SNAPSHOT_TRIES = 8
 
 
 def read(tables: Mapping[str, Any]) -> dict[str, TableFigures]:
     """The figures the metrics export, by label, read now (what a scrape
     reads; for logs or tests without ``prometheus_client``)."""
     out: dict[str, TableFigures] = {}
-    for name, t in _check_tables(tables).items():
+    for name, t in _check_tables(tables):
         for label, f in _figures(name, t):
             out[label] = f
     return out
@@ -195,9 +218,9 @@ class _Collector:
     ``collect``: a table added to the mapping later is exported from then)."""
 
     def __init__(self, tables: Mapping[str, Any]) -> None:
-        self._tables = _check_tables(tables)
-        for name, t in self._tables.items():
+        for name, t in _check_tables(tables):
             list(_figures(name, t))  # refuses what it cannot read, now
+        self._tables = tables
 
     def describe(self) -> list[Any]:
         # No description: the registry calls collect() once to learn the
@@ -206,7 +229,7 @@ class _Collector:
 
     def collect(self) -> Iterator[Any]:
         m = require("prometheus_client", "metrics").metrics_core
-        figures = read(self._tables)
+        figures = read(self._tables)  # a snapshot of the mapping
         counters = {
             key: m.CounterMetricFamily(f"embstore_{key}", doc, labels=["table"])
             for key, doc in _COUNTERS.items()

@@ -80,8 +80,10 @@ pub(crate) struct Cold {
     prefetched: Mutex<(u64, Rounds)>,
     /// Compaction jobs: whether one is running, and those done.
     pub(crate) compaction: Compaction,
-    /// Held for its lock and removed on drop.
-    _dir: StoreDir,
+    /// Held for its lock and removed when the last holder goes: the
+    /// table, or a compaction job still writing into it (which holds a
+    /// clone while it runs, so the directory is never removed under it).
+    pub(crate) dir: Arc<StoreDir>,
 }
 
 /// A disk table's figures (`stats()`).
@@ -182,7 +184,7 @@ impl Cold {
             prefetched: Mutex::default(),
             compaction: Compaction::default(),
             pid: std::process::id(),
-            _dir: dir,
+            dir: Arc::new(dir),
         };
         Ok((cold, shards))
     }
@@ -445,7 +447,7 @@ impl Table {
         if error.is_some() {
             *c.error.lock().unwrap_or_else(PoisonError::into_inner) = error;
         }
-        self.start_compaction(&c.compaction);
+        self.start_compaction(c);
         trim_heap();
     }
 

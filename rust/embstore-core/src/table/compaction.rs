@@ -9,6 +9,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use crate::table::Table;
+use crate::table::cold::Cold;
 use crate::table::storage::cold::{Done, Job};
 use crate::table::storage::write;
 
@@ -115,7 +116,8 @@ impl Table {
     /// Starts a compaction job, in the background, of the shards whose
     /// files are more than half dead, unless one is running. The caller
     /// holds the cold gate exclusively.
-    pub(crate) fn start_compaction(&self, c: &Compaction) {
+    pub(crate) fn start_compaction(&self, cold: &Cold) {
+        let c = &cold.compaction;
         if c.running.load(Ordering::Acquire) {
             return;
         }
@@ -128,7 +130,11 @@ impl Table {
                 break;
             }
             let mut g = write(lock);
-            let Some(cold) = g.cold.as_mut().filter(|cs| cs.dead_share() > 0.5) else {
+            let Some(cold) = g
+                .cold
+                .as_mut()
+                .filter(|cs| cs.dead_share() > 0.5 || cs.write_failed())
+            else {
                 continue;
             };
             if let Some(job) = cold.compaction_job(budget) {
@@ -141,7 +147,11 @@ impl Table {
         }
         c.running.store(true, Ordering::Release);
         let (done, running) = (Arc::clone(&c.done), Arc::clone(&c.running));
+        // The table's directory outlives the job (the table may be dropped
+        // while its job writes there): removed by whichever goes last.
+        let dir = Arc::clone(&cold.dir);
         background(Box::new(move || {
+            let _dir = dir;
             // Cleared however the work ends (a panic included), so that a
             // later round starts the next job.
             struct Clear(Arc<AtomicBool>);

@@ -12,10 +12,10 @@ use crate::error::{Result, ckpt_err, oom};
 use crate::format::file_index;
 use crate::format::manifest::{FileEntry, Manifest};
 use crate::format::tensors::{expect_tensor, f32s, i64s, rows_f32, rows_tensor};
+use crate::table::Table;
 use crate::table::storage::base::{Columns, row_crc};
 use crate::table::storage::cold::Loc;
 use crate::table::storage::write;
-use crate::table::{Magnitudes, Table};
 
 impl Table {
     /// Takes the rows file `e` of the checkpoint at `dir` (`buf`: its
@@ -64,7 +64,10 @@ impl Table {
             )?),
             None => std::borrow::Cow::Borrowed(&[][..]),
         };
-        let mut mag = Magnitudes::of(self.optimizer.as_ref(), self.dim, &rows, &state);
+        // The loader's value check (finite rows and state, state a step
+        // can produce), as a load into memory and a mapped read run it.
+        let mut mag =
+            super::load::magnitudes_of_file(self, m, &path, &rows, cols.state.map(|_| &state[..]))?;
         drop((rows, state));
         mag.w *= 1.0 + 1.0 / 128.0;
         self.bounds.raise(&mag);

@@ -334,7 +334,7 @@ impl Table {
 ///
 /// # Errors
 /// `Checkpoint` for a non-finite row or state value, or impossible state.
-fn magnitudes_of_file(
+pub(super) fn magnitudes_of_file(
     table: &Table,
     m: &Manifest,
     path: &Path,

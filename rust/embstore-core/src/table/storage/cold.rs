@@ -39,6 +39,12 @@ const SEGMENT_BYTES: usize = 64 << 20;
 #[cfg(test)]
 const SEGMENT_BYTES: usize = 4 << 10;
 
+/// The active segment is closed once it holds this fraction of a
+/// segment's records and half of them are dead (see [`ColdShard::append`]):
+/// a shard's dead records in its active segment stay under about
+/// `SEGMENT_BYTES / ROLL_DEAD` or its live ones.
+const ROLL_DEAD: u32 = 16;
+
 /// Keys hashed with the table's own mix (keys are not attacker-chosen
 /// hash-flooding input here any more than in the table's index).
 #[derive(Default)]
@@ -99,6 +105,10 @@ pub(crate) struct ColdShard {
     /// The process whose files these are: a `fork()`ed child holds a copy
     /// of this shard but never writes or deletes its parent's files.
     pid: u32,
+    /// A write failed since the last compaction job was taken: the next
+    /// round compacts whatever files are half dead, however little of the
+    /// shard is dead (a full disk is given back its dead records' room).
+    write_failed: bool,
 }
 
 impl ColdShard {
@@ -119,6 +129,7 @@ impl ColdShard {
             pending: Vec::new(),
             pending_from: 0,
             pid: std::process::id(),
+            write_failed: false,
         }
     }
 
@@ -307,11 +318,16 @@ impl ColdShard {
     /// file cannot be created.
     pub(crate) fn append(&mut self, key: i64, generation: u32, words: &[u32]) -> Result<Loc> {
         debug_assert_eq!(words.len(), self.words);
+        // A new segment when the active one is full, or when it is half
+        // dead past a sixteenth of its size (rows moved out, then back in):
+        // compaction never takes the active segment, so its dead records
+        // would otherwise fill up to a whole segment's room for good.
         let full = self.active.is_none_or(|a| {
             let s = self.segments[a as usize]
                 .as_ref()
                 .expect("the active segment");
             s.written + self.pending_records() >= self.per_segment
+                || (s.written >= self.per_segment / ROLL_DEAD && s.live * 2 <= s.written)
         });
         if full {
             self.flush()?;
@@ -367,8 +383,10 @@ impl ColdShard {
         }
         let n = self.segments.len() as u32;
         let path = self.segment_path(n);
-        let file = SegFile::create(&path)
-            .map_err(|e| ckpt_err(&path, format!("creating a disk segment: {e}")))?;
+        let file = SegFile::create(&path).map_err(|e| {
+            self.write_failed = true;
+            ckpt_err(&path, format!("creating a disk segment: {e}"))
+        })?;
         self.segments.push(Some(Segment {
             file: Arc::new(file),
             path,
@@ -402,9 +420,13 @@ impl ColdShard {
         let s = self.segments[a as usize]
             .as_mut()
             .expect("the active segment");
-        s.file
+        if let Err(e) = s
+            .file
             .write_at(&self.pending, u64::from(self.pending_from) * rb)
-            .map_err(|e| ckpt_err("disk store", format!("writing rows: {e}")))?;
+        {
+            self.roll_over();
+            return Err(ckpt_err("disk store", format!("writing rows: {e}")));
+        }
         let n = (self.pending.len() as u64 / rb) as u32;
         s.written += n;
         s.bytes += self.pending.len() as u64;
@@ -413,6 +435,37 @@ impl ColdShard {
         // A large flush's room is given back rather than kept resident.
         self.pending.shrink_to(1 << 20);
         Ok(())
+    }
+
+    /// After a failed write (a full disk, most often): the active segment
+    /// is cut back to its last whole write (a partial write's room given
+    /// back) and closed, so that it is compacted like any other file once
+    /// half dead (a segment appended to for long holds mostly the dead
+    /// records of rows moved back in, which compaction never took while it
+    /// was active), or deleted at once when nothing in it is live; the next
+    /// append opens a new segment. The pending records are the caller's to
+    /// discard.
+    fn roll_over(&mut self) {
+        self.write_failed = true;
+        let Some(a) = self.active.take() else {
+            return;
+        };
+        self.pending_from = 0;
+        let slot = &mut self.segments[a as usize];
+        if let Some(s) = slot {
+            let _ = s.file.file.set_len(s.bytes);
+            if s.live == 0 {
+                let path = s.path.clone();
+                *slot = None;
+                self.delete(&path);
+            }
+        }
+    }
+
+    /// Whether a write failed since the last compaction job was taken (the
+    /// next round compacts what it can, see [`ColdShard::roll_over`]).
+    pub(crate) fn write_failed(&self) -> bool {
+        self.write_failed
     }
 
     /// Removes `key` if its row is still at `loc` (a row read outside the
@@ -462,6 +515,19 @@ impl ColdShard {
         if !self.owned() {
             return None;
         }
+        // A closed file with nothing live (a segment closed by
+        // [`ColdShard::roll_over`] or half dead, whose last rows went before
+        // it was closed) goes now: no job is needed to empty it.
+        for n in 0..self.segments.len() {
+            let empty = self.segments[n]
+                .as_ref()
+                .is_some_and(|s| s.live == 0 && !s.compacting);
+            if empty && Some(n as u32) != self.active {
+                if let Some(s) = self.segments[n].take() {
+                    self.delete(&s.path);
+                }
+            }
+        }
         let mut found: Vec<(u32, u32, u32)> = self
             .segments
             .iter()
@@ -490,6 +556,7 @@ impl ColdShard {
         if victims.is_empty() {
             return None;
         }
+        self.write_failed = false;
         let mut live: HashMap<u32, Vec<(u32, i64, Loc)>> =
             victims.iter().map(|&v| (v, Vec::new())).collect();
         for (&key, &loc) in &self.index {
