@@ -4,7 +4,7 @@ in and out for many rounds keeps its dead records bounded (its active
 segment is closed once half dead and compacted like any other file), a
 write that fails for want of space closes the active segment and starts a
 compaction, and once space returns the table is back within its memory
-bound, every row as a table in memory holds it. Before 8e2c9f1's fix the
+bound, every row as a table in memory holds it. At 0306b22 the
 active segment kept every dead record until it reached 64 MiB, so a disk
 with room for the live rows filled, writes failed for good and every row
 stayed in memory."""

@@ -107,26 +107,6 @@ pub(crate) struct Gathered {
     pub(crate) with_state: bool,
 }
 
-impl Gathered {
-    const fn new() -> Self {
-        Gathered {
-            keys: Vec::new(),
-            kb: Vec::new(),
-            w: Vec::new(),
-            st: Vec::new(),
-            mb: Vec::new(),
-            with_state: false,
-        }
-    }
-}
-
-thread_local! {
-    /// Write buffers per thread, kept between files (no fresh memory to
-    /// fault in for every file).
-    pub(crate) static WRITE_BUFS: std::cell::RefCell<Gathered> =
-        const { std::cell::RefCell::new(Gathered::new()) };
-}
-
 /// Read buffers kept between the files of the reads in progress (loads,
 /// checks, a mapped table's opening or refresh), so that a read does not
 /// fault in fresh memory for every file (files are up to 256 MiB), and

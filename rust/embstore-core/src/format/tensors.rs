@@ -52,16 +52,7 @@ pub(crate) fn write_safetensors_with(
         ));
         offset += t.bytes.len();
     }
-    let meta = Metadata::new(metadata, infos)
-        .map_err(|e| ckpt_err(path, format!("cannot describe the tensors: {e}")))?;
-    let mut header = serde_json::to_vec(&meta)
-        .map_err(|e| ckpt_err(path, format!("cannot serialize the header: {e}")))?;
-    // Spaces after the JSON (as safetensors allows) so that the tensors'
-    // bytes start on a 64-byte boundary: a file's first tensors (a shard
-    // file's index, then its rows) are then aligned to cache lines where a
-    // mapped reader reads them at random (a 256-byte row at an offset of
-    // 16 spans 5 lines, not 4).
-    header.resize((8 + header.len()).next_multiple_of(64) - 8, b' ');
+    let header = header_bytes(path, metadata, infos)?;
     let mut f = untrusted::create_file(path).map_err(|e| io_err(path, "cannot create", &e))?;
     let n = (header.len() as u64).to_le_bytes();
     let mut crc = crc32c::crc32c(&n);
@@ -74,6 +65,128 @@ pub(crate) fn write_safetensors_with(
         write(t.bytes)?;
     }
     Ok(((8 + header.len() + offset) as u64, crc))
+}
+
+/// A safetensors file written tensor by tensor in pieces, in any order
+/// across tensors ([`StreamedFile::put`]): its header is written first from
+/// the tensors' dtypes and shapes, each piece goes to its tensor's place
+/// (`pwrite`), and the file's CRC-32C is the tensors' own CRCs, each taken
+/// as its pieces come, combined in file order at [`StreamedFile::finish`].
+/// So a file of any size is written from a buffer of one piece: what a
+/// disk table's save holds beside its rows.
+pub(crate) struct StreamedFile {
+    file: std::fs::File,
+    path: std::path::PathBuf,
+    /// Per tensor: where it starts in the file, its bytes, the bytes put
+    /// so far and their CRC-32C.
+    tensors: Vec<(u64, u64, u64, u32)>,
+    /// The CRC-32C of the length prefix and header, and their bytes.
+    head: (u32, u64),
+}
+
+impl StreamedFile {
+    /// Creates the file `path` (nothing may be there) for `tensors` (their
+    /// `bytes` unused: only their lengths, which [`StreamedFile::put`]
+    /// fills) and writes its header.
+    ///
+    /// # Errors
+    /// `Checkpoint` when the file cannot be created or written.
+    pub(crate) fn create(
+        path: &Path,
+        tensors: &[(&'static str, Dtype, Vec<usize>, usize)],
+        metadata: Option<std::collections::HashMap<String, String>>,
+    ) -> Result<StreamedFile> {
+        let mut offset = 0;
+        let mut infos = Vec::with_capacity(tensors.len());
+        for (name, dtype, shape, len) in tensors {
+            infos.push((
+                (*name).to_string(),
+                TensorInfo {
+                    dtype: *dtype,
+                    shape: shape.clone(),
+                    data_offsets: (offset, offset + len),
+                },
+            ));
+            offset += len;
+        }
+        let header = header_bytes(path, metadata, infos)?;
+        let mut f = untrusted::create_file(path).map_err(|e| io_err(path, "cannot create", &e))?;
+        let n = (header.len() as u64).to_le_bytes();
+        let crc = crc32c::crc32c_append(crc32c::crc32c(&n), &header);
+        f.write_all(&n)
+            .and_then(|()| f.write_all(&header))
+            .map_err(|e| io_err(path, "cannot write", &e))?;
+        let head = (8 + header.len()) as u64;
+        let mut at = head;
+        let tensors = tensors
+            .iter()
+            .map(|t| {
+                let start = at;
+                at += t.3 as u64;
+                (start, t.3 as u64, 0, 0)
+            })
+            .collect();
+        Ok(StreamedFile {
+            file: f,
+            path: path.to_path_buf(),
+            tensors,
+            head: (crc, head),
+        })
+    }
+
+    /// Writes `bytes`, the next piece of tensor `t` (in the order given to
+    /// [`StreamedFile::create`]).
+    ///
+    /// # Errors
+    /// `Checkpoint` for an I/O error, or a piece past the tensor's end.
+    pub(crate) fn put(&mut self, t: usize, bytes: &[u8]) -> Result<()> {
+        use std::os::unix::fs::FileExt;
+        let (start, len, put, crc) = &mut self.tensors[t];
+        if *put + bytes.len() as u64 > *len {
+            return Err(ckpt_err(&self.path, "a tensor's pieces overrun it"));
+        }
+        self.file
+            .write_all_at(bytes, *start + *put)
+            .map_err(|e| io_err(&self.path, "cannot write", &e))?;
+        *crc = crc32c::crc32c_append(*crc, bytes);
+        *put += bytes.len() as u64;
+        Ok(())
+    }
+
+    /// The file's size and CRC-32C, once every tensor is whole.
+    ///
+    /// # Errors
+    /// `Checkpoint` when a tensor was not filled.
+    pub(crate) fn finish(self) -> Result<(u64, u32)> {
+        let (mut crc, mut size) = self.head;
+        for &(_, len, put, c) in &self.tensors {
+            if put != len {
+                return Err(ckpt_err(&self.path, "a tensor was left short"));
+            }
+            crc = crc32c::crc32c_combine(crc, c, len as usize);
+            size += len;
+        }
+        Ok((size, crc))
+    }
+}
+
+/// A safetensors header (the crate's own `Metadata` as JSON), padded with
+/// spaces after the JSON (as safetensors allows) so that the tensors'
+/// bytes start on a 64-byte boundary: a file's first tensors (a shard
+/// file's index, then its rows) are then aligned to cache lines where a
+/// mapped reader reads them at random (a 256-byte row at an offset of 16
+/// spans 5 lines, not 4).
+fn header_bytes(
+    path: &Path,
+    metadata: Option<std::collections::HashMap<String, String>>,
+    infos: Vec<(String, TensorInfo)>,
+) -> Result<Vec<u8>> {
+    let meta = Metadata::new(metadata, infos)
+        .map_err(|e| ckpt_err(path, format!("cannot describe the tensors: {e}")))?;
+    let mut header = serde_json::to_vec(&meta)
+        .map_err(|e| ckpt_err(path, format!("cannot serialize the header: {e}")))?;
+    header.resize((8 + header.len()).next_multiple_of(64) - 8, b' ');
+    Ok(header)
 }
 
 /// The tensors of one shard file, checked against the manifest.
@@ -442,6 +555,66 @@ mod tests {
         assert_eq!(r.shape(), &[3, 2]);
         assert_eq!(f32s(r.data())[3], 8.0);
         assert!(tensor(&st, &path, "state").is_err());
+    }
+
+    #[test]
+    fn a_file_streamed_in_pieces_is_the_file_written_whole() {
+        let dir = temp_dir("tensors-streamed");
+        let mut a = Vec::new();
+        i64::extend_le(&(0..1000).collect::<Vec<i64>>(), &mut a);
+        let mut b = Vec::new();
+        f32::extend_le(
+            &(0..777).map(|i| i as f32 * 0.5).collect::<Vec<_>>(),
+            &mut b,
+        );
+        let meta = || Some([("k".to_string(), "v".to_string())].into_iter().collect());
+        let whole = dir.join("whole.safetensors");
+        let (size, crc) = write_safetensors_with(
+            &whole,
+            &[
+                TensorOut {
+                    name: "a",
+                    dtype: Dtype::I64,
+                    shape: vec![1000],
+                    bytes: &a,
+                },
+                TensorOut {
+                    name: "b",
+                    dtype: Dtype::F32,
+                    shape: vec![777],
+                    bytes: &b,
+                },
+            ],
+            meta(),
+        )
+        .unwrap();
+        let streamed = dir.join("streamed.safetensors");
+        let specs = [
+            ("a", Dtype::I64, vec![1000], a.len()),
+            ("b", Dtype::F32, vec![777], b.len()),
+        ];
+        let mut f = StreamedFile::create(&streamed, &specs, meta()).unwrap();
+        // Pieces of both tensors, interleaved, of uneven sizes.
+        let (mut ia, mut ib) = (0, 0);
+        while ia < a.len() || ib < b.len() {
+            let na = (a.len() - ia).min(1234);
+            f.put(0, &a[ia..ia + na]).unwrap();
+            ia += na;
+            let nb = (b.len() - ib).min(333);
+            f.put(1, &b[ib..ib + nb]).unwrap();
+            ib += nb;
+        }
+        assert!(f.put(1, &[0]).is_err());
+        assert_eq!(f.finish().unwrap(), (size, crc));
+        assert_eq!(
+            std::fs::read(&whole).unwrap(),
+            std::fs::read(&streamed).unwrap()
+        );
+        let short = dir.join("short.safetensors");
+        let mut f = StreamedFile::create(&short, &specs, None).unwrap();
+        f.put(0, &a).unwrap();
+        assert!(f.finish().is_err());
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

@@ -52,6 +52,10 @@ type Rounds = HashMap<i64, u64, BuildHasherDefault<KeyHasher>>;
 /// Rows touched by this many of the latest calls are moved to disk last.
 const RECENT_CALLS: u64 = 2;
 
+/// Keys a disk table's lookup takes at a time at the least
+/// ([`Table::cold_piece`]).
+const MIN_PIECE: usize = 4096;
+
 /// Threads that read a call's rows from disk at most: the device's queue
 /// depth they keep.
 const READ_THREADS: usize = 32;
@@ -502,6 +506,22 @@ impl Table {
             held: vec![(self, guard)],
         };
         self.fault_in(c, keys, false)
+    }
+
+    /// For a disk table, the keys a lookup of `n` keys takes at a time
+    /// when it cannot take them all (`None`: all at once, and always for a
+    /// table in memory): about half of `memory_bytes` of rows, at least
+    /// [`MIN_PIECE`] keys. A call larger than that is served in pieces,
+    /// each moved in, read and moved out before the next, so a call of
+    /// any size brings at most a piece's rows into memory beyond
+    /// `memory_bytes`. (An inserting lookup in pieces that fails in a later
+    /// piece, a row on disk that cannot be read, keeps the rows that the
+    /// earlier pieces created: rows as a lookup of those keys would have
+    /// created them.)
+    pub(crate) fn cold_piece(&self, n: usize) -> Option<usize> {
+        let c = self.cold.as_ref()?;
+        let piece = (c.shard_rows.saturating_mul(self.shards.len()) / 2).max(MIN_PIECE);
+        (n > piece).then_some(piece)
     }
 
     /// A disk table's figures; `None` for a table in memory.

@@ -281,8 +281,13 @@ impl Table {
         let mut manifest = self.manifest_base(id, with_optimizer);
         manifest.rows = self.len() as u64;
         let row_bytes = self.file_row_bytes(with_state);
-        let budget =
+        let mut budget =
             pages::available_memory().map_or(SNAPSHOT_BYTES, |a| (a / 4).min(SNAPSHOT_BYTES));
+        if self.cold.is_some() {
+            // A disk table's memory is bounded by its settings: it copies
+            // out no more than that bound's fixed share.
+            budget = budget.min(DISK_SNAPSHOT_BYTES);
+        }
         let rows = self.count_to_write(since);
         let copy = copy_out && rows.saturating_mul(row_bytes) <= budget;
         let gathered = copy
@@ -406,6 +411,10 @@ impl Drop for Pin<'_> {
 /// after releasing the gate (a larger one writes under the gate instead of
 /// holding a second copy).
 pub(crate) const SNAPSHOT_BYTES: usize = 4 << 30;
+
+/// [`SNAPSHOT_BYTES`] for a disk table: part of the fixed overhead its
+/// memory bound allows (README, "The memory a disk table uses").
+pub(crate) const DISK_SNAPSHOT_BYTES: usize = 32 << 20;
 
 /// Deltas a chain holds before an incremental save compacts it.
 pub(crate) const MAX_DELTAS: usize = 8;

@@ -4,11 +4,11 @@
 
 use crate::error::{Result, ckpt_err};
 use crate::format::file_index;
-use crate::format::files::{Gathered, WRITE_BUFS, fsync_files};
+use crate::format::files::{Gathered, fsync_files};
 use crate::format::manifest::{
     FILE_BYTES, FORMAT, FileEntry, Manifest, NamedConfig, VERSION_PLAIN,
 };
-use crate::format::tensors::{Plain, TensorOut, rows_dtype, write_safetensors_with};
+use crate::format::tensors::{Plain, StreamedFile, rows_dtype};
 use crate::policy::Policy;
 use crate::table::Table;
 use crate::table::checkpoint::publish::{create_checkpoint_dir, is_ours, remove_partial};
@@ -30,6 +30,26 @@ fn shard_items(g: &Shard, since: Option<u32>) -> Vec<Item> {
         .collect();
     crate::table::read::disk::disk_items(g, since, &mut items);
     items
+}
+
+/// Bytes of rows a save gathers at a time into a file it writes (per pool
+/// thread writing): a file is written in pieces of this size, so what a
+/// save holds beside the table is a piece a thread, plus each file's keys
+/// and index (24-48 bytes a row of the file).
+const WRITE_PIECE: usize = 4 << 20;
+
+/// Puts the rows, metadata (with `meta`) and state (where gathered) of
+/// `got` as the next pieces of `f`'s tensors (laid out by
+/// [`Table::file_layout`]).
+fn put_rows(f: &mut StreamedFile, got: &Gathered, meta: bool) -> Result<()> {
+    f.put(1, &got.w)?;
+    if meta {
+        f.put(3, &got.mb)?;
+    }
+    if got.with_state {
+        f.put(if meta { 4 } else { 3 }, &got.st)?;
+    }
+    Ok(())
 }
 
 impl Table {
@@ -165,6 +185,83 @@ impl Table {
         Ok(())
     }
 
+    /// The tensors of a shard file of `n` rows whose index has `slots`
+    /// slots, in file order (index, rows, keys, then meta and state where
+    /// written), as (name, dtype, shape, bytes); and the header's strings.
+    #[allow(clippy::type_complexity)]
+    fn file_layout(
+        &self,
+        s: usize,
+        n: usize,
+        slots: usize,
+        with_state: bool,
+    ) -> (
+        Vec<(&'static str, Dtype, Vec<usize>, usize)>,
+        std::collections::HashMap<String, String>,
+    ) {
+        let fmt = self.policy.format;
+        // The file's own hash index, for readers that map it
+        // (`checkpoint::file_index`). It comes first, then the rows: the
+        // two tensors a mapped reader reads at random start on 64-byte
+        // boundaries (the header is padded to one; the index's bytes are
+        // a multiple of 128).
+        let mut tensors = vec![
+            ("index", Dtype::I64, vec![slots, 2], slots * 16),
+            (
+                "rows",
+                rows_dtype(fmt),
+                vec![n, fmt.file_cols(self.dim)],
+                n * fmt.file_row_bytes(self.dim),
+            ),
+            ("keys", Dtype::I64, vec![n], n * 8),
+        ];
+        if self.policy.tracks() {
+            tensors.push(("meta", Dtype::U32, vec![n, 4], n * 16));
+        }
+        if with_state {
+            tensors.push((
+                "state",
+                Dtype::F32,
+                vec![n, self.state_len],
+                n * self.state_len * 4,
+            ));
+        }
+        let header = [
+            ("index", file_index::INDEX_FORMAT.to_string()),
+            ("num_shards", self.shards.len().to_string()),
+            ("shard", s.to_string()),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v))
+        .collect();
+        (tensors, header)
+    }
+
+    /// Creates shard `s`'s `c`-th file, `{prefix}-SSSSS-CCCC.safetensors`,
+    /// for the rows of `keys`, and writes its header, hash index and keys;
+    /// the caller puts its rows, metadata and state ([`put_rows`]).
+    fn start_file(
+        &self,
+        dir: &Path,
+        prefix: &str,
+        (s, c): (usize, usize),
+        keys: &[i64],
+        with_state: bool,
+    ) -> Result<(String, StreamedFile)> {
+        let index = file_index::build(keys);
+        let (tensors, header) = self.file_layout(s, keys.len(), index.len(), with_state);
+        let name = format!("{prefix}-{s:05}-{c:04}.safetensors");
+        let mut f = StreamedFile::create(&dir.join(&name), &tensors, Some(header))?;
+        let mut b = Vec::with_capacity(index.len() * 16);
+        i64::extend_le(index.as_flattened(), &mut b);
+        drop(index);
+        f.put(0, &b)?;
+        b.clear();
+        i64::extend_le(keys, &mut b);
+        f.put(2, &b)?;
+        Ok((name, f))
+    }
+
     /// Writes one gathered file, `{prefix}-SSSSS-CCCC.safetensors` for
     /// shard `s`'s `c`-th file, with its hash index.
     pub(super) fn write_gathered(
@@ -175,67 +272,20 @@ impl Table {
         got: &Gathered,
         progress: Option<&AtomicU64>,
     ) -> Result<FileEntry> {
-        let n = got.keys.len();
-        // The file's own hash index, for readers that map it
-        // (`checkpoint::file_index`). It comes first, then the rows: the
-        // two tensors a mapped reader reads at random start on 64-byte
-        // boundaries (the header is padded to one; the index's bytes are
-        // a multiple of 128).
-        let index = file_index::build(&got.keys);
-        let mut ib = Vec::with_capacity(index.len() * 16);
-        i64::extend_le(index.as_flattened(), &mut ib);
-        let mut tensors = vec![
-            TensorOut {
-                name: "index",
-                dtype: Dtype::I64,
-                shape: vec![index.len(), 2],
-                bytes: &ib,
-            },
-            TensorOut {
-                name: "rows",
-                dtype: rows_dtype(self.policy.format),
-                shape: vec![n, self.policy.format.file_cols(self.dim)],
-                bytes: &got.w,
-            },
-            TensorOut {
-                name: "keys",
-                dtype: Dtype::I64,
-                shape: vec![n],
-                bytes: &got.kb,
-            },
-        ];
-        if self.policy.tracks() {
-            tensors.push(TensorOut {
-                name: "meta",
-                dtype: Dtype::U32,
-                shape: vec![n, 4],
-                bytes: &got.mb,
-            });
-        }
-        if got.with_state {
-            tensors.push(TensorOut {
-                name: "state",
-                dtype: Dtype::F32,
-                shape: vec![n, self.state_len],
-                bytes: &got.st,
-            });
-        }
-        let header = [
-            ("index", file_index::INDEX_FORMAT.to_string()),
-            ("num_shards", self.shards.len().to_string()),
-            ("shard", s.to_string()),
-        ];
-        let name = format!("{prefix}-{s:05}-{c:04}.safetensors");
-        let (bytes, crc) = write_safetensors_with(
-            &dir.join(&name),
-            &tensors,
-            Some(
-                header
-                    .into_iter()
-                    .map(|(k, v)| (k.to_string(), v))
-                    .collect(),
-            ),
-        )?;
+        let (name, mut f) = self.start_file(dir, prefix, (s, c), &got.keys, got.with_state)?;
+        put_rows(&mut f, got, self.policy.tracks())?;
+        self.finish_file(name, f, got.keys.len(), progress)
+    }
+
+    /// The entry of a file whose every tensor was put.
+    fn finish_file(
+        &self,
+        name: String,
+        f: StreamedFile,
+        n: usize,
+        progress: Option<&AtomicU64>,
+    ) -> Result<FileEntry> {
+        let (bytes, crc) = f.finish()?;
         if let Some(p) = progress {
             p.fetch_add(bytes, Ordering::Relaxed);
         }
@@ -245,6 +295,33 @@ impl Table {
             bytes,
             crc32c: crc,
         })
+    }
+
+    /// Writes the rows `chunk` of shard `g` as shard `s`'s `c`-th file,
+    /// gathered a piece of at most [`WRITE_PIECE`] bytes at a time into
+    /// `buf` (so a file of any size is written from one piece's memory,
+    /// besides its keys and index).
+    #[allow(clippy::too_many_arguments)]
+    fn write_chunk(
+        &self,
+        g: &Shard,
+        dir: &Path,
+        prefix: &str,
+        at: (usize, usize),
+        chunk: &[Item],
+        with_state: bool,
+        buf: &mut Gathered,
+        progress: Option<&AtomicU64>,
+    ) -> Result<FileEntry> {
+        let keys: Vec<i64> = chunk.iter().map(Item::key).collect();
+        let (name, mut f) = self.start_file(dir, prefix, at, &keys, with_state)?;
+        drop(keys);
+        let per_piece = (WRITE_PIECE / self.file_row_bytes(with_state)).max(1);
+        for piece in chunk.chunks(per_piece) {
+            self.gather(g, piece, with_state, buf)?;
+            put_rows(&mut f, buf, self.policy.tracks())?;
+        }
+        self.finish_file(name, f, chunk.len(), progress)
     }
 
     /// Writes this table's rows (all, or with `since` those changed in a
@@ -315,17 +392,19 @@ impl Table {
             .map(|(s, lock)| -> Result<Vec<FileEntry>> {
                 let g = read(lock);
                 let rows = shard_items(&g, since);
-                WRITE_BUFS.with(|cell| {
-                    let got = &mut *cell.borrow_mut();
-                    got.with_state = with_state;
-                    rows.chunks(per_file)
-                        .enumerate()
-                        .map(|(c, chunk)| {
-                            self.gather(&g, chunk, with_state, got)?;
-                            self.write_gathered(dir, prefix, (s, c), got, progress)
-                        })
-                        .collect()
-                })
+                // One piece's buffers per shard's job, freed when it ends
+                // (none kept between saves).
+                let mut buf = Gathered {
+                    with_state,
+                    ..Gathered::default()
+                };
+                rows.chunks(per_file)
+                    .enumerate()
+                    .map(|(c, chunk)| {
+                        let at = (s, c);
+                        self.write_chunk(&g, dir, prefix, at, chunk, with_state, &mut buf, progress)
+                    })
+                    .collect()
             })
             .collect::<Result<_>>()?;
         Ok(written.into_iter().flatten().collect())

@@ -3,10 +3,7 @@
 
 use std::sync::Arc;
 
-use rayon::prelude::*;
-
 use crate::error::Result;
-use crate::table::Table;
 use crate::table::storage::Shard;
 use crate::table::storage::cold::{ColdShard, Loc, SegFile};
 use crate::table::storage::compact::each_row;
@@ -23,6 +20,16 @@ pub(crate) struct DiskItem {
 pub(crate) enum Item {
     Mem(usize, i64),
     Disk(DiskItem),
+}
+
+impl Item {
+    /// The row's key.
+    pub(crate) fn key(&self) -> i64 {
+        match self {
+            Item::Mem(_, k) => *k,
+            Item::Disk(d) => d.key,
+        }
+    }
 }
 
 /// Appends to `items` the rows shard `g` holds on disk that changed in a
@@ -119,47 +126,4 @@ impl RunReader {
 pub(crate) fn read_item(d: &DiskItem, n: usize, words: &mut Vec<u32>) -> Result<()> {
     words.resize(n, 0);
     ColdShard::read(&d.file, n, d.key, d.loc, &mut Vec::new(), words)
-}
-
-impl Table {
-    /// Every row a disk table holds on disk (none for a table in memory),
-    /// read into memory: the keys and, per key, its words (stored weights,
-    /// state, metadata) as floats of the same bits. `guards` are the
-    /// shards' locks, held by the caller with the cold gate.
-    ///
-    /// # Errors
-    /// `OutOfMemory` naming `with_state`; `Checkpoint` for a row that
-    /// cannot be read.
-    pub(crate) fn read_disk_rows(
-        &self,
-        guards: &[impl std::ops::Deref<Target = Shard> + Sync],
-    ) -> Result<(Vec<i64>, Vec<f32>)> {
-        let mut items = Vec::new();
-        for g in guards {
-            disk_items(g, None, &mut items);
-        }
-        let n = self.wwords + self.state_len + 4;
-        let mut words = crate::zeroed::zeros::<f32>("with_state", items.len() * n)?;
-        items
-            .par_iter()
-            .zip(words.par_chunks_mut(n.max(1)))
-            .try_for_each_init(Vec::new, |buf, (item, dst)| -> Result<()> {
-                let Item::Disk(d) = item else {
-                    return Ok(());
-                };
-                read_item(d, n, buf)?;
-                for (o, w) in dst.iter_mut().zip(buf.iter()) {
-                    *o = f32::from_bits(*w);
-                }
-                Ok(())
-            })?;
-        let keys = items
-            .iter()
-            .map(|i| match i {
-                Item::Disk(d) => d.key,
-                Item::Mem(_, k) => *k,
-            })
-            .collect();
-        Ok((keys, words))
-    }
 }

@@ -6,6 +6,8 @@ use crate::error::{Result, oom};
 use crate::hash::key_hash;
 use crate::policy::RowFormat;
 use crate::table::Table;
+use crate::table::batch::output::SharedOut;
+use crate::table::read::disk::{Item, disk_items, read_item};
 use crate::table::storage::pages;
 use crate::table::storage::read;
 use crate::table::storage::view::{copy_racy, racy};
@@ -96,12 +98,22 @@ impl Table {
         for (s, g) in guards.iter().enumerate() {
             refs.extend(g.keys_and_rows().map(|(k, r)| (k, s as u32, r as u32)));
         }
-        // A disk table's rows on disk, read into memory (shard `DISK`).
-        let disk = self.read_disk_rows(&guards)?;
+        // A disk table's rows on disk (shard `DISK`): listed here, each
+        // read straight into the outputs by the copy below (never all read
+        // into memory first: a disk table's export holds its outputs and
+        // one record a thread, not every record on disk).
+        let mut disk: Vec<Item> = Vec::new();
+        for g in &guards {
+            disk_items(g, None, &mut disk);
+        }
         let words = self.wwords + sl + 4;
-        refs.try_reserve_exact(disk.0.len())
-            .map_err(|_| oom("with_state", disk.0.len() * 16))?;
-        refs.extend(disk.0.iter().enumerate().map(|(j, &k)| (k, DISK, j as u32)));
+        refs.try_reserve_exact(disk.len())
+            .map_err(|_| oom("with_state", disk.len() * 16))?;
+        refs.extend(
+            disk.iter()
+                .enumerate()
+                .map(|(j, d)| (d.key(), DISK, j as u32)),
+        );
         refs.par_sort_unstable_by_key(|&(k, _, _)| k);
         let n = refs.len();
         let mut keys = zeros::<i64>("with_state", n)?;
@@ -115,16 +127,23 @@ impl Table {
         if with_meta {
             meta.par_chunks_mut(4)
                 .zip(refs.par_iter())
-                .for_each(|(dst, &(_, s, r))| match s {
-                    DISK => {
-                        let w = &disk.1[r as usize * words..][self.wwords + sl..words];
-                        for (d, v) in dst.iter_mut().zip(w) {
-                            *d = v.to_bits();
-                        }
+                .for_each(|(dst, &(_, s, r))| {
+                    if s != DISK {
+                        dst.copy_from_slice(&guards[s as usize].meta(r as usize).to_words());
                     }
-                    _ => dst.copy_from_slice(&guards[s as usize].meta(r as usize).to_words()),
                 });
         }
+        // The rows on disk's state and metadata, written by the pass that
+        // reads them (each position by one job only).
+        let state_out = SharedOut::new(&mut state, sl);
+        // SAFETY: u32 and f32 have one size and alignment and every bit
+        // pattern is a valid f32: the metadata's words are written through
+        // this view as the bits they are, and `meta` is not otherwise used
+        // while it lives.
+        let meta_f32 =
+            unsafe { std::slice::from_raw_parts_mut(meta.as_mut_ptr().cast(), meta.len()) };
+        let meta_out = SharedOut::new(meta_f32, 4);
+        let failed = std::sync::Mutex::new(None);
         // Copied in blocks of rows, each block counted in `done` once.
         let count = |rows: usize, width: usize| {
             if let Some(d) = done {
@@ -133,27 +152,54 @@ impl Table {
         };
         rows.par_chunks_mut(dim * EXPORT_BLOCK)
             .zip(refs.par_chunks(EXPORT_BLOCK))
-            .for_each(|(block, refs)| {
-                for (dst, &(_, s, r)) in block.chunks_exact_mut(dim).zip(refs) {
-                    match s {
-                        DISK => self.read_weights(&disk.1[r as usize * words..], dst),
-                        _ => self.read_weights(guards[s as usize].weights(r as usize), dst),
+            .enumerate()
+            .for_each_init(
+                || (Vec::new(), Vec::new()),
+                |(buf, w), (b, (block, refs))| {
+                    for (j, (dst, &(_, s, r))) in block.chunks_exact_mut(dim).zip(refs).enumerate()
+                    {
+                        match s {
+                            DISK => {
+                                let Item::Disk(d) = &disk[r as usize] else {
+                                    continue;
+                                };
+                                if let Err(e) = read_item(d, words, buf) {
+                                    *failed.lock().unwrap_or_else(PoisonError::into_inner) =
+                                        Some(e);
+                                    continue;
+                                }
+                                w.clear();
+                                w.extend(buf.iter().map(|&v| f32::from_bits(v)));
+                                self.read_weights(w, dst);
+                                let i = b * EXPORT_BLOCK + j;
+                                if with_state && sl > 0 {
+                                    // SAFETY: position i is this job's only.
+                                    let st = unsafe { state_out.row(i, sl) };
+                                    st.copy_from_slice(&w[self.wwords..self.wwords + sl]);
+                                }
+                                if with_meta {
+                                    // SAFETY: position i is this job's only.
+                                    let m = unsafe { meta_out.row(i, 4) };
+                                    m.copy_from_slice(&w[self.wwords + sl..words]);
+                                }
+                            }
+                            _ => self.read_weights(guards[s as usize].weights(r as usize), dst),
+                        }
                     }
-                }
-                count(refs.len(), dim);
-            });
+                    count(refs.len(), dim);
+                },
+            );
+        if let Some(e) = failed.into_inner().unwrap_or_else(PoisonError::into_inner) {
+            return Err(e);
+        }
         if with_state && sl > 0 {
             state
                 .par_chunks_mut(sl * EXPORT_BLOCK)
                 .zip(refs.par_chunks(EXPORT_BLOCK))
                 .for_each(|(block, refs)| {
                     for (dst, &(_, s, r)) in block.chunks_exact_mut(sl).zip(refs) {
-                        match s {
-                            DISK => {
-                                let at = r as usize * words + self.wwords;
-                                dst.copy_from_slice(&disk.1[at..at + sl]);
-                            }
-                            _ => dst.copy_from_slice(guards[s as usize].state(r as usize)),
+                        if s != DISK {
+                            dst.copy_from_slice(guards[s as usize].state(r as usize));
                         }
                     }
                     count(refs.len(), sl);

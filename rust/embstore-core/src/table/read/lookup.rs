@@ -49,6 +49,20 @@ impl Table {
         out: &mut [f32],
     ) -> Result<()> {
         self.check_lookup(keys, missing, out)?;
+        if let Some(piece) = self.cold_piece(keys.len()) {
+            // A disk table's call larger than its memory, in pieces.
+            let dim = self.dim;
+            for from in (0..keys.len()).step_by(piece) {
+                let to = (from + piece).min(keys.len());
+                self.lookup_or(
+                    &keys[from..to],
+                    insert,
+                    missing,
+                    &mut out[from * dim..to * dim],
+                )?;
+            }
+            return Ok(());
+        }
         let _cold = self.cold_enter(keys)?;
         let plan = self.plan(keys)?;
         let out = SharedOut::new(out, self.dim);
@@ -234,6 +248,18 @@ impl Table {
         let (dim, sl) = (self.dim, self.state_len);
         check_len("out", keys.len() * dim, out.len())?;
         check_len("state", keys.len() * sl, state.len())?;
+        if let Some(piece) = self.cold_piece(keys.len()) {
+            // A disk table's call larger than its memory, in pieces.
+            for from in (0..keys.len()).step_by(piece) {
+                let to = (from + piece).min(keys.len());
+                let (o, s) = (
+                    &mut out[from * dim..to * dim],
+                    &mut state[from * sl..to * sl],
+                );
+                self.lookup_with_state(&keys[from..to], insert, o, s)?;
+            }
+            return Ok(());
+        }
         let _cold = self.cold_enter(keys)?;
         let plan = self.plan(keys)?;
         let out = SharedOut::new(out, dim);
