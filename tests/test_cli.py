@@ -273,6 +273,8 @@ def test_cache_curve_refuses_a_fifo_and_a_header_larger_than_its_file(
     fifo = tmp_path / "keys.npy"
     os.mkfifo(fifo)
     assert_one_line_error(cli("cache-curve", str(fifo)), "keys:", "not a regular file")
+    # A directory is named as one (at 0306b22: "[Errno 21] Is a directory: 3").
+    assert_one_line_error(cli("cache-curve", str(tmp_path)), "keys:", f"{tmp_path} is a directory")
     buf = io.BytesIO()
     np.lib.format.write_array_header_1_0(
         buf, {"descr": "<i8", "fortran_order": False, "shape": (2**40,)}

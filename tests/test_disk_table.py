@@ -456,3 +456,22 @@ def test_two_processes_of_the_same_pid_share_a_spill_directory(tmp_path: Path) -
     finally:
         first.kill()
     assert not [p for p in spill.iterdir() if p.name.startswith("embstore-disk-")]
+
+
+def test_a_disk_load_with_another_dtype_is_refused_before_it_reads(tmp_path: Path) -> None:
+    t = embstore.Table(DIM, seed=1)
+    t.lookup(np.arange(100))
+    t.save(tmp_path / "ckpt")
+    with pytest.raises(
+        ValueError,
+        match=r"dtype: a disk table loads with its checkpoint's dtype \('float32'\), got 'bfloat16'",
+    ):
+        embstore.Table.load(
+            tmp_path / "ckpt", dtype="bfloat16", disk=tmp_path / "spill", memory_bytes=1 << 20
+        )
+    # Refused from the manifest alone: no spill directory was made.
+    assert not (tmp_path / "spill").exists()
+    same = embstore.Table.load(
+        tmp_path / "ckpt", dtype="float32", disk=tmp_path / "spill", memory_bytes=1 << 20
+    )
+    assert len(same) == 100

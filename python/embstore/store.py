@@ -755,6 +755,18 @@ class Table(CheckpointParts):
             total = 0
         # Checked as a config checks them (the core checks the pair).
         probe = TableConfig(1, disk=disk, memory_bytes=memory_bytes)
+        if dtype is not None and disk is not None:
+            # Refused before anything is read (a disk table keeps its files'
+            # rows as they are): the manifest alone says the dtype.
+            try:
+                saved = json.loads(_core.checkpoint_manifest_text(os.fspath(path))).get("dtype")
+            except (OSError, ValueError):
+                saved = None  # the load reports what is wrong with it
+            if saved is not None and saved != dtype:
+                raise ValueError(
+                    f"dtype: a disk table loads with its checkpoint's dtype ({saved!r}), "
+                    f"got {dtype!r}"
+                )
         disk_path = None if probe.disk is None else os.fspath(probe.disk)
         inner = run_with_progress(
             lambda p: _core.load_table(

@@ -107,10 +107,14 @@ def _read_keys(p: Parser, path: str) -> Any:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
     except OSError as e:
         p.error(f"keys: cannot open {path}: {e.strerror}")
+    # Asked of the descriptor before it becomes a file object (which a
+    # directory's cannot: "[Errno 21] Is a directory: 3").
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        os.close(fd)
+        kind = "a directory" if stat.S_ISDIR(st.st_mode) else "not a regular file"
+        p.error(f"keys: {path} is {kind}; expected a .npy file of keys")
     with os.fdopen(fd, "rb") as f:
-        st = os.fstat(f.fileno())
-        if not stat.S_ISREG(st.st_mode):
-            p.error(f"keys: {path} is not a regular file")
         try:
             if f.read(6) == b"\x93NUMPY":
                 f.seek(0)
