@@ -522,10 +522,11 @@ impl ColdShard {
             let empty = self.segments[n]
                 .as_ref()
                 .is_some_and(|s| s.live == 0 && !s.compacting);
-            if empty && Some(n as u32) != self.active {
-                if let Some(s) = self.segments[n].take() {
-                    self.delete(&s.path);
-                }
+            if empty
+                && Some(n as u32) != self.active
+                && let Some(s) = self.segments[n].take()
+            {
+                self.delete(&s.path);
             }
         }
         let mut found: Vec<(u32, u32, u32)> = self
