@@ -6,11 +6,13 @@ job if another rank failed or stopped calling (:class:`Agreement`)."""
 
 from __future__ import annotations
 
+import atexit
 import json
 import math
 import os
 import sys
 import threading
+import time
 import zlib
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -53,6 +55,83 @@ def _env_timeout() -> float:
 #: Seconds a collective may take before the watchdog aborts the job
 #: (``EMBSTORE_MPI_TIMEOUT``, default 600).
 DEFAULT_TIMEOUT = _env_timeout()
+
+
+class _Watchdog:
+    """The watchdog of every collective call in this process: one thread,
+    started by the first call, that runs each block's ``fire`` once its
+    deadline passes unless the block ended first. (A ``threading.Timer`` a
+    call started an OS thread per collective call, and on a busy machine
+    cancelled timers were still alive when the interpreter tore down after
+    ``destroy_process_group()``: a job that had passed every check could
+    end in a C++ terminate.) The thread is stopped and joined when the
+    interpreter exits (``atexit``, which runs before its teardown), and a
+    forked child starts with a fresh one."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._due: dict[int, tuple[float, Callable[[], None]]] = {}
+        self._tickets = 0
+        self._thread: threading.Thread | None = None
+        self._stopped = False
+
+    def add(self, seconds: float, fire: Callable[[], None]) -> int:
+        """Watches a block: ``fire()`` runs in ``seconds`` unless
+        :meth:`remove` is called with the returned ticket first."""
+        with self._cond:
+            self._tickets += 1
+            if self._stopped:
+                return self._tickets  # the interpreter is exiting: unwatched
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(
+                    target=self._run, name="embstore-watchdog", daemon=True
+                )
+                self._thread.start()
+            self._due[self._tickets] = (time.monotonic() + seconds, fire)
+            self._cond.notify()
+            return self._tickets
+
+    def remove(self, ticket: int) -> None:
+        with self._cond:
+            self._due.pop(ticket, None)
+
+    def _run(self) -> None:
+        with self._cond:
+            while not self._stopped:
+                now = time.monotonic()
+                late = [t for t, (at, _) in self._due.items() if at <= now]
+                fires = [self._due.pop(t)[1] for t in late]
+                if fires:
+                    self._cond.release()
+                    try:
+                        for fire in fires:
+                            fire()
+                    finally:
+                        self._cond.acquire()
+                    continue
+                nearest = min((at for at, _ in self._due.values()), default=None)
+                self._cond.wait(None if nearest is None else nearest - now)
+
+    def stop(self) -> None:
+        """Ends the thread and waits for it (at exit: before the teardown)."""
+        with self._cond:
+            self._stopped = True
+            self._cond.notify()
+            thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout=10)
+
+    def _after_fork(self) -> None:
+        # The parent's thread does not exist here, and its condition may
+        # have been held by it at the fork.
+        self._cond = threading.Condition()
+        self._due = {}
+        self._thread = None
+
+
+_WATCHDOG = _Watchdog()
+atexit.register(_WATCHDOG.stop)
+os.register_at_fork(after_in_child=_WATCHDOG._after_fork)
 
 
 class Agreement:
@@ -99,13 +178,11 @@ class Agreement:
             sys.stderr.flush()
             self._t.abort(70)
 
-        timer = threading.Timer(self.timeout, fire)
-        timer.daemon = True
-        timer.start()
+        ticket = _WATCHDOG.add(self.timeout, fire)
         try:
             yield
         finally:
-            timer.cancel()
+            _WATCHDOG.remove(ticket)
 
     def _agree(
         self,

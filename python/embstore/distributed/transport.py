@@ -7,8 +7,10 @@ serves both."""
 
 from __future__ import annotations
 
+import atexit
 import os
 import sys
+import weakref
 from typing import Any, NoReturn, Protocol
 
 import numpy as np
@@ -139,6 +141,19 @@ class MpiTransport:
         os._exit(code)  # Abort does not return; should it, the process still ends
 
 
+def _release_groups() -> None:
+    """At exit, before the interpreter's teardown: every torch transport
+    lets go of its process group, so that a group the job destroyed is
+    freed now (its threads joined while the interpreter still runs), not
+    by the teardown's collection in an order nobody chose."""
+    for t in list(_LIVE_TORCH):
+        t.group = None
+
+
+_LIVE_TORCH: weakref.WeakSet[TorchTransport] = weakref.WeakSet()
+atexit.register(_release_groups)
+
+
 class TorchTransport:
     """:class:`Transport` over a torch.distributed process group (gloo on
     CPU; the default group where ``group`` is None), as torchrun starts."""
@@ -158,6 +173,7 @@ class TorchTransport:
         self.group = group
         self.rank = int(dist.get_rank(group))
         self.size = int(dist.get_world_size(group))
+        _LIVE_TORCH.add(self)
         self.name = f"torch.distributed {dist.get_backend(group)}"
 
     def allgather(self, obj: Any) -> list[Any]:

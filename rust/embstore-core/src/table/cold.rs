@@ -451,7 +451,7 @@ impl Table {
         if error.is_some() {
             *c.error.lock().unwrap_or_else(PoisonError::into_inner) = error;
         }
-        self.start_compaction(c);
+        self.start_compaction(&c.compaction, &c.dir);
         trim_heap();
     }
 

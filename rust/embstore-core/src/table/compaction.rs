@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use crate::table::Table;
-use crate::table::cold::Cold;
+use crate::table::storage::disk_dir::StoreDir;
 use crate::table::storage::cold::{Done, Job};
 use crate::table::storage::write;
 
@@ -116,8 +116,7 @@ impl Table {
     /// Starts a compaction job, in the background, of the shards whose
     /// files are more than half dead, unless one is running. The caller
     /// holds the cold gate exclusively.
-    pub(crate) fn start_compaction(&self, cold: &Cold) {
-        let c = &cold.compaction;
+    pub(crate) fn start_compaction(&self, c: &Compaction, dir: &Arc<StoreDir>) {
         if c.running.load(Ordering::Acquire) {
             return;
         }
@@ -149,7 +148,7 @@ impl Table {
         let (done, running) = (Arc::clone(&c.done), Arc::clone(&c.running));
         // The table's directory outlives the job (the table may be dropped
         // while its job writes there): removed by whichever goes last.
-        let dir = Arc::clone(&cold.dir);
+        let dir = Arc::clone(dir);
         background(Box::new(move || {
             let _dir = dir;
             // Cleared however the work ends (a panic included), so that a

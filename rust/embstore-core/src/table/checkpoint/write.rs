@@ -1,5 +1,5 @@
 //! Writing a table's rows to shard files: each shard's rows gathered into
-//! write buffers in parallel and written as safetensors files with their
+//! pieces in parallel and written as safetensors files with their
 //! hash index, for a save, a publish or a part of a sharded checkpoint.
 
 use crate::error::{Result, ckpt_err};
