@@ -9,8 +9,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use crate::table::Table;
-use crate::table::storage::disk_dir::StoreDir;
 use crate::table::storage::cold::{Done, Job};
+use crate::table::storage::disk_dir::StoreDir;
 use crate::table::storage::write;
 
 /// The background compaction of a disk table's shards (see
