@@ -296,16 +296,26 @@ def test_bench_sizes_that_cannot_fit_are_one_line_exit_2() -> None:
     assert_one_line_error(cli("bench", "--dim", "1000000"), "GiB", "available")
 
 
+def test_demo_checkpoint_dir_that_cannot_be_made_is_refused_before_any_work() -> None:
+    """At 0306b22 ``--checkpoint /proc/x`` (its parent exists) failed only
+    at the first save, after the data was made and trained on."""
+    proc = cli("demo", "--checkpoint", "/proc/embstore-x")
+    assert_one_line_error(proc, "--checkpoint", "cannot make the directory")
+    assert proc.stdout == ""
+
+
 @pytest.mark.timeout(120)
-def test_an_error_found_mid_run_is_one_line_exit_2() -> None:
-    """A checkpoint directory that cannot be made (its parent exists: the
-    early check passes) fails the first save: before, a traceback and exit
-    1; now the error's message on one line, exit 2 (with --quiet, no phase
+def test_an_error_found_mid_run_is_one_line_exit_2(tmp_path: pathlib.Path) -> None:
+    """A checkpoint directory the early checks pass whose save fails (its
+    manifest's name taken by a directory): before, a traceback and exit 1;
+    now the error's message on one line, exit 2 (with --quiet, no phase
     lines beside it), and the traceback on request."""
+    ck = tmp_path / "ck"
+    (ck / "manifest.json").mkdir(parents=True)
     args = ("demo", "--quiet", "--samples", "5000", "--test-samples", "1000")
-    proc = cli(*args, "--checkpoint", "/proc/embstore-x")
-    assert_one_line_error(proc, "demo: error:", "/proc/embstore-x", "EMBSTORE_TRACEBACK=1")
-    shown = cli(*args, "--checkpoint", "/proc/embstore-x", env={"EMBSTORE_TRACEBACK": "1"})
+    proc = cli(*args, "--checkpoint", str(ck))
+    assert_one_line_error(proc, "demo: error:", "cannot publish", "EMBSTORE_TRACEBACK=1")
+    shown = cli(*args, "--checkpoint", str(ck), env={"EMBSTORE_TRACEBACK": "1"})
     assert shown.returncode == 1
     assert "Traceback" in shown.stderr
     assert "CheckpointError" in shown.stderr

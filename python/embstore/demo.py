@@ -340,6 +340,14 @@ def main(argv: list[str] | None = None) -> int:
                 p.error(f"{flag}: the parent directory {parent!r} of {where!r} does not exist")
             if os.path.exists(where) and not os.path.isdir(where):
                 p.error(f"{flag}: {where!r} exists and is not a directory")
+            if not os.path.exists(where):
+                # Made and removed now, so a directory no save could make
+                # (/proc/x, a read-only mount) is refused before training.
+                try:
+                    os.mkdir(where)
+                    os.rmdir(where)
+                except OSError as e:
+                    p.error(f"{flag}: cannot make the directory {where!r}: {e.strerror}")
     r = run(
         a.samples,
         a.batch,
