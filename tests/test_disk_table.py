@@ -480,3 +480,31 @@ def test_a_disk_load_with_another_dtype_is_refused_before_it_reads(tmp_path: Pat
         tmp_path / "ckpt", dtype="float32", disk=tmp_path / "spill", memory_bytes=1 << 20
     )
     assert len(same) == 100
+
+
+def test_a_lookup_larger_than_memory_runs_in_pieces_as_one_call_in_memory(
+    tmp_path: Path,
+) -> None:
+    """A call of 20,000 keys (duplicates in different pieces, keys old and
+    new) on a disk table with memory for 100 rows runs in pieces of 4,096
+    keys: every output, found flag and state equals one call on the table
+    in memory, and memory never held more than a piece beyond the bound."""
+    ram, disk = _pair(tmp_path, 100)
+    rng = np.random.default_rng(8)
+    for t in (ram, disk):
+        t.lookup(np.arange(0, 3_000))
+    keys = rng.integers(-2_000, 12_000, 20_000)
+    keys[15_000:] = keys[:5_000]  # the same keys again, pieces later
+    _same(disk.lookup(keys), ram.lookup(keys))
+    assert disk.stats()["memory_rows"] <= 100 + 4_096, disk.stats()
+    probe = rng.integers(-20_000, 20_000, 18_000)
+    _same(
+        disk.lookup(probe, insert=False, default="zeros", return_found=True),
+        ram.lookup(probe, insert=False, default="zeros", return_found=True),
+    )
+    _same(disk.lookup_with_state(probe, insert=False), ram.lookup_with_state(probe, insert=False))
+    g = rng.standard_normal((len(keys), DIM)).astype(np.float32)
+    ram.apply_gradients(keys, g)
+    disk.apply_gradients(keys, g)
+    _same(disk.export(), ram.export())
+    assert len(disk) == len(ram)

@@ -105,6 +105,16 @@ impl Table {
     ) -> Result<()> {
         self.check_lookup(keys, missing, out)?;
         check_len("found", keys.len(), found.len())?;
+        if let Some(piece) = self.cold_piece(keys.len()) {
+            // A disk table's call larger than its memory, in pieces.
+            let dim = self.dim;
+            for from in (0..keys.len()).step_by(piece) {
+                let to = (from + piece).min(keys.len());
+                let (o, f) = (&mut out[from * dim..to * dim], &mut found[from..to]);
+                self.lookup_found(&keys[from..to], missing, o, f)?;
+            }
+            return Ok(());
+        }
         let _cold = self.cold_enter(keys)?;
         let plan = self.plan(keys)?;
         let out = SharedOut::new(out, self.dim);
