@@ -79,25 +79,25 @@ def test_a_live_table_scraped_over_http_reports_its_calls() -> None:
         assert h.url.startswith("http://127.0.0.1:")
         s = scrape(h.url)
     st = t.stats()
-    assert value(s, "embstore_lookups_total", table="items") == model.hits + model.misses
-    assert value(s, "embstore_hits_total", table="items") == model.hits
-    assert value(s, "embstore_misses_total", table="items") == model.misses
-    assert value(s, "embstore_inserts_total", table="items") == len(model.keys) == len(t)
-    assert value(s, "embstore_steps_total", table="items") == 7
-    assert value(s, "embstore_rows", table="items") == len(model.keys)
-    assert value(s, "embstore_bytes", table="items", tier="memory") == st["bytes"]
-    assert value(s, "embstore_evictions_total", table="items") == 0
-    assert value(s, "embstore_admission_rejects_total", table="items") == 0
+    assert value(s, "embstore_lookup_ids_total", table="items") == model.hits + model.misses
+    assert value(s, "embstore_lookup_hit_ids_total", table="items") == model.hits
+    assert value(s, "embstore_lookup_miss_ids_total", table="items") == model.misses
+    assert value(s, "embstore_inserted_rows_total", table="items") == len(model.keys) == len(t)
+    assert value(s, "embstore_optimizer_steps_total", table="items") == 7
+    assert value(s, "embstore_table_rows", table="items") == len(model.keys)
+    assert value(s, "embstore_table_bytes", table="items", tier="memory") == st["bytes"]
+    assert value(s, "embstore_evicted_rows_total", table="items") == 0
+    assert value(s, "embstore_admission_rejected_keys_total", table="items") == 0
     # One observation per lookup call, in cumulative buckets.
-    assert value(s, "embstore_lookup_seconds_count", table="items") == calls
-    assert value(s, "embstore_lookup_seconds_bucket", table="items", le="+Inf") == calls
+    assert value(s, "embstore_lookup_duration_seconds_count", table="items") == calls
+    assert value(s, "embstore_lookup_duration_seconds_bucket", table="items", le="+Inf") == calls
     les = sorted(
         (float(dict(lab)["le"]), v)
         for (n, lab), v in s.items()
-        if n == "embstore_lookup_seconds_bucket"
+        if n == "embstore_lookup_duration_seconds_bucket"
     )
     assert [v for _, v in les] == sorted(v for _, v in les)
-    assert 0 < value(s, "embstore_lookup_seconds_sum", table="items") < 60
+    assert 0 < value(s, "embstore_lookup_duration_seconds_sum", table="items") < 60
     # Only the metric set is served: every name is embstore's.
     assert {n.split("_")[0] for n, _ in s} == {"embstore"}
 
@@ -157,16 +157,16 @@ def test_a_mapped_table_reports_hits_age_and_refresh(tmp_path: pathlib.Path) -> 
     m2 = embstore.MappedTable(path)
     with metrics.serve(0, tables={"m": m, "old": m2}) as h:
         s = scrape(h.url)
-    assert value(s, "embstore_lookups_total", table="m") == 610
-    assert value(s, "embstore_hits_total", table="m") == 210
-    assert value(s, "embstore_misses_total", table="m") == 400
-    assert value(s, "embstore_lookup_seconds_count", table="m") == 2
-    assert value(s, "embstore_rows", table="m") == 500
-    assert value(s, "embstore_bytes", table="m", tier="mapped") > 500 * DIM * 4
+    assert value(s, "embstore_lookup_ids_total", table="m") == 610
+    assert value(s, "embstore_lookup_hit_ids_total", table="m") == 210
+    assert value(s, "embstore_lookup_miss_ids_total", table="m") == 400
+    assert value(s, "embstore_lookup_duration_seconds_count", table="m") == 2
+    assert value(s, "embstore_table_rows", table="m") == 500
+    assert value(s, "embstore_table_bytes", table="m", tier="mapped") > 500 * DIM * 4
     assert 3_599 < value(s, "embstore_snapshot_age_seconds", table="old") < 3_700
     assert value(s, "embstore_snapshot_age_seconds", table="m") < 3_599
-    assert value(s, "embstore_refresh_seconds", table="m") > 0
-    assert ("embstore_inserts_total", (("table", "m"),)) not in s  # a mapped table has none
+    assert value(s, "embstore_refresh_duration_seconds", table="m") > 0
+    assert ("embstore_inserted_rows_total", (("table", "m"),)) not in s  # a mapped table has none
     # A publish, refreshed: the age starts again, the refresh is timed.
     t.lookup(np.arange(500, 600))
     t.save(path, with_optimizer=False, incremental=True)
@@ -239,10 +239,10 @@ def test_a_collector_in_an_applications_registry() -> None:
     tables["a"].lookup(np.arange(3))
     tables["b"] = embstore.Table(DIM)  # added later: exported from the next scrape
     text = prometheus_client.generate_latest(registry).decode()
-    assert 'embstore_lookups_total{table="a"} 3.0' in text
-    assert 'embstore_rows{table="b"} 0.0' in text
-    assert "# TYPE embstore_lookup_seconds histogram" in text
-    assert "# TYPE embstore_lookups_total counter" in text
+    assert 'embstore_lookup_ids_total{table="a"} 3.0' in text
+    assert 'embstore_table_rows{table="b"} 0.0' in text
+    assert "# TYPE embstore_lookup_duration_seconds histogram" in text
+    assert "# TYPE embstore_lookup_ids_total counter" in text
 
 
 def test_bad_arguments_are_refused_by_name() -> None:
@@ -278,7 +278,7 @@ def test_a_scrape_reads_a_snapshot_of_a_mapping_that_grows_meanwhile() -> None:
         text = prometheus_client.generate_latest(registry).decode()
         # Each scrape exported every table the mapping held when it began.
         for name in [n for n in tables if n != f"t{len(tables) - 1}"]:
-            assert f'embstore_rows{{table="{name}"}}' in text, (scrape, name)
+            assert f'embstore_table_rows{{table="{name}"}}' in text, (scrape, name)
 
 
 def test_scrapes_beside_a_thread_adding_and_removing_tables_all_succeed() -> None:
@@ -300,9 +300,62 @@ def test_scrapes_beside_a_thread_adding_and_removing_tables_all_succeed() -> Non
     try:
         for _ in range(150):
             assert (
-                'embstore_rows{table="a"}' in prometheus_client.generate_latest(registry).decode()
+                'embstore_table_rows{table="a"}'
+                in prometheus_client.generate_latest(registry).decode()
             )
     finally:
         stop.set()
         thread.join(timeout=10)
     assert not thread.is_alive()
+
+
+def test_the_names_of_the_last_release_are_exported_beside_for_one_release() -> None:
+    """Every series is exported under its Prometheus-style name and, for
+    one release, under its earlier name with the same value, the earlier
+    one's help naming its replacement (CHANGELOG)."""
+    registry = prometheus_client.CollectorRegistry()
+    t = embstore.Table(DIM, optimizer=optim.SGD(lr=0.1))
+    t.lookup(np.arange(5))
+    t.apply_gradients(np.arange(5), np.ones((5, DIM), np.float32))
+    registry.register(metrics.collector({"a": t}))
+    text = prometheus_client.generate_latest(registry).decode()
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    pairs = {
+        "embstore_lookup_ids": "embstore_lookups",
+        "embstore_lookup_hit_ids": "embstore_hits",
+        "embstore_lookup_miss_ids": "embstore_misses",
+        "embstore_inserted_rows": "embstore_inserts",
+        "embstore_evicted_rows": "embstore_evictions",
+        "embstore_admission_rejected_keys": "embstore_admission_rejects",
+        "embstore_optimizer_steps": "embstore_steps",
+        "embstore_table_rows": "embstore_rows",
+        "embstore_table_bytes": "embstore_bytes",
+        "embstore_lookup_duration_seconds": "embstore_lookup_seconds",
+    }
+    for new, old in pairs.items():
+        assert new in families, (new, sorted(families))
+        assert old in families, (old, sorted(families))
+        assert "Deprecated: use " + new in families[old].documentation
+        want = [s.value for s in families[new].samples]
+        assert [s.value for s in families[old].samples] == want, (new, old)
+    assert families["embstore_optimizer_steps"].samples[0].value == 1.0
+
+
+def test_the_collector_reads_each_tier_through_its_own_metrics_method() -> None:
+    """Anything with a ``metrics()`` (the Observed protocol) is exported by
+    its own report, no class named: an application's own tier too."""
+    from embstore.protocol import Observed, TableFigures
+
+    class Mine:
+        def metrics(self) -> dict[str, TableFigures]:
+            return {
+                "": TableFigures(counters={"lookups": 7}, rows=3),
+                "part": TableFigures(rows=1, bytes={"memory": 64}),
+            }
+
+    assert isinstance(Mine(), Observed)
+    got = metrics.read({"mine": Mine()})
+    assert got["mine"].counters == {"lookups": 7}
+    assert got["mine"].rows == 3
+    assert got["mine.part"].bytes == {"memory": 64}
+    assert not hasattr(metrics, "_table_figures")

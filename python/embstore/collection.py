@@ -22,7 +22,7 @@ from embstore._convert import (
     to_numpy,
 )
 from embstore.exceptions import ReadOnlyError
-from embstore.protocol import BatchTier, ReadTier, takes_default
+from embstore.protocol import BatchTier, ReadTier, TableFigures, observed, takes_default
 from embstore.store import Table
 
 __all__ = ["Collection"]
@@ -108,6 +108,15 @@ class Collection:
     def features(self) -> list[str]:
         """Feature names in output order."""
         return list(self._features)
+
+    def metrics(self) -> dict[str, TableFigures]:
+        """Each table's figures for :mod:`embstore.metrics`, by feature
+        (a table shared by several features under each)."""
+        out: dict[str, TableFigures] = {}
+        for feature, table in self.tables.items():
+            for sub, figures in observed(table, f"tables[{feature!r}]").items():
+                out[f"{feature}.{sub}" if sub else feature] = figures
+        return out
 
     @property
     def tables(self) -> Mapping[str, ReadTier]:

@@ -4,22 +4,34 @@ Every table given by name (a :class:`embstore.Table` in memory or on disk,
 a :class:`embstore.MappedTable`, a :class:`embstore.Collection` (each of
 its tables as ``name.feature``), a ``ShardedTable`` or ``ShardedCollection``
 (this rank's shard: nothing collective runs at a scrape), a
-``DeviceCache`` or a ``ServingCache``) is read at each scrape and exported
-with the label ``table="name"``:
+``DeviceCache`` or a ``ServingCache``: anything with a ``metrics()``
+method, :class:`embstore.protocol.Observed`) is read at each scrape and
+exported with the label ``table="name"``. Each tier reports its own
+figures; this module reads no tier's insides. The names follow
+Prometheus' conventions (what is counted, then the unit):
 
-- counters: ``embstore_lookups_total`` (ids looked up),
-  ``embstore_hits_total`` (looked-up ids that had a row, or were cached),
-  ``embstore_misses_total``, ``embstore_inserts_total`` (rows created),
-  ``embstore_evictions_total`` (rows removed by TTL, capacity or a cache),
-  ``embstore_admission_rejects_total`` (keys whose gradients the admission
-  filter dropped), ``embstore_steps_total`` (optimizer steps);
-- gauges: ``embstore_rows``, ``embstore_bytes`` (by ``tier``: memory,
-  disk, mapped, device), and for mapped tables
+- counters: ``embstore_lookup_ids_total`` (ids looked up),
+  ``embstore_lookup_hit_ids_total`` (looked-up ids that had a row, or were
+  cached), ``embstore_lookup_miss_ids_total``,
+  ``embstore_inserted_rows_total`` (rows created),
+  ``embstore_evicted_rows_total`` (rows removed by TTL, capacity or a
+  cache), ``embstore_admission_rejected_keys_total`` (keys whose gradients
+  the admission filter dropped), ``embstore_optimizer_steps_total``;
+- gauges: ``embstore_table_rows``, ``embstore_table_bytes`` (by ``tier``:
+  memory, disk, mapped, device), and for mapped tables
   ``embstore_snapshot_age_seconds`` (since the version served was
-  published) and ``embstore_refresh_seconds`` (what the last refresh that
-  swapped a version in took);
-- a histogram, ``embstore_lookup_seconds``: the latency of lookup calls
-  (lookups and pooled lookups).
+  published) and ``embstore_refresh_duration_seconds`` (what the last
+  refresh that swapped a version in took);
+- a histogram, ``embstore_lookup_duration_seconds``: the latency of lookup
+  calls (lookups and pooled lookups).
+
+The names of earlier releases (``embstore_lookups_total``,
+``embstore_hits_total``, ``embstore_misses_total``,
+``embstore_inserts_total``, ``embstore_evictions_total``,
+``embstore_admission_rejects_total``, ``embstore_steps_total``,
+``embstore_rows``, ``embstore_bytes``, ``embstore_refresh_seconds``,
+``embstore_lookup_seconds``) are exported beside them for one release,
+their help saying which name replaces them (CHANGELOG).
 
 A tier that has no such figure leaves the series out (a mapped table has no
 inserts). ``prometheus_client`` is an optional dependency:
@@ -40,135 +52,52 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
 from embstore._deps import require
-from embstore._latency import histogram
+from embstore.protocol import Observed, TableFigures
 
 __all__ = ["MetricsServer", "TableFigures", "collector", "read", "serve"]
 
+#: Counter -> (its name, its help, its name in earlier releases).
 _COUNTERS = {
-    "lookups": "Ids looked up.",
-    "hits": "Looked-up ids that had a row (for a cache: that were cached).",
-    "misses": "Looked-up ids that had no row (for a cache: that were not cached).",
-    "inserts": "Rows created.",
-    "evictions": "Rows removed by TTL or capacity eviction, or evicted from a cache.",
-    "admission_rejects": "Keys whose gradients the admission filter dropped.",
-    "steps": "Optimizer steps taken.",
+    "lookups": ("embstore_lookup_ids", "Ids looked up.", "embstore_lookups"),
+    "hits": (
+        "embstore_lookup_hit_ids",
+        "Looked-up ids that had a row (for a cache: that were cached).",
+        "embstore_hits",
+    ),
+    "misses": (
+        "embstore_lookup_miss_ids",
+        "Looked-up ids that had no row (for a cache: that were not cached).",
+        "embstore_misses",
+    ),
+    "inserts": ("embstore_inserted_rows", "Rows created.", "embstore_inserts"),
+    "evictions": (
+        "embstore_evicted_rows",
+        "Rows removed by TTL or capacity eviction, or evicted from a cache.",
+        "embstore_evictions",
+    ),
+    "admission_rejects": (
+        "embstore_admission_rejected_keys",
+        "Keys whose gradients the admission filter dropped.",
+        "embstore_admission_rejects",
+    ),
+    "steps": ("embstore_optimizer_steps", "Optimizer steps taken.", "embstore_steps"),
 }
 
 
-@dataclass
-class TableFigures:
-    """What the metrics report of one table at one moment (``None``: the
-    tier has no such figure)."""
-
-    counters: dict[str, int | None] = field(default_factory=dict)
-    rows: int | None = None
-    #: Bytes held by tier ("memory", "disk", "mapped", "device").
-    bytes: dict[str, int] = field(default_factory=dict)
-    snapshot_age_seconds: float | None = None
-    refresh_seconds: float | None = None
-    #: (bucket bounds, calls per bucket with one more above them, total seconds).
-    latency: tuple[list[float], list[int], float] | None = None
-
-
-def _table_figures(s: dict[str, Any], latency: Any) -> TableFigures:
-    """The figures of an ``embstore.Table`` (memory or disk) from its stats."""
-    bytes_ = {"memory": int(s["bytes"])}
-    if "disk_bytes" in s:
-        bytes_["disk"] = int(s["disk_bytes"])
-    return TableFigures(
-        counters={
-            "lookups": s["lookups"],
-            "hits": s["hits"],
-            "misses": s["misses"],
-            "inserts": s["inserts"],
-            "evictions": s["evicted"],
-            "admission_rejects": s["rejected"],
-            "steps": s["step"],
-        },
-        rows=int(s["rows"]),
-        bytes=bytes_,
-        latency=latency,
-    )
-
-
-def _mapped_figures(t: Any) -> TableFigures:
-    s = t.stats()
-    return TableFigures(
-        counters={"lookups": s["lookups"], "hits": s["hits"], "misses": s["misses"]},
-        rows=int(s["rows"]),
-        bytes={"mapped": int(s["mapped_bytes"]), "memory": int(s["bytes"])},
-        snapshot_age_seconds=s["snapshot_age_seconds"],
-        refresh_seconds=s["refresh_seconds"],
-        latency=t._inner.lookup_latency(),
-    )
-
-
 def _figures(name: str, t: Any) -> Iterator[tuple[str, TableFigures]]:
-    """``(label, figures)`` of each table ``t`` stands for."""
-    # Imported here: the device and MPI tiers import optional packages.
-    from embstore.collection import Collection
-    from embstore.serving.mapped import MappedTable
-    from embstore.store import Table
-
-    if isinstance(t, Table):
-        yield name, _table_figures(t.stats(), t._inner.lookup_latency())
-        return
-    if isinstance(t, MappedTable):
-        yield name, _mapped_figures(t)
-        return
-    if isinstance(t, Collection):
-        for feature, table in t.tables.items():
-            yield from _figures(f"{name}.{feature}", table)
-        return
-    kind = type(t).__name__
-    module = type(t).__module__
-    if module.startswith("embstore.distributed") and kind == "ShardedTable":
-        # This rank's shard, read locally: a scrape runs nothing collective.
-        f = next(iter(_figures(name, t.local)))[1]
-        f.latency = histogram(t).read()
-        yield name, f
-        return
-    if module.startswith("embstore.distributed") and kind == "ShardedCollection":
-        seen: set[int] = set()
-        for feature in t.features:
-            table = t._features[feature]
-            if id(table) not in seen:
-                seen.add(id(table))
-                yield from _figures(f"{name}.{feature}", table)
-        return
-    if module.startswith("embstore.gpu") and kind == "DeviceCache":
-        s = t.stats()
-        f = next(iter(_figures(name, t.table)))[1]
-        f.counters.update(
-            lookups=s["lookups"],
-            hits=s["hits"],
-            misses=s["misses"],
-            evictions=(f.counters.get("evictions") or 0) + s["evictions"],
+    """``(label, figures)`` of each table ``t`` stands for, as ``t``'s own
+    ``metrics()`` reports them."""
+    if not isinstance(t, Observed):
+        raise TypeError(
+            f"tables[{name!r}]: expected an embstore Table, MappedTable, Collection, "
+            f"ShardedTable, ShardedCollection, DeviceCache or ServingCache (a tier with "
+            f"metrics()), got {type(t).__name__}"
         )
-        f.bytes["device"] = int(s["bytes"] - s["table"]["bytes"])
-        f.latency = histogram(t).read()
-        yield name, f
-        return
-    if module.startswith("embstore.gpu") and kind == "ServingCache":
-        s = t.stats()
-        f = _mapped_figures(t._table)
-        f.counters = {
-            "lookups": s["lookups"],
-            "hits": s["hits"],
-            "misses": s["lookups"] - s["hits"],
-        }
-        f.bytes["device"] = int(s["bytes"])
-        f.latency = histogram(t).read()
-        yield name, f
-        return
-    raise TypeError(
-        f"tables[{name!r}]: expected an embstore Table, MappedTable, Collection, "
-        f"ShardedTable, ShardedCollection, DeviceCache or ServingCache, got {kind}"
-    )
+    for sub, figures in t.metrics().items():
+        yield (f"{name}.{sub}" if sub else name), figures
 
 
 def _check_tables(tables: Any) -> list[tuple[str, Any]]:
@@ -230,52 +159,84 @@ class _Collector:
     def collect(self) -> Iterator[Any]:
         m = require("prometheus_client", "metrics").metrics_core
         figures = read(self._tables)  # a snapshot of the mapping
+        # Each family under its name, and under its earlier release's name
+        # (help saying which replaces it) for one release.
         counters = {
-            key: m.CounterMetricFamily(f"embstore_{key}", doc, labels=["table"])
-            for key, doc in _COUNTERS.items()
+            key: [
+                m.CounterMetricFamily(new, doc, labels=["table"]),
+                m.CounterMetricFamily(old, _deprecated(new + "_total", doc), labels=["table"]),
+            ]
+            for key, (new, doc, old) in _COUNTERS.items()
         }
-        rows = m.GaugeMetricFamily("embstore_rows", "Rows held.", labels=["table"])
-        nbytes = m.GaugeMetricFamily(
+
+        def gauges(new: str, old: str, doc: str, labels: list[str]) -> list[Any]:
+            return [
+                m.GaugeMetricFamily(new, doc, labels=labels),
+                m.GaugeMetricFamily(old, _deprecated(new, doc), labels=labels),
+            ]
+
+        rows = gauges("embstore_table_rows", "embstore_rows", "Rows held.", ["table"])
+        nbytes = gauges(
+            "embstore_table_bytes",
             "embstore_bytes",
             "Bytes held, by tier (memory, disk, mapped, device).",
-            labels=["table", "tier"],
+            ["table", "tier"],
         )
-        age = m.GaugeMetricFamily(
-            "embstore_snapshot_age_seconds",
-            "Seconds since the version a mapped table serves was published.",
-            labels=["table"],
-        )
-        refresh = m.GaugeMetricFamily(
+        age = [
+            m.GaugeMetricFamily(
+                "embstore_snapshot_age_seconds",
+                "Seconds since the version a mapped table serves was published.",
+                labels=["table"],
+            )
+        ]
+        refresh = gauges(
+            "embstore_refresh_duration_seconds",
             "embstore_refresh_seconds",
             "Seconds the last refresh of a mapped table that swapped a version in took.",
-            labels=["table"],
+            ["table"],
         )
-        latency = m.HistogramMetricFamily(
-            "embstore_lookup_seconds",
-            "Latency of lookup calls (lookups and pooled lookups).",
-            labels=["table"],
-        )
+        doc = "Latency of lookup calls (lookups and pooled lookups)."
+        latency = [
+            m.HistogramMetricFamily("embstore_lookup_duration_seconds", doc, labels=["table"]),
+            m.HistogramMetricFamily(
+                "embstore_lookup_seconds",
+                _deprecated("embstore_lookup_duration_seconds", doc),
+                labels=["table"],
+            ),
+        ]
         for label, f in figures.items():
             for key, v in f.counters.items():
                 if v is not None:
-                    counters[key].add_metric([label], float(v))
+                    for c in counters[key]:
+                        c.add_metric([label], float(v))
             if f.rows is not None:
-                rows.add_metric([label], float(f.rows))
+                for g in rows:
+                    g.add_metric([label], float(f.rows))
             for tier, b in f.bytes.items():
-                nbytes.add_metric([label, tier], float(b))
+                for g in nbytes:
+                    g.add_metric([label, tier], float(b))
             if f.snapshot_age_seconds is not None:
-                age.add_metric([label], f.snapshot_age_seconds)
+                age[0].add_metric([label], f.snapshot_age_seconds)
             if f.refresh_seconds is not None:
-                refresh.add_metric([label], f.refresh_seconds)
+                for g in refresh:
+                    g.add_metric([label], f.refresh_seconds)
             if f.latency is not None:
                 bounds, counts, total = f.latency
                 cumulative, buckets = 0, []
                 for le, c in zip([*map(_le, bounds), "+Inf"], counts, strict=True):
                     cumulative += c
                     buckets.append((le, float(cumulative)))
-                latency.add_metric([label], buckets, sum_value=total)
-        yield from counters.values()
-        yield from (rows, nbytes, age, refresh, latency)
+                for h in latency:
+                    h.add_metric([label], buckets, sum_value=total)
+        for family in counters.values():
+            yield from family
+        for family in (rows, nbytes, age, refresh, latency):
+            yield from family
+
+
+def _deprecated(new: str, doc: str) -> str:
+    """The help of a family under its earlier release's name."""
+    return f"Deprecated: use {new} (this name goes in the next release). {doc}"
 
 
 def _le(bound: float) -> str:

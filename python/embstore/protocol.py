@@ -17,9 +17,49 @@ import functools
 import inspect
 import os
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
-__all__ = ["BatchTier", "LocalTier", "ReadTier", "StateTier", "takes_default"]
+__all__ = [
+    "BatchTier",
+    "LocalTier",
+    "Observed",
+    "ReadTier",
+    "StateTier",
+    "TableFigures",
+    "cache_metrics",
+    "observed",
+    "table_figures",
+    "takes_default",
+]
+
+
+@dataclass
+class TableFigures:
+    """What the metrics report of one table at one moment (``None``: the
+    tier has no such figure); each tier makes its own (``metrics()``)."""
+
+    counters: dict[str, int | None] = field(default_factory=dict)
+    rows: int | None = None
+    #: Bytes held by tier ("memory", "disk", "mapped", "device").
+    bytes: dict[str, int] = field(default_factory=dict)
+    snapshot_age_seconds: float | None = None
+    refresh_seconds: float | None = None
+    #: (bucket bounds, calls per bucket with one more above them, total seconds).
+    latency: tuple[list[float], list[int], float] | None = None
+
+
+@runtime_checkable
+class Observed(Protocol):
+    """What :mod:`embstore.metrics` reads of anything given to it: every
+    tier, and the collections of tables (a :class:`embstore.Collection`, a
+    ``ShardedCollection``). ``metrics()`` maps a label suffix to figures:
+    ``""`` for the tier itself, a feature's name for each table a
+    collection holds (exported as ``name.feature``). Read locally: nothing
+    collective runs. Kept apart from :class:`ReadTier`, so that a tier of
+    an application's own that has no ``metrics()`` is still a tier."""
+
+    def metrics(self) -> dict[str, TableFigures]: ...
 
 
 @runtime_checkable
@@ -133,3 +173,51 @@ def takes_default(tier: ReadTier) -> bool:
     ShardedTable's read it as the initializer's row): a front end asks
     this, not the tier's class."""
     return _lookup_takes_default(type(tier))
+
+
+def observed(tier: Any, what: str) -> dict[str, TableFigures]:
+    """``tier.metrics()``, or TypeError naming ``what`` where ``tier`` has
+    no such method (a tier of an application's own)."""
+    if not isinstance(tier, Observed):
+        raise TypeError(
+            f"{what}: expected a tier with metrics() (embstore.protocol.Observed), "
+            f"got {type(tier).__name__}"
+        )
+    return tier.metrics()
+
+
+def table_figures(s: Mapping[str, Any], latency: Any) -> TableFigures:
+    """A table's figures from its ``stats()`` (in memory; a disk table's
+    disk bytes too) and its lookup latency."""
+    nbytes = {"memory": int(s["bytes"])}
+    if "disk_bytes" in s:
+        nbytes["disk"] = int(s["disk_bytes"])
+    counters: dict[str, int | None] = {
+        "lookups": s["lookups"],
+        "hits": s["hits"],
+        "misses": s["misses"],
+        "inserts": s["inserts"],
+        "evictions": s["evicted"],
+        "admission_rejects": s["rejected"],
+        "steps": s["step"],
+    }
+    return TableFigures(counters=counters, rows=int(s["rows"]), bytes=nbytes, latency=latency)
+
+
+def cache_metrics(cache: Any) -> dict[str, TableFigures]:
+    """The ``metrics()`` of a cache in front of a table (a DeviceCache, a
+    ServingCache): the figures of ``cache.table``, with the cache's own
+    lookups, hits, misses and evictions (from its ``stats()``), its device
+    bytes and the latency of its own lookup calls."""
+    from embstore._latency import histogram
+
+    s = cache.stats()
+    f = observed(cache.table, "table")[""]
+    misses = s.get("misses", s["lookups"] - s["hits"])
+    f.counters.update(lookups=s["lookups"], hits=s["hits"], misses=misses)
+    if "evictions" in s:  # a DeviceCache's rows written back to its table
+        f.counters["evictions"] = (f.counters.get("evictions") or 0) + s["evictions"]
+    own = s["table"]["bytes"] if isinstance(s.get("table"), Mapping) else 0
+    f.bytes["device"] = int(s["bytes"] - own)
+    f.latency = histogram(cache).read()
+    return {"": f}

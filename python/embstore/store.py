@@ -30,6 +30,7 @@ from embstore.init import Initializer
 from embstore.optim import Optimizer
 from embstore.parts import CheckpointParts
 from embstore.policy import Admission
+from embstore.protocol import TableFigures, table_figures
 from embstore.seeds import manual_seed, next_seed
 from embstore.serving.mapped import MappedTable
 
@@ -858,6 +859,10 @@ class Table(CheckpointParts):
         the current step, so that the disk reads overlap the step. The
         rows stay in memory until the step after next has used them."""
         self._inner.prefetch(keys)
+
+    def metrics(self) -> dict[str, TableFigures]:
+        """This table's figures for :mod:`embstore.metrics`, read now."""
+        return {"": table_figures(self.stats(), self._inner.lookup_latency())}
 
     def stats(self) -> dict[str, Any]:
         """Figures of the table.

@@ -20,6 +20,7 @@ from embstore._convert import (
 from embstore._latency import histogram
 from embstore.collection import feature_entry
 from embstore.distributed.table import ShardedTable
+from embstore.protocol import TableFigures
 
 __all__ = ["ShardedCollection"]
 
@@ -61,6 +62,19 @@ class ShardedCollection:
     @property
     def features(self) -> list[str]:
         return list(self._features)
+
+    def metrics(self) -> dict[str, TableFigures]:
+        """This rank's shard of each table, by feature, for
+        :mod:`embstore.metrics` (a table shared by several features under
+        the first; nothing collective runs)."""
+        out: dict[str, TableFigures] = {}
+        seen: set[int] = set()
+        for feature, table in self._features.items():
+            if id(table) not in seen:
+                seen.add(id(table))
+                for sub, figures in table.metrics().items():
+                    out[f"{feature}.{sub}" if sub else feature] = figures
+        return out
 
     @property
     def tables(self) -> Mapping[str, ShardedTable]:

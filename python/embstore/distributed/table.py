@@ -37,12 +37,12 @@ from embstore._convert import (
     check_name,
     to_numpy,
 )
-from embstore._latency import timed
+from embstore._latency import histogram, timed
 from embstore.distributed.agreement import DEFAULT_TIMEOUT, Agreement, check_timeout
 from embstore.distributed.partition import Partition
 from embstore.distributed.transport import Transport, transport_of
 from embstore.exceptions import CheckpointError
-from embstore.protocol import LocalTier
+from embstore.protocol import LocalTier, TableFigures, observed
 from embstore.store import Table, next_seed
 
 __all__ = ["ShardedTable"]
@@ -467,6 +467,14 @@ class ShardedTable(Agreement):
         returns the keys this rank evicted (and their rows with
         ``with_rows``). Local: no communication."""
         return self.local.evict(with_rows=check_bool("with_rows", with_rows))
+
+    def metrics(self) -> dict[str, TableFigures]:
+        """This rank's shard's figures for :mod:`embstore.metrics` (read
+        locally: nothing collective runs), with the latency of this
+        table's own lookup calls."""
+        figures = observed(self.local, "local")[""]
+        figures.latency = histogram(self).read()
+        return {"": figures}
 
     def stats(self) -> dict[str, Any]:
         """This rank's table stats plus global figures: rows and bytes per rank,

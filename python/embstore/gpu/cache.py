@@ -42,7 +42,7 @@ from embstore.gpu._fork import LIVE
 from embstore.gpu._int8 import Int8Rows, decoded, rows_at
 from embstore.gpu._resolved import WRITE_BACK_THREAD_MIN, Resolved, WriteBack
 from embstore.gpu.index import BucketIndex
-from embstore.protocol import StateTier
+from embstore.protocol import StateTier, cache_metrics
 
 Array = Any
 
@@ -854,6 +854,9 @@ class DeviceCache:
         """The table under a cache has no TTL or capacity: nothing to evict
         (empty keys, and rows with ``with_rows``), as the table would return."""
         return self.table.evict(with_rows=with_rows)
+
+    #: The table's figures with this cache's own (:mod:`embstore.metrics`).
+    metrics = cache_metrics
 
     def stats(self) -> dict[str, Any]:
         """hits, misses and hit_rate (per id of lookup calls; a key missing at

@@ -47,6 +47,7 @@ from embstore._core import SlotMap, staging_bytes
 from embstore._latency import timed
 from embstore.gpu import _xp as X
 from embstore.gpu._fork import LIVE
+from embstore.protocol import cache_metrics
 
 Array = Any
 
@@ -405,6 +406,9 @@ class ServingCache:
         self._put(got[ok], rows[pick[ok]])
         self._n["admissions"] += 1  # a call that admitted the queue, as before
         self._n["admitted"] += int(ok.sum())
+
+    #: The mapped table's figures with this cache's own (:mod:`embstore.metrics`).
+    metrics = cache_metrics
 
     def stats(self) -> dict[str, Any]:
         """Counters: ``lookups`` (keys looked up), ``hits``, ``hit_rate``,

@@ -42,6 +42,7 @@ from embstore._convert import (
     like,
 )
 from embstore.exceptions import ReadOnlyError
+from embstore.protocol import TableFigures
 
 if TYPE_CHECKING:
     import torch
@@ -210,6 +211,21 @@ class MappedTable:
         publish returns. A cache of this table's rows (:class:`embstore.gpu.ServingCache`)
         reads it at the start of a call: unchanged, its rows are current."""
         return int(self._inner.version)
+
+    def metrics(self) -> dict[str, TableFigures]:
+        """This table's figures for :mod:`embstore.metrics`, read now: its
+        lookups, rows, mapped and private bytes, the age of the version it
+        serves, its last refresh and its lookup latency."""
+        s = self.stats()
+        figures = TableFigures(
+            counters={"lookups": s["lookups"], "hits": s["hits"], "misses": s["misses"]},
+            rows=int(s["rows"]),
+            bytes={"mapped": int(s["mapped_bytes"]), "memory": int(s["bytes"])},
+            snapshot_age_seconds=s["snapshot_age_seconds"],
+            refresh_seconds=s["refresh_seconds"],
+            latency=self._inner.lookup_latency(),
+        )
+        return {"": figures}
 
     def stats(self) -> dict[str, Any]:
         """The version served and the calls since open: ``rows``, ``dim``,
