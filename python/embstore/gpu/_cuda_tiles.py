@@ -7,7 +7,7 @@ source, whose helpers they use: ``place``, ``empties``, ``load_scores``,
   compare their candidate's key, all at once; the tile copies the row
   (float4). A warp holds 4 to 16 keys, so more of them are in flight than
   with a warp a key (``find_rows``): at dim 64 a find moves 721 bytes a key
-  and runs at 81% of an H200's HBM bandwidth (benches/RESULTS.md).
+  and runs at 81% of an H200's HBM bandwidth (benches/HISTORY.md).
 - ``upsert_find8``, ``upsert_plan``, ``put_rows8``: insert_or_assign in three
   kernels (held keys touched, and missing ones placed in their bucket's row
   of ``FILL_CAP`` items, then its list; each bucket's misses planned and
@@ -332,7 +332,7 @@ def tile_for(dim: int) -> int:
     """Lanes a key for a find that copies rows of ``dim`` floats (0: slots
     only): each lane copies 4 float4 or more, so that a warp has many keys in
     flight (2 at dim 32, 4 at 64, 8 at 128 and up: the fastest on an H200,
-    benches/RESULTS.md); 2 for slots alone (10.7 B keys/s there, against
+    benches/HISTORY.md); 2 for slots alone (10.7 B keys/s there, against
     9.1 with 4 lanes and 7.0 with 8)."""
     if dim == 0:
         return 2

@@ -31,7 +31,7 @@ class Resolved:
 #: own while the call's misses are fetched. Off (no call evicts this many):
 #: on an H200 the DLRM step through a cache was 2-6 ms slower with the
 #: thread from 4,096 rows than with every write-back in line (two rounds,
-#: benches/RESULTS.md, 2026-11-27); the mechanism stays for a host where
+#: benches/HISTORY.md, 2026-11-27); the mechanism stays for a host where
 #: the table's writes and the fetch overlap better.
 WRITE_BACK_THREAD_MIN = 1 << 62
 
