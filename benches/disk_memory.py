@@ -50,7 +50,7 @@ def overhead(threads: int) -> int:
 INDEX_ROW = 64  # bytes a row of the indexes, in memory and on disk, at most
 
 
-def sizes(memory_mb: int, rows: int, cost: int) -> dict[str, int]:
+def sizes(memory_mb: int, rows: int, cost: int, batch: int = 65_536) -> dict[str, int]:
     """The run's figures the formula needs, from its settings alone: rows
     in all, the largest call's inputs and outputs (``export``: its keys and
     rows), and the output buffers the binding keeps for reuse (the four
@@ -58,14 +58,16 @@ def sizes(memory_mb: int, rows: int, cost: int) -> dict[str, int]:
     mem = memory_mb * MIB
     big = 4 * mem // cost
     total = rows + big
-    lookup = 65_536 * DIM * 4
+    lookup = max(65_536, batch) * DIM * 4  # the inserts' calls and the steps'
     kept = sorted([big * DIM * 4, total * DIM * 4, lookup, lookup])[-4:]
     return {"big": big, "total": total, "call": total * (8 + DIM * 4), "kept": sum(kept)}
 
 
-def formula(baseline: int, memory_mb: int, rows: int, cost: int, threads: int) -> int:
+def formula(
+    baseline: int, memory_mb: int, rows: int, cost: int, threads: int, batch: int = 65_536
+) -> int:
     """``baseline + memory_bytes + index + call + kept + overhead``."""
-    z = sizes(memory_mb, rows, cost)
+    z = sizes(memory_mb, rows, cost, batch)
     index = z["total"] * INDEX_ROW
     return baseline + memory_mb * MIB + index + z["call"] + z["kept"] + overhead(threads)
 
@@ -102,14 +104,14 @@ def child(args: argparse.Namespace) -> None:
     note("big call")
     total = args.rows + big
     for _ in range(args.steps):
-        keys = rng.integers(0, total, 65_536)
+        keys = rng.integers(0, total, args.batch)
         t.lookup(keys)
         t.apply_gradients(keys, np.ones((len(keys), DIM), np.float32))
     note("training")
     t.save(work / "ckpt")
     note("full save")
     for _ in range(args.steps):
-        keys = rng.integers(0, total, 65_536)
+        keys = rng.integers(0, total, args.batch)
         t.lookup(keys)
         t.apply_gradients(keys, np.ones((len(keys), DIM), np.float32))
     t.save(work / "ckpt", incremental=True)
@@ -121,7 +123,7 @@ def child(args: argparse.Namespace) -> None:
     del t
     t = embstore.Table.load(work / "ckpt", disk=work / "spill2", memory_bytes=mem)
     for _ in range(2):
-        keys = rng.integers(0, total, 65_536)
+        keys = rng.integers(0, total, args.batch)
         t.lookup(keys)
         t.apply_gradients(keys, np.ones((len(keys), DIM), np.float32))
     note("load and train")
@@ -166,7 +168,7 @@ def run(threads: int, args: argparse.Namespace) -> dict[str, Any]:
     group = CGROUP_ROOT / f"embstore-disk-memory-{os.getpid()}-{threads}"
     work = Path(tempfile.mkdtemp(prefix="embstore-disk-memory-", dir=args.tmp))
     base, cost = baseline_and_cost()
-    limit = formula(base, args.memory_mb, args.rows, cost, threads)
+    limit = formula(base, args.memory_mb, args.rows, cost, threads, args.batch)
     group.mkdir()
     try:
         if args.limit:
@@ -174,7 +176,7 @@ def run(threads: int, args: argparse.Namespace) -> dict[str, Any]:
             (group / "memory.limit_in_bytes").write_text(str(limit))
         cmd = [sys.executable, __file__, "--child", "--dir", str(work)]
         cmd += ["--memory-mb", str(args.memory_mb), "--rows", str(args.rows)]
-        cmd += ["--steps", str(args.steps)]
+        cmd += ["--steps", str(args.steps), "--batch", str(args.batch)]
         env = {**os.environ, "RAYON_NUM_THREADS": str(threads)}
         start = time.monotonic()
         proc = subprocess.Popen(
@@ -222,6 +224,7 @@ def main() -> None:
     p.add_argument("--memory-mb", type=int, default=64)
     p.add_argument("--rows", type=int, default=400_000)
     p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--batch", type=int, default=65_536, help="ids a training step")
     p.add_argument("--limit", action="store_true", help="the group's limit is the formula")
     p.add_argument("--tmp", default=None, help="where the spill and checkpoint go")
     p.add_argument("--timeout", type=float, default=600)

@@ -11,6 +11,7 @@ thread, a lookup larger than memory brought all its rows in at once, and
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -35,12 +36,13 @@ def test_a_disk_table_lives_within_the_formula_as_a_hard_limit(
     ):
         pytest.skip("no cgroup v1 memory controller here")
     try:
-        (disk_memory.CGROUP_ROOT / "embstore-probe").mkdir()
-        (disk_memory.CGROUP_ROOT / "embstore-probe").rmdir()
+        probe = disk_memory.CGROUP_ROOT / f"embstore-probe-{os.getpid()}-{threads}"
+        probe.mkdir()
+        probe.rmdir()
     except OSError as e:
         pytest.skip(f"cannot make a memory cgroup here (needs root): {e}")
     args = argparse.Namespace(
-        memory_mb=32, rows=120_000, steps=3, limit=True, tmp=str(tmp_path), timeout=500
+        memory_mb=32, rows=120_000, steps=3, batch=8_192, limit=True, tmp=str(tmp_path), timeout=500
     )
     got = disk_memory.run(threads, args)
     assert got["rc"] == 0, got  # -9: killed by the limit
