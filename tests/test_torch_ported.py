@@ -427,12 +427,17 @@ def test_ids_out_of_torchs_range_are_new_rows() -> None:
 
 def test_embedding_max_norm() -> None:
     """torch's test_embedding_max_norm: repeated ids read the same row and
-    every row read is within max_norm."""
-    table = embstore.Table(5, optimizer=optim.SGD(lr=0.1), initializer=embstore.init.Normal(3.0))
+    every row read is within max_norm, to float32's rounding of torch's own
+    scale (``max_norm / (norm + 1e-7)``, which leaves some rows at 1 + 1
+    ulp: the table's seed is fixed, where the process's table count chose
+    it and some seeds gave such a row)."""
+    table = embstore.Table(
+        5, optimizer=optim.SGD(lr=0.1), initializer=embstore.init.Normal(3.0), seed=11
+    )
     emb = et.Embedding(table, max_norm=1.0)
     out = emb(torch.tensor([2, 8, 8, 6]))
     assert torch.equal(out[1], out[2])
-    assert out.norm(p=2, dim=1).le(1).all()
+    assert out.norm(p=2, dim=1).le(1 + 2e-7).all()
     assert (out.norm(p=2, dim=1) > 0.99).all()  # N(0, 9) rows all exceeded: scaled to 1
 
 
