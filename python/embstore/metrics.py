@@ -115,10 +115,9 @@ def _snapshot(tables: Mapping[str, Any]) -> list[tuple[str, Any]]:
     """The mapping's items as they are now. A scrape reads this copy, never
     the caller's mapping itself, which the application may change while
     the scrape runs (a table added: "dictionary changed size during
-    iteration"). A ``dict``'s copy is one step under the GIL; another
-    mapping's iteration that meets a change is taken again, from the start."""
-    if type(tables) is dict:
-        return list(tables.copy().items())
+    iteration"). A ``dict``'s items are listed in one step under the GIL;
+    another mapping's iteration that meets a change is taken again, from
+    the start."""
     for _ in range(_SNAPSHOT_TRIES - 1):
         try:
             return list(tables.items())

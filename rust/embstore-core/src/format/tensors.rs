@@ -39,32 +39,15 @@ pub(crate) fn write_safetensors_with(
     tensors: &[TensorOut<'_>],
     metadata: Option<std::collections::HashMap<String, String>>,
 ) -> Result<(u64, u32)> {
-    let mut offset = 0;
-    let mut infos = Vec::with_capacity(tensors.len());
-    for t in tensors {
-        infos.push((
-            t.name.to_string(),
-            TensorInfo {
-                dtype: t.dtype,
-                shape: t.shape.clone(),
-                data_offsets: (offset, offset + t.bytes.len()),
-            },
-        ));
-        offset += t.bytes.len();
+    let specs: Vec<_> = tensors
+        .iter()
+        .map(|t| (t.name, t.dtype, t.shape.clone(), t.bytes.len()))
+        .collect();
+    let mut f = StreamedFile::create(path, &specs, metadata)?;
+    for (i, t) in tensors.iter().enumerate() {
+        f.put(i, t.bytes)?;
     }
-    let header = header_bytes(path, metadata, infos)?;
-    let mut f = untrusted::create_file(path).map_err(|e| io_err(path, "cannot create", &e))?;
-    let n = (header.len() as u64).to_le_bytes();
-    let mut crc = crc32c::crc32c(&n);
-    crc = crc32c::crc32c_append(crc, &header);
-    let mut write = |b: &[u8]| f.write_all(b).map_err(|e| io_err(path, "cannot write", &e));
-    write(&n)?;
-    write(&header)?;
-    for t in tensors {
-        crc = crc32c::crc32c_append(crc, t.bytes);
-        write(t.bytes)?;
-    }
-    Ok(((8 + header.len() + offset) as u64, crc))
+    f.finish()
 }
 
 /// A safetensors file written tensor by tensor in pieces, in any order

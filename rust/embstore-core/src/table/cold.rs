@@ -518,10 +518,26 @@ impl Table {
     /// piece, a row on disk that cannot be read, keeps the rows that the
     /// earlier pieces created: rows as a lookup of those keys would have
     /// created them.)
-    pub(crate) fn cold_piece(&self, n: usize) -> Option<usize> {
+    fn cold_piece(&self, n: usize) -> Option<usize> {
         let c = self.cold.as_ref()?;
         let piece = (c.shard_rows.saturating_mul(self.shards.len()) / 2).max(MIN_PIECE);
         (n > piece).then_some(piece)
+    }
+
+    /// A call of `n` keys that [`Table::cold_piece`] splits: `call` run on
+    /// each piece's positions in turn, and its result (`None`: the call is
+    /// taken whole, by the caller).
+    pub(crate) fn in_pieces(
+        &self,
+        n: usize,
+        mut call: impl FnMut(std::ops::Range<usize>) -> Result<()>,
+    ) -> Option<Result<()>> {
+        let piece = self.cold_piece(n)?;
+        Some(
+            (0..n)
+                .step_by(piece)
+                .try_for_each(|from| call(from..(from + piece).min(n))),
+        )
     }
 
     /// A disk table's figures; `None` for a table in memory.

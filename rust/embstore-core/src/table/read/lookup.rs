@@ -49,19 +49,12 @@ impl Table {
         out: &mut [f32],
     ) -> Result<()> {
         self.check_lookup(keys, missing, out)?;
-        if let Some(piece) = self.cold_piece(keys.len()) {
-            // A disk table's call larger than its memory, in pieces.
-            let dim = self.dim;
-            for from in (0..keys.len()).step_by(piece) {
-                let to = (from + piece).min(keys.len());
-                self.lookup_or(
-                    &keys[from..to],
-                    insert,
-                    missing,
-                    &mut out[from * dim..to * dim],
-                )?;
-            }
-            return Ok(());
+        let dim = self.dim;
+        if let Some(done) = self.in_pieces(keys.len(), |r| {
+            let o = &mut out[r.start * dim..r.end * dim];
+            self.lookup_or(&keys[r], insert, missing, o)
+        }) {
+            return done;
         }
         let _cold = self.cold_enter(keys)?;
         let plan = self.plan(keys)?;
@@ -105,15 +98,12 @@ impl Table {
     ) -> Result<()> {
         self.check_lookup(keys, missing, out)?;
         check_len("found", keys.len(), found.len())?;
-        if let Some(piece) = self.cold_piece(keys.len()) {
-            // A disk table's call larger than its memory, in pieces.
-            let dim = self.dim;
-            for from in (0..keys.len()).step_by(piece) {
-                let to = (from + piece).min(keys.len());
-                let (o, f) = (&mut out[from * dim..to * dim], &mut found[from..to]);
-                self.lookup_found(&keys[from..to], missing, o, f)?;
-            }
-            return Ok(());
+        let dim = self.dim;
+        if let Some(done) = self.in_pieces(keys.len(), |r| {
+            let (o, f) = (&mut out[r.start * dim..r.end * dim], &mut found[r.clone()]);
+            self.lookup_found(&keys[r], missing, o, f)
+        }) {
+            return done;
         }
         let _cold = self.cold_enter(keys)?;
         let plan = self.plan(keys)?;
@@ -258,17 +248,12 @@ impl Table {
         let (dim, sl) = (self.dim, self.state_len);
         check_len("out", keys.len() * dim, out.len())?;
         check_len("state", keys.len() * sl, state.len())?;
-        if let Some(piece) = self.cold_piece(keys.len()) {
-            // A disk table's call larger than its memory, in pieces.
-            for from in (0..keys.len()).step_by(piece) {
-                let to = (from + piece).min(keys.len());
-                let (o, s) = (
-                    &mut out[from * dim..to * dim],
-                    &mut state[from * sl..to * sl],
-                );
-                self.lookup_with_state(&keys[from..to], insert, o, s)?;
-            }
-            return Ok(());
+        if let Some(done) = self.in_pieces(keys.len(), |r| {
+            let o = &mut out[r.start * dim..r.end * dim];
+            let s = &mut state[r.start * sl..r.end * sl];
+            self.lookup_with_state(&keys[r], insert, o, s)
+        }) {
+            return done;
         }
         let _cold = self.cold_enter(keys)?;
         let plan = self.plan(keys)?;
