@@ -1,5 +1,5 @@
 """Command line: ``python -m embstore demo`` (the main job), ``bench``,
-``inspect`` and ``cache-curve``; ``--help`` lists them, ``--version``.
+``inspect``, ``replicate`` and ``cache-curve``; ``--help`` lists them, ``--version``.
 Every error a user can cause is one line on stderr with exit code 2
 (``EMBSTORE_TRACEBACK=1`` shows the traceback of one found mid-run)."""
 
@@ -18,6 +18,10 @@ COMMANDS = {
     ),
     "bench": ("embstore.bench", "the peer comparison: embstore against torch, dict, SparseAdam"),
     "inspect": ("embstore.inspect", "what a checkpoint holds, and whether every check holds"),
+    "replicate": (
+        "embstore.serving.replicate",
+        "keep a serving host's copy of a trainer's published checkpoint (a path or URL)",
+    ),
     "cache-curve": (
         "embstore.gpu.curve",
         "device-cache hit rate per cache size for a recorded key stream",

@@ -13,6 +13,7 @@ EXTRAS = {
     "plot": "matplotlib",
     "metrics": "prometheus-client",
     "progress": "tqdm",
+    "replicate": "fsspec aiohttp",
 }
 
 

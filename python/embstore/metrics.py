@@ -59,8 +59,8 @@ from embstore.protocol import Observed, TableFigures
 
 __all__ = ["MetricsServer", "TableFigures", "collector", "read", "serve"]
 
-#: Counter -> (its name, its help, its name in earlier releases).
-_COUNTERS = {
+#: Counter -> (its name, its help, its name in earlier releases if any).
+_COUNTERS: dict[str, tuple[str, str, str | None]] = {
     "lookups": ("embstore_lookup_ids", "Ids looked up.", "embstore_lookups"),
     "hits": (
         "embstore_lookup_hit_ids",
@@ -84,6 +84,32 @@ _COUNTERS = {
         "embstore_admission_rejects",
     ),
     "steps": ("embstore_optimizer_steps", "Optimizer steps taken.", "embstore_steps"),
+    # A Replica's (embstore.serving.Replica); new in this release.
+    "replica_fetched_bytes": (
+        "embstore_replica_fetched_bytes",
+        "Bytes a replica fetched from its source.",
+        None,
+    ),
+    "replica_fetched_files": (
+        "embstore_replica_fetched_files",
+        "Files a replica fetched from its source and checked.",
+        None,
+    ),
+    "replica_retries": (
+        "embstore_replica_fetch_retries",
+        "Fetches a replica tried again (a cut, or a file that failed its check).",
+        None,
+    ),
+    "replica_errors": (
+        "embstore_replica_failed_polls",
+        "Polls of a replica that could not bring a version over.",
+        None,
+    ),
+    "replica_publishes": (
+        "embstore_replica_publishes",
+        "Versions a replica published locally.",
+        None,
+    ),
 }
 
 
@@ -163,7 +189,11 @@ class _Collector:
         counters = {
             key: [
                 m.CounterMetricFamily(new, doc, labels=["table"]),
-                m.CounterMetricFamily(old, _deprecated(new + "_total", doc), labels=["table"]),
+                *(
+                    [m.CounterMetricFamily(old, _deprecated(new + "_total", doc), labels=["table"])]
+                    if old
+                    else []
+                ),
             ]
             for key, (new, doc, old) in _COUNTERS.items()
         }
@@ -194,6 +224,13 @@ class _Collector:
             "Seconds the last refresh of a mapped table that swapped a version in took.",
             ["table"],
         )
+        lag = [
+            m.GaugeMetricFamily(
+                "embstore_replica_lag_seconds",
+                "Seconds from a replica's source publishing to the replica publishing it.",
+                labels=["table"],
+            )
+        ]
         doc = "Latency of lookup calls (lookups and pooled lookups)."
         latency = [
             m.HistogramMetricFamily("embstore_lookup_duration_seconds", doc, labels=["table"]),
@@ -216,6 +253,8 @@ class _Collector:
                     g.add_metric([label, tier], float(b))
             if f.snapshot_age_seconds is not None:
                 age[0].add_metric([label], f.snapshot_age_seconds)
+            if f.lag_seconds is not None:
+                lag[0].add_metric([label], f.lag_seconds)
             if f.refresh_seconds is not None:
                 for g in refresh:
                     g.add_metric([label], f.refresh_seconds)
@@ -229,7 +268,7 @@ class _Collector:
                     h.add_metric([label], buckets, sum_value=total)
         for family in counters.values():
             yield from family
-        for family in (rows, nbytes, age, refresh, latency):
+        for family in (rows, nbytes, age, refresh, lag, latency):
             yield from family
 
 

@@ -47,6 +47,8 @@ class TableFigures:
     refresh_seconds: float | None = None
     #: (bucket bounds, calls per bucket with one more above them, total seconds).
     latency: tuple[list[float], list[int], float] | None = None
+    #: A replica's: seconds from its source's last publish to its own.
+    lag_seconds: float | None = None
 
 
 @runtime_checkable

@@ -32,6 +32,7 @@ from embstore.parts import CheckpointParts
 from embstore.policy import Admission
 from embstore.protocol import TableFigures, table_figures
 from embstore.seeds import manual_seed, next_seed
+from embstore.serving import remote
 from embstore.serving.mapped import MappedTable
 
 if TYPE_CHECKING:
@@ -627,8 +628,11 @@ class Table(CheckpointParts):
         that storage whatever the table's: a trainer in float32 publishes
         8-bit rows with ``save(path, with_optimizer=False, dtype="int8")``
         (rows rounded to nearest). Such a save is a full one, made from a
-        copy of the table in that dtype (in memory while it saves).
+        copy of the table in that dtype (in memory while it saves). A URL
+        ``path`` (``s3://...``) saves through fsspec: :mod:`embstore.serving.remote`.
         """
+        if remote.is_url(path):
+            return remote.save_to_url(self, path, incremental, with_optimizer, progress, dtype)
         if dtype is not None and dtype != self.dtype:
             if dtype not in ("float32", "float16", "bfloat16", "int8"):
                 raise ValueError(

@@ -8,6 +8,7 @@ mod distributed;
 mod error;
 mod mapped;
 mod outbuf;
+mod replica;
 mod runtime;
 mod slots;
 mod store;
@@ -35,6 +36,8 @@ mod _core {
     use crate::error::{CheckpointError, EmbstoreError};
     #[pymodule_export]
     use crate::mapped::PyMappedTable;
+    #[pymodule_export]
+    use crate::replica::{crc32c, manifest_files, publish_copied};
     #[pymodule_export]
     use crate::slots::{PySlotMap, staging_bytes};
     #[pymodule_export]

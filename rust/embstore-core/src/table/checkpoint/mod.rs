@@ -37,5 +37,7 @@ pub use crate::format::manifest::{
     VERSION_PLAIN, parse_manifest, read_manifest, read_manifest_text,
 };
 pub use load::{FileCheck, verify};
-pub use publish::{hold_for_reading, lock_for_writing, publish_parts, remove_partial};
+pub use publish::{
+    hold_for_reading, lock_for_writing, publish_copied, publish_parts, remove_partial,
+};
 pub use report::{Report, report};

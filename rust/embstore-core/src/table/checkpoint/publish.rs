@@ -89,6 +89,39 @@ pub fn publish_parts(
     Ok(m)
 }
 
+/// Publishes at `dir` the manifest `text` (checked as a load checks it)
+/// whose files were copied there (by a replica from its source), with the
+/// same protocol as a save: under the writers' lock, each named file a
+/// regular file of its recorded size, synced, then the manifest renamed
+/// over the old one and the files no manifest names any longer deleted
+/// once no reader holds the directory. The copier has checked each file's
+/// CRC-32C; readers check it again before serving a row of it. Returns
+/// the manifest's checksum.
+///
+/// # Errors
+/// `Checkpoint` when the manifest does not hold, a file it names is
+/// missing, not a regular file or of another size, or on I/O errors.
+pub fn publish_copied(dir: &Path, text: &[u8]) -> Result<u32> {
+    let mut m = crate::format::manifest::parse_manifest(dir, text)?;
+    let writer = lock_for_writing(dir)?;
+    for f in m.files() {
+        let len = untrusted::open_in(writer.dir(), &f.name)
+            .and_then(|file| file.metadata())
+            .map_err(|e| io_err(dir, &format!("cannot open {}", f.name), &e))?
+            .len();
+        if len != f.bytes {
+            return Err(ckpt_err(
+                dir,
+                format!("{} has {len} bytes, the manifest says {}", f.name, f.bytes),
+            ));
+        }
+    }
+    let names: Vec<String> = m.files().map(|f| f.name.clone()).collect();
+    fsync_files(dir, names.iter().map(String::as_str))?;
+    publish_locked(dir, &mut m)?;
+    Ok(m.checksum.unwrap_or_default())
+}
+
 /// [`publish`] by a caller that holds the writers' lock.
 pub(crate) fn publish_locked(dir: &Path, manifest: &mut Manifest) -> Result<u64> {
     check_manifest(manifest).map_err(|msg| ckpt_err(dir, msg))?;
