@@ -4,7 +4,8 @@ nginx serve them), optionally a flaky mirror that flips one byte of each
 data file's first response, one that cuts each data file's first response
 off after some bytes, or one that serves no ranges (as
 ``python -m http.server``). Run as a script it serves a directory:
-``python tests/_http_source.py DIR PORT [--corrupt-first] [--addr A]``."""
+``python tests/_http_source.py DIR PORT [--corrupt-first [--corrupt-when
+FILE]] [--addr A]``."""
 
 from __future__ import annotations
 
@@ -50,7 +51,8 @@ class _Handler(BaseHTTPRequestHandler):
             with self.server.lock:
                 first = name not in self.server.corrupted
                 self.server.corrupted.add(name)
-        if first and self.server.corrupt_first:
+        armed = self.server.corrupt_when is None or os.path.exists(self.server.corrupt_when)
+        if first and self.server.corrupt_first and armed:
             piece[len(piece) // 2] ^= 0x01
         if first and self.server.cut_first is not None:
             piece = piece[: self.server.cut_first]
@@ -85,6 +87,8 @@ class _Server(ThreadingHTTPServer):
         super().__init__((addr, port), _Handler)
         self.root, self.corrupt_first, self.ranges = root, corrupt_first, ranges
         self.cut_first = cut_first
+        #: With corrupt_first, corrupt only while this file exists.
+        self.corrupt_when: str | None = None
         self.lock = threading.Lock()
         self.corrupted: set[str] = set()
         self.requests: list[tuple[str, int, int]] = []
@@ -126,8 +130,10 @@ def main() -> None:
     p.add_argument("port", type=int)
     p.add_argument("--addr", default="0.0.0.0")
     p.add_argument("--corrupt-first", action="store_true")
+    p.add_argument("--corrupt-when", help="corrupt only while this file exists")
     args = p.parse_args()
     server = _Server(args.root, args.addr, args.port, args.corrupt_first, True)
+    server.corrupt_when = args.corrupt_when
     print(f"serving {args.root} at http://{args.addr}:{server.server_address[1]}", flush=True)
     server.serve_forever()
 

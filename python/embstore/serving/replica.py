@@ -384,6 +384,11 @@ class Replica:
                         have += len(piece)
                         self._count("bytes_fetched", len(piece))
                     extra = src.read(1) if have == size else b""
+                    if have == size and not extra and value == crc:
+                        # Synced now, beside the other fetches, so that the
+                        # publish's own sync finds nothing left to write.
+                        out.flush()
+                        os.fsync(out.fileno())
             except _Gone:
                 with contextlib.suppress(OSError):
                     os.unlink(part)

@@ -67,7 +67,7 @@ def main(argv: list[str]) -> int:
                 )
                 print(
                     f"published version {s['version']:08x} ({s['files_fetched']} files, "
-                    f"{s['bytes_fetched']} bytes fetched so far{lag})",
+                    f"{s['bytes_fetched']} bytes fetched so far, {s['retries']} retries{lag})",
                     flush=True,
                 )
 

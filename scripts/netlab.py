@@ -1,0 +1,159 @@
+"""Hosts on one machine, joined by links of a given rate: the multi-host
+harness of the tests and benches (root only).
+
+``Hosts(n, rate="1gbit")`` makes ``n`` network namespaces (one per host),
+each with an interface ``eth0`` at 10.77.0.(i+1)/24 joined by a veth pair
+to a bridge in a switch namespace of its own, every link rate-limited both
+ways with tbf (this kernel has no netem): ``tc qdisc add dev X root tbf
+rate RATE burst 512kb latency 100ms``. Nothing else is reachable from the
+hosts and no traffic touches the machine's own namespace. ``run(i, argv)``
+starts a process on host i; ``cut(i)`` / ``restore(i)`` take a host's link
+down and up; ``rx_bytes(i)`` counts what its link delivered. The
+namespaces go however a run ends (``close()``, a context manager, atexit,
+SIGTERM); ``python scripts/netlab.py clean`` removes any a killed run left.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+from typing import Any
+
+PREFIX = "esnl"
+SUBNET = "10.77.0"
+
+
+def _ip(*args: str, ns: str | None = None) -> None:
+    cmd = [*(["ip", "netns", "exec", ns] if ns else []), "ip", *args]
+    subprocess.run(cmd, check=True, capture_output=True, timeout=30)
+
+
+def available() -> str | None:
+    """Why the harness cannot run here (None when it can)."""
+    if os.geteuid() != 0:
+        return "needs root (network namespaces)"
+    for tool in ("ip", "tc"):
+        if subprocess.run(["which", tool], capture_output=True).returncode:
+            return f"needs {tool}"
+    return None
+
+
+class Hosts:
+    """``n`` hosts joined through one switch by links of ``rate`` (a tc
+    rate: "1gbit", "10gbit"); ``rates`` gives some hosts links of their
+    own rate (``{0: "10gbit"}``: a source whose uplink is faster)."""
+
+    def __init__(self, n: int, rate: str = "1gbit", rates: dict[int, str] | None = None) -> None:
+        why = available()
+        if why:
+            raise RuntimeError(f"netlab: {why}")
+        self.n, self.rate = n, rate
+        self.rates = {i: (rates or {}).get(i, rate) for i in range(n)}
+        self.tag = f"{PREFIX}{os.getpid() % 100000}"
+        self.switch = f"{self.tag}-sw"
+        self.names = [f"{self.tag}-h{i}" for i in range(n)]
+        self.procs: list[subprocess.Popen[Any]] = []
+        self._closed = False
+        atexit.register(self.close)
+        self._old_term = signal.signal(signal.SIGTERM, self._on_term)
+        try:
+            self._build()
+        except BaseException:
+            self.close()
+            raise
+
+    def _on_term(self, signum: int, frame: Any) -> None:
+        self.close()
+        sys.exit(128 + signum)
+
+    def _build(self) -> None:
+        _ip("netns", "add", self.switch)
+        _ip("link", "add", "br0", "type", "bridge", ns=self.switch)
+        _ip("link", "set", "br0", "up", ns=self.switch)
+        for i, ns in enumerate(self.names):
+            _ip("netns", "add", ns)
+            peer = f"p{i}"
+            veth = ["type", "veth", "peer", "name", peer, "netns", self.switch]
+            _ip("link", "add", "eth0", *veth, ns=ns)
+            _ip("addr", "add", f"{self.addr(i)}/24", "dev", "eth0", ns=ns)
+            _ip("link", "set", "eth0", "up", ns=ns)
+            _ip("link", "set", "lo", "up", ns=ns)
+            _ip("link", "set", peer, "master", "br0", ns=self.switch)
+            _ip("link", "set", peer, "up", ns=self.switch)
+            for dev, where in (("eth0", ns), (peer, self.switch)):
+                subprocess.run(
+                    ["ip", "netns", "exec", where, "tc", "qdisc", "add", "dev", dev, "root",
+                     "tbf", "rate", self.rates[i], "burst", "512kb", "latency", "100ms"],
+                    check=True, capture_output=True, timeout=30,
+                )  # fmt: skip
+
+    def addr(self, i: int) -> str:
+        """Host i's address."""
+        return f"{SUBNET}.{i + 1}"
+
+    def run(self, i: int, argv: list[str], **popen: Any) -> subprocess.Popen[Any]:
+        """Starts ``argv`` on host i (killed at close)."""
+        p = subprocess.Popen(["ip", "netns", "exec", self.names[i], *argv], **popen)
+        self.procs.append(p)
+        return p
+
+    def cut(self, i: int) -> None:
+        """Takes host i's link down (its connections fail at once)."""
+        _ip("link", "set", "eth0", "down", ns=self.names[i])
+
+    def restore(self, i: int) -> None:
+        """Brings host i's link back up."""
+        _ip("link", "set", "eth0", "up", ns=self.names[i])
+
+    def rx_bytes(self, i: int) -> int:
+        """Bytes host i's interface has received."""
+        out = subprocess.run(
+            ["ip", "netns", "exec", self.names[i], "cat", "/sys/class/net/eth0/statistics/rx_bytes"],  # noqa: E501
+            check=True, capture_output=True, text=True, timeout=30,
+        )  # fmt: skip
+        return int(out.stdout)
+
+    def close(self) -> None:
+        """Kills the hosts' processes and removes the namespaces."""
+        if self._closed:
+            return
+        self._closed = True
+        for p in self.procs:
+            if p.poll() is None:
+                p.kill()
+        for p in self.procs:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                p.wait(timeout=10)
+        for ns in [*self.names, self.switch]:
+            subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=30)
+        if signal.getsignal(signal.SIGTERM) == self._on_term:
+            signal.signal(signal.SIGTERM, self._old_term)
+
+    def __enter__(self) -> Hosts:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def clean() -> int:
+    """Removes every namespace a harness run left behind."""
+    out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=True)
+    gone = 0
+    for line in out.stdout.splitlines():
+        name = line.split()[0] if line.strip() else ""
+        if name.startswith(PREFIX):
+            subprocess.run(["ip", "netns", "del", name], capture_output=True)
+            gone += 1
+    return gone
+
+
+if __name__ == "__main__":
+    if sys.argv[1:] == ["clean"]:
+        print(f"removed {clean()} namespaces")
+    else:
+        print(__doc__)
