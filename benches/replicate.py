@@ -33,6 +33,7 @@ trainer's.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -48,8 +49,6 @@ import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "scripts"))
-
-import contextlib
 
 import netlab  # noqa: E402
 
@@ -158,12 +157,10 @@ def run(
             return net.run(i, [*cmd, "--timeout", "2"], stdout=subprocess.PIPE, text=True)
 
         replicators = [replicator(i) for i in range(1, hosts + 1)]
-        readers = [
-            _Reader(
-                net.run(i, [py, "-c", READER, locals_[i - 1], stop], stdout=subprocess.PIPE, text=True)
-            )
-            for i in range(1, hosts + 1)
-        ]
+        readers = []
+        for i in range(1, hosts + 1):
+            argv = [py, "-c", READER, locals_[i - 1], stop]
+            readers.append(_Reader(net.run(i, argv, stdout=subprocess.PIPE, text=True)))
         time.sleep(1.0)  # the servers listening
         peak = {"trainer": 0, **{f"host{i}": 0 for i in range(1, hosts + 1)}}
         ratio_now = [0.0] * hosts
