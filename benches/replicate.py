@@ -19,7 +19,9 @@ was served there.
 Six publishes: a full save; two deltas with the last host's link cut
 across both (restored after the second); a delta through the armed
 mirror; a chain rewrite (a full save) with host 2's replicator killed
-mid-fetch and restarted at once; a delta. Each publish's lag on each host
+mid-fetch and restarted at once; a delta. ``--tree``: hosts 2.. replicate
+from host 1's copy (served over HTTP there), so the trainer's link carries
+each publish once. Each publish's lag on each host
 (save returned -> first served) is printed against its bound: its new
 bytes at the link's rate + 1 s (the cut host: the bytes it missed, from
 the link's return; the killed one: + 3 s). Then the bytes each link
@@ -121,7 +123,13 @@ class _Reader:
 
 
 def run(
-    rows: int, dim: int, hosts: int, rate: str, source_rate: str, workdir: str
+    rows: int,
+    dim: int,
+    hosts: int,
+    rate: str,
+    source_rate: str,
+    workdir: str,
+    tree: bool = False,
 ) -> dict[str, Any]:
     rate_b = _rate_bytes(rate)
     src = os.path.join(workdir, "trainer")
@@ -140,6 +148,7 @@ def run(
         "hosts": hosts,
         "rate": rate,
         "source_rate": source_rate,
+        "tree": tree,
         "publishes": [],
     }
     with netlab.Hosts(hosts + 1, rate, {0: source_rate}) as net:
@@ -150,9 +159,12 @@ def run(
         net.run(0, [*serve, "8001", "--corrupt-first", "--corrupt-when", armed])
         replicators: list[subprocess.Popen[str]] = []
 
+        if tree:  # host 1 serves its copy to the others
+            net.run(1, [*serve[:-1], locals_[0], "8000"], stdout=subprocess.DEVNULL)
+
         def replicator(i: int) -> subprocess.Popen[str]:
             port = 8001 if i == 1 else 8000
-            url = f"http://{net.addr(0)}:{port}"
+            url = f"http://{net.addr(1 if tree and i > 1 else 0)}:{port}"
             cmd = [py, "-m", "embstore", "replicate", url, locals_[i - 1], "--period", "0.05"]
             return net.run(i, [*cmd, "--timeout", "2"], stdout=subprocess.PIPE, text=True)
 
@@ -310,6 +322,7 @@ def main() -> None:
         default="10gbit",
         help="the trainer host's link (it sends every publish to every host at once)",
     )
+    p.add_argument("--tree", action="store_true", help="hosts 2.. replicate from host 1")
     p.add_argument("--json", help="write the figures to this file")
     args = p.parse_args()
     why = netlab.available()
@@ -317,7 +330,7 @@ def main() -> None:
         sys.exit(f"benches/replicate.py: the harness {why}")
     workdir = tempfile.mkdtemp(prefix="embstore-replicate-")
     try:
-        out = run(args.rows, args.dim, args.hosts, args.rate, args.source_rate, workdir)
+        out = run(args.rows, args.dim, args.hosts, args.rate, args.source_rate, workdir, args.tree)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     print(json.dumps({k: v for k, v in out.items() if k != "publishes"}, indent=1))

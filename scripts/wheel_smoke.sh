@@ -61,7 +61,7 @@ wheel_extra_cmd=$(grep -o 'pip install "$(ls dist/embstore-\*.whl)\[torch\]"' RE
   (cd "$work" && python -c "$torch_example")
 
   # Each hint the library prints for a missing optional dependency.
-  for extra in torch mpi plot metrics progress gpu; do
+  for extra in torch mpi plot metrics progress replicate gpu; do
     hint=$(python -c "from embstore._deps import EXTRAS; print(EXTRAS['$extra'])")
     # shellcheck disable=SC2086  # the hint is a list of package names
     pip install $hint
@@ -85,6 +85,24 @@ with metrics.serve(0, tables={"t": t}) as h:
     text = urllib.request.urlopen(h.url, timeout=10).read().decode()
 assert 'embstore_lookups_total{table="t"} 5.0' in text, text
 print("metrics: scraped", h.url)
+PY
+  # The replicate extra: a checkpoint served by Python's own HTTP server
+  # (no byte ranges), copied by a replica, read mapped.
+  python - <<'PY'
+import functools, http.server, tempfile, threading, numpy as np, embstore
+from embstore.serving import Replica
+src, local = tempfile.mkdtemp(), tempfile.mkdtemp()
+t = embstore.Table(4)
+t.lookup(np.arange(100))
+t.save(src)
+handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=src)
+server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+threading.Thread(target=server.serve_forever, daemon=True).start()
+with Replica(f"http://127.0.0.1:{server.server_address[1]}", local, start=False) as r:
+    assert r.poll()
+assert np.array_equal(embstore.Table.load(local, mmap=True).lookup(np.arange(100)), t.lookup(np.arange(100)))
+server.shutdown()
+print("replicate: served over HTTP, copied and read")
 PY
   python - <<'PY'
 import cupy, numpy as np, embstore
@@ -131,6 +149,7 @@ fi
   pip install ".[plot]"
   pip install ".[metrics]"
   pip install ".[progress]"
+  pip install ".[replicate]"
   pip install ".[mpi,plot]"
   pip install ".[gpu]"
   pip install ".[torch]"

@@ -59,6 +59,11 @@ class _Gone(Exception):
     published again meanwhile; the next poll takes its newest manifest."""
 
 
+class _Closed(Exception):
+    """The replica was closed during a fetch (what arrived stays for the
+    next replica of the directory to resume)."""
+
+
 class _Source:
     """A checkpoint directory that a replica reads: a local path."""
 
@@ -216,6 +221,7 @@ class Replica:
             "lag_seconds": None,
             "lag_seconds_max": None,
             "last_publish": None,
+            "fetch_seconds": None,
             "polls": 0,
         }
         self._adopt_local()
@@ -271,6 +277,7 @@ class Replica:
             return published
 
     def _poll(self) -> bool:
+        seen = time.time()
         try:
             text, mtime = self.source.manifest()
         except Exception as e:
@@ -314,6 +321,7 @@ class Replica:
             s["version"] = _version(text)
             s["publishes"] += 1
             s["last_publish"] = now
+            s["fetch_seconds"] = now - seen
             if mtime is not None:
                 lag = max(0.0, now - mtime)
                 s["lag_seconds"] = lag
@@ -376,6 +384,8 @@ class Replica:
             try:
                 with open(part, "ab") as out, self.source.open(name, have) as src:
                     while have < size:
+                        if self._stop.is_set():
+                            raise _Closed(name)
                         piece = src.read(min(PIECE, size - have))
                         if not piece:
                             break
@@ -393,6 +403,8 @@ class Replica:
                 with contextlib.suppress(OSError):
                     os.unlink(part)
                 raise
+            except _Closed:
+                raise ReplicaError("the replica was closed") from None
             except Exception as e:  # a cut: resume from what arrived
                 error = e
                 if have == start and start:
@@ -427,8 +439,10 @@ class Replica:
         fetch), ``errors`` (polls that failed), ``error`` (the last poll's
         error, None once one succeeds), ``lag_seconds`` (the last
         publish's: from the source's manifest being written to its
-        publish here, where the source tells when: a path, not HTTP) and
-        ``lag_seconds_max``, ``last_publish`` (a time.time()), ``polls``."""
+        publish here, where the source tells when: a path or an object
+        store, not HTTP) and ``lag_seconds_max``, ``fetch_seconds`` (the
+        last publish's: from the poll that found its manifest to its
+        publish here), ``last_publish`` (a time.time()), ``polls``."""
         with self._figures_lock:
             return dict(self._stats)
 
