@@ -169,6 +169,8 @@ def run(
             return net.run(i, [*cmd, "--timeout", "2"], stdout=subprocess.PIPE, text=True)
 
         replicators = [replicator(i) for i in range(1, hosts + 1)]
+        outputs: list[tuple[int, str]] = []  # (host, a replicator's output)
+        versions: dict[int, int] = {}  # a manifest's checksum -> publish number
         readers = []
         for i in range(1, hosts + 1):
             argv = [py, "-c", READER, locals_[i - 1], stop]
@@ -213,6 +215,8 @@ def run(
             t.save(src, incremental=v != 5 and v != 1, with_optimizer=False)
             saved = time.time()
             names = _named(src)
+            with open(os.path.join(src, "manifest.json"), "rb") as f:
+                versions[json.loads(f.read())["checksum"]] = v
             new = {n: b for n, b in names.items() if n not in published}
             new_bytes = sum(new.values()) + os.path.getsize(os.path.join(src, "manifest.json"))
             bytes_published += new_bytes
@@ -222,7 +226,7 @@ def run(
             if v == 5 and killed_host is not None:
                 time.sleep(min(1.0, 0.4 * new_bytes / rate_b))
                 replicators[killed_host - 1].send_signal(signal.SIGKILL)
-                replicators[killed_host - 1].wait()
+                outputs.append((killed_host, replicators[killed_host - 1].communicate()[0]))
                 killed_at = time.time()
                 replicators[killed_host - 1] = replicator(killed_host)
             if v == 3:
@@ -239,6 +243,7 @@ def run(
                 "v": v,
                 "what": what,
                 "save_s": round(saved - t0, 3),
+                "saved_at": saved,
                 "new_bytes": new_bytes,
                 "link_s": round(new_bytes / rate_b, 3),
                 "hosts": {},
@@ -281,8 +286,19 @@ def run(
             except subprocess.TimeoutExpired:
                 p.kill()
                 text, _ = p.communicate()
+            outputs.append((h + 1, text or ""))
             lines = [ln for ln in (text or "").splitlines() if "bytes fetched" in ln]
             fetched[f"host{h + 1}"] = lines[-1] if lines else ""
+        # Where each lag went: the replica's publish, then the reader's swap.
+        for host, text in outputs:
+            for line in text.splitlines():
+                words = line.split()
+                if line.startswith("published version") and len(words) > 4:
+                    v = versions.get(int(words[2], 16))
+                    row = out["publishes"][v - 1]["hosts"].get(f"host{host}") if v else None
+                    if row and row.get("lag_s") is not None:
+                        saved_at = out["publishes"][v - 1]["saved_at"]
+                        row["replica_published_s"] = round(float(words[4]) - saved_at, 3)
         want_keys, want_rows = t.export()
         order = np.argsort(want_keys)
         equal = {}

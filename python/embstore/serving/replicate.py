@@ -66,7 +66,8 @@ def main(argv: list[str]) -> int:
                     else f", {s['lag_seconds']:.2f} s after the source"
                 )
                 print(
-                    f"published version {s['version']:08x} ({s['files_fetched']} files, "
+                    f"published version {s['version']:08x} at {s['last_publish']:.3f} "
+                    f"(fetched in {s['fetch_seconds']:.3f} s; {s['files_fetched']} files, "
                     f"{s['bytes_fetched']} bytes fetched so far, {s['retries']} retries{lag})",
                     flush=True,
                 )
