@@ -18,7 +18,7 @@ import os
 import re
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, TypeGuard
 
 from embstore import _core
 from embstore._deps import require
@@ -30,7 +30,7 @@ __all__ = ["is_url", "staging_dir", "upload"]
 _OURS = re.compile(r"[0-9a-f]{16}-[0-9a-z-]+\.safetensors")
 
 
-def is_url(path: object) -> bool:
+def is_url(path: object) -> TypeGuard[str]:
     """Whether ``path`` names a location through fsspec (``s3://...``)
     rather than a local path (``file://`` is a local path)."""
     return isinstance(path, str) and "://" in path and not path.startswith("file://")
