@@ -14,6 +14,7 @@ import contextlib
 import os
 import re
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -54,7 +55,8 @@ class _Handler(BaseHTTPRequestHandler):
         armed = self.server.corrupt_when is None or os.path.exists(self.server.corrupt_when)
         if first and self.server.corrupt_first and armed:
             piece[len(piece) // 2] ^= 0x01
-        if first and self.server.cut_first is not None:
+        cut = first and self.server.cut_first is not None
+        if cut:
             piece = piece[: self.server.cut_first]
             self.close_connection = True
         with self.server.lock:
@@ -70,6 +72,11 @@ class _Handler(BaseHTTPRequestHandler):
         if body:
             with contextlib.suppress(BrokenPipeError, ConnectionResetError):
                 self.wfile.write(piece)
+                if cut:
+                    # A cut after the bytes arrived (a client may drop what
+                    # it holds once it sees the close).
+                    self.wfile.flush()
+                    time.sleep(0.2)
 
 
 class _Server(ThreadingHTTPServer):

@@ -116,8 +116,8 @@ def test_every_readme_install_command_is_run_by_ci() -> None:
     hints = {f"pip install {v}" for v in EXTRAS.values()}
     missing = sorted(c for c in commands if c not in ci and c not in hints)
     assert not missing, f"README install commands no CI step runs: {missing}"
-    assert "for extra in torch mpi plot metrics progress gpu; do" in ci
-    assert set(EXTRAS) == {"torch", "mpi", "plot", "metrics", "progress", "gpu"}
+    assert "for extra in torch mpi plot metrics progress replicate gpu; do" in ci
+    assert set(EXTRAS) == {"torch", "mpi", "plot", "metrics", "progress", "replicate", "gpu"}
 
 
 def test_every_install_hint_names_commands_ci_runs() -> None:

@@ -38,6 +38,7 @@ from embstore._convert import (
     to_numpy,
 )
 from embstore._latency import histogram, timed
+from embstore.distributed import wire
 from embstore.distributed.agreement import DEFAULT_TIMEOUT, Agreement, check_timeout
 from embstore.distributed.partition import Partition
 from embstore.distributed.transport import Transport, transport_of
@@ -109,6 +110,11 @@ class ShardedTable(Agreement):
         protocol; every rank's configuration must agree.
     timeout:
         Seconds a collective call may take before the whole job is aborted.
+    wire_dtype:
+        How rows and gradients travel between ranks: "float32" (as they
+        are), "bfloat16" or "float16" (half the bytes), "int8" (8-bit codes
+        and a float32 scale and offset a row); each rank's rows stay in
+        their own dtype (:mod:`embstore.distributed.wire`).
     **table_kwargs:
         Passed to each rank's local :class:`embstore.Table` (optimizer,
         initializer, seed, num_shards, dtype, admission, ttl_steps,
@@ -129,9 +135,10 @@ class ShardedTable(Agreement):
         key_space: int | None = None,
         local: LocalTier | Callable[[int], LocalTier] | None = None,
         timeout: float | None = None,
+        wire_dtype: str = "float32",
         **table_kwargs: Any,
     ) -> None:
-        self._setup(comm, partition, key_space, timeout)
+        self._setup(comm, partition, key_space, timeout, wire_dtype)
         given = isinstance(local, LocalTier)
         seed = None if given else table_kwargs.pop("seed", None)
         # Every rank that needs a default seed draws from its own sequence
@@ -191,7 +198,12 @@ class ShardedTable(Agreement):
     # -- set-up ---------------------------------------------------------------
 
     def _setup(
-        self, comm: Any, partition: str | Partition, key_space: int | None, timeout: float | None
+        self,
+        comm: Any,
+        partition: str | Partition,
+        key_space: int | None,
+        timeout: float | None,
+        wire_dtype: str = "float32",
     ) -> None:
         self._t: Transport = transport_of(comm)
         #: The communicator (MPI) or process group (torch.distributed) given.
@@ -206,7 +218,10 @@ class ShardedTable(Agreement):
         self.total_received_bytes = 0
         error: BaseException | None = None
         chosen = Partition(world_size=self.size)
+        #: How rows and gradients travel between ranks.
+        self.wire_dtype = "float32"
         try:
+            self.wire_dtype = wire.check_wire_dtype(wire_dtype)
             chosen = _partition_of(partition, key_space, self.size)
             if timeout is not None:
                 self.timeout = check_timeout(timeout, "timeout")
@@ -232,7 +247,12 @@ class ShardedTable(Agreement):
         self.key_space = partitioning.key_space
 
     def _config(self) -> dict[str, Any]:
-        return {**self.local.config(), "partition": self.partition, "key_space": self.key_space}
+        return {
+            **self.local.config(),
+            "partition": self.partition,
+            "key_space": self.key_space,
+            "wire_dtype": self.wire_dtype,
+        }
 
     # -- exchange -----------------------------------------------------------------
 
@@ -286,20 +306,28 @@ class ShardedTable(Agreement):
         """Rows of distinct keys (grouped by owner, ``counts`` a rank), from
         their owners, in ``uniq``'s order; and the route taken (for a step on
         the same keys to send its gradients along)."""
-        dim = self.local.dim
+        dim, w = self.local.dim, self.wire_dtype
         route = self._route(uniq, counts)
         sc, rc, recv_keys = route
-        rows = to_numpy(self.local.lookup(recv_keys, insert=insert))
-        return self._alltoallv(rows, rc, sc, dim).reshape(-1, dim), route
+        rows = wire.encode(to_numpy(self.local.lookup(recv_keys, insert=insert)), w)
+        return wire.decode(self._alltoallv(rows, rc, sc, rows.shape[1]), w, dim), route
 
     def _fetch_found(
         self, uniq: npt.NDArray[np.int64], counts: npt.NDArray[np.int64]
     ) -> tuple[np.ndarray, np.ndarray]:
         """:meth:`_fetch_unique` without inserting, with each key's found
         flag from its owner as one more float column of the rows sent back."""
-        dim = self.local.dim
+        dim, w = self.local.dim, self.wire_dtype
         sc, rc, recv_keys = self._route(uniq, counts)
         rows, found = self.local.lookup(recv_keys, insert=False, return_found=True)
+        if w != "float32":  # the flag as one byte more of each encoded row
+            coded = wire.encode(to_numpy(rows), w)
+            width = coded.shape[1] + 1
+            buf = np.empty((recv_keys.shape[0], width), np.uint8)
+            buf[:, :-1] = coded
+            buf[:, -1] = to_numpy(found)
+            got = self._alltoallv(buf, rc, sc, width).reshape(-1, width)
+            return wire.decode(got[:, :-1], w, dim), got[:, -1] > 0
         packed = np.empty((recv_keys.shape[0], dim + 1), np.float32)
         packed[:, :dim] = to_numpy(rows)
         packed[:, dim] = to_numpy(found)
@@ -317,10 +345,11 @@ class ShardedTable(Agreement):
         owners; one step everywhere. ``route``: the one a lookup of the same
         keys took, agreed by every rank (the owners have the keys already:
         only gradients move)."""
-        dim = self.local.dim
+        dim, w = self.local.dim, self.wire_dtype
         sc, rc, recv_keys = self._route(uniq, counts) if route is None else route
-        recv = self._alltoallv(grads, sc, rc, dim).reshape(-1, dim)
-        self.local.apply_gradients(recv_keys, recv)
+        coded = wire.encode(grads, w)
+        sent = self._alltoallv(coded, sc, rc, coded.shape[1])
+        self.local.apply_gradients(recv_keys, wire.decode(sent, w, dim))
 
     # -- the batch protocol (collective) ---------------------------------------------
 
@@ -569,6 +598,7 @@ class ShardedTable(Agreement):
         timeout: float | None = None,
         disk: str | os.PathLike[str] | None = None,
         memory_bytes: int | None = None,
+        wire_dtype: str = "float32",
     ) -> ShardedTable:
         """Load a checkpoint (written by any number of ranks, or by one Table)
         onto this communicator's ranks: each rank keeps the keys it owns.
@@ -577,9 +607,11 @@ class ShardedTable(Agreement):
         for a checkpoint that records none. With ``disk`` and
         ``memory_bytes``, each rank's table is a disk table keeping at most
         ``memory_bytes`` of its rows in memory (its files in a directory of
-        its own under ``disk``), loaded part by part. Collective."""
+        its own under ``disk``), loaded part by part. ``wire_dtype``: as the
+        constructor's. Collective."""
         self = cls.__new__(cls)
-        self._setup(comm, "hash" if partition is None else partition, key_space, timeout)
+        partition_ = "hash" if partition is None else partition
+        self._setup(comm, partition_, key_space, timeout, wire_dtype)
         # Every rank holds the directory's readers' lock before rank 0 reads
         # the manifest, and loads the checkpoint of the manifest text rank 0
         # read: a save publishing meanwhile changes manifest.json but deletes
@@ -633,5 +665,6 @@ class ShardedTable(Agreement):
     def __repr__(self) -> str:
         return (
             f"ShardedTable(dim={self.dim}, rank={self.rank}/{self.size}, "
-            f"partition={self.partition!r}, local_rows={len(self.local)})"
+            f"partition={self.partition!r}, wire_dtype={self.wire_dtype!r}, "
+            f"local_rows={len(self.local)})"
         )

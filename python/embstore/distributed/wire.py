@@ -1,0 +1,90 @@
+"""How rows and gradients travel between ranks (``ShardedTable(...,
+wire_dtype=...)``): the sender encodes float32 rows into bytes, the
+receiver decodes them back to float32; the tables keep their own rows in
+their own dtype whatever the wire's.
+
+- ``"float32"``: as they are (nothing encoded; the exchange of earlier
+  releases, bit for bit).
+- ``"bfloat16"``: the upper 16 bits, rounded to nearest even (half the
+  bytes; 8 significant bits).
+- ``"float16"``: IEEE half, rounded to nearest; values beyond its range
+  are sent as +-65504 (half the bytes; 11 significant bits).
+- ``"int8"``: per row, 8-bit codes of an affine map, ``lo + code * scale``
+  with ``lo`` the row's least value and ``scale`` its range / 255
+  (``dim + 8`` bytes a row; each value within ``scale / 2``).
+
+TorchRec's quantized comms (fp16, bf16, fp8 forward and backward) make the
+same trade: fewer bytes on the link for rounding each exchanged value once.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import numpy.typing as npt
+
+__all__ = ["WIRE_DTYPES", "check_wire_dtype", "decode", "encode", "row_bytes"]
+
+WIRE_DTYPES = ("float32", "bfloat16", "float16", "int8")
+_F16_MAX = np.float32(65504.0)
+
+
+def check_wire_dtype(value: object) -> str:
+    """``value`` if it names a wire dtype, else a ValueError naming it."""
+    if not isinstance(value, str) or value not in WIRE_DTYPES:
+        raise ValueError(
+            f'wire_dtype: expected "float32", "bfloat16", "float16" or "int8", got {value!r}'
+        )
+    return value
+
+
+def row_bytes(wire: str, dim: int) -> int:
+    """Bytes a row of ``dim`` floats takes on the wire."""
+    return {"float32": 4 * dim, "bfloat16": 2 * dim, "float16": 2 * dim}.get(wire, dim + 8)
+
+
+def encode(rows: npt.NDArray[np.float32], wire: str) -> np.ndarray:
+    """``rows (n, dim)`` float32 as they go on the wire: float32 itself,
+    else ``(n, row_bytes)`` uint8 (so ``shape[1]`` items a row either way)."""
+    rows = np.ascontiguousarray(rows, dtype=np.float32)
+    n = rows.shape[0]
+    if wire == "float32":
+        return rows
+    if wire == "bfloat16":
+        u = rows.view(np.uint32)
+        half = ((u + (np.uint32(0x7FFF) + ((u >> np.uint32(16)) & np.uint32(1)))) >> 16).astype(
+            np.uint16
+        )
+        return half.view(np.uint8).reshape(n, 2 * rows.shape[1])
+    if wire == "float16":
+        half16 = np.clip(rows, -_F16_MAX, _F16_MAX).astype(np.float16)
+        return half16.view(np.uint8).reshape(n, 2 * rows.shape[1])
+    dim = rows.shape[1]
+    out = np.empty((n, dim + 8), np.uint8)
+    if n == 0:
+        return out
+    lo = rows.min(axis=1)
+    scale = (rows.max(axis=1) - lo) / np.float32(255.0)
+    safe = np.where(scale > 0, scale, np.float32(1.0))
+    codes = np.rint((rows - lo[:, None]) / safe[:, None])
+    out[:, :dim] = np.clip(codes, 0, 255).astype(np.uint8)
+    out[:, dim : dim + 4] = lo.astype(np.float32).view(np.uint8).reshape(n, 4)
+    out[:, dim + 4 :] = scale.astype(np.float32).view(np.uint8).reshape(n, 4)
+    return out
+
+
+def decode(buf: np.ndarray, wire: str, dim: int) -> npt.NDArray[np.float32]:
+    """Rows ``(n, dim)`` float32 from what :func:`encode` sent."""
+    if wire == "float32":
+        return np.ascontiguousarray(buf, dtype=np.float32).reshape(-1, dim)
+    buf = np.ascontiguousarray(buf, dtype=np.uint8).reshape(-1, row_bytes(wire, dim))
+    n = buf.shape[0]
+    if wire == "bfloat16":
+        u = buf.view(np.uint16).reshape(n, dim).astype(np.uint32) << np.uint32(16)
+        return u.view(np.float32)
+    if wire == "float16":
+        out: npt.NDArray[np.float32] = buf.view(np.float16).reshape(n, dim).astype(np.float32)
+        return out
+    lo = buf[:, dim : dim + 4].copy().view(np.float32)
+    scale = buf[:, dim + 4 :].copy().view(np.float32)
+    rows: npt.NDArray[np.float32] = lo + buf[:, :dim].astype(np.float32) * scale
+    return rows
