@@ -265,7 +265,8 @@ def test_mismatched_configuration_is_refused_on_every_rank() -> None:
 def test_bytes_moved_equal_the_cost_model() -> None:
     """Per call a rank sends 8 bytes of count to each other rank, 8 bytes per
     distinct key owned elsewhere, and 4*dim bytes per row it returns to (or
-    gradient it sends to) another rank."""
+    gradient it sends to) another rank; a step on the batch of the lookup
+    before sends its gradients only."""
     dim = 5
     t = ShardedTable(dim, optimizer=optim.SGD(lr=0.1))
     rng = np.random.default_rng(RANK)
@@ -283,7 +284,13 @@ def test_bytes_moved_equal_the_cost_model() -> None:
     t.lookup(keys)
     assert t.last_call["sent_bytes"] == counts + 8 * remote + 4 * dim * asked_of_me
     assert t.last_call["received_bytes"] == counts + 8 * asked_of_me + 4 * dim * remote
+    # A step on the lookup's batch: the owners hold its keys, only
+    # gradients move.
     t.apply_gradients(keys, np.ones((len(keys), dim)))
+    assert t.last_call["sent_bytes"] == 4 * dim * remote
+    assert t.last_call["received_bytes"] == 4 * dim * asked_of_me
+    # Another batch (the same keys reordered): the keys go too.
+    t.apply_gradients(keys[::-1], np.ones((len(keys), dim)))
     assert t.last_call["sent_bytes"] == counts + (8 + 4 * dim) * remote
     assert t.last_call["received_bytes"] == counts + (8 + 4 * dim) * asked_of_me
 
@@ -405,3 +412,27 @@ def test_metrics_read_this_ranks_shard_without_a_collective() -> None:
         assert f.counters["inserts"] == len(st.local)
         assert sum(f.latency[1]) == 2  # this rank's two calls
     COMM.Barrier()
+
+
+def test_a_step_reuses_the_lookups_route_only_where_every_rank_can() -> None:
+    """Rank 0 steps on its lookup's batch, the others on another batch: no
+    rank reuses the route (a vote), and the rows equal one Table's; then
+    every rank steps on its lookup's batch and they still do."""
+    sharded = ShardedTable(DIM, optimizer=optim.Adam(lr=0.05), seed=12)
+    single = embstore.Table(DIM, optimizer=optim.Adam(lr=0.05), seed=12)
+    for step in range(4):
+        keys, grads = batch_of(step, RANK, False)
+        sharded.lookup(keys)
+        for r in range(SIZE):
+            single.lookup(batch_of(step, r, False)[0])
+        mixed = step % 2 == 0 and RANK != 0
+        mine = (keys[::-1], grads) if mixed else (keys, grads)
+        sharded.apply_gradients(*mine)
+        every_k, every_g = [], []
+        for r in range(SIZE):
+            k, g = batch_of(step, r, False)
+            every_k.append(k[::-1] if step % 2 == 0 and r != 0 else k)
+            every_g.append(g)
+        single.apply_gradients(np.concatenate(every_k), np.concatenate(every_g))
+    keys, rows = single.export()
+    np.testing.assert_allclose(sharded.lookup(keys, insert=False), rows, rtol=1e-5, atol=1e-6)

@@ -214,6 +214,8 @@ class ShardedTable(Agreement):
         self.last_call: dict[str, int] = {"sent_bytes": 0, "received_bytes": 0}
         #: Seconds the last call spent in MPI exchanges (waiting included).
         self.last_exchange_seconds = 0.0
+        # The last inserting lookup's keys (a copy), plan and route.
+        self._last: tuple[np.ndarray, ...] | None = None
         self.total_sent_bytes = 0
         self.total_received_bytes = 0
         error: BaseException | None = None
@@ -395,11 +397,16 @@ class ShardedTable(Agreement):
         ins, found, uniq, inv, counts = self._prepare(
             "lookup", prep, lambda r: (("insert", r[0]), ("return_found", r[1]))
         )
+        self._last = None
         with self._watch("lookup"):
             if found:
                 rows, flags = self._fetch_found(uniq, counts)
                 return rows[inv], flags[inv]
-            rows, _ = self._fetch_unique(uniq, counts, ins)
+            rows, route = self._fetch_unique(uniq, counts, ins)
+        if ins:
+            # A step on this batch next (its backward) reuses the plan, and,
+            # where every rank does, the route: only gradients move.
+            self._last = (np.array(keys, dtype=np.int64, copy=True), uniq, inv, counts, route)
         out: npt.NDArray[np.float32] = rows[inv]
         return out
 
@@ -420,21 +427,26 @@ class ShardedTable(Agreement):
         owner applies them. Collective."""
         self._begin()
 
-        def prep() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        def prep() -> tuple[np.ndarray, np.ndarray, np.ndarray, bool]:
             if self.local.optimizer is None:
                 raise ValueError("optimizer: this table was built with optimizer=None")
             k = as_keys(keys)
             g = as_rows(grads, k.shape[0], self.dim, "grads")
             if not np.isfinite(g).all():
                 raise ValueError("grads: expected only finite values")
-            uniq, inv, counts = self._plan(k)
+            last = self._last
+            same = last is not None and np.array_equal(k, last[0])
+            uniq, inv, counts = last[1:4] if same and last is not None else self._plan(k)
             offsets = np.arange(len(k) + 1, dtype=np.int64)
             summed = ops.spread_pooled(g, inv, offsets, len(uniq))
-            return uniq, counts, summed
+            return uniq, counts, summed, same
 
-        uniq, counts, summed = self._prepare("apply_gradients", prep)
+        (uniq, counts, summed, _), every = self._prepare_voted(
+            "apply_gradients", prep, vote=lambda r: r[3]
+        )
+        route = self._last[4] if every and self._last is not None else None
         with self._watch("apply_gradients"):
-            self._push_unique(uniq, counts, summed)
+            self._push_unique(uniq, counts, summed, route)
 
     def _bags(self, ids: Any, offsets: Any, weights: Any, combiner: str) -> tuple[Any, ...]:
         i, o, w, c = as_bags(ids, offsets, weights, combiner)

@@ -1,0 +1,131 @@
+"""The sharded step across hosts: N ranks in N network namespaces joined by
+links of a given rate (``scripts/netlab.py``; root only), over
+torch.distributed (gloo over TCP), each rank's step a lookup and an Adam
+step of its own 65,536 Zipf(1.1) ids over 1M keys at dim 64. Each rank also
+times the same batch on a local Table (the two alternating); rank 0 prints
+the median sharded step against (the bytes a rank puts on its link at the
+link's rate + the local step), per wire dtype::
+
+    python benches/hosts_step.py [--ranks 2] [--rate 1gbit] [--wire float32 bfloat16]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def worker(args: argparse.Namespace) -> None:
+    import torch.distributed as dist
+
+    from embstore import Table, optim
+    from embstore.distributed import ShardedTable
+
+    dist.init_process_group("gloo")
+    rank, size = dist.get_rank(), dist.get_world_size()
+    dim, n = 64, args.batch
+    rng = np.random.default_rng(100 + rank)
+    batches = [
+        (rng.zipf(1.1, n) % 1_000_000).astype(np.int64) for _ in range(args.steps + args.warmup)
+    ]
+    grads = rng.standard_normal((n, dim), dtype=np.float32) * 0.01
+    out = {}
+    for i, wire in enumerate(args.wire):
+        t = ShardedTable(dim, comm="torch", optimizer=optim.Adam(lr=0.01), seed=1, wire_dtype=wire)
+        local = Table(dim, optimizer=optim.Adam(lr=0.01), seed=1)
+        steps, local_steps, sent = [], [], []
+        for s, keys in enumerate(batches):
+            t0 = time.perf_counter()
+            local.lookup(keys)
+            local.apply_gradients(keys, grads)
+            t1 = time.perf_counter()
+            dist.barrier()
+            t2 = time.perf_counter()
+            t.lookup(keys)
+            moved = t.last_call["sent_bytes"]
+            t.apply_gradients(keys, grads)
+            moved += t.last_call["sent_bytes"]
+            t3 = time.perf_counter()
+            if s >= args.warmup:
+                local_steps.append(t1 - t0)
+                steps.append(t3 - t2)
+                sent.append(moved)
+        med = np.array(
+            [np.median(steps), np.median(local_steps), np.median(sent)], dtype=np.float64
+        )
+        import torch
+
+        everyone = torch.from_numpy(med)
+        dist.all_reduce(everyone, op=dist.ReduceOp.MAX)
+        out[f"{wire} #{i + 1}"] = everyone.numpy().tolist()
+    if rank == 0:
+        print(json.dumps({"ranks": size, "steps": out}), flush=True)
+    dist.destroy_process_group()
+
+
+def _rate_bytes(rate: str) -> float:
+    for u, f in {"gbit": 1e9, "mbit": 1e6}.items():
+        if rate.endswith(u):
+            return float(rate[: -len(u)]) * f / 8
+    raise ValueError(f"--rate: expected e.g. 1gbit, got {rate!r}")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--ranks", type=int, default=2)
+    p.add_argument("--rate", default="1gbit")
+    p.add_argument("--batch", type=int, default=65536)
+    p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--wire", nargs="+", default=["float32", "bfloat16"])
+    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.worker:
+        worker(args)
+        return
+    sys.path.insert(0, os.path.join(ROOT, "scripts"))
+    import netlab
+
+    why = netlab.available()
+    if why:
+        sys.exit(f"benches/hosts_step.py: the harness {why}")
+    with netlab.Hosts(args.ranks, args.rate) as net:
+        procs = []
+        for r in range(args.ranks):
+            env = {
+                **os.environ,
+                "RANK": str(r),
+                "WORLD_SIZE": str(args.ranks),
+                "MASTER_ADDR": net.addr(0),
+                "MASTER_PORT": "29555",
+                "GLOO_SOCKET_IFNAME": "eth0",
+                "RAYON_NUM_THREADS": str(max(1, (os.cpu_count() or 2) // args.ranks)),
+            }
+            argv = [sys.executable, os.path.abspath(__file__), "--worker", "--batch",
+                    str(args.batch), "--steps", str(args.steps), "--warmup", str(args.warmup),
+                    "--wire", *args.wire]  # fmt: skip
+            procs.append(net.run(r, argv, env=env, stdout=subprocess.PIPE, text=True))
+        outs = [p.communicate(timeout=1200)[0] for p in procs]
+    line = next(ln for ln in outs[0].splitlines() if ln.startswith("{"))
+    result = json.loads(line)
+    rate = _rate_bytes(args.rate)
+    for wire, (step, local, sent) in result["steps"].items():
+        link = sent / rate
+        print(
+            f"ranks {args.ranks}, {args.rate}, wire {wire:<11}: step {step * 1e3:.0f} ms, "
+            f"{sent / 1e6:.2f} MB sent a rank ({link * 1e3:.0f} ms at the link's rate), "
+            f"local step {local * 1e3:.0f} ms: {step / (link + local):.2f}x (link + local)",
+            flush=True,
+        )
+
+
+if __name__ == "__main__":
+    main()
