@@ -17,6 +17,7 @@ import os
 import subprocess
 import sys
 import time
+from typing import Any
 
 import numpy as np
 
@@ -66,9 +67,55 @@ def worker(args: argparse.Namespace) -> None:
         everyone = torch.from_numpy(med)
         dist.all_reduce(everyone, op=dist.ReduceOp.MAX)
         out[f"{wire} #{i + 1}"] = everyone.numpy().tolist()
+        if args.overlap:
+            out[f"{wire} #{i + 1} overlap"] = _overlap(t, batches, dist, torch)
     if rank == 0:
         print(json.dumps({"ranks": size, "steps": out}), flush=True)
     dist.destroy_process_group()
+
+
+def _overlap(t: Any, batches: list[np.ndarray], dist: Any, torch: Any) -> list[float]:
+    """The next batch's lookup started ahead of a dense compute (a float32
+    matmul chain sized to take about as long as the lookup alone), against
+    the two alone: [lookup, compute, lookup_async + compute + wait]
+    medians, the largest of the ranks'."""
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((512, 512), dtype=np.float32)
+
+    def compute(reps: int) -> None:
+        x = a
+        for _ in range(reps):
+            x = np.tanh(x @ a * 0.01)
+
+    lookups, computes, both = [], [], []
+    t0 = time.perf_counter()
+    compute(10)
+    per_rep = (time.perf_counter() - t0) / 10
+    for keys in batches[:3]:
+        dist.barrier()
+        t0 = time.perf_counter()
+        t.lookup(keys)
+        lookups.append(time.perf_counter() - t0)
+    reps = max(1, int(np.median(lookups) / per_rep))
+    for keys in batches:
+        dist.barrier()
+        t0 = time.perf_counter()
+        t.lookup(keys)
+        t1 = time.perf_counter()
+        compute(reps)
+        t2 = time.perf_counter()
+        dist.barrier()
+        t3 = time.perf_counter()
+        pending = t.lookup_async(keys)
+        compute(reps)
+        pending.wait()
+        t4 = time.perf_counter()
+        lookups.append(t1 - t0)
+        computes.append(t2 - t1)
+        both.append(t4 - t3)
+    med = torch.tensor([np.median(lookups), np.median(computes), np.median(both)])
+    dist.all_reduce(med, op=dist.ReduceOp.MAX)
+    return [float(x) for x in med]
 
 
 def _rate_bytes(rate: str) -> float:
@@ -86,6 +133,11 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--wire", nargs="+", default=["float32", "bfloat16"])
+    p.add_argument(
+        "--overlap",
+        action="store_true",
+        help="also a lookup started ahead of a dense compute as long as it",
+    )
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.worker:
@@ -108,16 +160,28 @@ def main() -> None:
                 "MASTER_PORT": "29555",
                 "GLOO_SOCKET_IFNAME": "eth0",
                 "RAYON_NUM_THREADS": str(max(1, (os.cpu_count() or 2) // args.ranks)),
+                "OMP_NUM_THREADS": "1",
+                "OPENBLAS_NUM_THREADS": "1",
             }
             argv = [sys.executable, os.path.abspath(__file__), "--worker", "--batch",
                     str(args.batch), "--steps", str(args.steps), "--warmup", str(args.warmup),
-                    "--wire", *args.wire]  # fmt: skip
+                    *(["--overlap"] if args.overlap else []), "--wire", *args.wire]  # fmt: skip
             procs.append(net.run(r, argv, env=env, stdout=subprocess.PIPE, text=True))
         outs = [p.communicate(timeout=1200)[0] for p in procs]
     line = next(ln for ln in outs[0].splitlines() if ln.startswith("{"))
     result = json.loads(line)
     rate = _rate_bytes(args.rate)
-    for wire, (step, local, sent) in result["steps"].items():
+    for wire, figures in result["steps"].items():
+        if wire.endswith("overlap"):
+            lookup, compute, both = figures
+            print(
+                f"ranks {args.ranks}, {args.rate}, {wire}: lookup {lookup * 1e3:.0f} ms, "
+                f"compute {compute * 1e3:.0f} ms, lookup_async + compute + wait "
+                f"{both * 1e3:.0f} ms: {both / max(lookup, compute):.2f}x the longer",
+                flush=True,
+            )
+            continue
+        step, local, sent = figures
         link = sent / rate
         print(
             f"ranks {args.ranks}, {args.rate}, wire {wire:<11}: step {step * 1e3:.0f} ms, "

@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from embstore.distributed import ahead
 from embstore.distributed.transport import Transport
 
 __all__ = ["DEFAULT_TIMEOUT", "Agreement", "check_timeout"]
@@ -199,7 +200,9 @@ class Agreement:
         Every collective call starts here, before any exchange, so ranks
         that enter different calls, or calls on different tables, stop with
         an error instead of exchanging each other's data. Returns whether
-        every rank voted yes (``vote``: a shortcut all must take or none)."""
+        every rank voted yes (``vote``: a shortcut all must take or none).
+        Calls started ahead on this communicator finish first."""
+        ahead.drain(getattr(self, "comm", None))
         tag = f"table {self._id}: {what}" if hasattr(self, "_id") else what
         with self._watch(what):
             msgs = self._t.allgather(
@@ -248,6 +251,8 @@ class Agreement:
         vote: Callable[[Any], bool] = lambda _: False,
     ) -> tuple[Any, bool]:
         """:meth:`_prepare`, and whether every rank voted ``vote(result)``."""
+        # A call started ahead finishes before this one looks at the table.
+        ahead.drain(getattr(self, "comm", None))
         result = None
         args: tuple[Any, ...] | None = None
         error: BaseException | None = None

@@ -19,7 +19,8 @@ from embstore._convert import (
 )
 from embstore._latency import histogram
 from embstore.collection import feature_entry
-from embstore.distributed.table import ShardedTable
+from embstore.distributed import ahead
+from embstore.distributed.table import ShardedTable, _snapshot
 from embstore.protocol import TableFigures
 
 __all__ = ["ShardedCollection"]
@@ -158,6 +159,26 @@ class ShardedCollection:
         """The agreed ids of the tables, feature by feature (named in the
         agreement of every call: two collections over other tables differ)."""
         return ", ".join(f"{n}: table {t._id}" for n, t in self._features.items())
+
+    def lookup_pooled_async(
+        self, batch: Mapping[str, tuple[Any, ...]], *, insert: bool = True
+    ) -> ahead.Pending[np.ndarray]:
+        """:meth:`lookup_pooled` started ahead (see
+        :meth:`ShardedTable.lookup_async`): ``.wait()`` returns the pooled
+        rows; a step on the same batch after it reuses its plan as usual."""
+        snap: Any = batch
+        if isinstance(batch, Mapping):
+            snap = {
+                n: tuple(_snapshot(x) for x in v) if isinstance(v, tuple) else v
+                for n, v in batch.items()
+            }
+        first = self._any()
+        first._ahead(lambda: None)  # refuses a communicator without thread support
+        return ahead.start(
+            first.comm,
+            "ShardedCollection.lookup_pooled",
+            lambda: self.lookup_pooled(snap, insert=insert),
+        )
 
     def lookup_pooled(
         self, batch: Mapping[str, tuple[Any, ...]], *, insert: bool = True, default: str = "init"

@@ -37,8 +37,9 @@ from embstore._convert import (
     check_name,
     to_numpy,
 )
+from embstore._deps import require
 from embstore._latency import histogram, timed
-from embstore.distributed import wire
+from embstore.distributed import ahead, wire
 from embstore.distributed.agreement import DEFAULT_TIMEOUT, Agreement, check_timeout
 from embstore.distributed.partition import Partition
 from embstore.distributed.transport import Transport, transport_of
@@ -63,6 +64,20 @@ def _fspath(path: Any) -> str:
     if not isinstance(where, str):
         raise TypeError(f"path: expected a str or os.PathLike of str, got {type(path).__name__}")
     return where
+
+
+def _snapshot(value: Any) -> Any:
+    """An array argument copied (NumPy and anything it reads; a device
+    array or tensor as it is, cloned where it can be)."""
+    if isinstance(value, np.ndarray):
+        return value.copy()
+    clone = getattr(value, "clone", None) or getattr(value, "copy", None)
+    if callable(clone) and not isinstance(value, (str, bytes)):
+        try:
+            return clone()
+        except Exception:
+            return value
+    return value
 
 
 def _partition_of(partition: str | Partition, key_space: int | None, size: int) -> Partition:
@@ -409,6 +424,46 @@ class ShardedTable(Agreement):
             self._last = (np.array(keys, dtype=np.int64, copy=True), uniq, inv, counts, route)
         out: npt.NDArray[np.float32] = rows[inv]
         return out
+
+    def lookup_async(self, keys: Any, *, insert: bool = True) -> ahead.Pending[np.ndarray]:
+        """Starts :meth:`lookup` of ``keys`` and returns at once; ``.wait()``
+        returns its rows. The exchange runs on a thread of this
+        communicator's own while the caller computes (the next batch's
+        lookup during this batch's dense work, as TorchRec's pipeline
+        overlaps its input distribution). Collective, in the order started:
+        every other collective call on the communicator waits for the calls
+        started before it, so ``apply_gradients`` of this batch, then
+        ``lookup_async`` of the next, trains exactly as the same calls made
+        in turn. Bad input raises from ``wait()`` on every rank."""
+        return ahead.start(self.comm, "lookup", self._ahead(self.lookup, keys, insert=insert))
+
+    def lookup_pooled_async(
+        self,
+        ids: Any,
+        offsets: Any,
+        *,
+        combiner: str = "sum",
+        weights: Any = None,
+        insert: bool = True,
+    ) -> ahead.Pending[np.ndarray]:
+        """:meth:`lookup_pooled` started ahead, as :meth:`lookup_async`."""
+        fn = self._ahead(
+            self.lookup_pooled, ids, offsets, combiner=combiner, weights=weights, insert=insert
+        )
+        return ahead.start(self.comm, "lookup_pooled", fn)
+
+    def _ahead(self, method: Callable[..., Any], *args: Any, **kwargs: Any) -> Callable[[], Any]:
+        """``method(*args, **kwargs)`` to run ahead, its arrays copied now
+        (the caller may reuse its buffers meanwhile)."""
+        if self._t.name == "MPI":
+            mpi = require("mpi4py.MPI", "mpi")
+            if mpi.Query_thread() < mpi.THREAD_SERIALIZED:
+                raise RuntimeError(
+                    "lookup_async: MPI was initialized without thread support; "
+                    "initialize it with MPI_THREAD_SERIALIZED or more (mpi4py's default)"
+                )
+        copied = [_snapshot(a) for a in args]
+        return lambda: method(*copied, **{k: _snapshot(v) for k, v in kwargs.items()})
 
     def contains(self, keys: Any) -> npt.NDArray[np.bool_]:
         """Whether each of this rank's keys has a row anywhere. Collective."""
