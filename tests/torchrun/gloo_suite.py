@@ -15,6 +15,7 @@ With ``exit``: one step, then the group destroyed and a plain exit.
 from __future__ import annotations
 
 import gc
+import os
 import sys
 import tempfile
 import time
@@ -239,9 +240,63 @@ assert any(
     for w in caught
 ), [str(w.message) for w in caught]
 
+
+# 8. Save and resume a torchrun + DDP job: each rank saves the model's
+# state_dict (the dense parameters, and its shard of each sharded table) and
+# the dense optimizer's; a fresh job of as many ranks loads them and trains
+# on bit for bit as the job that went on.
+def dlrm_job() -> tuple[nn.Module, torch.optim.Optimizer, dict]:
+    tables = adagrad_tables(ShardedTable, comm="torch")
+    model = DistributedDataParallel(
+        Dlrm(et.EmbeddingBagCollection(ShardedCollection(tables), gradient_reduction="mean"))
+    )
+    return model, torch.optim.Adam(model.parameters(), lr=0.01), tables
+
+
+def train(model: nn.Module, opt: torch.optim.Optimizer, steps: range) -> list[float]:
+    losses = []
+    for step in steps:
+        u, i, y = (torch.from_numpy(a) for a in dlrm_batch(step, R))
+        opt.zero_grad()
+        loss = F.binary_cross_entropy_with_logits(model(u, i), y)
+        loss.backward()
+        opt.step()
+        losses.append(float(loss))
+    return losses
+
+
+first, opt_first, first_tables = dlrm_job()
+train(first, opt_first, range(3))
+where = every(tempfile.mkdtemp() if R == 0 else None)[0]
+torch.save(
+    {"model": first.module.state_dict(), "optimizer": opt_first.state_dict()},
+    os.path.join(where, f"rank{R}.pt"),
+)
+went_on = train(first, opt_first, range(3, 6))
+resumed, opt_resumed, resumed_tables = dlrm_job()
+saved = torch.load(os.path.join(where, f"rank{R}.pt"), weights_only=True)
+resumed.module.load_state_dict(saved["model"])
+opt_resumed.load_state_dict(saved["optimizer"])
+assert train(resumed, opt_resumed, range(3, 6)) == went_on
+for a, b in zip(resumed.module.parameters(), first.module.parameters(), strict=True):
+    assert torch.equal(a, b)
+for name in ("user", "item"):
+    keys = np.arange(200)
+    assert np.array_equal(
+        first_tables[name].lookup(keys, insert=False),
+        resumed_tables[name].lookup(keys, insert=False),
+    )
+# A shard loaded on another rank is refused on every rank, nothing changed.
+other = torch.load(os.path.join(where, f"rank{(R + 1) % N}.pt"), weights_only=True)
+before = resumed.module.state_dict()
+with pytest.raises(RuntimeError, match="belongs to rank"):
+    resumed.module.load_state_dict(other["model"])
+after = resumed.module.state_dict()
+assert all(torch.equal(before[k], after[k]) for k in before)
+
 # DDP's reducer holds the process group: it goes first, or its thread is
 # still running when the group is destroyed (a C++ terminate at exit).
-del ours, opt_ours
+del ours, opt_ours, first, opt_first, resumed, opt_resumed
 gc.collect()
 
 print(f"rank {R}: gloo suite passed ({N} ranks, {t.stats()['global_rows']} rows)", flush=True)

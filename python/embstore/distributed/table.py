@@ -558,6 +558,57 @@ class ShardedTable(Agreement):
             out = self._t.allreduce_sum(total)
         return int(out[0])
 
+    def state_dict(self, *, with_optimizer: bool = True) -> dict[str, Any]:
+        """This rank's shard as arrays (its local Table's
+        :meth:`embstore.Table.state_dict`), for ``torch.save`` of a model's
+        ``state_dict()`` by each rank (the embstore.torch modules over this
+        table put it in theirs). Local: nothing collective runs, so each rank
+        saves when it likes. :meth:`load_state_dict` restores it on the same
+        number of ranks under the same partition; for another number of
+        ranks, :meth:`save` and :meth:`load`."""
+        export = getattr(self.local, "state_dict", None)
+        if export is None:
+            raise TypeError(
+                f"state_dict: the local tier is a {type(self.local).__name__}, which has no "
+                "state_dict; save the table with save(path)"
+            )
+        out: dict[str, Any] = export(with_optimizer=check_bool("with_optimizer", with_optimizer))
+        return out
+
+    def load_state_dict(self, state: Any) -> None:
+        """Replace this rank's shard with :meth:`state_dict`'s ``state``, saved
+        by this rank of a job of as many ranks under the same partition.
+        Collective, whole or not at all: every rank checks its state (its
+        keys all its own under :attr:`partitioning`, the same step on every
+        rank) and builds the new shard aside; only if every rank succeeded
+        does any take it."""
+
+        def prep() -> tuple[Table, int]:
+            if not isinstance(self.local, Table) or self.local.table_config.disk is not None:
+                raise TypeError(
+                    "state: load_state_dict needs a local Table in memory; for another tier, "
+                    "load with ShardedTable.load(path)"
+                )
+            if not hasattr(state, "get") or state.get("keys") is None:
+                raise ValueError("state: expected a ShardedTable.state_dict() with 'keys'")
+            keys = np.asarray(to_numpy(state["keys"]), dtype=np.int64).reshape(-1)
+            owners = self.partitioning.owners(keys)
+            stray = np.flatnonzero(owners != self.rank)
+            if len(stray):
+                raise ValueError(
+                    f"state: key {int(keys[stray[0]])} belongs to rank {int(owners[stray[0]])} "
+                    f"under {self.partitioning}, not to rank {self.rank} ({len(stray)} such "
+                    "keys): a state dict saved by another rank or another number of ranks; "
+                    "use save(path) and ShardedTable.load(path) to change the ranks"
+                )
+            fresh = Table.from_config(self.local.table_config)
+            fresh.load_state_dict(state)
+            return fresh, fresh.step
+
+        fresh, _ = self._prepare("load_state_dict", prep, lambda r: (("step", r[1]),))
+        self.local = fresh
+        self._last = None
+
     def evict(self, *, with_rows: bool = False) -> Any:
         """Run the eviction policy on this rank's rows (see :meth:`Table.evict`);
         returns the keys this rank evicted (and their rows with
