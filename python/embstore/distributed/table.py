@@ -230,7 +230,7 @@ class ShardedTable(Agreement):
         #: Seconds the last call spent in MPI exchanges (waiting included).
         self.last_exchange_seconds = 0.0
         # The last inserting lookup's keys (a copy), plan and route.
-        self._last: tuple[np.ndarray, ...] | None = None
+        self._last: tuple[Any, ...] | None = None
         self.total_sent_bytes = 0
         self.total_received_bytes = 0
         error: BaseException | None = None

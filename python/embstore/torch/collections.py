@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Mapping, Sequence
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import torch
@@ -19,6 +19,9 @@ from embstore.optim import Optimizer
 from embstore.protocol import BatchTier, ReadTier, takes_default
 from embstore.torch._ops import call
 from embstore.torch.configs import collection_from_configs
+
+if TYPE_CHECKING:
+    from embstore.distributed.collection import ShardedCollection
 from embstore.torch.module import (
     Parts,
     _stores,
@@ -231,7 +234,7 @@ class _CollectionModule(_TableState):
 
     def __init__(
         self,
-        collection: Collection | Sequence[Any] | None = None,
+        collection: Collection | ShardedCollection | Sequence[Any] | None = None,
         *,
         tables: Sequence[Any] | None = None,
         optimizer: Optimizer | Mapping[str, Optimizer] | None = None,
