@@ -1,6 +1,7 @@
 """The sharded step across hosts: N ranks in N network namespaces joined by
 links of a given rate (``scripts/netlab.py``; root only), over
-torch.distributed (gloo over TCP), each rank's step a lookup and an Adam
+torch.distributed (gloo over TCP) or MPI (``--transport mpi``: Open MPI's
+TCP transport, ``Hosts.mpirun``), each rank's step a lookup and an Adam
 step of its own 65,536 Zipf(1.1) ids over 1M keys at dim 64. Each rank also
 times the same batch on a local Table (the two alternating); rank 0 prints
 the median sharded step against (the bytes a rank puts on its link at the
@@ -25,13 +26,36 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def worker(args: argparse.Namespace) -> None:
-    import torch.distributed as dist
-
     from embstore import Table, optim
     from embstore.distributed import ShardedTable
 
-    dist.init_process_group("gloo")
-    rank, size = dist.get_rank(), dist.get_world_size()
+    if args.transport == "mpi":
+        from mpi4py import MPI
+
+        world = MPI.COMM_WORLD
+        comm: Any = world
+        rank, size = world.Get_rank(), world.Get_size()
+        barrier = world.Barrier
+
+        def maxall(a: np.ndarray) -> np.ndarray:
+            out = np.empty_like(a)
+            world.Allreduce(a, out, op=MPI.MAX)
+            return out
+
+    else:
+        import torch
+        import torch.distributed as dist
+
+        dist.init_process_group("gloo")
+        comm, rank, size = "torch", dist.get_rank(), dist.get_world_size()
+        barrier = dist.barrier
+
+        def maxall(a: np.ndarray) -> np.ndarray:
+            t = torch.from_numpy(a.copy())
+            dist.all_reduce(t, op=dist.ReduceOp.MAX)
+            out: np.ndarray = t.numpy()
+            return out
+
     dim, n = 64, args.batch
     rng = np.random.default_rng(100 + rank)
     batches = [
@@ -40,7 +64,7 @@ def worker(args: argparse.Namespace) -> None:
     grads = rng.standard_normal((n, dim), dtype=np.float32) * 0.01
     out = {}
     for i, wire in enumerate(args.wire):
-        t = ShardedTable(dim, comm="torch", optimizer=optim.Adam(lr=0.01), seed=1, wire_dtype=wire)
+        t = ShardedTable(dim, comm=comm, optimizer=optim.Adam(lr=0.01), seed=1, wire_dtype=wire)
         local = Table(dim, optimizer=optim.Adam(lr=0.01), seed=1)
         steps, local_steps, sent = [], [], []
         for s, keys in enumerate(batches):
@@ -48,7 +72,7 @@ def worker(args: argparse.Namespace) -> None:
             local.lookup(keys)
             local.apply_gradients(keys, grads)
             t1 = time.perf_counter()
-            dist.barrier()
+            barrier()
             t2 = time.perf_counter()
             t.lookup(keys)
             moved = t.last_call["sent_bytes"]
@@ -62,19 +86,16 @@ def worker(args: argparse.Namespace) -> None:
         med = np.array(
             [np.median(steps), np.median(local_steps), np.median(sent)], dtype=np.float64
         )
-        import torch
-
-        everyone = torch.from_numpy(med)
-        dist.all_reduce(everyone, op=dist.ReduceOp.MAX)
-        out[f"{wire} #{i + 1}"] = everyone.numpy().tolist()
+        out[f"{wire} #{i + 1}"] = maxall(med).tolist()
         if args.overlap:
-            out[f"{wire} #{i + 1} overlap"] = _overlap(t, batches, dist, torch)
+            out[f"{wire} #{i + 1} overlap"] = _overlap(t, batches, barrier, maxall)
     if rank == 0:
         print(json.dumps({"ranks": size, "steps": out}), flush=True)
-    dist.destroy_process_group()
+    if args.transport != "mpi":
+        dist.destroy_process_group()
 
 
-def _overlap(t: Any, batches: list[np.ndarray], dist: Any, torch: Any) -> list[float]:
+def _overlap(t: Any, batches: list[np.ndarray], barrier: Any, maxall: Any) -> list[float]:
     """The next batch's lookup started ahead of a dense compute (a float32
     matmul chain sized to take about as long as the lookup alone), against
     the two alone: [lookup, compute, lookup_async + compute + wait]
@@ -92,19 +113,19 @@ def _overlap(t: Any, batches: list[np.ndarray], dist: Any, torch: Any) -> list[f
     compute(10)
     per_rep = (time.perf_counter() - t0) / 10
     for keys in batches[:3]:
-        dist.barrier()
+        barrier()
         t0 = time.perf_counter()
         t.lookup(keys)
         lookups.append(time.perf_counter() - t0)
     reps = max(1, int(np.median(lookups) / per_rep))
     for keys in batches:
-        dist.barrier()
+        barrier()
         t0 = time.perf_counter()
         t.lookup(keys)
         t1 = time.perf_counter()
         compute(reps)
         t2 = time.perf_counter()
-        dist.barrier()
+        barrier()
         t3 = time.perf_counter()
         pending = t.lookup_async(keys)
         compute(reps)
@@ -113,9 +134,8 @@ def _overlap(t: Any, batches: list[np.ndarray], dist: Any, torch: Any) -> list[f
         lookups.append(t1 - t0)
         computes.append(t2 - t1)
         both.append(t4 - t3)
-    med = torch.tensor([np.median(lookups), np.median(computes), np.median(both)])
-    dist.all_reduce(med, op=dist.ReduceOp.MAX)
-    return [float(x) for x in med]
+    med = np.array([np.median(lookups), np.median(computes), np.median(both)])
+    return [float(x) for x in maxall(med)]
 
 
 def _rate_bytes(rate: str) -> float:
@@ -133,6 +153,7 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--wire", nargs="+", default=["float32", "bfloat16"])
+    p.add_argument("--transport", choices=["gloo", "mpi"], default="gloo")
     p.add_argument(
         "--overlap",
         action="store_true",
@@ -149,9 +170,21 @@ def main() -> None:
     why = netlab.available()
     if why:
         sys.exit(f"benches/hosts_step.py: the harness {why}")
+    worker_args = ["--batch", str(args.batch), "--steps", str(args.steps), "--warmup",
+                   str(args.warmup), "--transport", args.transport,
+                   *(["--overlap"] if args.overlap else []), "--wire", *args.wire]  # fmt: skip
+    threads = {
+        "RAYON_NUM_THREADS": str(max(1, (os.cpu_count() or 2) // args.ranks)),
+        "OMP_NUM_THREADS": "1",
+        "OPENBLAS_NUM_THREADS": "1",
+    }
     with netlab.Hosts(args.ranks, args.rate) as net:
         procs = []
-        for r in range(args.ranks):
+        if args.transport == "mpi":
+            argv = [sys.executable, os.path.abspath(__file__), "--worker", *worker_args]
+            env = {**threads, "PYTHONPATH": os.environ.get("PYTHONPATH", "")}
+            procs.append(net.mpirun(argv, env=env, stdout=subprocess.PIPE, text=True))
+        for r in range(args.ranks if args.transport == "gloo" else 0):
             env = {
                 **os.environ,
                 "RANK": str(r),
@@ -159,13 +192,9 @@ def main() -> None:
                 "MASTER_ADDR": net.addr(0),
                 "MASTER_PORT": "29555",
                 "GLOO_SOCKET_IFNAME": "eth0",
-                "RAYON_NUM_THREADS": str(max(1, (os.cpu_count() or 2) // args.ranks)),
-                "OMP_NUM_THREADS": "1",
-                "OPENBLAS_NUM_THREADS": "1",
+                **threads,
             }
-            argv = [sys.executable, os.path.abspath(__file__), "--worker", "--batch",
-                    str(args.batch), "--steps", str(args.steps), "--warmup", str(args.warmup),
-                    *(["--overlap"] if args.overlap else []), "--wire", *args.wire]  # fmt: skip
+            argv = [sys.executable, os.path.abspath(__file__), "--worker", *worker_args]
             procs.append(net.run(r, argv, env=env, stdout=subprocess.PIPE, text=True))
         outs = [p.communicate(timeout=1200)[0] for p in procs]
     line = next(ln for ln in outs[0].splitlines() if ln.startswith("{"))
@@ -175,7 +204,8 @@ def main() -> None:
         if wire.endswith("overlap"):
             lookup, compute, both = figures
             print(
-                f"ranks {args.ranks}, {args.rate}, {wire}: lookup {lookup * 1e3:.0f} ms, "
+                f"{args.transport}, ranks {args.ranks}, {args.rate}, {wire}: "
+                f"lookup {lookup * 1e3:.0f} ms, "
                 f"compute {compute * 1e3:.0f} ms, lookup_async + compute + wait "
                 f"{both * 1e3:.0f} ms: {both / max(lookup, compute):.2f}x the longer",
                 flush=True,
@@ -184,7 +214,8 @@ def main() -> None:
         step, local, sent = figures
         link = sent / rate
         print(
-            f"ranks {args.ranks}, {args.rate}, wire {wire:<11}: step {step * 1e3:.0f} ms, "
+            f"{args.transport}, ranks {args.ranks}, {args.rate}, wire {wire:<11}: "
+            f"step {step * 1e3:.0f} ms, "
             f"{sent / 1e6:.2f} MB sent a rank ({link * 1e3:.0f} ms at the link's rate), "
             f"local step {local * 1e3:.0f} ms: {step / (link + local):.2f}x (link + local)",
             flush=True,

@@ -7,7 +7,8 @@ to a bridge in a switch namespace of its own, every link rate-limited both
 ways with tbf (this kernel has no netem): ``tc qdisc add dev X root tbf
 rate RATE burst 512kb latency 100ms``. Nothing else is reachable from the
 hosts and no traffic touches the machine's own namespace. ``run(i, argv)``
-starts a process on host i; ``cut(i)`` / ``restore(i)`` take a host's link
+starts a process on host i, ``mpirun(argv)`` one MPI rank on every host
+(Open MPI over TCP); ``cut(i)`` / ``restore(i)`` take a host's link
 down and up; ``rx_bytes(i)`` counts what its link delivered. The
 namespaces go however a run ends (``close()``, a context manager, atexit,
 SIGTERM); ``python scripts/netlab.py clean`` removes any a killed run left.
@@ -18,9 +19,12 @@ from __future__ import annotations
 import atexit
 import contextlib
 import os
+import shlex
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 from typing import Any
 
 PREFIX = "esnl"
@@ -57,6 +61,7 @@ class Hosts:
         self.switch = f"{self.tag}-sw"
         self.names = [f"{self.tag}-h{i}" for i in range(n)]
         self.procs: list[subprocess.Popen[Any]] = []
+        self._dirs: list[str] = []
         self._closed = False
         atexit.register(self.close)
         self._old_term = signal.signal(signal.SIGTERM, self._on_term)
@@ -101,6 +106,47 @@ class Hosts:
         self.procs.append(p)
         return p
 
+    def mpirun(self, argv: list[str], env: dict[str, str] | None = None, **popen: Any) -> Any:
+        """Starts ``argv`` as one MPI rank on each host, over Open MPI's TCP
+        transport: ``mpirun`` runs on host 0 and reaches the others through
+        an rsh agent that enters each host's namespace (and a UTS namespace
+        named after it: ranks on one hostname would use shared memory), with
+        a hostfile of the hosts' addresses and the TCP interfaces pinned to
+        ``eth0`` (a plain MPMD launch into namespaces fails in MPI_Init)."""
+        work = tempfile.mkdtemp(prefix=f"{self.tag}-mpi-")
+        self._dirs.append(work)
+        mapfile, agent, hostfile = (os.path.join(work, n) for n in ("map", "agent", "hosts"))
+        with open(mapfile, "w") as f:
+            f.writelines(f"{self.addr(i)} {ns}\n" for i, ns in enumerate(self.names))
+        with open(hostfile, "w") as f:
+            f.writelines(f"{self.addr(i)} slots=1\n" for i in range(self.n))
+        with open(agent, "w") as f:
+            f.write(
+                "#!/bin/bash\n"
+                'while [ "${1#-}" != "$1" ]; do shift; done\n'
+                "host=$1; shift\n"
+                f"ns=$(grep \"^$host \" {mapfile} | cut -d' ' -f2)\n"
+                'exec ip netns exec "$ns" unshare --uts bash -c "hostname $ns; $*"\n'
+            )
+        os.chmod(agent, 0o755)
+        mpirun = " ".join(
+            [
+                "mpirun", "--hostfile", hostfile, "-n", str(self.n),
+                "--mca", "plm_rsh_agent", agent, "--mca", "btl", "tcp,self",
+                "--mca", "btl_tcp_if_include", "eth0", "--mca", "oob_tcp_if_include", "eth0",
+                "--prtemca", "oob_tcp_if_include", "eth0",
+                *(shlex.quote(a) for a in argv),
+            ]
+        )  # fmt: skip
+        e = {
+            **os.environ,
+            "OMPI_ALLOW_RUN_AS_ROOT": "1",
+            "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
+            **(env or {}),
+        }
+        cmd = ["unshare", "--uts", "bash", "-c", f"hostname {self.names[0]}; exec {mpirun}"]
+        return self.run(0, cmd, env=e, **popen)
+
     def cut(self, i: int) -> None:
         """Takes host i's link down (its connections fail at once)."""
         _ip("link", "set", "eth0", "down", ns=self.names[i])
@@ -130,6 +176,8 @@ class Hosts:
                 p.wait(timeout=10)
         for ns in [*self.names, self.switch]:
             subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=30)
+        for d in self._dirs:
+            shutil.rmtree(d, ignore_errors=True)
         if signal.getsignal(signal.SIGTERM) == self._on_term:
             signal.signal(signal.SIGTERM, self._old_term)
 

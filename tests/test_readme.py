@@ -76,26 +76,55 @@ def test_readme_blocks_pass_mypy_strict(tmp_path: pathlib.Path) -> None:
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 @pytest.mark.skipif(shutil.which("mpirun") is None, reason="mpirun is not installed")
-def test_readme_mpi_example_runs_under_mpirun(tmp_path: pathlib.Path) -> None:
+def test_readme_mpi_examples_run_under_mpirun(tmp_path: pathlib.Path) -> None:
+    """Each ```py script that says "run with: mpirun" runs so on 2 ranks."""
     blocks = re.findall(r"```py\n(.*?)```", README.read_text(), re.S)
-    (script,) = [b for b in blocks if "mpirun" in b]
-    (tmp_path / "train.py").write_text(script)
+    scripts = [b for b in blocks if "run with: mpirun" in b.splitlines()[0]]
+    assert len(scripts) >= 2, "README lost its MPI examples"
     env = {
         **os.environ,
         "OMPI_ALLOW_RUN_AS_ROOT": "1",
         "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
         "RAYON_NUM_THREADS": "1",
     }
-    proc = subprocess.run(
-        ["mpirun", "--oversubscribe", "-n", "2", sys.executable, "train.py"],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=240,
-        env=env,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    for i, script in enumerate(scripts):
+        (tmp_path / f"script{i}.py").write_text(script)
+        proc = subprocess.run(
+            ["mpirun", "--oversubscribe", "-n", "2", sys.executable, f"script{i}.py"],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=240,
+            env=env,
+        )
+        assert proc.returncode == 0, script + proc.stderr[-3000:]
     assert (tmp_path / "ckpt" / "manifest.json").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+@pytest.mark.skipif(shutil.which("torchrun") is None, reason="torchrun is not installed")
+def test_readme_torchrun_example_trains_saves_and_resumes(tmp_path: pathlib.Path) -> None:
+    """The ```py script that says "run with: torchrun" runs twice on 2
+    ranks: the first saves a checkpoint per rank, the second resumes it."""
+    blocks = re.findall(r"```py\n(.*?)```", README.read_text(), re.S)
+    (script,) = [b for b in blocks if "run with: torchrun" in b.splitlines()[0]]
+    (tmp_path / "train_ddp.py").write_text(script)
+    env = {**os.environ, "RAYON_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
+    stamps = []
+    for _ in range(2):
+        proc = subprocess.run(
+            [*cmd, "train_ddp.py"],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=240,
+            env=env,
+        )
+        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+        stamps.append((tmp_path / "ckpt" / "rank1.pt").stat().st_mtime_ns)
+    assert stamps[1] > stamps[0]
 
 
 def test_every_readme_install_command_is_run_by_ci() -> None:
