@@ -134,7 +134,7 @@ class Hosts:
                 "mpirun", "--hostfile", hostfile, "-n", str(self.n),
                 "--mca", "plm_rsh_agent", agent, "--mca", "btl", "tcp,self",
                 "--mca", "btl_tcp_if_include", "eth0", "--mca", "oob_tcp_if_include", "eth0",
-                "--prtemca", "oob_tcp_if_include", "eth0",
+                "--prtemca", "oob_tcp_if_include", "eth0", "--mca", "mpi_yield_when_idle", "1",
                 *(shlex.quote(a) for a in argv),
             ]
         )  # fmt: skip
