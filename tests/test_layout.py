@@ -1,6 +1,6 @@
 """The house's rules, kept true by a test: no import circle among the core
 crate's files (the package's: tests/test_imports.py), no core file over 500 lines of code
-before its tests, no package file over 900 lines, the format and mapped
+or 600 physical lines before its tests, no package file over 900 lines, the format and mapped
 modules name no table code, reading and stepping import nothing of each
 other, rows reached only through the storage's API, and front ends that
 branch on no tier's class."""
@@ -115,6 +115,16 @@ def test_no_core_file_over_500_lines_of_code_before_its_tests() -> None:
         for rel, p in _rust_modules().items()
     }
     assert {rel: n for rel, n in sizes.items() if n > 500} == {}
+
+
+def test_no_core_file_over_600_physical_lines_before_its_tests() -> None:
+    """Every line counts here (comments and blank lines too): a file that
+    must be read whole to change stays short enough to read."""
+    sizes = {
+        rel: len(p.read_text().split("#[cfg(test)]\nmod tests")[0].splitlines())
+        for rel, p in _rust_modules().items()
+    }
+    assert {rel: n for rel, n in sizes.items() if n > 600} == {}
 
 
 def test_no_package_file_over_900_lines() -> None:

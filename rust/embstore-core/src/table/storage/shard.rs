@@ -5,7 +5,7 @@ use crate::policy::Meta;
 use crate::policy::Sketch;
 use crate::table::NO_ROW;
 use crate::table::counters::Counters;
-use crate::table::storage::arena::{Arena, OutOfMemory, RowWrite};
+use crate::table::storage::arena::{Arena, RowWrite};
 use crate::table::storage::cold::ColdShard;
 use crate::table::storage::index::{self, Index};
 use crate::table::storage::seqlock;
@@ -13,6 +13,9 @@ use crate::table::storage::view::{PROBE_AHEAD, PROBE_PREFETCH_MIN, Reads, View};
 use crossbeam_queue::SegQueue;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
+
+mod moved;
+mod room;
 
 /// Batches of at least this many keys in a shard may skip the probe of a
 /// call's reservation ([`Shard::sampled_all_absent`]).
@@ -220,106 +223,6 @@ impl Shard {
     pub(crate) fn bytes_by_part(&self) -> (usize, usize, usize) {
         let (w, st) = self.arena.weight_and_state_bytes();
         (self.ix.bytes(&self.view.index), w, st)
-    }
-
-    /// Makes room in the index for `additional` more keys.
-    pub(crate) fn reserve_index(&mut self, additional: usize) {
-        self.try_reserve_index(additional)
-            .expect("out of memory for the index");
-    }
-
-    /// [`Shard::reserve_index`] that reports running out of memory.
-    ///
-    /// # Errors
-    /// When the index cannot be allocated; it is unchanged then.
-    pub(crate) fn try_reserve_index(&mut self, additional: usize) -> Result<(), OutOfMemory> {
-        self.reserve_index_sized(additional, false, true)
-    }
-
-    /// Makes room in the index for `additional` more keys, a count known
-    /// ahead (a load, a `reserve`): a table that must be rebuilt gets the
-    /// slots they need at 3/4, not the growing index's half-empty one.
-    /// `populate`: its pages mapped now (a `reserve`), not as keys arrive
-    /// (a load, whose count comes from a manifest that nothing checked yet).
-    ///
-    /// # Errors
-    /// When the index cannot be allocated; it is unchanged then.
-    pub(crate) fn try_reserve_index_exact(
-        &mut self,
-        additional: usize,
-        populate: bool,
-    ) -> Result<(), OutOfMemory> {
-        self.reserve_index_sized(additional, true, populate)
-    }
-
-    fn reserve_index_sized(
-        &mut self,
-        additional: usize,
-        exact: bool,
-        populate: bool,
-    ) -> Result<(), OutOfMemory> {
-        let arena = &mut self.arena;
-        self.ix
-            .reserve(&self.view.index, additional, exact, populate, |r, slot| {
-                arena.set_slot(r, slot)
-            })
-    }
-
-    /// Makes room in the index for `additional` more keys and allocates and
-    /// touches their rows' memory ([`Arena::reserve`]).
-    ///
-    /// # Errors
-    /// When the memory cannot be allocated.
-    pub(crate) fn reserve_rows(&mut self, additional: usize) -> Result<(), OutOfMemory> {
-        self.try_reserve_index_exact(additional, true)?;
-        self.arena.reserve(additional)
-    }
-
-    /// Makes room for `n` more rows on top of those that other calls in
-    /// flight have made room for (index slots and arena segments, not
-    /// touched), and counts them as pending until [`Shard::release_pending`].
-    /// A call that may insert `n` rows calls this for every shard before it
-    /// inserts anything, so that running out of memory refuses the call
-    /// whole instead of stopping it half way.
-    ///
-    /// # Errors
-    /// When the memory cannot be allocated; nothing is pending then.
-    pub(crate) fn reserve_pending(&mut self, n: usize) -> Result<(), OutOfMemory> {
-        if !self.make_room(n) {
-            return Err(OutOfMemory);
-        }
-        self.pending += n;
-        Ok(())
-    }
-
-    /// Makes room for `n` more rows on top of the pending ones (index slots
-    /// and arena segments) without counting them as pending: for a call
-    /// that inserts them at once, under this lock. `false` when the memory
-    /// cannot be allocated (the index may have grown; no row changed).
-    pub(crate) fn make_room(&mut self, n: usize) -> bool {
-        let Some(want) = self.pending.checked_add(n) else {
-            return false;
-        };
-        match self.len().checked_add(want) {
-            Some(target) if target <= u32::MAX as usize => {
-                self.try_reserve_index(want).is_ok() && self.arena.ensure_segments(target).is_ok()
-            }
-            _ => false,
-        }
-    }
-
-    /// Whether `n` more rows fit, on top of the pending ones, without
-    /// allocating.
-    pub(crate) fn has_room(&self, n: usize) -> bool {
-        let want = self.pending.saturating_add(n);
-        self.ix.room(&self.view.index) >= want
-            && self.arena.room() >= want.saturating_add(self.len())
-    }
-
-    /// Ends a [`Shard::reserve_pending`] of `n` rows (whether or not they
-    /// were inserted).
-    pub(crate) fn release_pending(&mut self, n: usize) {
-        self.pending -= n;
     }
 
     /// The rows of the keys at batch positions `pos` (`keys[pos[j]]`, hash
@@ -598,93 +501,6 @@ impl Shard {
         self.removals += 1;
         let (ix, index) = (&self.ix, &self.view.index);
         self.arena.swap_remove(r, |slot| ix.word(index, slot));
-    }
-
-    /// The words (stored weights, state, metadata, as floats of the same
-    /// bits) of `key`'s row on disk; `None` when it is not there.
-    ///
-    /// # Errors
-    /// `Checkpoint` when it cannot be read or fails its check.
-    pub(crate) fn read_cold(&self, key: i64) -> crate::error::Result<Option<Vec<f32>>> {
-        let Some((loc, file)) = self.cold.as_ref().and_then(|c| c.find(key)) else {
-            return Ok(None);
-        };
-        let n = self.arena.weight_words() + self.arena.sl() + 4;
-        let mut words = vec![0u32; n];
-        ColdShard::read(&file, n, key, loc, &mut Vec::new(), &mut words)?;
-        Ok(Some(words.into_iter().map(f32::from_bits).collect()))
-    }
-
-    /// Rows held on disk (none for a table in memory).
-    pub(crate) fn cold_len(&self) -> usize {
-        self.cold.as_ref().map_or(0, ColdShard::len)
-    }
-
-    /// Moves the rows of `keys` (held in memory) to disk: their stored
-    /// words, state and metadata, with their save generations, appended to
-    /// the cold shard and written; then named there and taken out of
-    /// memory (not removals: nothing is logged for incremental saves).
-    ///
-    /// # Errors
-    /// `Checkpoint` when the disk store cannot take them: every row stays
-    /// in memory then.
-    pub(crate) fn spill(&mut self, keys: &[i64]) -> crate::error::Result<()> {
-        let mut words = Vec::new();
-        let mut placed = Vec::with_capacity(keys.len());
-        let cold = self.cold.as_mut().expect("a disk table's shard");
-        for &key in keys {
-            let hash = crate::hash::key_hash(key);
-            let Some((_, r)) = self.ix.find(&self.view.index, key, hash) else {
-                continue;
-            };
-            words.clear();
-            words.extend(self.arena.weights(r).iter().map(|w| w.to_bits()));
-            words.extend(self.arena.state(r).iter().map(|w| w.to_bits()));
-            words.extend(self.arena.meta(r).to_words());
-            match cold.append(key, self.arena.generation(r), &words) {
-                Ok(loc) => placed.push((key, hash, loc)),
-                Err(e) => {
-                    cold.discard();
-                    return Err(e);
-                }
-            }
-        }
-        if let Err(e) = cold.flush() {
-            cold.discard();
-            return Err(e);
-        }
-        for (key, hash, loc) in placed {
-            let (slot, r) = self
-                .ix
-                .find(&self.view.index, key, hash)
-                .expect("found above, under the same lock");
-            let cold = self.cold.as_mut().expect("checked above");
-            cold.set(key, loc);
-            cold.set_meta(key, self.arena.meta(r).to_words());
-            self.drop_row(slot, r);
-        }
-        Ok(())
-    }
-
-    /// Puts a row moved from disk back into memory: `words` as
-    /// [`Shard::spill`] wrote them, in save generation `generation`. The
-    /// caller made room, took the key off disk, and found it absent here.
-    pub(crate) fn insert_moved(&mut self, key: i64, hash: u64, generation: u32, words: &[u32]) {
-        let (ww, sl) = (self.arena.weight_words(), self.arena.sl());
-        let (w, rest) = words.split_at(ww);
-        let (st, meta) = rest.split_at(sl);
-        let (r, created) = self.find_or_insert(key, hash, generation, |wd, sd| {
-            for (d, s) in wd.iter_mut().zip(w) {
-                *d = f32::from_bits(*s);
-            }
-            for (d, s) in sd.iter_mut().zip(st) {
-                *d = f32::from_bits(*s);
-            }
-        });
-        debug_assert!(created, "a key is in memory or on disk, never both");
-        if self.arena.tracks() {
-            *self.arena.meta_mut(r) = Meta::from_words(meta);
-        }
     }
 }
 
