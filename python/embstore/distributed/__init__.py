@@ -12,9 +12,10 @@ from typing import Any
 
 from embstore.distributed.collection import ShardedCollection
 from embstore.distributed.partition import Partition
+from embstore.distributed.reshard import reshard
 from embstore.distributed.table import ShardedTable
 
-__all__ = ["Partition", "ShardedCollection", "ShardedTable"]
+__all__ = ["Partition", "ShardedCollection", "ShardedTable", "reshard"]
 
 
 def __getattr__(name: str) -> Any:

@@ -231,6 +231,9 @@ class ShardedTable(Agreement):
         self.last_exchange_seconds = 0.0
         # The last inserting lookup's keys (a copy), plan and route.
         self._last: tuple[Any, ...] | None = None
+        #: What the reshard that made this table moved and took
+        #: (:func:`embstore.distributed.reshard`; None otherwise).
+        self.last_reshard: dict[str, Any] | None = None
         self.total_sent_bytes = 0
         self.total_received_bytes = 0
         error: BaseException | None = None
@@ -625,7 +628,10 @@ class ShardedTable(Agreement):
 
     def stats(self) -> dict[str, Any]:
         """This rank's table stats plus global figures: rows and bytes per rank,
-        bytes this rank sent and received in its last call and in all. Collective."""
+        bytes this rank sent and received in its last call and in all, and
+        ``reshard``: what the reshard that made this table took (its pause,
+        in seconds, and the rows and bytes this rank sent and received), None
+        for a table made otherwise. Collective."""
         self._agree("stats", None)
         local = self.local.stats()
         mine = np.array(
@@ -651,6 +657,7 @@ class ShardedTable(Agreement):
             "last_call_received_bytes_per_rank": every[:, 3].tolist(),
             "sent_bytes": self.total_sent_bytes + self.last_call["sent_bytes"],
             "received_bytes": self.total_received_bytes + self.last_call["received_bytes"],
+            "reshard": self.last_reshard,
         }
 
     # -- checkpoints (collective) -------------------------------------------------------
