@@ -93,13 +93,17 @@ def test_sharded_device_caches_of_two_ranks_on_one_gpu_equal_one_table() -> None
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize("dtype", ["float32", "int8"])
-def test_an_online_reshard_2_to_4_to_3_equals_the_offline_path(dtype: str) -> None:
+@pytest.mark.parametrize(
+    ("dtype", "kind"), [("float32", "bucket"), ("int8", "bucket"), ("float32", "hash")]
+)
+def test_an_online_reshard_2_to_4_to_3_equals_the_offline_path(dtype: str, kind: str) -> None:
     """tests/mpi/reshard_online.py on 4 ranks: reshard() 2 -> 4 -> 3 with
     training between equals save + load on the new ranks bit for bit (rows,
-    optimizer state, touch metadata) and one Table; it moves exactly the
-    rows whose owner changes."""
-    proc = mpirun(4, str(HERE / "mpi" / "reshard_online.py"), env={"EMBSTORE_RESHARD_DTYPE": dtype})
+    optimizer state, touch metadata; 8-bit rows as stored) and one Table;
+    it sends exactly the rows whose owner changes, under "bucket" within
+    1.1x of those that must move."""
+    env = {"EMBSTORE_RESHARD_DTYPE": dtype, "EMBSTORE_RESHARD_PARTITION": kind}
+    proc = mpirun(4, str(HERE / "mpi" / "reshard_online.py"), env=env)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert proc.stdout.count("online reshard passed") == 4, proc.stdout[-2000:]
 

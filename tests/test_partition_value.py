@@ -112,3 +112,30 @@ def test_publish_parts_refuses_a_bad_partition_naming_it(tmp_path: pathlib.Path)
     with pytest.raises(ValueError, match="partition"):
         t.publish_parts(tmp_path, ckpt, [part], 3, partition={"kind": "hash"})
     assert not (tmp_path / "manifest.json").exists()
+
+
+def test_a_bucket_partition_moves_whole_buckets_no_more_than_it_must() -> None:
+    two = Partition("bucket", 2)
+    assert len(two.buckets) == 1024
+    assert np.bincount(two.buckets).tolist() == [512, 512]
+    keys = np.arange(100_000, dtype=np.int64) * 7919
+    # A key's rank is its bucket's: the bucket its "hash" owner among 1,024.
+    bucket = embstore._core.partition_owners(keys, 1024, "hash", None)
+    np.testing.assert_array_equal(two.owners(keys), np.asarray(two.buckets)[bucket])
+    uniq, inv, counts = two.plan(np.concatenate([keys, keys[:7]]))
+    np.testing.assert_array_equal(uniq[inv], np.concatenate([keys, keys[:7]]))
+    np.testing.assert_array_equal(two.owners(uniq), np.repeat(np.arange(2), counts))
+    four = two.resized(4)  # ranks 0 and 1 go on: half the buckets move
+    assert sum(a != b for a, b in zip(two.buckets, four.buckets, strict=True)) == 512
+    assert np.bincount(four.buckets).tolist() == [256] * 4
+    three = four.resized(3)  # rank 3 leaves: its buckets only
+    assert sum(a != b for a, b in zip(four.buckets, three.buckets, strict=True)) == 256
+    assert sorted(np.bincount(three.buckets).tolist()) == [341, 341, 342]
+    # Another mapping of old ranks to new: rank 1 becomes rank 0.
+    swapped = two.resized(2, keep={1: 0, 0: 1})
+    assert all(a != b for a, b in zip(two.buckets, swapped.buckets, strict=True))
+    assert Partition.from_record(three.to_record()) == three
+    with pytest.raises(ValueError, match="buckets"):
+        Partition("bucket", 2, buckets=(0, 2))
+    with pytest.raises(ValueError, match="buckets"):
+        Partition("hash", 2, buckets=(0, 1))

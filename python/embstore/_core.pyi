@@ -189,6 +189,14 @@ class Table:
         meta: npt.NDArray[np.uint32],
         clock: int,
     ) -> None: ...
+    def restore_stored(
+        self,
+        keys: npt.NDArray[np.int64],
+        words: npt.NDArray[np.float32],
+        state: npt.NDArray[np.float32] | None,
+        meta: npt.NDArray[np.uint32],
+        clock: int,
+    ) -> None: ...
     def lookup_latency(self) -> tuple[list[float], list[int], float]: ...
     def stats(self) -> dict[str, Any]: ...
     def save(
@@ -328,6 +336,7 @@ def load_table_owned(
     manifest: str | None = None,
     disk: str | None = None,
     memory_bytes: int | None = None,
+    buckets: list[int] | None = None,
 ) -> Table: ...
 def checkpoint_manifest_text(path: str) -> str: ...
 

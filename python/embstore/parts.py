@@ -108,10 +108,12 @@ class CheckpointParts:
         manifest: str | None = None,
         disk: str | os.PathLike[str] | None = None,
         memory_bytes: int | None = None,
+        buckets: list[int] | None = None,
     ) -> Self:
         """Load the rows of the checkpoint at ``path`` whose keys rank
         ``rank`` of ``ranks`` owns under ``partition`` (see
-        :func:`embstore.ops.partition_owners`) into a new Table, as
+        :func:`embstore.ops.partition_owners`; "bucket" with ``buckets``,
+        each bucket's rank) into a new Table, as
         :meth:`load` loads them all; ``manifest``: the text of
         :meth:`checkpoint_manifest` to load (else read now); ``disk`` and
         ``memory_bytes``: as a disk table (see :meth:`load`)."""
@@ -127,6 +129,7 @@ class CheckpointParts:
             manifest,
             None if probe.disk is None else os.fspath(probe.disk),
             probe.memory_bytes,
+            buckets,
         )
         table = cls.__new__(cls)
         table._adopt(inner)

@@ -32,6 +32,7 @@ from embstore.distributed.partition import Partition
 from embstore.distributed.table import ShardedTable
 from embstore.distributed.transport import transport_of
 from embstore.store import Table
+from embstore.table_state import _meta_words
 
 __all__ = ["reshard"]
 
@@ -71,6 +72,7 @@ def reshard(table: ShardedTable | None, comm: Any, *, via: Any) -> ShardedTable 
             "seed": int(np.asarray(state.get("seed", 0))),
             "clock": int(np.asarray(state.get("clock", 0))),
             "old_size": old.size,
+            "old_rank": old.rank,
             "wire_dtype": old.wire_dtype,
         },
         "new_rank": None if new_t is None else new_t.rank,
@@ -104,34 +106,47 @@ def reshard(table: ShardedTable | None, comm: Any, *, via: Any) -> ShardedTable 
         raise ValueError(f"reshard: {problem}; nothing moved")
     m = len(news)
     spec = olds[0]
-    record = dict(spec["partition"], world_size=m)
-    new_partition = Partition.from_record(record)
-    # What each process sends: its rows to their owners over the new ranks.
-    fields = ("keys", "rows", "state", "meta")
+    # A rank that goes on keeps what it can ("bucket": its buckets, up to
+    # its new share): the old rank of each process to its new rank.
+    keep = {
+        e["old"]["old_rank"]: e["new_rank"]
+        for e in every
+        if e["old"] is not None and e["new_rank"] is not None
+    }
+    new_partition = Partition.from_record(spec["partition"]).resized(m, keep)
+    # What each process sends: its rows to their owners over the new ranks,
+    # each row as the table stores it (8-bit rows are never quantized
+    # again), its optimizer state and its touch metadata.
     counts = np.zeros(t.size, np.int64)
     parts: dict[str, np.ndarray] = {}
     if old is not None:
+        assert isinstance(local, Table)
         keys = np.asarray(state["keys"], np.int64)
         owners = new_partition.owners(keys).astype(np.int64)
         to_via = np.array([news[r] for r in range(m)], np.int64)[owners]
         order = np.argsort(to_via, kind="stable")
         counts = np.bincount(to_via, minlength=t.size).astype(np.int64)
-        for f in fields:
-            if f in state:
-                parts[f] = np.ascontiguousarray(np.asarray(state[f])[order])
+        keys = np.ascontiguousarray(keys[order])
+        words, _ = local._inner.lookup_with_state(keys, False, None, True)  # type: ignore[misc]
+        parts["keys"], parts["words"] = keys, words
+        if "state" in state:
+            parts["state"] = np.ascontiguousarray(np.asarray(state["state"])[order])
+        if "meta" in state:
+            meta, _ = _meta_words(state, len(order))
+            parts["meta"] = meta[order].astype(np.int64)
     recv_counts = t.alltoall(counts)
     moved_rows = int(counts.sum() - (counts[t.rank] if old is not None else 0))
     received: dict[str, np.ndarray] = {}
     sent_bytes = 0
     dim = int(spec["config"]["dim"])
-    widths: dict[str, int | None] = {"keys": 1, "rows": dim, "state": None, "meta": 3}
+    widths: dict[str, int | None] = {"keys": 1, "words": None, "state": None, "meta": 4}
     # Which fields travel: agreed from the old ranks' first (all alike).
     present = t.allgather(sorted(parts) if old is not None else None)
     have = next(p for p in present if p is not None)
     for f in have:
         mine_part = parts.get(f)
         width = widths[f]
-        if width is None:  # the state's width, from a rank that has it
+        if width is None:  # the words' and state's width, from a rank that has it
             width = t.allreduce_max(0 if mine_part is None else int(mine_part.shape[1]))
         dtype = np.int64 if f in ("keys", "meta") else np.float32
         send = (
@@ -149,19 +164,17 @@ def reshard(table: ShardedTable | None, comm: Any, *, via: Any) -> ShardedTable 
     result: ShardedTable | None = None
     if comm is not None:
         config = TableConfig._from_core(json.dumps(spec["config"]))
-        fresh = Table.from_config(config)
-        state_in: dict[str, Any] = {
-            "keys": received["keys"],
-            "rows": received["rows"],
-            "step": np.int64(spec["step"]),
-            "seed": np.int64(spec["seed"]),
-        }
-        if "state" in received:
-            state_in["state"] = received["state"]
-        if "meta" in received:
-            state_in["meta"] = received["meta"]
-            state_in["clock"] = np.int64(max(o["clock"] for o in olds))
-        fresh.load_state_dict(state_in)
+        fresh = Table.from_config(config)  # the old tables' seed
+        n = len(received["keys"])
+        meta = received.get("meta", np.zeros((0, 4), np.int64)).astype(np.uint32)
+        fresh._inner.restore_stored(
+            np.ascontiguousarray(received["keys"], np.int64),
+            np.ascontiguousarray(received["words"], np.float32).reshape(n, -1),
+            None if "state" not in received else received["state"].reshape(n, -1),
+            meta.reshape(-1, 4),
+            max(o["clock"] for o in olds),
+        )
+        fresh._inner.set_step(int(spec["step"]))
         result = ShardedTable(
             dim,
             comm=comm,

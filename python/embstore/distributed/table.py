@@ -86,8 +86,9 @@ def _partition_of(partition: str | Partition, key_space: int | None, size: int) 
     if isinstance(partition, Partition):
         if key_space is not None and key_space != partition.key_space:
             raise ValueError("key_space: expected none beside a Partition (it has its own)")
-        return partition.resized(size)
-    check_name("partition", "partitions", partition)
+        return partition if partition.world_size == size else partition.resized(size)
+    if partition != "bucket":
+        check_name("partition", "partitions", partition)
     return Partition(partition, size, None if key_space is None else int(key_space))
 
 
@@ -106,8 +107,10 @@ class ShardedTable(Agreement):
         (:mod:`embstore.distributed.transport`).
     partition:
         "hash" (a mixing hash of the key, the default: even for sequential
-        keys or keys sharing their low bits), "mod" (key mod world size) or
-        "div" (contiguous ranges of ``[0, key_space)``); or a
+        keys or keys sharing their low bits), "mod" (key mod world size),
+        "div" (contiguous ranges of ``[0, key_space)``) or "bucket" (keys
+        hashed into buckets assigned to ranks: a reshard moves whole buckets,
+        no more than it must); or a
         :class:`embstore.distributed.Partition` of those (its
         ``world_size`` is this job's). :attr:`partitioning` is the value
         every exchange plans with and a checkpoint records.
@@ -271,6 +274,7 @@ class ShardedTable(Agreement):
             **self.local.config(),
             "partition": self.partition,
             "key_space": self.key_space,
+            "buckets": self.partitioning.buckets,
             "wire_dtype": self.wire_dtype,
         }
 
@@ -772,6 +776,9 @@ class ShardedTable(Agreement):
                     manifest=manifest,
                     disk=disk,
                     memory_bytes=memory_bytes,
+                    buckets=None
+                    if self.partitioning.buckets is None
+                    else list(self.partitioning.buckets),
                 )
 
             local = self._prepare("load", prep)

@@ -229,7 +229,7 @@ pub fn new_checkpoint_id() -> String {
 /// checkpoint whose manifest is `manifest` (the text one rank read, so
 /// that every rank loads the same one), or of the one at `path` now.
 #[pyfunction]
-#[pyo3(signature = (path, size, rank, kind="hash", key_space=None, num_shards=None, progress=None, manifest=None, disk=None, memory_bytes=None))]
+#[pyo3(signature = (path, size, rank, kind="hash", key_space=None, num_shards=None, progress=None, manifest=None, disk=None, memory_bytes=None, buckets=None))]
 #[allow(clippy::too_many_arguments)]
 pub fn load_table_owned(
     py: Python<'_>,
@@ -243,11 +243,32 @@ pub fn load_table_owned(
     manifest: Option<String>,
     disk: Option<PathBuf>,
     memory_bytes: Option<u64>,
+    buckets: Option<Vec<u32>>,
 ) -> PyResult<PyTable> {
-    let p = partition(kind, key_space)?;
+    // "bucket": a key's bucket is its "hash" owner among the buckets, its
+    // rank the bucket's.
+    let (p, buckets) = match (kind, buckets) {
+        ("bucket", Some(b)) if !b.is_empty() && b.iter().all(|&r| (r as usize) < size) => {
+            (Partition::Hash, Some(b))
+        }
+        ("bucket", _) => {
+            return Err(pyo3::exceptions::PyValueError::new_err(format!(
+                "buckets: expected the rank (below {size}) of each bucket with kind=\"bucket\""
+            )));
+        }
+        (_, None) => (partition(kind, key_space)?, None),
+        (_, Some(_)) => {
+            return Err(pyo3::exceptions::PyValueError::new_err(format!(
+                "buckets: only with kind=\"bucket\", got kind={kind:?}"
+            )));
+        }
+    };
     let disk = crate::store::disk_config(disk, memory_bytes)?;
     let counter = progress.map(|p| p.done.clone());
-    let keep = move |k: i64| p.owner(k, size) == Some(rank);
+    let keep = move |k: i64| match &buckets {
+        Some(b) => b[p.owner(k, b.len()).unwrap_or(0)] as usize == rank,
+        None => p.owner(k, size) == Some(rank),
+    };
     // The readers' lock is waited for here, outside the call lock (see
     // `runtime::lock_for_reading`); a manifest given was read under the
     // caller's hold.

@@ -790,6 +790,24 @@ impl PyTable {
         py.enter_store(|| table.restore(k, v, st, m, clock))
     }
 
+    /// `restore` of rows as the table stores them (`assign_stored`'s words).
+    fn restore_stored(
+        &self,
+        py: Python<'_>,
+        keys: PyReadonlyArray1<'_, i64>,
+        words: PyReadonlyArray2<'_, f32>,
+        state: Option<PyReadonlyArray2<'_, f32>>,
+        meta: PyReadonlyArray2<'_, u32>,
+        clock: u64,
+    ) -> PyResult<()> {
+        let (k, w) = (slice(&keys, "keys")?, slice2(&words, "words")?);
+        let st = state.as_ref().map(|s| slice2(s, "state")).transpose()?;
+        let m = slice2(&meta, "meta")?;
+        let m = (!m.is_empty()).then_some(m);
+        let table = &self.inner;
+        py.enter_store(|| table.restore_stored(k, w, st, m, clock))
+    }
+
     #[pyo3(signature = (path, incremental=false, with_optimizer=true, progress=None))]
     fn save(
         &self,

@@ -105,8 +105,9 @@ pub struct Manifest {
 
 /// How a sharded table spread its keys over its ranks, as its checkpoint
 /// records it: a partition ([`crate::partition::Partition`]: "hash", "mod"
-/// or "div" over `key_space` keys) over `world_size` ranks, in the record's
-/// own `version` (1).
+/// or "div" over `key_space` keys; or "bucket": keys hashed into buckets,
+/// each bucket's rank in `buckets`) over `world_size` ranks, in the
+/// record's own `version` (1).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct PartitionRecord {
     /// "hash", "mod" or "div".
@@ -118,6 +119,10 @@ pub struct PartitionRecord {
     pub world_size: u64,
     /// The record's version (1).
     pub version: u32,
+    /// Kind "bucket": the rank of each bucket, a key's bucket being its
+    /// "hash" owner among `buckets.len()` (moved whole by a reshard).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub buckets: Option<Vec<u32>>,
 }
 
 impl PartitionRecord {
@@ -127,8 +132,28 @@ impl PartitionRecord {
     /// # Errors
     /// What is wrong, naming the field.
     pub fn check(&self) -> std::result::Result<(), String> {
-        crate::partition::Partition::from_name(&self.kind, self.key_space)
-            .map_err(|e| format!("partition: {e}"))?;
+        match (self.kind.as_str(), &self.buckets) {
+            ("bucket", Some(b)) => {
+                if b.is_empty() || b.len() > MAX_BUCKETS {
+                    return Err(format!(
+                        "partition: {} buckets out of range (1 to {MAX_BUCKETS})",
+                        b.len()
+                    ));
+                }
+                if let Some(r) = b.iter().find(|&&r| u64::from(r) >= self.world_size) {
+                    return Err(format!(
+                        "partition: a bucket of rank {r}, of {} ranks",
+                        self.world_size
+                    ));
+                }
+            }
+            ("bucket", None) => return Err("partition: \"bucket\" without its buckets".into()),
+            (_, Some(_)) => return Err(format!("partition: {:?} with buckets", self.kind)),
+            (kind, None) => {
+                crate::partition::Partition::from_name(kind, self.key_space)
+                    .map_err(|e| format!("partition: {e}"))?;
+            }
+        }
         if !(1..=1 << 30).contains(&self.world_size) {
             return Err(format!(
                 "partition: world_size {} out of range (1 to 2^30)",
@@ -144,6 +169,9 @@ impl PartitionRecord {
         Ok(())
     }
 }
+
+/// Buckets a "bucket" partition has at most.
+pub(crate) const MAX_BUCKETS: usize = 1 << 20;
 
 pub(crate) fn is_zero(v: &u64) -> bool {
     *v == 0
@@ -486,6 +514,23 @@ mod tests {
         t.assign(&[1, 2, 3], &[0.5; 9]).unwrap();
         let info = t.save(&dir, false, true, None).unwrap();
         (dir, info.manifest)
+    }
+
+    #[test]
+    fn a_bucket_record_names_each_buckets_rank_within_its_world() {
+        let record = |kind: &str, buckets: Option<Vec<u32>>| PartitionRecord {
+            kind: kind.to_string(),
+            key_space: None,
+            world_size: 2,
+            version: 1,
+            buckets,
+        };
+        assert!(record("bucket", Some(vec![0, 1, 1])).check().is_ok());
+        assert!(record("bucket", Some(vec![0, 2])).check().is_err());
+        assert!(record("bucket", Some(vec![])).check().is_err());
+        assert!(record("bucket", None).check().is_err());
+        assert!(record("hash", Some(vec![0])).check().is_err());
+        assert!(record("hash", None).check().is_ok());
     }
 
     #[test]

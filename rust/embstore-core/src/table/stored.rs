@@ -76,6 +76,35 @@ impl Table {
     /// for words that decode to weights this table cannot hold, or `state`
     /// for impossible state; nothing changed then.
     pub fn assign_stored(&self, keys: &[i64], words: &[f32], state: &[f32]) -> Result<()> {
+        let values = self.decode_stored(keys, words)?;
+        self.assign_checked(keys, &values, Some(words), Some(state), None, None, None)
+    }
+
+    /// [`Table::restore`] of rows as the table stores them (`words`, as
+    /// [`Table::assign_stored`] takes them): 8-bit rows move between tables
+    /// as they are, never quantized again (a reshard).
+    ///
+    /// # Errors
+    /// As [`Table::assign_stored`] and [`Table::restore`].
+    pub fn restore_stored(
+        &self,
+        keys: &[i64],
+        words: &[f32],
+        state: Option<&[f32]>,
+        meta: Option<&[u32]>,
+        clock: u64,
+    ) -> Result<()> {
+        let values = self.decode_stored(keys, words)?;
+        let meta = meta.filter(|_| self.policy.tracks());
+        if let Some(m) = meta {
+            check_len("meta", keys.len() * 4, m.len())?;
+        }
+        self.assign_checked(keys, &values, Some(words), state, meta, None, Some(clock))
+    }
+
+    /// The weights of stored rows `words`, checked (an 8-bit row's scale
+    /// and offset, finite values that fit the format).
+    fn decode_stored(&self, keys: &[i64], words: &[f32]) -> Result<Vec<f32>> {
         Self::check_batch(keys)?;
         let (dim, ww) = (self.dim, self.wwords);
         check_len("rows", keys.len() * ww, words.len())?;
@@ -106,7 +135,7 @@ impl Table {
             .for_each(|(v, w)| format.decode_on(backend, w, v));
         check_finite("rows", &values)?;
         format.check_fits("rows", &values)?;
-        self.assign_checked(keys, &values, Some(words), Some(state), None, None, None)
+        Ok(values)
     }
 }
 

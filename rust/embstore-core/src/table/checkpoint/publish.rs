@@ -466,6 +466,7 @@ mod tests {
             key_space: Some(100),
             world_size: 3,
             version: 1,
+            buckets: None,
         };
         let writer = lock_for_writing(&dir).unwrap();
         let m = publish_parts(
