@@ -138,5 +138,23 @@ if online is not None:
     tol = {"atol": 0.02} if DTYPE == "int8" else {"rtol": 1e-5, "atol": 1e-6}
     np.testing.assert_allclose(got, rows, **tol)
     assert len(online) == len(single)
+# A checkpoint after the reshards records the new partition (the buckets'
+# ranks): it loads on any number of ranks, and into one Table, to the rows
+# the resharded table serves.
+if online is not None:
+    saved = online.save(os.path.join(where, "after"))
+    assert saved["partition"]["world_size"] == 3
+    if KIND == "bucket":
+        assert saved["partition"]["buckets"] == list(online.partitioning.buckets)
+WORLD.Barrier()
+keys = single.export()[0]
+served = online.lookup(keys, insert=False) if online is not None else None  # collective
+want = WORLD.bcast(served, root=0)
+again = ShardedTable.load(os.path.join(where, "after"), comm=WORLD)
+assert again.partitioning.world_size == 4
+np.testing.assert_array_equal(again.lookup(keys, insert=False), want)
+np.testing.assert_array_equal(
+    embstore.Table.load(os.path.join(where, "after")).lookup(keys, insert=False), want
+)
 WORLD.Barrier()
 print(f"rank {RANK}: online reshard passed", flush=True)
