@@ -241,6 +241,62 @@ assert any(
 ), [str(w.message) for w in caught]
 
 
+# 9. An online reshard over gloo: a "bucket" table on the first N-1 ranks
+# (one rank when N is 2) moved to all N ranks and back,
+# training between, equals the offline path (saved, loaded) bit for bit.
+from embstore.distributed import reshard  # noqa: E402
+
+
+def reshard_batch(step: int, size: int, rank: int) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(900 + step)
+    keys = rng.integers(0, 3000, 90) * 7919
+    return keys[rank::size], rng.normal(size=(90, DIM)).astype(np.float32)[rank::size]
+
+
+def reshard_train(t: ShardedTable | None, steps: range) -> None:
+    for step in steps if t is not None else ():
+        k, g = reshard_batch(step, t.size, t.rank)
+        t.lookup(k)
+        t.apply_gradients(k, g)
+
+
+few = dist.new_group(list(range(N - 1)))
+mine_few = few if R < N - 1 else None
+
+
+def reshard_table(comm: object) -> ShardedTable:
+    return ShardedTable(DIM, comm=comm, partition="bucket", optimizer=optim.Adam(lr=0.05), seed=31)
+
+
+online = reshard_table(mine_few) if R < N - 1 else None
+offline = reshard_table(mine_few) if R < N - 1 else None
+reshard_train(online, range(3))
+reshard_train(offline, range(3))
+online = reshard(online, "torch", via="torch")
+where = every(tempfile.mkdtemp() if R == 0 else None)[0]
+if offline is not None:
+    offline.save(os.path.join(where, "few"))
+dist.barrier()
+offline = ShardedTable.load(os.path.join(where, "few"), comm="torch")
+assert online is not None
+assert online.partitioning == offline.partitioning
+assert online.stats()["reshard"]["seconds"] > 0
+reshard_train(online, range(3, 6))
+reshard_train(offline, range(3, 6))
+online = reshard(online, mine_few, via="torch")
+offline.save(os.path.join(where, "all"))
+offline = ShardedTable.load(os.path.join(where, "all"), comm=mine_few) if R < N - 1 else None
+reshard_train(online, range(6, 9))
+reshard_train(offline, range(6, 9))
+if online is not None:
+    assert offline is not None
+    a, b = online.state_dict(), offline.state_dict()
+    assert all(np.array_equal(a[f], b[f]) for f in ("keys", "rows", "state", "step"))
+else:
+    assert offline is None
+dist.barrier()
+
+
 # 8. Save and resume a torchrun + DDP job: each rank saves the model's
 # state_dict (the dense parameters, and its shard of each sharded table) and
 # the dense optimizer's; a fresh job of as many ranks loads them and trains
