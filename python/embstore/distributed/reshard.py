@@ -42,8 +42,9 @@ def reshard(table: ShardedTable | None, comm: Any, *, via: Any) -> ShardedTable 
     ``comm`` (None where this process leaves); every process of ``via``
     calls it. Returns this process's part of the new table (None where it
     leaves). ``stats()["reshard"]`` of the new table reports the pause
-    (seconds), the rows and bytes this rank sent and received. Collective
-    over ``via``."""
+    (seconds), the rows and bytes this rank sent and the rows it received
+    (the old table's ``last_reshard`` too, where this process leaves).
+    Collective over ``via``."""
     t0 = time.perf_counter()
     t = transport_of(via)
     old = table if isinstance(table, ShardedTable) else None
@@ -182,10 +183,15 @@ def reshard(table: ShardedTable | None, comm: Any, *, via: Any) -> ShardedTable 
             local=fresh,
             wire_dtype=spec["wire_dtype"],
         )
-        result.last_reshard = {  # reported by stats()["reshard"]
-            "seconds": time.perf_counter() - t0,
-            "sent_rows": moved_rows,
-            "sent_bytes": sent_bytes,
-            "received_rows": int(recv_counts.sum()),
-        }
+    figures = {
+        "seconds": time.perf_counter() - t0,
+        "sent_rows": moved_rows,
+        "sent_bytes": sent_bytes,
+        "received_rows": int(recv_counts.sum()),
+    }
+    # Reported by stats()["reshard"] of the new table, and kept on the old
+    # one too (a leaving rank's only record of what it sent).
+    for t_ in (result, old):
+        if t_ is not None:
+            t_.last_reshard = dict(figures)
     return result
