@@ -106,3 +106,21 @@ def _meta_words(state: Mapping[str, Any], n: int) -> tuple[npt.NDArray[np.uint32
     words[:, 2] = meta[:, 1]
     words[:, 3] = meta[:, 2]
     return words, int(clock_arr)
+
+
+def restore_stored(
+    table: Any,
+    keys: npt.NDArray[np.int64],
+    words: npt.NDArray[np.float32],
+    state: npt.NDArray[np.float32] | None,
+    meta: npt.NDArray[np.uint32],
+    clock: int,
+    step: int,
+) -> None:
+    """Fills the new, empty ``table`` (an embstore.Table) with rows as a
+    table of its configuration stores them (``words``: its
+    ``lookup_with_state(stored=True)`` rows as float32 words), their
+    optimizer state and metadata words (4 a row, or none), and sets its
+    call clock and step: a reshard's rows, never quantized again."""
+    table._inner.restore_stored(keys, words, state, meta, clock)
+    table._inner.set_step(step)

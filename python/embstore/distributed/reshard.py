@@ -32,7 +32,7 @@ from embstore.distributed.partition import Partition
 from embstore.distributed.table import ShardedTable
 from embstore.distributed.transport import transport_of
 from embstore.store import Table
-from embstore.table_state import _meta_words
+from embstore.table_state import _meta_words, restore_stored
 
 __all__ = ["reshard"]
 
@@ -128,7 +128,8 @@ def reshard(table: ShardedTable | None, comm: Any, *, via: Any) -> ShardedTable 
         order = np.argsort(to_via, kind="stable")
         counts = np.bincount(to_via, minlength=t.size).astype(np.int64)
         keys = np.ascontiguousarray(keys[order])
-        words, _ = local._inner.lookup_with_state(keys, False, None, True)  # type: ignore[misc]
+        stored, _ = local.lookup_with_state(keys, insert=False, stored=True)
+        words = np.ascontiguousarray(stored).view(np.float32)
         parts["keys"], parts["words"] = keys, words
         if "state" in state:
             parts["state"] = np.ascontiguousarray(np.asarray(state["state"])[order])
@@ -168,14 +169,15 @@ def reshard(table: ShardedTable | None, comm: Any, *, via: Any) -> ShardedTable 
         fresh = Table.from_config(config)  # the old tables' seed
         n = len(received["keys"])
         meta = received.get("meta", np.zeros((0, 4), np.int64)).astype(np.uint32)
-        fresh._inner.restore_stored(
+        restore_stored(
+            fresh,
             np.ascontiguousarray(received["keys"], np.int64),
             np.ascontiguousarray(received["words"], np.float32).reshape(n, -1),
             None if "state" not in received else received["state"].reshape(n, -1),
             meta.reshape(-1, 4),
             max(o["clock"] for o in olds),
+            int(spec["step"]),
         )
-        fresh._inner.set_step(int(spec["step"]))
         result = ShardedTable(
             dim,
             comm=comm,
