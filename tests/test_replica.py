@@ -357,3 +357,27 @@ def test_the_replicate_command(tmp_path) -> None:
     )
     assert missing.returncode == 2
     assert "cannot read the manifest" in missing.stderr
+
+
+def test_a_fifo_or_a_link_in_either_directory_never_blocks_or_is_followed(tmp_path) -> None:
+    src, local = str(tmp_path / "src"), str(tmp_path / "local")
+    t = _trained()
+    t.save(src)
+    victim = tmp_path / "outside"
+    victim.write_bytes(b"keep")
+    name = sorted(_named(src))[0]
+    os.makedirs(os.path.join(local, ".embstore-replica"))
+    # A link planted where the partial file goes: replaced, not written through.
+    os.symlink(victim, os.path.join(local, ".embstore-replica", name + ".part"))
+    data = _read(os.path.join(src, name))
+    os.unlink(os.path.join(src, name))
+    os.mkfifo(os.path.join(src, name))  # a FIFO where the source's file was
+    with Replica(src, local, start=False, retries=2) as r:
+        with pytest.raises(ReplicaError, match="2 tries failed"):
+            r.poll()  # refused at once, never blocked on the FIFO
+        assert victim.read_bytes() == b"keep"
+        os.unlink(os.path.join(src, name))
+        _write(os.path.join(src, name), data)
+        assert r.poll() is True
+    assert victim.read_bytes() == b"keep"
+    _served_equal(local, t)

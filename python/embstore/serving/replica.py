@@ -27,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import stat
 import threading
 import time
 from collections.abc import Iterator
@@ -59,6 +60,24 @@ class _Gone(Exception):
     published again meanwhile; the next poll takes its newest manifest."""
 
 
+def _open(path: str, write: bool = False) -> IO[bytes]:
+    """A file of a directory another process hands us (a source, or the
+    local copy someone else may write into), opened as the core opens a
+    checkpoint's files: no link followed, never blocking (a FIFO), a
+    regular file or an OSError; ``write``: created if missing, appended."""
+    flags = os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    flags |= os.O_WRONLY | os.O_CREAT | os.O_APPEND if write else os.O_RDONLY
+    fd = os.open(path, flags, 0o644)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(f"{path}: not a regular file")
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "ab" if write else "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
 class _Closed(Exception):
     """The replica was closed during a fetch (what arrived stays for the
     next replica of the directory to resume)."""
@@ -76,7 +95,7 @@ class _Source:
     def manifest(self) -> tuple[bytes, float | None]:
         """The manifest's bytes and, where known, when it was published
         (the source's modification time)."""
-        with open(os.path.join(self.root, "manifest.json"), "rb") as f:
+        with _open(os.path.join(self.root, "manifest.json")) as f:
             mtime = os.fstat(f.fileno()).st_mtime
             return f.read(MAX_MANIFEST + 1), mtime
 
@@ -85,7 +104,7 @@ class _Source:
         """The file ``name`` (a plain name the core checked), read from
         ``offset``."""
         try:
-            f = open(os.path.join(self.root, name), "rb")  # noqa: SIM115 (closed below)
+            f = _open(os.path.join(self.root, name))
         except FileNotFoundError as e:
             raise _Gone(name) from e
         with f:
@@ -198,7 +217,7 @@ class Replica:
         self.period, self.workers, self.retries = float(period), workers, retries
         self._state = os.path.join(self.local, STATE_DIR)
         os.makedirs(self._state, exist_ok=True)
-        self._lock_file = open(os.path.join(self._state, "lock"), "a+b")  # noqa: SIM115
+        self._lock_file = _open(os.path.join(self._state, "lock"), write=True)
         try:
             fcntl.flock(self._lock_file, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -238,7 +257,7 @@ class Replica:
         """Takes what ``local`` already serves (a restart): its files were
         checked before its manifest named them."""
         try:
-            with open(os.path.join(self.local, "manifest.json"), "rb") as f:
+            with _open(os.path.join(self.local, "manifest.json")) as f:
                 text = f.read(MAX_MANIFEST + 1)
             files = _core.manifest_files(self.local, text)
         except (OSError, CheckpointError):
@@ -371,7 +390,11 @@ class Replica:
                 self._count("retries")
                 time.sleep(min(2.0, 0.05 * 2**attempt))
             try:
-                have = os.path.getsize(part)
+                st = os.lstat(part)
+                have = st.st_size
+                if not stat.S_ISREG(st.st_mode):  # not ours: never written through
+                    os.unlink(part)
+                    have = 0
             except OSError:
                 have = 0
             value = 0
@@ -382,7 +405,7 @@ class Replica:
                 value = _file_crc(part, have)
             start = have
             try:
-                with open(part, "ab") as out, self.source.open(name, have) as src:
+                with _open(part, write=True) as out, self.source.open(name, have) as src:
                     while have < size:
                         if self._stop.is_set():
                             raise _Closed(name)
@@ -496,7 +519,7 @@ def _version(text: bytes) -> int | None:
 def _file_crc(path: str, size: int) -> int:
     """The CRC-32C of the first ``size`` bytes of the local file ``path``."""
     value, left = 0, size
-    with open(path, "rb") as f:
+    with _open(path) as f:
         while left:
             piece = f.read(min(PIECE, left))
             if not piece:
