@@ -147,13 +147,6 @@ def _overlap(t: Any, batches: list[np.ndarray], barrier: Any, maxall: Any) -> li
     return [float(x) for x in maxall(med)]
 
 
-def _rate_bytes(rate: str) -> float:
-    for u, f in {"gbit": 1e9, "mbit": 1e6}.items():
-        if rate.endswith(u):
-            return float(rate[: -len(u)]) * f / 8
-    raise ValueError(f"--rate: expected e.g. 1gbit, got {rate!r}")
-
-
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--ranks", type=int, default=2)
@@ -188,27 +181,16 @@ def main() -> None:
         "OPENBLAS_NUM_THREADS": "1",
     }
     with netlab.Hosts(args.ranks, args.rate) as net:
-        procs = []
+        argv = [sys.executable, os.path.abspath(__file__), "--worker", *worker_args]
         if args.transport == "mpi":
-            argv = [sys.executable, os.path.abspath(__file__), "--worker", *worker_args]
             env = {**threads, "PYTHONPATH": os.environ.get("PYTHONPATH", "")}
-            procs.append(net.mpirun(argv, env=env, stdout=subprocess.PIPE, text=True))
-        for r in range(args.ranks if args.transport == "gloo" else 0):
-            env = {
-                **os.environ,
-                "RANK": str(r),
-                "WORLD_SIZE": str(args.ranks),
-                "MASTER_ADDR": net.addr(0),
-                "MASTER_PORT": "29555",
-                "GLOO_SOCKET_IFNAME": "eth0",
-                **threads,
-            }
-            argv = [sys.executable, os.path.abspath(__file__), "--worker", *worker_args]
-            procs.append(net.run(r, argv, env=env, stdout=subprocess.PIPE, text=True))
+            procs = [net.mpirun(argv, env=env, stdout=subprocess.PIPE, text=True)]
+        else:
+            procs = net.torchrun(argv, 29555, threads, stdout=subprocess.PIPE, text=True)
         outs = [p.communicate(timeout=1200)[0] for p in procs]
     line = next(ln for ln in outs[0].splitlines() if ln.startswith("{"))
     result = json.loads(line)
-    rate = _rate_bytes(args.rate)
+    rate = netlab.rate_bytes(args.rate)
     for wire, figures in result["steps"].items():
         if wire.endswith("overlap"):
             lookup, compute, both = figures

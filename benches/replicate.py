@@ -80,14 +80,6 @@ while not os.path.exists(stop):
 """
 
 
-def _rate_bytes(rate: str) -> float:
-    units = {"gbit": 1e9, "mbit": 1e6, "kbit": 1e3}
-    for u, f in units.items():
-        if rate.endswith(u):
-            return float(rate[: -len(u)]) * f / 8
-    raise ValueError(f"--rate: expected e.g. 1gbit or 100mbit, got {rate!r}")
-
-
 def _named(path: str) -> dict[str, int]:
     with open(os.path.join(path, "manifest.json"), "rb") as f:
         return {n: b for n, b, _ in embstore._core.manifest_files(path, f.read())}
@@ -131,7 +123,7 @@ def run(
     workdir: str,
     tree: bool = False,
 ) -> dict[str, Any]:
-    rate_b = _rate_bytes(rate)
+    rate_b = netlab.rate_bytes(rate)
     src = os.path.join(workdir, "trainer")
     stop = os.path.join(workdir, "stop")
     armed = os.path.join(workdir, "armed")

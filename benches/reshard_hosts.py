@@ -79,23 +79,12 @@ def main() -> None:
     why = netlab.available()
     if why:
         sys.exit(f"benches/reshard_hosts.py: the harness {why}")
-    rate = float(args.rate.removesuffix("gbit")) * 1e9 / 8
+    rate = netlab.rate_bytes(args.rate)
     with netlab.Hosts(4, args.rate) as net:
-        procs = []
-        for r in range(4):
-            env = {
-                **os.environ,
-                "RANK": str(r),
-                "WORLD_SIZE": "4",
-                "MASTER_ADDR": net.addr(0),
-                "MASTER_PORT": "29556",
-                "GLOO_SOCKET_IFNAME": "eth0",
-                "RAYON_NUM_THREADS": "1",
-                "OMP_NUM_THREADS": "1",
-            }
-            argv = [sys.executable, os.path.abspath(__file__), "--worker", "--rows",
-                    str(args.rows), "--partition", args.partition]  # fmt: skip
-            procs.append(net.run(r, argv, env=env, stdout=subprocess.PIPE, text=True))
+        argv = [sys.executable, os.path.abspath(__file__), "--worker", "--rows",
+                str(args.rows), "--partition", args.partition]  # fmt: skip
+        threads = {"RAYON_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
+        procs = net.torchrun(argv, 29556, threads, stdout=subprocess.PIPE, text=True)
         outs = [p.communicate(timeout=1200)[0] for p in procs]
     rows = json.loads(next(ln for ln in outs[0].splitlines() if ln.startswith("[")))
     for label, wall, sent, received in rows:

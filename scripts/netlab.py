@@ -8,8 +8,9 @@ ways with tbf (this kernel has no netem): ``tc qdisc add dev X root tbf
 rate RATE burst 512kb latency 100ms``. Nothing else is reachable from the
 hosts and no traffic touches the machine's own namespace. ``run(i, argv)``
 starts a process on host i, ``mpirun(argv)`` one MPI rank on every host
-(Open MPI over TCP); ``cut(i)`` / ``restore(i)`` take a host's link
-down and up; ``rx_bytes(i)`` counts what its link delivered. The
+(Open MPI over TCP), ``torchrun(argv, port)`` one torch.distributed
+rank on every host; ``cut(i)`` / ``restore(i)`` take a host's link down
+and up; ``rx_bytes(i)`` counts what its link delivered. The
 namespaces go however a run ends (``close()``, a context manager, atexit,
 SIGTERM); ``python scripts/netlab.py clean`` removes any a killed run left.
 """
@@ -147,6 +148,30 @@ class Hosts:
         cmd = ["unshare", "--uts", "bash", "-c", f"hostname {self.names[0]}; exec {mpirun}"]
         return self.run(0, cmd, env=e, **popen)
 
+    def torchrun(
+        self, argv: list[str], port: int, env: dict[str, str] | None = None, **popen: Any
+    ) -> list[subprocess.Popen[Any]]:
+        """Starts ``argv`` on every host as one rank of a torch.distributed
+        job (gloo over ``eth0``, the store on host 0 at ``port``), as
+        torchrun's environment would; the processes, by rank."""
+        return [
+            self.run(
+                r,
+                argv,
+                env={
+                    **os.environ,
+                    "RANK": str(r),
+                    "WORLD_SIZE": str(self.n),
+                    "MASTER_ADDR": self.addr(0),
+                    "MASTER_PORT": str(port),
+                    "GLOO_SOCKET_IFNAME": "eth0",
+                    **(env or {}),
+                },
+                **popen,
+            )
+            for r in range(self.n)
+        ]
+
     def cut(self, i: int) -> None:
         """Takes host i's link down (its connections fail at once)."""
         _ip("link", "set", "eth0", "down", ns=self.names[i])
@@ -186,6 +211,14 @@ class Hosts:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def rate_bytes(rate: str) -> float:
+    """Bytes a second of a tc rate ("1gbit", "100mbit")."""
+    for unit, scale in {"gbit": 1e9, "mbit": 1e6, "kbit": 1e3}.items():
+        if rate.endswith(unit):
+            return float(rate[: -len(unit)]) * scale / 8
+    raise ValueError(f"rate: expected e.g. 1gbit or 100mbit, got {rate!r}")
 
 
 def clean() -> int:
