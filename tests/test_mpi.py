@@ -94,19 +94,44 @@ def test_sharded_device_caches_of_two_ranks_on_one_gpu_equal_one_table() -> None
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize(
-    ("dtype", "kind"), [("float32", "bucket"), ("int8", "bucket"), ("float32", "hash")]
+    ("dtype", "kind", "tier"),
+    [
+        ("float32", "bucket", "memory"),
+        ("int8", "bucket", "memory"),
+        ("float32", "hash", "memory"),
+        ("float32", "bucket", "disk"),
+    ],
 )
-def test_an_online_reshard_2_to_4_to_3_equals_the_offline_path(dtype: str, kind: str) -> None:
+def test_an_online_reshard_2_to_4_to_3_equals_the_offline_path(
+    dtype: str, kind: str, tier: str
+) -> None:
     """tests/mpi/reshard_online.py on 4 ranks: reshard() 2 -> 4 -> 3 with
     training between equals save + load on the new ranks bit for bit (rows,
     optimizer state, touch metadata; 8-bit rows as stored) and one Table;
     it sends exactly the rows whose owner changes, under "bucket" within
-    1.1x of those that must move."""
-    env = {"EMBSTORE_RESHARD_DTYPE": dtype, "EMBSTORE_RESHARD_PARTITION": kind}
+    1.1x of those that must move. "disk": every part a disk table with
+    memory for about 300 of its 5,000-10,000 rows, moved in rounds."""
+    env = {
+        "EMBSTORE_RESHARD_DTYPE": dtype,
+        "EMBSTORE_RESHARD_PARTITION": kind,
+        "EMBSTORE_RESHARD_TIER": tier,
+    }
     proc = mpirun(4, str(HERE / "mpi" / "reshard_online.py"), env=env)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert proc.stdout.count("online reshard passed") == 4, proc.stdout[-2000:]
 
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_an_online_reshard_flushes_a_device_cache_and_puts_one_in_front_of_each_new_part() -> None:
+    """tests/mpi/reshard_cache.py on 4 ranks: parts that are DeviceCaches
+    (xp=numpy) holding rows trained only in the cache, resharded 2 -> 4:
+    every row as trained reaches the new parts, each a DeviceCache of the
+    old settings, serving what one Table serves."""
+    proc = mpirun(4, str(HERE / "mpi" / "reshard_cache.py"))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert proc.stdout.count("cache reshard passed") == 4, proc.stdout[-2000:]
 
 def reference(steps: int) -> embstore.Table:
     sys.path.insert(0, str(HERE / "mpi"))

@@ -124,3 +124,33 @@ def restore_stored(
     call clock and step: a reshard's rows, never quantized again."""
     table._inner.restore_stored(keys, words, state, meta, clock)
     table._inner.set_step(step)
+
+
+def held_keys(table: Any) -> npt.NDArray[np.int64]:
+    """Every key ``table`` (an embstore.Table) holds, in memory and on
+    disk, ascending."""
+    keys: npt.NDArray[np.int64] = table._inner.keys()
+    return keys
+
+
+def take_records(
+    table: Any, keys: npt.NDArray[np.int64]
+) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.float32], npt.NDArray[np.uint32]]:
+    """The rows of ``keys`` (each held) in ``table`` as it stores them: the
+    words :func:`restore_stored` takes, the optimizer state and the
+    metadata words (4 a row where the policy tracks touches, else none).
+    Touches nothing; a disk table's rows pass through memory for the call."""
+    words, state, meta = table._inner.take_records(np.ascontiguousarray(keys, np.int64))
+    return words, state, meta
+
+
+def record_widths(table: Any) -> tuple[int, int, int]:
+    """Words a row of ``table`` takes in :func:`take_records`' three
+    arrays: stored weights, optimizer state, metadata (4 or 0)."""
+    words, state, meta = take_records(table, np.zeros(0, np.int64))
+    return int(words.shape[1]), int(state.shape[1]), int(meta.shape[1])
+
+
+def call_clock(table: Any) -> int:
+    """The call clock ``table``'s metadata ticks count in."""
+    return int(table._inner.clock)

@@ -6,6 +6,10 @@ metadata), and one Table fed the same global batches to float summation
 order; each reshard reports its pause and sends exactly the rows whose
 owner changed, and under "bucket" at most 1.1x the rows that must move.
 
+With EMBSTORE_RESHARD_TIER=disk every part is a disk table with memory
+for a few hundred rows (the reshard moves them in rounds, never all in
+memory at once; the offline path loads as disk tables too).
+
     EMBSTORE_RESHARD_DTYPE=int8 EMBSTORE_RESHARD_PARTITION=bucket mpirun -n 4 ...
 """
 
@@ -26,6 +30,10 @@ DIM = 5
 DTYPE = os.environ.get("EMBSTORE_RESHARD_DTYPE", "float32")
 #: The partition kind.
 KIND = os.environ.get("EMBSTORE_RESHARD_PARTITION", "hash")
+#: "memory" or "disk": each rank's part a Table in memory or on disk.
+TIER = os.environ.get("EMBSTORE_RESHARD_TIER", "memory")
+#: A disk part's memory: about 300 rows of dim 5 with Adam.
+MEMORY = 300 * (4 * 3 * DIM + 40)
 #: Keys every table holds from the start (enough rows for 1.1x to measure).
 BULK = np.arange(20_000, dtype=np.int64) * 7_919
 WORLD = MPI.COMM_WORLD
@@ -49,6 +57,13 @@ def train(t: ShardedTable | None, steps: range) -> None:
         t.apply_gradients(keys[mine], grads[mine])
 
 
+def disk() -> dict[str, object]:
+    """A disk part's settings (none in memory): a directory of this rank's."""
+    if TIER != "disk":
+        return {}
+    return {"disk": tempfile.mkdtemp(prefix=f"reshard-{RANK}-"), "memory_bytes": MEMORY}
+
+
 def build(comm: MPI.Comm) -> ShardedTable:
     t = ShardedTable(
         DIM,
@@ -58,6 +73,7 @@ def build(comm: MPI.Comm) -> ShardedTable:
         ttl_steps=1000,
         dtype=DTYPE,
         partition=KIND,
+        **disk(),  # type: ignore[arg-type]
     )
     t.lookup(BULK[t.rank :: t.size])
     return t
@@ -102,11 +118,21 @@ check_moved(before, online, 4)
 if offline is not None:
     offline.save(os.path.join(where, "two"))
 WORLD.Barrier()
-offline = ShardedTable.load(os.path.join(where, "two"), comm=WORLD)
+offline = ShardedTable.load(os.path.join(where, "two"), comm=WORLD, **disk())  # type: ignore[arg-type]
 assert online is not None
 assert online.partitioning == offline.partitioning
 stats = online.stats()["reshard"]
 assert stats["seconds"] > 0, stats
+if TIER == "disk":
+    # A disk part: rows moved in rounds, each bringing at most a quarter of
+    # memory_bytes into a process; the new parts are disk tables within
+    # their bound.
+    row = 8 + 4 * (online.local._inner.weight_words() + online.local.state_len) + 32
+    assert stats["rounds"] >= 10, stats
+    assert online.local.table_config.disk is not None
+    assert online.local.stats()["memory_rows"] * row <= 2 * MEMORY, online.local.stats()
+else:
+    assert stats["rounds"] == 1, stats
 train(online, range(4, 8))
 train(offline, range(4, 8))
 
@@ -115,7 +141,11 @@ before = online
 online = reshard(online, three if RANK < 3 else None, via=WORLD)
 check_moved(before, online, 3)
 offline.save(os.path.join(where, "four"))
-offline = ShardedTable.load(os.path.join(where, "four"), comm=three) if RANK < 3 else None
+offline = (
+    ShardedTable.load(os.path.join(where, "four"), comm=three, **disk())  # type: ignore[arg-type]
+    if RANK < 3
+    else None
+)
 assert (online is None) == (RANK == 3)
 train(online, range(8, 12))
 train(offline, range(8, 12))

@@ -7,22 +7,31 @@ ranks and the new) calls ``reshard(table, comm, via=via)`` with its part of
 the table (None where it holds none) and the new ranks' communicator (None
 where it leaves). The old ranks agree on the table's configuration; each
 sends every row to its owner under the same partition kind over the new
-ranks (an all-to-all over ``via``); each new rank builds its local table
-from what it received, with the old step, seed and call clock. The result
-equals the table saved on the old ranks and loaded on the new bit for bit
-(rows, optimizer state, touch metadata); training on equals one Table fed
-the same global batches, as N ranks always do.
+ranks (all-to-alls over ``via``), each row as the table stores it (8-bit
+rows are never quantized again) with its optimizer state and touch
+metadata; each new rank builds its local table from what it received,
+with the old step, seed and call clock. The result equals the table saved
+on the old ranks and loaded on the new bit for bit (rows, optimizer state,
+touch metadata); training on equals one Table fed the same global batches,
+as N ranks always do.
+
+Tiers come along: a disk table's rows move a batch at a time (a round of
+all-to-alls moves at most a quarter of the smallest ``memory_bytes`` into
+any process), never all in memory at once, and each new rank's part is a
+disk table of its process's own settings (a joining process takes the
+first old rank's); a DeviceCache in front is flushed first and the new
+part gets one of the same settings (``local=`` builds another).
 
 Not moved, as a checkpoint does not keep them: an admission filter's
-counts of keys that have no row yet (they restart). A local tier other
-than a Table in memory (a disk table, a DeviceCache) is refused: save it
-and load it on the new ranks.
+counts of keys that have no row yet (they restart).
 """
 
 from __future__ import annotations
 
+import importlib
 import json
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -31,50 +40,107 @@ from embstore.config import TableConfig
 from embstore.distributed.partition import Partition
 from embstore.distributed.table import ShardedTable
 from embstore.distributed.transport import transport_of
+from embstore.protocol import LocalTier
 from embstore.store import Table
-from embstore.table_state import _meta_words, restore_stored
+from embstore.table_state import (
+    call_clock,
+    held_keys,
+    record_widths,
+    restore_stored,
+    take_records,
+)
 
 __all__ = ["reshard"]
 
 
-def reshard(table: ShardedTable | None, comm: Any, *, via: Any) -> ShardedTable | None:
+# A process's own settings, not the table's: they may differ between ranks.
+_OWN = ("num_shards", "disk", "memory_bytes")
+# Rows a round of a reshard of tables in memory moves: all of them.
+_ALL = 1 << 62
+
+
+def _base_of(tier: Any) -> tuple[Table | None, dict[str, Any] | None]:
+    """The Table under ``tier`` (a Table, or a DeviceCache over one, flushed
+    here) and the DeviceCache's settings (None for a Table)."""
+    if isinstance(tier, Table):
+        return tier, None
+    base = getattr(tier, "table", None)
+    if isinstance(base, Table) and callable(getattr(tier, "flush", None)):
+        tier.flush()
+        return base, {
+            "rows": int(tier.capacity),
+            "xp": str(tier.xp.__name__).removeprefix("array_api_compat."),
+            "policy": tier.policy,
+            "admit_after": int(tier.admit_after),
+        }
+    return None, None
+
+
+def _cached(settings: dict[str, Any]) -> Callable[[Table], LocalTier]:
+    """A DeviceCache of ``settings`` (``_base_of``'s) in front of a Table."""
+    from embstore.gpu import DeviceCache
+
+    xp = importlib.import_module(settings["xp"])
+    rest = {k: v for k, v in settings.items() if k != "xp"}
+
+    def wrap(t: Table) -> LocalTier:
+        made: LocalTier = DeviceCache(t, xp=xp, **rest)
+        return made
+
+    return wrap
+
+
+def reshard(
+    table: ShardedTable | None,
+    comm: Any,
+    *,
+    via: Any,
+    local: Callable[[Table], LocalTier] | None = None,
+) -> ShardedTable | None:
     """Moves ``table`` (this process's part, or None) onto the ranks of
     ``comm`` (None where this process leaves); every process of ``via``
     calls it. Returns this process's part of the new table (None where it
     leaves). ``stats()["reshard"]`` of the new table reports the pause
-    (seconds), the rows and bytes this rank sent and the rows it received
-    (the old table's ``last_reshard`` too, where this process leaves).
-    Collective over ``via``."""
+    (seconds), the rows and bytes this rank sent, the rows it received and
+    the rounds it took (the old table's ``last_reshard`` too, where this
+    process leaves).
+
+    ``local``: builds this process's new local tier from its new Table
+    (None: a DeviceCache of the old part's settings where the old parts
+    had one in front, this process's own where it held one, else the Table
+    itself). The old part is left as it was
+    (a DeviceCache in front of it flushed); on any error, on any rank, every
+    rank raises and nothing moved. Collective over ``via``."""
     t0 = time.perf_counter()
     t = transport_of(via)
     old = table if isinstance(table, ShardedTable) else None
     if table is not None and old is None:
         raise TypeError(f"table: expected a ShardedTable or None, got {type(table).__name__}")
-    local = old.local if old is not None else None
+    if local is not None and not callable(local):
+        raise TypeError(f"local: expected a callable or None, got {type(local).__name__}")
+    base, cache = _base_of(old.local) if old is not None else (None, None)
     refusal = None
-    if old is not None and (not isinstance(local, Table) or local.table_config.disk is not None):
+    if old is not None and base is None:
         refusal = (
-            f"rank {t.rank}: the local tier is a {type(local).__name__} "
-            f"{'on disk ' if isinstance(local, Table) else ''}(reshard moves Tables in "
-            "memory; save the table and load it on the new ranks)"
+            f"rank {t.rank}: the local tier is a {type(old.local).__name__} (reshard moves "
+            "a Table, or a DeviceCache over one)"
         )
     new_t = transport_of(comm) if comm is not None else None
-    state: dict[str, Any] = {}
-    if old is not None and refusal is None:
-        assert isinstance(local, Table)
-        state = local.state_dict(with_optimizer=True)
+    own = None if base is None else json.loads(base.table_config._to_core())
     mine = {
         "old": None
-        if old is None or not isinstance(local, Table)
+        if old is None or base is None or own is None
         else {
-            "config": json.loads(local.table_config._to_core()),
+            "config": own,
             "partition": old.partitioning.to_record(),
             "step": int(old.step),
-            "seed": int(np.asarray(state.get("seed", 0))),
-            "clock": int(np.asarray(state.get("clock", 0))),
+            "seed": int(base.seed),
+            "clock": call_clock(base),
             "old_size": old.size,
             "old_rank": old.rank,
             "wire_dtype": old.wire_dtype,
+            "widths": record_widths(base),
+            "cache": cache,
         },
         "new_rank": None if new_t is None else new_t.rank,
         "new_size": None if new_t is None else new_t.size,
@@ -84,14 +150,17 @@ def reshard(table: ShardedTable | None, comm: Any, *, via: Any) -> ShardedTable 
     refusals = [e["refusal"] for e in every if e["refusal"]]
     olds = [e["old"] for e in every if e["old"] is not None]
     news = {e["new_rank"]: r for r, e in enumerate(every) if e["new_rank"] is not None}
+
+    def shared(o: dict[str, Any]) -> dict[str, Any]:
+        return {k: v for k, v in o["config"].items() if k not in _OWN}
+
     problem = None
     if refusals:
         problem = refusals[0]
     elif not olds:
         problem = "table: no process passed a table"
     elif any(
-        {k: v for k, v in o["config"].items() if k not in ("num_shards",)}
-        != {k: v for k, v in olds[0]["config"].items() if k not in ("num_shards",)}
+        shared(o) != shared(olds[0])
         or (o["partition"], o["step"], o["seed"], o["wire_dtype"])
         != (olds[0]["partition"], olds[0]["step"], olds[0]["seed"], olds[0]["wire_dtype"])
         for o in olds
@@ -107,6 +176,7 @@ def reshard(table: ShardedTable | None, comm: Any, *, via: Any) -> ShardedTable 
         raise ValueError(f"reshard: {problem}; nothing moved")
     m = len(news)
     spec = olds[0]
+    ww, sl, meta_w = spec["widths"]
     # A rank that goes on keeps what it can ("bucket": its buckets, up to
     # its new share): the old rank of each process to its new rank.
     keep = {
@@ -115,81 +185,131 @@ def reshard(table: ShardedTable | None, comm: Any, *, via: Any) -> ShardedTable 
         if e["old"] is not None and e["new_rank"] is not None
     }
     new_partition = Partition.from_record(spec["partition"]).resized(m, keep)
-    # What each process sends: its rows to their owners over the new ranks,
-    # each row as the table stores it (8-bit rows are never quantized
-    # again), its optimizer state and its touch metadata.
+    # This process's rows, ordered by the process that will own them.
     counts = np.zeros(t.size, np.int64)
-    parts: dict[str, np.ndarray] = {}
-    if old is not None:
-        assert isinstance(local, Table)
-        keys = np.asarray(state["keys"], np.int64)
+    keys = np.zeros(0, np.int64)
+    if base is not None:
+        keys = held_keys(base)
         owners = new_partition.owners(keys).astype(np.int64)
         to_via = np.array([news[r] for r in range(m)], np.int64)[owners]
         order = np.argsort(to_via, kind="stable")
         counts = np.bincount(to_via, minlength=t.size).astype(np.int64)
         keys = np.ascontiguousarray(keys[order])
-        stored, _ = local.lookup_with_state(keys, insert=False, stored=True)
-        words = np.ascontiguousarray(stored).view(np.float32)
-        parts["keys"], parts["words"] = keys, words
-        if "state" in state:
-            parts["state"] = np.ascontiguousarray(np.asarray(state["state"])[order])
-        if "meta" in state:
-            meta, _ = _meta_words(state, len(order))
-            parts["meta"] = meta[order].astype(np.int64)
-    recv_counts = t.alltoall(counts)
-    moved_rows = int(counts.sum() - (counts[t.rank] if old is not None else 0))
-    received: dict[str, np.ndarray] = {}
-    sent_bytes = 0
-    dim = int(spec["config"]["dim"])
-    widths: dict[str, int | None] = {"keys": 1, "words": None, "state": None, "meta": 4}
-    # Which fields travel: agreed from the old ranks' first (all alike).
-    present = t.allgather(sorted(parts) if old is not None else None)
-    have = next(p for p in present if p is not None)
-    for f in have:
-        mine_part = parts.get(f)
-        width = widths[f]
-        if width is None:  # the words' and state's width, from a rank that has it
-            width = t.allreduce_max(0 if mine_part is None else int(mine_part.shape[1]))
-        dtype = np.int64 if f in ("keys", "meta") else np.float32
-        send = (
-            np.zeros((0, width), dtype)
-            if mine_part is None
-            else np.ascontiguousarray(mine_part, dtype).reshape(-1, width)
-        )
-        got = t.alltoallv(
-            send.reshape(-1),
-            (counts * width).astype(np.int64),
-            (recv_counts * width).astype(np.int64),
-        )
-        sent_bytes += moved_rows * width * send.itemsize
-        received[f] = got.reshape(-1, width) if width > 1 else got
-    result: ShardedTable | None = None
+    # Rounds: a disk table anywhere (old or new) bounds what one round
+    # brings into a process to a quarter of the smallest memory_bytes.
+    row_bytes = 8 + 4 * (ww + sl) + 8 * meta_w
+    budgets = [
+        int(e["old"]["config"]["memory_bytes"])
+        for e in every
+        if e["old"] is not None and e["old"]["config"].get("memory_bytes")
+    ]
+    quota = _ALL if not budgets else max(64, min(budgets) // (4 * row_bytes) // t.size)
+    rounds = int(max(1, -(-int(counts.max(initial=0)) // quota)))
+    rounds = t.allreduce_max(rounds)
+    starts = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
+    recv_total = 0
+    fresh: Table | None = None
+    failure: str | None = None
     if comm is not None:
-        config = TableConfig._from_core(json.dumps(spec["config"]))
-        fresh = Table.from_config(config)  # the old tables' seed
-        n = len(received["keys"])
-        meta = received.get("meta", np.zeros((0, 4), np.int64)).astype(np.uint32)
+        config = TableConfig._from_core(json.dumps(own if own is not None else spec["config"]))
+        try:
+            fresh = Table.from_config(config)  # the old tables' seed
+        except Exception as e:  # every rank must learn of it, or the others wait
+            failure = f"rank {t.rank}: {e}"
+    clock = max(o["clock"] for o in olds)
+    for r in range(rounds):
+        lo = np.minimum(counts, r * quota)
+        hi = np.minimum(counts, (r + 1) * quota)
+        send_counts = hi - lo
+        idx = (
+            np.concatenate(
+                [np.arange(s + a, s + b) for s, a, b in zip(starts, lo, hi, strict=True)]
+            )
+            if base is not None
+            else np.zeros(0, np.int64)
+        )
+        piece = keys[idx.astype(np.int64)]
+        parts: dict[str, np.ndarray] = {}
+        if base is not None and failure is None:
+            try:
+                words, state, meta = take_records(base, piece)
+                parts = {
+                    "keys": piece,
+                    "words": words,
+                    "state": state,
+                    "meta": meta.astype(np.int64),
+                }
+            except Exception as e:  # every rank must learn of it, or the others wait
+                failure = f"rank {t.rank}: {e}"
+        failures = [f for f in t.allgather(failure) if f]
+        if failures:
+            raise RuntimeError(
+                f"reshard: {failures[0]}; nothing moved (the old tables are as they were)"
+            )
+        recv_counts = t.alltoall(send_counts)
+        got: dict[str, np.ndarray] = {}
+        for f, width, dtype in (
+            ("keys", 1, np.int64),
+            ("words", ww, np.float32),
+            ("state", sl, np.float32),
+            ("meta", meta_w, np.int64),
+        ):
+            if width == 0:
+                continue
+            send = parts.get(f, np.zeros((0, width), dtype))
+            got[f] = t.alltoallv(
+                np.ascontiguousarray(send, dtype).reshape(-1),
+                send_counts * width,
+                recv_counts * width,
+            ).reshape(-1, width)
+        n = int(recv_counts.sum())
+        recv_total += n
+        if fresh is not None and failure is None and n:
+            try:
+                restore_stored(
+                    fresh,
+                    got["keys"].reshape(-1),
+                    got["words"],
+                    got["state"] if sl else None,
+                    got["meta"].astype(np.uint32) if meta_w else np.zeros((0, 4), np.uint32),
+                    clock,
+                    int(spec["step"]),
+                )
+            except Exception as e:  # every rank must learn of it, or the others wait
+                failure = f"rank {t.rank}: {e}"
+    failures = [f for f in t.allgather(failure) if f]
+    if failures:
+        raise RuntimeError(
+            f"reshard: {failures[0]}; nothing moved (the old tables are as they were)"
+        )
+    result: ShardedTable | None = None
+    if fresh is not None:
         restore_stored(
             fresh,
-            np.ascontiguousarray(received["keys"], np.int64),
-            np.ascontiguousarray(received["words"], np.float32).reshape(n, -1),
-            None if "state" not in received else received["state"].reshape(n, -1),
-            meta.reshape(-1, 4),
-            max(o["clock"] for o in olds),
+            np.zeros(0, np.int64),
+            np.zeros((0, ww), np.float32),
+            None,
+            np.zeros((0, 4), np.uint32),
+            clock,
             int(spec["step"]),
         )
+        settings = spec["cache"] if cache is None and base is None else cache
+        make = local if local is not None else None if settings is None else _cached(settings)
+        tier: LocalTier = make(fresh) if make is not None else fresh
         result = ShardedTable(
-            dim,
+            int(spec["config"]["dim"]),
             comm=comm,
             partition=new_partition,
-            local=fresh,
+            local=tier,
             wire_dtype=spec["wire_dtype"],
         )
+    moved_rows = int(counts.sum() - (counts[t.rank] if base is not None else 0))
     figures = {
         "seconds": time.perf_counter() - t0,
         "sent_rows": moved_rows,
-        "sent_bytes": sent_bytes,
-        "received_rows": int(recv_counts.sum()),
+        "sent_bytes": moved_rows * row_bytes,
+        "received_rows": recv_total,
+        "rounds": rounds,
     }
     # Reported by stats()["reshard"] of the new table, and kept on the old
     # one too (a leaving rank's only record of what it sent).

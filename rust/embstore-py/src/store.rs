@@ -25,6 +25,7 @@ use pyo3::types::PyDict;
 
 use crate::error::PyStoreError;
 use crate::runtime::EnterStore;
+use embstore_core::table::Records;
 use embstore_core::table::checkpoint;
 use embstore_core::zeroed::{with_room, zeros};
 
@@ -806,6 +807,36 @@ impl PyTable {
         let m = (!m.is_empty()).then_some(m);
         let table = &self.inner;
         py.enter_store(|| table.restore_stored(k, w, st, m, clock))
+    }
+
+    /// Every key held (in memory and on disk), ascending.
+    fn keys<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyArray1<i64>>> {
+        let table = &self.inner;
+        let keys = py.enter_store(|| Records::keys_of(table))?;
+        Ok(keys.into_pyarray(py))
+    }
+
+    /// The rows of `keys` as stored, with their state and metadata words
+    /// (4 a row where the policy tracks touches, else none); touches nothing.
+    #[allow(clippy::type_complexity)]
+    fn take_records<'py>(
+        &self,
+        py: Python<'py>,
+        keys: PyReadonlyArray1<'py, i64>,
+    ) -> PyResult<(
+        Bound<'py, PyArray2<f32>>,
+        Bound<'py, PyArray2<f32>>,
+        Bound<'py, PyArray2<u32>>,
+    )> {
+        let k = slice(&keys, "keys")?;
+        let table = &self.inner;
+        let r = py.enter_store(|| Records::take(table, k))?;
+        let (n, mw) = (k.len(), r.meta_words);
+        Ok((
+            to_2d(py, r.words, n, table.weight_words())?,
+            to_2d(py, r.state, n, table.state_len())?,
+            r.meta.into_pyarray(py).reshape([n, mw])?,
+        ))
     }
 
     #[pyo3(signature = (path, incremental=false, with_optimizer=true, progress=None))]

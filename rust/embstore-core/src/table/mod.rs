@@ -26,6 +26,7 @@ mod figures;
 mod lowest;
 mod policy;
 pub(crate) mod read;
+pub mod records;
 pub(crate) mod step;
 pub(crate) mod storage;
 mod stored;
@@ -55,6 +56,7 @@ pub use config::{TableConfig, default_num_shards};
 pub use counters::{COUNTER_NAMES, NamedCounts};
 pub use read::export::Exported;
 pub use read::pooled::{pool_rows, pool_rows_into};
+pub use records::Records;
 pub use step::bounds::Magnitudes;
 pub use step::pooled::{spread_pooled, spread_pooled_add};
 

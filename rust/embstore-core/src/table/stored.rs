@@ -95,6 +95,11 @@ impl Table {
         clock: u64,
     ) -> Result<()> {
         let values = self.decode_stored(keys, words)?;
+        if keys.is_empty() {
+            // Nothing to write: only the clock (no tick for an empty call).
+            self.set_clock(self.clock().max(clock));
+            return Ok(());
+        }
         let meta = meta.filter(|_| self.policy.tracks());
         if let Some(m) = meta {
             check_len("meta", keys.len() * 4, m.len())?;

@@ -1,0 +1,202 @@
+//! Rows with everything they carry, as one batch: the keys, each row's
+//! stored words (an 8-bit row's codes, scale and offset), its optimizer
+//! state and its policy metadata. [`Records::take`] reads them from a
+//! table, a batch of keys at a time, from memory or from disk, without
+//! touching them (no recency or count changes); [`Table::restore_stored`]
+//! puts them into another. An online reshard moves a table between ranks
+//! so: a disk table's rows pass through memory one batch at a time.
+
+use std::sync::PoisonError;
+
+use crate::error::{Result, invalid, oom};
+use crate::table::batch::output::SharedOut;
+use crate::table::read::disk::disk_items;
+use crate::table::storage::read;
+use crate::table::{NO_ROW, Table};
+use crate::zeroed::zeros;
+
+/// A batch of rows as a table stores them ([`Records::take`]).
+#[derive(Debug, Default)]
+pub struct Records {
+    /// The rows' keys, in the order asked for.
+    pub keys: Vec<i64>,
+    /// Stored words, [`Table::weight_words`] a row.
+    pub words: Vec<f32>,
+    /// Optimizer state, [`Table::state_len`] a row.
+    pub state: Vec<f32>,
+    /// Policy metadata, 4 words a row ([`crate::policy::Meta::to_words`])
+    /// where the table's policy tracks touches (TTL, capacity); else empty.
+    pub meta: Vec<u32>,
+    /// Metadata words a row: 4 where the policy tracks touches, else 0.
+    pub meta_words: usize,
+}
+
+impl Records {
+    /// Every key `t` holds, in memory and on disk, ascending: one
+    /// consistent listing (writers wait for it).
+    ///
+    /// # Errors
+    /// `OutOfMemory` when the list cannot be allocated.
+    pub fn keys_of(t: &Table) -> Result<Vec<i64>> {
+        let _cold = t.cold_hold();
+        let _gate = t.gate.write().unwrap_or_else(PoisonError::into_inner);
+        let guards: Vec<_> = t.shards.iter().map(|s| read(s)).collect();
+        let mut disk = Vec::new();
+        for g in &guards {
+            disk_items(g, None, &mut disk);
+        }
+        let total = guards.iter().map(|g| g.len()).sum::<usize>() + disk.len();
+        let mut keys: Vec<i64> = Vec::new();
+        keys.try_reserve_exact(total)
+            .map_err(|_| oom("keys", total * 8))?;
+        for g in &guards {
+            keys.extend(g.keys_and_rows().map(|(k, _)| k));
+        }
+        keys.extend(disk.iter().map(|d| d.key()));
+        keys.sort_unstable();
+        Ok(keys)
+    }
+
+    /// The rows of `keys` in `t`, each as stored, with its state and (where
+    /// the policy tracks touches) metadata. Nothing about a row changes: a
+    /// disk table's rows come into memory for the call, as a lookup's do,
+    /// but no touch is recorded and no hit counted.
+    ///
+    /// # Errors
+    /// `InvalidArgument` naming `keys` for a key `t` does not hold (the
+    /// first such); `OutOfMemory`; `Checkpoint` for a row on disk that
+    /// cannot be read.
+    pub fn take(t: &Table, keys: &[i64]) -> Result<Records> {
+        Table::check_batch(keys)?;
+        let (ww, sl) = (t.wwords, t.state_len);
+        let with_meta = t.policy.tracks();
+        let mw = if with_meta { 4 } else { 0 };
+        let mut words = zeros::<f32>("keys", keys.len() * ww)?;
+        let mut state = zeros::<f32>("keys", keys.len() * sl)?;
+        let mut meta_f = zeros::<f32>("keys", keys.len() * mw)?;
+        let _cold = t.cold_enter_step(keys)?;
+        let plan = t.plan(keys)?;
+        if with_meta {
+            t.count_queued_reads();
+        }
+        let missing = std::sync::Mutex::new(None::<i64>);
+        {
+            let (w_out, st_out) = (
+                SharedOut::new(&mut words, ww),
+                SharedOut::new(&mut state, sl),
+            );
+            let m_out = SharedOut::new(&mut meta_f, mw);
+            t.par_shards(&plan, |g, pos| {
+                let mut rows = Vec::new();
+                g.find_many(keys, &plan.hashes, pos, &mut rows);
+                for (&i, &r) in pos.iter().zip(&rows) {
+                    let i = i as usize;
+                    if r == NO_ROW {
+                        let mut m = missing.lock().unwrap_or_else(PoisonError::into_inner);
+                        m.get_or_insert(keys[i]);
+                        continue;
+                    }
+                    let r = r as usize;
+                    // SAFETY: position i belongs to this shard only (plan).
+                    let (dst, st) = unsafe { (w_out.row(i, ww), st_out.row(i, sl)) };
+                    dst.copy_from_slice(&g.weights(r)[..ww]);
+                    st.copy_from_slice(g.state(r));
+                    if with_meta {
+                        // SAFETY: as above.
+                        let m = unsafe { m_out.row(i, 4) };
+                        for (d, w) in m.iter_mut().zip(g.meta(r).to_words()) {
+                            *d = f32::from_bits(w);
+                        }
+                    }
+                }
+            });
+        }
+        if let Some(k) = missing.into_inner().unwrap_or_else(PoisonError::into_inner) {
+            return Err(invalid(
+                "keys",
+                format!("expected keys the table holds, got {k}, which has no row"),
+            ));
+        }
+        let mut keys_out: Vec<i64> = Vec::new();
+        keys_out
+            .try_reserve_exact(keys.len())
+            .map_err(|_| oom("keys", keys.len() * 8))?;
+        keys_out.extend_from_slice(keys);
+        Ok(Records {
+            keys: keys_out,
+            words,
+            state,
+            meta: meta_f.into_iter().map(f32::to_bits).collect(),
+            meta_words: mw,
+        })
+    }
+
+    /// Puts these rows into `t` (a table of the same configuration) as
+    /// [`Table::restore_stored`] does, with `clock` the call clock their
+    /// metadata ticks count in.
+    ///
+    /// # Errors
+    /// As [`Table::restore_stored`]; nothing changed then.
+    pub fn put(&self, t: &Table, clock: u64) -> Result<()> {
+        let meta = (!self.meta.is_empty()).then_some(&self.meta[..]);
+        let state = (t.state_len > 0).then_some(&self.state[..]);
+        t.restore_stored(&self.keys, &self.words, state, meta, clock)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::TableConfig;
+    use crate::optim::Optimizer;
+
+    fn table(capacity: bool) -> Table {
+        let mut c = TableConfig::new(8);
+        c.optimizer = Some(Optimizer::Adam {
+            lr: 0.01,
+            beta1: 0.9,
+            beta2: 0.999,
+            eps: 1e-8,
+            weight_decay: 0.0,
+        });
+        if capacity {
+            c.policy.capacity = Some(1000);
+        }
+        Table::new(c).unwrap()
+    }
+
+    #[test]
+    fn taken_rows_put_into_a_fresh_table_equal_the_source_and_touch_nothing() {
+        for capacity in [false, true] {
+            let a = table(capacity);
+            let keys: Vec<i64> = (0..300).map(|k| k * 7 - 50).collect();
+            let mut out = vec![0.0; keys.len() * 8];
+            a.lookup(&keys, true, &mut out).unwrap();
+            a.apply_gradients(&keys, &vec![0.5; keys.len() * 8])
+                .unwrap();
+            let before = a.export_all(true, true).unwrap();
+            let listed = Records::keys_of(&a).unwrap();
+            assert_eq!(listed, before.keys);
+            let r = Records::take(&a, &listed).unwrap();
+            // Taking touched nothing: the metadata is as before.
+            assert_eq!(a.export_all(true, true).unwrap().meta, before.meta);
+            assert_eq!(r.meta, before.meta);
+            let b = table(capacity);
+            r.put(&b, before.clock).unwrap();
+            let after = b.export_all(true, true).unwrap();
+            assert_eq!(after.keys, before.keys);
+            assert_eq!(after.rows, before.rows);
+            assert_eq!(after.state, before.state);
+            assert_eq!(after.meta, before.meta);
+        }
+    }
+
+    #[test]
+    fn a_key_without_a_row_is_refused_by_name() {
+        let a = table(false);
+        let mut out = vec![0.0; 8];
+        a.lookup(&[1], true, &mut out).unwrap();
+        let e = Records::take(&a, &[1, 99]).unwrap_err().to_string();
+        assert!(e.contains("keys") && e.contains("99"), "{e}");
+    }
+}
