@@ -44,17 +44,18 @@ if [ "$typing_status" -ne 0 ]; then
   echo "check.sh: mypy or stubtest failed (exit $typing_status)" >&2
   exit "$typing_status"
 fi
-# Both pytest runs in two worker processes (pytest-xdist): on 2 cores the
-# default run took 123 s alone and 84 s so, the slow run 318 s and 196 s
-# (machine E, 2026-11-28): much of the slow run waits on subprocesses, MPI
-# ranks and fixed-length chaos runs, which now overlap. PYTEST_WORKERS=1
-# runs them in this process instead.
-workers=(-n "${PYTEST_WORKERS:-2}")
-step "pytest (the default run: no slow tests, ${PYTEST_WORKERS:-2} workers)"
-python -m pytest -q -p no:randomly "${workers[@]}" "$@"
-step "pytest -m slow (subprocesses, MPI ranks, the chaos run with a fixed seed)"
-python -m pytest -q -p no:randomly "${workers[@]}" -m slow --chaos-seed=20261124 \
-    --chaos-seconds=60 "$@"
+# One pytest run of every test, default and slow, in two worker processes
+# (pytest-xdist, work stealing): much of the slow tests' time waits on
+# subprocesses, MPI ranks and fixed-length chaos runs, which overlap the
+# default tests' CPU work, and no worker idles while the other ends a long
+# test. On 2 cores the default run took 123 s alone and 84 s in two
+# workers, the slow run 318 s and 196 s (machine E, 2026-11-28); as one
+# run of both, see benches/RESULTS.md. PYTEST_WORKERS=1 runs them in this
+# process instead; `python -m pytest` alone runs the default set only.
+workers=(-n "${PYTEST_WORKERS:-2}" --dist worksteal)
+step "pytest: the default and the slow tests (subprocesses, MPI ranks, the chaos run with a fixed seed), ${PYTEST_WORKERS:-2} workers"
+python -m pytest -q -p no:randomly "${workers[@]}" -m "slow or not slow" \
+    --chaos-seed=20261124 --chaos-seconds=40 "$@"
 step "benches, once each with timing off (pytest benches --benchmark-enable times them)"
 python -m pytest -q -p no:randomly benches
 step "done"

@@ -121,7 +121,6 @@ def test_an_online_reshard_2_to_4_to_3_equals_the_offline_path(
     assert proc.stdout.count("online reshard passed") == 4, proc.stdout[-2000:]
 
 
-
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_an_online_reshard_flushes_a_device_cache_and_puts_one_in_front_of_each_new_part() -> None:
@@ -132,6 +131,7 @@ def test_an_online_reshard_flushes_a_device_cache_and_puts_one_in_front_of_each_
     proc = mpirun(4, str(HERE / "mpi" / "reshard_cache.py"))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert proc.stdout.count("cache reshard passed") == 4, proc.stdout[-2000:]
+
 
 def reference(steps: int) -> embstore.Table:
     sys.path.insert(0, str(HERE / "mpi"))

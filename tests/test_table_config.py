@@ -142,3 +142,44 @@ def test_a_pickle_made_before_the_config_still_loads() -> None:
     restored = _restore_table(kwargs, table.state_dict())
     assert restored.table_config == dataclasses.replace(table.table_config)
     np.testing.assert_array_equal(restored.lookup([1, 2]), table.lookup([1, 2]))
+
+
+def test_a_load_takes_the_constructors_config(tmp_path: Path) -> None:
+    """``Table.load(path, config=...)``: the config's num_shards, dtype,
+    disk and memory_bytes are the load's (equal to the loose arguments);
+    any other setting must be the checkpoint's (ValueError naming the
+    first that is not); a config beside a loose argument, or a config that
+    is not one, is refused by name."""
+    cfg = TableConfig(8, optimizer=optim.Adam(lr=0.01), seed=3)
+    t = embstore.Table.from_config(cfg)
+    keys = np.arange(500, dtype=np.int64)
+    t.lookup(keys)
+    t.apply_gradients(keys, np.ones((keys.size, 8), np.float32))
+    t.save(tmp_path / "ck")
+    again = embstore.Table.load(
+        tmp_path / "ck", config=dataclasses.replace(cfg, num_shards=3, dtype="int8")
+    )
+    loose = embstore.Table.load(tmp_path / "ck", num_shards=3, dtype="int8")
+    assert (again.num_shards, again.dtype, again.step) == (3, "int8", t.step)
+    for a, b in zip(again.export(with_state=True), loose.export(with_state=True), strict=True):
+        np.testing.assert_array_equal(a, b)
+    on_disk = embstore.Table.load(
+        tmp_path / "ck",
+        config=dataclasses.replace(cfg, disk=tmp_path / "spill", memory_bytes=10_000),
+    )
+    assert on_disk.stats()["disk_rows"] > 0
+    np.testing.assert_array_equal(on_disk.lookup(keys, insert=False), t.lookup(keys, insert=False))
+    # A seed of None matches any.
+    assert len(embstore.Table.load(tmp_path / "ck", config=dataclasses.replace(cfg, seed=None)))
+    with pytest.raises(ValueError, match=r"config\.optimizer: the checkpoint at .* has Adam"):
+        embstore.Table.load(
+            tmp_path / "ck", config=dataclasses.replace(cfg, optimizer=optim.Adagrad(lr=0.1))
+        )
+    with pytest.raises(ValueError, match=r"config\.dim: the checkpoint at .* has 8"):
+        embstore.Table.load(tmp_path / "ck", config=dataclasses.replace(cfg, dim=9))
+    with pytest.raises(ValueError, match="num_shards: expected it in config= or on its own"):
+        embstore.Table.load(tmp_path / "ck", config=cfg, num_shards=2)
+    with pytest.raises(TypeError, match=r"config: expected an embstore\.TableConfig, got dict"):
+        embstore.Table.load(tmp_path / "ck", config={"dim": 8})  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="config: a table loaded with mmap=True"):
+        embstore.Table.load(tmp_path / "ck", config=cfg, mmap=True)  # type: ignore[call-overload]

@@ -230,13 +230,7 @@ class Progress:
 class EmbstoreError(Exception): ...
 class CheckpointError(EmbstoreError): ...
 
-def load_table(
-    path: str,
-    num_shards: int | None = None,
-    progress: Progress | None = None,
-    disk: str | None = None,
-    memory_bytes: int | None = None,
-) -> Table: ...
+def load_table(path: str, settings: str = "{}", progress: Progress | None = None) -> Table: ...
 def checkpoint_report(path: str) -> tuple[str, str, bool]: ...
 def simd_backends() -> list[str]: ...
 def vocabulary() -> dict[str, Any]: ...
@@ -333,14 +327,12 @@ def load_table_owned(
     path: str,
     size: int,
     rank: int,
+    settings: str = "{}",
     kind: str = "hash",
     key_space: int | None = None,
-    num_shards: int | None = None,
-    progress: Progress | None = None,
-    manifest: str | None = None,
-    disk: str | None = None,
-    memory_bytes: int | None = None,
     buckets: list[int] | None = None,
+    manifest: str | None = None,
+    progress: Progress | None = None,
 ) -> Table: ...
 def checkpoint_manifest_text(path: str) -> str: ...
 

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, Self
 from embstore import _core
 from embstore._convert import check_bool, check_int
 from embstore.config import TableConfig
+from embstore.loading import check_agrees, load_settings
 
 __all__ = ["CheckpointParts"]
 
@@ -109,6 +110,8 @@ class CheckpointParts:
         disk: str | os.PathLike[str] | None = None,
         memory_bytes: int | None = None,
         buckets: list[int] | None = None,
+        config: TableConfig | None = None,
+        dtype: str | None = None,
     ) -> Self:
         """Load the rows of the checkpoint at ``path`` whose keys rank
         ``rank`` of ``ranks`` owns under ``partition`` (see
@@ -116,21 +119,21 @@ class CheckpointParts:
         each bucket's rank) into a new Table, as
         :meth:`load` loads them all; ``manifest``: the text of
         :meth:`checkpoint_manifest` to load (else read now); ``disk`` and
-        ``memory_bytes``: as a disk table (see :meth:`load`)."""
-        probe = TableConfig(1, disk=disk, memory_bytes=memory_bytes)
+        ``memory_bytes``: as a disk table, ``dtype``, ``config``: as
+        :meth:`load` takes them."""
         inner = _core.load_table_owned(
             os.fspath(path),
             check_int("ranks", ranks, 1, 1 << 30),
             check_int("rank", rank, 0, ranks - 1),
+            load_settings(
+                config, num_shards=num_shards, disk=disk, memory_bytes=memory_bytes, dtype=dtype
+            ),
             partition,
             key_space,
-            num_shards,
-            None,
-            manifest,
-            None if probe.disk is None else os.fspath(probe.disk),
-            probe.memory_bytes,
             buckets,
+            manifest,
         )
         table = cls.__new__(cls)
         table._adopt(inner)
+        check_agrees(config, TableConfig._from_core(inner.config_json()), os.fspath(path))
         return table

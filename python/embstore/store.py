@@ -27,6 +27,7 @@ from embstore._convert import (
 from embstore._progress import run_with_progress
 from embstore.config import TableConfig
 from embstore.init import Initializer
+from embstore.loading import check_agrees, load_settings
 from embstore.optim import Optimizer
 from embstore.parts import CheckpointParts
 from embstore.policy import Admission
@@ -668,11 +669,13 @@ class Table(CheckpointParts):
         cls,
         path: str | os.PathLike[str],
         *,
+        config: TableConfig | None = None,
         num_shards: int | None = None,
         progress: bool | None = None,
         mmap: Literal[False] = ...,
         disk: str | os.PathLike[str] | None = None,
         memory_bytes: int | None = None,
+        dtype: str | None = None,
     ) -> Table: ...
     @overload
     @classmethod
@@ -691,6 +694,7 @@ class Table(CheckpointParts):
         cls,
         path: str | os.PathLike[str],
         *,
+        config: TableConfig | None = None,
         num_shards: int | None = None,
         progress: bool | None = None,
         mmap: bool = False,
@@ -732,15 +736,19 @@ class Table(CheckpointParts):
         ``dtype`` ("float32", "float16", "bfloat16", "int8") gives the
         table rows of that storage, whatever the checkpoint's: an int8
         checkpoint loads as float32 rows equal to its dequantized rows (and
-        a float32 one as int8 rows rounded to nearest). The checkpoint is
-        loaded as saved first, then copied row by row (with optimizer state,
-        step, seed and settings), so for a while both tables are in memory.
+        a float32 one as int8 rows rounded to nearest), each file's rows
+        converted as it loads (a disk table's too), never two copies of the
+        table in memory.
+
+        ``config``: the :class:`embstore.TableConfig` the table was made
+        with, instead of the loose ``num_shards``, ``disk``,
+        ``memory_bytes`` and ``dtype`` (its values of those are the load's);
+        every other setting must be the checkpoint's (ValueError naming the
+        first that is not; a seed of None matches any).
         """
-        if dtype is not None and dtype not in ("float32", "float16", "bfloat16", "int8"):
-            raise ValueError(
-                f'dtype: expected "float32", "float16", "bfloat16" or "int8", got {dtype!r}'
-            )
         if check_bool("mmap", mmap):
+            if config is not None:
+                raise ValueError("config: a table loaded with mmap=True serves its files as saved")
             if disk is not None or memory_bytes is not None:
                 raise ValueError("disk: a table loaded with mmap=True is read from its files")
             if dtype is not None:
@@ -750,45 +758,21 @@ class Table(CheckpointParts):
             raise ValueError("follow: only a table loaded with mmap=True follows its path")
         if check_bool("warm", warm):
             raise ValueError("warm: only a table loaded with mmap=True maps its files")
-        if num_shards is not None:
-            num_shards = check_int("num_shards", num_shards, 1, _U64_MAX)
+        settings = load_settings(
+            config, num_shards=num_shards, disk=disk, memory_bytes=memory_bytes, dtype=dtype
+        )
         try:
             # Read natively, with the loader's checks and size limit; the load
             # reads every file once (each file checked, then loaded).
             total = _core.checkpoint_size(os.fspath(path))[0]
         except Exception:  # the load itself reports what is wrong
             total = 0
-        # Checked as a config checks them (the core checks the pair).
-        probe = TableConfig(1, disk=disk, memory_bytes=memory_bytes)
-        if dtype is not None and disk is not None:
-            # Refused before anything is read (a disk table keeps its files'
-            # rows as they are): the manifest alone says the dtype.
-            try:
-                saved = json.loads(_core.checkpoint_manifest_text(os.fspath(path))).get("dtype")
-            except (OSError, ValueError):
-                saved = None  # the load reports what is wrong with it
-            if saved is not None and saved != dtype:
-                raise ValueError(
-                    f"dtype: a disk table loads with its checkpoint's dtype ({saved!r}), "
-                    f"got {dtype!r}"
-                )
-        disk_path = None if probe.disk is None else os.fspath(probe.disk)
         inner = run_with_progress(
-            lambda p: _core.load_table(
-                os.fspath(path), num_shards, p, disk_path, probe.memory_bytes
-            ),
-            total,
-            "load",
-            progress,
+            lambda p: _core.load_table(os.fspath(path), settings, p), total, "load", progress
         )
         table = cls.__new__(cls)
         table._adopt(inner)
-        if dtype is not None and dtype != table.dtype:
-            if disk is not None:
-                raise ValueError("dtype: a disk table loads with its checkpoint's dtype")
-            converted = cls.from_config(replace(table._config, dtype=dtype))
-            converted.load_state_dict(table.state_dict())
-            return converted
+        check_agrees(config, table._config, os.fspath(path))
         return table
 
     def _adopt(self, inner: _core.Table) -> None:

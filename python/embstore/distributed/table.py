@@ -39,6 +39,7 @@ from embstore._convert import (
 )
 from embstore._deps import require
 from embstore._latency import histogram, timed
+from embstore.config import TableConfig
 from embstore.distributed import ahead, wire
 from embstore.distributed.agreement import DEFAULT_TIMEOUT, Agreement, check_timeout
 from embstore.distributed.partition import Partition
@@ -728,6 +729,8 @@ class ShardedTable(Agreement):
         disk: str | os.PathLike[str] | None = None,
         memory_bytes: int | None = None,
         wire_dtype: str = "float32",
+        config: TableConfig | None = None,
+        dtype: str | None = None,
     ) -> ShardedTable:
         """Load a checkpoint (written by any number of ranks, or by one Table)
         onto this communicator's ranks: each rank keeps the keys it owns.
@@ -736,8 +739,10 @@ class ShardedTable(Agreement):
         for a checkpoint that records none. With ``disk`` and
         ``memory_bytes``, each rank's table is a disk table keeping at most
         ``memory_bytes`` of its rows in memory (its files in a directory of
-        its own under ``disk``), loaded part by part. ``wire_dtype``: as the
-        constructor's. Collective."""
+        its own under ``disk``), loaded part by part. ``dtype`` and
+        ``config`` (instead of ``num_shards``, ``disk``, ``memory_bytes``
+        and ``dtype``): as :meth:`embstore.Table.load` takes them.
+        ``wire_dtype``: as the constructor's. Collective."""
         self = cls.__new__(cls)
         partition_ = "hash" if partition is None else partition
         self._setup(comm, partition_, key_space, timeout, wire_dtype)
@@ -776,6 +781,8 @@ class ShardedTable(Agreement):
                     manifest=manifest,
                     disk=disk,
                     memory_bytes=memory_bytes,
+                    config=config,
+                    dtype=dtype,
                     buckets=None
                     if self.partitioning.buckets is None
                     else list(self.partitioning.buckets),

@@ -7,6 +7,7 @@ use embstore_core::Table;
 use embstore_core::error::oom;
 use embstore_core::partition::Partition;
 use embstore_core::table::checkpoint;
+use embstore_core::table::checkpoint::LoadConfig;
 use embstore_core::table::{
     pool_rows as core_pool_rows, pool_rows_into as core_pool_rows_into,
     spread_pooled as core_spread_pooled, spread_pooled_add as core_spread_pooled_add,
@@ -229,22 +230,21 @@ pub fn new_checkpoint_id() -> String {
 /// checkpoint whose manifest is `manifest` (the text one rank read, so
 /// that every rank loads the same one), or of the one at `path` now.
 #[pyfunction]
-#[pyo3(signature = (path, size, rank, kind="hash", key_space=None, num_shards=None, progress=None, manifest=None, disk=None, memory_bytes=None, buckets=None))]
+#[pyo3(signature = (path, size, rank, settings="{}", kind="hash", key_space=None, buckets=None, manifest=None, progress=None))]
 #[allow(clippy::too_many_arguments)]
 pub fn load_table_owned(
     py: Python<'_>,
     path: PathBuf,
     size: usize,
     rank: usize,
+    settings: &str,
     kind: &str,
     key_space: Option<i64>,
-    num_shards: Option<usize>,
-    progress: Option<PyRef<'_, PyProgress>>,
-    manifest: Option<String>,
-    disk: Option<PathBuf>,
-    memory_bytes: Option<u64>,
     buckets: Option<Vec<u32>>,
+    manifest: Option<String>,
+    progress: Option<PyRef<'_, PyProgress>>,
 ) -> PyResult<PyTable> {
+    let load = LoadConfig::from_json(settings).map_err(PyStoreError)?;
     // "bucket": a key's bucket is its "hash" owner among the buckets, its
     // rank the bucket's.
     let (p, buckets) = match (kind, buckets) {
@@ -263,7 +263,6 @@ pub fn load_table_owned(
             )));
         }
     };
-    let disk = crate::store::disk_config(disk, memory_bytes)?;
     let counter = progress.map(|p| p.done.clone());
     let keep = move |k: i64| match &buckets {
         Some(b) => b[p.owner(k, b.len()).unwrap_or(0)] as usize == rank,
@@ -280,19 +279,11 @@ pub fn load_table_owned(
         Some(text) => Table::load_filtered_manifest(
             &path,
             text.as_bytes(),
-            num_shards,
-            disk.as_ref(),
+            &load,
             counter.as_deref(),
             Some(&keep),
         ),
-        None => Table::load_as(
-            &path,
-            held,
-            num_shards,
-            disk.as_ref(),
-            counter.as_deref(),
-            Some(&keep),
-        ),
+        None => Table::load_as(&path, held, &load, counter.as_deref(), Some(&keep)),
     })?;
     Ok(PyTable::from_table(table))
 }

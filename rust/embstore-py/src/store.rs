@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
-use embstore_core::{Backend, Bags, Combiner, DiskConfig, Table, TableConfig};
+use embstore_core::{Backend, Bags, Combiner, Table, TableConfig};
 use numpy::{
     IntoPyArray, PyArray1, PyArray2, PyArrayMethods, PyReadonlyArray1, PyReadonlyArray2,
     PyUntypedArrayMethods,
@@ -27,6 +27,7 @@ use crate::error::PyStoreError;
 use crate::runtime::EnterStore;
 use embstore_core::table::Records;
 use embstore_core::table::checkpoint;
+use embstore_core::table::checkpoint::LoadConfig;
 use embstore_core::zeroed::{with_room, zeros};
 
 /// The native table; see `embstore.Table` for the documented interface.
@@ -186,52 +187,21 @@ fn manifest_json(m: &embstore_core::table::checkpoint::Manifest) -> PyResult<Str
     serde_json::to_string(m).map_err(|e| PyValueError::new_err(e.to_string()))
 }
 
-/// The disk settings of a load: both or neither.
-pub(crate) fn disk_config(
-    disk: Option<PathBuf>,
-    memory_bytes: Option<u64>,
-) -> PyResult<Option<DiskConfig>> {
-    Ok(match (disk, memory_bytes) {
-        (None, None) => None,
-        (Some(path), Some(memory_bytes)) => Some(DiskConfig { path, memory_bytes }),
-        (None, Some(_)) => {
-            return Err(PyValueError::new_err(
-                "memory_bytes: expected disk= with it",
-            ));
-        }
-        (Some(_), None) => {
-            return Err(PyValueError::new_err(
-                "disk: expected memory_bytes= with it",
-            ));
-        }
-    })
-}
-
 /// Loads a checkpoint into a native table (its configuration is read back
 /// with `Table.config()`).
 #[pyfunction]
-#[pyo3(signature = (path, num_shards=None, progress=None, disk=None, memory_bytes=None))]
+#[pyo3(signature = (path, settings="{}", progress=None))]
 pub fn load_table(
     py: Python<'_>,
     path: PathBuf,
-    num_shards: Option<usize>,
+    settings: &str,
     progress: Option<PyRef<'_, PyProgress>>,
-    disk: Option<PathBuf>,
-    memory_bytes: Option<u64>,
 ) -> PyResult<PyTable> {
-    let disk = disk_config(disk, memory_bytes)?;
+    let load = LoadConfig::from_json(settings).map_err(PyStoreError)?;
     let counter = progress.map(|p| p.done.clone());
     let held = crate::runtime::lock_for_reading(py, &path, checkpoint::READ_WAIT)?;
-    let (table, _) = py.enter_store(|| {
-        Table::load_as(
-            &path,
-            held,
-            num_shards,
-            disk.as_ref(),
-            counter.as_deref(),
-            None,
-        )
-    })?;
+    let (table, _) =
+        py.enter_store(|| Table::load_as(&path, held, &load, counter.as_deref(), None))?;
     Ok(PyTable::from_table(table))
 }
 

@@ -532,6 +532,7 @@ mod tests {
     use super::*;
     use crate::format::manifest::SaveInfo;
     use crate::optim::Optimizer;
+    use crate::table::checkpoint::LoadConfig;
     use crate::table::{Bags, Combiner, TableConfig};
     use crate::testing::temp_dir;
     use safetensors::SafeTensors;
@@ -733,7 +734,18 @@ mod tests {
             path: dir2.clone(),
             memory_bytes: 24 * cost,
         };
-        let (back, _) = Table::load_as(&ck, None, Some(4), Some(&small), None, None).unwrap();
+        let (back, _) = Table::load_as(
+            &ck,
+            None,
+            &LoadConfig {
+                num_shards: Some(4),
+                disk: Some(small.clone()),
+                format: None,
+            },
+            None,
+            None,
+        )
+        .unwrap();
         let st = back.disk_stats().unwrap();
         assert!(st.memory_rows <= 24 && st.disk_rows > 200, "{st:?}");
         assert_eq!(export(&back), export(&ram));
@@ -782,7 +794,18 @@ mod tests {
                 path: dir2.clone(),
                 memory_bytes: 24 * cost,
             };
-            let (back, _) = Table::load_as(&ck, None, Some(4), Some(&small), None, None).unwrap();
+            let (back, _) = Table::load_as(
+                &ck,
+                None,
+                &LoadConfig {
+                    num_shards: Some(4),
+                    disk: Some(small.clone()),
+                    format: None,
+                },
+                None,
+                None,
+            )
+            .unwrap();
             let st = back.disk_stats().unwrap();
             assert_eq!((st.memory_rows, st.disk_rows), (0, ram.len()), "{st:?}");
             assert_eq!(files_in(&dir2, "seg"), 0, "no row rewritten");
@@ -837,7 +860,18 @@ mod tests {
             path: dir2,
             memory_bytes: 24 * ram.row_cost() as u64,
         };
-        let (back, _) = Table::load_as(&ck, None, Some(4), Some(&small), None, None).unwrap();
+        let (back, _) = Table::load_as(
+            &ck,
+            None,
+            &LoadConfig {
+                num_shards: Some(4),
+                disk: Some(small.clone()),
+                format: None,
+            },
+            None,
+            None,
+        )
+        .unwrap();
         let (keys, _, _) = ram.export(false).unwrap();
         // The last byte of the first file's first row's weights.
         let name = &info.manifest.chain[0].files[0].name;
@@ -877,7 +911,18 @@ mod tests {
             path: dir2.clone(),
             memory_bytes: 24 * ram.row_cost() as u64,
         };
-        let (back, _) = Table::load_as(&ck, None, Some(3), Some(&small), None, None).unwrap();
+        let (back, _) = Table::load_as(
+            &ck,
+            None,
+            &LoadConfig {
+                num_shards: Some(3),
+                disk: Some(small.clone()),
+                format: None,
+            },
+            None,
+            None,
+        )
+        .unwrap();
         assert_eq!(files_in(&dir2, "base"), 0);
         assert!(files_in(&dir2, "seg") > 0);
         assert_eq!(export(&back), export(&ram));

@@ -36,7 +36,9 @@ impl Table {
         e: &FileEntry,
         buf: &[u8],
     ) -> Result<bool> {
-        if self.cold.is_none() {
+        // A file of another row format than the table's is loaded, its
+        // rows converted, not taken as it is.
+        if self.cold.is_none() || m.format()? != self.policy.format {
             return Ok(false);
         }
         let path = dir.join(&e.name);

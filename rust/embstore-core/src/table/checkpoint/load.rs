@@ -1,7 +1,7 @@
 //! Loading: the manifest chain checked whole, then replayed into a new
 //! table; and `verify`, which checks without loading.
 
-use crate::error::{Result, StoreError, ckpt_err};
+use crate::error::{Result, StoreError, ckpt_err, invalid};
 use crate::format::dirlock::{self, DirLock};
 use crate::format::files::{ReadScope, for_each_file, io_err, with_file};
 use crate::format::manifest::{FileEntry, Manifest, SaveMark, parse_manifest, read_manifest};
@@ -11,6 +11,7 @@ use crate::format::tensors::{
 };
 use crate::init::Initializer;
 use crate::optim::Optimizer;
+use crate::policy::RowFormat;
 use crate::rows::Scan;
 use crate::table::step::bounds::Magnitudes;
 use crate::table::{DiskConfig, Table, TableConfig};
@@ -19,6 +20,87 @@ use safetensors::tensor::{Dtype, SafeTensors};
 use std::fs;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
+
+/// A load's own settings: what the table it makes may choose. Everything
+/// else (dim, optimizer, initializer, seed, policies) is the checkpoint's.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct LoadConfig {
+    /// Shards of the new table (None: the default; a disk table's: the
+    /// checkpoint's count, so that it can take the files as they are).
+    pub num_shards: Option<usize>,
+    /// A disk table ([`DiskConfig`]), or one in memory.
+    pub disk: Option<DiskConfig>,
+    /// The rows' storage (None: the checkpoint's). Another format than the
+    /// checkpoint's converts each file's rows as it loads (decoded, then
+    /// encoded to nearest as an insert would store them), never holding
+    /// two copies of the table.
+    pub format: Option<RowFormat>,
+}
+
+impl LoadConfig {
+    /// A load at `num_shards` shards, otherwise as saved.
+    pub fn shards(num_shards: Option<usize>) -> LoadConfig {
+        LoadConfig {
+            num_shards,
+            ..LoadConfig::default()
+        }
+    }
+
+    /// From JSON `{"num_shards", "disk", "memory_bytes", "dtype"}` (each
+    /// null or absent for the checkpoint's; `disk` and `memory_bytes`
+    /// together or neither).
+    ///
+    /// # Errors
+    /// `InvalidArgument` naming the setting that is not what it must be.
+    pub fn from_json(text: &str) -> Result<LoadConfig> {
+        let v: serde_json::Value = serde_json::from_str(text)
+            .map_err(|e| invalid("settings", format!("expected a JSON object: {e}")))?;
+        let field = |name: &'static str| v.get(name).filter(|x| !x.is_null());
+        let uint = |name: &'static str| -> Result<Option<u64>> {
+            field(name)
+                .map(|x| {
+                    x.as_u64().ok_or_else(|| {
+                        invalid(name, format!("expected a non-negative integer, got {x}"))
+                    })
+                })
+                .transpose()
+        };
+        let num_shards = uint("num_shards")?.map(|n| n as usize);
+        let memory_bytes = uint("memory_bytes")?;
+        let disk = field("disk")
+            .map(|x| {
+                x.as_str()
+                    .map(std::path::PathBuf::from)
+                    .ok_or_else(|| invalid("disk", format!("expected a path, got {x}")))
+            })
+            .transpose()?;
+        let disk = match (disk, memory_bytes) {
+            (None, None) => None,
+            (Some(path), Some(memory_bytes)) => Some(DiskConfig { path, memory_bytes }),
+            (None, Some(_)) => return Err(invalid("memory_bytes", "expected disk= with it")),
+            (Some(_), None) => return Err(invalid("disk", "expected memory_bytes= with it")),
+        };
+        let format = field("dtype")
+            .map(|x| {
+                x.as_str()
+                    .and_then(|d| RowFormat::from_name(d).ok())
+                    .ok_or_else(|| {
+                        invalid(
+                            "dtype",
+                            format!(
+                                "expected \"float32\", \"float16\", \"bfloat16\" or \"int8\", got {x}"
+                            ),
+                        )
+                    })
+            })
+            .transpose()?;
+        Ok(LoadConfig {
+            num_shards,
+            disk,
+            format,
+        })
+    }
+}
 
 impl Table {
     /// Loads the checkpoint at `dir` into a new table (with `num_shards`
@@ -67,12 +149,13 @@ impl Table {
         progress: Option<&AtomicU64>,
         keep: Option<&(dyn Fn(i64) -> bool + Sync)>,
     ) -> Result<(Table, Manifest)> {
-        Self::load_as(dir, held, num_shards, None, progress, keep)
+        Self::load_as(dir, held, &LoadConfig::shards(num_shards), progress, keep)
     }
 
-    /// [`Table::load_held`] as a disk table (`disk`), whose rows beyond its
-    /// memory go to disk file by file as they load, so that a checkpoint
-    /// larger than memory loads.
+    /// [`Table::load_held`] with the settings of `load`: as a disk table
+    /// (whose rows beyond its memory go to disk file by file as they load,
+    /// so that a checkpoint larger than memory loads), at another shard
+    /// count, in another row format.
     ///
     /// # Errors
     /// As [`Table::load`]; `InvalidArgument` for disk settings the table
@@ -80,8 +163,7 @@ impl Table {
     pub fn load_as(
         dir: &Path,
         mut held: Option<DirLock>,
-        num_shards: Option<usize>,
-        disk: Option<&DiskConfig>,
+        load: &LoadConfig,
         progress: Option<&AtomicU64>,
         keep: Option<&(dyn Fn(i64) -> bool + Sync)>,
     ) -> Result<(Table, Manifest)> {
@@ -93,7 +175,7 @@ impl Table {
         loop {
             let m = read_manifest(dir)?;
             let id = m.id.clone();
-            match Self::load_manifest(dir, m, num_shards, disk, progress, keep) {
+            match Self::load_manifest(dir, m, load, progress, keep) {
                 Err(StoreError::Checkpoint { .. })
                     if held.is_none()
                         && tries < 16
@@ -124,24 +206,23 @@ impl Table {
     pub fn load_filtered_manifest(
         dir: &Path,
         text: &[u8],
-        num_shards: Option<usize>,
-        disk: Option<&DiskConfig>,
+        load: &LoadConfig,
         progress: Option<&AtomicU64>,
         keep: Option<&(dyn Fn(i64) -> bool + Sync)>,
     ) -> Result<(Table, Manifest)> {
         let m = parse_manifest(dir, text)?;
-        Self::load_manifest(dir, m, num_shards, disk, progress, keep)
+        Self::load_manifest(dir, m, load, progress, keep)
     }
 
     /// [`Table::load_filtered`] of the checkpoint whose manifest is `m`.
     pub(crate) fn load_manifest(
         dir: &Path,
         m: Manifest,
-        num_shards: Option<usize>,
-        disk: Option<&DiskConfig>,
+        load: &LoadConfig,
         progress: Option<&AtomicU64>,
         keep: Option<&(dyn Fn(i64) -> bool + Sync)>,
     ) -> Result<(Table, Manifest)> {
+        let (num_shards, disk) = (load.num_shards, load.disk.as_ref());
         // Read buffers are kept from file to file until the load ends.
         let _scope = ReadScope::new();
         // Each file is read once, checked whole before its rows load (the
@@ -163,6 +244,13 @@ impl Table {
             _ => num_shards,
         };
         cfg.policy = m.table_policy()?;
+        // Another row format: each file's rows are decoded as they load
+        // and stored in the table's (the file's stored words not kept).
+        let saved_format = cfg.policy.format;
+        if let Some(f) = load.format {
+            cfg.policy.format = f;
+        }
+        let same_format = cfg.policy.format == saved_format;
         cfg.disk = disk.cloned();
         let table = Table::new(cfg)?;
         let on_disk = table.disk().is_some();
@@ -196,6 +284,7 @@ impl Table {
                       meta: Option<&[u32]>,
                       g,
                       known: Magnitudes| {
+            let stored = stored.filter(|_| same_format);
             if !on_disk {
                 return table.assign_in(keys, rows, stored, st, meta, g, Some(known), None);
             }

@@ -36,7 +36,7 @@ pub use crate::format::manifest::{
     FORMAT, FileEntry, Link, MANIFEST, Manifest, NamedConfig, PartitionRecord, SaveInfo, VERSION,
     VERSION_PLAIN, parse_manifest, read_manifest, read_manifest_text,
 };
-pub use load::{FileCheck, verify};
+pub use load::{FileCheck, LoadConfig, verify};
 pub use publish::{
     hold_for_reading, lock_for_writing, publish_copied, publish_parts, remove_partial,
 };
