@@ -1,7 +1,8 @@
 //! The checkpoint's file format, apart from any table: the manifest
 //! (`manifest.json`: the chain of links and the files each names), the
 //! shard files (safetensors with a hash index of their keys,
-//! [`file_index`]), the row codec ([`codec::RowFormat`]), the directory's locks
+//! [`file_index`]; where their columns lie, [`columns`], the one reader of
+//! that layout), the row codec ([`codec::RowFormat`]), the directory's locks
 //! ([`dirlock`]) and the one way an untrusted directory's files are opened
 //! ([`untrusted`], [`files`]).
 //!
@@ -12,6 +13,7 @@
 //! mapped reader (`mapped`) both stand on this module; it names neither.
 
 pub mod codec;
+pub(crate) mod columns;
 pub(crate) mod direct;
 pub(crate) mod dirlock;
 pub(crate) mod file_index;

@@ -3,6 +3,7 @@
 
 use crate::error::{Result, StoreError, ckpt_err};
 use crate::format::codec::RowFormat;
+use crate::format::columns::Columns;
 use crate::format::file_index;
 use crate::format::files::io_err;
 use crate::format::manifest::{FileEntry, Manifest};
@@ -215,18 +216,6 @@ pub(crate) fn rows_f32(fmt: RowFormat, dim: usize, b: &[u8]) -> Cow<'_, [f32]> {
     Cow::Owned(out)
 }
 
-/// The bytes of a file's "rows" tensor: `n` rows of `dim` weights stored
-/// in `fmt` ([`RowFormat::file_cols`] columns of [`rows_dtype`]).
-pub(crate) fn rows_tensor<'d>(
-    st: &SafeTensors<'d>,
-    path: &Path,
-    fmt: RowFormat,
-    n: usize,
-    dim: usize,
-) -> Result<&'d [u8]> {
-    expect_tensor(st, path, "rows", rows_dtype(fmt), &[n, fmt.file_cols(dim)])
-}
-
 pub(crate) fn tensor<'d>(st: &SafeTensors<'d>, path: &Path, name: &str) -> Result<TensorView<'d>> {
     st.tensor(name)
         .map_err(|e| ckpt_err(path, format!("tensor {name:?}: {e}")))
@@ -331,48 +320,31 @@ pub(crate) fn check_rows_with(
     scan: Scan,
     finite: bool,
 ) -> Result<Option<usize>> {
-    let st = SafeTensors::deserialize(buf)
-        .map_err(|err| ckpt_err(path, format!("not a safetensors file: {err}")))?;
-    let n = e.rows as usize;
-    let fmt = m.format().map_err(|err| ckpt_err(path, err.to_string()))?;
-    expect_tensor(&st, path, "keys", Dtype::I64, &[n])?;
-    let rows = rows_tensor(&st, path, fmt, n, m.dim)?;
+    let cols = Columns::read(m, path, e, buf)?;
     if finite {
-        finite_in_file(path, "rows", &rows_f32(fmt, m.dim, rows), scan)?;
-    }
-    if m.with_optimizer && m.state_len > 0 {
-        let state = expect_tensor(&st, path, "state", Dtype::F32, &[n, m.state_len])?;
-        let state = f32s(state);
-        if finite {
+        finite_in_file(path, "rows", &rows_f32(cols.format, m.dim, cols.rows), scan)?;
+        if let Some(state) = cols.state {
+            let state = f32s(state);
             finite_in_file(path, "state", &state, scan)?;
             state_possible(m, path, &state, scan)?;
         }
     }
-    if m.has_meta() {
-        expect_tensor(&st, path, "meta", Dtype::U32, &[n, 4])?;
-    }
-    check_index(&st, path, buf, n)
+    check_index(path, &cols)
 }
 
 /// Checks a rows file's hash index and shard, where it has one, as a
 /// mapped reader relies on them (`file_index::check_layout`): a load
 /// refuses what `Table.load(path, mmap=True)` would refuse.
-fn check_index(st: &SafeTensors<'_>, path: &Path, buf: &[u8], n: usize) -> Result<Option<usize>> {
-    let (_, header) = SafeTensors::read_metadata(buf)
-        .map_err(|err| ckpt_err(path, format!("not a safetensors file: {err}")))?;
-    let info = header.metadata().clone().unwrap_or_default();
-    let bad = |m: String| ckpt_err(path, format!("{m} (damaged)"));
-    let Some(place) = file_index::placement(&info, header.info("index").is_some()).map_err(bad)?
-    else {
+fn check_index(path: &Path, cols: &Columns<'_>) -> Result<Option<usize>> {
+    let Some((index, place)) = cols.index else {
         return Ok(None);
     };
-    let slots = file_index::slots_for(n);
-    let keys = i64s(expect_tensor(st, path, "keys", Dtype::I64, &[n])?);
-    let index = i64s(expect_tensor(st, path, "index", Dtype::I64, &[slots, 2])?);
+    let bad = |m: String| ckpt_err(path, format!("{m} (damaged)"));
+    let (keys, index) = (i64s(cols.keys), i64s(index));
     file_index::check_layout(
-        n,
+        cols.n,
         |r| keys[r],
-        slots,
+        index.len() / 2,
         |i| (index[2 * i], index[2 * i + 1]),
         place,
     )
@@ -440,42 +412,14 @@ pub(crate) fn parse_rows<'a>(
     e: &FileEntry,
     buf: &'a [u8],
 ) -> Result<Rows<'a>> {
-    let st = SafeTensors::deserialize(buf)
-        .map_err(|err| ckpt_err(path, format!("not a safetensors file: {err}")))?;
-    let n = e.rows as usize;
-    let fmt = m.format().map_err(|err| ckpt_err(path, err.to_string()))?;
-    let keys = i64s(expect_tensor(&st, path, "keys", Dtype::I64, &[n])?);
-    let raw = rows_tensor(&st, path, fmt, n, m.dim)?;
-    let rows = rows_f32(fmt, m.dim, raw);
-    let stored = (fmt == RowFormat::I8).then(|| f32s(raw));
-    let state = if m.with_optimizer && m.state_len > 0 {
-        Some(f32s(expect_tensor(
-            &st,
-            path,
-            "state",
-            Dtype::F32,
-            &[n, m.state_len],
-        )?))
-    } else {
-        None
-    };
-    let meta = if m.has_meta() {
-        Some(u32::view(expect_tensor(
-            &st,
-            path,
-            "meta",
-            Dtype::U32,
-            &[n, 4],
-        )?))
-    } else {
-        None
-    };
+    let cols = Columns::read(m, path, e, buf)?;
+    let fmt = cols.format;
     Ok(Rows {
-        keys,
-        rows,
-        stored,
-        state,
-        meta,
+        keys: i64s(cols.keys),
+        rows: rows_f32(fmt, m.dim, cols.rows),
+        stored: (fmt == RowFormat::I8).then(|| f32s(cols.rows)),
+        state: cols.state.map(f32s),
+        meta: cols.meta.map(u32::view),
     })
 }
 

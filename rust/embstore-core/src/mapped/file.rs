@@ -3,14 +3,13 @@
 
 use crate::error::{Result, ckpt_err};
 use crate::format::codec::RowFormat;
+use crate::format::columns::Columns;
 use crate::format::file_index::{self, INDEX_FORMAT};
 use crate::format::files::{io_err, open_named};
 use crate::format::manifest::{FileEntry, Manifest};
-use crate::format::tensors::{check_rows, rows_dtype};
+use crate::format::tensors::check_rows;
 use crate::rows::Scan;
 use memmap2::Mmap;
-use safetensors::SafeTensors;
-use safetensors::tensor::Dtype;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, OnceLock};
@@ -177,44 +176,26 @@ pub(super) fn map_file(
     // ahead in 2 MiB folios and maps them whole where the file system caches
     // large folios, so random reads of rows miss the TLB far less.
     crate::huge::advise_huge(map.as_ptr(), map.len(), false);
-    let bad = |what: String| ckpt_err(&path, what);
-    let st = SafeTensors::deserialize(&map)
-        .map_err(|err| bad(format!("not a safetensors file: {err}")))?;
-    let (_, header) = SafeTensors::read_metadata(&map)
-        .map_err(|err| bad(format!("not a safetensors file: {err}")))?;
-    let info = header.metadata().clone().unwrap_or_default();
-    let Some((shard, shards)) =
-        file_index::placement(&info, header.info("index").is_some()).map_err(bad)?
-    else {
-        return Err(bad(format!(
-            "has no hash index ({INDEX_FORMAT}): it was saved by an older embstore. Load it \
-             with Table.load and save it again to serve it with mmap=True"
-        )));
+    let cols = Columns::read(m, &path, e, &map)?;
+    let Some((index, (shard, shards))) = cols.index else {
+        return Err(ckpt_err(
+            &path,
+            format!(
+                "has no hash index ({INDEX_FORMAT}): it was saved by an older embstore. Load \
+                 it with Table.load and save it again to serve it with mmap=True"
+            ),
+        ));
     };
-    let n = e.rows as usize;
-    let base = map.as_ptr() as usize;
-    let at = |name: &str, dtype: Dtype, shape: &[usize]| -> Result<usize> {
-        let t = st
-            .tensor(name)
-            .map_err(|err| bad(format!("tensor {name:?}: {err}")))?;
-        if t.dtype() != dtype || t.shape() != shape {
-            return Err(bad(format!(
-                "tensor {name:?}: expected {dtype:?} of shape {shape:?}, found {:?} of shape {:?}",
-                t.dtype(),
-                t.shape()
-            )));
-        }
-        Ok(t.data().as_ptr() as usize - base)
-    };
-    let slots = file_index::slots_for(n);
-    let keys = at("keys", Dtype::I64, &[n])?;
-    let rows = at("rows", rows_dtype(format), &[n, format.file_cols(m.dim)])?;
-    let index = at("index", Dtype::I64, &[slots, 2])?;
-    let row_bytes = match format {
-        RowFormat::F32 => 4 * m.dim,
-        RowFormat::F16 | RowFormat::BF16 => 2 * m.dim,
-        RowFormat::I8 => 4 * format.words(m.dim),
-    };
+    if cols.format != format {
+        return Err(ckpt_err(
+            &path,
+            "rows of another format than the manifest's",
+        ));
+    }
+    let n = cols.n;
+    let at = |column: &[u8]| Columns::offset(&map, column) as usize;
+    let (keys, rows, row_bytes) = (at(cols.keys), at(cols.rows), cols.row_bytes);
+    let (index, slots) = (at(index), index.len() / 16);
     let f = MappedFile {
         path,
         map,

@@ -6,12 +6,11 @@
 use std::path::Path;
 
 use rayon::prelude::*;
-use safetensors::tensor::{Dtype, SafeTensors};
 
-use crate::error::{Result, ckpt_err, oom};
-use crate::format::file_index;
+use crate::error::{Result, oom};
+use crate::format::columns::Columns as FileColumns;
 use crate::format::manifest::{FileEntry, Manifest};
-use crate::format::tensors::{expect_tensor, f32s, i64s, rows_f32, rows_tensor};
+use crate::format::tensors::{f32s, i64s, rows_f32};
 use crate::table::Table;
 use crate::table::storage::base::{Columns, row_crc};
 use crate::table::storage::cold::Loc;
@@ -42,29 +41,21 @@ impl Table {
             return Ok(false);
         }
         let path = dir.join(&e.name);
-        let Some((shard, cols)) = self.columns(m, &path, e, buf)? else {
+        let file = FileColumns::read(m, &path, e, buf)?;
+        let Some((shard, cols)) = self.columns(m, &file, buf) else {
             return Ok(false);
         };
         if cols.rows == 0 {
             return Ok(true);
         }
-        let st = SafeTensors::deserialize(buf)
-            .map_err(|err| ckpt_err(&path, format!("not a safetensors file: {err}")))?;
-        let n = e.rows as usize;
-        let keys = i64s(expect_tensor(&st, &path, "keys", Dtype::I64, &[n])?);
+        let n = file.n;
+        let keys = i64s(file.keys);
         // What the rows hold, in the bounds every step's non-finite check
         // starts from (as a load into memory raises them).
-        let fmt = self.policy.format;
-        let rows = rows_f32(fmt, self.dim, rows_tensor(&st, &path, fmt, n, self.dim)?);
-        let state = match cols.state {
-            Some(_) => f32s(expect_tensor(
-                &st,
-                &path,
-                "state",
-                Dtype::F32,
-                &[n, self.state_len],
-            )?),
-            None => std::borrow::Cow::Borrowed(&[][..]),
+        let rows = rows_f32(file.format, self.dim, file.rows);
+        let state = match (cols.state, file.state) {
+            (Some(_), Some(s)) => f32s(s),
+            _ => std::borrow::Cow::Borrowed(&[][..]),
         };
         // The loader's value check (finite rows and state, state a step
         // can produce), as a load into memory and a mapped read run it.
@@ -127,66 +118,50 @@ impl Table {
         Ok(true)
     }
 
-    /// The shard and columns of a checked rows file, where it can be
-    /// adopted as it is (see [`Table::adopt_file`]).
+    /// The shard and segment columns of a checked rows file (`file`, its
+    /// columns in `buf`), where it can be adopted as it is (see
+    /// [`Table::adopt_file`]).
     fn columns(
         &self,
         m: &Manifest,
-        path: &Path,
-        e: &FileEntry,
+        file: &FileColumns<'_>,
         buf: &[u8],
-    ) -> Result<Option<(usize, Columns)>> {
-        let (_, header) = SafeTensors::read_metadata(buf)
-            .map_err(|err| ckpt_err(path, format!("not a safetensors file: {err}")))?;
-        let info = header.metadata().clone().unwrap_or_default();
-        let Ok(Some((shard, shards))) =
-            file_index::placement(&info, header.info("index").is_some())
-        else {
-            return Ok(None);
-        };
+    ) -> Option<(usize, Columns)> {
+        let (_, (shard, shards)) = file.index?;
+        let rows = u32::try_from(file.n).ok()?;
         let with_state = m.with_optimizer && m.state_len == self.state_len;
-        let Ok(rows) = u32::try_from(e.rows) else {
-            return Ok(None);
-        };
         if shards != self.shards.len()
             || (self.state_len > 0 && !with_state)
             || (self.policy.tracks() && !m.has_meta())
         {
-            return Ok(None);
+            return None;
         }
-        let st = SafeTensors::deserialize(buf)
-            .map_err(|err| ckpt_err(path, format!("not a safetensors file: {err}")))?;
-        let n = e.rows as usize;
-        let at = |b: &[u8]| (b.as_ptr() as usize - buf.as_ptr() as usize) as u64;
-        let fmt = self.policy.format;
-        let w = rows_tensor(&st, path, fmt, n, self.dim)?;
-        let state = if self.state_len > 0 {
-            let s = expect_tensor(&st, path, "state", Dtype::F32, &[n, self.state_len])?;
-            Some((at(s), 4 * self.state_len))
-        } else {
-            None
+        let at = |column: &[u8]| FileColumns::offset(buf, column);
+        let state = match file.state {
+            Some(s) if self.state_len > 0 => Some((at(s), 4 * self.state_len)),
+            _ => None,
         };
         // A file without metadata loads its rows touched once, at one tick
         // (as a load of them into memory records).
-        let (meta, fixed_meta) = if m.has_meta() {
-            let t = expect_tensor(&st, path, "meta", Dtype::U32, &[n, 4])?;
-            (Some(at(t)), [0; 4])
-        } else {
-            let mut meta = crate::policy::Meta::default();
-            meta.touch(self.next_tick(), self.policy.age_clock(self.step()), 1);
-            (None, meta.to_words())
+        let (meta, fixed_meta) = match file.meta {
+            Some(t) => (Some(at(t)), [0; 4]),
+            None => {
+                let mut meta = crate::policy::Meta::default();
+                meta.touch(self.next_tick(), self.policy.age_clock(self.step()), 1);
+                (None, meta.to_words())
+            }
         };
-        Ok(Some((
+        Some((
             shard,
             Columns {
                 rows,
                 ww: self.wwords,
                 sl: self.state_len,
-                weights: (at(w), fmt.file_row_bytes(self.dim)),
+                weights: (at(file.rows), file.row_bytes),
                 state,
                 meta,
                 fixed_meta,
             },
-        )))
+        ))
     }
 }
