@@ -1,7 +1,8 @@
 """The sharded tier under torchrun with torch.distributed (gloo) instead of
 MPI: tests/torchrun/gloo_suite.py on 2 and 3 ranks (equal to one process,
 cost-model bytes, resharding save/load, agreement on calls and on refused
-input), and the watchdog ending a job whose rank stopped calling."""
+input), the online reshard 2 -> 4 -> 3 of tests/mpi/reshard_online.py
+over gloo, and the watchdog ending a job whose rank stopped calling."""
 
 from __future__ import annotations
 
@@ -20,8 +21,11 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-def command(n: int, *args: str) -> tuple[list[str], dict[str, str]]:
-    """The torchrun command of the suite on ``n`` ranks, and its environment."""
+def command(
+    n: int, *args: str, script: pathlib.Path = HERE / "torchrun" / "gloo_suite.py"
+) -> tuple[list[str], dict[str, str]]:
+    """The torchrun command of ``script`` (the suite) on ``n`` ranks, and
+    its environment."""
     env = {
         **os.environ,
         "RAYON_NUM_THREADS": "1",
@@ -37,7 +41,7 @@ def command(n: int, *args: str) -> tuple[list[str], dict[str, str]]:
         "torch.distributed.run",
         "--standalone",
         f"--nproc_per_node={n}",
-        str(HERE / "torchrun" / "gloo_suite.py"),
+        str(script),
         *args,
     ]
     return cmd, env
@@ -93,3 +97,22 @@ def test_a_job_exits_cleanly_after_destroying_its_group_on_a_busy_machine() -> N
         for b in busy:
             b.kill()
             b.wait()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("dtype", ["float32", "int8"])
+def test_an_online_reshard_2_to_4_to_3_over_gloo_equals_the_offline_path(dtype: str) -> None:
+    """tests/mpi/reshard_online.py under torchrun on 4 ranks (gloo): a
+    "bucket" table reshard() 2 -> 4 -> 3 with training between equals the
+    offline path bit for bit and one Table to float summation order,
+    within 1.1x of the rows that must move (as under MPI)."""
+    cmd, env = command(4, script=HERE / "mpi" / "reshard_online.py")
+    env.update(
+        EMBSTORE_RESHARD_TRANSPORT="torch",
+        EMBSTORE_RESHARD_PARTITION="bucket",
+        EMBSTORE_RESHARD_DTYPE=dtype,
+    )
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert proc.stdout.count("online reshard passed") == 4, proc.stdout[-2000:]

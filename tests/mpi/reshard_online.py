@@ -10,16 +10,20 @@ With EMBSTORE_RESHARD_TIER=disk every part is a disk table with memory
 for a few hundred rows (the reshard moves them in rounds, never all in
 memory at once; the offline path loads as disk tables too).
 
+With EMBSTORE_RESHARD_TRANSPORT=torch it runs under torchrun instead
+(torch.distributed over gloo; tests/test_torchrun.py).
+
     EMBSTORE_RESHARD_DTYPE=int8 EMBSTORE_RESHARD_PARTITION=bucket mpirun -n 4 ...
+    EMBSTORE_RESHARD_TRANSPORT=torch torchrun --nproc_per_node=4 ...
 """
 
 from __future__ import annotations
 
 import os
 import tempfile
+from typing import Any
 
 import numpy as np
-from mpi4py import MPI
 
 import embstore
 from embstore import optim
@@ -36,9 +40,60 @@ TIER = os.environ.get("EMBSTORE_RESHARD_TIER", "memory")
 MEMORY = 300 * (4 * 3 * DIM + 40)
 #: Keys every table holds from the start (enough rows for 1.1x to measure).
 BULK = np.arange(20_000, dtype=np.int64) * 7_919
-WORLD = MPI.COMM_WORLD
+#: "mpi" (mpirun) or "torch" (torchrun, gloo).
+TRANSPORT = os.environ.get("EMBSTORE_RESHARD_TRANSPORT", "mpi")
+
+
+class TorchWorld:
+    """The few collectives of an mpi4py communicator this script uses, over
+    torch.distributed's default group."""
+
+    def __init__(self) -> None:
+        import torch.distributed as dist
+
+        dist.init_process_group("gloo")
+        self.dist = dist
+
+    def Get_rank(self) -> int:
+        return int(self.dist.get_rank())
+
+    def Get_size(self) -> int:
+        return int(self.dist.get_world_size())
+
+    def allgather(self, obj: object) -> list[object]:
+        out: list[object] = [None] * self.Get_size()
+        self.dist.all_gather_object(out, obj)
+        return out
+
+    def bcast(self, obj: object, root: int = 0) -> object:
+        box = [obj]
+        self.dist.broadcast_object_list(box, src=root)
+        return box[0]
+
+    def Barrier(self) -> None:
+        self.dist.barrier()
+
+
+if TRANSPORT == "torch":
+    WORLD: Any = TorchWorld()
+    #: What a ShardedTable and reshard take for every process.
+    COMM: Any = "torch"
+else:
+    from mpi4py import MPI
+
+    WORLD = MPI.COMM_WORLD
+    COMM = WORLD
 RANK = WORLD.Get_rank()
 assert WORLD.Get_size() == 4, "run on 4 ranks"
+
+
+def group(n: int) -> Any:
+    """The communicator of ranks 0..n-1 (None on the others); every rank calls it."""
+    if TRANSPORT == "torch":
+        g = WORLD.dist.new_group(list(range(n)))
+        return g if n > RANK else None
+    comm = WORLD.Split(0 if n > RANK else MPI.UNDEFINED, RANK)
+    return comm if n > RANK else None
 
 
 def global_batch(step: int) -> tuple[np.ndarray, np.ndarray]:
@@ -64,7 +119,7 @@ def disk() -> dict[str, object]:
     return {"disk": tempfile.mkdtemp(prefix=f"reshard-{RANK}-"), "memory_bytes": MEMORY}
 
 
-def build(comm: MPI.Comm) -> ShardedTable:
+def build(comm: Any) -> ShardedTable:
     t = ShardedTable(
         DIM,
         comm=comm,
@@ -100,8 +155,8 @@ def check_moved(old: ShardedTable | None, new: ShardedTable | None, size: int) -
         assert moved <= 1.1 * must, (moved, must)
 
 
-two = WORLD.Split(0 if RANK < 2 else MPI.UNDEFINED, RANK)
-three = WORLD.Split(0 if RANK < 3 else MPI.UNDEFINED, RANK)
+two = group(2)
+three = group(3)
 where = WORLD.bcast(tempfile.mkdtemp() if RANK == 0 else None, root=0)
 
 online = build(two) if RANK < 2 else None
@@ -113,12 +168,12 @@ train(offline, range(0, 4))
 
 # 2 -> 4
 before = online
-online = reshard(online, WORLD, via=WORLD)
+online = reshard(online, COMM, via=COMM)
 check_moved(before, online, 4)
 if offline is not None:
     offline.save(os.path.join(where, "two"))
 WORLD.Barrier()
-offline = ShardedTable.load(os.path.join(where, "two"), comm=WORLD, **disk())  # type: ignore[arg-type]
+offline = ShardedTable.load(os.path.join(where, "two"), comm=COMM, **disk())  # type: ignore[arg-type]
 assert online is not None
 assert online.partitioning == offline.partitioning
 stats = online.stats()["reshard"]
@@ -138,7 +193,7 @@ train(offline, range(4, 8))
 
 # 4 -> 3 (rank 3 leaves)
 before = online
-online = reshard(online, three if RANK < 3 else None, via=WORLD)
+online = reshard(online, three, via=COMM)
 check_moved(before, online, 3)
 offline.save(os.path.join(where, "four"))
 offline = (
@@ -180,7 +235,7 @@ WORLD.Barrier()
 keys = single.export()[0]
 served = online.lookup(keys, insert=False) if online is not None else None  # collective
 want = WORLD.bcast(served, root=0)
-again = ShardedTable.load(os.path.join(where, "after"), comm=WORLD)
+again = ShardedTable.load(os.path.join(where, "after"), comm=COMM)
 assert again.partitioning.world_size == 4
 np.testing.assert_array_equal(again.lookup(keys, insert=False), want)
 np.testing.assert_array_equal(
