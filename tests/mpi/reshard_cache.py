@@ -54,21 +54,27 @@ if old is not None:
     behind = old.local.table.lookup(keys, insert=False)
     assert not np.array_equal(behind, single.lookup(keys, insert=False))
 
+# What the old parts serve (their rows as trained, in the caches), before
+# the reshard: a process that stays keeps its Table, which the reshard
+# changes.
+held = None
+if old is not None:
+    held_keys = old.local.table.export()[0]
+    held = (held_keys, np.asarray(old.local.lookup(held_keys, insert=False)))
+every_old = [h for h in WORLD.allgather(held) if h is not None]
+
 new = reshard(old, WORLD, via=WORLD)
 assert new is not None
 assert isinstance(new.local, DeviceCache), type(new.local)
 assert (new.local.capacity, new.local.policy) == (128, "lru")
 
-# Every row the old parts held (flushed by the reshard) is in the new parts
-# bit for bit, with its optimizer state.
-held = old.local.table.export(with_state=True) if old is not None else None
-every_old = [h for h in WORLD.allgather(held) if h is not None]
+# Every row the old parts held, as trained (flushed by the reshard), is in
+# the new parts' tables bit for bit.
 new.local.flush()
-mine = new.local.table.export(with_state=True)
-every_new = WORLD.allgather(mine)
+every_new = WORLD.allgather(new.local.table.export())
 order_old = np.argsort(np.concatenate([h[0] for h in every_old]))
 order_new = np.argsort(np.concatenate([h[0] for h in every_new]))
-for field, name in ((0, "keys"), (1, "rows"), (2, "state")):
+for field, name in ((0, "keys"), (1, "rows")):
     a = np.concatenate([h[field] for h in every_old])[order_old]
     b = np.concatenate([h[field] for h in every_new])[order_new]
     assert np.array_equal(a, b), name

@@ -134,14 +134,23 @@ def build(comm: Any) -> ShardedTable:
     return t
 
 
-def check_moved(old: ShardedTable | None, new: ShardedTable | None, size: int) -> None:
-    """Rows sent = rows whose owner changed; "bucket": at most 1.1x the rows
-    that must move (a leaving rank's, and a staying rank's beyond an even
-    share; ranks keep their numbers here: WORLD's 0.. in every group)."""
-    rows = len(old.local) if old is not None else 0
+def held(t: ShardedTable | None) -> np.ndarray | None:
+    """The keys this rank's part holds (before a reshard: a rank that stays
+    keeps its table, which the reshard changes)."""
+    return None if t is None else t.local.export()[0]
+
+
+def check_moved(
+    old: ShardedTable | None, keys: np.ndarray | None, new: ShardedTable | None, size: int
+) -> None:
+    """Rows sent = rows whose owner changed (``keys``: those the old part
+    held); "bucket": at most 1.1x the rows that must move (a leaving
+    rank's, and a staying rank's beyond an even share; ranks keep their
+    numbers here: WORLD's 0.. in every group)."""
+    rows = len(keys) if keys is not None else 0
     sent = new.last_reshard["sent_rows"] if new is not None and new.last_reshard else 0
     if old is not None and new is not None:
-        keys = old.local.export()[0]
+        assert keys is not None
         assert sent == int((new.partitioning.owners(keys) != old.rank).sum()), sent
     elif old is not None:
         sent = rows  # a leaving rank sends all it held
@@ -167,9 +176,9 @@ train(online, range(0, 4))
 train(offline, range(0, 4))
 
 # 2 -> 4
-before = online
+before, before_keys = online, held(online)
 online = reshard(online, COMM, via=COMM)
-check_moved(before, online, 4)
+check_moved(before, before_keys, online, 4)
 if offline is not None:
     offline.save(os.path.join(where, "two"))
 WORLD.Barrier()
@@ -192,9 +201,9 @@ train(online, range(4, 8))
 train(offline, range(4, 8))
 
 # 4 -> 3 (rank 3 leaves)
-before = online
+before, before_keys = online, held(online)
 online = reshard(online, three, via=COMM)
-check_moved(before, online, 3)
+check_moved(before, before_keys, online, 3)
 offline.save(os.path.join(where, "four"))
 offline = (
     ShardedTable.load(os.path.join(where, "four"), comm=three, **disk())  # type: ignore[arg-type]

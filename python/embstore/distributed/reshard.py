@@ -6,11 +6,13 @@ Every process of ``via`` (a communicator or process group holding the old
 ranks and the new) calls ``reshard(table, comm, via=via)`` with its part of
 the table (None where it holds none) and the new ranks' communicator (None
 where it leaves). The old ranks agree on the table's configuration; each
-sends every row to its owner under the same partition kind over the new
-ranks (all-to-alls over ``via``), each row as the table stores it (8-bit
-rows are never quantized again) with its optimizer state and touch
-metadata; each new rank builds its local table from what it received,
-with the old step, seed and call clock. The result equals the table saved
+sends every row whose owner changes to its new owner under the same
+partition kind over the new ranks (all-to-alls over ``via``), each row as
+the table stores it (8-bit rows are never quantized again) with its
+optimizer state and touch metadata. A process that stays keeps its Table
+(the rows that left removed once every rank has put what it got, the
+rows that came added); a process that joins builds one from what it
+received, with the old step, seed and call clock. The result equals the table saved
 on the old ranks and loaded on the new bit for bit (rows, optimizer state,
 touch metadata); training on equals one Table fed the same global batches,
 as N ranks always do.
@@ -23,7 +25,8 @@ first old rank's); a DeviceCache in front is flushed first and the new
 part gets one of the same settings (``local=`` builds another).
 
 Not moved, as a checkpoint does not keep them: an admission filter's
-counts of keys that have no row yet (they restart).
+counts of keys that have no row yet (a process that stays keeps its
+filter; a joining one starts an empty one).
 """
 
 from __future__ import annotations
@@ -108,9 +111,11 @@ def reshard(
     ``local``: builds this process's new local tier from its new Table
     (None: a DeviceCache of the old part's settings where the old parts
     had one in front, this process's own where it held one, else the Table
-    itself). The old part is left as it was
-    (a DeviceCache in front of it flushed); on any error, on any rank, every
-    rank raises and nothing moved. Collective over ``via``."""
+    itself). Where this process stays, the new part is built on the old
+    part's Table (use the returned table, not the old one, from then on);
+    where it leaves, the old part is left as it was (a DeviceCache in front
+    flushed). On any error, on any rank, every rank raises and nothing
+    moved (rows a kept Table got are taken back). Collective over ``via``."""
     t0 = time.perf_counter()
     t = transport_of(via)
     old = table if isinstance(table, ShardedTable) else None
@@ -188,10 +193,18 @@ def reshard(
     # This process's rows, ordered by the process that will own them.
     counts = np.zeros(t.size, np.int64)
     keys = np.zeros(0, np.int64)
+    # A process that stays keeps its table: only the rows whose owner
+    # changes leave it (removed once every rank has put what it got).
+    kept = base is not None and comm is not None
+    leaving = np.zeros(0, np.int64)
     if base is not None:
         keys = held_keys(base)
         owners = new_partition.owners(keys).astype(np.int64)
         to_via = np.array([news[r] for r in range(m)], np.int64)[owners]
+        if kept:
+            moves = to_via != t.rank
+            keys, to_via = keys[moves], to_via[moves]
+            leaving = keys
         order = np.argsort(to_via, kind="stable")
         counts = np.bincount(to_via, minlength=t.size).astype(np.int64)
         keys = np.ascontiguousarray(keys[order])
@@ -208,15 +221,22 @@ def reshard(
     rounds = t.allreduce_max(rounds)
     starts = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
     recv_total = 0
-    fresh: Table | None = None
+    fresh: Table | None = base if kept else None
     failure: str | None = None
-    if comm is not None:
-        config = TableConfig._from_core(json.dumps(own if own is not None else spec["config"]))
+    if comm is not None and not kept:
+        config = TableConfig._from_core(json.dumps(spec["config"]))
         try:
             fresh = Table.from_config(config)  # the old tables' seed
         except Exception as e:  # every rank must learn of it, or the others wait
             failure = f"rank {t.rank}: {e}"
     clock = max(o["clock"] for o in olds)
+    # Before the collectives that follow local work (a round's take, the
+    # puts), a rank done early waits without spinning where the transport
+    # can (MPI).
+    arrive: Callable[[], None] = getattr(t, "arrive", lambda: None)
+    # A kept table's clock moves only once the reshard succeeds.
+    put_clock = call_clock(base) if kept and base is not None else clock
+    received: list[np.ndarray] = []
     for r in range(rounds):
         lo = np.minimum(counts, r * quota)
         hi = np.minimum(counts, (r + 1) * quota)
@@ -241,6 +261,7 @@ def reshard(
                 }
             except Exception as e:  # every rank must learn of it, or the others wait
                 failure = f"rank {t.rank}: {e}"
+        arrive()
         failures = [f for f in t.allgather(failure) if f]
         if failures:
             raise RuntimeError(
@@ -272,16 +293,24 @@ def reshard(
                     got["words"],
                     got["state"] if sl else None,
                     got["meta"].astype(np.uint32) if meta_w else np.zeros((0, 4), np.uint32),
-                    clock,
+                    put_clock,
                     int(spec["step"]),
                 )
+                received.append(got["keys"].reshape(-1))
             except Exception as e:  # every rank must learn of it, or the others wait
                 failure = f"rank {t.rank}: {e}"
+    arrive()
     failures = [f for f in t.allgather(failure) if f]
     if failures:
+        if kept and fresh is not None and received:
+            # Taken back: the kept table is as it was (its rows, state,
+            # clock and step; a restore never changes the step).
+            fresh.remove(np.concatenate(received))
         raise RuntimeError(
             f"reshard: {failures[0]}; nothing moved (the old tables are as they were)"
         )
+    if kept and fresh is not None and len(leaving):
+        fresh.remove(leaving)
     result: ShardedTable | None = None
     if fresh is not None:
         restore_stored(
@@ -303,7 +332,7 @@ def reshard(
             local=tier,
             wire_dtype=spec["wire_dtype"],
         )
-    moved_rows = int(counts.sum() - (counts[t.rank] if base is not None else 0))
+    moved_rows = int(counts.sum())
     figures = {
         "seconds": time.perf_counter() - t0,
         "sent_rows": moved_rows,

@@ -10,6 +10,7 @@ from __future__ import annotations
 import atexit
 import os
 import sys
+import time
 import weakref
 from typing import Any, NoReturn, Protocol
 
@@ -109,6 +110,15 @@ class MpiTransport:
         recv = np.empty_like(send)
         self.comm.Alltoall(np.ascontiguousarray(send), recv)
         return recv
+
+    def arrive(self) -> None:
+        """Returns once every rank has called it, sleeping (not spinning)
+        meanwhile: a rank that waits long for the others before a
+        collective leaves the cores to them (Open MPI polls while it
+        waits, and ranks sharing cores slow each other)."""
+        req = self.comm.Ibarrier()
+        while not req.Test():
+            time.sleep(0.0005)
 
     def alltoallv(
         self, send: np.ndarray, send_counts: np.ndarray, recv_counts: np.ndarray
