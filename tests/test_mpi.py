@@ -127,7 +127,9 @@ def test_an_online_reshard_flushes_a_device_cache_and_puts_one_in_front_of_each_
     """tests/mpi/reshard_cache.py on 4 ranks: parts that are DeviceCaches
     (xp=numpy) holding rows trained only in the cache, resharded 2 -> 4:
     every row as trained reaches the new parts, each a DeviceCache of the
-    old settings, serving what one Table serves."""
+    old settings, serving what one Table serves; then 4 -> 2 with one
+    rank's put refused raises on every rank and leaves every part as it
+    was (a staying rank takes back the rows it got)."""
     proc = mpirun(4, str(HERE / "mpi" / "reshard_cache.py"))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert proc.stdout.count("cache reshard passed") == 4, proc.stdout[-2000:]

@@ -1,12 +1,15 @@
 """Run on 4 ranks by tests/test_mpi.py: a ShardedTable whose parts are
 DeviceCaches (xp=numpy: the cache's own code on the host) over Tables,
 trained so that the newest rows live only in the caches, resharded online
-from 2 ranks to 4. The caches are flushed first: every row the old parts
+from 2 ranks to 4; then a reshard to 2 whose put fails on one rank raises
+on every rank and leaves every part as it was. The caches are flushed first: every row the old parts
 held, as trained, is in the new parts bit for bit; each new part is a
 DeviceCache of the old one's settings; lookups then serve what one Table
 trained on the same global batches serves, to float summation order."""
 
 from __future__ import annotations
+
+import sys
 
 import numpy as np
 from mpi4py import MPI
@@ -82,5 +85,31 @@ assert len(order_old) == len(single)
 
 keys, rows = single.export()
 np.testing.assert_allclose(new.lookup(keys, insert=False), rows, rtol=1e-5, atol=1e-6)
+
+# A put that fails on one rank (4 -> 2, rank 0's put refused): every rank
+# raises, and each part is as it was: rank 1 took back the rows it got,
+# ranks 2 and 3 (leaving) still hold theirs.
+# The module (the package's attribute of that name is the function).
+resharding = sys.modules["embstore.distributed.reshard"]
+
+new.local.flush()
+was = new.local.table.export(with_state=True)
+if RANK == 0:
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise ValueError("rows: refused for the test")
+
+    resharding.restore_stored = refuse  # type: ignore[assignment]
+two = WORLD.Split(0 if RANK < 2 else MPI.UNDEFINED, RANK)
+failed = ""
+try:
+    reshard(new, two if RANK < 2 else None, via=WORLD)
+except RuntimeError as e:
+    failed = str(e)
+assert "rank 0: rows: refused for the test" in failed, failed
+assert "nothing moved" in failed, failed
+now = new.local.table.export(with_state=True)
+for a, b in zip(was, now, strict=True):
+    assert np.array_equal(a, b)
 WORLD.Barrier()
 print(f"rank {RANK}: cache reshard passed", flush=True)
