@@ -11,9 +11,8 @@ use crate::error::{Result, ckpt_err};
 use crate::format::codec::RowFormat;
 use crate::format::file_index;
 use crate::format::manifest::{FileEntry, Manifest};
-use crate::format::tensors::{expect_tensor, rows_dtype};
 use safetensors::SafeTensors;
-use safetensors::tensor::Dtype;
+use safetensors::tensor::{Dtype, TensorView};
 use std::path::Path;
 
 /// A rows file's columns ([`Columns::read`]): each one's bytes in the
@@ -115,4 +114,42 @@ impl<'d> Columns<'d> {
     pub(crate) fn offset(buf: &[u8], column: &[u8]) -> u64 {
         (column.as_ptr() as usize - buf.as_ptr() as usize) as u64
     }
+}
+
+/// The safetensors dtype of rows stored in `fmt`.
+pub(crate) fn rows_dtype(fmt: RowFormat) -> Dtype {
+    match fmt {
+        RowFormat::F32 => Dtype::F32,
+        RowFormat::F16 => Dtype::F16,
+        RowFormat::BF16 => Dtype::BF16,
+        RowFormat::I8 => Dtype::U8,
+    }
+}
+
+/// The tensor `name` of `st` (the file at `path`).
+pub(crate) fn tensor<'d>(st: &SafeTensors<'d>, path: &Path, name: &str) -> Result<TensorView<'d>> {
+    st.tensor(name)
+        .map_err(|e| ckpt_err(path, format!("tensor {name:?}: {e}")))
+}
+
+/// The bytes of tensor `name`, checked to be of `dtype` and `shape`.
+pub(crate) fn expect_tensor<'d>(
+    st: &SafeTensors<'d>,
+    path: &Path,
+    name: &str,
+    dtype: Dtype,
+    shape: &[usize],
+) -> Result<&'d [u8]> {
+    let t = tensor(st, path, name)?;
+    if t.dtype() != dtype || t.shape() != shape {
+        return Err(ckpt_err(
+            path,
+            format!(
+                "tensor {name:?}: expected {dtype:?} of shape {shape:?}, found {:?} of shape {:?}",
+                t.dtype(),
+                t.shape()
+            ),
+        ));
+    }
+    Ok(t.data())
 }

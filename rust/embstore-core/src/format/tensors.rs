@@ -4,13 +4,14 @@
 use crate::error::{Result, StoreError, ckpt_err};
 use crate::format::codec::RowFormat;
 use crate::format::columns::Columns;
+pub(crate) use crate::format::columns::{expect_tensor, rows_dtype};
 use crate::format::file_index;
 use crate::format::files::io_err;
 use crate::format::manifest::{FileEntry, Manifest};
 use crate::format::untrusted;
 use crate::optim::Optimizer;
 use crate::rows::{Scan, check_finite_max_on};
-use safetensors::tensor::{Dtype, Metadata, SafeTensors, TensorInfo, TensorView};
+use safetensors::tensor::{Dtype, Metadata, SafeTensors, TensorInfo};
 use std::borrow::Cow;
 use std::io::Write;
 use std::path::Path;
@@ -185,16 +186,6 @@ pub(crate) struct Rows<'a> {
     pub(crate) meta: Option<Cow<'a, [u32]>>,
 }
 
-/// The safetensors dtype of rows stored in `fmt`.
-pub(crate) fn rows_dtype(fmt: RowFormat) -> Dtype {
-    match fmt {
-        RowFormat::F32 => Dtype::F32,
-        RowFormat::F16 => Dtype::F16,
-        RowFormat::BF16 => Dtype::BF16,
-        RowFormat::I8 => Dtype::U8,
-    }
-}
-
 /// Rows stored in `fmt` as float32 (exact: every 16-bit value is a float32).
 pub(crate) fn rows_f32(fmt: RowFormat, dim: usize, b: &[u8]) -> Cow<'_, [f32]> {
     if fmt == RowFormat::F32 {
@@ -214,32 +205,6 @@ pub(crate) fn rows_f32(fmt: RowFormat, dim: usize, b: &[u8]) -> Cow<'_, [f32]> {
     let mut out = vec![0.0f32; b.len() / fmt.item_bytes()];
     fmt.decode_bytes(b, &mut out);
     Cow::Owned(out)
-}
-
-pub(crate) fn tensor<'d>(st: &SafeTensors<'d>, path: &Path, name: &str) -> Result<TensorView<'d>> {
-    st.tensor(name)
-        .map_err(|e| ckpt_err(path, format!("tensor {name:?}: {e}")))
-}
-
-pub(crate) fn expect_tensor<'d>(
-    st: &SafeTensors<'d>,
-    path: &Path,
-    name: &str,
-    dtype: Dtype,
-    shape: &[usize],
-) -> Result<&'d [u8]> {
-    let t = tensor(st, path, name)?;
-    if t.dtype() != dtype || t.shape() != shape {
-        return Err(ckpt_err(
-            path,
-            format!(
-                "tensor {name:?}: expected {dtype:?} of shape {shape:?}, found {:?} of shape {:?}",
-                t.dtype(),
-                t.shape()
-            ),
-        ));
-    }
-    Ok(t.data())
 }
 
 /// Little-endian bytes as numbers: borrowed in place when the machine is
@@ -444,6 +409,7 @@ pub(crate) fn parse_removed<'a>(
 mod tests {
     use super::*;
     use crate::format::codec::RowFormat;
+    use crate::format::columns::tensor;
     use crate::testing::temp_dir;
 
     #[test]
