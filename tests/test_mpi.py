@@ -203,11 +203,18 @@ def test_a_checkpoint_loads_onto_ranks_as_disk_tables_and_trains_on(tmp_path: pa
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-def test_a_failed_rank_ends_the_job_within_the_timeout() -> None:
+@pytest.mark.parametrize("call", ["step", "reshard"])
+def test_a_failed_rank_ends_the_job_within_the_timeout(call: str) -> None:
+    """A rank stuck before a collective (a step, or a reshard with its own
+    timeout) ends the job within the watchdog's seconds, never a hang."""
     t0 = time.perf_counter()
-    proc = mpirun(3, str(HERE / "mpi" / "hang.py"), env={"EMBSTORE_MPI_TIMEOUT": "5"}, timeout=120)
+    args = ["reshard"] if call == "reshard" else []
+    env = {"EMBSTORE_MPI_TIMEOUT": "5" if call == "step" else "600"}
+    proc = mpirun(3, str(HERE / "mpi" / "hang.py"), *args, env=env, timeout=120)
     elapsed = time.perf_counter() - t0
     assert proc.returncode != 0
     assert "did not finish within 5 s" in proc.stderr
+    if call == "reshard":
+        assert "reshard (the agreement) did not finish" in proc.stderr, proc.stderr[-2000:]
     assert "unreachable" not in proc.stdout
     assert elapsed < 60, f"took {elapsed:.0f} s"

@@ -135,6 +135,27 @@ atexit.register(_WATCHDOG.stop)
 os.register_at_fork(after_in_child=_WATCHDOG._after_fork)
 
 
+@contextmanager
+def watched(t: Transport, what: str, timeout: float) -> Iterator[None]:
+    """Aborts the whole job (every rank: ``t.abort``) if the block does not
+    finish within ``timeout`` seconds: a collective another rank never
+    enters must not hang this one."""
+
+    def fire() -> None:
+        sys.stderr.write(
+            f"embstore: rank {t.rank}: {what} did not finish within {timeout:g} s "
+            "(another rank failed or stopped calling); aborting the job\n"
+        )
+        sys.stderr.flush()
+        t.abort(70)
+
+    ticket = _WATCHDOG.add(timeout, fire)
+    try:
+        yield
+    finally:
+        _WATCHDOG.remove(ticket)
+
+
 class Agreement:
     """The agreement and watchdog of a sharded tier (a base class:
     ``_t`` is its transport, ``rank`` its rank, ``timeout`` its watchdog's

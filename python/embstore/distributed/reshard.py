@@ -35,11 +35,12 @@ import importlib
 import json
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 
 from embstore.config import TableConfig
+from embstore.distributed.agreement import DEFAULT_TIMEOUT, check_timeout, watched
 from embstore.distributed.partition import Partition
 from embstore.distributed.table import ShardedTable
 from embstore.distributed.transport import transport_of
@@ -99,6 +100,7 @@ def reshard(
     *,
     via: Any,
     local: Callable[[Table], LocalTier] | None = None,
+    timeout: float | None = None,
 ) -> ShardedTable | None:
     """Moves ``table`` (this process's part, or None) onto the ranks of
     ``comm`` (None where this process leaves); every process of ``via``
@@ -115,8 +117,12 @@ def reshard(
     part's Table (use the returned table, not the old one, from then on);
     where it leaves, the old part is left as it was (a DeviceCache in front
     flushed). On any error, on any rank, every rank raises and nothing
-    moved (rows a kept Table got are taken back). Collective over ``via``."""
+    moved (rows a kept Table got are taken back). ``timeout``: seconds each
+    phase (the agreement, each round of moves, the end) may take before the
+    job is aborted, as a ShardedTable's calls are (None: its default,
+    ``EMBSTORE_MPI_TIMEOUT`` or 600). Collective over ``via``."""
     t0 = time.perf_counter()
+    limit = DEFAULT_TIMEOUT if timeout is None else check_timeout(timeout, "timeout")
     t = transport_of(via)
     old = table if isinstance(table, ShardedTable) else None
     if table is not None and old is None:
@@ -151,7 +157,8 @@ def reshard(
         "new_size": None if new_t is None else new_t.size,
         "refusal": refusal,
     }
-    every = t.allgather(mine)
+    with watched(t, "reshard (the agreement)", limit):
+        every = t.allgather(mine)
     refusals = [e["refusal"] for e in every if e["refusal"]]
     olds = [e["old"] for e in every if e["old"] is not None]
     news = {e["new_rank"]: r for r, e in enumerate(every) if e["new_rank"] is not None}
@@ -218,7 +225,8 @@ def reshard(
     ]
     quota = _ALL if not budgets else max(64, min(budgets) // (4 * row_bytes) // t.size)
     rounds = int(max(1, -(-int(counts.max(initial=0)) // quota)))
-    rounds = t.allreduce_max(rounds)
+    with watched(t, "reshard (the agreement)", limit):
+        rounds = t.allreduce_max(rounds)
     starts = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
     recv_total = 0
     fresh: Table | None = base if kept else None
@@ -237,6 +245,15 @@ def reshard(
     # A kept table's clock moves only once the reshard succeeds.
     put_clock = call_clock(base) if kept and base is not None else clock
     received: list[np.ndarray] = []
+
+    def give_back(why: str) -> NoReturn:
+        """Raises on every rank (each calls it with the first failure), a
+        kept table first taking back the rows it got: it is as it was (its
+        rows, state, clock and step; a restore never changes the step)."""
+        if kept and fresh is not None and received:
+            fresh.remove(np.concatenate(received))
+        raise RuntimeError(f"reshard: {why}; nothing moved (the old tables are as they were)")
+
     for r in range(rounds):
         lo = np.minimum(counts, r * quota)
         hi = np.minimum(counts, (r + 1) * quota)
@@ -261,28 +278,27 @@ def reshard(
                 }
             except Exception as e:  # every rank must learn of it, or the others wait
                 failure = f"rank {t.rank}: {e}"
-        arrive()
-        failures = [f for f in t.allgather(failure) if f]
-        if failures:
-            raise RuntimeError(
-                f"reshard: {failures[0]}; nothing moved (the old tables are as they were)"
-            )
-        recv_counts = t.alltoall(send_counts)
-        got: dict[str, np.ndarray] = {}
-        for f, width, dtype in (
-            ("keys", 1, np.int64),
-            ("words", ww, np.float32),
-            ("state", sl, np.float32),
-            ("meta", meta_w, np.int64),
-        ):
-            if width == 0:
-                continue
-            send = parts.get(f, np.zeros((0, width), dtype))
-            got[f] = t.alltoallv(
-                np.ascontiguousarray(send, dtype).reshape(-1),
-                send_counts * width,
-                recv_counts * width,
-            ).reshape(-1, width)
+        with watched(t, f"reshard (round {r + 1} of {rounds})", limit):
+            arrive()
+            failures = [f for f in t.allgather(failure) if f]
+            if failures:
+                give_back(failures[0])
+            recv_counts = t.alltoall(send_counts)
+            got: dict[str, np.ndarray] = {}
+            for f, width, dtype in (
+                ("keys", 1, np.int64),
+                ("words", ww, np.float32),
+                ("state", sl, np.float32),
+                ("meta", meta_w, np.int64),
+            ):
+                if width == 0:
+                    continue
+                send = parts.get(f, np.zeros((0, width), dtype))
+                got[f] = t.alltoallv(
+                    np.ascontiguousarray(send, dtype).reshape(-1),
+                    send_counts * width,
+                    recv_counts * width,
+                ).reshape(-1, width)
         n = int(recv_counts.sum())
         recv_total += n
         if fresh is not None and failure is None and n:
@@ -299,16 +315,11 @@ def reshard(
                 received.append(got["keys"].reshape(-1))
             except Exception as e:  # every rank must learn of it, or the others wait
                 failure = f"rank {t.rank}: {e}"
-    arrive()
-    failures = [f for f in t.allgather(failure) if f]
+    with watched(t, "reshard (the end)", limit):
+        arrive()
+        failures = [f for f in t.allgather(failure) if f]
     if failures:
-        if kept and fresh is not None and received:
-            # Taken back: the kept table is as it was (its rows, state,
-            # clock and step; a restore never changes the step).
-            fresh.remove(np.concatenate(received))
-        raise RuntimeError(
-            f"reshard: {failures[0]}; nothing moved (the old tables are as they were)"
-        )
+        give_back(failures[0])
     if kept and fresh is not None and len(leaving):
         fresh.remove(leaving)
     result: ShardedTable | None = None
