@@ -250,5 +250,25 @@ np.testing.assert_array_equal(again.lookup(keys, insert=False), want)
 np.testing.assert_array_equal(
     embstore.Table.load(os.path.join(where, "after")).lookup(keys, insert=False), want
 )
+# The sharded load takes the constructor's config (its num_shards and dtype
+# the load's, the rest checked against the checkpoint): float32 rows of an
+# int8 checkpoint are its dequantized rows, and a config of another
+# optimizer is refused on every rank.
+config = embstore.TableConfig(
+    DIM, optimizer=optim.Adam(lr=0.05), seed=4, ttl_steps=1000, dtype="float32", num_shards=3
+)
+by_config = ShardedTable.load(os.path.join(where, "after"), comm=COMM, config=config)
+assert (by_config.local.num_shards, by_config.local.dtype) == (3, "float32")
+np.testing.assert_array_equal(by_config.lookup(keys, insert=False), want)
+refused = ""
+try:
+    ShardedTable.load(
+        os.path.join(where, "after"),
+        comm=COMM,
+        config=embstore.TableConfig(DIM, optimizer=optim.Adagrad(lr=0.05), ttl_steps=1000),
+    )
+except ValueError as e:
+    refused = str(e)
+assert "config.optimizer" in refused, refused
 WORLD.Barrier()
 print(f"rank {RANK}: online reshard passed", flush=True)
