@@ -59,8 +59,10 @@ __all__ = ["reshard"]
 
 # A process's own settings, not the table's: they may differ between ranks.
 _OWN = ("num_shards", "disk", "memory_bytes")
-# Rows a round of a reshard of tables in memory moves: all of them.
-_ALL = 1 << 62
+# Bytes one process sends another in one round of a reshard of tables in
+# memory: every field's items below 2**31 (MPI counts are 32-bit), and a
+# bound on the copies a round makes.
+_ROUND_BYTES = 1 << 30
 
 
 def _base_of(tier: Any) -> tuple[Table | None, dict[str, Any] | None]:
@@ -223,7 +225,9 @@ def reshard(
         for e in every
         if e["old"] is not None and e["old"]["config"].get("memory_bytes")
     ]
-    quota = _ALL if not budgets else max(64, min(budgets) // (4 * row_bytes) // t.size)
+    quota = max(1, _ROUND_BYTES // row_bytes)
+    if budgets:
+        quota = min(quota, max(64, min(budgets) // (4 * row_bytes) // t.size))
     rounds = int(max(1, -(-int(counts.max(initial=0)) // quota)))
     with watched(t, "reshard (the agreement)", limit):
         rounds = t.allreduce_max(rounds)
