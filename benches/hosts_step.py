@@ -182,11 +182,7 @@ def main() -> None:
     }
     with netlab.Hosts(args.ranks, args.rate) as net:
         argv = [sys.executable, os.path.abspath(__file__), "--worker", *worker_args]
-        if args.transport == "mpi":
-            env = {**threads, "PYTHONPATH": os.environ.get("PYTHONPATH", "")}
-            procs = [net.mpirun(argv, env=env, stdout=subprocess.PIPE, text=True)]
-        else:
-            procs = net.torchrun(argv, 29555, threads, stdout=subprocess.PIPE, text=True)
+        procs = net.launch(args.transport, argv, 29555, threads, stdout=subprocess.PIPE, text=True)
         outs = [p.communicate(timeout=1200)[0] for p in procs]
     line = next(ln for ln in outs[0].splitlines() if ln.startswith("{"))
     result = json.loads(line)

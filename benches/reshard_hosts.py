@@ -118,11 +118,7 @@ def main() -> None:
                 str(args.rows), "--partition", args.partition, "--transport",
                 args.transport]  # fmt: skip
         threads = {"RAYON_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
-        if args.transport == "mpi":
-            env = {**threads, "PYTHONPATH": os.environ.get("PYTHONPATH", "")}
-            procs = [net.mpirun(argv, env=env, stdout=subprocess.PIPE, text=True)]
-        else:
-            procs = net.torchrun(argv, 29556, threads, stdout=subprocess.PIPE, text=True)
+        procs = net.launch(args.transport, argv, 29556, threads, stdout=subprocess.PIPE, text=True)
         outs = [p.communicate(timeout=1200)[0] for p in procs]
     rows = json.loads(next(ln for ln in outs[0].splitlines() if ln.startswith("[")))
     for label, wall, sent, received in rows:

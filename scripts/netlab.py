@@ -172,6 +172,18 @@ class Hosts:
             for r in range(self.n)
         ]
 
+    def launch(
+        self, transport: str, argv: list[str], port: int, env: dict[str, str], **popen: Any
+    ) -> list[Any]:
+        """Starts ``argv`` as one rank on every host: over MPI (``transport``
+        "mpi": :meth:`mpirun`, this process's PYTHONPATH passed on) or
+        torch.distributed (:meth:`torchrun`, its store at ``port``); the
+        processes to wait for."""
+        if transport == "mpi":
+            path = {"PYTHONPATH": os.environ.get("PYTHONPATH", "")}
+            return [self.mpirun(argv, env={**env, **path}, **popen)]
+        return self.torchrun(argv, port, env, **popen)
+
     def cut(self, i: int) -> None:
         """Takes host i's link down (its connections fail at once)."""
         _ip("link", "set", "eth0", "down", ns=self.names[i])

@@ -540,6 +540,15 @@ mod tests {
     use std::collections::HashMap;
     use std::path::Path;
 
+    /// A load as a disk table of `num_shards` shards under `disk`.
+    fn on_disk(num_shards: usize, disk: &DiskConfig) -> LoadConfig {
+        LoadConfig {
+            num_shards: Some(num_shards),
+            disk: Some(disk.clone()),
+            format: None,
+        }
+    }
+
     fn adam() -> Option<Optimizer> {
         Some(Optimizer::from_named("Adam", &BTreeMap::from([("lr".into(), 0.05)])).unwrap())
     }
@@ -734,18 +743,7 @@ mod tests {
             path: dir2.clone(),
             memory_bytes: 24 * cost,
         };
-        let (back, _) = Table::load_as(
-            &ck,
-            None,
-            &LoadConfig {
-                num_shards: Some(4),
-                disk: Some(small.clone()),
-                format: None,
-            },
-            None,
-            None,
-        )
-        .unwrap();
+        let (back, _) = Table::load_as(&ck, None, &on_disk(4, &small), None, None).unwrap();
         let st = back.disk_stats().unwrap();
         assert!(st.memory_rows <= 24 && st.disk_rows > 200, "{st:?}");
         assert_eq!(export(&back), export(&ram));
@@ -794,18 +792,7 @@ mod tests {
                 path: dir2.clone(),
                 memory_bytes: 24 * cost,
             };
-            let (back, _) = Table::load_as(
-                &ck,
-                None,
-                &LoadConfig {
-                    num_shards: Some(4),
-                    disk: Some(small.clone()),
-                    format: None,
-                },
-                None,
-                None,
-            )
-            .unwrap();
+            let (back, _) = Table::load_as(&ck, None, &on_disk(4, &small), None, None).unwrap();
             let st = back.disk_stats().unwrap();
             assert_eq!((st.memory_rows, st.disk_rows), (0, ram.len()), "{st:?}");
             assert_eq!(files_in(&dir2, "seg"), 0, "no row rewritten");
@@ -860,18 +847,7 @@ mod tests {
             path: dir2,
             memory_bytes: 24 * ram.row_cost() as u64,
         };
-        let (back, _) = Table::load_as(
-            &ck,
-            None,
-            &LoadConfig {
-                num_shards: Some(4),
-                disk: Some(small.clone()),
-                format: None,
-            },
-            None,
-            None,
-        )
-        .unwrap();
+        let (back, _) = Table::load_as(&ck, None, &on_disk(4, &small), None, None).unwrap();
         let (keys, _, _) = ram.export(false).unwrap();
         // The last byte of the first file's first row's weights.
         let name = &info.manifest.chain[0].files[0].name;
@@ -911,18 +887,7 @@ mod tests {
             path: dir2.clone(),
             memory_bytes: 24 * ram.row_cost() as u64,
         };
-        let (back, _) = Table::load_as(
-            &ck,
-            None,
-            &LoadConfig {
-                num_shards: Some(3),
-                disk: Some(small.clone()),
-                format: None,
-            },
-            None,
-            None,
-        )
-        .unwrap();
+        let (back, _) = Table::load_as(&ck, None, &on_disk(3, &small), None, None).unwrap();
         assert_eq!(files_in(&dir2, "base"), 0);
         assert!(files_in(&dir2, "seg") > 0);
         assert_eq!(export(&back), export(&ram));
