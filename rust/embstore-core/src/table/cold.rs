@@ -2,15 +2,18 @@
 //! memory, the rest on disk ([`storage::cold`](super::storage::cold)), so
 //! one machine holds and trains a table larger than its memory.
 //!
-//! Every call that reads or changes rows first takes the table's *cold
-//! gate* shared and moves the rows its keys have on disk into memory
-//! ([`Table::cold_enter`]): it reads them all at once, from many threads,
-//! so that the device's queue is kept full, and then runs as on a table in
-//! memory. When the call ends and memory holds more rows than
-//! `memory_bytes` allows, the rows that scored lowest for the table's
-//! eviction order (LFU by default: fewest touches) go to disk, under the
-//! cold gate taken exclusively, so that no call ever finds a row gone
-//! between moving it in and using it. Rows keep their bits, optimizer
+//! The disk tier is a floor under the table, not a guard each call must
+//! remember: a call gets its keys' plan only from [`Table::plan`], which
+//! for a disk table takes the table's *cold gate* shared and moves the
+//! rows its keys have on disk into memory ([`Table::stand`]) with the plan
+//! the call then uses (each key is planned once). It reads them all at
+//! once, from many threads, so that the device's queue is kept full, and
+//! the call then runs as on a table in memory. When the call ends (its
+//! plan dropped) and memory holds more rows than `memory_bytes` allows,
+//! the rows that scored lowest for the table's eviction order (LFU by
+//! default: fewest touches) go to disk, under the cold gate taken
+//! exclusively, so that no call ever finds a row gone between moving it in
+//! and using it. Rows keep their bits, optimizer
 //! state, touch counts and save generation wherever they are: a disk table
 //! gives the rows an in-memory table gives for the same calls, and its
 //! incremental saves write what changed.
@@ -21,12 +24,13 @@
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError, RwLock, RwLockReadGuard};
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
 
 use rayon::prelude::*;
 
 use crate::error::{Result, invalid, oom};
 use crate::table::Table;
+use crate::table::batch::plan::{Floor, Plan, Planned};
 use crate::table::compaction::{Compaction, lock, trim_heap};
 use crate::table::storage::cold::{ColdShard, KeyHasher, Loc, SegFile};
 use crate::table::storage::disk_dir::StoreDir;
@@ -34,7 +38,10 @@ use crate::table::storage::{read, write};
 use std::collections::HashMap;
 use std::hash::BuildHasherDefault;
 
+pub(crate) mod hold;
 mod spill;
+
+use hold::ColdHold;
 
 /// Where a disk table keeps the rows that are not in memory, and how much
 /// memory its rows may take.
@@ -196,22 +203,6 @@ impl Cold {
     }
 }
 
-/// A call's hold of its tables' cold gates ([`Table::cold_enter`]). On
-/// release it moves rows to disk where memory holds too many.
-pub(crate) struct ColdHold<'a> {
-    held: Vec<(&'a Table, RwLockReadGuard<'a, ()>)>,
-}
-
-impl Drop for ColdHold<'_> {
-    fn drop(&mut self) {
-        let tables: Vec<&Table> = self.held.iter().map(|(t, _)| *t).collect();
-        self.held.clear();
-        for t in tables {
-            t.spill_over();
-        }
-    }
-}
-
 /// A row on disk that a call needs.
 struct Want {
     pos: usize,
@@ -221,69 +212,47 @@ struct Want {
 }
 
 impl Table {
-    /// For a disk table: takes the cold gate shared and moves the rows of
-    /// `keys` that are on disk into memory, where they stay until the hold
-    /// is dropped. `None` for a table in memory.
+    /// The floor under a planned call ([`Table::plan`]; see [`Floor`]): for
+    /// a disk table, the cold gate taken shared and, for a call that reads
+    /// or trains rows, the rows of `keys` that are on disk moved into
+    /// memory, where they stay until the plan is dropped. A table in
+    /// memory, or [`Floor::Skip`], has the plan only.
     ///
     /// # Errors
     /// `Checkpoint` for a row that cannot be read or fails its check;
-    /// `OutOfMemory` naming `keys`. No row changed (some may have moved
-    /// into memory).
-    pub(crate) fn cold_enter(&self, keys: &[i64]) -> Result<Option<ColdHold<'_>>> {
-        Table::cold_enter_counted(&[(self, keys)], true)
-    }
-
-    /// [`Table::cold_enter`] for a gradient call, whose ids (those of the
-    /// lookup it follows, as a rule) do not count for the hit rate.
-    pub(crate) fn cold_enter_step(&self, keys: &[i64]) -> Result<Option<ColdHold<'_>>> {
-        Table::cold_enter_counted(&[(self, keys)], false)
-    }
-
-    /// [`Table::cold_enter`] of several tables (`tables` in ascending id
-    /// order, as their gates are taken), each with its keys.
-    ///
-    /// # Errors
-    /// As [`Table::cold_enter`].
-    pub(crate) fn cold_enter_many<'a>(
-        tables: &[(&'a Table, &[i64])],
-    ) -> Result<Option<ColdHold<'a>>> {
-        Table::cold_enter_counted(tables, true)
-    }
-
-    /// [`Table::cold_enter_many`]; `count`: whether the ids count for the
-    /// hit rate.
-    pub(crate) fn cold_enter_counted<'a>(
-        tables: &[(&'a Table, &[i64])],
-        count: bool,
-    ) -> Result<Option<ColdHold<'a>>> {
-        let mut hold = ColdHold { held: Vec::new() };
-        for &(t, keys) in tables {
-            let Some(c) = &t.cold else {
-                continue;
-            };
-            if !c.owned() {
-                return Err(crate::table::storage::cold::forked());
-            }
-            let guard = c.gate.read().unwrap_or_else(PoisonError::into_inner);
-            hold.held.push((t, guard));
-            t.fault_in(c, keys, count)?;
+    /// `OutOfMemory` naming `keys`; a forked child's copy of a disk table
+    /// refuses. No row changed (some may have moved into memory).
+    pub(crate) fn stand(&self, plan: Plan, keys: &[i64], floor: Floor) -> Result<Planned<'_>> {
+        let Some(c) = self.cold.as_ref().filter(|_| floor != Floor::Skip) else {
+            return Ok(Planned { plan, floor: None });
+        };
+        if !c.owned() {
+            return Err(crate::table::storage::cold::forked());
         }
-        Ok((!hold.held.is_empty()).then_some(hold))
-    }
-
-    /// For a call over every row (a save, an export): the cold gate held
-    /// shared, nothing moved.
-    pub(crate) fn cold_hold(&self) -> Option<ColdHold<'_>> {
-        let c = self.cold.as_ref()?;
-        let guard = c.gate.read().unwrap_or_else(PoisonError::into_inner);
-        Some(ColdHold {
-            held: vec![(self, guard)],
+        let hold = ColdHold::of(self, c.gate.read().unwrap_or_else(PoisonError::into_inner));
+        if floor != Floor::InPlace {
+            self.fault_in(c, keys, &plan, floor == Floor::Read)?;
+        }
+        Ok(Planned {
+            plan,
+            floor: Some(hold),
         })
     }
 
-    /// Moves the rows of `keys` on disk into memory; `count`: the ids
-    /// count for the hit rate (a call's; not a prefetch's).
-    fn fault_in(&self, c: &Cold, keys: &[i64], count: bool) -> Result<()> {
+    /// For a call over every row (a save, an export, a sweep of the
+    /// policy, the list of keys): the floor held with nothing moved, so
+    /// that no row crosses between memory and disk while the call reads
+    /// both. `None` for a table in memory.
+    pub(crate) fn rows_in_place(&self) -> Option<ColdHold<'_>> {
+        let c = self.cold.as_ref()?;
+        let guard = c.gate.read().unwrap_or_else(PoisonError::into_inner);
+        Some(ColdHold::of(self, guard))
+    }
+
+    /// Moves the rows of `keys` on disk into memory (`plan` is theirs);
+    /// `count`: the ids count for the hit rate (a call's; not a
+    /// prefetch's).
+    fn fault_in(&self, c: &Cold, keys: &[i64], plan: &Plan, count: bool) -> Result<()> {
         if keys.is_empty() {
             return Ok(());
         }
@@ -291,7 +260,6 @@ impl Table {
         // table's gate shared (an export holds it exclusively while its
         // parallel copy holds every shard's read lock).
         let _gate = self.enter();
-        let plan = self.plan(keys)?;
         let found: Vec<(u64, Vec<Want>)> = self
             .shards
             .par_iter()
@@ -308,11 +276,14 @@ impl Table {
                 wants
                     .try_reserve_exact(pos.len())
                     .map_err(|_| oom("keys", (pos.len() * size_of::<Want>()) as u128))?;
+                // A row is in memory or on disk, never both (moving it
+                // either way takes it from the other side under this
+                // shard's write lock), so the disk index alone says which
+                // keys to bring: each key is probed once in it here, and
+                // once in memory by the call.
                 for &i in pos {
-                    let (key, hash) = (keys[i as usize], plan.hashes[i as usize]);
-                    if g.find(key, hash).is_none()
-                        && let Some((loc, file)) = cold.find(key)
-                    {
+                    let key = keys[i as usize];
+                    if let Some((loc, file)) = cold.find(key) {
                         wants.push(Want {
                             pos: i as usize,
                             key,
@@ -385,7 +356,7 @@ impl Table {
     /// the hit rate.
     ///
     /// # Errors
-    /// As [`Table::cold_enter`] (the call that needs the rows meets the
+    /// As [`Table::stand`] (the call that needs the rows meets the
     /// failure again).
     pub fn prefetch_now(&self, keys: &[i64]) -> Result<()> {
         let Some(c) = &self.cold else {
@@ -399,11 +370,8 @@ impl Table {
             let round = p.0;
             p.1.extend(keys.iter().map(|&k| (k, round)));
         }
-        let guard = c.gate.read().unwrap_or_else(PoisonError::into_inner);
-        let _hold = ColdHold {
-            held: vec![(self, guard)],
-        };
-        self.fault_in(c, keys, false)
+        let plan = self.plan(keys, Floor::InPlace)?;
+        self.fault_in(c, keys, &plan, false)
     }
 
     /// For a disk table, the keys a lookup of `n` keys takes at a time

@@ -2,6 +2,7 @@
 
 use crate::policy::Meta;
 use crate::table::batch::output::{SharedBools, SharedOut};
+use crate::table::batch::plan::Floor;
 use crate::table::counters::Counters;
 use crate::table::lowest::{Score, lowest_of, merge_lowest};
 use crate::table::{Table, read};
@@ -123,7 +124,7 @@ impl Table {
     /// `evict`, tries again): an eviction is never worth an abort.
     pub(crate) fn remove_evicted(&self, keys: &[i64], with_rows: bool) -> (Vec<i64>, Vec<f32>) {
         let dim = self.dim;
-        let Ok(plan) = self.plan(keys) else {
+        let Ok(plan) = self.plan(keys, Floor::Skip) else {
             return (Vec::new(), Vec::new());
         };
         let mut rows = vec![0.0f32; if with_rows { keys.len() * dim } else { 0 }];
@@ -183,7 +184,7 @@ impl Table {
     /// lowest-scoring rows. Returns the evicted keys ascending and, with
     /// `with_rows`, their weights (`n * dim`) for archiving.
     pub fn evict(&self, with_rows: bool) -> (Vec<i64>, Vec<f32>) {
-        let _cold = self.cold_hold();
+        let _floor = self.rows_in_place();
         let _gate = self.enter();
         let mut keys = Vec::new();
         let mut rows = Vec::new();

@@ -10,6 +10,7 @@ use std::sync::PoisonError;
 
 use crate::error::{Result, invalid, oom};
 use crate::table::batch::output::SharedOut;
+use crate::table::batch::plan::Floor;
 use crate::table::read::disk::disk_items;
 use crate::table::storage::read;
 use crate::table::{NO_ROW, Table};
@@ -38,7 +39,7 @@ impl Records {
     /// # Errors
     /// `OutOfMemory` when the list cannot be allocated.
     pub fn keys_of(t: &Table) -> Result<Vec<i64>> {
-        let _cold = t.cold_hold();
+        let _floor = t.rows_in_place();
         let _gate = t.gate.write().unwrap_or_else(PoisonError::into_inner);
         let guards: Vec<_> = t.shards.iter().map(|s| read(s)).collect();
         let mut disk = Vec::new();
@@ -74,8 +75,7 @@ impl Records {
         let mut words = zeros::<f32>("keys", keys.len() * ww)?;
         let mut state = zeros::<f32>("keys", keys.len() * sl)?;
         let mut meta_f = zeros::<f32>("keys", keys.len() * mw)?;
-        let _cold = t.cold_enter_step(keys)?;
-        let plan = t.plan(keys)?;
+        let plan = t.plan(keys, Floor::Step)?;
         if with_meta {
             t.count_queued_reads();
         }

@@ -12,6 +12,7 @@ use crate::error::{Result, invalid};
 use crate::policy::RowFormat;
 use crate::rows::{check_finite, check_len};
 use crate::table::batch::output::SharedOut;
+use crate::table::batch::plan::Floor;
 use crate::table::{Missing, NO_ROW, Table};
 use crate::zeroed::zeros;
 
@@ -34,8 +35,7 @@ impl Table {
         let (dim, ww, sl) = (self.dim, self.wwords, self.state_len);
         check_len("out", keys.len() * ww, words.len())?;
         check_len("state", keys.len() * sl, state.len())?;
-        let _cold = self.cold_enter(keys)?;
-        let plan = self.plan(keys)?;
+        let plan = self.plan(keys, Floor::Read)?;
         let w_out = SharedOut::new(words, ww);
         let st_out = SharedOut::new(state, sl);
         let _gate = self.lookup_changes(insert).then(|| self.enter());

@@ -4,8 +4,7 @@
 use crate::error::{Result, invalid, oom};
 use crate::hash::shard_of;
 use crate::policy::{Meta, RowFormat};
-use crate::table::batch::plan::Plan;
-use crate::table::batch::plan::sequential_writes;
+use crate::table::batch::plan::{Floor, Plan, Planned, sequential_writes};
 use crate::table::checks::{check_finite, check_len};
 use crate::table::counters::Counters;
 use crate::table::step::bounds::Magnitudes;
@@ -15,6 +14,15 @@ use rayon::iter::{IntoParallelRefIterator, ParallelIterator};
 
 /// The most keys [`Table::try_assign_now`] takes.
 pub(crate) const NOW_KEYS: usize = 16;
+
+/// The plan an assign runs on ([`Table::assign_in`]), made by its caller.
+pub(crate) enum Taken<'a> {
+    /// The keys' plan.
+    Plan(Plan),
+    /// The keys' plan, and the write lock of the one shard that owns them
+    /// all.
+    Shard(Plan, usize, ShardWrite<'a>),
+}
 
 impl Table {
     /// Inserts or overwrites rows with their optimizer state (`keys.len() *
@@ -83,10 +91,14 @@ impl Table {
         clock: Option<u64>,
     ) -> Result<()> {
         let m = self.check_assign(keys, values, state)?;
-        let _cold = self.cold_enter(keys)?;
+        let Planned {
+            plan,
+            floor: _floor,
+        } = self.plan(keys, Floor::Read)?;
         let _gate = self.enter();
         let save_gen = save_gen.unwrap_or_else(|| self.generation());
-        self.assign_in(keys, values, stored, state, meta, save_gen, Some(m), None)?;
+        let taken = Taken::Plan(plan);
+        self.assign_in(keys, values, stored, state, meta, save_gen, Some(m), taken)?;
         if let Some(c) = clock {
             self.set_clock(self.clock().max(c));
         }
@@ -153,7 +165,7 @@ impl Table {
             Err(e) => return Some(Err(e)),
         };
         let _gate = try_lock(self.gate.try_read())?;
-        let plan = self.plan(keys).ok()?;
+        let plan = self.plan(keys, Floor::Read).ok()?.plan;
         let s = plan.one_shard()?;
         let g = try_write(&self.shards[s])?;
         if !g.has_room(keys.len()) {
@@ -168,7 +180,7 @@ impl Table {
             None,
             save_gen,
             Some(m),
-            Some((plan, s, g)),
+            Taken::Shard(plan, s, g),
         );
         Some(done.map(|()| self.over_capacity()))
     }
@@ -186,8 +198,9 @@ impl Table {
     /// each occurrence of a key counts as a touch. `known`: the magnitudes
     /// of `values` and `state` (or bounds above them), where the caller
     /// measured them already (a load measures each file's once). `taken`:
-    /// the keys' plan, and the write lock of the one shard that owns them
-    /// all, taken by the caller ([`Table::try_assign_now`]).
+    /// the keys' plan, made by the caller, with the write lock of the one
+    /// shard that owns them all where the caller took it
+    /// ([`Table::try_assign_now`]).
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn assign_in(
         &self,
@@ -198,7 +211,7 @@ impl Table {
         meta: Option<&[u32]>,
         save_gen: u32,
         known: Option<Magnitudes>,
-        taken: Option<(Plan, usize, ShardWrite<'_>)>,
+        taken: Taken<'_>,
     ) -> Result<()> {
         let (dim, sl, ww) = (self.dim, self.state_len, self.wwords);
         if let Some(sw) = stored {
@@ -206,9 +219,8 @@ impl Table {
         }
         let sequential = sequential_writes(4 * (ww + sl));
         let (plan, one) = match taken {
-            Some((plan, s, g)) => (plan, Some((s, g))),
-            None => {
-                let plan = self.plan(keys)?;
+            Taken::Shard(plan, s, g) => (plan, Some((s, g))),
+            Taken::Plan(plan) => {
                 // A call that runs here on one shard (a one-row call)
                 // holds its write lock once, for the reservation and the
                 // writes.
@@ -406,7 +418,7 @@ impl Table {
     pub fn remove(&self, keys: &[i64]) -> Result<usize> {
         Self::check_batch(keys)?;
         let _gate = self.enter();
-        let plan = self.plan(keys)?;
+        let plan = self.plan(keys, Floor::Skip)?;
         Ok(self.par_shards_mut(&plan, |g, pos| {
             pos.iter()
                 .filter(|&&i| g.remove(keys[i as usize], plan.hashes[i as usize]))

@@ -5,7 +5,9 @@
 
 use crate::error::{Result, invalid};
 use crate::table::checks::{check_finite, check_len, check_transient};
+use crate::zeroed::with_room;
 use crate::zeroed::zeros;
+use std::borrow::Cow;
 
 /// How a bag's rows are combined.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -203,4 +205,22 @@ pub(crate) fn check_idx(
         ));
     }
     Ok(())
+}
+
+/// The ids of `feats` one after another: those of one feature as they
+/// are, of several copied into one list (a Collection's table serving
+/// several features plans them together).
+///
+/// # Errors
+/// `OutOfMemory` naming `ids`.
+pub(crate) fn pooled_ids<'a>(feats: &[(Bags<'a>, usize)]) -> Result<Cow<'a, [i64]>> {
+    Ok(match feats {
+        [(bags, _)] => bags.ids.into(),
+        _ => {
+            let n = feats.iter().map(|(b, _)| b.ids.len()).sum();
+            let mut all = with_room("ids", n)?;
+            all.extend(feats.iter().flat_map(|(b, _)| b.ids.iter().copied()));
+            all.into()
+        }
+    })
 }

@@ -5,6 +5,7 @@
 use crate::error::{Result, invalid};
 use crate::hash::{key_hash, shard_of};
 use crate::table::checks::check_transient;
+use crate::table::cold::hold::ColdHold;
 use crate::table::storage::shard::Shard;
 use crate::table::storage::view::View;
 use crate::table::storage::write;
@@ -157,12 +158,93 @@ fn par_group_by_shard(hashes: &[u64], n_shards: usize) -> Result<(Vec<u32>, Vec<
     Ok((order, starts))
 }
 
+/// What a call's plan asks of a disk table's floor ([`Table::plan`]; the
+/// disk tier is `table::cold`). A table in memory has no floor: every
+/// kind is the same plan there.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Floor {
+    /// The keys' rows on disk moved into memory for the call, its ids
+    /// counted for the hit rate (lookups, assigns).
+    Read,
+    /// As [`Floor::Read`], the ids not counted (a gradient step, whose ids
+    /// are those of the lookup it follows; a reshard's take).
+    Step,
+    /// Rows held where they are, in memory or on disk, for the call: the
+    /// floor's gate only (`contains`).
+    InPlace,
+    /// No hold: the caller holds the floor already (a load, a move of
+    /// rows to disk), or each shard's pass reads memory and disk together
+    /// under its lock (a removal, an eviction).
+    Skip,
+}
+
+/// A batch's plan with, for a disk table, the floor held for the call
+/// ([`Table::plan`]): the keys' rows stay where the plan's kind put them
+/// until it is dropped, and then memory gives back what it holds over its
+/// bound. Keep `floor` alive for the whole call (destructure it into a
+/// named binding, never `_`).
+pub(crate) struct Planned<'a> {
+    pub(crate) plan: Plan,
+    pub(crate) floor: Option<ColdHold<'a>>,
+}
+
+impl std::ops::Deref for Planned<'_> {
+    type Target = Plan;
+    fn deref(&self) -> &Plan {
+        &self.plan
+    }
+}
+
 impl Table {
-    /// Hashes `keys` and groups their positions by shard.
+    /// Hashes `keys`, groups their positions by shard and, for a disk
+    /// table, stands the call on the floor as `floor` asks: the one way a
+    /// call gets a plan, so that no call reaches rows past the disk tier.
     ///
     /// # Errors
-    /// `OutOfMemory` naming `keys` when its work arrays cannot be had.
-    pub(crate) fn plan(&self, keys: &[i64]) -> Result<Plan> {
+    /// `OutOfMemory` naming `keys` when its work arrays cannot be had; a
+    /// disk table's: `Checkpoint` for a row on disk that cannot be read.
+    pub(crate) fn plan(&self, keys: &[i64], floor: Floor) -> Result<Planned<'_>> {
+        let plan = self.group(keys)?;
+        self.stand(plan, keys, floor)
+    }
+
+    /// [`Table::plan`] of several tables' keys (`tables` in ascending id,
+    /// the crate's lock order), each with the plan already `made` for it
+    /// (a lookup's memo) or grouped here, in parallel (at least `min_len`
+    /// tables a job); then each stands on its floor in that order, their
+    /// holds joined into one (released together, before any of them moves
+    /// rows to disk).
+    ///
+    /// # Errors
+    /// As [`Table::plan`]; no floor is held then.
+    pub(crate) fn plan_many<'a>(
+        tables: &[(&'a Table, &[i64])],
+        made: Vec<Option<Plan>>,
+        floor: Floor,
+        min_len: usize,
+    ) -> Result<(Vec<Plan>, Option<ColdHold<'a>>)> {
+        let grouped: Vec<Plan> = tables
+            .par_iter()
+            .zip(made)
+            .with_min_len(min_len)
+            .map(|((t, keys), made)| match made {
+                Some(p) => Ok(p),
+                None => t.group(keys),
+            })
+            .collect::<Result<_>>()?;
+        let mut hold = ColdHold::none();
+        let mut plans = Vec::with_capacity(tables.len());
+        for ((t, keys), plan) in tables.iter().zip(grouped) {
+            let Planned { plan, floor: f } = t.stand(plan, keys, floor)?;
+            hold.join(f);
+            plans.push(plan);
+        }
+        Ok((plans, hold.some()))
+    }
+
+    /// Hashes `keys` and groups their positions by shard (only
+    /// [`Table::plan`] and [`Table::plan_many`] call it).
+    fn group(&self, keys: &[i64]) -> Result<Plan> {
         let n_shards = self.shards.len();
         let mut hashes = crate::zeroed::with_room_huge::<u64>("keys", keys.len())?;
         if keys.len() < 1 << 14 {
@@ -296,7 +378,9 @@ mod tests {
     fn a_plan_lists_every_position_once_in_its_shard_in_order() {
         let t = table(2, 8, None);
         let keys: Vec<i64> = (0..500).map(|k| k * 7919 - 1000).collect();
-        let plan = t.plan(&keys).unwrap();
+        let plan = t
+            .plan(&keys, crate::table::batch::plan::Floor::Read)
+            .unwrap();
         let mut seen = vec![0u32; keys.len()];
         for s in 0..t.num_shards() {
             let pos = plan.positions(s);
@@ -335,7 +419,9 @@ mod tests {
         let t = table(2, 8, None);
         let me = std::thread::current().id();
         let keys: Vec<i64> = (0..SEQUENTIAL_KEYS as i64).collect();
-        let plan = t.plan(&keys).unwrap();
+        let plan = t
+            .plan(&keys, crate::table::batch::plan::Floor::Read)
+            .unwrap();
         let off_thread = std::sync::atomic::AtomicUsize::new(0);
         let visited = t.par_shards_mut_below(&plan, SEQUENTIAL_KEYS, |_, pos| {
             if std::thread::current().id() != me {

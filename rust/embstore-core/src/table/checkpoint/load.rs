@@ -13,7 +13,9 @@ use crate::init::Initializer;
 use crate::optim::Optimizer;
 use crate::policy::RowFormat;
 use crate::rows::Scan;
+use crate::table::batch::plan::Floor;
 use crate::table::step::bounds::Magnitudes;
+use crate::table::write::Taken;
 use crate::table::{DiskConfig, Table, TableConfig};
 use rayon::iter::{IntoParallelRefIterator, ParallelIterator};
 use safetensors::tensor::{Dtype, SafeTensors};
@@ -286,7 +288,8 @@ impl Table {
                       known: Magnitudes| {
             let stored = stored.filter(|_| same_format);
             if !on_disk {
-                return table.assign_in(keys, rows, stored, st, meta, g, Some(known), None);
+                let plan = Taken::Plan(table.plan(keys, Floor::Skip)?.plan);
+                return table.assign_in(keys, rows, stored, st, meta, g, Some(known), plan);
             }
             // In parts, each moved out as far as memory needs before the
             // next comes in: memory holds `memory_bytes` and one part.
@@ -298,8 +301,9 @@ impl Table {
                 let sw = stored.map(|w| &w[from * ww..][..n * ww]);
                 let s = st.map(|s| &s[from * sl..][..n * sl]);
                 let mt = meta.map(|mt| &mt[from * 4..][..n * 4]);
-                table.forget_on_disk(k)?;
-                table.assign_in(k, r, sw, s, mt, g, Some(known), None)?;
+                let plan = table.plan(k, Floor::Skip)?.plan;
+                table.forget_on_disk(k, &plan);
+                table.assign_in(k, r, sw, s, mt, g, Some(known), Taken::Plan(plan))?;
                 table.spill_over();
             }
             Ok::<(), StoreError>(())

@@ -60,7 +60,7 @@ impl Table {
     ) -> Result<SaveInfo> {
         let dir = writer.dir();
         // A disk table's rows stay where they are until the save is done.
-        let _cold = self.cold_hold();
+        let _floor = self.rows_in_place();
         let gate = self.gate.write().unwrap_or_else(PoisonError::into_inner);
         let canonical = fs::canonicalize(dir).map_err(|e| io_err(dir, "cannot resolve", &e))?;
         let has_manifest = dir.join(MANIFEST).exists();

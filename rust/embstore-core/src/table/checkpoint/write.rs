@@ -471,7 +471,7 @@ impl Table {
                 format!("file prefix {prefix:?} is not a checkpoint id"),
             ));
         }
-        let _cold = self.cold_hold();
+        let _floor = self.rows_in_place();
         let _gate = self.gate.write().unwrap_or_else(PoisonError::into_inner);
         create_checkpoint_dir(dir)?;
         let written = self

@@ -86,16 +86,12 @@ impl Table {
     }
 
     /// Forgets the disk copies of `keys` (whose rows a load is about to
-    /// replace in memory), logging no removal.
-    ///
-    /// # Errors
-    /// `OutOfMemory` naming `keys` for the plan's work arrays.
-    pub(crate) fn forget_on_disk(&self, keys: &[i64]) -> Result<()> {
+    /// replace in memory; `plan` is theirs), logging no removal.
+    pub(crate) fn forget_on_disk(&self, keys: &[i64], plan: &Plan) {
         if self.cold.is_none() {
-            return Ok(());
+            return;
         }
-        let plan = self.plan(keys)?;
-        self.par_shards_mut(&plan, |g, pos| {
+        self.par_shards_mut(plan, |g, pos| {
             for &i in pos {
                 let (key, hash) = (keys[i as usize], plan.hashes[i as usize]);
                 if g.find(key, hash).is_none()
@@ -106,6 +102,5 @@ impl Table {
             }
             0
         });
-        Ok(())
     }
 }

@@ -83,7 +83,7 @@ impl Table {
         // Exclusive gate: no call that changes rows is running or can start,
         // so the shard read locks below wait for nobody, and the parallel
         // copy under them cannot be held up by a job that needs a write lock.
-        let _cold = self.cold_hold();
+        let _floor = self.rows_in_place();
         let _gate = self.gate.write().unwrap_or_else(PoisonError::into_inner);
         if with_meta {
             self.count_queued_reads();

@@ -9,7 +9,7 @@ use crate::table::batch::Reserved;
 use crate::table::batch::found::FoundRows;
 use crate::table::batch::output::{SharedBools, SharedOut};
 use crate::table::batch::plan::{
-    COPY_PREFETCH_KEYS, PREFETCH_AHEAD, Plan, SEQUENTIAL_KEYS, prefetches,
+    COPY_PREFETCH_KEYS, Floor, PREFETCH_AHEAD, Plan, Planned, SEQUENTIAL_KEYS, prefetches,
 };
 use crate::table::checks::check_len;
 use crate::table::counters::Counters;
@@ -56,8 +56,10 @@ impl Table {
         }) {
             return done;
         }
-        let _cold = self.cold_enter(keys)?;
-        let plan = self.plan(keys)?;
+        let Planned {
+            plan,
+            floor: _floor,
+        } = self.plan(keys, Floor::Read)?;
         let out = SharedOut::new(out, self.dim);
         if !self.lookup_changes(insert) {
             self.serve_into(keys, &plan, out, missing, |_, _, _| {});
@@ -105,8 +107,7 @@ impl Table {
         }) {
             return done;
         }
-        let _cold = self.cold_enter(keys)?;
-        let plan = self.plan(keys)?;
+        let plan = self.plan(keys, Floor::Read)?;
         let out = SharedOut::new(out, self.dim);
         let flags = SharedBools::new(found);
         self.serve_into(keys, &plan, out, missing, |i, hit, _| {
@@ -163,7 +164,7 @@ impl Table {
             return self.try_insert_now(keys, missing, out);
         }
         // A serving lookup takes no lock at all (`storage::seqlock`).
-        let plan = self.plan(keys).ok()?;
+        let plan = self.plan(keys, Floor::Read).ok()?;
         self.serve_into(
             keys,
             &plan,
@@ -183,7 +184,8 @@ impl Table {
         out: &mut [f32],
     ) -> Option<Result<()>> {
         let _gate = try_lock(self.gate.try_read())?;
-        let plan = self.plan(keys).ok()?;
+        // A table in memory (the caller's check): the plan holds no floor.
+        let plan = self.plan(keys, Floor::Read).ok()?.plan;
         let mut held = Vec::with_capacity(self.shards.len().min(keys.len()));
         for (s, lock) in self.shards.iter().enumerate() {
             if !plan.positions(s).is_empty() {
@@ -255,8 +257,7 @@ impl Table {
         }) {
             return done;
         }
-        let _cold = self.cold_enter(keys)?;
-        let plan = self.plan(keys)?;
+        let plan = self.plan(keys, Floor::Read)?;
         let out = SharedOut::new(out, dim);
         let st_out = SharedOut::new(state, sl);
         if !self.lookup_changes(insert) {
@@ -523,8 +524,7 @@ impl Table {
     pub fn contains(&self, keys: &[i64], out: &mut [bool]) -> Result<()> {
         Self::check_batch(keys)?;
         check_len("out", keys.len(), out.len())?;
-        let _cold = self.cold_hold();
-        let plan = self.plan(keys)?;
+        let plan = self.plan(keys, Floor::InPlace)?;
         let shared = SharedBools::new(out);
         if self.cold.is_some() {
             // A disk table: in memory or on disk, under each shard's lock.

@@ -13,7 +13,7 @@ use crate::error::{Result, invalid};
 use crate::table::batch::bags::{Bags, Coefs, check_columns, check_idx};
 use crate::table::batch::found::FoundRows;
 use crate::table::batch::output::SharedOut;
-use crate::table::batch::plan::SEQUENTIAL_KEYS;
+use crate::table::batch::plan::{Floor, Plan, Planned, SEQUENTIAL_KEYS};
 use crate::table::checks::check_len;
 use crate::table::read::pooling::{Pooling, all_finite};
 use crate::table::{Missing, NO_ROW, Table};
@@ -53,10 +53,15 @@ impl Table {
         }
         self.check_missing(missing)?;
         check_len("out", bags.batch() * self.dim, out.len())?;
-        let _cold = self.cold_enter(bags.ids)?;
+        let Planned {
+            plan,
+            floor: _floor,
+        } = self.plan(bags.ids, Floor::Read)?;
         let _gate = self.lookup_changes(insert).then(|| self.enter());
         self.lookup_pooled_in(
             &[(*bags, 0)],
+            bags.ids,
+            plan,
             insert,
             missing,
             SharedOut::new(out, self.dim),
@@ -70,8 +75,9 @@ impl Table {
     /// [`Table::lookup_pooled`] on checked input, with the gate held when
     /// `insert`, for one or more features served by this table: feature
     /// `(bags, col)` writes bag `b` to row `b` of `out` from column `col`.
-    /// All the features' ids go through one plan, one reservation and one
-    /// memo.
+    /// All the features' ids (`ids`, `batch::bags::pooled_ids`) go through one plan
+    /// (`plan`, made by the caller before the gate), one reservation and
+    /// one memo.
     ///
     /// First the rows of every id are found (and created, when `insert`)
     /// by the shard pass of an unpooled lookup, which copies nothing. Then
@@ -81,23 +87,17 @@ impl Table {
     /// the bag's id order. No row passes through a buffer. A shard that
     /// removed rows since the first pass (another thread's eviction or
     /// removal) has the chunk's ids probed again under the read lock.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn lookup_pooled_in(
         &self,
         feats: &[(Bags<'_>, usize)],
+        ids: &[i64],
+        plan: Plan,
         insert: bool,
         missing: Missing<'_>,
         out: SharedOut,
     ) -> Result<()> {
-        let n: usize = feats.iter().map(|(b, _)| b.ids.len()).sum();
-        let ids: std::borrow::Cow<'_, [i64]> = match feats {
-            [(bags, _)] => bags.ids.into(),
-            _ => {
-                let mut all = with_room("ids", n)?;
-                all.extend(feats.iter().flat_map(|(b, _)| b.ids.iter().copied()));
-                all.into()
-            }
-        };
-        let ids = &ids[..];
+        let n = ids.len();
         let mut coef = zeros::<f32>("ids", n)?;
         let mut bag_of = Vec::new();
         let mut base = 0usize;
@@ -108,7 +108,6 @@ impl Table {
             base += m;
         }
         drop(bag_of);
-        let plan = self.plan(ids)?;
         if !self.lookup_changes(insert) {
             let overflow = AtomicBool::new(false);
             let pool = Pooling {
@@ -322,7 +321,9 @@ mod tests {
         t.lookup_pooled(&bags, true, &mut want).unwrap();
         // The rows as a pass found them, then key 2 removed (its shard's
         // last row moves into its place) and key 5's row found stale too.
-        let plan = t.plan(&ids).unwrap();
+        let plan = t
+            .plan(&ids, crate::table::batch::plan::Floor::Read)
+            .unwrap();
         let row_of: Vec<AtomicU32> = ids.iter().map(|_| AtomicU32::new(NO_ROW)).collect();
         let mut removals = vec![0u64; t.shards.len()];
         for (s, lock) in t.shards.iter().enumerate() {

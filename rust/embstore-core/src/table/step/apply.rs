@@ -138,10 +138,11 @@ impl Table {
         G: Fn(usize) -> (&'g [f32], f32) + Sync,
         P: Fn(usize) + Sync,
     {
-        let _cold = self.cold_enter_step(keys)?;
+        let (mut plans, _floor) = Table::plan_steps(&[(self, keys)], usize::MAX)?;
+        let (plan, found) = plans.pop().expect("one plan a table");
         let t = at.unwrap_or_else(|| self.step() + 1);
         let gate = self.step_gate(gs, t);
-        let prepared = self.prepare_apply(keys, at.is_none())?;
+        let prepared = self.prepare_apply(keys, at.is_none(), plan, found)?;
         let measured = if gate.needs_dry_run() {
             match self.dry_run(keys, t, &grad_of) {
                 Ok(m) => Some(m),
@@ -557,7 +558,9 @@ mod tests {
         assert_eq!(t.len(), 0);
         // The pass over a shard told it made room for no rows: the keys its
         // filter admits get room one by one.
-        let plan = t.plan(&keys).unwrap();
+        let plan = t
+            .plan(&keys, crate::table::batch::plan::Floor::Read)
+            .unwrap();
         for (s, lock) in t.shards.iter().enumerate() {
             let pos = plan.positions(s);
             let mut g = crate::table::storage::write(lock);

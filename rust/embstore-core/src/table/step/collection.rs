@@ -6,12 +6,14 @@
 use crate::Bags;
 use crate::error::{Result, StoreError, invalid};
 use crate::simd::prefetch;
+use crate::table::batch::bags::pooled_ids;
 use crate::table::batch::output::SharedOut;
-use crate::table::batch::plan::SEQUENTIAL_KEYS;
+use crate::table::batch::plan::{Floor, SEQUENTIAL_KEYS};
 use crate::table::checks::{check_finite_max, check_grad_sums, check_len};
 use crate::table::{Missing, Table};
 use crate::zeroed::zeros;
 use rayon::prelude::*;
+use std::borrow::Cow;
 
 /// One feature of a grouped call: its table and its bags.
 #[derive(Debug, Clone, Copy)]
@@ -69,26 +71,6 @@ fn groups<'a>(features: &[Feature<'a>]) -> Vec<(&'a Table, Vec<usize>)> {
     out
 }
 
-/// The cold gates of the disk tables among `groups` (ascending id), each
-/// with the ids of every feature it serves moved into memory.
-fn cold_enter<'a>(
-    features: &[Feature<'_>],
-    groups: &[(&'a Table, Vec<usize>)],
-) -> Result<Option<crate::table::cold::ColdHold<'a>>> {
-    let ids: Vec<(&Table, Vec<i64>)> = groups
-        .iter()
-        .filter(|(t, _)| t.disk().is_some())
-        .map(|(t, idx)| {
-            let ids = idx
-                .iter()
-                .flat_map(|&fi| features[fi].bags.ids.iter().copied());
-            (*t, ids.collect())
-        })
-        .collect();
-    let held: Vec<(&Table, &[i64])> = ids.iter().map(|(t, k)| (*t, &k[..])).collect();
-    Table::cold_enter_many(&held)
-}
-
 /// Pooled rows of every feature into `out` (`batch * sum of dims`), feature
 /// after feature along each row.
 ///
@@ -122,7 +104,25 @@ pub fn lookup_pooled_or(
     // Gates are taken here, on the calling thread, never inside a job, in
     // the crate's one order (tables by id; see `Table::id`).
     let groups = groups(features);
-    let _cold = cold_enter(features, &groups)?;
+    let min_len = split_at(features);
+    // Each table's features and their ids, planned (in parallel) and on
+    // the table's floor (in table order), before any gate.
+    let feats: Vec<Vec<(Bags<'_>, usize)>> = groups
+        .iter()
+        .map(|(_, idx)| {
+            idx.iter()
+                .map(|&fi| (features[fi].bags, cols[fi]))
+                .collect()
+        })
+        .collect();
+    let ids: Vec<Cow<'_, [i64]>> = feats.iter().map(|f| pooled_ids(f)).collect::<Result<_>>()?;
+    let keyed: Vec<(&Table, &[i64])> = groups
+        .iter()
+        .zip(&ids)
+        .map(|((t, _), ids)| (*t, &ids[..]))
+        .collect();
+    let made = keyed.iter().map(|_| None).collect();
+    let (plans, _floor) = Table::plan_many(&keyed, made, Floor::Read, min_len)?;
     let gates: Vec<_> = groups
         .iter()
         .filter(|(t, _)| t.lookup_changes(insert))
@@ -130,15 +130,13 @@ pub fn lookup_pooled_or(
         .collect();
     let shared = SharedOut::strided(out, total, 0);
     // One pass per distinct table over all the features it serves.
-    groups
+    keyed
         .par_iter()
-        .with_min_len(split_at(features))
-        .map(|(table, idx)| {
-            let feats: Vec<_> = idx
-                .iter()
-                .map(|&fi| (features[fi].bags, cols[fi]))
-                .collect();
-            table.lookup_pooled_in(&feats, insert, missing, shared)
+        .zip(&feats)
+        .zip(plans)
+        .with_min_len(min_len)
+        .map(|(((table, ids), feats), plan)| {
+            table.lookup_pooled_in(feats, ids, plan, insert, missing, shared)
         })
         .collect::<Result<Vec<()>>>()?;
     if insert {
@@ -232,15 +230,15 @@ pub fn apply_pooled_gradients(features: &[Feature<'_>], grads: &[f32]) -> Result
             },
         )?);
     }
-    // Disk tables' cold gates, then the gates, in ascending table id (each
-    // shared, or exclusive for a step its bounds cannot clear: see
-    // `table::step::bounds`).
-    let held: Vec<(&Table, &[i64])> = groups
+    // Every table's plan on its floor (`Table::plan_steps`), then the
+    // gates, in ascending table id (each shared, or exclusive for a step
+    // its bounds cannot clear: see `table::step::bounds`).
+    let keyed: Vec<(&Table, &[i64])> = groups
         .iter()
         .zip(&inputs)
         .map(|((t, _), (keys, _, _))| (*t, &keys[..]))
         .collect();
-    let _cold = Table::cold_enter_counted(&held, false)?;
+    let (plans, _floor) = Table::plan_steps(&keyed, min_len)?;
     let gates: Vec<_> = groups
         .iter()
         .zip(&sums)
@@ -252,9 +250,11 @@ pub fn apply_pooled_gradients(features: &[Feature<'_>], grads: &[f32]) -> Result
     let mut prepared = Vec::with_capacity(groups.len());
     let mut measured = Vec::with_capacity(groups.len());
     let mut failed = None;
+    let mut plans = plans.into_iter();
     for (((table, _), (keys, src, coef)), gate) in groups.iter().zip(&inputs).zip(&gates) {
         let dim = table.dim();
-        match table.prepare_apply(keys, true) {
+        let (plan, found) = plans.next().expect("a plan a table");
+        match table.prepare_apply(keys, true, plan, found) {
             Ok(p) => prepared.push(p),
             Err(e) => {
                 failed = Some(e);

@@ -5,8 +5,9 @@
 
 use crate::error::{Result, StoreError, invalid, oom};
 use crate::table::batch::Reserved;
-use crate::table::batch::found::FoundRows;
-use crate::table::batch::plan::Plan;
+use crate::table::batch::found::{FoundRows, Memo};
+use crate::table::batch::plan::{Floor, Plan};
+use crate::table::cold::hold::ColdHold;
 use crate::table::storage::{Shard, write};
 use crate::table::{MAX_STEP, NO_ROW, Table};
 use crossbeam_utils::CachePadded;
@@ -28,6 +29,9 @@ pub(crate) struct PreparedApply {
     pub(crate) found: FoundRows,
     pub(crate) reserved: Reserved,
 }
+
+/// A step's plan with the rows its lookup found ([`Table::plan_steps`]).
+pub(crate) type StepPlan = (Plan, FoundRows);
 
 impl Table {
     /// Makes room, in every shard that owns some of the plan's keys, for
@@ -168,27 +172,60 @@ impl Table {
         }
     }
 
-    /// The first half of a step ([`Table::step_whole`]): the keys' plan (the last
-    /// lookup's, when it was of these keys) with room made for every row
-    /// the step may create. Nothing has changed yet; a call that stops here
-    /// gives the room back with [`Table::cancel_apply`].
+    /// The plans of a gradient call on one or more tables (`tables` with
+    /// their keys, in ascending id), each on its floor ([`Floor::Step`]):
+    /// the last lookup's plan and rows where that lookup was of these keys
+    /// (no second plan), else a new plan ([`Table::plan_many`]).
+    ///
+    /// # Errors
+    /// As [`Table::plan`]; no floor is held then.
+    pub(crate) fn plan_steps<'a>(
+        tables: &[(&'a Table, &[i64])],
+        min_len: usize,
+    ) -> Result<(Vec<StepPlan>, Option<ColdHold<'a>>)> {
+        // A table with an admission filter decides per key at the step, so
+        // its lookups' rows are not taken over.
+        let memos: Vec<Option<Memo>> = tables
+            .iter()
+            .map(|(t, keys)| {
+                let always = t.policy.admission.is_always();
+                always.then(|| t.take_memo(keys)).flatten()
+            })
+            .collect();
+        let (made, found): (Vec<Option<Plan>>, Vec<FoundRows>) = memos
+            .into_iter()
+            .zip(tables)
+            .map(|(m, (t, _))| match m {
+                Some(m) => (Some(m.plan), m.found),
+                None => (None, FoundRows::new(t.shards.len())),
+            })
+            .unzip();
+        let (plans, floor) = Table::plan_many(tables, made, Floor::Step, min_len)?;
+        Ok((plans.into_iter().zip(found).collect(), floor))
+    }
+
+    /// The first half of a step ([`Table::step_whole`]): room made for
+    /// every row the step may create, on the keys' `plan` with the rows
+    /// `found` of the lookup it follows ([`Table::plan_steps`]). Nothing
+    /// has changed yet; a call that stops here gives the room back with
+    /// [`Table::cancel_apply`].
     ///
     /// # Errors
     /// `OutOfMemory` naming `keys`.
-    pub(crate) fn prepare_apply(&self, keys: &[i64], counts: bool) -> Result<PreparedApply> {
+    pub(crate) fn prepare_apply(
+        &self,
+        keys: &[i64],
+        counts: bool,
+        plan: Plan,
+        found: FoundRows,
+    ) -> Result<PreparedApply> {
         if counts && self.step() >= MAX_STEP {
             return Err(invalid(
                 "step",
                 format!("the table is at step {MAX_STEP}, the most it can count"),
             ));
         }
-        // A table with an admission filter decides per key at the step, so
-        // its lookups' rows are not taken over.
         let always = self.policy.admission.is_always();
-        let (plan, found) = match always.then(|| self.take_memo(keys)).flatten() {
-            Some(memo) => (memo.plan, memo.found),
-            None => (self.plan(keys)?, FoundRows::new(self.shards.len())),
-        };
         let reserved = if self.optimizer.is_some() {
             self.reserve_plan(&plan, keys, Some(&found), !always, "keys")?
         } else {
