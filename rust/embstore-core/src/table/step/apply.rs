@@ -6,7 +6,7 @@ use crate::hash::rounding_stream;
 use crate::hash::{key_hash, shard_of};
 use crate::policy::{Admission, RowFormat};
 use crate::simd::{Backend, prefetch};
-use crate::table::batch::plan::{PREFETCH_AHEAD, SEQUENTIAL_STEP_KEYS, prefetches};
+use crate::table::batch::plan::{PREFETCH_AHEAD, Planned, SEQUENTIAL_STEP_KEYS, prefetches};
 use crate::table::checks::{check_finite_max, check_grad_sums, check_len};
 use crate::table::counters::Counters;
 use crate::table::step::prepare::PreparedApply;
@@ -138,8 +138,13 @@ impl Table {
         G: Fn(usize) -> (&'g [f32], f32) + Sync,
         P: Fn(usize) + Sync,
     {
-        let (mut plans, _floor) = Table::plan_steps(&[(self, keys)], usize::MAX)?;
-        let (plan, found) = plans.pop().expect("one plan a table");
+        let (
+            Planned {
+                plan,
+                floor: _floor,
+            },
+            found,
+        ) = self.plan_step(keys)?;
         let t = at.unwrap_or_else(|| self.step() + 1);
         let gate = self.step_gate(gs, t);
         let prepared = self.prepare_apply(keys, at.is_none(), plan, found)?;

@@ -6,7 +6,7 @@
 use crate::error::{Result, StoreError, invalid, oom};
 use crate::table::batch::Reserved;
 use crate::table::batch::found::{FoundRows, Memo};
-use crate::table::batch::plan::{Floor, Plan};
+use crate::table::batch::plan::{Floor, Plan, Planned};
 use crate::table::cold::hold::ColdHold;
 use crate::table::storage::{Shard, write};
 use crate::table::{MAX_STEP, NO_ROW, Table};
@@ -172,6 +172,29 @@ impl Table {
         }
     }
 
+    /// [`Table::plan_steps`] of one table, without the lists (a step of
+    /// one key pays for no more than its plan).
+    ///
+    /// # Errors
+    /// As [`Table::plan`].
+    pub(crate) fn plan_step(&self, keys: &[i64]) -> Result<(Planned<'_>, FoundRows)> {
+        match self.memo_for_step(keys) {
+            Some(m) => Ok((self.stand(m.plan, keys, Floor::Step)?, m.found)),
+            None => {
+                let found = FoundRows::new(self.shards.len());
+                Ok((self.plan(keys, Floor::Step)?, found))
+            }
+        }
+    }
+
+    /// The memo of the lookup `keys` came from, for a step to take over:
+    /// never for a table with an admission filter, which decides per key
+    /// at the step.
+    fn memo_for_step(&self, keys: &[i64]) -> Option<Memo> {
+        let always = self.policy.admission.is_always();
+        always.then(|| self.take_memo(keys)).flatten()
+    }
+
     /// The plans of a gradient call on one or more tables (`tables` with
     /// their keys, in ascending id), each on its floor ([`Floor::Step`]):
     /// the last lookup's plan and rows where that lookup was of these keys
@@ -183,15 +206,7 @@ impl Table {
         tables: &[(&'a Table, &[i64])],
         min_len: usize,
     ) -> Result<(Vec<StepPlan>, Option<ColdHold<'a>>)> {
-        // A table with an admission filter decides per key at the step, so
-        // its lookups' rows are not taken over.
-        let memos: Vec<Option<Memo>> = tables
-            .iter()
-            .map(|(t, keys)| {
-                let always = t.policy.admission.is_always();
-                always.then(|| t.take_memo(keys)).flatten()
-            })
-            .collect();
+        let memos: Vec<Option<Memo>> = tables.iter().map(|(t, k)| t.memo_for_step(k)).collect();
         let (made, found): (Vec<Option<Plan>>, Vec<FoundRows>) = memos
             .into_iter()
             .zip(tables)
