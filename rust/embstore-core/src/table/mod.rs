@@ -15,6 +15,27 @@
 //! reserve, remove), `policy` (TTL and capacity eviction), [`checkpoint`],
 //! and the checks and counters every call shares.
 
+/// Declares a view of a table for one concern (checkpoint writing, the
+/// disk tier, eviction, a step's phases, ...): a `Copy` wrapper of a
+/// `&Table` whose methods are that concern's helpers, so that the
+/// [`Table`] itself is a facade of the public calls and the few helpers
+/// every concern shares. A view reads the table's fields and shared
+/// helpers through `Deref`; it is made where needed, `View(table)`.
+macro_rules! table_view {
+    ($(#[$meta:meta])* $name:ident) => {
+        $(#[$meta])*
+        #[derive(Clone, Copy)]
+        pub(crate) struct $name<'a>(pub(crate) &'a crate::table::Table);
+
+        impl std::ops::Deref for $name<'_> {
+            type Target = crate::table::Table;
+            fn deref(&self) -> &crate::table::Table {
+                self.0
+            }
+        }
+    };
+}
+
 pub(crate) mod batch;
 pub mod checkpoint;
 pub(crate) mod checks;

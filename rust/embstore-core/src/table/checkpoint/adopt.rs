@@ -3,6 +3,7 @@
 //! ([`storage::base`](crate::table::storage::base)) and its rows are named
 //! there, so a checkpoint larger than memory loads at the rate it is read.
 
+use crate::table::checkpoint::Checkpointer;
 use std::path::Path;
 
 use rayon::prelude::*;
@@ -11,12 +12,11 @@ use crate::error::{Result, oom};
 use crate::format::columns::Columns as FileColumns;
 use crate::format::manifest::{FileEntry, Manifest};
 use crate::format::tensors::{f32s, i64s, rows_f32};
-use crate::table::Table;
 use crate::table::storage::base::{Columns, row_crc};
 use crate::table::storage::cold::Loc;
 use crate::table::storage::write;
 
-impl Table {
+impl<'a> Checkpointer<'a> {
     /// Takes the rows file `e` of the checkpoint at `dir` (`buf`: its
     /// bytes, checked whole by the caller) into this disk table as a
     /// segment of the shard it was saved from, its rows of save generation

@@ -14,6 +14,7 @@ use crate::optim::Optimizer;
 use crate::policy::RowFormat;
 use crate::rows::Scan;
 use crate::table::batch::plan::Floor;
+use crate::table::checkpoint::Checkpointer;
 use crate::table::step::bounds::Magnitudes;
 use crate::table::write::Taken;
 use crate::table::{DiskConfig, Table, TableConfig};
@@ -177,7 +178,7 @@ impl Table {
         loop {
             let m = read_manifest(dir)?;
             let id = m.id.clone();
-            match Self::load_manifest(dir, m, load, progress, keep) {
+            match Checkpointer::load_manifest(dir, m, load, progress, keep) {
                 Err(StoreError::Checkpoint { .. })
                     if held.is_none()
                         && tries < 16
@@ -213,9 +214,11 @@ impl Table {
         keep: Option<&(dyn Fn(i64) -> bool + Sync)>,
     ) -> Result<(Table, Manifest)> {
         let m = parse_manifest(dir, text)?;
-        Self::load_manifest(dir, m, load, progress, keep)
+        Checkpointer::load_manifest(dir, m, load, progress, keep)
     }
+}
 
+impl<'a> Checkpointer<'a> {
     /// [`Table::load_filtered`] of the checkpoint whose manifest is `m`.
     pub(crate) fn load_manifest(
         dir: &Path,
@@ -326,7 +329,7 @@ impl Table {
                     .push((path.clone(), n));
                 // A disk table takes the file itself as a segment where
                 // it can (no row rewritten).
-                if on_disk && keep.is_none() && table.adopt_file(&m, dir, e, buf)? {
+                if on_disk && keep.is_none() && Checkpointer(&table).adopt_file(&m, dir, e, buf)? {
                     return Ok(());
                 }
                 let r = parse_rows(&m, &path, e, buf)?;
@@ -405,8 +408,8 @@ impl Table {
         // 2: an incremental save here writes those.
         table.generation.store(2, Ordering::Release);
         let canonical = fs::canonicalize(dir).map_err(|e| io_err(dir, "cannot resolve", &e))?;
-        let ends = table.removal_ends();
-        table.set_mark(SaveMark {
+        let ends = Checkpointer(&table).removal_ends();
+        Checkpointer(&table).set_mark(SaveMark {
             dir: canonical,
             id: m.id.clone(),
             since: 1,

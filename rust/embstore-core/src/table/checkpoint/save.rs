@@ -8,6 +8,7 @@ use crate::format::manifest::{
     FileEntry, Link, MANIFEST, MAX_MARKS, Manifest, SaveInfo, SaveMark, read_manifest,
 };
 use crate::format::tensors::{Plain, TensorOut, write_safetensors};
+use crate::table::checkpoint::Checkpointer;
 use crate::table::checkpoint::publish::{
     is_ours, lock_for_writing, publish_locked, remove_partial,
 };
@@ -119,8 +120,15 @@ impl Table {
             Kind::Full
         };
         let id = new_id();
-        let written =
-            self.write_and_publish(dir, &id, kind, with_optimizer, progress, gate, incremental);
+        let written = Checkpointer(self).write_and_publish(
+            dir,
+            &id,
+            kind,
+            with_optimizer,
+            progress,
+            gate,
+            incremental,
+        );
         let (manifest, text_len, mark, pin) = match written {
             Ok(w) => w,
             Err(e) => {
@@ -128,14 +136,14 @@ impl Table {
                 // (and would fill the disk for the next save). Its pin on
                 // the removal logs went with the error.
                 remove_partial(dir, &id);
-                self.set_marks_unchanged();
+                Checkpointer(self).set_marks_unchanged();
                 return Err(e);
             }
         };
         // From here the new checkpoint is the one at `dir`: its mark takes
         // over from the pin (recorded first, so the log is never without
         // one or the other).
-        self.set_mark(SaveMark {
+        Checkpointer(self).set_mark(SaveMark {
             dir: canonical,
             ..mark
         });
@@ -152,7 +160,9 @@ impl Table {
             bytes_written,
         })
     }
+}
 
+impl<'a> Checkpointer<'a> {
     /// After a save that failed: the removal logs kept for the marks as
     /// they are (none logged at all without a mark, as before the save
     /// turned logging on).
@@ -233,7 +243,7 @@ impl Table {
         progress: Option<&AtomicU64>,
         gate: std::sync::RwLockWriteGuard<'_, ()>,
         copy_out: bool,
-    ) -> Result<(Manifest, u64, SaveMark, Pin<'_>)> {
+    ) -> Result<(Manifest, u64, SaveMark, Pin<'a>)> {
         // A mark whose removals the log no longer holds (it never should:
         // marks and pins keep them) cannot write a true delta: the save
         // writes everything instead of losing removals.
@@ -377,7 +387,7 @@ impl Table {
 
     /// Keeps the removal logs from `at` (each shard's position) until the
     /// returned pin is dropped.
-    fn pin_removals(&self, at: Vec<u64>) -> Pin<'_> {
+    fn pin_removals(&self, at: Vec<u64>) -> Pin<'a> {
         let mut saved = self
             .last_save
             .lock()
@@ -385,12 +395,12 @@ impl Table {
         let id = saved.next_pin;
         saved.next_pin += 1;
         saved.pins.push((id, at));
-        Pin { table: self, id }
+        Pin { table: self.0, id }
     }
 }
 
 /// A save's hold on the removal logs from its snapshot on
-/// ([`Table::pin_removals`]); dropping it lets them go.
+/// ([`Checkpointer::pin_removals`]); dropping it lets them go.
 pub(crate) struct Pin<'a> {
     table: &'a Table,
     id: u64,
@@ -462,6 +472,7 @@ impl Kind {
 #[cfg(test)]
 mod tests {
     use super::{Kind, MAX_DELTAS, MAX_MARKS, SaveMark, fs, lock_for_writing, new_id, storage};
+    use crate::table::checkpoint::Checkpointer;
     use crate::testing::{sgd, table, temp_dir};
 
     #[test]
@@ -550,12 +561,12 @@ mod tests {
         let writer = lock_for_writing(&a).unwrap();
         let gate = t.gate.write().unwrap();
         let id = new_id();
-        let (_, _, mark, pin) = t
+        let (_, _, mark, pin) = Checkpointer(&t)
             .write_and_publish(&a, &id, Kind::Full, false, None, gate, false)
             .unwrap();
         t.remove(&[1, 2, 3]).unwrap();
         t.save(&b, false, false, None).unwrap();
-        t.set_mark(SaveMark {
+        Checkpointer(&t).set_mark(SaveMark {
             dir: fs::canonicalize(&a).unwrap(),
             ..mark
         });

@@ -11,6 +11,7 @@ use crate::format::manifest::{
 use crate::format::tensors::{Plain, StreamedFile, rows_dtype};
 use crate::policy::Policy;
 use crate::table::Table;
+use crate::table::checkpoint::Checkpointer;
 use crate::table::checkpoint::publish::{create_checkpoint_dir, is_ours, remove_partial};
 use crate::table::read::disk::{Item, RunReader};
 use crate::table::storage::{Shard, read};
@@ -101,6 +102,49 @@ impl Table {
         }
     }
 
+    /// Writes a consistent snapshot of every row to shard files named
+    /// `{prefix}-...` in `dir` (created if missing; its parent must exist) and fsyncs them, without
+    /// publishing a manifest: for a caller that assembles one manifest from
+    /// several tables (the ranks of a sharded table), then calls [`publish_parts`](super::publish_parts).
+    ///
+    /// # Errors
+    /// `Checkpoint` for I/O errors or a prefix that is not 16 hex digits
+    /// followed by `-` and a name of plain characters (a part's name: the
+    /// files of a single save, named by the id alone, are the ones a
+    /// publish may delete at once when no manifest names them).
+    pub fn write_files(
+        &self,
+        dir: &Path,
+        prefix: &str,
+        with_optimizer: bool,
+        progress: Option<&AtomicU64>,
+    ) -> Result<Vec<FileEntry>> {
+        if !is_ours(&format!("{prefix}-00000-0000.safetensors"))
+            || prefix.len() <= 17
+            || prefix.contains(['/', '\\'])
+        {
+            return Err(ckpt_err(
+                dir,
+                format!("file prefix {prefix:?} is not a checkpoint id"),
+            ));
+        }
+        let _floor = self.rows_in_place();
+        let _gate = self.gate.write().unwrap_or_else(PoisonError::into_inner);
+        create_checkpoint_dir(dir)?;
+        let written = Checkpointer(self)
+            .write_rows(dir, prefix, None, with_optimizer, progress)
+            .and_then(|files| {
+                fsync_files(dir, files.iter().map(|f| f.name.as_str()))?;
+                Ok(files)
+            });
+        if written.is_err() {
+            remove_partial(dir, prefix);
+        }
+        written
+    }
+}
+
+impl<'a> Checkpointer<'a> {
     /// Bytes a row takes in a file at most: its key, its weights as
     /// stored, its state if written, and room for metadata.
     pub(super) fn file_row_bytes(&self, with_state: bool) -> usize {
@@ -443,46 +487,5 @@ impl Table {
             })
             .collect::<Result<_>>()?;
         Ok(per_shard.into_iter().flatten().collect())
-    }
-
-    /// Writes a consistent snapshot of every row to shard files named
-    /// `{prefix}-...` in `dir` (created if missing; its parent must exist) and fsyncs them, without
-    /// publishing a manifest: for a caller that assembles one manifest from
-    /// several tables (the ranks of a sharded table), then calls [`publish_parts`](super::publish_parts).
-    ///
-    /// # Errors
-    /// `Checkpoint` for I/O errors or a prefix that is not 16 hex digits
-    /// followed by `-` and a name of plain characters (a part's name: the
-    /// files of a single save, named by the id alone, are the ones a
-    /// publish may delete at once when no manifest names them).
-    pub fn write_files(
-        &self,
-        dir: &Path,
-        prefix: &str,
-        with_optimizer: bool,
-        progress: Option<&AtomicU64>,
-    ) -> Result<Vec<FileEntry>> {
-        if !is_ours(&format!("{prefix}-00000-0000.safetensors"))
-            || prefix.len() <= 17
-            || prefix.contains(['/', '\\'])
-        {
-            return Err(ckpt_err(
-                dir,
-                format!("file prefix {prefix:?} is not a checkpoint id"),
-            ));
-        }
-        let _floor = self.rows_in_place();
-        let _gate = self.gate.write().unwrap_or_else(PoisonError::into_inner);
-        create_checkpoint_dir(dir)?;
-        let written = self
-            .write_rows(dir, prefix, None, with_optimizer, progress)
-            .and_then(|files| {
-                fsync_files(dir, files.iter().map(|f| f.name.as_str()))?;
-                Ok(files)
-            });
-        if written.is_err() {
-            remove_partial(dir, prefix);
-        }
-        written
     }
 }
