@@ -5,7 +5,7 @@
 //! The disk tier is a floor under the table, not a guard each call must
 //! remember: a call gets its keys' plan only from [`Table::plan`], which
 //! for a disk table takes the table's *cold gate* shared and moves the
-//! rows its keys have on disk into memory ([`Table::stand`]) with the plan
+//! rows its keys have on disk into memory ([`DiskTier::stand`]) with the plan
 //! the call then uses (each key is planned once). It reads them all at
 //! once, from many threads, so that the device's queue is kept full, and
 //! the call then runs as on a table in memory. When the call ends (its
@@ -22,6 +22,7 @@
 //! shard lock; it is taken on the calling thread only, never in a rayon
 //! job, and a call on several tables takes theirs by ascending table id.
 
+use crate::table::views::DiskTier;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
@@ -62,7 +63,7 @@ type Rounds = HashMap<i64, u64, BuildHasherDefault<KeyHasher>>;
 const RECENT_CALLS: u64 = 2;
 
 /// Keys a disk table's lookup takes at a time at the least
-/// ([`Table::cold_piece`]).
+/// ([`DiskTier::cold_piece`]).
 const MIN_PIECE: usize = 4096;
 
 /// Threads that read a call's rows from disk at most: the device's queue
@@ -212,6 +213,70 @@ struct Want {
 }
 
 impl Table {
+    /// Moves the rows of `keys` that this disk table holds on disk into
+    /// memory now (nothing for a table in memory), for a prefetch thread:
+    /// they stay in memory for the next two rounds of moving rows out,
+    /// whatever their score, so that the call that needs them (the next
+    /// step of a training loop) finds them there. The ids do not count for
+    /// the hit rate.
+    ///
+    /// # Errors
+    /// As [`DiskTier::stand`] (the call that needs the rows meets the
+    /// failure again).
+    pub fn prefetch_now(&self, keys: &[i64]) -> Result<()> {
+        let Some(c) = &self.cold else {
+            return Ok(());
+        };
+        if !c.owned() {
+            return Err(crate::table::storage::cold::forked());
+        }
+        {
+            let mut p = c.prefetched.lock().unwrap_or_else(PoisonError::into_inner);
+            let round = p.0;
+            p.1.extend(keys.iter().map(|&k| (k, round)));
+        }
+        let plan = self.plan(keys, Floor::InPlace)?;
+        DiskTier(self).fault_in(c, keys, &plan, false)
+    }
+
+    /// A disk table's figures; `None` for a table in memory.
+    pub fn disk_stats(&self) -> Option<DiskStats> {
+        let c = self.cold.as_ref()?;
+        let mut st = DiskStats::default();
+        for lock in self.shards.iter() {
+            let g = read(lock);
+            st.memory_rows += g.len();
+            if let Some(cs) = &g.cold {
+                st.disk_rows += cs.len();
+                st.disk_bytes += cs.disk_bytes();
+                st.disk_index_bytes += cs.index_bytes();
+            }
+        }
+        let ids = c.ids.load(Ordering::Relaxed);
+        let cold = c.cold_ids.load(Ordering::Relaxed);
+        st.overall_hit_rate = if ids == 0 {
+            1.0
+        } else {
+            1.0 - cold as f64 / ids as f64
+        };
+        st.rows_read = c.rows_in.load(Ordering::Relaxed);
+        st.rows_written = c.rows_out.load(Ordering::Relaxed);
+        st.rows_compacted = c.compaction.moved.load(Ordering::Relaxed);
+        st.error = c
+            .error
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        Some(st)
+    }
+
+    /// The disk table's settings; `None` for a table in memory.
+    pub fn disk(&self) -> Option<&DiskConfig> {
+        self.cold.as_ref().map(|c| &c.config)
+    }
+}
+
+impl<'a> DiskTier<'a> {
     /// The floor under a planned call ([`Table::plan`]; see [`Floor`]): for
     /// a disk table, the cold gate taken shared and, for a call that reads
     /// or trains rows, the rows of `keys` that are on disk moved into
@@ -222,14 +287,17 @@ impl Table {
     /// `Checkpoint` for a row that cannot be read or fails its check;
     /// `OutOfMemory` naming `keys`; a forked child's copy of a disk table
     /// refuses. No row changed (some may have moved into memory).
-    pub(crate) fn stand(&self, plan: Plan, keys: &[i64], floor: Floor) -> Result<Planned<'_>> {
-        let Some(c) = self.cold.as_ref().filter(|_| floor != Floor::Skip) else {
+    pub(crate) fn stand(&self, plan: Plan, keys: &[i64], floor: Floor) -> Result<Planned<'a>> {
+        let Some(c) = self.0.cold.as_ref().filter(|_| floor != Floor::Skip) else {
             return Ok(Planned { plan, floor: None });
         };
         if !c.owned() {
             return Err(crate::table::storage::cold::forked());
         }
-        let hold = ColdHold::of(self, c.gate.read().unwrap_or_else(PoisonError::into_inner));
+        let hold = ColdHold::of(
+            self.0,
+            c.gate.read().unwrap_or_else(PoisonError::into_inner),
+        );
         if floor != Floor::InPlace {
             self.fault_in(c, keys, &plan, floor == Floor::Read)?;
         }
@@ -243,10 +311,10 @@ impl Table {
     /// policy, the list of keys): the floor held with nothing moved, so
     /// that no row crosses between memory and disk while the call reads
     /// both. `None` for a table in memory.
-    pub(crate) fn rows_in_place(&self) -> Option<ColdHold<'_>> {
-        let c = self.cold.as_ref()?;
+    pub(crate) fn rows_in_place(&self) -> Option<ColdHold<'a>> {
+        let c = self.0.cold.as_ref()?;
         let guard = c.gate.read().unwrap_or_else(PoisonError::into_inner);
-        Some(ColdHold::of(self, guard))
+        Some(ColdHold::of(self.0, guard))
     }
 
     /// Moves the rows of `keys` on disk into memory (`plan` is theirs);
@@ -348,32 +416,6 @@ impl Table {
         Ok(())
     }
 
-    /// Moves the rows of `keys` that this disk table holds on disk into
-    /// memory now (nothing for a table in memory), for a prefetch thread:
-    /// they stay in memory for the next two rounds of moving rows out,
-    /// whatever their score, so that the call that needs them (the next
-    /// step of a training loop) finds them there. The ids do not count for
-    /// the hit rate.
-    ///
-    /// # Errors
-    /// As [`Table::stand`] (the call that needs the rows meets the
-    /// failure again).
-    pub fn prefetch_now(&self, keys: &[i64]) -> Result<()> {
-        let Some(c) = &self.cold else {
-            return Ok(());
-        };
-        if !c.owned() {
-            return Err(crate::table::storage::cold::forked());
-        }
-        {
-            let mut p = c.prefetched.lock().unwrap_or_else(PoisonError::into_inner);
-            let round = p.0;
-            p.1.extend(keys.iter().map(|&k| (k, round)));
-        }
-        let plan = self.plan(keys, Floor::InPlace)?;
-        self.fault_in(c, keys, &plan, false)
-    }
-
     /// For a disk table, the keys a lookup of `n` keys takes at a time
     /// when it cannot take them all (`None`: all at once, and always for a
     /// table in memory): about half of `memory_bytes` of rows, at least
@@ -390,7 +432,7 @@ impl Table {
         (n > piece).then_some(piece)
     }
 
-    /// A call of `n` keys that [`Table::cold_piece`] splits: `call` run on
+    /// A call of `n` keys that [`DiskTier::cold_piece`] splits: `call` run on
     /// each piece's positions in turn, and its result (`None`: the call is
     /// taken whole, by the caller).
     pub(crate) fn in_pieces(
@@ -404,42 +446,6 @@ impl Table {
                 .step_by(piece)
                 .try_for_each(|from| call(from..(from + piece).min(n))),
         )
-    }
-
-    /// A disk table's figures; `None` for a table in memory.
-    pub fn disk_stats(&self) -> Option<DiskStats> {
-        let c = self.cold.as_ref()?;
-        let mut st = DiskStats::default();
-        for lock in self.shards.iter() {
-            let g = read(lock);
-            st.memory_rows += g.len();
-            if let Some(cs) = &g.cold {
-                st.disk_rows += cs.len();
-                st.disk_bytes += cs.disk_bytes();
-                st.disk_index_bytes += cs.index_bytes();
-            }
-        }
-        let ids = c.ids.load(Ordering::Relaxed);
-        let cold = c.cold_ids.load(Ordering::Relaxed);
-        st.overall_hit_rate = if ids == 0 {
-            1.0
-        } else {
-            1.0 - cold as f64 / ids as f64
-        };
-        st.rows_read = c.rows_in.load(Ordering::Relaxed);
-        st.rows_written = c.rows_out.load(Ordering::Relaxed);
-        st.rows_compacted = c.compaction.moved.load(Ordering::Relaxed);
-        st.error = c
-            .error
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone();
-        Some(st)
-    }
-
-    /// The disk table's settings; `None` for a table in memory.
-    pub fn disk(&self) -> Option<&DiskConfig> {
-        self.cold.as_ref().map(|c| &c.config)
     }
 }
 
@@ -633,7 +639,7 @@ mod tests {
             assert!(st.memory_rows <= 40 + 48, "round {round}: {st:?}");
             assert_eq!(st.memory_rows + st.disk_rows, ram.len());
         }
-        disk.settle_compaction();
+        DiskTier(&disk).settle_compaction();
         let st = disk.disk_stats().unwrap();
         assert!(st.disk_rows > 300 && st.rows_read > 1000, "{st:?}");
         assert!(st.overall_hit_rate < 0.5, "{st:?}");
@@ -777,7 +783,7 @@ mod tests {
                 train(t, &mut Rng(5), 4);
             }
             // Compaction moves the live rows of half-dead adopted files.
-            back.settle_compaction();
+            DiskTier(&back).settle_compaction();
             let mut half_dead = 0;
             for lock in back.shards.iter() {
                 let mut g = write(lock);
@@ -1024,7 +1030,7 @@ mod tests {
         disk.save(&ck, true, true, None).unwrap();
         let (back, _) = Table::load(&ck, None, None).unwrap();
         assert_eq!(export(&back), export(&disk));
-        disk.settle_compaction();
+        DiskTier(&disk).settle_compaction();
         let st = disk.disk_stats().unwrap();
         assert!(st.error.is_none(), "{st:?}");
         assert!(st.rows_compacted > 0 && st.disk_rows > 100, "{st:?}");

@@ -5,10 +5,10 @@
 //! ([`storage::compact`](super::storage::compact)); one runs at a time, on
 //! a thread of its own.
 
+use crate::table::views::DiskTier;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
-use crate::table::Table;
 use crate::table::storage::cold::{Done, Job};
 use crate::table::storage::disk_dir::StoreDir;
 use crate::table::storage::write;
@@ -79,7 +79,7 @@ fn background(work: Work) {
     }
 }
 
-impl Table {
+impl<'a> DiskTier<'a> {
     /// Names the rows that finished compaction jobs moved in their new
     /// places (the caller holds the cold gate exclusively, so no call is
     /// between finding a row and moving it in); returns the last job's

@@ -1,6 +1,7 @@
 //! A table's figures: rows, bytes by part, and its `Stats`.
 
 use super::*;
+use crate::table::views::Evictor;
 
 impl Table {
     /// Rows held.
@@ -48,7 +49,7 @@ impl Table {
             .unwrap_or_else(PoisonError::into_inner)
             .as_ref()
             .map_or(0, Memo::bytes);
-        (len, fixed + shards + memo + self.lowest_bytes())
+        (len, fixed + shards + memo + Evictor(self).lowest_bytes())
     }
 
     /// Rows, bytes and per-shard rows.
@@ -74,7 +75,7 @@ impl Table {
             .unwrap_or_else(PoisonError::into_inner)
             .as_ref()
             .map_or(0, Memo::bytes);
-        bytes += self.lowest_bytes();
+        bytes += Evictor(self).lowest_bytes();
         Stats {
             rows: shard_rows.iter().sum(),
             bytes,

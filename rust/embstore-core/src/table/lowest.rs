@@ -18,7 +18,7 @@
 //! (count first) it does when the bar's count is at most one, so an LFU
 //! scan keeps only rows touched at most once. Whatever sets a row's
 //! metadata directly (a `restore` or load, a disk table's moves) breaks
-//! that, and forgets the rows kept ([`Table::forget_lowest`]); a disk
+//! that, and forgets the rows kept ([`Evictor::forget_lowest`]); a disk
 //! table keeps none. Calls running at the same time may see the order of
 //! the moment each looked, as a full scan may.
 //!
@@ -29,8 +29,8 @@
 
 use crate::hash::{key_hash, shard_of};
 use crate::policy::Eviction;
-use crate::table::Table;
 use crate::table::storage::read;
+use crate::table::views::Evictor;
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 use std::sync::PoisonError;
@@ -148,7 +148,7 @@ pub(crate) fn merge_lowest(per_shard: Vec<(Vec<Score>, bool)>) -> Option<Vec<Sco
     Some(out)
 }
 
-impl Table {
+impl<'a> Evictor<'a> {
     /// How many of the next lowest rows a scan of `len` rows that evicts
     /// `k` keeps past them.
     pub(crate) fn lowest_to_keep(&self, len: usize, k: usize) -> usize {

@@ -51,6 +51,7 @@ pub mod records;
 pub(crate) mod step;
 pub(crate) mod storage;
 mod stored;
+pub(crate) mod views;
 mod write;
 
 use crate::error::{Result, invalid, oom};

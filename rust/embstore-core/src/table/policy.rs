@@ -5,10 +5,70 @@ use crate::table::batch::output::{SharedBools, SharedOut};
 use crate::table::batch::plan::Floor;
 use crate::table::counters::Counters;
 use crate::table::lowest::{Score, lowest_of, merge_lowest};
+use crate::table::views::DiskTier;
+use crate::table::views::Evictor;
 use crate::table::{Table, read};
 use rayon::iter::{IntoParallelRefIterator, ParallelIterator};
 
 impl Table {
+    /// Runs the eviction policy now: removes the rows not touched for
+    /// `ttl_steps` optimizer steps (or more than `ttl_seconds` seconds),
+    /// then, above the capacity (`capacity`, `capacity_bytes`), the
+    /// lowest-scoring rows. Returns the evicted keys ascending and, with
+    /// `with_rows`, their weights (`n * dim`) for archiving.
+    pub fn evict(&self, with_rows: bool) -> (Vec<i64>, Vec<f32>) {
+        let _floor = DiskTier(self).rows_in_place();
+        let _gate = self.enter();
+        let mut keys = Vec::new();
+        let mut rows = Vec::new();
+        if self.policy.ttl_steps.is_some() || self.policy.ttl_seconds.is_some() {
+            self.count_queued_reads();
+            let policy = &self.policy;
+            let now = policy.age_clock(self.step());
+            let expired: Vec<i64> = self
+                .shards
+                .par_iter()
+                .flat_map_iter(|lock| {
+                    let g = read(lock);
+                    let on_disk = g.cold.iter().flat_map(|c| c.metas());
+                    g.keys_and_rows()
+                        .filter(|&(_, r)| policy.expired(&g.meta(r), now))
+                        .map(|(key, _)| key)
+                        .chain(
+                            on_disk
+                                .filter(|(_, w)| policy.expired(&Meta::from_words(*w), now))
+                                .map(|(key, _)| key),
+                        )
+                        .collect::<Vec<_>>()
+                })
+                .collect();
+            (keys, rows) = Evictor(self).remove_evicted(&expired, with_rows);
+        }
+        if let Some(cap) = self.capacity {
+            let len = self.len();
+            if len > cap {
+                let (k2, r2) = Evictor(self).evict_lowest(len - cap, with_rows);
+                keys.extend(k2);
+                rows.extend(r2);
+            }
+        }
+        let dim = self.dim;
+        let mut order: Vec<usize> = (0..keys.len()).collect();
+        order.sort_unstable_by_key(|&i| keys[i]);
+        let sorted_keys = order.iter().map(|&i| keys[i]).collect();
+        let sorted_rows = if with_rows {
+            order
+                .iter()
+                .flat_map(|&i| rows[i * dim..(i + 1) * dim].iter().copied())
+                .collect()
+        } else {
+            Vec::new()
+        };
+        (sorted_keys, sorted_rows)
+    }
+}
+
+impl<'a> Evictor<'a> {
     /// After a call that inserted: evicts the lowest-scoring rows until at
     /// most `capacity` remain. The caller holds the gate shared.
     pub(crate) fn enforce_capacity(&self) {
@@ -176,62 +236,6 @@ impl Table {
             }
         }
         (kept_keys, kept_rows)
-    }
-
-    /// Runs the eviction policy now: removes the rows not touched for
-    /// `ttl_steps` optimizer steps (or more than `ttl_seconds` seconds),
-    /// then, above the capacity (`capacity`, `capacity_bytes`), the
-    /// lowest-scoring rows. Returns the evicted keys ascending and, with
-    /// `with_rows`, their weights (`n * dim`) for archiving.
-    pub fn evict(&self, with_rows: bool) -> (Vec<i64>, Vec<f32>) {
-        let _floor = self.rows_in_place();
-        let _gate = self.enter();
-        let mut keys = Vec::new();
-        let mut rows = Vec::new();
-        if self.policy.ttl_steps.is_some() || self.policy.ttl_seconds.is_some() {
-            self.count_queued_reads();
-            let policy = &self.policy;
-            let now = policy.age_clock(self.step());
-            let expired: Vec<i64> = self
-                .shards
-                .par_iter()
-                .flat_map_iter(|lock| {
-                    let g = read(lock);
-                    let on_disk = g.cold.iter().flat_map(|c| c.metas());
-                    g.keys_and_rows()
-                        .filter(|&(_, r)| policy.expired(&g.meta(r), now))
-                        .map(|(key, _)| key)
-                        .chain(
-                            on_disk
-                                .filter(|(_, w)| policy.expired(&Meta::from_words(*w), now))
-                                .map(|(key, _)| key),
-                        )
-                        .collect::<Vec<_>>()
-                })
-                .collect();
-            (keys, rows) = self.remove_evicted(&expired, with_rows);
-        }
-        if let Some(cap) = self.capacity {
-            let len = self.len();
-            if len > cap {
-                let (k2, r2) = self.evict_lowest(len - cap, with_rows);
-                keys.extend(k2);
-                rows.extend(r2);
-            }
-        }
-        let dim = self.dim;
-        let mut order: Vec<usize> = (0..keys.len()).collect();
-        order.sort_unstable_by_key(|&i| keys[i]);
-        let sorted_keys = order.iter().map(|&i| keys[i]).collect();
-        let sorted_rows = if with_rows {
-            order
-                .iter()
-                .flat_map(|&i| rows[i * dim..(i + 1) * dim].iter().copied())
-                .collect()
-        } else {
-            Vec::new()
-        };
-        (sorted_keys, sorted_rows)
     }
 }
 

@@ -6,6 +6,7 @@
 //! puts them into another. An online reshard moves a table between ranks
 //! so: a disk table's rows pass through memory one batch at a time.
 
+use crate::table::views::DiskTier;
 use std::sync::PoisonError;
 
 use crate::error::{Result, invalid, oom};
@@ -39,7 +40,7 @@ impl Records {
     /// # Errors
     /// `OutOfMemory` when the list cannot be allocated.
     pub fn keys_of(t: &Table) -> Result<Vec<i64>> {
-        let _floor = t.rows_in_place();
+        let _floor = DiskTier(t).rows_in_place();
         let _gate = t.gate.write().unwrap_or_else(PoisonError::into_inner);
         let guards: Vec<_> = t.shards.iter().map(|s| read(s)).collect();
         let mut disk = Vec::new();

@@ -6,6 +6,8 @@
 //! 8-bit row's scale recomputed from its decoded weights can move by an
 //! ulp, and its codes with it).
 
+use crate::table::views::Writer;
+use crate::table::views::{Evictor, Reader};
 use rayon::prelude::*;
 
 use crate::error::{Result, invalid};
@@ -31,7 +33,7 @@ impl Table {
         words: &mut [f32],
         state: &mut [f32],
     ) -> Result<()> {
-        Self::check_batch(keys)?;
+        Table::check_batch(keys)?;
         let (dim, ww, sl) = (self.dim, self.wwords, self.state_len);
         check_len("out", keys.len() * ww, words.len())?;
         check_len("state", keys.len() * sl, state.len())?;
@@ -39,7 +41,7 @@ impl Table {
         let w_out = SharedOut::new(words, ww);
         let st_out = SharedOut::new(state, sl);
         let _gate = self.lookup_changes(insert).then(|| self.enter());
-        self.lookup_rows(keys, &plan, insert, None, |g, pos, rows| {
+        Reader(self).lookup_rows(keys, &plan, insert, None, |g, pos, rows| {
             let mut tmp = vec![0.0f32; dim];
             for (&i, &r) in pos.iter().zip(rows) {
                 let i = i as usize;
@@ -59,7 +61,7 @@ impl Table {
             }
         })?;
         if insert {
-            self.enforce_capacity();
+            Evictor(self).enforce_capacity();
         }
         Ok(())
     }
@@ -76,8 +78,8 @@ impl Table {
     /// for words that decode to weights this table cannot hold, or `state`
     /// for impossible state; nothing changed then.
     pub fn assign_stored(&self, keys: &[i64], words: &[f32], state: &[f32]) -> Result<()> {
-        let values = self.decode_stored(keys, words)?;
-        self.assign_checked(keys, &values, Some(words), Some(state), None, None, None)
+        let values = Writer(self).decode_stored(keys, words)?;
+        Writer(self).assign_checked(keys, &values, Some(words), Some(state), None, None, None)
     }
 
     /// [`Table::restore`] of rows as the table stores them (`words`, as
@@ -94,7 +96,7 @@ impl Table {
         meta: Option<&[u32]>,
         clock: u64,
     ) -> Result<()> {
-        let values = self.decode_stored(keys, words)?;
+        let values = Writer(self).decode_stored(keys, words)?;
         if keys.is_empty() {
             // Nothing to write: only the clock (no tick for an empty call).
             self.set_clock(self.clock().max(clock));
@@ -104,13 +106,15 @@ impl Table {
         if let Some(m) = meta {
             check_len("meta", keys.len() * 4, m.len())?;
         }
-        self.assign_checked(keys, &values, Some(words), state, meta, None, Some(clock))
+        Writer(self).assign_checked(keys, &values, Some(words), state, meta, None, Some(clock))
     }
+}
 
+impl<'a> Writer<'a> {
     /// The weights of stored rows `words`, checked (an 8-bit row's scale
     /// and offset, finite values that fit the format).
     fn decode_stored(&self, keys: &[i64], words: &[f32]) -> Result<Vec<f32>> {
-        Self::check_batch(keys)?;
+        Table::check_batch(keys)?;
         let (dim, ww) = (self.dim, self.wwords);
         check_len("rows", keys.len() * ww, words.len())?;
         let format = self.policy.format;

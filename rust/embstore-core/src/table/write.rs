@@ -9,13 +9,15 @@ use crate::table::checks::{check_finite, check_len};
 use crate::table::counters::Counters;
 use crate::table::step::bounds::Magnitudes;
 use crate::table::storage::{Shard, ShardWrite, pages, try_lock, try_write, write};
+use crate::table::views::Writer;
+use crate::table::views::{Evictor, Stepper};
 use crate::table::{Table, read};
 use rayon::iter::{IntoParallelRefIterator, ParallelIterator};
 
 /// The most keys [`Table::try_assign_now`] takes.
 pub(crate) const NOW_KEYS: usize = 16;
 
-/// The plan an assign runs on ([`Table::assign_in`]), made by its caller.
+/// The plan an assign runs on ([`Writer::assign_in`]), made by its caller.
 pub(crate) enum Taken<'a> {
     /// The keys' plan.
     Plan(Plan),
@@ -31,7 +33,7 @@ impl Table {
     /// # Errors
     /// `ShapeMismatch`, `NonFinite`; nothing changed.
     pub fn assign_state(&self, keys: &[i64], values: &[f32], state: &[f32]) -> Result<()> {
-        self.assign_checked(keys, values, None, Some(state), None, None, None)
+        Writer(self).assign_checked(keys, values, None, Some(state), None, None, None)
     }
 
     /// Inserts or overwrites the rows of `keys` with `values` (`keys.len() *
@@ -41,7 +43,7 @@ impl Table {
     /// # Errors
     /// `ShapeMismatch` for a wrong `values` length; `NonFinite` for NaN/inf.
     pub fn assign(&self, keys: &[i64], values: &[f32]) -> Result<()> {
-        self.assign_checked(keys, values, None, None, None, None, None)
+        Writer(self).assign_checked(keys, values, None, None, None, None, None)
     }
 
     /// Inserts or overwrites rows with their optimizer state (if given) and
@@ -65,12 +67,154 @@ impl Table {
         if let Some(m) = meta {
             check_len("meta", keys.len() * 4, m.len())?;
         }
-        self.assign_checked(keys, values, None, state, meta, None, Some(clock))
+        Writer(self).assign_checked(keys, values, None, state, meta, None, Some(clock))
     }
 
+    /// [`Table::assign`] of a few keys of one shard, made only if it need
+    /// not wait: for the binding to make with the GIL held (handing the GIL
+    /// over and back cost a one-row insert into a cache 6% of its time).
+    /// `None`, having changed nothing, where it would wait (the gate or the
+    /// shard's lock taken), allocate (no room for the keys' rows in the
+    /// shard) or is not such a call (more than [`NOW_KEYS`] keys, several
+    /// shards, a disk table, a table its new rows may take past its
+    /// capacity: that call evicts, with the GIL released); the caller then
+    /// makes the ordinary call. `Some(Ok(true))`: the rows are written and
+    /// the table is past its capacity (calls in other threads filled it
+    /// meanwhile): the caller then runs [`Table::enforce_capacity_now`].
+    ///
+    /// # Errors
+    /// As [`Table::assign`]; nothing changed.
+    pub fn try_assign_now(&self, keys: &[i64], values: &[f32]) -> Option<Result<bool>> {
+        if self.cold.is_some()
+            || keys.is_empty()
+            || keys.len() > NOW_KEYS
+            || Evictor(self).may_pass_capacity(keys.len())
+        {
+            return None;
+        }
+        let m = match Writer(self).check_assign(keys, values, None) {
+            Ok(m) => m,
+            Err(e) => return Some(Err(e)),
+        };
+        let _gate = try_lock(self.gate.try_read())?;
+        let plan = self.plan(keys, Floor::Read).ok()?.plan;
+        let s = plan.one_shard()?;
+        let g = try_write(&self.shards[s])?;
+        if !g.has_room(keys.len()) {
+            return None;
+        }
+        let save_gen = self.generation();
+        let done = Writer(self).assign_in(
+            keys,
+            values,
+            None,
+            None,
+            None,
+            save_gen,
+            Some(m),
+            Taken::Shard(plan, s, g),
+        );
+        Some(done.map(|()| Evictor(self).over_capacity()))
+    }
+
+    /// [`Evictor::enforce_capacity`] for a caller that does not hold the
+    /// gate (after [`Table::try_assign_now`]).
+    pub fn enforce_capacity_now(&self) {
+        let _gate = self.enter();
+        Evictor(self).enforce_capacity();
+    }
+
+    /// Makes room in the index for about `additional` more rows in total
+    /// (spread over the shards), so that a bulk insert does not grow the
+    /// index step by step. Row memory, and the index's pages, are left to
+    /// be mapped as rows arrive (a load calls this with its manifest's
+    /// count, which its files have not confirmed yet; see
+    /// [`Table::reserve_rows`] for both now).
+    ///
+    /// # Errors
+    /// `OutOfMemory` naming `rows` when the index cannot be allocated.
+    pub fn try_reserve_index(&self, additional: usize) -> Result<()> {
+        let n = self.shards.len();
+        let per = additional / n + additional / n / 16 + 16;
+        let _gate = self.enter();
+        let failed = self
+            .shards
+            .par_iter()
+            .map(|lock| write(lock).try_reserve_index_exact(per, false).is_err())
+            .reduce(|| false, |a, b| a || b);
+        if failed {
+            return Err(oom("rows", (per as u128) * (n as u128) * 8));
+        }
+        Ok(())
+    }
+
+    /// Makes room for `additional` more rows, spread over the shards as keys
+    /// spread (each shard gets its share plus four standard deviations):
+    /// index space, and row memory allocated and touched now, so that
+    /// inserting that many new keys later maps no fresh memory (as
+    /// HierarchicalKV and TFRA tables take their initial capacity up front).
+    /// The reserved memory counts in `stats().bytes` from now on.
+    ///
+    /// # Errors
+    /// `InvalidArgument` naming `rows` when the memory cannot be allocated;
+    /// rows and keys are unchanged then.
+    pub fn reserve_rows(&self, additional: usize) -> Result<()> {
+        if additional == 0 {
+            return Ok(());
+        }
+        let n = self.shards.len();
+        let mean = additional.div_ceil(n);
+        let per = mean + 4 * (mean as f64).sqrt().ceil() as usize;
+        let row_bytes = read(&self.shards[0]).row_bytes();
+        let need = (per as u128) * (n as u128) * (row_bytes as u128);
+        // Writers take the gate first (the crate's lock order), so that a
+        // snapshot holding it exclusively never waits for this.
+        let _gate = self.enter();
+        if let Some(avail) = pages::available_memory()
+            && need > avail as u128
+        {
+            return Err(invalid(
+                "rows",
+                format!(
+                    "reserving {additional} rows needs {need} bytes, more than the \
+                     {avail} bytes of memory available"
+                ),
+            ));
+        }
+        let failed = self
+            .shards
+            .par_iter()
+            .map(|lock| write(lock).reserve_rows(per).is_err())
+            .reduce(|| false, |a, b| a || b);
+        if failed {
+            return Err(invalid(
+                "rows",
+                format!("could not allocate memory for {additional} more rows"),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Removes the rows of `keys`; returns how many were present.
+    ///
+    /// # Errors
+    /// Only for batches of more than 2^32 - 1 keys.
+    pub fn remove(&self, keys: &[i64]) -> Result<usize> {
+        Table::check_batch(keys)?;
+        let _gate = self.enter();
+        let plan = self.plan(keys, Floor::Skip)?;
+        Ok(self.par_shards_mut(&plan, |g, pos| {
+            pos.iter()
+                .filter(|&&i| g.remove(keys[i as usize], plan.hashes[i as usize]))
+                .count()
+        }))
+    }
+}
+
+impl<'a> Writer<'a> {
     /// Checks `values` and `state` (finite, of the row format, state an
     /// optimizer can produce), then assigns them (with `meta`, as
-    /// [`Table::assign_in`]) under the gate and moves the call clock
+    /// [`Writer::assign_in`]) under the gate and moves the call clock
     /// forward to `clock`: the one path of assign, assign with state and
     /// restore. The rows are marked with save generation `save_gen`, or
     /// (`None`) the one current once the gate is held: read before it, a
@@ -102,7 +246,7 @@ impl Table {
         if let Some(c) = clock {
             self.set_clock(self.clock().max(c));
         }
-        self.enforce_capacity();
+        Evictor(self).enforce_capacity();
         Ok(())
     }
 
@@ -115,7 +259,7 @@ impl Table {
         values: &[f32],
         state: Option<&[f32]>,
     ) -> Result<Magnitudes> {
-        Self::check_batch(keys)?;
+        Table::check_batch(keys)?;
         let (dim, sl) = (self.dim, self.state_len);
         check_len("values", keys.len() * dim, values.len())?;
         if let Some(st) = state {
@@ -136,60 +280,6 @@ impl Table {
             }
         }
         Ok(m)
-    }
-
-    /// [`Table::assign`] of a few keys of one shard, made only if it need
-    /// not wait: for the binding to make with the GIL held (handing the GIL
-    /// over and back cost a one-row insert into a cache 6% of its time).
-    /// `None`, having changed nothing, where it would wait (the gate or the
-    /// shard's lock taken), allocate (no room for the keys' rows in the
-    /// shard) or is not such a call (more than [`NOW_KEYS`] keys, several
-    /// shards, a disk table, a table its new rows may take past its
-    /// capacity: that call evicts, with the GIL released); the caller then
-    /// makes the ordinary call. `Some(Ok(true))`: the rows are written and
-    /// the table is past its capacity (calls in other threads filled it
-    /// meanwhile): the caller then runs [`Table::enforce_capacity_now`].
-    ///
-    /// # Errors
-    /// As [`Table::assign`]; nothing changed.
-    pub fn try_assign_now(&self, keys: &[i64], values: &[f32]) -> Option<Result<bool>> {
-        if self.cold.is_some()
-            || keys.is_empty()
-            || keys.len() > NOW_KEYS
-            || self.may_pass_capacity(keys.len())
-        {
-            return None;
-        }
-        let m = match self.check_assign(keys, values, None) {
-            Ok(m) => m,
-            Err(e) => return Some(Err(e)),
-        };
-        let _gate = try_lock(self.gate.try_read())?;
-        let plan = self.plan(keys, Floor::Read).ok()?.plan;
-        let s = plan.one_shard()?;
-        let g = try_write(&self.shards[s])?;
-        if !g.has_room(keys.len()) {
-            return None;
-        }
-        let save_gen = self.generation();
-        let done = self.assign_in(
-            keys,
-            values,
-            None,
-            None,
-            None,
-            save_gen,
-            Some(m),
-            Taken::Shard(plan, s, g),
-        );
-        Some(done.map(|()| self.over_capacity()))
-    }
-
-    /// [`Table::enforce_capacity`] for a caller that does not hold the
-    /// gate (after [`Table::try_assign_now`]).
-    pub fn enforce_capacity_now(&self) {
-        let _gate = self.enter();
-        self.enforce_capacity();
     }
 
     /// [`Table::assign_with_state`] on checked input, with the gate held
@@ -234,20 +324,20 @@ impl Table {
         let mut held = None;
         let reserved = match one {
             Some((s, mut g)) => {
-                let n = self
+                let n = Stepper(self)
                     .reserve_shard(&mut g, s, &plan, keys, None, false)
-                    .ok_or_else(|| self.refuse_rows("keys", keys.len()))?;
+                    .ok_or_else(|| Stepper(self).refuse_rows("keys", keys.len()))?;
                 held = Some((s, g));
                 let mut r = vec![0; self.shards.len()];
                 r[s] = n;
                 r
             }
-            None => self.reserve_plan(&plan, keys, None, false, "keys")?,
+            None => Stepper(self).reserve_plan(&plan, keys, None, false, "keys")?,
         };
         if meta.is_some() {
             // Metadata set directly may score below the rows kept for
             // eviction (`table::lowest`).
-            self.forget_lowest();
+            Evictor(self).forget_lowest();
         }
         // What this writes, in the bounds every step's non-finite check
         // starts from (raised before the rows change: a bound may only be
@@ -339,92 +429,6 @@ impl Table {
         }
         Ok(())
     }
-
-    /// Makes room in the index for about `additional` more rows in total
-    /// (spread over the shards), so that a bulk insert does not grow the
-    /// index step by step. Row memory, and the index's pages, are left to
-    /// be mapped as rows arrive (a load calls this with its manifest's
-    /// count, which its files have not confirmed yet; see
-    /// [`Table::reserve_rows`] for both now).
-    ///
-    /// # Errors
-    /// `OutOfMemory` naming `rows` when the index cannot be allocated.
-    pub fn try_reserve_index(&self, additional: usize) -> Result<()> {
-        let n = self.shards.len();
-        let per = additional / n + additional / n / 16 + 16;
-        let _gate = self.enter();
-        let failed = self
-            .shards
-            .par_iter()
-            .map(|lock| write(lock).try_reserve_index_exact(per, false).is_err())
-            .reduce(|| false, |a, b| a || b);
-        if failed {
-            return Err(oom("rows", (per as u128) * (n as u128) * 8));
-        }
-        Ok(())
-    }
-
-    /// Makes room for `additional` more rows, spread over the shards as keys
-    /// spread (each shard gets its share plus four standard deviations):
-    /// index space, and row memory allocated and touched now, so that
-    /// inserting that many new keys later maps no fresh memory (as
-    /// HierarchicalKV and TFRA tables take their initial capacity up front).
-    /// The reserved memory counts in `stats().bytes` from now on.
-    ///
-    /// # Errors
-    /// `InvalidArgument` naming `rows` when the memory cannot be allocated;
-    /// rows and keys are unchanged then.
-    pub fn reserve_rows(&self, additional: usize) -> Result<()> {
-        if additional == 0 {
-            return Ok(());
-        }
-        let n = self.shards.len();
-        let mean = additional.div_ceil(n);
-        let per = mean + 4 * (mean as f64).sqrt().ceil() as usize;
-        let row_bytes = read(&self.shards[0]).row_bytes();
-        let need = (per as u128) * (n as u128) * (row_bytes as u128);
-        // Writers take the gate first (the crate's lock order), so that a
-        // snapshot holding it exclusively never waits for this.
-        let _gate = self.enter();
-        if let Some(avail) = pages::available_memory()
-            && need > avail as u128
-        {
-            return Err(invalid(
-                "rows",
-                format!(
-                    "reserving {additional} rows needs {need} bytes, more than the \
-                     {avail} bytes of memory available"
-                ),
-            ));
-        }
-        let failed = self
-            .shards
-            .par_iter()
-            .map(|lock| write(lock).reserve_rows(per).is_err())
-            .reduce(|| false, |a, b| a || b);
-        if failed {
-            return Err(invalid(
-                "rows",
-                format!("could not allocate memory for {additional} more rows"),
-            ));
-        }
-        Ok(())
-    }
-
-    /// Removes the rows of `keys`; returns how many were present.
-    ///
-    /// # Errors
-    /// Only for batches of more than 2^32 - 1 keys.
-    pub fn remove(&self, keys: &[i64]) -> Result<usize> {
-        Self::check_batch(keys)?;
-        let _gate = self.enter();
-        let plan = self.plan(keys, Floor::Skip)?;
-        Ok(self.par_shards_mut(&plan, |g, pos| {
-            pos.iter()
-                .filter(|&&i| g.remove(keys[i as usize], plan.hashes[i as usize]))
-                .count()
-        }))
-    }
 }
 
 #[cfg(test)]
@@ -480,6 +484,7 @@ mod tests {
 mod now_tests {
     use crate::hash::{key_hash, shard_of};
     use crate::table::storage::write;
+    use crate::table::views::Evictor;
     use crate::table::{Table, TableConfig};
 
     fn export(t: &Table) -> (Vec<i64>, Vec<f32>) {
@@ -541,7 +546,7 @@ mod now_tests {
         ));
         assert!(t.try_assign_now(&[more[49]], &[0.0, 0.0]).is_none());
         assert_eq!(t.len(), 100);
-        assert!(!t.over_capacity());
+        assert!(!Evictor(&t).over_capacity());
         assert_eq!(t.len(), 100);
     }
 }

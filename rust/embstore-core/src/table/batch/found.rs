@@ -5,9 +5,10 @@
 //! ([`Memo`]: no second hash-table probe).
 
 use crate::hash::key_hash;
+use crate::table::NO_ROW;
 use crate::table::batch::plan::Plan;
 use crate::table::storage::{Shard, try_lock};
-use crate::table::{NO_ROW, Table};
+use crate::table::views::Memos;
 use rayon::prelude::*;
 use std::sync::{Mutex, PoisonError};
 
@@ -138,7 +139,7 @@ impl Memo {
 /// most 64 MiB are kept).
 pub(crate) const MEMO_MAX_KEYS: usize = 1 << 22;
 
-impl Table {
+impl<'a> Memos<'a> {
     /// Keeps what a lookup found as the [`Memo`] for the gradient call that
     /// follows it (replacing the previous one).
     pub(crate) fn remember(&self, plan: Plan, found: FoundRows) {
@@ -156,7 +157,7 @@ impl Table {
         *self.memo.lock().unwrap_or_else(PoisonError::into_inner) = Some(memo);
     }
 
-    /// [`Table::remember`] for a caller that must not wait: the memo's lock
+    /// [`Memos::remember`] for a caller that must not wait: the memo's lock
     /// is only tried, and when it is busy nothing is kept (the gradient
     /// call that follows then probes the index itself). A lookup of at most
     /// [`SEQUENTIAL_KEYS`](crate::table::batch::plan::SEQUENTIAL_KEYS) keys.
@@ -199,13 +200,16 @@ mod tests {
         let keys = [5i64, 9, 5, -3];
         let mut out = vec![0.0; keys.len() * 4];
         t.lookup(&keys, true, &mut out).unwrap();
-        assert!(t.take_memo(&[5, 9, 4, -3]).is_none(), "other keys: no memo");
+        assert!(
+            Memos(&t).take_memo(&[5, 9, 4, -3]).is_none(),
+            "other keys: no memo"
+        );
         t.lookup(&keys, true, &mut out).unwrap();
-        let m = t.take_memo(&keys).expect("memo of the same keys");
+        let m = Memos(&t).take_memo(&keys).expect("memo of the same keys");
         assert!(m.is_of(&keys));
         assert_eq!(m.keys_len(), keys.len());
         assert!(m.bytes() >= keys.len() * 8);
-        assert!(t.take_memo(&keys).is_none(), "a memo is taken once");
+        assert!(Memos(&t).take_memo(&keys).is_none(), "a memo is taken once");
     }
 
     #[test]
@@ -218,10 +222,13 @@ mod tests {
         // backward of a training step.
         t.lookup(&[1, 2], false, &mut out).unwrap();
         assert!(
-            t.take_memo(&[1, 2]).is_none(),
+            Memos(&t).take_memo(&[1, 2]).is_none(),
             "no memo of a serving lookup"
         );
-        assert!(t.take_memo(&train).is_some(), "the training memo survives");
+        assert!(
+            Memos(&t).take_memo(&train).is_some(),
+            "the training memo survives"
+        );
     }
 
     #[test]
@@ -231,7 +238,7 @@ mod tests {
         let mut out = vec![0.0; 12];
         t.lookup(&keys, true, &mut out).unwrap();
         t.remove(&[2]).unwrap();
-        let m = t.take_memo(&keys).expect("memo kept");
+        let m = Memos(&t).take_memo(&keys).expect("memo kept");
         let g = read(&t.shards[0]);
         assert!(
             m.found.take(0, &g, keys.len()).is_none(),

@@ -9,6 +9,7 @@ use crate::table::cold::hold::ColdHold;
 use crate::table::storage::shard::Shard;
 use crate::table::storage::view::View;
 use crate::table::storage::write;
+use crate::table::views::DiskTier;
 use crate::table::{Table, read};
 use crate::zeroed::zeros_huge;
 use rayon::iter::{
@@ -205,7 +206,7 @@ impl Table {
     /// disk table's: `Checkpoint` for a row on disk that cannot be read.
     pub(crate) fn plan(&self, keys: &[i64], floor: Floor) -> Result<Planned<'_>> {
         let plan = self.group(keys)?;
-        self.stand(plan, keys, floor)
+        DiskTier(self).stand(plan, keys, floor)
     }
 
     /// [`Table::plan`] of several tables' keys (`tables` in ascending id,
@@ -235,7 +236,7 @@ impl Table {
         let mut hold = ColdHold::none();
         let mut plans = Vec::with_capacity(tables.len());
         for ((t, keys), plan) in tables.iter().zip(grouped) {
-            let Planned { plan, floor: f } = t.stand(plan, keys, floor)?;
+            let Planned { plan, floor: f } = DiskTier(t).stand(plan, keys, floor)?;
             hold.join(f);
             plans.push(plan);
         }

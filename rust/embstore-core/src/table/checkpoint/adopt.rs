@@ -3,7 +3,7 @@
 //! ([`storage::base`](crate::table::storage::base)) and its rows are named
 //! there, so a checkpoint larger than memory loads at the rate it is read.
 
-use crate::table::checkpoint::Checkpointer;
+use crate::table::views::Checkpointer;
 use std::path::Path;
 
 use rayon::prelude::*;
@@ -120,7 +120,7 @@ impl<'a> Checkpointer<'a> {
 
     /// The shard and segment columns of a checked rows file (`file`, its
     /// columns in `buf`), where it can be adopted as it is (see
-    /// [`Table::adopt_file`]).
+    /// [`Checkpointer::adopt_file`]).
     fn columns(
         &self,
         m: &Manifest,

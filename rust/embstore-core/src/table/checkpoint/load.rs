@@ -14,8 +14,9 @@ use crate::optim::Optimizer;
 use crate::policy::RowFormat;
 use crate::rows::Scan;
 use crate::table::batch::plan::Floor;
-use crate::table::checkpoint::Checkpointer;
 use crate::table::step::bounds::Magnitudes;
+use crate::table::views::Checkpointer;
+use crate::table::views::{DiskTier, Writer};
 use crate::table::write::Taken;
 use crate::table::{DiskConfig, Table, TableConfig};
 use rayon::iter::{IntoParallelRefIterator, ParallelIterator};
@@ -292,7 +293,16 @@ impl<'a> Checkpointer<'a> {
             let stored = stored.filter(|_| same_format);
             if !on_disk {
                 let plan = Taken::Plan(table.plan(keys, Floor::Skip)?.plan);
-                return table.assign_in(keys, rows, stored, st, meta, g, Some(known), plan);
+                return Writer(&table).assign_in(
+                    keys,
+                    rows,
+                    stored,
+                    st,
+                    meta,
+                    g,
+                    Some(known),
+                    plan,
+                );
             }
             // In parts, each moved out as far as memory needs before the
             // next comes in: memory holds `memory_bytes` and one part.
@@ -305,9 +315,9 @@ impl<'a> Checkpointer<'a> {
                 let s = st.map(|s| &s[from * sl..][..n * sl]);
                 let mt = meta.map(|mt| &mt[from * 4..][..n * 4]);
                 let plan = table.plan(k, Floor::Skip)?.plan;
-                table.forget_on_disk(k, &plan);
-                table.assign_in(k, r, sw, s, mt, g, Some(known), Taken::Plan(plan))?;
-                table.spill_over();
+                DiskTier(&table).forget_on_disk(k, &plan);
+                Writer(&table).assign_in(k, r, sw, s, mt, g, Some(known), Taken::Plan(plan))?;
+                DiskTier(&table).spill_over();
             }
             Ok::<(), StoreError>(())
         };

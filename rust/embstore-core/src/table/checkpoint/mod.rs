@@ -41,11 +41,3 @@ pub use publish::{
     hold_for_reading, lock_for_writing, publish_copied, publish_parts, remove_partial,
 };
 pub use report::{Report, report};
-
-table_view!(
-    /// A table's checkpoint writing: gathering rows into files, the marks
-    /// and logs of incremental saves, adoption of a disk table's files
-    /// (the public calls, `save`, `write_files`, `load`, stay on
-    /// [`Table`](crate::table::Table)).
-    Checkpointer
-);

@@ -8,11 +8,12 @@ use crate::format::manifest::{
     FileEntry, Link, MANIFEST, MAX_MARKS, Manifest, SaveInfo, SaveMark, read_manifest,
 };
 use crate::format::tensors::{Plain, TensorOut, write_safetensors};
-use crate::table::checkpoint::Checkpointer;
 use crate::table::checkpoint::publish::{
     is_ours, lock_for_writing, publish_locked, remove_partial,
 };
 use crate::table::storage::{pages, read};
+use crate::table::views::Checkpointer;
+use crate::table::views::DiskTier;
 use crate::table::{Table, storage};
 use safetensors::tensor::Dtype;
 use std::fs;
@@ -61,7 +62,7 @@ impl Table {
     ) -> Result<SaveInfo> {
         let dir = writer.dir();
         // A disk table's rows stay where they are until the save is done.
-        let _floor = self.rows_in_place();
+        let _floor = DiskTier(self).rows_in_place();
         let gate = self.gate.write().unwrap_or_else(PoisonError::into_inner);
         let canonical = fs::canonicalize(dir).map_err(|e| io_err(dir, "cannot resolve", &e))?;
         let has_manifest = dir.join(MANIFEST).exists();
@@ -472,7 +473,7 @@ impl Kind {
 #[cfg(test)]
 mod tests {
     use super::{Kind, MAX_DELTAS, MAX_MARKS, SaveMark, fs, lock_for_writing, new_id, storage};
-    use crate::table::checkpoint::Checkpointer;
+    use crate::table::views::Checkpointer;
     use crate::testing::{sgd, table, temp_dir};
 
     #[test]

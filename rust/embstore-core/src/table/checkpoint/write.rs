@@ -11,10 +11,11 @@ use crate::format::manifest::{
 use crate::format::tensors::{Plain, StreamedFile, rows_dtype};
 use crate::policy::Policy;
 use crate::table::Table;
-use crate::table::checkpoint::Checkpointer;
 use crate::table::checkpoint::publish::{create_checkpoint_dir, is_ours, remove_partial};
 use crate::table::read::disk::{Item, RunReader};
 use crate::table::storage::{Shard, read};
+use crate::table::views::Checkpointer;
+use crate::table::views::DiskTier;
 use rayon::iter::{IndexedParallelIterator, IntoParallelRefIterator, ParallelIterator};
 use safetensors::tensor::Dtype;
 use std::path::Path;
@@ -41,7 +42,7 @@ const WRITE_PIECE: usize = 4 << 20;
 
 /// Puts the rows, metadata (with `meta`) and state (where gathered) of
 /// `got` as the next pieces of `f`'s tensors (laid out by
-/// [`Table::file_layout`]).
+/// [`Checkpointer::file_layout`]).
 fn put_rows(f: &mut StreamedFile, got: &Gathered, meta: bool) -> Result<()> {
     f.put(1, &got.w)?;
     if meta {
@@ -128,7 +129,7 @@ impl Table {
                 format!("file prefix {prefix:?} is not a checkpoint id"),
             ));
         }
-        let _floor = self.rows_in_place();
+        let _floor = DiskTier(self).rows_in_place();
         let _gate = self.gate.write().unwrap_or_else(PoisonError::into_inner);
         create_checkpoint_dir(dir)?;
         let written = Checkpointer(self)
@@ -394,7 +395,7 @@ impl<'a> Checkpointer<'a> {
         )
     }
 
-    /// Rows a save writes (as [`Table::rows_to_write`] lists them), counted
+    /// Rows a save writes (as [`Checkpointer::rows_to_write`] lists them), counted
     /// without listing them. The caller holds the gate exclusively.
     pub(super) fn count_to_write(&self, since: Option<u32>) -> usize {
         self.shards
@@ -418,7 +419,7 @@ impl<'a> Checkpointer<'a> {
             .collect()
     }
 
-    /// [`Table::write_rows`]: each shard's rows listed and written in
+    /// [`Checkpointer::write_rows`]: each shard's rows listed and written in
     /// turn (a disk table's list may name millions of rows on disk).
     pub(super) fn write_listed(
         &self,
@@ -454,7 +455,7 @@ impl<'a> Checkpointer<'a> {
         Ok(written.into_iter().flatten().collect())
     }
 
-    /// Every file [`Table::write_listed`] would write, gathered into memory
+    /// Every file [`Checkpointer::write_listed`] would write, gathered into memory
     /// (for writing after the gate is released): `(shard, file number,
     /// rows)`. The caller holds the gate exclusively.
     ///

@@ -2,6 +2,7 @@
 //! ([`Table::plan`](crate::table::Table::plan)), and what its release
 //! does: rows over the memory bound move to disk.
 
+use crate::table::views::DiskTier;
 use std::sync::RwLockReadGuard;
 
 use crate::table::Table;
@@ -47,7 +48,7 @@ impl Drop for ColdHold<'_> {
         let tables: Vec<&Table> = self.held.iter().map(|(t, _)| *t).collect();
         self.held.clear();
         for t in tables {
-            t.spill_over();
+            DiskTier(t).spill_over();
         }
     }
 }

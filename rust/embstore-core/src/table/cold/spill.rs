@@ -3,8 +3,9 @@
 //! disk.
 
 use super::*;
+use crate::table::views::DiskTier;
 
-impl Table {
+impl<'a> DiskTier<'a> {
     /// Moves rows to disk while a shard holds more than its share of
     /// `memory_bytes`, the lowest-scoring first (down to 15/16 of the
     /// share, so that a call adding a few rows does not move rows every

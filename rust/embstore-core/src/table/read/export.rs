@@ -11,6 +11,7 @@ use crate::table::read::disk::{Item, disk_items, read_item};
 use crate::table::storage::pages;
 use crate::table::storage::read;
 use crate::table::storage::view::{copy_racy, racy};
+use crate::table::views::DiskTier;
 use crate::zeroed::zeros;
 use rayon::iter::{IndexedParallelIterator, IntoParallelRefIterator, ParallelIterator};
 use rayon::prelude::{ParallelSlice, ParallelSliceMut};
@@ -83,7 +84,7 @@ impl Table {
         // Exclusive gate: no call that changes rows is running or can start,
         // so the shard read locks below wait for nobody, and the parallel
         // copy under them cannot be held up by a job that needs a write lock.
-        let _floor = self.rows_in_place();
+        let _floor = DiskTier(self).rows_in_place();
         let _gate = self.gate.write().unwrap_or_else(PoisonError::into_inner);
         if with_meta {
             self.count_queued_reads();

@@ -16,10 +16,12 @@ use crate::table::counters::Counters;
 use crate::table::storage::shard::Shard;
 use crate::table::storage::view::{Probed, copy_racy, racy};
 use crate::table::storage::{try_lock, try_write};
+use crate::table::views::Reader;
+use crate::table::views::{DiskTier, Evictor, Memos, Stepper};
 use crate::table::{Missing, NO_ROW, Table};
 
 thread_local! {
-    /// A serving pass's (slot, row) probes of one shard ([`Table::serve_into`]).
+    /// A serving pass's (slot, row) probes of one shard ([`Reader::serve_into`]).
     static PROBES: std::cell::RefCell<Vec<Probed>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
@@ -48,9 +50,9 @@ impl Table {
         missing: Missing<'_>,
         out: &mut [f32],
     ) -> Result<()> {
-        self.check_lookup(keys, missing, out)?;
+        Reader(self).check_lookup(keys, missing, out)?;
         let dim = self.dim;
-        if let Some(done) = self.in_pieces(keys.len(), |r| {
+        if let Some(done) = DiskTier(self).in_pieces(keys.len(), |r| {
             let o = &mut out[r.start * dim..r.end * dim];
             self.lookup_or(&keys[r], insert, missing, o)
         }) {
@@ -62,7 +64,7 @@ impl Table {
         } = self.plan(keys, Floor::Read)?;
         let out = SharedOut::new(out, self.dim);
         if !self.lookup_changes(insert) {
-            self.serve_into(keys, &plan, out, missing, |_, _, _| {});
+            Reader(self).serve_into(keys, &plan, out, missing, |_, _, _| {});
             self.record_reads(keys, &plan);
             return Ok(());
         }
@@ -71,12 +73,12 @@ impl Table {
         // call that follows it: a serving lookup neither pays for one nor
         // replaces a training thread's.
         let found = insert.then(|| FoundRows::new(self.shards.len()));
-        self.lookup_rows(keys, &plan, insert, found.as_ref(), |g, pos, rows| {
-            self.copy_rows(g, keys, pos, rows, out, missing);
+        Reader(self).lookup_rows(keys, &plan, insert, found.as_ref(), |g, pos, rows| {
+            Reader(self).copy_rows(g, keys, pos, rows, out, missing);
         })?;
         if let Some(found) = found {
-            self.remember(plan, found);
-            self.enforce_capacity();
+            Memos(self).remember(plan, found);
+            Evictor(self).enforce_capacity();
         }
         Ok(())
     }
@@ -98,10 +100,10 @@ impl Table {
         out: &mut [f32],
         found: &mut [bool],
     ) -> Result<()> {
-        self.check_lookup(keys, missing, out)?;
+        Reader(self).check_lookup(keys, missing, out)?;
         check_len("found", keys.len(), found.len())?;
         let dim = self.dim;
-        if let Some(done) = self.in_pieces(keys.len(), |r| {
+        if let Some(done) = DiskTier(self).in_pieces(keys.len(), |r| {
             let (o, f) = (&mut out[r.start * dim..r.end * dim], &mut found[r.clone()]);
             self.lookup_found(&keys[r], missing, o, f)
         }) {
@@ -110,7 +112,7 @@ impl Table {
         let plan = self.plan(keys, Floor::Read)?;
         let out = SharedOut::new(out, self.dim);
         let flags = SharedBools::new(found);
-        self.serve_into(keys, &plan, out, missing, |i, hit, _| {
+        Reader(self).serve_into(keys, &plan, out, missing, |i, hit, _| {
             // SAFETY: i < keys.len() == found.len(), and position i
             // belongs to one shard only, so no other thread writes it.
             unsafe { flags.set(i, hit) };
@@ -157,15 +159,15 @@ impl Table {
         if keys.len() > SEQUENTIAL_KEYS || insert && !inserts || inserts && self.policy.tracks() {
             return None;
         }
-        if let Err(e) = self.check_lookup(keys, missing, out) {
+        if let Err(e) = Reader(self).check_lookup(keys, missing, out) {
             return Some(Err(e));
         }
         if inserts {
-            return self.try_insert_now(keys, missing, out);
+            return Reader(self).try_insert_now(keys, missing, out);
         }
         // A serving lookup takes no lock at all (`storage::seqlock`).
         let plan = self.plan(keys, Floor::Read).ok()?;
-        self.serve_into(
+        Reader(self).serve_into(
             keys,
             &plan,
             SharedOut::new(out, self.dim),
@@ -176,6 +178,109 @@ impl Table {
         Some(Ok(()))
     }
 
+    /// [`Table::lookup`] that also writes each key's optimizer state to
+    /// `state` (`keys.len() * state_len` floats): for a tier in front of the
+    /// table (a device cache) that takes rows over with their state. A key
+    /// without a row gets the optimizer's initial state.
+    ///
+    /// # Errors
+    /// `ShapeMismatch` when `out` or `state` has the wrong length.
+    pub fn lookup_with_state(
+        &self,
+        keys: &[i64],
+        insert: bool,
+        out: &mut [f32],
+        state: &mut [f32],
+    ) -> Result<()> {
+        Table::check_batch(keys)?;
+        let (dim, sl) = (self.dim, self.state_len);
+        check_len("out", keys.len() * dim, out.len())?;
+        check_len("state", keys.len() * sl, state.len())?;
+        if let Some(done) = DiskTier(self).in_pieces(keys.len(), |r| {
+            let o = &mut out[r.start * dim..r.end * dim];
+            let s = &mut state[r.start * sl..r.end * sl];
+            self.lookup_with_state(&keys[r], insert, o, s)
+        }) {
+            return done;
+        }
+        let plan = self.plan(keys, Floor::Read)?;
+        let out = SharedOut::new(out, dim);
+        let st_out = SharedOut::new(state, sl);
+        if !self.lookup_changes(insert) {
+            Reader(self).serve_into(keys, &plan, out, Missing::Init, |i, _, src| {
+                // SAFETY: position i belongs to this shard only (plan).
+                let dst = unsafe { st_out.row(i, sl) };
+                match (src, &self.optimizer) {
+                    // SAFETY: `src` is the row's state in its pinned
+                    // segment, copied inside the seqlock check (`racy`).
+                    (Some(src), _) => unsafe { copy_racy(dst, src) },
+                    (None, Some(o)) => o.init_state(dst),
+                    (None, None) => {}
+                }
+            });
+            self.record_reads(keys, &plan);
+            return Ok(());
+        }
+        let _gate = self.lookup_changes(insert).then(|| self.enter());
+        Reader(self).lookup_rows(keys, &plan, insert, None, |g, pos, rows| {
+            Reader(self).copy_rows(g, keys, pos, rows, out, Missing::Init);
+            if sl == 0 {
+                return;
+            }
+            for (&i, &r) in pos.iter().zip(rows) {
+                // SAFETY: position i belongs to this shard only (plan).
+                let dst = unsafe { st_out.row(i as usize, sl) };
+                match (r, &self.optimizer) {
+                    (NO_ROW, Some(o)) => o.init_state(dst),
+                    (NO_ROW, None) => {}
+                    _ => dst.copy_from_slice(g.state(r as usize)),
+                }
+            }
+        })?;
+        if insert {
+            Evictor(self).enforce_capacity();
+        }
+        Ok(())
+    }
+
+    /// Whether each key has a row; `out` gets one bool per key.
+    ///
+    /// # Errors
+    /// `ShapeMismatch` when `out` has the wrong length.
+    pub fn contains(&self, keys: &[i64], out: &mut [bool]) -> Result<()> {
+        Table::check_batch(keys)?;
+        check_len("out", keys.len(), out.len())?;
+        let plan = self.plan(keys, Floor::InPlace)?;
+        let shared = SharedBools::new(out);
+        if self.cold.is_some() {
+            // A disk table: in memory or on disk, under each shard's lock.
+            use rayon::prelude::*;
+            self.shards.par_iter().enumerate().for_each(|(s, lock)| {
+                let g = crate::table::storage::read(lock);
+                for &i in plan.positions(s) {
+                    let (i, key) = (i as usize, keys[i as usize]);
+                    let hit = g.find(key, plan.hashes[i]).is_some()
+                        || g.cold.as_ref().is_some_and(|c| c.contains(key));
+                    // SAFETY: as below: position i is this shard's only.
+                    unsafe { shared.set(i, hit) };
+                }
+            });
+            return Ok(());
+        }
+        // Without a lock (`storage::seqlock`).
+        self.par_views(&plan, |view, guard, pos| {
+            let shared = &shared;
+            view.contains_many(guard, keys, &plan.hashes, pos, |i, hit| {
+                // SAFETY: i < keys.len() == out.len(), and position i belongs
+                // to this shard only, so no other thread writes it.
+                unsafe { shared.set(i, hit) };
+            });
+        });
+        Ok(())
+    }
+}
+
+impl<'a> Reader<'a> {
     /// The inserting half of [`Table::try_lookup_now`], on checked input.
     fn try_insert_now(
         &self,
@@ -203,7 +308,7 @@ impl Table {
                 for ((_, g), (_, n)) in held.iter_mut().zip(&found_rows) {
                     g.release_pending(*n);
                 }
-                return Some(Err(self.refuse_rows("keys", keys.len())));
+                return Some(Err(Stepper(self).refuse_rows("keys", keys.len())));
             }
             found_rows.push((rows, absent));
         }
@@ -221,80 +326,15 @@ impl Table {
             found.put(*s, g, rows);
         }
         drop(held);
-        self.try_remember(plan, found);
+        Memos(self).try_remember(plan, found);
         Some(Ok(()))
     }
 
     /// The checks of [`Table::lookup_or`]'s arguments.
     fn check_lookup(&self, keys: &[i64], missing: Missing<'_>, out: &[f32]) -> Result<()> {
-        Self::check_batch(keys)?;
+        Table::check_batch(keys)?;
         self.check_missing(missing)?;
         check_len("out", keys.len() * self.dim, out.len())
-    }
-
-    /// [`Table::lookup`] that also writes each key's optimizer state to
-    /// `state` (`keys.len() * state_len` floats): for a tier in front of the
-    /// table (a device cache) that takes rows over with their state. A key
-    /// without a row gets the optimizer's initial state.
-    ///
-    /// # Errors
-    /// `ShapeMismatch` when `out` or `state` has the wrong length.
-    pub fn lookup_with_state(
-        &self,
-        keys: &[i64],
-        insert: bool,
-        out: &mut [f32],
-        state: &mut [f32],
-    ) -> Result<()> {
-        Self::check_batch(keys)?;
-        let (dim, sl) = (self.dim, self.state_len);
-        check_len("out", keys.len() * dim, out.len())?;
-        check_len("state", keys.len() * sl, state.len())?;
-        if let Some(done) = self.in_pieces(keys.len(), |r| {
-            let o = &mut out[r.start * dim..r.end * dim];
-            let s = &mut state[r.start * sl..r.end * sl];
-            self.lookup_with_state(&keys[r], insert, o, s)
-        }) {
-            return done;
-        }
-        let plan = self.plan(keys, Floor::Read)?;
-        let out = SharedOut::new(out, dim);
-        let st_out = SharedOut::new(state, sl);
-        if !self.lookup_changes(insert) {
-            self.serve_into(keys, &plan, out, Missing::Init, |i, _, src| {
-                // SAFETY: position i belongs to this shard only (plan).
-                let dst = unsafe { st_out.row(i, sl) };
-                match (src, &self.optimizer) {
-                    // SAFETY: `src` is the row's state in its pinned
-                    // segment, copied inside the seqlock check (`racy`).
-                    (Some(src), _) => unsafe { copy_racy(dst, src) },
-                    (None, Some(o)) => o.init_state(dst),
-                    (None, None) => {}
-                }
-            });
-            self.record_reads(keys, &plan);
-            return Ok(());
-        }
-        let _gate = self.lookup_changes(insert).then(|| self.enter());
-        self.lookup_rows(keys, &plan, insert, None, |g, pos, rows| {
-            self.copy_rows(g, keys, pos, rows, out, Missing::Init);
-            if sl == 0 {
-                return;
-            }
-            for (&i, &r) in pos.iter().zip(rows) {
-                // SAFETY: position i belongs to this shard only (plan).
-                let dst = unsafe { st_out.row(i as usize, sl) };
-                match (r, &self.optimizer) {
-                    (NO_ROW, Some(o)) => o.init_state(dst),
-                    (NO_ROW, None) => {}
-                    _ => dst.copy_from_slice(g.state(r as usize)),
-                }
-            }
-        })?;
-        if insert {
-            self.enforce_capacity();
-        }
-        Ok(())
     }
 
     /// The shard pass of a lookup: resolves the row of each of the plan's
@@ -339,7 +379,7 @@ impl Table {
                 let mut rows = Vec::new();
                 let s = shard_of(plan.hashes[pos[0] as usize], n);
                 if insert {
-                    rows = self.rows_inserting(g, s, keys, plan, pos, &probed, save_gen);
+                    rows = Stepper(self).rows_inserting(g, s, keys, plan, pos, &probed, save_gen);
                 } else {
                     g.find_many(keys, &plan.hashes, pos, &mut rows);
                 }
@@ -370,7 +410,7 @@ impl Table {
         Ok(())
     }
 
-    /// The reservations of a lookup over `plan` ([`Table::reserve_plan`]):
+    /// The reservations of a lookup over `plan` ([`Stepper::reserve_plan`]):
     /// none unless it inserts ([`Table::inserts`]).
     pub(crate) fn reserve_lookup(
         &self,
@@ -380,7 +420,7 @@ impl Table {
         probed: &FoundRows,
     ) -> Result<Reserved> {
         if self.inserts(insert) {
-            self.reserve_plan(plan, keys, Some(probed), false, "keys")
+            Stepper(self).reserve_plan(plan, keys, Some(probed), false, "keys")
         } else {
             Ok(Vec::new())
         }
@@ -516,42 +556,6 @@ impl Table {
             f => copy!(|row: &[f32], dst: &mut [f32]| f.decode_on(self.backend, &row[..ww], dst)),
         }
     }
-
-    /// Whether each key has a row; `out` gets one bool per key.
-    ///
-    /// # Errors
-    /// `ShapeMismatch` when `out` has the wrong length.
-    pub fn contains(&self, keys: &[i64], out: &mut [bool]) -> Result<()> {
-        Self::check_batch(keys)?;
-        check_len("out", keys.len(), out.len())?;
-        let plan = self.plan(keys, Floor::InPlace)?;
-        let shared = SharedBools::new(out);
-        if self.cold.is_some() {
-            // A disk table: in memory or on disk, under each shard's lock.
-            use rayon::prelude::*;
-            self.shards.par_iter().enumerate().for_each(|(s, lock)| {
-                let g = crate::table::storage::read(lock);
-                for &i in plan.positions(s) {
-                    let (i, key) = (i as usize, keys[i as usize]);
-                    let hit = g.find(key, plan.hashes[i]).is_some()
-                        || g.cold.as_ref().is_some_and(|c| c.contains(key));
-                    // SAFETY: as below: position i is this shard's only.
-                    unsafe { shared.set(i, hit) };
-                }
-            });
-            return Ok(());
-        }
-        // Without a lock (`storage::seqlock`).
-        self.par_views(&plan, |view, guard, pos| {
-            let shared = &shared;
-            view.contains_many(guard, keys, &plan.hashes, pos, |i, hit| {
-                // SAFETY: i < keys.len() == out.len(), and position i belongs
-                // to this shard only, so no other thread writes it.
-                unsafe { shared.set(i, hit) };
-            });
-        });
-        Ok(())
-    }
 }
 
 #[cfg(test)]
@@ -560,6 +564,7 @@ mod tests {
     use crate::hash::{key_hash, shard_of};
     use crate::table::batch::plan::SEQUENTIAL_KEYS;
     use crate::table::storage::{read, write};
+    use crate::table::views::Memos;
     use crate::table::{Missing, Table, TableConfig};
     use crate::testing::{sgd, table};
 
@@ -624,7 +629,10 @@ mod tests {
         assert_eq!(a, b, "the same rows, new ones included");
         assert_eq!(want.export(true).unwrap(), got.export(true).unwrap());
         assert_eq!(want.stats().counters, got.stats().counters);
-        assert!(got.take_memo(&keys).is_some(), "a memo for the backward");
+        assert!(
+            Memos(&got).take_memo(&keys).is_some(),
+            "a memo for the backward"
+        );
         // The gate or a shard held elsewhere: declined, nothing changed.
         let (len, counters) = (got.len(), got.stats().counters);
         let new = [40i64, 41, 42];

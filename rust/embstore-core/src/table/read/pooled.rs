@@ -16,6 +16,8 @@ use crate::table::batch::output::SharedOut;
 use crate::table::batch::plan::{Floor, Plan, Planned, SEQUENTIAL_KEYS};
 use crate::table::checks::check_len;
 use crate::table::read::pooling::{Pooling, all_finite};
+use crate::table::views::Pooler;
+use crate::table::views::{Evictor, Memos, Reader};
 use crate::table::{Missing, NO_ROW, Table};
 use crate::zeroed::{with_room, zeros};
 use rayon::iter::{IndexedParallelIterator, ParallelIterator};
@@ -58,7 +60,7 @@ impl Table {
             floor: _floor,
         } = self.plan(bags.ids, Floor::Read)?;
         let _gate = self.lookup_changes(insert).then(|| self.enter());
-        self.lookup_pooled_in(
+        Pooler(self).lookup_pooled_in(
             &[(*bags, 0)],
             bags.ids,
             plan,
@@ -67,11 +69,13 @@ impl Table {
             SharedOut::new(out, self.dim),
         )?;
         if insert {
-            self.enforce_capacity();
+            Evictor(self).enforce_capacity();
         }
         Ok(())
     }
+}
 
+impl<'a> Pooler<'a> {
     /// [`Table::lookup_pooled`] on checked input, with the gate held when
     /// `insert`, for one or more features served by this table: feature
     /// `(bags, col)` writes bag `b` to row `b` of `out` from column `col`.
@@ -121,14 +125,14 @@ impl Table {
             };
             self.serve_pooled(feats, &pool, out);
             self.record_reads(ids, &plan);
-            return Self::pooled_overflow(&overflow);
+            return Pooler::pooled_overflow(&overflow);
         }
         let found = FoundRows::new(self.shards.len());
         // Each id's row, written by each shard's job as it finds them, and
         // each shard's removal count then.
         let mut row_of: Vec<AtomicU32> = with_room("ids", n)?;
         row_of.extend((0..n).map(|_| AtomicU32::new(NO_ROW)));
-        self.lookup_rows(ids, &plan, insert, Some(&found), |_, pos, rows| {
+        Reader(self).lookup_rows(ids, &plan, insert, Some(&found), |_, pos, rows| {
             for (&i, &r) in pos.iter().zip(rows) {
                 row_of[i as usize].store(r, Ordering::Relaxed);
             }
@@ -156,8 +160,8 @@ impl Table {
             base += bags.ids.len();
         }
         drop(held);
-        self.remember(plan, found);
-        Self::pooled_overflow(&overflow)
+        Memos(self).remember(plan, found);
+        Pooler::pooled_overflow(&overflow)
     }
 
     /// The error of a pooled lookup whose pooling overflowed float32.
@@ -229,7 +233,7 @@ pub fn pool_rows_into(
                 overflow.store(true, Ordering::Relaxed);
             }
         });
-    Table::pooled_overflow(&overflow)
+    Pooler::pooled_overflow(&overflow)
 }
 
 #[cfg(test)]
@@ -239,6 +243,7 @@ mod tests {
     use crate::table::batch::output::SharedOut;
     use crate::table::read::pooling::POOL_CHUNK_IDS;
     use crate::table::storage::read;
+    use crate::table::views::Memos;
     use crate::table::{Missing, NO_ROW};
     use crate::testing::{sgd, table};
     use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
@@ -348,11 +353,11 @@ mod tests {
             overflow: &overflow,
         };
         let mut got = vec![f32::NAN; 6];
-        t.pool_bags(&bags, 0, &pool, SharedOut::new(&mut got, 2));
+        Pooler(&t).pool_bags(&bags, 0, &pool, SharedOut::new(&mut got, 2));
         // The calling thread's path, under one set of locks: the same.
-        let held = t.hold(&pool, 0..ids.len());
+        let held = Pooler(&t).hold(&pool, 0..ids.len());
         let mut again = vec![f32::NAN; 6];
-        t.pool_chunk(&bags, 0, 0..3, &pool, SharedOut::new(&mut again, 2), &held);
+        Pooler(&t).pool_chunk(&bags, 0, 0..3, &pool, SharedOut::new(&mut again, 2), &held);
         drop(held);
         assert_eq!(again, got);
         // Key 2 now has no row (zeros); every other id reads its own row.
@@ -412,7 +417,7 @@ mod tests {
             }
             if insert {
                 // The memo of the whole call serves its backward.
-                assert!(t.take_memo(&ids).is_some());
+                assert!(Memos(&t).take_memo(&ids).is_some());
             }
         }
     }

@@ -1,4 +1,4 @@
-//! The pooling pass of a pooled lookup ([`Table::lookup_pooled_in`]): bags
+//! The pooling pass of a pooled lookup ([`Pooler::lookup_pooled_in`]): bags
 //! pooled in parallel in chunks of whole bags, each job holding the read
 //! locks of its shards and summing each bag's rows straight from them.
 
@@ -11,18 +11,19 @@ use crate::table::batch::plan::{COPY_PREFETCH_KEYS, SEQUENTIAL_KEYS, prefetches}
 use crate::table::counters::Counters;
 use crate::table::storage::shard::Shard;
 use crate::table::storage::view::{Probed, View, copy_racy, racy};
-use crate::table::{Missing, NO_ROW, Table, read};
+use crate::table::views::Pooler;
+use crate::table::{Missing, NO_ROW, read};
 use rayon::iter::{IntoParallelIterator, ParallelIterator};
 use std::ops::Range;
 use std::sync::RwLockReadGuard;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 
 /// Ids of one job of a pooled lookup's pooling pass
-/// ([`Table::lookup_pooled_in`]): whole bags of about this many ids, so
+/// ([`Pooler::lookup_pooled_in`]): whole bags of about this many ids, so
 /// that taking the job's shard read locks costs little against its work.
 pub(crate) const POOL_CHUNK_IDS: usize = 4096;
 
-/// Shard read locks a pooling pass holds ([`Table::hold`]): per shard, its
+/// Shard read locks a pooling pass holds ([`Pooler::hold`]): per shard, its
 /// guard if the pass reads it, and whether it removed rows since the lookup
 /// pass found them (its ids are then probed again).
 pub(crate) struct Held<'t> {
@@ -30,7 +31,7 @@ pub(crate) struct Held<'t> {
     stale: Vec<bool>,
 }
 
-/// What every pooling job of one [`Table::lookup_pooled_in`] shares.
+/// What every pooling job of one [`Pooler::lookup_pooled_in`] shares.
 pub(crate) struct Pooling<'a> {
     /// The call's ids (all its features', back to back) and their hashes.
     pub(crate) ids: &'a [i64],
@@ -56,10 +57,10 @@ pub(crate) struct Pooling<'a> {
 /// page walks.
 pub(crate) const POOL_PREFETCH_AHEAD: usize = 16;
 
-impl Table {
+impl<'a> Pooler<'a> {
     /// Pools the bags of one feature (its ids start at `base` of the
     /// call's ids) into `out`, in parallel over chunks of bags, each job
-    /// holding its own shard read locks; see [`Table::lookup_pooled_in`].
+    /// holding its own shard read locks; see [`Pooler::lookup_pooled_in`].
     pub(crate) fn pool_bags(
         &self,
         bags: &Bags<'_>,
@@ -82,15 +83,15 @@ impl Table {
     /// The read locks of the shards that the call's ids `ids` live in,
     /// taken in index order, and which of them removed rows since the
     /// lookup pass.
-    pub(crate) fn hold(&self, pool: &Pooling<'_>, ids: Range<usize>) -> Held<'_> {
+    pub(crate) fn hold(&self, pool: &Pooling<'_>, ids: Range<usize>) -> Held<'a> {
         let ns = self.shards.len();
         let mut need = vec![false; ns];
         for &h in &pool.hashes[ids] {
             need[shard_of(h, ns)] = true;
         }
-        let guards: Vec<Option<RwLockReadGuard<'_, Shard>>> = need
+        let guards: Vec<Option<RwLockReadGuard<'a, Shard>>> = need
             .iter()
-            .zip(self.shards.iter())
+            .zip(self.0.shards.iter())
             .map(|(&need, lock)| need.then(|| read(lock)))
             .collect();
         let stale = guards
@@ -170,14 +171,14 @@ impl Table {
     /// id `i`'s row (asked once per id, in order), as a slice, or `None`
     /// when it wrote the row into `tmp`. A sum that is not finite sets
     /// `pool.overflow`; an empty bag is zeros.
-    fn sum_bags<'a>(
+    fn sum_bags<'r>(
         &self,
         bags: &Bags<'_>,
         base: usize,
         range: Range<usize>,
         pool: &Pooling<'_>,
         out: SharedOut,
-        mut row: impl FnMut(usize, &mut [f32]) -> Option<&'a [f32]>,
+        mut row: impl FnMut(usize, &mut [f32]) -> Option<&'r [f32]>,
     ) {
         let dim = self.dim;
         let mut tmp = vec![0.0f32; dim];
@@ -214,7 +215,7 @@ impl Table {
     }
 }
 
-impl Table {
+impl<'a> Pooler<'a> {
     /// The pooling of a serving pooled lookup (no insert, no touches to
     /// record), taking no lock and waiting for no writer
     /// (`storage::seqlock`): in parallel over chunks of whole bags (on the
@@ -246,7 +247,7 @@ impl Table {
     }
 
     /// Pools bags `range` of one feature (ids from `base` of the call's)
-    /// without a lock; see [`Table::serve_pooled`].
+    /// without a lock; see [`Pooler::serve_pooled`].
     fn serve_chunk(
         &self,
         bags: &Bags<'_>,

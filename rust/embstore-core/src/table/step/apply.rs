@@ -11,6 +11,8 @@ use crate::table::checks::{check_finite_max, check_grad_sums, check_len};
 use crate::table::counters::Counters;
 use crate::table::step::prepare::PreparedApply;
 use crate::table::storage::shard::Shard;
+use crate::table::views::Evictor;
+use crate::table::views::Stepper;
 use crate::table::{MAX_STEP, NO_ROW, Table, read};
 use std::sync::atomic::{AtomicU32, Ordering};
 
@@ -45,7 +47,7 @@ impl Table {
     /// `NoOptimizer`, `ShapeMismatch`, `NonFinite`; in each case nothing
     /// changed.
     pub fn apply_gradients(&self, keys: &[i64], grads: &[f32]) -> Result<()> {
-        self.apply_gradients_numbered(keys, grads, None)
+        Stepper(self).apply_gradients_numbered(keys, grads, None)
     }
 
     /// Takes the next step number (the counter goes up by one) without
@@ -89,9 +91,29 @@ impl Table {
                 ),
             ));
         }
-        self.apply_gradients_numbered(keys, grads, Some(step))
+        Stepper(self).apply_gradients_numbered(keys, grads, Some(step))
     }
 
+    /// The admission sketch's estimate for each key (0 without a count
+    /// filter), into `out`.
+    ///
+    /// # Errors
+    /// `ShapeMismatch` when `out` has the wrong length.
+    pub fn admission_counts(&self, keys: &[i64], out: &mut [u32]) -> Result<()> {
+        Table::check_batch(keys)?;
+        check_len("out", keys.len(), out.len())?;
+        for (o, &k) in out.iter_mut().zip(keys) {
+            let s = shard_of(key_hash(k), self.shards.len());
+            *o = read(&self.shards[s])
+                .sketch
+                .as_ref()
+                .map_or(0, |sk| sk.estimate(k));
+        }
+        Ok(())
+    }
+}
+
+impl<'a> Stepper<'a> {
     pub(crate) fn apply_gradients_numbered(
         &self,
         keys: &[i64],
@@ -101,7 +123,7 @@ impl Table {
         if self.optimizer.is_none() {
             return Err(StoreError::NoOptimizer);
         }
-        Self::check_batch(keys)?;
+        Table::check_batch(keys)?;
         let dim = self.dim;
         check_len("grads", keys.len() * dim, grads.len())?;
         let most = check_finite_max("grads", grads)?;
@@ -123,7 +145,7 @@ impl Table {
 
     /// One whole step on checked input whose summed gradients are at most
     /// `gs` in magnitude (numbered `at`, or the next): takes the gate
-    /// ([`Table::step_gate`]), makes room, passes a dry run where the bounds
+    /// ([`Stepper::step_gate`]), makes room, passes a dry run where the bounds
     /// cannot rule out a non-finite result, steps, and enforces capacity.
     /// A step refused on the way changes nothing.
     pub(crate) fn step_whole<'g, G, P>(
@@ -160,12 +182,12 @@ impl Table {
             None
         };
         let written = self.run_apply(keys, prepared, at, grad_of, ask);
-        self.enforce_capacity();
+        Evictor(self).enforce_capacity();
         self.end_step(gate, measured, written);
         Ok(())
     }
 
-    /// The second half of a step ([`Table::step_whole`]): the step itself.
+    /// The second half of a step ([`Stepper::step_whole`]): the step itself.
     /// Position `i` of `keys` contributes `coef * grad` with `(grad, coef) =
     /// grad_of(i)`: contributions to one key are summed in batch order, then
     /// the row takes one update; keys the admission filter refuses are
@@ -378,7 +400,7 @@ impl Table {
     /// counted once (per call, however often it occurs) and gets a row if
     /// the filter admits it,
     /// else its positions are dropped (counted as one rejected key). The
-    /// call made room for `room` new rows ([`Table::reserve_plan`]); a key
+    /// call made room for `room` new rows ([`Stepper::reserve_plan`]); a key
     /// admitted past them gets room now, and is turned away (as if not
     /// admitted) when the memory cannot be had, so that the call still
     /// applies whole. Out of line: tables without a filter never call it.
@@ -463,28 +485,11 @@ impl Table {
             _ => absent.len(),
         }
     }
-
-    /// The admission sketch's estimate for each key (0 without a count
-    /// filter), into `out`.
-    ///
-    /// # Errors
-    /// `ShapeMismatch` when `out` has the wrong length.
-    pub fn admission_counts(&self, keys: &[i64], out: &mut [u32]) -> Result<()> {
-        Self::check_batch(keys)?;
-        check_len("out", keys.len(), out.len())?;
-        for (o, &k) in out.iter_mut().zip(keys) {
-            let s = shard_of(key_hash(k), self.shards.len());
-            *o = read(&self.shards[s])
-                .sketch
-                .as_ref()
-                .map_or(0, |sk| sk.estimate(k));
-        }
-        Ok(())
-    }
 }
 
 #[cfg(test)]
 mod tests {
+    use crate::table::views::Stepper;
     use crate::testing::{sgd, table};
 
     #[test]
@@ -570,7 +575,7 @@ mod tests {
             let pos = plan.positions(s);
             let mut g = crate::table::storage::write(lock);
             let before = g.len();
-            let pairs = t.admit(&mut g, &keys, &plan.hashes, pos, 2, t.generation(), 0);
+            let pairs = Stepper(&t).admit(&mut g, &keys, &plan.hashes, pos, 2, t.generation(), 0);
             assert_eq!(pairs.len(), pos.len());
             assert_eq!(g.len() - before, pos.len());
         }

@@ -30,7 +30,8 @@ use crate::hash::{key_hash, shard_of};
 use crate::optim::Optimizer;
 use crate::policy::RowFormat;
 use crate::simd::Backend;
-use crate::table::{Table, read};
+use crate::table::storage::read;
+use crate::table::views::Stepper;
 use rayon::prelude::*;
 use std::sync::atomic::{AtomicU32, Ordering};
 
@@ -252,7 +253,7 @@ pub(crate) enum StepGate<'a> {
         before: Magnitudes,
     },
     /// The gate held exclusively; with `None` the step must pass a dry run
-    /// first ([`Table::dry_run`]), else the bounds to raise after.
+    /// first ([`Stepper::dry_run`]), else the bounds to raise after.
     Checked {
         _gate: std::sync::RwLockWriteGuard<'a, ()>,
         predicted: Option<Magnitudes>,
@@ -272,26 +273,27 @@ impl StepGate<'_> {
     }
 }
 
-impl Table {
+impl<'a> Stepper<'a> {
     /// The gate for a step numbered `t` whose summed gradients are at most
     /// `gs` in magnitude (see [`StepGate`]).
-    pub(crate) fn step_gate(&self, gs: f64, t: u64) -> StepGate<'_> {
+    pub(crate) fn step_gate(&self, gs: f64, t: u64) -> StepGate<'a> {
         let before = self.bounds.get();
         let Some(opt) = self.optimizer else {
             return StepGate::Fast {
-                _gate: self.enter(),
+                _gate: self.0.enter(),
                 predicted: before,
                 before,
             };
         };
         if let Some(predicted) = opt.predict(&before, gs, t, self.dim) {
             return StepGate::Fast {
-                _gate: self.enter(),
+                _gate: self.0.enter(),
                 predicted,
                 before,
             };
         }
         let gate = self
+            .0
             .gate
             .write()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
@@ -565,7 +567,7 @@ mod tests {
                     applied += 1;
                     let bound = t.bounds.get();
                     let _g = t.gate.write().unwrap();
-                    let m = t.measure();
+                    let m = Stepper(&t).measure();
                     let what = format!("round {round}, {opt:?}, step {step}: {m:?} vs {bound:?}");
                     assert!(m.w <= bound.w, "weights past their bound: {what}");
                     assert!(m.s[0] <= bound.s[0], "state block 0 past its bound: {what}");

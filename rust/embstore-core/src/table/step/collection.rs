@@ -10,6 +10,7 @@ use crate::table::batch::bags::pooled_ids;
 use crate::table::batch::output::SharedOut;
 use crate::table::batch::plan::{Floor, SEQUENTIAL_KEYS};
 use crate::table::checks::{check_finite_max, check_grad_sums, check_len};
+use crate::table::views::{Evictor, Pooler, Stepper};
 use crate::table::{Missing, Table};
 use crate::zeroed::zeros;
 use rayon::prelude::*;
@@ -136,12 +137,12 @@ pub fn lookup_pooled_or(
         .zip(plans)
         .with_min_len(min_len)
         .map(|(((table, ids), feats), plan)| {
-            table.lookup_pooled_in(feats, ids, plan, insert, missing, shared)
+            Pooler(table).lookup_pooled_in(feats, ids, plan, insert, missing, shared)
         })
         .collect::<Result<Vec<()>>>()?;
     if insert {
         for (t, _) in &groups {
-            t.enforce_capacity();
+            Evictor(t).enforce_capacity();
         }
     }
     drop(gates);
@@ -230,7 +231,7 @@ pub fn apply_pooled_gradients(features: &[Feature<'_>], grads: &[f32]) -> Result
             },
         )?);
     }
-    // Every table's plan on its floor (`Table::plan_steps`), then the
+    // Every table's plan on its floor (`Stepper::plan_steps`), then the
     // gates, in ascending table id (each shared, or exclusive for a step
     // its bounds cannot clear: see `table::step::bounds`).
     let keyed: Vec<(&Table, &[i64])> = groups
@@ -238,11 +239,11 @@ pub fn apply_pooled_gradients(features: &[Feature<'_>], grads: &[f32]) -> Result
         .zip(&inputs)
         .map(|((t, _), (keys, _, _))| (*t, &keys[..]))
         .collect();
-    let (plans, _floor) = Table::plan_steps(&keyed, min_len)?;
+    let (plans, _floor) = Stepper::plan_steps(&keyed, min_len)?;
     let gates: Vec<_> = groups
         .iter()
         .zip(&sums)
-        .map(|((t, _), &gs)| t.step_gate(gs, t.step() + 1))
+        .map(|((t, _), &gs)| Stepper(t).step_gate(gs, t.step() + 1))
         .collect();
     // Room for every table's new rows first, and the dry runs of the steps
     // that need one, so that running out of memory or a non-finite result
@@ -254,7 +255,7 @@ pub fn apply_pooled_gradients(features: &[Feature<'_>], grads: &[f32]) -> Result
     for (((table, _), (keys, src, coef)), gate) in groups.iter().zip(&inputs).zip(&gates) {
         let dim = table.dim();
         let (plan, found) = plans.next().expect("a plan a table");
-        match table.prepare_apply(keys, true, plan, found) {
+        match Stepper(table).prepare_apply(keys, true, plan, found) {
             Ok(p) => prepared.push(p),
             Err(e) => {
                 failed = Some(e);
@@ -263,7 +264,7 @@ pub fn apply_pooled_gradients(features: &[Feature<'_>], grads: &[f32]) -> Result
         }
         if gate.needs_dry_run() {
             let grad_of = |i: usize| (&grads[src[i]..src[i] + dim], coef[i]);
-            match table.dry_run(keys, table.step() + 1, grad_of) {
+            match Stepper(table).dry_run(keys, table.step() + 1, grad_of) {
                 Ok(m) => measured.push(Some(m)),
                 Err(e) => {
                     failed = Some(e);
@@ -276,7 +277,7 @@ pub fn apply_pooled_gradients(features: &[Feature<'_>], grads: &[f32]) -> Result
     }
     if let Some(e) = failed {
         for ((t, _), p) in groups.iter().zip(prepared) {
-            t.cancel_apply(p);
+            Stepper(t).cancel_apply(p);
         }
         return Err(e);
     }
@@ -287,7 +288,7 @@ pub fn apply_pooled_gradients(features: &[Feature<'_>], grads: &[f32]) -> Result
         .with_min_len(min_len)
         .map(|(((table, _), (keys, src, coef)), p)| {
             let dim = table.dim();
-            table.run_apply(
+            Stepper(table).run_apply(
                 keys,
                 p,
                 None,
@@ -300,8 +301,8 @@ pub fn apply_pooled_gradients(features: &[Feature<'_>], grads: &[f32]) -> Result
         })
         .collect();
     for ((((t, _), gate), m), w) in groups.iter().zip(gates).zip(measured).zip(written) {
-        t.enforce_capacity();
-        t.end_step(gate, m, w);
+        Evictor(t).enforce_capacity();
+        Stepper(t).end_step(gate, m, w);
     }
     Ok(())
 }

@@ -8,6 +8,7 @@ use crate::simd::prefetch;
 use crate::table::Table;
 use crate::table::batch::bags::{Coefs, check_columns, check_idx};
 use crate::table::checks::{check_finite, check_finite_max, check_grad_sums, check_len};
+use crate::table::views::Stepper;
 
 impl Table {
     /// The backward of [`Table::lookup_pooled`] followed by one optimizer
@@ -31,7 +32,7 @@ impl Table {
         let Coefs { bag_of, coef } = bags.coefs()?;
         let dim = self.dim;
         let gs = check_pooled_sums(bags.ids, &bag_of, &coef, grads, dim, 0, dim, most)?;
-        self.step_whole(
+        Stepper(self).step_whole(
             bags.ids,
             gs,
             None,

@@ -9,17 +9,19 @@ use crate::table::batch::found::{FoundRows, Memo};
 use crate::table::batch::plan::{Floor, Plan, Planned};
 use crate::table::cold::hold::ColdHold;
 use crate::table::storage::{Shard, write};
+use crate::table::views::Stepper;
+use crate::table::views::{DiskTier, Memos};
 use crate::table::{MAX_STEP, NO_ROW, Table};
 use crossbeam_utils::CachePadded;
 use rayon::prelude::*;
 use std::sync::RwLock;
 
 /// Batches of fewer keys than this make their reservations
-/// ([`Table::reserve_plan`]) on the calling thread.
+/// ([`Stepper::reserve_plan`]) on the calling thread.
 const SMALL_BATCH: usize = 1 << 14;
 
 /// A gradient call's plan with room made for its new rows
-/// ([`Table::prepare_apply`]).
+/// ([`Stepper::prepare_apply`]).
 #[derive(Debug)]
 pub(crate) struct PreparedApply {
     /// The keys grouped by shard: the last lookup's plan when it was of the
@@ -30,10 +32,10 @@ pub(crate) struct PreparedApply {
     pub(crate) reserved: Reserved,
 }
 
-/// A step's plan with the rows its lookup found ([`Table::plan_steps`]).
+/// A step's plan with the rows its lookup found ([`Stepper::plan_steps`]).
 pub(crate) type StepPlan = (Plan, FoundRows);
 
-impl Table {
+impl<'a> Stepper<'a> {
     /// Makes room, in every shard that owns some of the plan's keys, for
     /// the rows the call may create ([`Shard::reserve_pending`]): a call
     /// that may insert does this before it changes anything, so that
@@ -43,14 +45,14 @@ impl Table {
     /// a probe, whose rows go into `found` for the call's own pass) and
     /// makes room for those. Each shard's count is given back by the call's
     /// pass over that shard ([`Shard::release_pending`]) or by
-    /// [`Table::release_plan`].
+    /// [`Stepper::release_plan`].
     ///
     /// A gradient call on a table with an admission filter (`admits`)
     /// makes room only for the absent keys the filter would admit now
-    /// ([`Table::admissible`]), so that a flood of keys the filter turns
+    /// ([`Stepper::admissible`]), so that a flood of keys the filter turns
     /// away does not grow the index; a key admitted past that count (the
     /// filter's counts rose meanwhile) gets room then, or is turned away
-    /// ([`Table::admit`]).
+    /// ([`Stepper::admit`]).
     ///
     /// # Errors
     /// `OutOfMemory` naming `arg`; nothing is reserved then.
@@ -86,7 +88,7 @@ impl Table {
         Err(self.refuse_rows(arg, plan.hashes.len()))
     }
 
-    /// [`Table::reserve_plan`]'s work in shard `s` (`g`, write-locked, the
+    /// [`Stepper::reserve_plan`]'s work in shard `s` (`g`, write-locked, the
     /// plan's positions there not empty): the rows reserved, or `None`
     /// when the memory for them is not there (nothing reserved then).
     pub(crate) fn reserve_shard(
@@ -162,7 +164,7 @@ impl Table {
         }
     }
 
-    /// Ends the reservations of [`Table::reserve_plan`] without inserting
+    /// Ends the reservations of [`Stepper::reserve_plan`] without inserting
     /// (a call that reserved and then stopped).
     pub(crate) fn release_plan(&self, reserved: &[usize]) {
         for (lock, &n) in self.shards.iter().zip(reserved) {
@@ -172,17 +174,17 @@ impl Table {
         }
     }
 
-    /// [`Table::plan_steps`] of one table, without the lists (a step of
+    /// [`Stepper::plan_steps`] of one table, without the lists (a step of
     /// one key pays for no more than its plan).
     ///
     /// # Errors
     /// As [`Table::plan`].
-    pub(crate) fn plan_step(&self, keys: &[i64]) -> Result<(Planned<'_>, FoundRows)> {
+    pub(crate) fn plan_step(&self, keys: &[i64]) -> Result<(Planned<'a>, FoundRows)> {
         match self.memo_for_step(keys) {
-            Some(m) => Ok((self.stand(m.plan, keys, Floor::Step)?, m.found)),
+            Some(m) => Ok((DiskTier(self.0).stand(m.plan, keys, Floor::Step)?, m.found)),
             None => {
                 let found = FoundRows::new(self.shards.len());
-                Ok((self.plan(keys, Floor::Step)?, found))
+                Ok((self.0.plan(keys, Floor::Step)?, found))
             }
         }
     }
@@ -192,7 +194,7 @@ impl Table {
     /// at the step.
     fn memo_for_step(&self, keys: &[i64]) -> Option<Memo> {
         let always = self.policy.admission.is_always();
-        always.then(|| self.take_memo(keys)).flatten()
+        always.then(|| Memos(self).take_memo(keys)).flatten()
     }
 
     /// The plans of a gradient call on one or more tables (`tables` with
@@ -202,11 +204,14 @@ impl Table {
     ///
     /// # Errors
     /// As [`Table::plan`]; no floor is held then.
-    pub(crate) fn plan_steps<'a>(
-        tables: &[(&'a Table, &[i64])],
+    pub(crate) fn plan_steps<'t>(
+        tables: &[(&'t Table, &[i64])],
         min_len: usize,
-    ) -> Result<(Vec<StepPlan>, Option<ColdHold<'a>>)> {
-        let memos: Vec<Option<Memo>> = tables.iter().map(|(t, k)| t.memo_for_step(k)).collect();
+    ) -> Result<(Vec<StepPlan>, Option<ColdHold<'t>>)> {
+        let memos: Vec<Option<Memo>> = tables
+            .iter()
+            .map(|(t, k)| Stepper(t).memo_for_step(k))
+            .collect();
         let (made, found): (Vec<Option<Plan>>, Vec<FoundRows>) = memos
             .into_iter()
             .zip(tables)
@@ -219,11 +224,11 @@ impl Table {
         Ok((plans.into_iter().zip(found).collect(), floor))
     }
 
-    /// The first half of a step ([`Table::step_whole`]): room made for
+    /// The first half of a step ([`Stepper::step_whole`]): room made for
     /// every row the step may create, on the keys' `plan` with the rows
-    /// `found` of the lookup it follows ([`Table::plan_steps`]). Nothing
+    /// `found` of the lookup it follows ([`Stepper::plan_steps`]). Nothing
     /// has changed yet; a call that stops here gives the room back with
-    /// [`Table::cancel_apply`].
+    /// [`Stepper::cancel_apply`].
     ///
     /// # Errors
     /// `OutOfMemory` naming `keys`.
@@ -253,7 +258,7 @@ impl Table {
         })
     }
 
-    /// Gives back the room a [`Table::prepare_apply`] made.
+    /// Gives back the room a [`Stepper::prepare_apply`] made.
     pub(crate) fn cancel_apply(&self, prepared: PreparedApply) {
         self.release_plan(&prepared.reserved);
     }
