@@ -2,7 +2,8 @@
 crate's files (the package's: tests/test_imports.py), no core file over 500 lines of code
 or 600 physical lines before its tests, no package file over 900 lines, the format and mapped
 modules name no table code, reading and stepping import nothing of each
-other, rows reached only through the storage's API, and front ends that
+other, rows reached only through the storage's API, a core Table of at most 90
+methods (a facade; each concern's helpers on a view), and front ends that
 branch on no tier's class."""
 
 from __future__ import annotations
@@ -150,3 +151,40 @@ def test_rows_are_reached_only_through_the_storage() -> None:
     for p in (CORE / "table").rglob("*.rs"):
         if "storage" not in p.relative_to(CORE / "table").parts:
             assert not re.search(r"\.arena\b", p.read_text()), p
+
+
+_FN = re.compile(r"^\s*(pub(\([^)]*\))?\s+)?(const\s+)?(unsafe\s+)?fn\s+(\w+)")
+
+
+def table_methods(files: dict[str, pathlib.Path] | None = None) -> dict[str, list[str]]:
+    """File -> the methods of its `impl Table { ... }` blocks (before its
+    tests): the core Table's methods wherever they are defined."""
+    out: dict[str, list[str]] = {}
+    for rel, path in (files or _rust_modules()).items():
+        text = path.read_text().split("#[cfg(test)]\nmod tests")[0]
+        depth, at = 0, None
+        for line in text.splitlines():
+            if at is None and re.match(r"^impl(<[^>]*>)?\s+Table\s*\{", line.strip()):
+                at = depth
+            elif at is not None and depth == at + 1 and (m := _FN.match(line)):
+                out.setdefault(rel, []).append(m.group(5))
+            depth += line.count("{") - line.count("}")
+            if at is not None and depth <= at:
+                at = None
+    return out
+
+
+def test_the_core_table_is_a_facade_of_at_most_90_methods() -> None:
+    """Each concern's helpers are methods of a view (table/views.rs), not
+    of the Table."""
+    methods = table_methods()
+    assert sum(len(v) for v in methods.values()) <= 90, methods
+
+
+def test_the_method_count_sees_a_method_added(tmp_path: pathlib.Path) -> None:
+    src = tmp_path / "x.rs"
+    src.write_text(
+        "impl Table {\n    pub fn a(&self) {\n        if x { }\n    }\n"
+        "    pub(crate) fn b(&self) {}\n}\nimpl Other {\n    fn c() {}\n}\n"
+    )
+    assert table_methods({"x.rs": src}) == {"x.rs": ["a", "b"]}
