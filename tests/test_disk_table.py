@@ -12,6 +12,7 @@ import gc
 import json
 import os
 import pickle
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -109,6 +110,79 @@ def test_torch_modules_and_a_collection_over_a_disk_table_train_as_over_memory(
             c.apply_pooled_gradients(feats, np.ones_like(p) * 0.01)
     for name, value in ram.state_dict().items():
         _same(disk.state_dict()[name], value)
+
+
+def test_a_collection_over_two_disk_tables_trains_as_over_memory_from_many_threads(
+    tmp_path: Path,
+) -> None:
+    """A Collection call stands each of its disk tables on its floor, in
+    table order, with the one plan of that table's ids, and releases every
+    floor before any rows move out: two disk tables with memory for 30 of
+    about 400 rows each (one serving two features) and a table in memory
+    train as their twins in memory, bit for bit; then four threads mixing
+    the Collection's calls with each disk table's own finish under a
+    watchdog, and each disk table is back within its bound."""
+    ram_a, disk_a = _pair(tmp_path / "a", 30)
+    ram_b, disk_b = _pair(tmp_path / "b", 30, seed=7)
+    mem = [embstore.Table(3, optimizer=optim.SGD(lr=0.1), seed=1) for _ in range(2)]
+    cols = [
+        embstore.Collection({"a": a, "a2": a, "b": b, "m": m})
+        for a, b, m in ((ram_a, ram_b, mem[0]), (disk_a, disk_b, mem[1]))
+    ]
+    rng = np.random.default_rng(21)
+
+    def feats(r: np.random.Generator) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+        ids = r.integers(0, 400, 64).astype(np.int64)
+        off = np.arange(0, 65, 8)
+        return {
+            "a": (ids, off),
+            "a2": (ids % 97, off),
+            "b": (ids[::-1].copy(), off),
+            "m": (ids % 50, off),
+        }
+
+    for _ in range(15):
+        f = feats(rng)
+        pooled = [c.lookup_pooled(f) for c in cols]
+        _same(pooled[0], pooled[1])
+        grads = (rng.standard_normal(pooled[0].shape) * 0.01).astype(np.float32)
+        for c in cols:
+            c.apply_pooled_gradients(f, grads)
+    keys = np.arange(400)
+    for ram, disk in ((ram_a, disk_a), (ram_b, disk_b)):
+        _same(disk.lookup_with_state(keys, insert=False), ram.lookup_with_state(keys, insert=False))
+        st = disk.stats()
+        assert st["disk_rows"] > 200, st
+        assert st["memory_rows"] <= 30, st
+
+    failed: list[BaseException] = []
+
+    def work(seed: int) -> None:
+        r = np.random.default_rng(seed)
+        try:
+            for i in range(25):
+                f = feats(r)
+                p = cols[1].lookup_pooled(f)
+                cols[1].apply_pooled_gradients(f, np.full_like(p, 0.01))
+                t = (disk_a, disk_b)[i % 2]
+                t.apply_gradients(f["a"][0], np.full((64, DIM), 0.01, np.float32))
+                t.lookup(f["b"][0])
+        except BaseException as e:
+            failed.append(e)
+
+    threads = [threading.Thread(target=work, args=(s,), daemon=True) for s in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not any(t.is_alive() for t in threads), "a thread hung"
+    assert failed == []
+    for disk in (disk_a, disk_b):
+        disk.lookup(np.arange(4))
+        st = disk.stats()
+        assert st["memory_rows"] <= 30, st
+        assert st["memory_rows"] + st["disk_rows"] == st["rows"] == len(disk)
+        assert st["disk_error"] is None
 
 
 def test_a_device_cache_over_a_disk_table_trains_as_over_memory(tmp_path: Path) -> None:
