@@ -32,9 +32,11 @@ typing_log=$(mktemp)
   python -m mypy.stubtest embstore._core --allowlist .mypy-stubtest-allowlist ) \
     >"$typing_log" 2>&1 &
 typing_pid=$!
-step "loom: the lock-free read protocol under every interleaving (RUSTFLAGS=--cfg loom)"
-RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom \
-    cargo test --profile loom -p embstore-core --lib seqlock
+# A feature, not RUSTFLAGS="--cfg loom" in a target dir of its own: the
+# check reuses every dependency `cargo test` just built and compiles only
+# loom's own and the core crate (1 min 1 s here against 1 min 34 s).
+step "loom: the lock-free read protocol under every interleaving (--features loom)"
+cargo test -p embstore-core --features loom --lib seqlock
 step "mypy and stubtest: their result"
 typing_status=0
 wait "$typing_pid" || typing_status=$?

@@ -34,8 +34,7 @@
 //! The protocol is written once, in [`protocol!`], and instantiated twice:
 //! on std's atomics for the table, and on loom's in this module's tests,
 //! where loom runs every interleaving of a writer and readers (`cargo test
-//! -p embstore-core --profile loom --lib seqlock` with `RUSTFLAGS="--cfg
-//! loom"`).
+//! -p embstore-core --features loom --lib seqlock`).
 
 pub(crate) mod consts {
     /// The row half of an empty slot's word (zero, so a fresh zeroed index
@@ -173,7 +172,7 @@ macro_rules! protocol {
 
 protocol!(std::sync::atomic);
 
-#[cfg(all(test, loom))]
+#[cfg(all(test, feature = "loom"))]
 mod loom_model {
     //! The protocol under loom: a writer that updates, removes and moves
     //! rows of a 4-slot index and fills a reused row, and a reader that
