@@ -26,6 +26,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def worker(args: argparse.Namespace) -> None:
+    import netlab
+
     from embstore import Table, optim
     from embstore.distributed import ShardedTable
 
@@ -37,24 +39,13 @@ def worker(args: argparse.Namespace) -> None:
         rank, size = world.Get_rank(), world.Get_size()
         barrier = world.Barrier
 
-        def maxall(a: np.ndarray) -> np.ndarray:
-            out = np.empty_like(a)
-            world.Allreduce(a, out, op=MPI.MAX)
-            return out
-
     else:
-        import torch
         import torch.distributed as dist
 
         dist.init_process_group("gloo")
         comm, rank, size = "torch", dist.get_rank(), dist.get_world_size()
         barrier = dist.barrier
-
-        def maxall(a: np.ndarray) -> np.ndarray:
-            t = torch.from_numpy(a.copy())
-            dist.all_reduce(t, op=dist.ReduceOp.MAX)
-            out: np.ndarray = t.numpy()
-            return out
+    maxall = netlab.maxall(args.transport)
 
     dim, n = 64, args.batch
     rng = np.random.default_rng(100 + rank)
@@ -163,10 +154,10 @@ def main() -> None:
     )
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
+    sys.path.insert(0, os.path.join(ROOT, "scripts"))
     if args.worker:
         worker(args)
         return
-    sys.path.insert(0, os.path.join(ROOT, "scripts"))
     import netlab
 
     why = netlab.available()

@@ -28,6 +28,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def worker(args: argparse.Namespace) -> None:
+    import netlab
+
     from embstore import optim
     from embstore.distributed import ShardedTable, reshard
 
@@ -44,11 +46,6 @@ def worker(args: argparse.Namespace) -> None:
         # TCP transport connects a pair at its first message).
         world.alltoall(list(range(world.Get_size())))
 
-        def maxall(a: np.ndarray) -> np.ndarray:
-            out = np.empty_like(a)
-            world.Allreduce(a, out, op=MPI.MAX)
-            return out
-
     else:
         import torch
         import torch.distributed as dist
@@ -59,12 +56,7 @@ def worker(args: argparse.Namespace) -> None:
         size = dist.get_world_size()
         dist.all_to_all_single(torch.zeros(size), torch.arange(float(size)))
         two, three = (g2 if rank < 2 else None), (g3 if rank < 3 else None)
-
-        def maxall(a: np.ndarray) -> np.ndarray:
-            t = torch.from_numpy(a.copy())
-            dist.all_reduce(t, op=dist.ReduceOp.MAX)
-            out: np.ndarray = t.numpy()
-            return out
+    maxall = netlab.maxall(args.transport)
 
     table = None
     if rank < 2:
@@ -103,10 +95,10 @@ def main() -> None:
     p.add_argument("--transport", choices=["gloo", "mpi"], default="gloo")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
+    sys.path.insert(0, os.path.join(ROOT, "scripts"))
     if args.worker:
         worker(args)
         return
-    sys.path.insert(0, os.path.join(ROOT, "scripts"))
     import netlab
 
     why = netlab.available()

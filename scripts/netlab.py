@@ -233,6 +233,33 @@ def rate_bytes(rate: str) -> float:
     raise ValueError(f"rate: expected e.g. 1gbit or 100mbit, got {rate!r}")
 
 
+def maxall(via: str) -> Any:
+    """For a bench's rank: the function that returns the elementwise max of
+    a float64 array over every rank, over MPI's COMM_WORLD (``via="mpi"``)
+    or torch.distributed's default group (``"torch"``)."""
+    import numpy as np
+
+    if via == "mpi":
+        from mpi4py import MPI
+
+        def over_mpi(a: np.ndarray) -> np.ndarray:
+            out = np.empty_like(a)
+            MPI.COMM_WORLD.Allreduce(a, out, op=MPI.MAX)
+            return out
+
+        return over_mpi
+    import torch
+    import torch.distributed as dist
+
+    def over_torch(a: np.ndarray) -> np.ndarray:
+        t = torch.from_numpy(a.copy())
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        out: np.ndarray = t.numpy()
+        return out
+
+    return over_torch
+
+
 def clean() -> int:
     """Removes every namespace a harness run left behind."""
     out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=True)

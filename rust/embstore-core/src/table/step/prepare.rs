@@ -208,14 +208,9 @@ impl<'a> Stepper<'a> {
         tables: &[(&'t Table, &[i64])],
         min_len: usize,
     ) -> Result<(Vec<StepPlan>, Option<ColdHold<'t>>)> {
-        let memos: Vec<Option<Memo>> = tables
+        let (made, found): (Vec<Option<Plan>>, Vec<FoundRows>) = tables
             .iter()
-            .map(|(t, k)| Stepper(t).memo_for_step(k))
-            .collect();
-        let (made, found): (Vec<Option<Plan>>, Vec<FoundRows>) = memos
-            .into_iter()
-            .zip(tables)
-            .map(|(m, (t, _))| match m {
+            .map(|(t, k)| match Stepper(t).memo_for_step(k) {
                 Some(m) => (Some(m.plan), m.found),
                 None => (None, FoundRows::new(t.shards.len())),
             })
