@@ -33,8 +33,9 @@ use crate::error::{Result, invalid, oom};
 use crate::table::Table;
 use crate::table::batch::plan::{Floor, Plan, Planned};
 use crate::table::compaction::{Compaction, lock, trim_heap};
-use crate::table::storage::cold::{ColdShard, KeyHasher, Loc, SegFile};
+use crate::table::storage::cold::{ColdShard, KeyHasher, Loc};
 use crate::table::storage::disk_dir::StoreDir;
+use crate::table::storage::tier::RecordSource;
 use crate::table::storage::{read, write};
 use std::collections::HashMap;
 use std::hash::BuildHasherDefault;
@@ -156,7 +157,7 @@ impl Cold {
         let words = wwords + state_len + 4;
         let (cold, parts) = Cold::new(config, shards.len(), row_cost, words, policy.tracks())?;
         for (lock, part) in shards.iter().zip(parts) {
-            write(lock).cold = Some(part);
+            write(lock).cold = Some(Box::new(part));
         }
         Ok(cold)
     }
@@ -209,7 +210,7 @@ struct Want {
     pos: usize,
     key: i64,
     loc: Loc,
-    file: Arc<SegFile>,
+    file: Arc<dyn RecordSource>,
 }
 
 impl Table {
@@ -248,7 +249,7 @@ impl Table {
             st.memory_rows += g.len();
             if let Some(cs) = &g.cold {
                 st.disk_rows += cs.len();
-                st.disk_bytes += cs.disk_bytes();
+                st.disk_bytes += cs.stored_bytes();
                 st.disk_index_bytes += cs.index_bytes();
             }
         }
@@ -472,7 +473,7 @@ fn read_all(wants: &[&Want], words: usize, out: &mut [u32]) -> Result<()> {
             let taken = slot.lock().unwrap_or_else(PoisonError::into_inner).take();
             if let Some((ws, o)) = taken {
                 for (w, dst) in ws.iter().zip(o.chunks_mut(words)) {
-                    ColdShard::read(&w.file, words, w.key, w.loc, &mut buf, dst)?;
+                    w.file.read(w.key, w.loc, &mut buf, dst)?;
                 }
             }
         }
@@ -787,7 +788,7 @@ mod tests {
             let mut half_dead = 0;
             for lock in back.shards.iter() {
                 let mut g = write(lock);
-                let c = g.cold.as_mut().unwrap();
+                let c = g.cold.as_mut().unwrap().disk().unwrap();
                 half_dead += c.half_dead_files();
                 c.compact().unwrap();
                 assert_eq!(c.half_dead_files(), 0);

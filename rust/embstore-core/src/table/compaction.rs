@@ -129,11 +129,7 @@ impl<'a> DiskTier<'a> {
                 break;
             }
             let mut g = write(lock);
-            let Some(cold) = g
-                .cold
-                .as_mut()
-                .filter(|cs| cs.dead_share() > 0.5 || cs.write_failed())
-            else {
+            let Some(cold) = g.cold.as_mut().filter(|cs| cs.compaction_due()) else {
                 continue;
             };
             if let Some(job) = cold.compaction_job(budget) {

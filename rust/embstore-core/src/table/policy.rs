@@ -36,7 +36,7 @@ impl Table {
                         .map(|(key, _)| key)
                         .chain(
                             on_disk
-                                .filter(|(_, w)| policy.expired(&Meta::from_words(*w), now))
+                                .filter(|(_, w)| policy.expired(&Meta::from_words(w), now))
                                 .map(|(key, _)| key),
                         )
                         .collect::<Vec<_>>()
@@ -152,7 +152,7 @@ impl<'a> Evictor<'a> {
                 let scores = g
                     .keys_and_rows()
                     .map(|(key, r)| ev.score(&g.meta(r), key))
-                    .chain(on_disk.map(|(key, w)| ev.score(&Meta::from_words(w), key)));
+                    .chain(on_disk.map(|(key, w)| ev.score(&Meta::from_words(&w), key)));
                 let total = g.len() + g.cold_len();
                 lowest_of(scores, total, keep).map(|v| (v, total <= keep))
             })

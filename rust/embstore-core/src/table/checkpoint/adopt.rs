@@ -13,7 +13,6 @@ use crate::format::columns::Columns as FileColumns;
 use crate::format::manifest::{FileEntry, Manifest};
 use crate::format::tensors::{f32s, i64s, rows_f32};
 use crate::table::storage::base::{Columns, row_crc};
-use crate::table::storage::cold::Loc;
 use crate::table::storage::write;
 
 impl<'a> Checkpointer<'a> {
@@ -37,7 +36,13 @@ impl<'a> Checkpointer<'a> {
     ) -> Result<bool> {
         // A file of another row format than the table's is loaded, its
         // rows converted, not taken as it is.
-        if self.cold.is_none() || m.format()? != self.policy.format {
+        // A store that takes no file as it is (another tier than the
+        // disk store) is given the rows by a load.
+        let adopts = crate::table::storage::read(&self.shards[0])
+            .cold
+            .as_ref()
+            .is_some_and(|c| c.adopts());
+        if !adopts || m.format()? != self.policy.format {
             return Ok(false);
         }
         let path = dir.join(&e.name);
@@ -94,15 +99,7 @@ impl<'a> Checkpointer<'a> {
         let cold = g.cold.as_mut().expect("a disk table's shard");
         cold.try_reserve(n)
             .map_err(|_| oom("path", n as u128 * 24))?;
-        let seg = cold.adopt(dir, &e.name, e.bytes, cols)?;
-        for (r, (&key, &crc)) in keys.iter().zip(&crcs).enumerate() {
-            let loc = Loc {
-                seg,
-                rec: r as u32,
-                generation: 1,
-                crc,
-            };
-            cold.set(key, loc);
+        let mut rows = keys.iter().zip(&crcs).enumerate().map(|(r, (&key, &crc))| {
             let meta = match cols.meta {
                 Some(off) => {
                     let at = off as usize + 16 * r;
@@ -113,8 +110,9 @@ impl<'a> Checkpointer<'a> {
                 }
                 None => cols.fixed_meta,
             };
-            cold.set_meta(key, meta);
-        }
+            (key, crc, meta)
+        });
+        cold.adopt(dir, &e.name, e.bytes, cols, &mut rows)?;
         Ok(true)
     }
 

@@ -5,15 +5,15 @@ use std::sync::Arc;
 
 use crate::error::Result;
 use crate::table::storage::Shard;
-use crate::table::storage::cold::{ColdShard, Loc, SegFile};
-use crate::table::storage::compact::each_row;
+use crate::table::storage::cold::Loc;
+use crate::table::storage::tier::RecordSource;
 
 /// A row on disk to write to a checkpoint (or export): its key, place and
 /// file.
 pub(crate) struct DiskItem {
     pub(crate) key: i64,
     loc: Loc,
-    file: Arc<SegFile>,
+    file: Arc<dyn RecordSource>,
 }
 
 /// A row to write: in memory (row number, key) or on disk.
@@ -46,7 +46,7 @@ pub(crate) fn disk_items(g: &Shard, since: Option<u32>, items: &mut Vec<Item>) {
             Some(DiskItem {
                 key,
                 loc,
-                file: cold.file(loc.seg)?,
+                file: cold.source(loc)?,
             })
         })
         .collect();
@@ -60,7 +60,7 @@ pub(crate) fn disk_count(g: &Shard, since: Option<u32>) -> usize {
     g.cold.as_ref().map_or(0, |cold| {
         cold.entries()
             .filter(|(_, l)| since.is_none_or(|s| l.generation > s))
-            .filter(|(_, l)| cold.file(l.seg).is_some())
+            .filter(|(_, l)| cold.source(*l).is_some())
             .count()
     })
 }
@@ -104,16 +104,16 @@ impl RunReader {
         self.live.clear();
         for item in items {
             match item {
-                Item::Disk(d) if Arc::ptr_eq(&d.file, &first.file) => {
+                Item::Disk(d)
+                    if std::ptr::addr_eq(Arc::as_ptr(&d.file), Arc::as_ptr(&first.file)) =>
+                {
                     self.live.push((d.loc.rec, d.key, d.loc));
                 }
                 _ => break,
             }
         }
         let scratch = (&mut self.bufs, &mut self.body, &mut self.words[..]);
-        each_row(&first.file, &self.live, scratch, |key, _, words| {
-            f(key, words)
-        })?;
+        first.file.read_run(&self.live, scratch, &mut f)?;
         Ok(self.live.len())
     }
 }
@@ -125,5 +125,5 @@ impl RunReader {
 /// `Checkpoint` when it cannot be read or fails its check.
 pub(crate) fn read_item(d: &DiskItem, n: usize, words: &mut Vec<u32>) -> Result<()> {
     words.resize(n, 0);
-    ColdShard::read(&d.file, n, d.key, d.loc, &mut Vec::new(), words)
+    d.file.read(d.key, d.loc, &mut Vec::new(), words)
 }

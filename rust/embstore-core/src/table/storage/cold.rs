@@ -32,6 +32,7 @@ pub(crate) use crate::table::storage::record::Loc;
 use crate::table::storage::record::{HEAD, decode, decode_body, encode};
 
 mod compacting;
+mod store;
 pub(crate) use crate::table::storage::seg_file::SegFile;
 
 /// A segment holds about this many bytes of records (in unit tests a few
@@ -152,76 +153,6 @@ impl ColdShard {
         HEAD + 4 * self.words
     }
 
-    /// Rows held.
-    pub(crate) fn len(&self) -> usize {
-        self.index.len()
-    }
-
-    /// Bytes of the segment files (live and dead records).
-    pub(crate) fn disk_bytes(&self) -> u64 {
-        self.segments.iter().flatten().map(|s| s.bytes).sum::<u64>() + self.pending.len() as u64
-    }
-
-    /// Bytes of memory the index takes (its table, as hashbrown sizes it:
-    /// a key, a [`Loc`] and a control byte a bucket), and the metadata's.
-    pub(crate) fn index_bytes(&self) -> usize {
-        self.index.capacity() * (size_of::<(i64, Loc)>() + 1)
-            + self
-                .metas
-                .as_ref()
-                .map_or(0, |m| m.capacity() * (size_of::<(i64, [u32; 4])>() + 1))
-    }
-
-    /// Every key held with its metadata words, where the shard keeps them.
-    pub(crate) fn metas(&self) -> impl Iterator<Item = (i64, &[u32; 4])> + '_ {
-        self.metas
-            .iter()
-            .flat_map(|m| m.iter().map(|(&k, w)| (k, w)))
-    }
-
-    /// Records `key`'s metadata words (for a shard that keeps them).
-    pub(crate) fn set_meta(&mut self, key: i64, words: [u32; 4]) {
-        if let Some(m) = self.metas.as_mut() {
-            m.insert(key, words);
-        }
-    }
-
-    /// Where `key`'s row is, and the file to read it from.
-    pub(crate) fn find(&self, key: i64) -> Option<(Loc, Arc<SegFile>)> {
-        let loc = *self.index.get(&key)?;
-        let file = self.segments[loc.seg as usize].as_ref()?.file.clone();
-        Some((loc, file))
-    }
-
-    /// Room in the index for `n` more keys.
-    ///
-    /// # Errors
-    /// When the memory cannot be had.
-    pub(crate) fn try_reserve(
-        &mut self,
-        n: usize,
-    ) -> std::result::Result<(), std::collections::TryReserveError> {
-        if let Some(m) = self.metas.as_mut() {
-            m.try_reserve(n)?;
-        }
-        self.index.try_reserve(n)
-    }
-
-    /// Whether the shard holds `key`.
-    pub(crate) fn contains(&self, key: i64) -> bool {
-        self.index.contains_key(&key)
-    }
-
-    /// Every key held with its place.
-    pub(crate) fn entries(&self) -> impl Iterator<Item = (i64, Loc)> + '_ {
-        self.index.iter().map(|(&k, &l)| (k, l))
-    }
-
-    /// The file of segment `seg`, while it exists.
-    pub(crate) fn file(&self, seg: u32) -> Option<Arc<SegFile>> {
-        Some(self.segments.get(seg as usize)?.as_ref()?.file.clone())
-    }
-
     /// Reads the record at `loc` of `file` into `words` (`words` long),
     /// checking that it is `key`'s and whole.
     ///
@@ -263,13 +194,7 @@ impl ColdShard {
     /// # Errors
     /// `Checkpoint` when it cannot be linked, copied or opened, or is not
     /// `bytes` long.
-    pub(crate) fn adopt(
-        &mut self,
-        dir: &Path,
-        name: &str,
-        bytes: u64,
-        cols: Columns,
-    ) -> Result<u32> {
+    fn link_base(&mut self, dir: &Path, name: &str, bytes: u64, cols: Columns) -> Result<u32> {
         let n = self.segments.len() as u32;
         let path = self.dir.join(format!("s{:04}-{n:08}.base", self.shard));
         let fail = |e: std::io::Error| {
@@ -362,7 +287,7 @@ impl ColdShard {
     /// # Errors
     /// As [`ColdShard::append`] and [`ColdShard::flush`].
     #[cfg(test)]
-    pub(crate) fn put(&mut self, key: i64, generation: u32, words: &[u32]) -> Result<()> {
+    pub(crate) fn put_one(&mut self, key: i64, generation: u32, words: &[u32]) -> Result<()> {
         let loc = self.append(key, generation, words)?;
         self.flush()?;
         self.set(key, loc);
@@ -470,23 +395,6 @@ impl ColdShard {
         self.write_failed
     }
 
-    /// Removes `key` if its row is still at `loc` (a row read outside the
-    /// lock is taken into memory only if nothing moved it meanwhile).
-    pub(crate) fn take(&mut self, key: i64, loc: Loc) -> bool {
-        if self.index.get(&key) != Some(&loc) {
-            return false;
-        }
-        self.erase(key)
-    }
-
-    /// Removes `key`; whether it was held.
-    pub(crate) fn erase(&mut self, key: i64) -> bool {
-        if let Some(m) = self.metas.as_mut() {
-            m.remove(&key);
-        }
-        self.drop_entry(key)
-    }
-
     fn drop_entry(&mut self, key: i64) -> bool {
         let Some(loc) = self.index.remove(&key) else {
             return false;
@@ -528,6 +436,7 @@ pub(crate) fn forked() -> crate::error::StoreError {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::table::storage::tier::ColdStore;
     use crate::testing::temp_dir;
     use std::os::unix::fs::FileExt;
 
@@ -538,7 +447,8 @@ mod tests {
     }
 
     fn read_back(c: &ColdShard, key: i64) -> Result<Vec<u32>> {
-        let (loc, file) = c.find(key).expect("held");
+        let (loc, _) = c.find(key).expect("held");
+        let file = c.segment(loc.seg).expect("held");
         let mut w = vec![0; c.words];
         ColdShard::read(&file, c.words, key, loc, &mut Vec::new(), &mut w)?;
         Ok(w)
@@ -561,7 +471,7 @@ mod tests {
             let key = (x % 300) as i64 - 150;
             match step % 4 {
                 0 | 1 => {
-                    c.put(key, step, &words_of(key ^ i64::from(step), c.words))
+                    c.put_one(key, step, &words_of(key ^ i64::from(step), c.words))
                         .unwrap();
                     model.insert(key, step);
                 }
@@ -605,10 +515,11 @@ mod tests {
     fn a_damaged_record_reads_as_an_error_never_as_a_row() {
         let dir = temp_dir("cold-damage");
         let mut c = ColdShard::new(&dir, 0, 4, false);
-        c.put(7, 1, &[1, 2, 3, 4]).unwrap();
-        c.put(8, 1, &[5, 6, 7, 8]).unwrap();
+        c.put_one(7, 1, &[1, 2, 3, 4]).unwrap();
+        c.put_one(8, 1, &[5, 6, 7, 8]).unwrap();
         c.flush().unwrap();
-        let (loc, file) = c.find(8).unwrap();
+        let (loc, _) = c.find(8).unwrap();
+        let file = c.segment(loc.seg).unwrap();
         // One bit flipped in key 8's words.
         let at = u64::from(loc.rec) * 32 + 20;
         let mut b = [0u8];

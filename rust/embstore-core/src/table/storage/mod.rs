@@ -15,6 +15,7 @@ pub(crate) mod record;
 pub(crate) mod seg_file;
 pub(crate) mod seqlock;
 pub(crate) mod shard;
+pub(crate) mod tier;
 pub(crate) mod view;
 
 use std::sync::{PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};

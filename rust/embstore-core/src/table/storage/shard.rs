@@ -6,9 +6,9 @@ use crate::policy::Sketch;
 use crate::table::NO_ROW;
 use crate::table::counters::Counters;
 use crate::table::storage::arena::{Arena, RowWrite};
-use crate::table::storage::cold::ColdShard;
 use crate::table::storage::index::{self, Index};
 use crate::table::storage::seqlock;
+use crate::table::storage::tier::ColdStore;
 use crate::table::storage::view::{PROBE_AHEAD, PROBE_PREFETCH_MIN, Reads, View};
 use crossbeam_queue::SegQueue;
 use std::sync::Arc;
@@ -92,7 +92,7 @@ pub(crate) struct Shard {
     /// move there ([`Shard::spill`]) and back ([`Shard::insert_moved`])
     /// keeping their bits and save generation; a key is in memory or on
     /// disk, never both.
-    pub cold: Option<ColdShard>,
+    pub cold: Option<Box<dyn ColdStore>>,
 }
 
 /// The rows API: a row of the shard by its number (found through the

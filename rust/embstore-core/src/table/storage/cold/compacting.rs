@@ -11,7 +11,7 @@ impl ColdShard {
     /// and path for the segment they go to. `None` when no file needs it.
     /// The job runs without the shard's lock ([`Job::run`]); its rows are
     /// named in their new place by [`ColdShard::install`].
-    pub(crate) fn compaction_job(&mut self, budget: usize) -> Option<Job> {
+    pub(crate) fn take_job(&mut self, budget: usize) -> Option<Job> {
         if !self.owned() {
             return None;
         }
@@ -84,7 +84,7 @@ impl ColdShard {
     /// removed or moved to disk again meanwhile stays as it is); returns
     /// how many. A failed job's file is removed and its files may be
     /// compacted again.
-    pub(crate) fn install(&mut self, done: Done) -> usize {
+    pub(crate) fn install_job(&mut self, done: Done) -> usize {
         for &v in &done.victims {
             if let Some(s) = self.segments[v as usize].as_mut() {
                 s.compacting = false;
@@ -161,12 +161,12 @@ impl ColdShard {
     #[cfg(test)]
     pub(crate) fn compact(&mut self) -> Result<usize> {
         self.flush()?;
-        let Some(job) = self.compaction_job(usize::MAX) else {
+        let Some(job) = self.take_job(usize::MAX) else {
             return Ok(0);
         };
         let done = job.run();
         let err = done.error.clone();
-        let n = self.install(done);
+        let n = self.install_job(done);
         match err {
             Some(e) => Err(ckpt_err("disk store", e)),
             None => Ok(n),

@@ -3,7 +3,7 @@
 
 use super::Shard;
 use crate::policy::Meta;
-use crate::table::storage::cold::ColdShard;
+use crate::table::storage::tier::RecordBatch;
 
 impl Shard {
     /// The words (stored weights, state, metadata, as floats of the same
@@ -12,61 +12,57 @@ impl Shard {
     /// # Errors
     /// `Checkpoint` when it cannot be read or fails its check.
     pub(crate) fn read_cold(&self, key: i64) -> crate::error::Result<Option<Vec<f32>>> {
-        let Some((loc, file)) = self.cold.as_ref().and_then(|c| c.find(key)) else {
+        let Some((loc, source)) = self.cold.as_ref().and_then(|c| c.find(key)) else {
             return Ok(None);
         };
-        let n = self.arena.weight_words() + self.arena.sl() + 4;
-        let mut words = vec![0u32; n];
-        ColdShard::read(&file, n, key, loc, &mut Vec::new(), &mut words)?;
+        let mut words = vec![0u32; self.record_width()];
+        source.read(key, loc, &mut Vec::new(), &mut words)?;
         Ok(Some(words.into_iter().map(f32::from_bits).collect()))
     }
 
     /// Rows held on disk (none for a table in memory).
     pub(crate) fn cold_len(&self) -> usize {
-        self.cold.as_ref().map_or(0, ColdShard::len)
+        self.cold.as_ref().map_or(0, |c| c.len())
     }
 
-    /// Moves the rows of `keys` (held in memory) to disk: their stored
-    /// words, state and metadata, with their save generations, appended to
-    /// the cold shard and written; then named there and taken out of
-    /// memory (not removals: nothing is logged for incremental saves).
+    /// Words of a row as it moves between tiers: stored weights, state and
+    /// 4 metadata words ([`RecordBatch`]).
+    pub(crate) fn record_width(&self) -> usize {
+        self.arena.weight_words() + self.arena.sl() + 4
+    }
+
+    /// Moves the rows of `keys` (held in memory) to the tier below: their
+    /// stored words, state and metadata, with their save generations, as
+    /// one [`RecordBatch`] the tier takes whole; then taken out of memory
+    /// (not removals: nothing is logged for incremental saves).
     ///
     /// # Errors
-    /// `Checkpoint` when the disk store cannot take them: every row stays
-    /// in memory then.
+    /// `Checkpoint` when the tier cannot take them: every row stays in
+    /// memory then.
     pub(crate) fn spill(&mut self, keys: &[i64]) -> crate::error::Result<()> {
-        let mut words = Vec::new();
-        let mut placed = Vec::with_capacity(keys.len());
-        let cold = self.cold.as_mut().expect("a disk table's shard");
+        let mut batch = RecordBatch::new(self.record_width());
+        let mut found = Vec::with_capacity(keys.len());
         for &key in keys {
             let hash = crate::hash::key_hash(key);
             let Some((_, r)) = self.ix.find(&self.view.index, key, hash) else {
                 continue;
             };
-            words.clear();
-            words.extend(self.arena.weights(r).iter().map(|w| w.to_bits()));
-            words.extend(self.arena.state(r).iter().map(|w| w.to_bits()));
-            words.extend(self.arena.meta(r).to_words());
-            match cold.append(key, self.arena.generation(r), &words) {
-                Ok(loc) => placed.push((key, hash, loc)),
-                Err(e) => {
-                    cold.discard();
-                    return Err(e);
-                }
-            }
+            let a = &self.arena;
+            let words = (a.weights(r).iter().chain(a.state(r)))
+                .map(|w| w.to_bits())
+                .chain(a.meta(r).to_words());
+            batch.push(key, a.generation(r), words);
+            found.push(hash);
         }
-        if let Err(e) = cold.flush() {
-            cold.discard();
-            return Err(e);
-        }
-        for (key, hash, loc) in placed {
+        self.cold
+            .as_mut()
+            .expect("a disk table's shard")
+            .put(&batch)?;
+        for (&key, hash) in batch.keys.iter().zip(found) {
             let (slot, r) = self
                 .ix
                 .find(&self.view.index, key, hash)
                 .expect("found above, under the same lock");
-            let cold = self.cold.as_mut().expect("checked above");
-            cold.set(key, loc);
-            cold.set_meta(key, self.arena.meta(r).to_words());
             self.drop_row(slot, r);
         }
         Ok(())
