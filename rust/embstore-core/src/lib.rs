@@ -62,7 +62,7 @@
 //!    tables takes theirs in ascending [`Table::id`] before any gate.
 //!    Inside it, the table's gate (a call moving its rows in holds it
 //!    shared, as every shard writer does), and in rayon jobs a shard's lock
-//!    and then its cold part (the `ColdShard` a shard holds, under that
+//!    and then its cold part (the `ColdStore` a shard holds, under that
 //!    lock). A disk table's compaction job (`table::storage::compact`) runs
 //!    on a thread of its own inside the binding's call lock and takes no
 //!    lock of the table: what it finds and what it moved are named under

@@ -1,10 +1,11 @@
 //! A shard's rows on disk: the cold part of a disk table's shard.
 //!
-//! Rows that leave memory ([`ColdShard::put`]) are appended to the shard's
-//! active segment file, so the disk sees sequential writes only; a key's
+//! Rows that leave memory (`ColdStore::put`, in cold/store.rs) are
+//! appended to the shard's active segment file, so the disk sees
+//! sequential writes only; a key's
 //! place is kept in an in-memory index (key -> segment, record, save
 //! generation: 12 bytes a key plus the map's own). A row taken back into
-//! memory ([`ColdShard::take`]) leaves a dead record behind; a segment whose
+//! memory (`ColdStore::take`) leaves a dead record behind; a segment whose
 //! records are all dead is deleted, and one mostly dead is compacted (its
 //! live records appended again, then the file deleted).
 //!

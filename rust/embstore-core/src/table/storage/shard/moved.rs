@@ -68,10 +68,11 @@ impl Shard {
         Ok(())
     }
 
-    /// Puts a row moved from disk back into memory: `words` as
-    /// [`Shard::spill`] wrote them, in save generation `generation`. The
-    /// caller made room, took the key off disk, and found it absent here.
-    pub(crate) fn insert_moved(&mut self, key: i64, hash: u64, generation: u32, words: &[u32]) {
+    /// Puts row `i` of `batch`, moved from the tier below, back into
+    /// memory in its save generation. The caller made room, took the key
+    /// off the tier, and found it absent here.
+    pub(crate) fn insert_moved(&mut self, batch: &RecordBatch, i: usize, hash: u64) {
+        let (key, generation, words) = (batch.keys[i], batch.generations[i], batch.row(i));
         let (ww, sl) = (self.arena.weight_words(), self.arena.sl());
         let (w, rest) = words.split_at(ww);
         let (st, meta) = rest.split_at(sl);
