@@ -877,8 +877,13 @@ class Table(CheckpointParts):
         ``disk_index_bytes`` (memory of the index of the rows on disk),
         ``overall_hit_rate`` (ids whose rows were in memory over all ids its
         calls asked for), ``disk_rows_read``, ``disk_rows_written``,
-        ``disk_rows_compacted`` (rows the background compaction moved) and
-        ``disk_error`` (the last failure to move rows to disk or compact,
-        which left them where they were; None).
+        ``disk_rows_compacted`` (rows the background compaction moved),
+        ``disk_spill_rounds`` (rounds of moving rows out of memory, run on
+        the disk tier's thread after the call that went over the bound),
+        ``disk_spill_rounds_on_calls`` (of those, the rounds the next call
+        ran itself before it started, the tier's thread not having begun
+        them) and ``disk_error`` (the last failure to move rows to disk or
+        compact, which left them where they were; None). A disk table's
+        figures are settled: a round still running is waited for.
         """
         return dict(self._inner.stats())

@@ -919,6 +919,8 @@ impl PyTable {
             d.set_item("disk_rows_read", st.rows_read)?;
             d.set_item("disk_rows_written", st.rows_written)?;
             d.set_item("disk_rows_compacted", st.rows_compacted)?;
+            d.set_item("disk_spill_rounds", st.spill_rounds)?;
+            d.set_item("disk_spill_rounds_on_calls", st.spill_rounds_on_calls)?;
             d.set_item("disk_error", st.error)?;
         }
         Ok(d)

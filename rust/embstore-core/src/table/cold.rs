@@ -97,6 +97,15 @@ pub(crate) struct Cold {
     prefetched: Mutex<(u64, Rounds)>,
     /// Compaction jobs: whether one is running, and those done.
     pub(crate) compaction: Compaction,
+    /// A round of moving rows out is scheduled and not yet run
+    /// (`cold/spill.rs`): whichever thread clears it, under the gate taken
+    /// exclusively, runs it.
+    pub(crate) spill_due: std::sync::atomic::AtomicBool,
+    /// A round is running (raised before `spill_due` is cleared).
+    spilling: std::sync::atomic::AtomicBool,
+    /// Rounds of moving rows out run, and those run on a call's thread.
+    rounds: AtomicU64,
+    rounds_on_calls: AtomicU64,
     /// Held for its lock and removed when the last holder goes: the
     /// table, or a compaction job still writing into it (which holds a
     /// clone while it runs, so the directory is never removed under it).
@@ -123,6 +132,13 @@ pub struct DiskStats {
     pub rows_written: u64,
     /// Rows that compaction moved to a new segment (in the background).
     pub rows_compacted: u64,
+    /// Rounds of moving rows out of memory, on the tier's thread or a
+    /// call's.
+    pub spill_rounds: u64,
+    /// Of those, the rounds a call ran itself before it started, the
+    /// tier's thread not having begun them (calls that follow each other
+    /// closely: no time between them to hide the writes in).
+    pub spill_rounds_on_calls: u64,
     /// The last failure to move rows to disk, if any (the rows stayed in
     /// memory; the next call tries again).
     pub error: Option<String>,
@@ -200,6 +216,10 @@ impl Cold {
             error: Mutex::new(None),
             prefetched: Mutex::default(),
             compaction: Compaction::default(),
+            spill_due: std::sync::atomic::AtomicBool::new(false),
+            spilling: std::sync::atomic::AtomicBool::new(false),
+            rounds: AtomicU64::new(0),
+            rounds_on_calls: AtomicU64::new(0),
             pid: std::process::id(),
             dir: Arc::new(dir),
         };
@@ -245,6 +265,11 @@ impl Table {
     /// A disk table's figures; `None` for a table in memory.
     pub fn disk_stats(&self) -> Option<DiskStats> {
         let c = self.cold.as_ref()?;
+        // The figures of the table settled: a scheduled round of moving
+        // rows out is run (or waited for) first.
+        if c.owned() {
+            DiskTier(self).settle_spill(c);
+        }
         let mut st = DiskStats::default();
         for lock in self.shards.iter() {
             let g = read(lock);
@@ -265,6 +290,8 @@ impl Table {
         st.rows_read = c.rows_in.load(Ordering::Relaxed);
         st.rows_written = c.rows_out.load(Ordering::Relaxed);
         st.rows_compacted = c.compaction.moved.load(Ordering::Relaxed);
+        st.spill_rounds = c.rounds.load(Ordering::Relaxed);
+        st.spill_rounds_on_calls = c.rounds_on_calls.load(Ordering::Relaxed);
         st.error = c
             .error
             .lock()
@@ -276,6 +303,14 @@ impl Table {
     /// The disk table's settings; `None` for a table in memory.
     pub fn disk(&self) -> Option<&DiskConfig> {
         self.cold.as_ref().map(|c| &c.config)
+    }
+}
+
+impl Drop for Table {
+    fn drop(&mut self) {
+        if let Some(c) = self.cold.as_ref().filter(|c| c.owned()) {
+            DiskTier(self).call_off(c);
+        }
     }
 }
 
@@ -297,6 +332,9 @@ impl<'a> DiskTier<'a> {
         if !c.owned() {
             return Err(crate::table::storage::cold::forked());
         }
+        // A call starts within the bound: a round of moving rows out that
+        // the tier's thread has not started yet runs here first.
+        self.spill_due(c);
         let hold = ColdHold::of(
             self.0,
             c.gate.read().unwrap_or_else(PoisonError::into_inner),
@@ -689,6 +727,12 @@ mod tests {
         );
         assert_eq!(export(&disk), export(&ram));
         drop(disk);
+        // Removed by the last holder: the table, or a thread of its tier
+        // still between rounds (which holds it for a moment).
+        let start = std::time::Instant::now();
+        while std::fs::read_dir(&dir).unwrap().count() > 0 && start.elapsed().as_secs() < 10 {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
         assert_eq!(
             std::fs::read_dir(&dir).unwrap().count(),
             0,
@@ -1103,6 +1147,70 @@ mod tests {
             (tier == Tier::Slow || st.rows_compacted > 0) && st.disk_rows > 100,
             "{st:?}"
         );
+    }
+
+    /// Rows held in memory, read off the shards (not through
+    /// `disk_stats`, which settles a scheduled round first).
+    fn in_memory(t: &Table) -> usize {
+        t.shards.iter().map(|s| read(s).len()).sum()
+    }
+
+    /// A call over the bound returns before its rows move out: the round
+    /// runs on the tier's thread, and memory is back within the bound
+    /// without another call.
+    #[test]
+    fn rows_over_the_bound_move_out_on_the_tiers_own_thread() {
+        let dir = temp_dir("spill-thread");
+        let (_ram, disk) = pair(&dir, 40);
+        let keys: Vec<i64> = (0..200).collect();
+        let mut out = vec![0.0; keys.len() * 5];
+        disk.lookup(&keys, true, &mut out).unwrap();
+        let c = disk.cold.as_ref().unwrap();
+        let start = std::time::Instant::now();
+        while c.spill_due.load(Ordering::Acquire) || c.rounds.load(Ordering::Acquire) == 0 {
+            assert!(start.elapsed().as_secs() < 30, "the tier's round never ran");
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        // The round is counted before it runs: wait for its gate.
+        drop(c.gate.write().unwrap());
+        assert!(in_memory(&disk) <= 40, "{}", in_memory(&disk));
+        let st = disk.disk_stats().unwrap();
+        assert_eq!(
+            (st.spill_rounds, st.spill_rounds_on_calls),
+            (1, 0),
+            "{st:?}"
+        );
+        assert_eq!(st.disk_rows + st.memory_rows, 200);
+    }
+
+    /// A round the tier's thread has not started is run by the next call
+    /// before it brings its rows in: a call never starts over the bound.
+    #[test]
+    fn the_next_call_runs_a_round_the_tier_has_not_started() {
+        let dir = temp_dir("spill-next-call");
+        let (ram, disk) = pair(&dir, 40);
+        let keys: Vec<i64> = (0..200).collect();
+        let mut out = vec![0.0; keys.len() * 5];
+        spill::HOLD_BACK.with(|h| h.set(true));
+        disk.lookup(&keys, true, &mut out).unwrap();
+        spill::HOLD_BACK.with(|h| h.set(false));
+        assert_eq!(in_memory(&disk), 200, "nothing moved yet");
+        let c = disk.cold.as_ref().unwrap();
+        assert!(c.spill_due.load(Ordering::Acquire));
+        // A call of keys all in memory: its floor runs the round first, so
+        // some of them come back from disk.
+        let mut one = vec![0.0; 5];
+        disk.lookup(&[7], true, &mut one).unwrap();
+        // Run on the call's thread (a round the call schedules in turn runs
+        // on the tier's).
+        assert_eq!(c.rounds_on_calls.load(Ordering::Acquire), 1);
+        ram.lookup(&keys, true, &mut out).unwrap();
+        let mut want = vec![0.0; 5];
+        ram.lookup(&[7], true, &mut want).unwrap();
+        assert_eq!(one, want);
+        assert!(in_memory(&disk) <= 40 + 1, "{}", in_memory(&disk));
+        let st = disk.disk_stats().unwrap();
+        assert!(st.disk_rows >= 159 && st.rows_read == 1, "{st:?}");
     }
 
     #[test]

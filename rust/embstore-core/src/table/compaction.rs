@@ -9,6 +9,7 @@ use crate::table::views::DiskTier;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
+use crate::table::Shards;
 use crate::table::storage::cold::{Done, Job};
 use crate::table::storage::disk_dir::StoreDir;
 use crate::table::storage::write;
@@ -62,11 +63,11 @@ pub(crate) fn run_background(work: Work) {
 /// Runs `work` on a thread of its own (inside the runner, if one is set);
 /// where no thread can be started, now, on the calling thread (which is in
 /// a call already).
-fn background(work: Work) {
+pub(crate) fn background(name: &str, work: Work) {
     let slot = Arc::new(Mutex::new(Some(work)));
     let theirs = Arc::clone(&slot);
     let spawned = std::thread::Builder::new()
-        .name("embstore-compact".into())
+        .name(name.into())
         .spawn(move || {
             if let Some(w) = lock(&theirs).take() {
                 run_background(w);
@@ -79,73 +80,80 @@ fn background(work: Work) {
     }
 }
 
-impl<'a> DiskTier<'a> {
-    /// Names the rows that finished compaction jobs moved in their new
-    /// places (the caller holds the cold gate exclusively, so no call is
-    /// between finding a row and moving it in); returns the last job's
-    /// failure, if any.
-    pub(crate) fn install_compactions(&self, c: &Compaction) -> Option<String> {
-        let done = std::mem::take(&mut *lock(&c.done));
-        let mut error = None;
-        for (s, d) in done {
-            if d.error.is_some() {
-                error.clone_from(&d.error);
-            }
-            if let Some(cold) = write(&self.shards[s]).cold.as_mut() {
-                let n = cold.install(d);
-                c.moved.fetch_add(n as u64, Ordering::Relaxed);
-            }
+/// Names the rows that finished compaction jobs moved in their new places
+/// (the caller holds the cold gate exclusively, so no call is between
+/// finding a row and moving it in); returns the last job's failure, if
+/// any.
+pub(crate) fn install_compactions(shards: &Shards, c: &Compaction) -> Option<String> {
+    let done = std::mem::take(&mut *lock(&c.done));
+    let mut error = None;
+    for (s, d) in done {
+        if d.error.is_some() {
+            error.clone_from(&d.error);
         }
-        error
+        if let Some(cold) = write(&shards[s]).cold.as_mut() {
+            let n = cold.install(d);
+            c.moved.fetch_add(n as u64, Ordering::Relaxed);
+        }
     }
+    error
+}
 
-    /// Waits for a running compaction job and names what it moved (tests
-    /// that look at the files).
+impl DiskTier<'_> {
+    /// Waits for a scheduled round of moving rows out and a running
+    /// compaction job, and names what it moved (tests that look at the
+    /// files).
     #[cfg(test)]
     pub(crate) fn settle_compaction(&self) {
         let Some(c) = &self.cold else {
             return;
         };
+        // A round of moving rows out still scheduled runs first (it may
+        // start a job).
+        self.settle_spill(c);
         while c.compaction.running.load(Ordering::Acquire) {
             std::thread::sleep(std::time::Duration::from_millis(1));
         }
         let _excl = c.gate.write().unwrap_or_else(PoisonError::into_inner);
-        assert_eq!(self.install_compactions(&c.compaction), None);
+        assert_eq!(install_compactions(&self.shards, &c.compaction), None);
     }
+}
 
-    /// Starts a compaction job, in the background, of the shards whose
-    /// files are more than half dead, unless one is running. The caller
-    /// holds the cold gate exclusively.
-    pub(crate) fn start_compaction(&self, c: &Compaction, dir: &Arc<StoreDir>) {
-        if c.running.load(Ordering::Acquire) {
-            return;
+/// Starts a compaction job, in the background, of the shards whose files
+/// are more than half dead, unless one is running. The caller holds the
+/// cold gate exclusively.
+pub(crate) fn start_compaction(shards: &Shards, c: &Compaction, dir: &Arc<StoreDir>) {
+    if c.running.load(Ordering::Acquire) {
+        return;
+    }
+    // A job's lists of rows take memory (about 64 bytes a live row
+    // while it runs): it moves about `JOB_ROWS` over all shards.
+    let mut budget = JOB_ROWS;
+    let mut jobs: Vec<(usize, Job)> = Vec::new();
+    for (s, lock) in shards.iter().enumerate() {
+        if budget == 0 {
+            break;
         }
-        // A job's lists of rows take memory (about 64 bytes a live row
-        // while it runs): it moves about `JOB_ROWS` over all shards.
-        let mut budget = JOB_ROWS;
-        let mut jobs: Vec<(usize, Job)> = Vec::new();
-        for (s, lock) in self.shards.iter().enumerate() {
-            if budget == 0 {
-                break;
-            }
-            let mut g = write(lock);
-            let Some(cold) = g.cold.as_mut().filter(|cs| cs.compaction_due()) else {
-                continue;
-            };
-            if let Some(job) = cold.compaction_job(budget) {
-                budget = budget.saturating_sub(job.rows());
-                jobs.push((s, job));
-            }
+        let mut g = write(lock);
+        let Some(cold) = g.cold.as_mut().filter(|cs| cs.compaction_due()) else {
+            continue;
+        };
+        if let Some(job) = cold.compaction_job(budget) {
+            budget = budget.saturating_sub(job.rows());
+            jobs.push((s, job));
         }
-        if jobs.is_empty() {
-            return;
-        }
-        c.running.store(true, Ordering::Release);
-        let (done, running) = (Arc::clone(&c.done), Arc::clone(&c.running));
-        // The table's directory outlives the job (the table may be dropped
-        // while its job writes there): removed by whichever goes last.
-        let dir = Arc::clone(dir);
-        background(Box::new(move || {
+    }
+    if jobs.is_empty() {
+        return;
+    }
+    c.running.store(true, Ordering::Release);
+    let (done, running) = (Arc::clone(&c.done), Arc::clone(&c.running));
+    // The table's directory outlives the job (the table may be dropped
+    // while its job writes there): removed by whichever goes last.
+    let dir = Arc::clone(dir);
+    background(
+        "embstore-compact",
+        Box::new(move || {
             let _dir = dir;
             // Cleared however the work ends (a panic included), so that a
             // later round starts the next job.
@@ -162,8 +170,8 @@ impl<'a> DiskTier<'a> {
             }
             // This thread's allocations (the job's lists) given back.
             trim_heap();
-        }));
-    }
+        }),
+    );
 }
 
 /// Gives the allocator's free memory back to the OS (glibc keeps the

@@ -54,6 +54,11 @@ impl Table {
 
     /// Rows, bytes and per-shard rows.
     pub fn stats(&self) -> Stats {
+        // A disk table's figures settled: a round of moving rows out that
+        // is scheduled or running is run or waited for first.
+        if let Some(c) = self.cold.as_ref().filter(|c| c.owned()) {
+            crate::table::views::DiskTier(self).settle_spill(c);
+        }
         let mut shard_rows = Vec::with_capacity(self.shards.len());
         let mut bytes = std::mem::size_of::<Self>()
             + self.shards.len() * std::mem::size_of::<CachePadded<RwLock<Shard>>>();

@@ -64,6 +64,11 @@ use counters::Counters;
 use crossbeam_utils::CachePadded;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{PoisonError, RwLock, RwLockReadGuard};
+
+/// A table's shards, each behind its lock.
+pub(crate) type Shards = std::sync::Arc<[CachePadded<RwLock<Shard>>]>;
+/// Each shard's readers' view.
+pub(crate) type Views = std::sync::Arc<[CachePadded<std::sync::Arc<storage::view::View>>]>;
 use step::bounds::Bounds;
 use storage::{Shard, read};
 
@@ -104,10 +109,11 @@ pub struct Table {
     /// The call clock: every call that touches rows advances it by one, and
     /// the rows it touches record it (LRU recency).
     tick: AtomicU64,
-    shards: Box<[CachePadded<RwLock<Shard>>]>,
+    /// Shared with a disk table's spill job (`table/cold/spill.rs`).
+    shards: Shards,
     /// Each shard's readers' view (its index and rows, read without its
     /// lock: `storage::seqlock`).
-    views: Box<[CachePadded<std::sync::Arc<storage::view::View>>]>,
+    views: Views,
     /// Taken shared by every call that changes rows, on the calling thread,
     /// and exclusively by [`Table::export`] for a snapshot of one moment.
     /// Never taken inside a rayon job, and no shard lock is held across a
@@ -126,7 +132,7 @@ pub struct Table {
     /// Bounds on the magnitudes the rows hold (see `bounds`).
     bounds: Bounds,
     /// A disk table's disk tier (`cold`); dropped after the shards.
-    cold: Option<cold::Cold>,
+    cold: Option<std::sync::Arc<cold::Cold>>,
     /// Latencies of lookup calls, as the binding records them.
     latency: crate::latency::Latency,
 }
@@ -249,7 +255,7 @@ impl Table {
                     wwords, state_len, track, sketch,
                 ))))
             })
-            .collect::<Result<Box<[_]>>>()?;
+            .collect::<Result<Shards>>()?;
         let views = shards
             .iter()
             .map(|s| CachePadded::new(read(s).view()))
@@ -258,7 +264,8 @@ impl Table {
             .disk
             .as_ref()
             .map(|d| cold::Cold::for_shards(d, &policy, &shards, wwords, state_len))
-            .transpose()?;
+            .transpose()?
+            .map(std::sync::Arc::new);
         static NEXT_ID: AtomicU64 = AtomicU64::new(0);
         Ok(Table {
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
@@ -444,11 +451,7 @@ impl Table {
     /// taking each such shard's write lock briefly. On the calling thread,
     /// holding no shard lock.
     pub(crate) fn count_queued_reads(&self) {
-        for (lock, view) in self.shards.iter().zip(self.views.iter()) {
-            if !view.reads.is_empty() {
-                drop(storage::write(lock));
-            }
-        }
+        storage::count_queued_reads(&self.shards, &self.views);
     }
 
     /// Advances the call clock; returns this call's tick.

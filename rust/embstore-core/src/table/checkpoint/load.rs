@@ -317,7 +317,7 @@ impl<'a> Checkpointer<'a> {
                 let plan = table.plan(k, Floor::Skip)?.plan;
                 DiskTier(&table).forget_on_disk(k, &plan);
                 Writer(&table).assign_in(k, r, sw, s, mt, g, Some(known), Taken::Plan(plan))?;
-                DiskTier(&table).spill_over();
+                DiskTier(&table).spill_now();
             }
             Ok::<(), StoreError>(())
         };

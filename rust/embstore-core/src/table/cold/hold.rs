@@ -1,6 +1,6 @@
 //! A call's hold of the floor of one or more disk tables
 //! ([`Table::plan`](crate::table::Table::plan)), and what its release
-//! does: rows over the memory bound move to disk.
+//! does: rows over the memory bound are scheduled to move to disk.
 
 use crate::table::views::DiskTier;
 use std::sync::RwLockReadGuard;
@@ -9,9 +9,9 @@ use crate::table::Table;
 
 /// A call's hold of the floors of one or more disk tables (the cold gate
 /// of each, shared: [`Table::plan`]). On release it gives back every gate
-/// first and then moves rows to disk where memory holds too many, table by
-/// table (a move takes its table's gate exclusively, so no gate of the
-/// call may still be held then).
+/// first and then, where memory holds too many rows, schedules their move
+/// to disk on the tier's thread, table by table
+/// ([`DiskTier::spill_soon`]).
 pub(crate) struct ColdHold<'a> {
     held: Vec<(&'a Table, RwLockReadGuard<'a, ()>)>,
 }
@@ -48,7 +48,7 @@ impl Drop for ColdHold<'_> {
         let tables: Vec<&Table> = self.held.iter().map(|(t, _)| *t).collect();
         self.held.clear();
         for t in tables {
-            DiskTier(t).spill_over();
+            DiskTier(t).spill_soon();
         }
     }
 }

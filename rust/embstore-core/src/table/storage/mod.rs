@@ -22,6 +22,21 @@ use std::sync::{PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 pub(crate) use shard::Shard;
 
+/// Counts every shard's queued serving reads (`Table::record_reads`)
+/// before the caller reads the rows' metadata (eviction, export, save, a
+/// spill), taking each such shard's write lock briefly. Holding no shard
+/// lock.
+pub(crate) fn count_queued_reads(
+    shards: &[crossbeam_utils::CachePadded<RwLock<Shard>>],
+    views: &[crossbeam_utils::CachePadded<std::sync::Arc<view::View>>],
+) {
+    for (lock, view) in shards.iter().zip(views.iter()) {
+        if !view.reads.is_empty() {
+            drop(write(lock));
+        }
+    }
+}
+
 /// A shard's read lock (a poisoned lock is taken as the others are).
 pub(crate) fn read(lock: &RwLock<Shard>) -> RwLockReadGuard<'_, Shard> {
     lock.read().unwrap_or_else(PoisonError::into_inner)
