@@ -173,9 +173,14 @@ impl EnterStore for Python<'_> {
     fn enter_store<T: Send>(self, f: impl FnOnce() -> Result<T, StoreError> + Send) -> PyResult<T> {
         let run = || {
             let _call = CALLS.read().unwrap_or_else(PoisonError::into_inner);
-            in_pool(|| catch_unwind(AssertUnwindSafe(f)))
+            let got = in_pool(|| catch_unwind(AssertUnwindSafe(f)));
+            (got, embstore_core::table::take_disk_reports())
         };
-        match self.detach(run) {
+        let (got, reports) = self.detach(run);
+        for e in reports {
+            disk_warning(self, &e)?;
+        }
+        match got {
             Ok(Ok(Ok(v))) => Ok(v),
             Ok(Ok(Err(e))) => Err(PyStoreError(e).into()),
             Ok(Err(payload)) => Err(panic_error(payload)),
@@ -194,6 +199,26 @@ impl EnterStore for Python<'_> {
             None => self.enter_store(|| f(arg)),
         }
     }
+}
+
+/// Tells the caller, as a `RuntimeWarning`, of a disk table's failure to
+/// move rows out of memory since its last call (the rows stayed in memory,
+/// past `memory_bytes`; later calls try again).
+///
+/// # Errors
+/// The warning, where warnings are errors.
+fn disk_warning(py: Python<'_>, e: &str) -> PyResult<()> {
+    let msg = std::ffi::CString::new(format!(
+        "a disk table could not move rows out of memory: they stay in memory, past \
+         memory_bytes, and later calls try again (stats()['disk_error']): {e}"
+    ))
+    .unwrap_or_default();
+    PyErr::warn(
+        py,
+        &py.get_type::<pyo3::exceptions::PyRuntimeWarning>(),
+        &msg,
+        1,
+    )
 }
 
 /// Runs `f`, a core call on a thread of the binding's own (a disk table's

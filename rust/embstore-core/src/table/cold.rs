@@ -43,7 +43,7 @@ use std::hash::BuildHasherDefault;
 pub(crate) mod hold;
 #[cfg(test)]
 pub(crate) mod slow_tier;
-mod spill;
+pub(crate) mod spill;
 
 use hold::ColdHold;
 
@@ -101,6 +101,9 @@ pub(crate) struct Cold {
     /// (`cold/spill.rs`): whichever thread clears it, under the gate taken
     /// exclusively, runs it.
     pub(crate) spill_due: std::sync::atomic::AtomicBool,
+    /// The last round's failure until a call is told of it
+    /// ([`spill::take_disk_reports`]).
+    unreported: Mutex<Option<String>>,
     /// A round is running (raised before `spill_due` is cleared).
     spilling: std::sync::atomic::AtomicBool,
     /// Rounds of moving rows out run, and those run on a call's thread.
@@ -218,6 +221,7 @@ impl Cold {
             compaction: Compaction::default(),
             spill_due: std::sync::atomic::AtomicBool::new(false),
             spilling: std::sync::atomic::AtomicBool::new(false),
+            unreported: Mutex::new(None),
             rounds: AtomicU64::new(0),
             rounds_on_calls: AtomicU64::new(0),
             pid: std::process::id(),
@@ -258,7 +262,9 @@ impl Table {
             let round = p.0;
             p.1.extend(keys.iter().map(|&k| (k, round)));
         }
-        let plan = self.plan(keys, Floor::InPlace)?;
+        let plan = self.plan(keys, Floor::InPlace);
+        spill::leave_for_the_next_call(c);
+        let plan = plan?;
         DiskTier(self).fault_in(c, keys, &plan, false)
     }
 
@@ -335,6 +341,7 @@ impl<'a> DiskTier<'a> {
         // A call starts within the bound: a round of moving rows out that
         // the tier's thread has not started yet runs here first.
         self.spill_due(c);
+        spill::report_to_this_call(c);
         let hold = ColdHold::of(
             self.0,
             c.gate.read().unwrap_or_else(PoisonError::into_inner),

@@ -77,6 +77,7 @@ pub use crate::rows::Missing;
 pub(crate) use crate::rows::{NO_ROW, NewRows};
 pub use batch::bags::{Bags, Combiner};
 pub use checks::{MAX_GRAD_SUM, check_finite, check_finite_max};
+pub use cold::spill::take_disk_reports;
 pub use cold::{DiskConfig, DiskStats};
 pub use compaction::{Work, set_background_runner};
 pub use config::{TableConfig, default_num_shards};

@@ -12,6 +12,41 @@ use crate::table::{Shards, Views};
 use crossbeam_utils::CachePadded;
 use std::sync::{RwLockWriteGuard, Weak};
 
+thread_local! {
+    /// Failures of rounds of moving rows out, reported to the call of this
+    /// thread that stood on the floor next ([`take_disk_reports`]).
+    static REPORTS: std::cell::RefCell<Vec<String>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// The failures to move rows to disk that the calls of this thread met
+/// since the last time this was asked (each reported once, to the first
+/// call on its table after it): the rows stayed in memory, past
+/// `memory_bytes`, and later rounds try again. The binding turns them into
+/// Python warnings of the call that met them.
+pub fn take_disk_reports() -> Vec<String> {
+    REPORTS.with(|r| std::mem::take(&mut *r.borrow_mut()))
+}
+
+/// Hands the failure of the last round of `c`, if not yet reported, to the
+/// call of this thread ([`take_disk_reports`]).
+pub(crate) fn report_to_this_call(c: &Cold) {
+    if let Some(e) = c.unreported.lock().unwrap_or_else(PoisonError::into_inner).take() {
+        REPORTS.with(|r| r.borrow_mut().push(e));
+    }
+}
+
+/// Gives a failure a call of this thread took back to `c` (a prefetch's
+/// thread, which has no caller to tell): the next call on the table is
+/// told.
+pub(crate) fn leave_for_the_next_call(c: &Cold) {
+    if let Some(e) = take_disk_reports().pop() {
+        c.unreported
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get_or_insert(e);
+    }
+}
+
 #[cfg(test)]
 thread_local! {
     /// Tests: a round scheduled on this thread is left for the next call
@@ -50,7 +85,8 @@ impl SpillJob {
                 c.rounds_on_calls.fetch_add(1, Ordering::Relaxed);
             }
             if let Some(e) = spill_round(&shards, &views, c, self.eviction, self.now) {
-                *c.error.lock().unwrap_or_else(PoisonError::into_inner) = Some(e);
+                *c.error.lock().unwrap_or_else(PoisonError::into_inner) = Some(e.clone());
+                *c.unreported.lock().unwrap_or_else(PoisonError::into_inner) = Some(e);
             }
         }
         c.spilling.store(false, Ordering::SeqCst);
