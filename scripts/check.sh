@@ -35,8 +35,8 @@ typing_pid=$!
 # A feature, not RUSTFLAGS="--cfg loom" in a target dir of its own: the
 # check reuses every dependency `cargo test` just built and compiles only
 # loom's own and the core crate (1 min 1 s here against 1 min 34 s).
-step "loom: the lock-free read protocol under every interleaving (--features loom)"
-cargo test -p embstore-core --features loom --lib seqlock
+step "loom: the lock-free read protocol and the disk tier's hand-off of a round under every interleaving (--features loom)"
+cargo test -p embstore-core --features loom --lib -- seqlock handoff
 step "mypy and stubtest: their result"
 typing_status=0
 wait "$typing_pid" || typing_status=$?

@@ -66,7 +66,11 @@
 //!    lock). A disk table's compaction job (`table::storage::compact`) runs
 //!    on a thread of its own inside the binding's call lock and takes no
 //!    lock of the table: what it finds and what it moved are named under
-//!    the cold gate taken exclusively.
+//!    the cold gate taken exclusively. A round of moving rows out runs on
+//!    a thread of its own too, inside the call lock, and takes the cold
+//!    gate exclusively first (the call lock, then the cold gate, as a
+//!    call); a call's floor runs a round itself only where it can take the
+//!    gate at once (`try_write`), so it never waits on a gate it holds.
 //! 5. Table gates ([`Table`]'s `gate`), shared by every call that changes
 //!    rows (lookups that insert, assigns, steps, removals,
 //!    evictions, `reserve`), exclusive for a snapshot (`export`, `save`;

@@ -40,6 +40,7 @@ use crate::table::storage::{read, write};
 use std::collections::HashMap;
 use std::hash::BuildHasherDefault;
 
+mod handoff;
 pub(crate) mod hold;
 #[cfg(test)]
 pub(crate) mod slow_tier;
@@ -97,15 +98,13 @@ pub(crate) struct Cold {
     prefetched: Mutex<(u64, Rounds)>,
     /// Compaction jobs: whether one is running, and those done.
     pub(crate) compaction: Compaction,
-    /// A round of moving rows out is scheduled and not yet run
-    /// (`cold/spill.rs`): whichever thread clears it, under the gate taken
-    /// exclusively, runs it.
-    pub(crate) spill_due: std::sync::atomic::AtomicBool,
+    /// A round of moving rows out scheduled or running (`cold/handoff.rs`):
+    /// whichever thread clears it, under the gate taken exclusively, runs
+    /// it.
+    pub(crate) handoff: handoff::Handoff,
     /// The last round's failure until a call is told of it
     /// ([`spill::take_disk_reports`]).
     unreported: Mutex<Option<String>>,
-    /// A round is running (raised before `spill_due` is cleared).
-    spilling: std::sync::atomic::AtomicBool,
     /// Rounds of moving rows out run, and those run on a call's thread.
     rounds: AtomicU64,
     rounds_on_calls: AtomicU64,
@@ -219,8 +218,7 @@ impl Cold {
             error: Mutex::new(None),
             prefetched: Mutex::default(),
             compaction: Compaction::default(),
-            spill_due: std::sync::atomic::AtomicBool::new(false),
-            spilling: std::sync::atomic::AtomicBool::new(false),
+            handoff: handoff::Handoff::new(),
             unreported: Mutex::new(None),
             rounds: AtomicU64::new(0),
             rounds_on_calls: AtomicU64::new(0),
@@ -1174,7 +1172,7 @@ mod tests {
         disk.lookup(&keys, true, &mut out).unwrap();
         let c = disk.cold.as_ref().unwrap();
         let start = std::time::Instant::now();
-        while c.spill_due.load(Ordering::Acquire) || c.rounds.load(Ordering::Acquire) == 0 {
+        while c.handoff.in_flight() || c.rounds.load(Ordering::Acquire) == 0 {
             assert!(start.elapsed().as_secs() < 30, "the tier's round never ran");
             std::thread::sleep(std::time::Duration::from_millis(1));
         }
@@ -1203,7 +1201,7 @@ mod tests {
         spill::HOLD_BACK.with(|h| h.set(false));
         assert_eq!(in_memory(&disk), 200, "nothing moved yet");
         let c = disk.cold.as_ref().unwrap();
-        assert!(c.spill_due.load(Ordering::Acquire));
+        assert!(c.handoff.due());
         // A call of keys all in memory: its floor runs the round first, so
         // some of them come back from disk.
         let mut one = vec![0.0; 5];

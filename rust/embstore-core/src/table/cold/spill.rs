@@ -30,7 +30,12 @@ pub fn take_disk_reports() -> Vec<String> {
 /// Hands the failure of the last round of `c`, if not yet reported, to the
 /// call of this thread ([`take_disk_reports`]).
 pub(crate) fn report_to_this_call(c: &Cold) {
-    if let Some(e) = c.unreported.lock().unwrap_or_else(PoisonError::into_inner).take() {
+    if let Some(e) = c
+        .unreported
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .take()
+    {
         REPORTS.with(|r| r.borrow_mut().push(e));
     }
 }
@@ -68,18 +73,15 @@ pub(crate) struct SpillJob {
 }
 
 impl SpillJob {
-    /// Runs the round if it is still due (`spill_due`, cleared here, under
+    /// Runs the round if it is still due (`Handoff::run_if_due`, under
     /// the cold gate taken exclusively, so it runs once), on whichever
     /// thread comes first: the tier's, or the next call's.
     fn run_if_due(&self, gate: Option<RwLockWriteGuard<'_, ()>>, c: &Cold, on_call: bool) {
         let _excl = gate.unwrap_or_else(|| c.gate.write().unwrap_or_else(PoisonError::into_inner));
-        // `spilling` is raised before `spill_due` is cleared, so that a
-        // reader of both ([`DiskTier::settle_spill`]) never sees neither
-        // while a round is on its way.
-        c.spilling.store(true, Ordering::SeqCst);
-        if c.spill_due.swap(false, Ordering::SeqCst)
-            && let (Some(shards), Some(views)) = (self.shards.upgrade(), self.views.upgrade())
-        {
+        c.handoff.run_if_due(|| {
+            let (Some(shards), Some(views)) = (self.shards.upgrade(), self.views.upgrade()) else {
+                return;
+            };
             c.rounds.fetch_add(1, Ordering::Relaxed);
             if on_call {
                 c.rounds_on_calls.fetch_add(1, Ordering::Relaxed);
@@ -88,8 +90,7 @@ impl SpillJob {
                 *c.error.lock().unwrap_or_else(PoisonError::into_inner) = Some(e.clone());
                 *c.unreported.lock().unwrap_or_else(PoisonError::into_inner) = Some(e);
             }
-        }
-        c.spilling.store(false, Ordering::SeqCst);
+        });
     }
 }
 
@@ -190,7 +191,7 @@ impl<'a> DiskTier<'a> {
         let Some(c) = self.cold.as_ref().filter(|c| c.owned()) else {
             return;
         };
-        if !self.spill_needed(c) || c.spill_due.swap(true, Ordering::SeqCst) {
+        if !self.spill_needed(c) || !c.handoff.schedule() {
             return;
         }
         #[cfg(test)]
@@ -201,11 +202,7 @@ impl<'a> DiskTier<'a> {
         background(
             "embstore-spill",
             Box::new(move || {
-                if let Some(c) = job
-                    .cold
-                    .upgrade()
-                    .filter(|c| c.spill_due.load(Ordering::SeqCst))
-                {
+                if let Some(c) = job.cold.upgrade().filter(|c| c.handoff.due()) {
                     job.run_if_due(None, &c, false);
                 }
             }),
@@ -218,7 +215,7 @@ impl<'a> DiskTier<'a> {
     /// are in memory anyway; a call of this thread holding it shared
     /// cannot wait for it).
     pub(crate) fn spill_due(&self, c: &Arc<Cold>) {
-        if !c.spill_due.load(Ordering::SeqCst) {
+        if !c.handoff.due() {
             return;
         }
         if let Some(gate) = crate::table::storage::try_lock(c.gate.try_write()) {
@@ -230,7 +227,7 @@ impl<'a> DiskTier<'a> {
     /// it): a scheduled round runs here, and one running on the tier's
     /// thread is waited for.
     pub(crate) fn settle_spill(&self, c: &Arc<Cold>) {
-        if c.spill_due.load(Ordering::SeqCst) || c.spilling.load(Ordering::SeqCst) {
+        if c.handoff.in_flight() {
             self.spill_job(c).run_if_due(None, c, true);
         }
     }
@@ -240,7 +237,7 @@ impl<'a> DiskTier<'a> {
     /// second to let go of it, so that the table's directory goes with the
     /// table (otherwise with that thread, once its round ends).
     pub(crate) fn call_off(&self, c: &Arc<Cold>) {
-        c.spill_due.store(false, Ordering::SeqCst);
+        c.handoff.call_off();
         let start = std::time::Instant::now();
         while Arc::strong_count(c) > 1 && start.elapsed() < std::time::Duration::from_secs(1) {
             std::thread::sleep(std::time::Duration::from_micros(200));
@@ -254,7 +251,7 @@ impl<'a> DiskTier<'a> {
             return;
         };
         if self.spill_needed(c) {
-            c.spill_due.store(true, Ordering::SeqCst);
+            c.handoff.schedule();
             self.settle_spill(c);
         }
     }

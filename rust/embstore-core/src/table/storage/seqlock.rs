@@ -34,7 +34,7 @@
 //! The protocol is written once, in [`protocol!`], and instantiated twice:
 //! on std's atomics for the table, and on loom's in this module's tests,
 //! where loom runs every interleaving of a writer and readers (`cargo test
-//! -p embstore-core --features loom --lib seqlock`).
+//! -p embstore-core --features loom --lib -- seqlock handoff`).
 
 pub(crate) mod consts {
     /// The row half of an empty slot's word (zero, so a fresh zeroed index
