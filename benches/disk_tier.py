@@ -151,6 +151,8 @@ def run_table(args: argparse.Namespace, disk: str | None) -> dict[str, Any]:
             rows_read_per_step=distinct_cold / args.steps,
             disk_error=st["disk_error"],
             disk_rows_compacted=st["disk_rows_compacted"],
+            disk_spill_rounds=st.get("disk_spill_rounds"),
+            disk_spill_rounds_on_calls=st.get("disk_spill_rounds_on_calls"),
         )
         peak = CGROUP / "memory.max_usage_in_bytes"
         if args.cgroup_bytes and peak.exists():
@@ -340,6 +342,9 @@ def main() -> None:
     p.add_argument("--peer-steps", type=int, default=30)
     p.add_argument("--cgroup-bytes", type=int, default=0)
     args = p.parse_args()
+    if args.part == "disk" and not args.dir:
+        # Without a directory the table would be one in memory.
+        p.error("--part disk needs --dir (the directory of the table's files)")
     if args.quick:
         args.keys, args.batch, args.steps, args.no_cgroup = 20_000, 2048, 20, True
         args.device_seconds = 0.5
