@@ -22,6 +22,7 @@ from embstore._convert import (
     check_bool,
     check_default,
     check_int,
+    check_name,
     like,
 )
 from embstore._progress import run_with_progress
@@ -635,10 +636,7 @@ class Table(CheckpointParts):
         if remote.is_url(path):
             return remote.save_to_url(self, path, incremental, with_optimizer, progress, dtype)
         if dtype is not None and dtype != self.dtype:
-            if dtype not in ("float32", "float16", "bfloat16", "int8"):
-                raise ValueError(
-                    f'dtype: expected "float32", "float16", "bfloat16" or "int8", got {dtype!r}'
-                )
+            check_name("dtype", "dtypes", dtype)
             if check_bool("incremental", incremental):
                 raise ValueError(
                     f"dtype: an incremental save writes the table's own {self.dtype} rows; "
