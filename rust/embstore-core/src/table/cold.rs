@@ -426,8 +426,13 @@ impl<'a> DiskTier<'a> {
         let wants: Vec<&Want> = found.iter().flat_map(|f| f.1.iter()).collect();
         let mut batch = RecordBatch::new(words);
         batch.words = crate::zeroed::zeros::<u32>("keys", total * words)?;
-        batch.keys = wants.iter().map(|w| w.key).collect();
-        batch.generations = wants.iter().map(|w| w.loc.generation).collect();
+        let room = |_| oom("keys", total as u128 * 12);
+        batch.keys.try_reserve_exact(total).map_err(room)?;
+        batch.generations.try_reserve_exact(total).map_err(room)?;
+        batch.keys.extend(wants.iter().map(|w| w.key));
+        batch
+            .generations
+            .extend(wants.iter().map(|w| w.loc.generation));
         read_all(&wants, words, &mut batch.words)?;
         // Into memory, shard by shard: a row moved or taken meanwhile (by
         // another call moving it in, or a removal) is left as it is.

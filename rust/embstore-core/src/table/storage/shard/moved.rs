@@ -5,6 +5,9 @@ use super::Shard;
 use crate::policy::Meta;
 use crate::table::storage::tier::RecordBatch;
 
+/// Rows a spill hands the tier below at a time ([`Shard::spill`]).
+const SPILL_BATCH: usize = 8192;
+
 impl Shard {
     /// The words (stored weights, state, metadata, as floats of the same
     /// bits) of `key`'s row on disk; `None` when it is not there.
@@ -33,37 +36,55 @@ impl Shard {
 
     /// Moves the rows of `keys` (held in memory) to the tier below: their
     /// stored words, state and metadata, with their save generations, as
-    /// one [`RecordBatch`] the tier takes whole; then taken out of memory
-    /// (not removals: nothing is logged for incremental saves).
+    /// [`RecordBatch`]es of at most [`SPILL_BATCH`] rows that the tier
+    /// takes whole; each batch's rows are then taken out of memory (not
+    /// removals: nothing is logged for incremental saves). A batch at a
+    /// time, so that the rows' copy in flight stays small beside the tier's
+    /// own write buffer.
     ///
     /// # Errors
-    /// `Checkpoint` when the tier cannot take them: every row stays in
+    /// `Checkpoint` when the tier cannot take a batch, `OutOfMemory` when
+    /// its room cannot be had: that batch's rows and the later ones stay in
     /// memory then.
     pub(crate) fn spill(&mut self, keys: &[i64]) -> crate::error::Result<()> {
-        let mut batch = RecordBatch::new(self.record_width());
-        let mut found = Vec::with_capacity(keys.len());
-        for &key in keys {
-            let hash = crate::hash::key_hash(key);
-            let Some((_, r)) = self.ix.find(&self.view.index, key, hash) else {
-                continue;
-            };
-            let a = &self.arena;
-            let words = (a.weights(r).iter().chain(a.state(r)))
-                .map(|w| w.to_bits())
-                .chain(a.meta(r).to_words());
-            batch.push(key, a.generation(r), words);
-            found.push(hash);
-        }
-        self.cold
-            .as_mut()
-            .expect("a disk table's shard")
-            .put(&batch)?;
-        for (&key, hash) in batch.keys.iter().zip(found) {
-            let (slot, r) = self
-                .ix
-                .find(&self.view.index, key, hash)
-                .expect("found above, under the same lock");
-            self.drop_row(slot, r);
+        let width = self.record_width();
+        for part in keys.chunks(SPILL_BATCH) {
+            let mut batch = RecordBatch::new(width);
+            let mut found = Vec::new();
+            let room = |_| crate::error::oom("keys", (part.len() * (width * 4 + 20)) as u128);
+            batch.keys.try_reserve_exact(part.len()).map_err(room)?;
+            batch
+                .generations
+                .try_reserve_exact(part.len())
+                .map_err(room)?;
+            batch
+                .words
+                .try_reserve_exact(part.len() * width)
+                .map_err(room)?;
+            found.try_reserve_exact(part.len()).map_err(room)?;
+            for &key in part {
+                let hash = crate::hash::key_hash(key);
+                let Some((_, r)) = self.ix.find(&self.view.index, key, hash) else {
+                    continue;
+                };
+                let a = &self.arena;
+                let words = (a.weights(r).iter().chain(a.state(r)))
+                    .map(|w| w.to_bits())
+                    .chain(a.meta(r).to_words());
+                batch.push(key, a.generation(r), words);
+                found.push(hash);
+            }
+            self.cold
+                .as_mut()
+                .expect("a disk table's shard")
+                .put(&batch)?;
+            for (&key, hash) in batch.keys.iter().zip(found) {
+                let (slot, r) = self
+                    .ix
+                    .find(&self.view.index, key, hash)
+                    .expect("found above, under the same lock");
+                self.drop_row(slot, r);
+            }
         }
         Ok(())
     }
