@@ -167,6 +167,7 @@ pub mod optim;
 pub(crate) mod par;
 pub mod partition;
 pub mod policy;
+pub(crate) mod record;
 pub mod rows;
 pub mod simd;
 pub mod slots;

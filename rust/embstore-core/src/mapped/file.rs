@@ -31,6 +31,11 @@ pub(super) struct MappedFile {
     pub(super) keys: usize,
     pub(super) rows: usize,
     pub(super) row_bytes: usize,
+    /// The optimizer state column, where the file has one: its offset and
+    /// bytes a row (what a record read of it carries, [`super::records`]).
+    pub(super) state: Option<(usize, usize)>,
+    /// The metadata column's offset (16 bytes a row), where it has one.
+    pub(super) meta: Option<usize>,
     pub(super) index: usize,
     pub(super) slots: usize,
     /// The mapped file's device and inode: a warm that reopens it by name
@@ -196,6 +201,8 @@ pub(super) fn map_file(
     let at = |column: &[u8]| Columns::offset(&map, column) as usize;
     let (keys, rows, row_bytes) = (at(cols.keys), at(cols.rows), cols.row_bytes);
     let (index, slots) = (at(index), index.len() / 16);
+    let state = cols.state.filter(|_| n > 0).map(|s| (at(s), s.len() / n));
+    let meta = cols.meta.map(at);
     let f = MappedFile {
         path,
         map,
@@ -206,6 +213,8 @@ pub(super) fn map_file(
         keys,
         rows,
         row_bytes,
+        state,
+        meta,
         index,
         slots,
         file_id,

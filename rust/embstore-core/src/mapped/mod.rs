@@ -26,6 +26,7 @@
 
 mod file;
 mod pipeline;
+mod records;
 mod snapshot;
 mod warm;
 
@@ -50,6 +51,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 
 mod read;
+pub(crate) use records::MappedRecords;
 pub use warm::WarmReport;
 
 /// Keys a call handles on the calling thread; larger calls spread over
@@ -211,6 +213,15 @@ impl MappedTable {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .len()
+    }
+
+    /// The version served now as a store of whole records (every file
+    /// checked first): what [`crate::tier::ColdTier::find_records`] reads.
+    ///
+    /// # Errors
+    /// `Checkpoint` for a damaged file.
+    pub(crate) fn records(&self) -> Result<MappedRecords> {
+        MappedRecords::new(self.snapshot())
     }
 
     fn snapshot(&self) -> Arc<Snapshot> {

@@ -1242,4 +1242,80 @@ mod tests {
             "{e}"
         );
     }
+
+    /// Three implementations of the record store read the same rows the
+    /// same: a disk table's rows below memory, in the disk store or in the
+    /// test tier, read through `RecordStore` alone (by `entries` and
+    /// `source`, and by `find`), equal word for word (stored words, state,
+    /// metadata) the records the mapped reader reads from a checkpoint of
+    /// the same table; each store's metadata listing is its records'.
+    #[test]
+    fn the_disk_store_the_test_tier_and_the_mapped_reader_read_the_same_records() {
+        use crate::table::storage::read;
+        use crate::table::storage::tier::{RecordStore, read_records};
+        for tier in [Tier::Disk, Tier::Slow] {
+            let (dir, ckpt) = (temp_dir("records-three"), temp_dir("records-three-ckpt"));
+            let policy = crate::policy::Policy {
+                ttl_steps: Some(1_000),
+                ..Default::default()
+            };
+            let (_ram, disk) = pair_on(&dir, 40, policy, tier);
+            let mut rng = Rng(0x5eed_0000_0000_0007);
+            for _ in 0..20 {
+                let keys = rng.keys(48, 400);
+                let mut out = vec![0.0; keys.len() * 5];
+                disk.lookup(&keys, true, &mut out).unwrap();
+                let g = rng.floats(keys.len() * 5);
+                disk.apply_gradients(&keys, &g).unwrap();
+            }
+            disk.stats();
+            disk.save(&ckpt, false, true, None).unwrap();
+            let mapped = crate::mapped::MappedTable::open(&ckpt)
+                .unwrap()
+                .records()
+                .unwrap();
+            let width = mapped.width();
+            let (mut buf, mut a, mut b) = (Vec::new(), vec![0; width], vec![0; width]);
+            let mut below = 0;
+            for s in disk.shards.iter() {
+                let g = read(s);
+                let store: &dyn RecordStore = g.cold.as_deref().expect("a disk table's shard");
+                let metas: HashMap<i64, [u32; 4]> = store.metas().collect();
+                let keys: Vec<i64> = store.entries().map(|(k, _)| k).collect();
+                assert_eq!(keys.len(), store.len());
+                for (key, loc) in store.entries() {
+                    store
+                        .source(loc)
+                        .unwrap()
+                        .read(key, loc, &mut buf, &mut a)
+                        .unwrap();
+                    let (at, src) = store.find(key).unwrap();
+                    assert_eq!(at, loc);
+                    src.read(key, at, &mut buf, &mut b).unwrap();
+                    assert_eq!(a, b);
+                    let (at, src) = mapped.find(key).expect("the checkpoint holds it");
+                    src.read(key, at, &mut buf, &mut b).unwrap();
+                    assert_eq!(a, b, "{tier:?}: key {key}'s record");
+                    assert_eq!(
+                        metas[&key],
+                        a[width - 4..],
+                        "{tier:?}: key {key}'s metadata"
+                    );
+                    below += 1;
+                }
+                // A batch read through the read half alone, a key it does
+                // not hold read as zeros and not found.
+                let mut ask = keys.clone();
+                ask.push(1 << 40);
+                let mut batch = RecordBatch::new(width);
+                let mut found = vec![false; ask.len()];
+                read_records(store, &ask, &mut batch, &mut found).unwrap();
+                assert!(found[..keys.len()].iter().all(|&f| f));
+                assert!(!found[keys.len()] && batch.row(keys.len()).iter().all(|&w| w == 0));
+            }
+            assert!(below > 200, "{tier:?}: {below} rows below memory");
+            drop(disk);
+            let _ = std::fs::remove_dir_all(&ckpt);
+        }
+    }
 }

@@ -14,6 +14,7 @@ use crate::table::batch::output::SharedOut;
 use crate::table::batch::plan::Floor;
 use crate::table::read::disk::disk_items;
 use crate::table::storage::read;
+use crate::table::storage::tier::RecordBatch;
 use crate::table::{NO_ROW, Table};
 use crate::zeroed::zeros;
 
@@ -34,6 +35,44 @@ pub struct Records {
 }
 
 impl Records {
+    /// The rows of `batch` (records of `ww` stored words, `sl` state words
+    /// and 4 metadata words), with their metadata where `with_meta`.
+    ///
+    /// # Errors
+    /// `OutOfMemory` when the columns cannot be allocated.
+    pub(crate) fn from_batch(
+        batch: &RecordBatch,
+        (ww, sl): (usize, usize),
+        with_meta: bool,
+    ) -> Result<Records> {
+        let n = batch.len();
+        debug_assert_eq!(batch.width, ww + sl + 4);
+        let mw = if with_meta { 4 } else { 0 };
+        let mut keys: Vec<i64> = Vec::new();
+        keys.try_reserve_exact(n).map_err(|_| oom("keys", n * 8))?;
+        keys.extend_from_slice(&batch.keys);
+        let mut words = zeros::<f32>("keys", n * ww)?;
+        let mut state = zeros::<f32>("keys", n * sl)?;
+        let mut meta = zeros::<u32>("keys", n * mw)?;
+        for i in 0..n {
+            let r = batch.row(i);
+            for (d, &w) in words[i * ww..(i + 1) * ww].iter_mut().zip(&r[..ww]) {
+                *d = f32::from_bits(w);
+            }
+            for (d, &w) in state[i * sl..(i + 1) * sl].iter_mut().zip(&r[ww..ww + sl]) {
+                *d = f32::from_bits(w);
+            }
+            meta[i * mw..(i + 1) * mw].copy_from_slice(&r[ww + sl..ww + sl + mw]);
+        }
+        Ok(Records {
+            keys,
+            words,
+            state,
+            meta,
+            meta_words: mw,
+        })
+    }
+
     /// Every key `t` holds, in memory and on disk, ascending: one
     /// consistent listing (writers wait for it).
     ///
@@ -69,6 +108,28 @@ impl Records {
     /// first such); `OutOfMemory`; `Checkpoint` for a row on disk that
     /// cannot be read.
     pub fn take(t: &Table, keys: &[i64]) -> Result<Records> {
+        let mut found = zeros::<bool>("keys", keys.len())?;
+        let r = Records::find(t, keys, &mut found)?;
+        if let Some(i) = found.iter().position(|&f| !f) {
+            return Err(invalid(
+                "keys",
+                format!(
+                    "expected keys the table holds, got {}, which has no row",
+                    keys[i]
+                ),
+            ));
+        }
+        Ok(r)
+    }
+
+    /// [`Records::take`] that reads a key `t` does not hold as zeros and
+    /// says whether it holds each in `found` (refusing none).
+    ///
+    /// # Errors
+    /// `ShapeMismatch` naming `found`; `OutOfMemory`; `Checkpoint` for a
+    /// row on disk that cannot be read.
+    pub fn find(t: &Table, keys: &[i64], found: &mut [bool]) -> Result<Records> {
+        crate::rows::check_len("found", keys.len(), found.len())?;
         Table::check_batch(keys)?;
         let (ww, sl) = (t.wwords, t.state_len);
         let with_meta = t.policy.tracks();
@@ -80,7 +141,8 @@ impl Records {
         if with_meta {
             t.count_queued_reads();
         }
-        let missing = std::sync::Mutex::new(None::<i64>);
+        found.fill(true);
+        let missing = std::sync::Mutex::new(Vec::<usize>::new());
         {
             let (w_out, st_out) = (
                 SharedOut::new(&mut words, ww),
@@ -94,7 +156,7 @@ impl Records {
                     let i = i as usize;
                     if r == NO_ROW {
                         let mut m = missing.lock().unwrap_or_else(PoisonError::into_inner);
-                        m.get_or_insert(keys[i]);
+                        m.push(i);
                         continue;
                     }
                     let r = r as usize;
@@ -112,11 +174,8 @@ impl Records {
                 }
             });
         }
-        if let Some(k) = missing.into_inner().unwrap_or_else(PoisonError::into_inner) {
-            return Err(invalid(
-                "keys",
-                format!("expected keys the table holds, got {k}, which has no row"),
-            ));
+        for i in missing.into_inner().unwrap_or_else(PoisonError::into_inner) {
+            found[i] = false;
         }
         let mut keys_out: Vec<i64> = Vec::new();
         keys_out

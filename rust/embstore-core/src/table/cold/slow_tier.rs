@@ -11,7 +11,7 @@ use std::time::Duration;
 use crate::error::{Result, ckpt_err};
 use crate::table::Table;
 use crate::table::storage::record::Loc;
-use crate::table::storage::tier::{ColdStore, RecordBatch, RecordSource};
+use crate::table::storage::tier::{ColdStore, RecordBatch, RecordSource, RecordStore};
 use crate::table::storage::write;
 
 /// How long each record read takes (a slow device).
@@ -62,7 +62,7 @@ impl SlowTier {
     }
 }
 
-impl ColdStore for SlowTier {
+impl RecordStore for SlowTier {
     fn len(&self) -> usize {
         self.index.len()
     }
@@ -89,7 +89,9 @@ impl ColdStore for SlowTier {
     fn metas(&self) -> Box<dyn Iterator<Item = (i64, [u32; 4])> + '_> {
         Box::new(self.metas.iter().map(|(&k, &w)| (k, w)))
     }
+}
 
+impl ColdStore for SlowTier {
     fn try_reserve(&mut self, n: usize) -> std::result::Result<(), TryReserveError> {
         self.metas.try_reserve(n)?;
         self.index.try_reserve(n)

@@ -437,7 +437,7 @@ pub(crate) fn forked() -> crate::error::StoreError {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::table::storage::tier::ColdStore;
+    use crate::table::storage::tier::{ColdStore, RecordStore};
     use crate::testing::temp_dir;
     use std::os::unix::fs::FileExt;
 

@@ -152,9 +152,7 @@ impl Job {
     }
 }
 
-/// Scratch room for [`each_row`]: a buffer per column, a row's bytes and
-/// its words (`words` long: a record's words after its head).
-pub(crate) type Scratch<'a> = (&'a mut [Vec<u8>; 3], &'a mut Vec<u8>, &'a mut [u32]);
+pub(crate) use crate::record::Scratch;
 
 /// Reads the rows `live` (record, key, place; by record) of `file`, in
 /// windows of up to [`WINDOW`] records where at least one in 16 of a

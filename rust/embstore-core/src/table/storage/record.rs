@@ -3,22 +3,10 @@
 //! metadata words), and where a key's record is ([`Loc`]).
 
 use crate::error::{Result, ckpt_err};
+pub(crate) use crate::record::Loc;
 
 /// Bytes before a record's words: key, generation, CRC.
 pub(crate) const HEAD: usize = 16;
-
-/// Where a key's row is: its segment, its record there, and the save
-/// generation it was last changed in (what an incremental save asks); in
-/// an adopted checkpoint file ([`base`](super::base)) also the row's
-/// CRC-32C, which a record keeps in its head instead (the 4 bytes fit in
-/// what the map's entry pads to anyway).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Loc {
-    pub(crate) seg: u32,
-    pub(crate) rec: u32,
-    pub(crate) generation: u32,
-    pub(crate) crc: u32,
-}
 
 pub(crate) fn crc_of(key: i64, generation: u32, body: &[u8]) -> u32 {
     let c = crc32c::crc32c(&key.to_le_bytes());

@@ -13,106 +13,17 @@
 
 use std::collections::TryReserveError;
 use std::path::Path;
-use std::sync::Arc;
 
 use crate::error::Result;
+pub(crate) use crate::record::{RecordBatch, RecordSource, RecordStore, read_records};
 use crate::table::storage::base::Columns;
-use crate::table::storage::compact::{Done, Job, Scratch};
+use crate::table::storage::compact::{Done, Job};
 use crate::table::storage::record::Loc;
 
-/// Rows with everything they carry, as they move between memory and a
-/// colder tier: each row's key, save generation, and words (its stored
-/// weights, optimizer state and 4 metadata words, `width` a row, as the
-/// bits of the floats and of the metadata).
-#[derive(Debug, Default)]
-pub(crate) struct RecordBatch {
-    pub(crate) keys: Vec<i64>,
-    pub(crate) generations: Vec<u32>,
-    pub(crate) words: Vec<u32>,
-    pub(crate) width: usize,
-}
-
-impl RecordBatch {
-    /// An empty batch of rows of `width` words.
-    pub(crate) fn new(width: usize) -> RecordBatch {
-        RecordBatch {
-            width,
-            ..RecordBatch::default()
-        }
-    }
-
-    /// Rows held.
-    pub(crate) fn len(&self) -> usize {
-        self.keys.len()
-    }
-
-    /// Appends a row: `words` must yield `width` words.
-    pub(crate) fn push(&mut self, key: i64, generation: u32, words: impl Iterator<Item = u32>) {
-        self.keys.push(key);
-        self.generations.push(generation);
-        let at = self.words.len();
-        self.words.extend(words);
-        debug_assert_eq!(self.words.len() - at, self.width);
-    }
-
-    /// Row `i`'s words.
-    pub(crate) fn row(&self, i: usize) -> &[u32] {
-        &self.words[i * self.width..(i + 1) * self.width]
-    }
-
-    /// Row `i`'s metadata words (its last 4).
-    pub(crate) fn meta(&self, i: usize) -> [u32; 4] {
-        let r = self.row(i);
-        std::array::from_fn(|j| r[r.len() - 4 + j])
-    }
-}
-
-/// What a store's records are read from outside the shard's lock (a
-/// segment file of the disk store).
-pub(crate) trait RecordSource: Send + Sync + std::fmt::Debug {
-    /// Reads `key`'s record at `loc` into `words` (a row's words), checking
-    /// that it is `key`'s and whole; `buf` is scratch room.
-    ///
-    /// # Errors
-    /// `Checkpoint` for a record that cannot be read or fails its check.
-    fn read(&self, key: i64, loc: Loc, buf: &mut Vec<u8>, words: &mut [u32]) -> Result<()>;
-
-    /// Reads the records `live` names (record number, key, place; by
-    /// record number), handing each key and its words to `f` in order.
-    ///
-    /// # Errors
-    /// As [`RecordSource::read`]; `f`'s error.
-    fn read_run(
-        &self,
-        live: &[(u32, i64, Loc)],
-        (_, buf, words): Scratch<'_>,
-        f: &mut dyn FnMut(i64, &[u32]) -> Result<()>,
-    ) -> Result<()> {
-        for &(_, key, loc) in live {
-            self.read(key, loc, buf, words)?;
-            f(key, words)?;
-        }
-        Ok(())
-    }
-}
-
 /// One shard's rows below memory (see the module's docs): a key is in
-/// memory or here, never both.
-pub(crate) trait ColdStore: Send + Sync + std::fmt::Debug {
-    /// Rows held.
-    fn len(&self) -> usize;
-    /// Whether it holds `key`.
-    fn contains(&self, key: i64) -> bool;
-    /// Where `key`'s record is, and what to read it from.
-    fn find(&self, key: i64) -> Option<(Loc, Arc<dyn RecordSource>)>;
-    /// Every key held with its place.
-    fn entries(&self) -> Box<dyn Iterator<Item = (i64, Loc)> + '_>;
-    /// What the record at `loc` (one [`ColdStore::entries`] named) is read
-    /// from, while it is held.
-    fn source(&self, loc: Loc) -> Option<Arc<dyn RecordSource>>;
-    /// Every key held with its metadata words, where the store keeps them
-    /// (for a policy that scores rows wherever they are).
-    fn metas(&self) -> Box<dyn Iterator<Item = (i64, [u32; 4])> + '_>;
+/// memory or here, never both. Found and listed through its
+/// [`RecordStore`] half.
+pub(crate) trait ColdStore: RecordStore {
     /// Room for `n` more keys.
     ///
     /// # Errors

@@ -5,7 +5,7 @@ use super::*;
 use std::collections::TryReserveError;
 
 use crate::table::storage::compact::{Scratch, each_row};
-use crate::table::storage::tier::{ColdStore, RecordBatch, RecordSource};
+use crate::table::storage::tier::{ColdStore, RecordBatch, RecordSource, RecordStore};
 
 impl ColdShard {
     /// The file of segment `seg`, while it exists.
@@ -36,7 +36,7 @@ impl RecordSource for SegFile {
     }
 }
 
-impl ColdStore for ColdShard {
+impl RecordStore for ColdShard {
     fn len(&self) -> usize {
         self.index.len()
     }
@@ -66,7 +66,9 @@ impl ColdStore for ColdShard {
                 .flat_map(|m| m.iter().map(|(&k, &w)| (k, w))),
         )
     }
+}
 
+impl ColdStore for ColdShard {
     fn try_reserve(&mut self, n: usize) -> std::result::Result<(), TryReserveError> {
         if let Some(m) = self.metas.as_mut() {
             m.try_reserve(n)?;
