@@ -4,19 +4,22 @@
 //! table, a batch of keys at a time, from memory or from disk, without
 //! touching them (no recency or count changes); [`Table::restore_stored`]
 //! puts them into another. An online reshard moves a table between ranks
-//! so: a disk table's rows pass through memory one batch at a time.
+//! so: a disk table's rows below memory are read where they lie, one
+//! batch at a time, none moved into its memory.
 
 use crate::table::views::DiskTier;
 use std::sync::PoisonError;
 
 use crate::error::{Result, invalid, oom};
+use crate::record::{Loc, RecordBatch, RecordSource};
 use crate::table::batch::output::SharedOut;
 use crate::table::batch::plan::Floor;
 use crate::table::read::disk::disk_items;
 use crate::table::storage::read;
-use crate::table::storage::tier::RecordBatch;
 use crate::table::{NO_ROW, Table};
 use crate::zeroed::zeros;
+use rayon::prelude::*;
+use std::sync::Arc;
 
 /// A batch of rows as a table stores them ([`Records::take`]).
 #[derive(Debug, Default)]
@@ -99,9 +102,10 @@ impl Records {
     }
 
     /// The rows of `keys` in `t`, each as stored, with its state and (where
-    /// the policy tracks touches) metadata. Nothing about a row changes: a
-    /// disk table's rows come into memory for the call, as a lookup's do,
-    /// but no touch is recorded and no hit counted.
+    /// the policy tracks touches) metadata. Nothing about a row changes or
+    /// moves: a disk table's rows below memory are read where they lie
+    /// (through its store's [`RecordStore`](crate::record::RecordStore)
+    /// half), no touch is recorded and no hit counted.
     ///
     /// # Errors
     /// `InvalidArgument` naming `keys` for a key `t` does not hold (the
@@ -137,12 +141,17 @@ impl Records {
         let mut words = zeros::<f32>("keys", keys.len() * ww)?;
         let mut state = zeros::<f32>("keys", keys.len() * sl)?;
         let mut meta_f = zeros::<f32>("keys", keys.len() * mw)?;
-        let plan = t.plan(keys, Floor::Step)?;
+        // Rows stay where they are for the call: those in memory are read
+        // under their shard's lock, those below it found there and read
+        // from their store's source after the lock is dropped (a record,
+        // once written, never changes), none moved into memory.
+        let plan = t.plan(keys, Floor::InPlace)?;
         if with_meta {
             t.count_queued_reads();
         }
         found.fill(true);
         let missing = std::sync::Mutex::new(Vec::<usize>::new());
+        let below = std::sync::Mutex::new(Vec::<(usize, Loc, Arc<dyn RecordSource>)>::new());
         {
             let (w_out, st_out) = (
                 SharedOut::new(&mut words, ww),
@@ -155,8 +164,16 @@ impl Records {
                 for (&i, &r) in pos.iter().zip(&rows) {
                     let i = i as usize;
                     if r == NO_ROW {
-                        let mut m = missing.lock().unwrap_or_else(PoisonError::into_inner);
-                        m.push(i);
+                        match g.cold.as_deref().and_then(|c| c.find(keys[i])) {
+                            Some((loc, src)) => below
+                                .lock()
+                                .unwrap_or_else(PoisonError::into_inner)
+                                .push((i, loc, src)),
+                            None => missing
+                                .lock()
+                                .unwrap_or_else(PoisonError::into_inner)
+                                .push(i),
+                        }
                         continue;
                     }
                     let r = r as usize;
@@ -173,6 +190,28 @@ impl Records {
                     }
                 }
             });
+            let below = below.into_inner().unwrap_or_else(PoisonError::into_inner);
+            below.par_iter().try_for_each_init(
+                || (Vec::new(), vec![0u32; ww + sl + 4]),
+                |(buf, rec), (i, loc, src)| {
+                    src.read(keys[*i], *loc, buf, rec)?;
+                    // SAFETY: position i is one key's, read by this job
+                    // only (each key is listed once, by its shard).
+                    let (dst, st) = unsafe { (w_out.row(*i, ww), st_out.row(*i, sl)) };
+                    let bits = |d: &mut [f32], w: &[u32]| {
+                        d.iter_mut()
+                            .zip(w)
+                            .for_each(|(d, &w)| *d = f32::from_bits(w));
+                    };
+                    bits(dst, &rec[..ww]);
+                    bits(st, &rec[ww..ww + sl]);
+                    if with_meta {
+                        // SAFETY: as above.
+                        bits(unsafe { m_out.row(*i, 4) }, &rec[ww + sl..]);
+                    }
+                    Ok::<(), crate::error::StoreError>(())
+                },
+            )?;
         }
         for i in missing.into_inner().unwrap_or_else(PoisonError::into_inner) {
             found[i] = false;
@@ -258,5 +297,48 @@ mod tests {
         a.lookup(&[1], true, &mut out).unwrap();
         let e = Records::take(&a, &[1, 99]).unwrap_err().to_string();
         assert!(e.contains("keys") && e.contains("99"), "{e}");
+    }
+
+    /// A disk table's rows below memory are read where they lie: the
+    /// records equal its twin in memory's, word for word, and taking them
+    /// reads nothing into memory (memory and disk row counts unchanged).
+    #[test]
+    fn a_disk_tables_rows_are_taken_where_they_lie() {
+        let dir = crate::testing::temp_dir("records-disk");
+        let ram = table(true);
+        let mut c = ram.config();
+        c.disk = Some(crate::DiskConfig {
+            path: dir.clone(),
+            memory_bytes: 16 * 1024,
+        });
+        let disk = Table::new(c).unwrap();
+        let keys: Vec<i64> = (0..2_000).map(|k| k * 13 - 7).collect();
+        for t in [&ram, &disk] {
+            for part in keys.chunks(250) {
+                let mut out = vec![0.0; part.len() * 8];
+                t.lookup(part, true, &mut out).unwrap();
+                t.apply_gradients(part, &vec![0.25; part.len() * 8])
+                    .unwrap();
+            }
+        }
+        let before = disk.disk_stats().unwrap();
+        assert!(before.disk_rows > 500, "{before:?}");
+        let held = Records::keys_of(&ram).unwrap();
+        assert_eq!(Records::keys_of(&disk).unwrap(), held);
+        let (a, b) = (
+            Records::take(&ram, &held).unwrap(),
+            Records::take(&disk, &held).unwrap(),
+        );
+        let after = disk.disk_stats().unwrap();
+        assert_eq!(
+            (after.memory_rows, after.disk_rows, after.rows_read),
+            (before.memory_rows, before.disk_rows, before.rows_read)
+        );
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&a.words), bits(&b.words));
+        assert_eq!(bits(&a.state), bits(&b.state));
+        assert_eq!(a.meta, b.meta);
+        drop(disk);
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }
