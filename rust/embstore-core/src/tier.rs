@@ -1,9 +1,13 @@
 //! Tiers of rows below the table's memory ([`ColdTier`]): a batch interface
 //! shaped like HierarchicalKV's `ExternalStorage` (find with a found mask,
-//! insert-or-assign, erase, each for a batch of keys), so that a tier of
-//! rows on disk or in mapped files sits under a table without the table
-//! knowing which. The mapped reader ([`crate::mapped::MappedTable`]) is the
-//! first, read-only, implementation.
+//! insert-or-assign, erase, each for a batch of keys), and whole records
+//! ([`ColdTier::find_records`]: stored words, optimizer state, metadata),
+//! so that a tier of rows on disk or in mapped files sits under a table
+//! without the table knowing which. The mapped reader
+//! ([`crate::mapped::MappedTable`], read-only: its records through the
+//! read half every tier of records shares, `record.rs`'s `RecordStore`)
+//! and a [`Table`] (memory, and a disk table's store below it) implement
+//! it.
 
 use crate::error::{Result, invalid};
 use crate::mapped::MappedTable;
@@ -94,7 +98,7 @@ impl ColdTier for MappedTable {
         Err(read_only())
     }
     /// The records of the version served now, through the mapped reader's
-    /// [`RecordStore`](crate::table::storage::tier::RecordStore): the
+    /// `RecordStore` (`mapped/records.rs`): the
     /// stored words as the checkpoint's files hold them, the optimizer
     /// state where the checkpoint kept it (zeros otherwise), the metadata
     /// where every file kept it.

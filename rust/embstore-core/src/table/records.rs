@@ -104,8 +104,8 @@ impl Records {
     /// The rows of `keys` in `t`, each as stored, with its state and (where
     /// the policy tracks touches) metadata. Nothing about a row changes or
     /// moves: a disk table's rows below memory are read where they lie
-    /// (through its store's [`RecordStore`](crate::record::RecordStore)
-    /// half), no touch is recorded and no hit counted.
+    /// (through its store's `RecordStore` half), no touch is recorded and
+    /// no hit counted.
     ///
     /// # Errors
     /// `InvalidArgument` naming `keys` for a key `t` does not hold (the
