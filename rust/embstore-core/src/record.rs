@@ -8,9 +8,14 @@
 //! (`mapped/records.rs`). [`read_records`] reads a batch of keys' records
 //! from any of them. This module names no table or mapped code.
 
-use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 
 use crate::error::Result;
+
+/// Threads that read a batch's records at most (the calling thread and
+/// helpers): the device's queue depth they keep.
+const READ_THREADS: usize = 32;
 
 /// Where a key's record is, in the store that named it: in the disk
 /// store its segment, its record there, and the save generation it was
@@ -170,4 +175,67 @@ pub(crate) fn read_records(
         }
     }
     Ok(())
+}
+
+/// Reads the records `wants` names (key, place, source) into `out`
+/// (`words` a record, in `wants`' order), in chunks of 8 that the calling
+/// thread and up to [`READ_THREADS`] - 1 more take in turn, so that as
+/// many reads are in flight as a disk's queue wants (a thread that cannot
+/// be started leaves its share to the others). No lock is held: a record,
+/// once written, never changes, and each source stays readable while
+/// `wants` holds it.
+///
+/// # Errors
+/// A record's read error (the first met); `out` is partly written then.
+pub(crate) fn read_all(
+    wants: &[(i64, Loc, &dyn RecordSource)],
+    words: usize,
+    out: &mut [u32],
+) -> Result<()> {
+    const CHUNK: usize = 8;
+    type Chunk<'a, 'w> = Mutex<Option<(&'a [(i64, Loc, &'w dyn RecordSource)], &'a mut [u32])>>;
+    debug_assert_eq!(out.len(), wants.len() * words);
+    let chunks: Vec<Chunk<'_, '_>> = wants
+        .chunks(CHUNK)
+        .zip(out.chunks_mut(CHUNK * words))
+        .map(|c| Mutex::new(Some(c)))
+        .collect();
+    let next = AtomicUsize::new(0);
+    let work = || -> Result<()> {
+        let mut buf = Vec::new();
+        loop {
+            let i = next.fetch_add(1, Ordering::Relaxed);
+            let Some(slot) = chunks.get(i) else {
+                return Ok(());
+            };
+            let taken = slot.lock().unwrap_or_else(PoisonError::into_inner).take();
+            if let Some((ws, o)) = taken {
+                for (&(key, loc, src), dst) in ws.iter().zip(o.chunks_mut(words)) {
+                    src.read(key, loc, &mut buf, dst)?;
+                }
+            }
+        }
+    };
+    let helpers = chunks.len().saturating_sub(1).min(READ_THREADS - 1);
+    std::thread::scope(|sc| {
+        let handles: Vec<_> = (0..helpers)
+            .filter_map(|_| {
+                std::thread::Builder::new()
+                    .name("embstore-disk-read".into())
+                    .spawn_scoped(sc, work)
+                    .ok()
+            })
+            .collect();
+        let mut result = work();
+        for h in handles {
+            let r = h.join().unwrap_or_else(|_| {
+                Err(crate::error::ckpt_err(
+                    "disk store",
+                    "a read thread panicked",
+                ))
+            });
+            result = result.and(r);
+        }
+        result
+    })
 }

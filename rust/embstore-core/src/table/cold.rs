@@ -30,6 +30,7 @@ use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use rayon::prelude::*;
 
 use crate::error::{Result, invalid, oom};
+use crate::record::read_all;
 use crate::table::Table;
 use crate::table::batch::plan::{Floor, Plan, Planned};
 use crate::table::compaction::{Compaction, lock, trim_heap};
@@ -69,10 +70,6 @@ const RECENT_CALLS: u64 = 2;
 /// Keys a disk table's lookup takes at a time at the least
 /// ([`DiskTier::cold_piece`]).
 const MIN_PIECE: usize = 4096;
-
-/// Threads that read a call's rows from disk at most: the device's queue
-/// depth they keep.
-const READ_THREADS: usize = 32;
 
 /// The state of a disk table (see the module's docs).
 #[derive(Debug)]
@@ -433,7 +430,9 @@ impl<'a> DiskTier<'a> {
         batch
             .generations
             .extend(wants.iter().map(|w| w.loc.generation));
-        read_all(&wants, words, &mut batch.words)?;
+        let list: Vec<(i64, Loc, &dyn RecordSource)> =
+            wants.iter().map(|w| (w.key, w.loc, &*w.file)).collect();
+        read_all(&list, words, &mut batch.words)?;
         // Into memory, shard by shard: a row moved or taken meanwhile (by
         // another call moving it in, or a removal) is left as it is.
         let mut start = 0;
@@ -501,58 +500,6 @@ impl<'a> DiskTier<'a> {
                 .try_for_each(|from| call(from..(from + piece).min(n))),
         )
     }
-}
-
-/// Reads the rows `wants` names into `out` (`words` a row), in chunks that
-/// the calling thread and up to [`READ_THREADS`] - 1 more take in turn, so
-/// that as many reads are in flight (a thread that cannot be started
-/// leaves its share to the others).
-fn read_all(wants: &[&Want], words: usize, out: &mut [u32]) -> Result<()> {
-    const CHUNK: usize = 8;
-    type Chunk<'a, 'w> = Mutex<Option<(&'a [&'w Want], &'a mut [u32])>>;
-    let chunks: Vec<Chunk<'_, '_>> = wants
-        .chunks(CHUNK)
-        .zip(out.chunks_mut(CHUNK * words))
-        .map(|c| Mutex::new(Some(c)))
-        .collect();
-    let next = AtomicU64::new(0);
-    let work = || -> Result<()> {
-        let mut buf = Vec::new();
-        loop {
-            let i = next.fetch_add(1, Ordering::Relaxed) as usize;
-            let Some(slot) = chunks.get(i) else {
-                return Ok(());
-            };
-            let taken = slot.lock().unwrap_or_else(PoisonError::into_inner).take();
-            if let Some((ws, o)) = taken {
-                for (w, dst) in ws.iter().zip(o.chunks_mut(words)) {
-                    w.file.read(w.key, w.loc, &mut buf, dst)?;
-                }
-            }
-        }
-    };
-    let helpers = chunks.len().saturating_sub(1).min(READ_THREADS - 1);
-    std::thread::scope(|sc| {
-        let handles: Vec<_> = (0..helpers)
-            .filter_map(|_| {
-                std::thread::Builder::new()
-                    .name("embstore-disk-read".into())
-                    .spawn_scoped(sc, work)
-                    .ok()
-            })
-            .collect();
-        let mut result = work();
-        for h in handles {
-            let r = h.join().unwrap_or_else(|_| {
-                Err(crate::error::ckpt_err(
-                    "disk store",
-                    "a read thread panicked",
-                ))
-            });
-            result = result.and(r);
-        }
-        result
-    })
 }
 
 #[cfg(test)]
@@ -1049,10 +996,11 @@ mod tests {
 
     /// Threads mixing every call on one disk table (assign, lookups with
     /// and without insert, gradients, removals, prefetch, contains, full
-    /// and incremental saves, exports) while rows move in and out and
-    /// compaction jobs run in the background: each thread reads what it
-    /// last wrote to its own keys, the last save loads as the table's
-    /// export, nothing fails, and nothing hangs (a watchdog).
+    /// and incremental saves, exports, records read where they lie) while
+    /// rows move in and out and compaction jobs run in the background:
+    /// each thread reads what it last wrote to its own keys, the last save
+    /// loads as the table's export, nothing fails, and nothing hangs (a
+    /// watchdog).
     #[test]
     fn threads_mixing_every_call_beside_background_compaction_read_what_they_wrote() {
         threads_mixing_every_call(Tier::Disk);
@@ -1118,6 +1066,13 @@ mod tests {
                             for (i, k) in keys.iter().enumerate() {
                                 assert_eq!(has[i], model.contains_key(k));
                             }
+                            // Records read where they lie (memory or disk).
+                            let r = crate::table::Records::find(&d, &keys, &mut has).unwrap();
+                            for (i, k) in keys.iter().enumerate() {
+                                assert_eq!(has[i], model.contains_key(k));
+                                let want = model.get(k).copied().unwrap_or(0.0);
+                                assert_eq!(r.words[i * 5], want, "key {k}'s record");
+                            }
                         }
                         _ => {
                             // Gradients on keys no thread reads back, and
@@ -1139,6 +1094,9 @@ mod tests {
                 for i in 0..12 {
                     d.save(&ck, i % 3 != 0, true, None).unwrap();
                     let _ = d.export(true).unwrap();
+                    let keys = crate::table::Records::keys_of(&d).unwrap();
+                    let mut found = vec![false; keys.len()];
+                    crate::table::Records::find(&d, &keys, &mut found).unwrap();
                 }
             })
         };

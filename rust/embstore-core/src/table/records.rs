@@ -11,15 +11,17 @@ use crate::table::views::DiskTier;
 use std::sync::PoisonError;
 
 use crate::error::{Result, invalid, oom};
-use crate::record::{Loc, RecordBatch, RecordSource};
+use crate::record::{Loc, RecordBatch, RecordSource, read_all};
 use crate::table::batch::output::SharedOut;
 use crate::table::batch::plan::Floor;
 use crate::table::read::disk::disk_items;
 use crate::table::storage::read;
 use crate::table::{NO_ROW, Table};
 use crate::zeroed::zeros;
-use rayon::prelude::*;
 use std::sync::Arc;
+
+/// Records below memory a take reads at a time (the scratch it holds).
+const READ_PIECE: usize = 4096;
 
 /// A batch of rows as a table stores them ([`Records::take`]).
 #[derive(Debug, Default)]
@@ -190,28 +192,35 @@ impl Records {
                     }
                 }
             });
+            // Read as a fault-in reads (many in flight: a disk's random
+            // reads want depth), a bounded piece at a time.
             let below = below.into_inner().unwrap_or_else(PoisonError::into_inner);
-            below.par_iter().try_for_each_init(
-                || (Vec::new(), vec![0u32; ww + sl + 4]),
-                |(buf, rec), (i, loc, src)| {
-                    src.read(keys[*i], *loc, buf, rec)?;
-                    // SAFETY: position i is one key's, read by this job
-                    // only (each key is listed once, by its shard).
+            let width = ww + sl + 4;
+            let mut rec = zeros::<u32>("keys", below.len().min(READ_PIECE) * width)?;
+            for part in below.chunks(READ_PIECE) {
+                let list: Vec<(i64, Loc, &dyn RecordSource)> = part
+                    .iter()
+                    .map(|(i, loc, src)| (keys[*i], *loc, &**src))
+                    .collect();
+                let rec = &mut rec[..part.len() * width];
+                read_all(&list, width, rec)?;
+                for ((i, _, _), r) in part.iter().zip(rec.chunks_exact(width)) {
+                    // SAFETY: position i is one key's (each key is listed
+                    // once, by its shard), and no other writer runs now.
                     let (dst, st) = unsafe { (w_out.row(*i, ww), st_out.row(*i, sl)) };
                     let bits = |d: &mut [f32], w: &[u32]| {
                         d.iter_mut()
                             .zip(w)
                             .for_each(|(d, &w)| *d = f32::from_bits(w));
                     };
-                    bits(dst, &rec[..ww]);
-                    bits(st, &rec[ww..ww + sl]);
+                    bits(dst, &r[..ww]);
+                    bits(st, &r[ww..ww + sl]);
                     if with_meta {
                         // SAFETY: as above.
-                        bits(unsafe { m_out.row(*i, 4) }, &rec[ww + sl..]);
+                        bits(unsafe { m_out.row(*i, 4) }, &r[ww + sl..]);
                     }
-                    Ok::<(), crate::error::StoreError>(())
-                },
-            )?;
+                }
+            }
         }
         for i in missing.into_inner().unwrap_or_else(PoisonError::into_inner) {
             found[i] = false;
