@@ -260,6 +260,13 @@ mod tests {
             listed.sort_unstable();
             assert_eq!(listed, held);
             assert_eq!(store.len(), held.len());
+            let metas: std::collections::HashMap<i64, [u32; 4]> = store.metas().collect();
+            assert_eq!(metas.len(), held.len());
+            for (j, k) in held.iter().enumerate() {
+                assert_eq!(metas[k], want.meta[4 * j..4 * j + 4], "{format:?}: key {k}");
+                let (loc, _) = store.find(*k).unwrap();
+                assert!(store.source(loc).is_some());
+            }
             std::fs::remove_dir_all(&dir).unwrap();
         }
     }

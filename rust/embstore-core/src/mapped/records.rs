@@ -12,6 +12,7 @@ use super::snapshot::Snapshot;
 use crate::error::{Result, ckpt_err};
 use crate::hash::key_hash;
 use crate::record::{Loc, RecordSource, RecordStore};
+use std::collections::HashMap;
 use std::sync::Arc;
 
 /// One version of a mapped checkpoint as a store of records: every file
@@ -20,6 +21,8 @@ use std::sync::Arc;
 pub(crate) struct MappedRecords {
     snap: Arc<Snapshot>,
     files: Vec<Arc<FileSource>>,
+    /// Each file's number, by the address of its `MappedFile`.
+    numbers: HashMap<usize, u32>,
     /// Stored words and state words a record holds (with 4 metadata words).
     ww: usize,
     sl: usize,
@@ -122,6 +125,10 @@ impl MappedRecords {
             .max()
             .unwrap_or(0);
         let with_meta = !places.is_empty() && all().all(|f| f.meta.is_some());
+        let numbers = all()
+            .enumerate()
+            .map(|(seg, f)| (std::ptr::from_ref(f) as usize, seg as u32))
+            .collect();
         let files = places
             .iter()
             .map(|&place| {
@@ -136,6 +143,7 @@ impl MappedRecords {
         Ok(MappedRecords {
             snap,
             files,
+            numbers,
             ww,
             sl,
             with_meta,
@@ -161,9 +169,9 @@ impl MappedRecords {
     fn place(&self, key: i64) -> Option<Loc> {
         // Every file passed its check in `new`: a probe cannot fail.
         let (f, r) = self.snap.locate(key, key_hash(key)).ok().flatten()?;
-        let seg = self.files.iter().position(|s| std::ptr::eq(s.file(), f))?;
+        let seg = *self.numbers.get(&(std::ptr::from_ref(f) as usize))?;
         Some(Loc {
-            seg: seg as u32,
+            seg,
             rec: r as u32,
             generation: 0,
             crc: 0,
