@@ -420,18 +420,23 @@ impl<'a> DiskTier<'a> {
         }
         // The rows as one record batch, read outside every lock.
         let words = self.weight_words() + self.state_len + 4;
-        let wants: Vec<&Want> = found.iter().flat_map(|f| f.1.iter()).collect();
         let mut batch = RecordBatch::new(words);
         batch.words = crate::zeroed::zeros::<u32>("keys", total * words)?;
-        let room = |_| oom("keys", total as u128 * 12);
+        let room = |_| oom("keys", total as u128 * 52);
+        let mut list: Vec<(i64, Loc, &dyn RecordSource)> = Vec::new();
+        list.try_reserve_exact(total).map_err(room)?;
         batch.keys.try_reserve_exact(total).map_err(room)?;
         batch.generations.try_reserve_exact(total).map_err(room)?;
-        batch.keys.extend(wants.iter().map(|w| w.key));
+        list.extend(
+            found
+                .iter()
+                .flat_map(|f| f.1.iter())
+                .map(|w| (w.key, w.loc, &*w.file)),
+        );
+        batch.keys.extend(list.iter().map(|w| w.0));
         batch
             .generations
-            .extend(wants.iter().map(|w| w.loc.generation));
-        let list: Vec<(i64, Loc, &dyn RecordSource)> =
-            wants.iter().map(|w| (w.key, w.loc, &*w.file)).collect();
+            .extend(list.iter().map(|w| w.1.generation));
         read_all(&list, words, &mut batch.words)?;
         // Into memory, shard by shard: a row moved or taken meanwhile (by
         // another call moving it in, or a removal) is left as it is.
