@@ -113,7 +113,9 @@ class Hosts:
         an rsh agent that enters each host's namespace (and a UTS namespace
         named after it: ranks on one hostname would use shared memory), with
         a hostfile of the hosts' addresses and the TCP interfaces pinned to
-        ``eth0`` (a plain MPMD launch into namespaces fails in MPI_Init)."""
+        ``eth0`` (a plain MPMD launch into namespaces fails in MPI_Init).
+        Ranks are not bound to cores: each host's daemon would bind its
+        rank to the first core, and the hosts share this machine's cores."""
         work = tempfile.mkdtemp(prefix=f"{self.tag}-mpi-")
         self._dirs.append(work)
         mapfile, agent, hostfile = (os.path.join(work, n) for n in ("map", "agent", "hosts"))
@@ -136,6 +138,7 @@ class Hosts:
                 "--mca", "plm_rsh_agent", agent, "--mca", "btl", "tcp,self",
                 "--mca", "btl_tcp_if_include", "eth0", "--mca", "oob_tcp_if_include", "eth0",
                 "--prtemca", "oob_tcp_if_include", "eth0", "--mca", "mpi_yield_when_idle", "1",
+                "--bind-to", "none",
                 *(shlex.quote(a) for a in argv),
             ]
         )  # fmt: skip

@@ -78,6 +78,30 @@ k_ref, rows_ref = ref.export()
 close(t.lookup(k_ref, insert=False), rows_ref)
 assert len(t) == len(ref)
 
+# 1b. On a group whose ranks are not the job's (the last N-1 ranks: the
+# exchange's point-to-point calls name each peer by its rank in the job),
+# training equals one Table over the group's batches.
+last = dist.new_group(list(range(1, N)))
+if R >= 1:
+    members = list(range(1, N))
+    tl = ShardedTable(DIM, comm=last, optimizer=optim.Adam(lr=0.05), seed=19)
+    refl = embstore.Table(DIM, optimizer=optim.Adam(lr=0.05), seed=19)
+    for step in range(4):
+        batches = []
+        for r in members:
+            rng = np.random.default_rng(300 * step + r)
+            g = rng.normal(size=(30, DIM)).astype(np.float32)
+            batches.append((rng.integers(0, 300, 30), g))
+        keys, g = batches[R - 1]
+        close(tl.lookup(keys), refl.lookup(keys, insert=False))
+        tl.apply_gradients(keys, g)
+        refl.apply_gradients(
+            np.concatenate([k for k, _ in batches]), np.concatenate([x for _, x in batches])
+        )
+    kl, rl = refl.export()
+    close(tl.lookup(kl, insert=False), rl)
+dist.barrier()
+
 # 2. A collection step on its lookup's batch: only gradients move.
 coll = ShardedCollection({"a": t, "b": t})
 rng = np.random.default_rng(7 + R)
