@@ -44,19 +44,26 @@ def row_bytes(wire: str, dim: int) -> int:
 
 def encode(rows: npt.NDArray[np.float32], wire: str) -> np.ndarray:
     """``rows (n, dim)`` float32 as they go on the wire: float32 itself,
-    else ``(n, row_bytes)`` uint8 (so ``shape[1]`` items a row either way)."""
+    else ``(n, row_bytes)`` uint8 (so ``shape[1]`` items a row either way).
+    Each code is computed in place in one or two buffers: a step's rows are
+    megabytes, and every fresh buffer of that size costs its page faults."""
     rows = np.ascontiguousarray(rows, dtype=np.float32)
     n = rows.shape[0]
     if wire == "float32":
         return rows
     if wire == "bfloat16":
+        # Round to nearest even: add 0x7FFF plus the lowest kept bit, keep
+        # the upper half (uint32 arithmetic wraps as the rounding wants).
         u = rows.view(np.uint32)
-        half = ((u + (np.uint32(0x7FFF) + ((u >> np.uint32(16)) & np.uint32(1)))) >> 16).astype(
-            np.uint16
-        )
-        return half.view(np.uint8).reshape(n, 2 * rows.shape[1])
+        t = u >> np.uint32(16)
+        t &= np.uint32(1)
+        t += np.uint32(0x7FFF)
+        t += u
+        t >>= np.uint32(16)
+        return t.astype(np.uint16).view(np.uint8).reshape(n, 2 * rows.shape[1])
     if wire == "float16":
-        half16 = np.clip(rows, -_F16_MAX, _F16_MAX).astype(np.float16)
+        half16 = np.empty(rows.shape, np.float16)
+        np.clip(rows, -_F16_MAX, _F16_MAX, out=half16, casting="same_kind")
         return half16.view(np.uint8).reshape(n, 2 * rows.shape[1])
     dim = rows.shape[1]
     out = np.empty((n, dim + 8), np.uint8)
@@ -65,8 +72,11 @@ def encode(rows: npt.NDArray[np.float32], wire: str) -> np.ndarray:
     lo = rows.min(axis=1)
     scale = (rows.max(axis=1) - lo) / np.float32(255.0)
     safe = np.where(scale > 0, scale, np.float32(1.0))
-    codes = np.rint((rows - lo[:, None]) / safe[:, None])
-    out[:, :dim] = np.clip(codes, 0, 255).astype(np.uint8)
+    codes = rows - lo[:, None]
+    codes /= safe[:, None]
+    np.rint(codes, out=codes)
+    np.clip(codes, 0, 255, out=codes)
+    out[:, :dim] = codes
     out[:, dim : dim + 4] = lo.astype(np.float32).view(np.uint8).reshape(n, 4)
     out[:, dim + 4 :] = scale.astype(np.float32).view(np.uint8).reshape(n, 4)
     return out
@@ -79,12 +89,15 @@ def decode(buf: np.ndarray, wire: str, dim: int) -> npt.NDArray[np.float32]:
     buf = np.ascontiguousarray(buf, dtype=np.uint8).reshape(-1, row_bytes(wire, dim))
     n = buf.shape[0]
     if wire == "bfloat16":
-        u = buf.view(np.uint16).reshape(n, dim).astype(np.uint32) << np.uint32(16)
+        u = np.empty((n, dim), np.uint32)
+        np.left_shift(buf.view(np.uint16).reshape(n, dim), 16, out=u, dtype=np.uint32)
         return u.view(np.float32)
     if wire == "float16":
         out: npt.NDArray[np.float32] = buf.view(np.float16).reshape(n, dim).astype(np.float32)
         return out
     lo = buf[:, dim : dim + 4].copy().view(np.float32)
     scale = buf[:, dim + 4 :].copy().view(np.float32)
-    rows: npt.NDArray[np.float32] = lo + buf[:, :dim].astype(np.float32) * scale
+    rows: npt.NDArray[np.float32] = buf[:, :dim].astype(np.float32)
+    rows *= scale
+    rows += lo
     return rows
