@@ -78,6 +78,16 @@ k_ref, rows_ref = ref.export()
 close(t.lookup(k_ref, insert=False), rows_ref)
 assert len(t) == len(ref)
 
+# 1a. The transport's allgather: one collective where every rank's pickle
+# fits its slot, the two of all_gather_object where one does not.
+from embstore.distributed.transport import transport_of  # noqa: E402
+
+tt = transport_of("torch")
+assert tt.allgather({"rank": R}) == [{"rank": r} for r in range(N)]
+big = [("r", r, "x" * (5000 if r == 1 else 1)) for r in range(N)]
+assert tt.allgather(big[R]) == big
+assert tt.allgather(None) == [None] * N
+
 # 1b. On a group whose ranks are not the job's (the last N-1 ranks: the
 # exchange's point-to-point calls name each peer by its rank in the job),
 # training equals one Table over the group's batches.

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import atexit
 import os
+import pickle
 import sys
 import time
 import weakref
@@ -164,6 +165,11 @@ _LIVE_TORCH: weakref.WeakSet[TorchTransport] = weakref.WeakSet()
 atexit.register(_release_groups)
 
 
+#: Bytes of a rank's pickle that :meth:`TorchTransport.allgather` sends in
+#: one collective (larger ones go as all_gather_object sends them).
+_SLOT = 1016
+
+
 class TorchTransport:
     """:class:`Transport` over a torch.distributed process group (gloo on
     CPU; the default group where ``group`` is None), as torchrun starts."""
@@ -187,9 +193,25 @@ class TorchTransport:
         self.name = f"torch.distributed {dist.get_backend(group)}"
 
     def allgather(self, obj: Any) -> list[Any]:
-        out: list[Any] = [None] * self.size
-        self._dist.all_gather_object(out, obj, group=self.group)
-        return out
+        # One all_gather of fixed-size slots where every rank's pickle fits
+        # (a call's agreement: a few hundred bytes), where
+        # all_gather_object makes two (the sizes, then the bytes): 0.6 ms
+        # a call between two hosts instead of 1.3.
+        data = pickle.dumps(obj)
+        slot = np.zeros(8 + _SLOT, np.uint8)
+        slot[:8] = np.array([len(data)], np.int64).view(np.uint8)
+        if len(data) <= _SLOT:
+            slot[8 : 8 + len(data)] = np.frombuffer(data, np.uint8)
+        mine = self._torch.from_numpy(slot)
+        parts = [self._torch.empty_like(mine) for _ in range(self.size)]
+        self._dist.all_gather(parts, mine, group=self.group)
+        slots = [p.numpy() for p in parts]
+        sizes = [int(p[:8].view(np.int64)[0]) for p in slots]
+        if max(sizes) > _SLOT:
+            out: list[Any] = [None] * self.size
+            self._dist.all_gather_object(out, obj, group=self.group)
+            return out
+        return [pickle.loads(p[8 : 8 + n].tobytes()) for p, n in zip(slots, sizes, strict=True)]
 
     def bcast(self, obj: Any, root: int = 0) -> Any:
         box = [obj]
