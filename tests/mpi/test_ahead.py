@@ -79,3 +79,23 @@ def test_bad_input_raises_from_wait_on_every_rank_and_changes_nothing() -> None:
     with pytest.raises((TypeError, ValueError)):
         pending.wait()
     assert len(t) == before
+
+
+def test_a_table_dropped_after_its_lookups_ahead_is_freed() -> None:
+    """The exchange thread keeps nothing of a call it finished: a table the
+    program drops after waiting for its last lookup started ahead is freed
+    at once (it held the table until the next call started ahead, and a
+    new table beside it paid fresh memory)."""
+    import gc
+    import time
+    import weakref
+
+    t = ShardedTable(DIM, optimizer=optim.SGD(lr=0.1), seed=8)
+    t.lookup_async(_batch(3)[0]).wait()
+    gone = weakref.ref(t)
+    del t
+    deadline = time.monotonic() + 5
+    while gone() is not None and time.monotonic() < deadline:
+        gc.collect()
+        time.sleep(0.01)
+    assert gone() is None

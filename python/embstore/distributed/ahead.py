@@ -75,6 +75,10 @@ class _Lane:
                 pending._set(fn(), None)
             except BaseException as e:  # the caller's wait() raises it
                 pending._set(None, e)
+            # Waiting for the next call must not keep this one's table (its
+            # bound method) or result alive: a table the program dropped is
+            # freed at once.
+            del fn, pending
 
     def submit(self, what: str, fn: Callable[[], T]) -> Pending[T]:
         pending: Pending[T] = Pending(what)
