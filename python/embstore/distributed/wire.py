@@ -42,41 +42,57 @@ def row_bytes(wire: str, dim: int) -> int:
     return {"float32": 4 * dim, "bfloat16": 2 * dim, "float16": 2 * dim}.get(wire, dim + 8)
 
 
+#: Values one pass of :func:`encode` works on: its temporaries stay small
+#: (a step's rows are megabytes, and on a VM every fresh megabyte's page
+#: faults cost about as much as the arithmetic on it).
+_PASS = 1 << 16
+
+
+def _passes(n: int, dim: int) -> range:
+    """The first rows of :func:`encode`'s passes over ``n`` rows."""
+    return range(0, n, max(1, _PASS // max(dim, 1)))
+
+
 def encode(rows: npt.NDArray[np.float32], wire: str) -> np.ndarray:
     """``rows (n, dim)`` float32 as they go on the wire: float32 itself,
     else ``(n, row_bytes)`` uint8 (so ``shape[1]`` items a row either way).
-    Each code is computed in place in one or two buffers: a step's rows are
-    megabytes, and every fresh buffer of that size costs its page faults."""
+    Codes are computed a few thousand values at a time, into the output."""
     rows = np.ascontiguousarray(rows, dtype=np.float32)
-    n = rows.shape[0]
+    n, dim = rows.shape
     if wire == "float32":
         return rows
     if wire == "bfloat16":
         # Round to nearest even: add 0x7FFF plus the lowest kept bit, keep
         # the upper half (uint32 arithmetic wraps as the rounding wants).
         u = rows.view(np.uint32)
-        t = u >> np.uint32(16)
-        t &= np.uint32(1)
-        t += np.uint32(0x7FFF)
-        t += u
-        t >>= np.uint32(16)
-        return t.astype(np.uint16).view(np.uint8).reshape(n, 2 * rows.shape[1])
+        half = np.empty((n, dim), np.uint16)
+        step = max(1, _PASS // max(dim, 1))
+        for a in _passes(n, dim):
+            x = u[a : a + step]
+            t = x >> np.uint32(16)
+            t &= np.uint32(1)
+            t += np.uint32(0x7FFF)
+            t += x
+            t >>= np.uint32(16)
+            half[a : a + step] = t
+        return half.view(np.uint8).reshape(n, 2 * dim)
     if wire == "float16":
         half16 = np.empty(rows.shape, np.float16)
         np.clip(rows, -_F16_MAX, _F16_MAX, out=half16, casting="same_kind")
-        return half16.view(np.uint8).reshape(n, 2 * rows.shape[1])
-    dim = rows.shape[1]
+        return half16.view(np.uint8).reshape(n, 2 * dim)
     out = np.empty((n, dim + 8), np.uint8)
     if n == 0:
         return out
     lo = rows.min(axis=1)
     scale = (rows.max(axis=1) - lo) / np.float32(255.0)
     safe = np.where(scale > 0, scale, np.float32(1.0))
-    codes = rows - lo[:, None]
-    codes /= safe[:, None]
-    np.rint(codes, out=codes)
-    np.clip(codes, 0, 255, out=codes)
-    out[:, :dim] = codes
+    step = max(1, _PASS // max(dim, 1))
+    for a in _passes(n, dim):
+        codes = rows[a : a + step] - lo[a : a + step, None]
+        codes /= safe[a : a + step, None]
+        np.rint(codes, out=codes)
+        np.clip(codes, 0, 255, out=codes)
+        out[a : a + step, :dim] = codes
     out[:, dim : dim + 4] = lo.astype(np.float32).view(np.uint8).reshape(n, 4)
     out[:, dim + 4 :] = scale.astype(np.float32).view(np.uint8).reshape(n, 4)
     return out
