@@ -57,7 +57,7 @@ fi
 workers=(-n "${PYTEST_WORKERS:-2}" --dist worksteal)
 step "pytest: the default and the slow tests (subprocesses, MPI ranks, the chaos run with a fixed seed), ${PYTEST_WORKERS:-2} workers"
 python -m pytest -q -p no:randomly "${workers[@]}" -m "slow or not slow" \
-    --chaos-seed=20261124 --chaos-seconds=30 --durations=15 "$@"
+    --chaos-seed=20261124 --chaos-seconds=20 --durations=15 "$@"
 step "benches, once each with timing off (pytest benches --benchmark-enable times them)"
 python -m pytest -q -p no:randomly benches
 step "done"

@@ -77,12 +77,12 @@ def test_readers_never_see_torn_rows() -> None:
 @pytest.mark.timeout(120)
 def test_other_python_thread_progresses_during_a_long_call() -> None:
     table = embstore.Table(64)
-    keys = np.arange(2_000_000)
+    keys = np.arange(1_000_000)
     inside = threading.Event()
 
     def long_call() -> None:
         inside.set()
-        for _ in range(3):
+        for _ in range(2):
             table.lookup(keys)
             table.remove(keys)
 
