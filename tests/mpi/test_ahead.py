@@ -7,6 +7,10 @@ wait() on every rank, changing nothing."""
 
 from __future__ import annotations
 
+import gc
+import time
+import weakref
+
 import numpy as np
 import pytest
 from mpi4py import MPI
@@ -86,10 +90,6 @@ def test_a_table_dropped_after_its_lookups_ahead_is_freed() -> None:
     program drops after waiting for its last lookup started ahead is freed
     at once (it held the table until the next call started ahead, and a
     new table beside it paid fresh memory)."""
-    import gc
-    import time
-    import weakref
-
     t = ShardedTable(DIM, optimizer=optim.SGD(lr=0.1), seed=8)
     t.lookup_async(_batch(3)[0]).wait()
     gone = weakref.ref(t)

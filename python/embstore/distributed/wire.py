@@ -19,6 +19,8 @@ same trade: fewer bytes on the link for rounding each exchanged value once.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import numpy as np
 import numpy.typing as npt
 
@@ -48,9 +50,11 @@ def row_bytes(wire: str, dim: int) -> int:
 _PASS = 1 << 16
 
 
-def _passes(n: int, dim: int) -> range:
-    """The first rows of :func:`encode`'s passes over ``n`` rows."""
-    return range(0, n, max(1, _PASS // max(dim, 1)))
+def _passes(n: int, dim: int) -> Iterator[slice]:
+    """The rows of each of :func:`encode`'s passes over ``n`` rows."""
+    step = max(1, _PASS // max(dim, 1))
+    for a in range(0, n, step):
+        yield slice(a, a + step)
 
 
 def encode(rows: npt.NDArray[np.float32], wire: str) -> np.ndarray:
@@ -66,15 +70,14 @@ def encode(rows: npt.NDArray[np.float32], wire: str) -> np.ndarray:
         # the upper half (uint32 arithmetic wraps as the rounding wants).
         u = rows.view(np.uint32)
         half = np.empty((n, dim), np.uint16)
-        step = max(1, _PASS // max(dim, 1))
-        for a in _passes(n, dim):
-            x = u[a : a + step]
+        for rows_of in _passes(n, dim):
+            x = u[rows_of]
             t = x >> np.uint32(16)
             t &= np.uint32(1)
             t += np.uint32(0x7FFF)
             t += x
             t >>= np.uint32(16)
-            half[a : a + step] = t
+            half[rows_of] = t
         return half.view(np.uint8).reshape(n, 2 * dim)
     if wire == "float16":
         half16 = np.empty(rows.shape, np.float16)
@@ -86,13 +89,12 @@ def encode(rows: npt.NDArray[np.float32], wire: str) -> np.ndarray:
     lo = rows.min(axis=1)
     scale = (rows.max(axis=1) - lo) / np.float32(255.0)
     safe = np.where(scale > 0, scale, np.float32(1.0))
-    step = max(1, _PASS // max(dim, 1))
-    for a in _passes(n, dim):
-        codes = rows[a : a + step] - lo[a : a + step, None]
-        codes /= safe[a : a + step, None]
+    for rows_of in _passes(n, dim):
+        codes = rows[rows_of] - lo[rows_of, None]
+        codes /= safe[rows_of, None]
         np.rint(codes, out=codes)
         np.clip(codes, 0, 255, out=codes)
-        out[a : a + step, :dim] = codes
+        out[rows_of, :dim] = codes
     out[:, dim : dim + 4] = lo.astype(np.float32).view(np.uint8).reshape(n, 4)
     out[:, dim + 4 :] = scale.astype(np.float32).view(np.uint8).reshape(n, 4)
     return out
